@@ -1,0 +1,57 @@
+// ONNX → TaskGraph: safe loading, external-data metadata, dim binding, shape inference, folding.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graph/task_graph.h"
+
+namespace apart {
+
+struct ImportOptions {
+  // --shape name:8x3x224x224 (trtexec style): the full static shape of one graph input.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> input_shapes;
+  // --dim batch=8: binds a dim_param everywhere it appears.
+  std::map<std::string, int64_t> dims;
+  // Fail when an external-data file is missing (run needs weights; inspect/partition do not).
+  bool require_external_data = false;
+};
+
+// How one dynamic dim got its value.
+struct DimBinding {
+  std::string dim;     // the dim_param name, or "<input>[axis]" for an anonymous dynamic dim
+  int64_t value = 0;
+  std::string source;  // "--dim batch=8" or "--shape input:8x3x224x224"
+};
+
+struct ImportedModel {
+  TaskGraph graph;
+  std::string path;
+  int64_t ir_version = 0;
+  std::map<std::string, int64_t> opsets;  // domain ("" = ai.onnx) → version
+  std::string producer;                   // producer_name and version
+  std::vector<DimBinding> bindings;
+  std::vector<std::string> notes;     // informational, e.g. external-data file not present
+  std::vector<std::string> warnings;  // e.g. opaque ops whose cost is unknown
+  int64_t node_count = 0;             // nodes in the ONNX graph (= tasks)
+  bool external_data_present = true;  // every referenced external-data file exists
+};
+
+// Loads and imports an ONNX model file. Throws InvalidModel (malformed file or graph),
+// InvalidArgument (bad --shape/--dim, unbound dims), Unsupported, SystemError (I/O).
+ImportedModel import_model(const std::filesystem::path& path, const ImportOptions& options = {});
+
+// Same, from serialized bytes; `base_dir` resolves external-data locations.
+ImportedModel import_model_bytes(const std::string& bytes, const std::filesystem::path& base_dir,
+                                 const std::string& display_name, const ImportOptions& options = {});
+
+// Parses "name:8x3x224x224" (the name may itself contain ':'; the last one separates).
+std::pair<std::string, std::vector<int64_t>> parse_shape_flag(const std::string& text);
+// Parses "batch=8".
+std::pair<std::string, int64_t> parse_dim_flag(const std::string& text);
+
+}  // namespace apart

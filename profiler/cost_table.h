@@ -1,0 +1,31 @@
+// Per-task costs at one micro-batch size: the contract between profiler/ and partition/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace apart {
+
+// Costs of one task for one micro-batch on one device. Times are seconds, sizes bytes.
+// Constant tasks (Task::constant) cost nothing per step: zero times, zero saved bytes.
+struct TaskCost {
+  double flops = 0;           // forward FLOPs (a multiply-add counts 2)
+  double bytes_accessed = 0;  // forward bytes read + written
+  double forward_s = 0;
+  double backward_s = 0;
+  int64_t param_bytes = 0;      // bytes of params (initializers) this task reads
+  int64_t saved_bytes = 0;      // bytes this task must keep for its backward
+  int64_t output_bytes = 0;     // bytes of the values it produces
+  int64_t workspace_bytes = 0;  // transient working set while it runs (fwd or bwd)
+};
+
+// One row per task, indexed by TaskId (topological order), in the apart.costs/1 schema's terms.
+struct CostTable {
+  std::string device;          // preset name, e.g. "a100-80gb"
+  int64_t microbatch_size = 0;
+  std::string source = "analytic";  // "analytic" or "measured"
+  std::vector<TaskCost> tasks;
+};
+
+}  // namespace apart

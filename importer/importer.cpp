@@ -1,9 +1,793 @@
-// placeholder, replaced by the lead's importer within the hour
+// ONNX → TaskGraph: safe loading, external-data metadata, dim binding, shape inference, folding.
 #include "importer/importer.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <onnx/defs/schema.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
 #include "graph/error.h"
+#include "importer/fold.h"
+
 namespace apart {
-ImportedModel import_model(const std::filesystem::path&, const ImportOptions&) { throw Unsupported("importer not built yet"); }
-ImportedModel import_model_bytes(const std::string&, const std::filesystem::path&, const std::string&, const ImportOptions&) { throw Unsupported("importer not built yet"); }
-std::pair<std::string, std::vector<int64_t>> parse_shape_flag(const std::string&) { throw Unsupported("x"); }
-std::pair<std::string, int64_t> parse_dim_flag(const std::string&) { throw Unsupported("x"); }
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Lowest and highest default-domain opsets apart imports (ONNX 1.12 knows up to 17).
+constexpr int64_t kMinOpset = 1;
+constexpr int64_t kMaxOpset = 17;
+constexpr int64_t kMinTestedOpset = 7;
+// Initializers up to this many elements with integer types keep their values (shape arithmetic).
+constexpr int64_t kKnownIntsLimit = 4096;
+// Inline initializer data above this size is dropped after validation: planning needs shapes only.
+constexpr int64_t kKeepInlineBytes = 1 << 16;
+constexpr int kMaxInferenceRounds = 4;
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+std::string node_label(const onnx::NodeProto& node, int index) {
+  return node.name().empty() ? node.op_type() + "_" + std::to_string(index) : node.name();
 }
+
+// --- External data ------------------------------------------------------------
+
+struct ExternalRef {
+  std::string location;
+  int64_t offset = 0;
+  int64_t length = -1;
+};
+
+ExternalRef parse_external_ref(const onnx::TensorProto& t) {
+  ExternalRef ref;
+  for (const auto& kv : t.external_data()) {
+    auto parse_int = [&](const std::string& text) -> int64_t {
+      char* end = nullptr;
+      errno = 0;
+      long long v = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno == ERANGE || v < 0)
+        throw InvalidModel("initializer " + quote(t.name()) + " has external_data " + kv.key() + "=" + quote(text) +
+                           ", which is not a non-negative integer");
+      return v;
+    };
+    if (kv.key() == "location") ref.location = kv.value();
+    else if (kv.key() == "offset") ref.offset = parse_int(kv.value());
+    else if (kv.key() == "length") ref.length = parse_int(kv.value());
+  }
+  if (ref.location.empty())
+    throw InvalidModel("initializer " + quote(t.name()) + " is marked as external data but has no 'location' entry");
+  return ref;
+}
+
+// Refuses locations that could read outside the model's folder (absolute, '..', symlink escape).
+fs::path resolve_external_location(const fs::path& base_dir, const std::string& tensor, const std::string& location) {
+  const fs::path loc(location);
+  if (loc.is_absolute() || (!location.empty() && (location[0] == '/' || location[0] == '\\')))
+    throw InvalidModel("initializer " + quote(tensor) + ": external-data location " + quote(location) +
+                       " is an absolute path; locations must be relative to the model's folder");
+  for (const auto& part : loc)
+    if (part == "..")
+      throw InvalidModel("initializer " + quote(tensor) + ": external-data location " + quote(location) +
+                         " contains '..'; locations must stay inside the model's folder");
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(base_dir.empty() ? fs::current_path() : base_dir, ec);
+  const fs::path full = fs::weakly_canonical(root / loc, ec);
+  if (ec) throw SystemError("cannot resolve external-data location " + quote(location) + ": " + ec.message());
+  auto [root_end, full_it] = std::mismatch(root.begin(), root.end(), full.begin(), full.end());
+  if (root_end != root.end())
+    throw InvalidModel("initializer " + quote(tensor) + ": external-data location " + quote(location) + " resolves to " +
+                       full.string() + ", outside the model's folder " + root.string() + " (through a symlink?)");
+  return full;
+}
+
+// --- Tensor metadata --------------------------------------------------------------
+
+int64_t typed_field_count(const onnx::TensorProto& t) {
+  switch (t.data_type()) {
+    case onnx::TensorProto::FLOAT: return t.float_data_size();
+    case onnx::TensorProto::COMPLEX64: return t.float_data_size() / 2;
+    case onnx::TensorProto::DOUBLE: return t.double_data_size();
+    case onnx::TensorProto::COMPLEX128: return t.double_data_size() / 2;
+    case onnx::TensorProto::INT64: return t.int64_data_size();
+    case onnx::TensorProto::UINT32:
+    case onnx::TensorProto::UINT64: return t.uint64_data_size();
+    case onnx::TensorProto::STRING: return t.string_data_size();
+    default: return t.int32_data_size();  // int8/16/32, uint8/16, bool, float16, bfloat16
+  }
+}
+
+// Integer contents of a small int tensor, or nullopt.
+std::optional<std::vector<int64_t>> tensor_ints(const onnx::TensorProto& t, int64_t elements) {
+  if (elements > kKnownIntsLimit || t.data_location() == onnx::TensorProto::EXTERNAL) return std::nullopt;
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(elements));
+  const std::string& raw = t.raw_data();
+  auto read_raw = [&](auto sample) {
+    using T = decltype(sample);
+    if (raw.size() != static_cast<size_t>(elements) * sizeof(T)) return false;
+    for (int64_t i = 0; i < elements; ++i) {
+      T v;
+      std::memcpy(&v, raw.data() + i * sizeof(T), sizeof(T));
+      out.push_back(static_cast<int64_t>(v));
+    }
+    return true;
+  };
+  switch (t.data_type()) {
+    case onnx::TensorProto::INT64:
+      if (t.has_raw_data()) return read_raw(int64_t{}) ? std::optional(out) : std::nullopt;
+      if (t.int64_data_size() != elements) return std::nullopt;
+      return std::vector<int64_t>(t.int64_data().begin(), t.int64_data().end());
+    case onnx::TensorProto::INT32:
+      if (t.has_raw_data()) return read_raw(int32_t{}) ? std::optional(out) : std::nullopt;
+      if (t.int32_data_size() != elements) return std::nullopt;
+      return std::vector<int64_t>(t.int32_data().begin(), t.int32_data().end());
+    case onnx::TensorProto::BOOL:
+    case onnx::TensorProto::UINT8:
+      if (t.has_raw_data()) return read_raw(uint8_t{}) ? std::optional(out) : std::nullopt;
+      if (t.int32_data_size() != elements) return std::nullopt;
+      return std::vector<int64_t>(t.int32_data().begin(), t.int32_data().end());
+    default: return std::nullopt;
+  }
+}
+
+struct TensorInfo {
+  DType dtype = DType::kUndefined;
+  std::vector<int64_t> dims;
+  int64_t elements = 0;
+  int64_t bytes = 0;
+};
+
+// Validates an initializer's dims, dtype and data length; never reads external bytes.
+TensorInfo check_tensor(const onnx::TensorProto& t, const std::string& what) {
+  TensorInfo info;
+  auto dt = dtype_from_onnx(t.data_type());
+  if (!dt || *dt == DType::kUndefined)
+    throw InvalidModel(what + " has data_type " + std::to_string(t.data_type()) + ", which is not a valid ONNX element type");
+  info.dtype = *dt;
+  info.dims.assign(t.dims().begin(), t.dims().end());
+  for (int64_t d : info.dims)
+    if (d < 0) throw InvalidModel(what + " has a negative dim (" + std::to_string(d) + ") in shape " + shape_string(info.dims));
+  auto n = checked_element_count(info.dims);
+  if (!n) throw InvalidModel(what + " has shape [" + shape_string(info.dims) + "], whose element count overflows 64 bits");
+  info.elements = *n;
+  const int64_t esize = dtype_size(info.dtype);
+  if (esize > 0 && __builtin_mul_overflow(info.elements, esize, &info.bytes))
+    throw InvalidModel(what + " has shape [" + shape_string(info.dims) + "], whose byte size overflows 64 bits");
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) return info;
+  if (t.has_raw_data()) {
+    if (esize > 0 && static_cast<int64_t>(t.raw_data().size()) != info.bytes)
+      throw InvalidModel(what + ": raw_data holds " + std::to_string(t.raw_data().size()) + " bytes but shape [" +
+                         shape_string(info.dims) + "] of " + std::string(dtype_name(info.dtype)) + " needs " +
+                         std::to_string(info.bytes));
+    return info;
+  }
+  const int64_t count = typed_field_count(t);
+  if (count != info.elements && !(count == 0 && info.elements == 0))
+    throw InvalidModel(what + ": holds " + std::to_string(count) + " elements but shape [" + shape_string(info.dims) +
+                       "] needs " + std::to_string(info.elements));
+  return info;
+}
+
+void drop_tensor_data(onnx::TensorProto& t) {
+  t.clear_raw_data();
+  t.clear_float_data();
+  t.clear_double_data();
+  t.clear_int32_data();
+  t.clear_int64_data();
+  t.clear_uint64_data();
+  t.clear_string_data();
+}
+
+// --- Types from value_info -----------------------------------------------------
+
+struct DeclaredType {
+  bool is_tensor = false;
+  DType dtype = DType::kUndefined;
+  bool has_shape = false;
+  std::vector<int64_t> dims;  // -1 where the dim is not a known value
+  bool all_known = false;
+};
+
+DeclaredType declared_type(const onnx::ValueInfoProto& vi) {
+  DeclaredType d;
+  if (!vi.has_type() || !vi.type().has_tensor_type()) return d;
+  const auto& tt = vi.type().tensor_type();
+  d.is_tensor = true;
+  d.dtype = dtype_from_onnx(tt.elem_type()).value_or(DType::kUndefined);
+  if (!tt.has_shape()) return d;
+  d.has_shape = true;
+  d.all_known = true;
+  for (const auto& dim : tt.shape().dim()) {
+    if (dim.has_dim_value() && dim.dim_value() >= 0) {
+      d.dims.push_back(dim.dim_value());
+    } else {
+      d.dims.push_back(-1);
+      d.all_known = false;
+    }
+  }
+  return d;
+}
+
+// --- Subgraph free variables (If/Loop/Scan bodies read outer values implicitly) -------
+
+void collect_free_names(const onnx::GraphProto& g, std::set<std::string>& free_names) {
+  std::unordered_set<std::string> defined;
+  for (const auto& i : g.input()) defined.insert(i.name());
+  for (const auto& i : g.initializer()) defined.insert(i.name());
+  for (const auto& n : g.node())
+    for (const auto& o : n.output()) defined.insert(o);
+  for (const auto& n : g.node()) {
+    for (const auto& i : n.input())
+      if (!i.empty() && !defined.count(i)) free_names.insert(i);
+    for (const auto& a : n.attribute()) {
+      std::set<std::string> inner;
+      if (a.has_g()) collect_free_names(a.g(), inner);
+      for (const auto& sg : a.graphs()) collect_free_names(sg, inner);
+      for (const auto& name : inner)
+        if (!defined.count(name)) free_names.insert(name);
+    }
+  }
+}
+
+Attribute convert_attribute(const onnx::AttributeProto& a) {
+  Attribute out;
+  out.name = a.name();
+  switch (a.type()) {
+    case onnx::AttributeProto::INT: out.type = Attribute::Type::kInt; out.i = a.i(); break;
+    case onnx::AttributeProto::FLOAT: out.type = Attribute::Type::kFloat; out.f = a.f(); break;
+    case onnx::AttributeProto::STRING: out.type = Attribute::Type::kString; out.s = a.s(); break;
+    case onnx::AttributeProto::INTS:
+      out.type = Attribute::Type::kInts;
+      out.ints.assign(a.ints().begin(), a.ints().end());
+      break;
+    case onnx::AttributeProto::FLOATS:
+      out.type = Attribute::Type::kFloats;
+      out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    case onnx::AttributeProto::STRINGS: out.type = Attribute::Type::kStrings; break;
+    case onnx::AttributeProto::TENSOR: out.type = Attribute::Type::kTensor; break;
+    case onnx::AttributeProto::GRAPH:
+    case onnx::AttributeProto::GRAPHS: out.type = Attribute::Type::kGraph; break;
+    default: out.type = Attribute::Type::kOther; break;
+  }
+  return out;
+}
+
+// --- The importer -------------------------------------------------------------------
+
+class Importer {
+ public:
+  Importer(onnx::ModelProto& model, fs::path base_dir, std::string display_name, const ImportOptions& options)
+      : model_(model), base_dir_(std::move(base_dir)), options_(options) {
+    result_.path = std::move(display_name);
+  }
+
+  ImportedModel run() {
+    read_header();
+    onnx::GraphProto& g = *model_.mutable_graph();
+    result_.node_count = g.node_size();
+    add_initializers(g);
+    add_graph_inputs(g);
+    add_nodes(g);
+    for (const auto& o : g.output()) {
+      auto id = graph().find_value(o.name());
+      if (!id) throw InvalidModel("graph output " + quote(o.name()) + " is neither produced by a node nor a graph input");
+      if (graph().value(*id).kind == ValueKind::kActivation) graph().value(*id).kind = ValueKind::kOutput;
+      graph().mark_graph_output(*id);
+    }
+    graph().finalize();
+    infer_shapes(g);
+    graph().classify_constants();
+    report_unknown_shapes();
+    return std::move(result_);
+  }
+
+ private:
+  TaskGraph& graph() { return result_.graph; }
+
+  void read_header() {
+    if (!model_.has_graph())
+      throw InvalidModel(result_.path + " parses as protobuf but holds no graph: is it an ONNX model?");
+    if (model_.ir_version() <= 0)
+      throw InvalidModel(result_.path + " has no ir_version: is it an ONNX model?");
+    result_.ir_version = model_.ir_version();
+    result_.producer = model_.producer_name() + (model_.producer_version().empty() ? "" : " " + model_.producer_version());
+    for (const auto& os : model_.opset_import()) {
+      const std::string domain = os.domain() == "ai.onnx" ? "" : os.domain();
+      result_.opsets[domain] = os.version();
+    }
+    if (model_.opset_import_size() == 0) result_.opsets[""] = 1;  // ONNX: IR < 3 models imply opset 1
+    auto it = result_.opsets.find("");
+    if (it != result_.opsets.end()) {
+      if (it->second < kMinOpset || it->second > kMaxOpset)
+        throw Unsupported(result_.path + " imports the default ONNX domain at opset " + std::to_string(it->second) +
+                          "; apart supports opsets " + std::to_string(kMinOpset) + "–" + std::to_string(kMaxOpset) +
+                          " (ONNX 1.12). Convert it with onnx.version_converter.convert_version(model, 17)");
+      if (it->second < kMinTestedOpset)
+        result_.warnings.push_back("default-domain opset " + std::to_string(it->second) + " is older than 7; imported with the schemas of that opset, but untested");
+    }
+  }
+
+  void add_initializers(onnx::GraphProto& g) {
+    std::set<std::string> missing_files;
+    for (auto& t : *g.mutable_initializer()) {
+      if (t.name().empty()) throw InvalidModel("an initializer has an empty name");
+      if (graph().find_value(t.name())) throw InvalidModel("two initializers are named " + quote(t.name()));
+      TensorInfo info = check_tensor(t, "initializer " + quote(t.name()));
+      Value v;
+      v.name = t.name();
+      v.kind = ValueKind::kParam;
+      v.dtype = info.dtype;
+      v.shape = info.dims;
+      v.shape_known = true;
+      v.elements = info.elements;
+      v.bytes = info.bytes;
+      if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+        v.external_data = true;
+        ExternalRef ref = parse_external_ref(t);
+        fs::path file = resolve_external_location(base_dir_, t.name(), ref.location);
+        if (ref.length >= 0 && info.bytes > 0 && ref.length != info.bytes)
+          throw InvalidModel("initializer " + quote(t.name()) + ": external_data length " + std::to_string(ref.length) +
+                             " does not match its shape [" + shape_string(info.dims) + "] (" + std::to_string(info.bytes) + " bytes)");
+        std::error_code ec;
+        if (!fs::exists(file, ec)) {
+          missing_files.insert(ref.location);
+        } else {
+          const auto size = fs::file_size(file, ec);
+          if (!ec && static_cast<int64_t>(size) < ref.offset + info.bytes)
+            throw InvalidModel("initializer " + quote(t.name()) + " reads bytes " + std::to_string(ref.offset) + "…" +
+                               std::to_string(ref.offset + info.bytes) + " of " + quote(ref.location) + ", which has only " +
+                               std::to_string(size) + " bytes");
+        }
+      } else {
+        v.known_ints = tensor_ints(t, info.elements);
+        if (info.bytes > kKeepInlineBytes) drop_tensor_data(t);  // planning needs shapes only
+      }
+      graph().add_value(std::move(v));
+    }
+    for (const auto& st : g.sparse_initializer()) {
+      const std::string& name = st.values().name();
+      if (name.empty() || graph().find_value(name)) throw InvalidModel("a sparse initializer has an empty or repeated name " + quote(name));
+      Value v;
+      v.name = name;
+      v.kind = ValueKind::kParam;
+      v.dtype = dtype_from_onnx(st.values().data_type()).value_or(DType::kUndefined);
+      v.shape.assign(st.dims().begin(), st.dims().end());
+      auto n = checked_element_count(v.shape);
+      if (!n) throw InvalidModel("sparse initializer " + quote(name) + " has an invalid or overflowing shape");
+      v.shape_known = true;
+      v.elements = *n;
+      v.bytes = *n * dtype_size(v.dtype);
+      graph().add_value(std::move(v));
+    }
+    result_.external_data_present = missing_files.empty();
+    for (const auto& f : missing_files) {
+      if (options_.require_external_data)
+        throw InvalidModel("the weights of " + result_.path + " are external data in " + quote(f) +
+                           ", which is not present beside the model; copy it there (running needs the weights)");
+      result_.notes.push_back("weights are external data in " + quote(f) +
+                              ", which is not present: fine for inspect and partition (shapes suffice), needed for run");
+    }
+  }
+
+  // Binds --dim/--shape into the graph inputs' dims, in place, so shape inference sees static shapes.
+  void add_graph_inputs(onnx::GraphProto& g) {
+    std::set<std::string> used_dims;
+    std::set<std::string> used_shapes;
+    std::set<std::string> all_dim_params;
+    for (auto& in : *g.mutable_input()) {
+      if (in.name().empty()) throw InvalidModel("a graph input has an empty name");
+      const DeclaredType declared = declared_type(in);
+      if (auto existing = graph().find_value(in.name())) {
+        // An initializer with the same name: ONNX IR < 4 lists every initializer as an input (a default value).
+        Value& v = graph().value(*existing);
+        if (v.kind != ValueKind::kParam) throw InvalidModel("two graph inputs are named " + quote(in.name()));
+        const bool same_type = !declared.is_tensor || declared.dtype == v.dtype || declared.dtype == DType::kUndefined;
+        bool same_shape = !declared.has_shape || declared.dims.size() == v.shape.size();
+        for (size_t i = 0; same_shape && declared.has_shape && i < declared.dims.size(); ++i)
+          if (declared.dims[i] >= 0 && declared.dims[i] != v.shape[i]) same_shape = false;
+        if (!same_type || !same_shape)
+          throw InvalidModel("initializer " + quote(in.name()) + " (" + std::string(dtype_name(v.dtype)) + " [" +
+                             shape_string(v.shape) + "]) shadows the graph input of the same name, declared with a different " +
+                             (same_type ? "shape" : "type") + "; rename one of them or make them agree");
+        continue;
+      }
+      Value v;
+      v.name = in.name();
+      v.kind = ValueKind::kInput;
+      if (!declared.is_tensor) {
+        result_.warnings.push_back("graph input " + quote(in.name()) + " is not a tensor (sequence/map/optional); its size is unknown");
+        graph().mark_graph_input(graph().add_value(std::move(v)));
+        continue;
+      }
+      v.dtype = declared.dtype;
+      auto* shape = in.mutable_type()->mutable_tensor_type()->mutable_shape();
+      const auto explicit_shape = std::find_if(options_.input_shapes.begin(), options_.input_shapes.end(),
+                                               [&](const auto& s) { return s.first == in.name(); });
+      if (explicit_shape != options_.input_shapes.end()) {
+        used_shapes.insert(in.name());
+        const auto& dims = explicit_shape->second;
+        const std::string flag = "--shape " + in.name() + ":" + shape_string(dims);
+        if (declared.has_shape && static_cast<size_t>(shape->dim_size()) != dims.size())
+          throw InvalidArgument(flag + " has rank " + std::to_string(dims.size()) + " but input " + quote(in.name()) +
+                                " has rank " + std::to_string(shape->dim_size()));
+        if (!declared.has_shape)
+          for (size_t i = 0; i < dims.size(); ++i) shape->add_dim();
+        for (int i = 0; i < shape->dim_size(); ++i) {
+          auto* dim = shape->mutable_dim(i);
+          if (dim->has_dim_value() && dim->dim_value() != dims[i])
+            throw InvalidArgument(flag + " sets dim " + std::to_string(i) + " of " + quote(in.name()) + " to " +
+                                  std::to_string(dims[i]) + ", but the model fixes it at " + std::to_string(dim->dim_value()));
+          if (dim->has_dim_param()) {
+            all_dim_params.insert(dim->dim_param());
+            bind(dim->dim_param(), dims[i], flag);
+          } else if (!dim->has_dim_value()) {
+            result_.bindings.push_back({in.name() + "[" + std::to_string(i) + "]", dims[i], flag});
+          }
+          dim->set_dim_value(dims[i]);
+        }
+      } else if (declared.has_shape) {
+        for (int i = 0; i < shape->dim_size(); ++i) {
+          auto* dim = shape->mutable_dim(i);
+          if (dim->has_dim_value()) {
+            if (dim->dim_value() < 0)
+              throw InvalidModel("graph input " + quote(in.name()) + " has a negative dim " + std::to_string(dim->dim_value()));
+            continue;
+          }
+          if (dim->has_dim_param()) {
+            all_dim_params.insert(dim->dim_param());
+            auto bound = options_.dims.find(dim->dim_param());
+            if (bound == options_.dims.end())
+              throw InvalidArgument("dynamic dim " + quote(dim->dim_param()) + " of input " + quote(in.name()) + " (axis " +
+                                    std::to_string(i) + ") is not bound: pass --dim " + dim->dim_param() +
+                                    "=N or --shape " + in.name() + ":" + example_shape(*shape, i));
+            used_dims.insert(dim->dim_param());
+            bind(dim->dim_param(), bound->second, "--dim " + dim->dim_param() + "=" + std::to_string(bound->second));
+            dim->set_dim_value(bound->second);
+          } else {
+            throw InvalidArgument("input " + quote(in.name()) + " has an unnamed dynamic dim at axis " + std::to_string(i) +
+                                  ": pass --shape " + in.name() + ":" + example_shape(*shape, i));
+          }
+        }
+      } else {
+        throw InvalidArgument("input " + quote(in.name()) + " declares no shape: pass its full shape with --shape " +
+                              in.name() + ":D0xD1x…");
+      }
+      v.shape.clear();
+      for (const auto& dim : shape->dim()) v.shape.push_back(dim.dim_value());
+      set_size(v);
+      graph().mark_graph_input(graph().add_value(std::move(v)));
+    }
+    for (const auto& [name, dims] : options_.input_shapes) {
+      if (used_shapes.count(name)) continue;
+      std::string names;
+      for (const auto& in : g.input())
+        if (!graph().find_value(in.name()) || graph().value(*graph().find_value(in.name())).kind == ValueKind::kInput)
+          names += (names.empty() ? "" : ", ") + in.name();
+      throw InvalidArgument("--shape names " + quote(name) + ", which is not an input of the model; its inputs are: " + names);
+    }
+    for (const auto& [name, value] : options_.dims) {
+      if (all_dim_params.count(name)) continue;
+      std::string names;
+      for (const auto& p : all_dim_params) names += (names.empty() ? "" : ", ") + p;
+      throw InvalidArgument("--dim " + name + "=" + std::to_string(value) + " names no dynamic dim of the model's inputs" +
+                            (names.empty() ? std::string(" (it has none)") : "; its dims are: " + names));
+    }
+    // Bind the same dim_params in graph outputs and value_info so declarations agree with inference.
+    auto substitute = [&](onnx::ValueInfoProto& vi) {
+      if (!vi.has_type() || !vi.type().has_tensor_type() || !vi.type().tensor_type().has_shape()) return;
+      for (auto& dim : *vi.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+        if (!dim.has_dim_param()) continue;
+        auto it = bound_.find(dim.dim_param());
+        if (it != bound_.end()) dim.set_dim_value(it->second);
+      }
+    };
+    for (auto& o : *g.mutable_output()) substitute(o);
+    for (auto& vi : *g.mutable_value_info()) substitute(vi);
+  }
+
+  static std::string example_shape(const onnx::TensorShapeProto& shape, int axis) {
+    std::string s;
+    for (int i = 0; i < shape.dim_size(); ++i) {
+      if (i) s += 'x';
+      const auto& d = shape.dim(i);
+      s += d.has_dim_value() ? std::to_string(d.dim_value()) : (i == axis ? "N" : (d.has_dim_param() ? d.dim_param() : "?"));
+    }
+    return s;
+  }
+
+  void bind(const std::string& dim, int64_t value, const std::string& source) {
+    if (value < 0) throw InvalidArgument(source + ": dims must be non-negative");
+    auto [it, inserted] = bound_.emplace(dim, value);
+    if (!inserted && it->second != value)
+      throw InvalidArgument("dim " + quote(dim) + " is bound to both " + std::to_string(it->second) + " and " +
+                            std::to_string(value) + " (" + source + ")");
+    if (inserted) result_.bindings.push_back({dim, value, source});
+  }
+
+  void set_size(Value& v) {
+    auto n = checked_element_count(v.shape);
+    if (!n) throw InvalidModel("value " + quote(v.name) + " has shape [" + shape_string(v.shape) + "], whose element count overflows 64 bits");
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(*n, dtype_size(v.dtype), &bytes))
+      throw InvalidModel("value " + quote(v.name) + " has shape [" + shape_string(v.shape) + "], whose byte size overflows 64 bits");
+    v.shape_known = true;
+    v.elements = *n;
+    v.bytes = bytes;
+  }
+
+  ValueId value_for(const std::string& name) {
+    if (auto id = graph().find_value(name)) return *id;
+    Value v;
+    v.name = name;
+    return graph().add_value(std::move(v));
+  }
+
+  void add_nodes(onnx::GraphProto& g) {
+    const auto* registry = onnx::OpSchemaRegistry::Instance();
+    std::set<std::string> opaque_ops;
+    std::unordered_set<std::string> produced;
+    for (int i = 0; i < g.node_size(); ++i) {
+      const auto& node = g.node(i);
+      Task t;
+      t.name = node_label(node, i);
+      t.op_type = node.op_type();
+      t.domain = node.domain() == "ai.onnx" ? "" : node.domain();
+      t.onnx_node_index = i;
+      if (t.op_type.empty()) throw InvalidModel("node " + std::to_string(i) + " (" + quote(t.name) + ") has no op_type");
+      for (const auto& in : node.input()) t.inputs.push_back(in.empty() ? ValueId::invalid() : value_for(in));
+      for (const auto& out : node.output()) {
+        if (out.empty()) {
+          t.outputs.push_back(ValueId::invalid());
+          continue;
+        }
+        t.outputs.push_back(value_for(out));
+      }
+      // Subgraph bodies (If/Loop/Scan) read outer values implicitly: make those explicit inputs.
+      bool has_subgraph = false;
+      for (const auto& a : node.attribute()) {
+        t.attributes.push_back(convert_attribute(a));
+        has_subgraph |= a.has_g() || a.graphs_size() > 0;
+      }
+      if (has_subgraph) {
+        std::set<std::string> free_names;
+        for (const auto& a : node.attribute()) {
+          if (a.has_g()) collect_free_names(a.g(), free_names);
+          for (const auto& sg : a.graphs()) collect_free_names(sg, free_names);
+        }
+        for (const auto& name : free_names)
+          if (graph().find_value(name)) t.inputs.push_back(graph().find_value(name).value());
+      }
+      auto opset = result_.opsets.find(t.domain);
+      const int version = opset == result_.opsets.end() ? -1 : static_cast<int>(opset->second);
+      if (version < 0 || !registry->GetSchema(t.op_type, version, t.domain)) {
+        t.opaque = true;
+        opaque_ops.insert((t.domain.empty() ? "" : t.domain + "::") + t.op_type);
+      }
+      // Small integer constants feed shape arithmetic.
+      if (t.op_type == "Constant" && t.domain.empty() && node.output_size() == 1) {
+        for (const auto& a : node.attribute()) {
+          if (a.name() == "value" && a.has_t()) {
+            TensorInfo info = check_tensor(a.t(), "the value of Constant node " + quote(t.name));
+            Value& out = graph().value(t.outputs[0]);
+            out.known_ints = tensor_ints(a.t(), info.elements);
+          }
+        }
+      }
+      graph().add_task(std::move(t));
+    }
+    if (!opaque_ops.empty()) {
+      std::string list;
+      for (const auto& op : opaque_ops) list += (list.empty() ? "" : ", ") + op;
+      result_.warnings.push_back("ops unknown to ONNX " + std::string("1.12") + " imported as opaque tasks (cost unknown): " + list);
+    }
+  }
+
+  // ONNX shape inference (with data propagation), then our folding; repeats while folding
+  // makes new values known, feeding them back to inference as initializers.
+  void infer_shapes(onnx::GraphProto& g) {
+    // Inference needs nodes in topological order: use the order finalize() chose.
+    {
+      google::protobuf::RepeatedPtrField<onnx::NodeProto> sorted;
+      sorted.Reserve(g.node_size());
+      for (const Task& t : graph().tasks()) *sorted.Add() = std::move(*g.mutable_node(t.onnx_node_index));
+      g.mutable_node()->Swap(&sorted);
+    }
+    std::unordered_set<std::string> injected;
+    for (int round = 0; round < kMaxInferenceRounds; ++round) {
+      run_onnx_inference();
+      apply_inferred_types(g);
+      const size_t folded = fold_shape_arithmetic(graph());
+      if (folded == 0) break;
+      // Feed newly known values to the next round, as initializers replacing their producers.
+      bool fed = false;
+      std::unordered_set<std::string> to_drop;
+      for (const Task& t : graph().tasks()) {
+        bool all = !t.outputs.empty();
+        for (ValueId o : t.outputs) {
+          if (!o.valid() || !graph().value(o).known_ints || !graph().value(o).shape_known) all = false;
+          else if (graph().value(o).dtype != DType::kInt64 && graph().value(o).dtype != DType::kInt32) all = false;
+        }
+        if (!all) continue;
+        for (ValueId o : t.outputs) {
+          const Value& v = graph().value(o);
+          if (injected.count(v.name)) continue;
+          injected.insert(v.name);
+          to_drop.insert(v.name);
+          onnx::TensorProto* init = g.add_initializer();
+          init->set_name(v.name);
+          init->set_data_type(v.dtype == DType::kInt32 ? onnx::TensorProto::INT32 : onnx::TensorProto::INT64);
+          for (int64_t d : v.shape) init->add_dims(d);
+          for (int64_t x : *v.known_ints) {
+            if (v.dtype == DType::kInt32) init->add_int32_data(static_cast<int32_t>(x));
+            else init->add_int64_data(x);
+          }
+          fed = true;
+        }
+      }
+      if (!fed || !has_unknown_shapes()) break;
+      auto* nodes = g.mutable_node();
+      nodes->erase(std::remove_if(nodes->begin(), nodes->end(),
+                                  [&](const onnx::NodeProto& n) {
+                                    return n.output_size() > 0 && std::all_of(n.output().begin(), n.output().end(),
+                                                                              [&](const std::string& o) { return to_drop.count(o) > 0; });
+                                  }),
+                   nodes->end());
+      // A stale value_info without a shape would override the new initializer's type.
+      auto* infos = g.mutable_value_info();
+      infos->erase(std::remove_if(infos->begin(), infos->end(),
+                                  [&](const onnx::ValueInfoProto& vi) { return to_drop.count(vi.name()) > 0; }),
+                   infos->end());
+      if (model_.ir_version() < 4) model_.set_ir_version(4);  // initializers that are not inputs
+    }
+  }
+
+  void run_onnx_inference() {
+    try {
+      onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/0, /*data_propagation=*/true);
+      onnx::shape_inference::InferShapes(model_, onnx::OpSchemaRegistry::Instance(), opts);
+    } catch (const std::exception& e) {
+      // Declared shapes disagree with inferred ones, or an op's inference rejected its input.
+      std::string what = e.what();
+      if (what.size() > 400) what = what.substr(0, 400) + "…";
+      result_.warnings.push_back("ONNX shape inference stopped: " + what + "; using declared shapes where inference did not finish");
+    }
+  }
+
+  bool has_unknown_shapes() const {
+    for (const Value& v : result_.graph.values())
+      if (!v.shape_known && v.producer.valid()) return true;
+    return false;
+  }
+
+  void apply_inferred_types(const onnx::GraphProto& g) {
+    auto apply = [&](const onnx::ValueInfoProto& vi) {
+      auto id = graph().find_value(vi.name());
+      if (!id) return;
+      Value& v = graph().value(*id);
+      if (v.kind == ValueKind::kParam || v.kind == ValueKind::kInput) return;
+      const DeclaredType d = declared_type(vi);
+      if (!d.is_tensor) return;
+      if (v.dtype == DType::kUndefined) v.dtype = d.dtype;
+      if (v.shape_known || !d.has_shape || !d.all_known) return;
+      v.shape = d.dims;
+      set_size(v);
+    };
+    for (const auto& vi : g.value_info()) apply(vi);
+    for (const auto& vi : g.output()) apply(vi);
+  }
+
+  void report_unknown_shapes() {
+    std::vector<std::string> unknown;
+    for (const Value& v : graph().values())
+      if (!v.shape_known && v.producer.valid()) unknown.push_back(v.name);
+    result_.unknown_shape_values = unknown;
+    if (unknown.empty()) return;
+    std::string list;
+    for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + quote(unknown[i]);
+    if (unknown.size() > 8) list += ", … (" + std::to_string(unknown.size() - 8) + " more)";
+    result_.warnings.push_back(std::to_string(unknown.size()) + " value(s) have shapes that cannot be known statically: " + list);
+  }
+
+  onnx::ModelProto& model_;
+  fs::path base_dir_;
+  const ImportOptions& options_;
+  ImportedModel result_;
+  std::map<std::string, int64_t> bound_;
+};
+
+void parse_model_bytes(const std::string& bytes, const std::string& display_name, onnx::ModelProto& model) {
+  if (bytes.empty()) throw InvalidModel(display_name + " is empty (0 bytes); expected an ONNX model");
+  if (bytes.size() > static_cast<size_t>(INT_MAX))
+    throw Unsupported(display_name + " is over 2 GiB: a protobuf message cannot be that large; save the model with "
+                                     "its weights as external data (onnx.save(..., save_as_external_data=True))");
+  google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
+  google::protobuf::io::CodedInputStream coded(&raw);
+  coded.SetTotalBytesLimit(INT_MAX);
+  coded.SetRecursionLimit(64);
+  if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
+    throw InvalidModel(display_name + " is not a valid ONNX protobuf (truncated or not an .onnx file)");
+}
+
+}  // namespace
+
+ImportedModel import_model_bytes(const std::string& bytes, const fs::path& base_dir, const std::string& display_name,
+                                 const ImportOptions& options) {
+  onnx::ModelProto model;
+  parse_model_bytes(bytes, display_name, model);
+  Importer importer(model, base_dir, display_name, options);
+  return importer.run();
+}
+
+ImportedModel import_model(const fs::path& path, const ImportOptions& options) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) throw SystemError("cannot open " + quote(path.string()) + ": no such file");
+  if (fs::is_directory(status))
+    throw InvalidArgument(quote(path.string()) + " is a directory; pass the path of an .onnx file");
+  if (!fs::is_regular_file(status)) throw InvalidArgument(quote(path.string()) + " is not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SystemError("cannot open " + quote(path.string()) + ": " + std::strerror(errno));
+  std::string bytes;
+  const auto size = fs::file_size(path, ec);
+  if (!ec) {
+    if (size > static_cast<uintmax_t>(INT_MAX))
+      throw Unsupported(quote(path.string()) + " is over 2 GiB: a protobuf message cannot be that large; save the model with "
+                                               "its weights as external data (onnx.save(..., save_as_external_data=True))");
+    bytes.resize(size);
+    in.read(bytes.data(), static_cast<std::streamsize>(size));
+    if (static_cast<uintmax_t>(in.gcount()) != size) throw SystemError("could not read all of " + quote(path.string()));
+  }
+  return import_model_bytes(bytes, path.parent_path(), path.string(), options);
+}
+
+std::pair<std::string, std::vector<int64_t>> parse_shape_flag(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    throw InvalidArgument("--shape " + quote(text) + ": expected NAME:D0xD1x… (e.g. input:8x3x224x224)");
+  std::string name = text.substr(0, colon);
+  std::string dims_text = text.substr(colon + 1);
+  std::vector<int64_t> dims;
+  if (dims_text == "scalar" || dims_text.empty()) return {name, dims};
+  std::stringstream ss(dims_text);
+  std::string part;
+  while (std::getline(ss, part, 'x')) {
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || errno == ERANGE || v < 0)
+      throw InvalidArgument("--shape " + quote(text) + ": dim " + quote(part) + " is not a non-negative integer");
+    dims.push_back(v);
+  }
+  if (!dims_text.empty() && dims_text.back() == 'x') throw InvalidArgument("--shape " + quote(text) + ": trailing 'x'");
+  return {name, dims};
+}
+
+std::pair<std::string, int64_t> parse_dim_flag(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
+    throw InvalidArgument("--dim " + quote(text) + ": expected NAME=VALUE (e.g. batch=8)");
+  const std::string value = text.substr(eq + 1);
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(value.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE || v < 0)
+    throw InvalidArgument("--dim " + quote(text) + ": " + quote(value) + " is not a non-negative integer");
+  return {text.substr(0, eq), v};
+}
+
+}  // namespace apart

@@ -18,6 +18,10 @@ struct TaskCost {
   int64_t saved_bytes = 0;      // bytes this task must keep for its backward
   int64_t output_bytes = 0;     // bytes of the values it produces
   int64_t workspace_bytes = 0;  // transient working set while it runs (fwd or bwd)
+  // Added by the analytic model (profiler/cost_model.h); measured tables may leave them 0.
+  double backward_flops = 0;
+  double backward_bytes = 0;  // backward bytes read + written
+  bool known = true;          // false: the op's cost came from the opaque fallback
 };
 
 // One row per task, indexed by TaskId (topological order), in the apart.costs/1 schema's terms.
@@ -26,6 +30,8 @@ struct CostTable {
   int64_t microbatch_size = 0;
   std::string source = "analytic";  // "analytic" or "measured"
   std::vector<TaskCost> tasks;
+  std::string precision = "fp32";     // "fp32", "tf32" or "mixed"
+  std::vector<std::string> warnings;  // e.g. the op types that fell to the opaque fallback
 };
 
 }  // namespace apart

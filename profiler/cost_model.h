@@ -1,0 +1,60 @@
+// The analytic cost model: per-task forward/backward time, saved bytes and memory (docs/cost-model.md).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/task_graph.h"
+#include "profiler/cost_table.h"
+#include "profiler/device.h"
+#include "profiler/op_work.h"
+
+namespace apart {
+
+// Fractions of peak a kernel class reaches: compute for its FLOPs, memory for its bytes.
+struct OpEfficiency {
+  double compute = 1;
+  double memory = 1;
+};
+OpEfficiency default_efficiency(OpClass c);
+
+struct CostOptions {
+  profiler::Precision precision = profiler::Precision::kFp32;
+  // Micro-batch size u the costs are for; 0 = the graph's bound batch (no scaling).
+  int64_t microbatch_size = 0;
+  // Batch the graph's shapes were bound at; 0 = leading dim of the first batch graph input.
+  int64_t reference_batch = 0;
+  void validate() const;  // throws InvalidArgument
+};
+
+// The batch the graph's shapes are bound at: leading dim of the first graph input (1 if none).
+int64_t bound_batch_size(const TaskGraph& g);
+
+// max(FLOPs / (peak·eff.compute), bytes / (bandwidth·eff.memory)) + overhead; 0 when no work.
+double roofline_time(double flops, double bytes, double peak_flops, double bandwidth, OpEfficiency eff,
+                     double overhead_s);
+
+// Which values need a gradient: float params, and float values computed from them.
+std::vector<bool> values_requiring_grad(const TaskGraph& g);
+
+struct BackwardWork {
+  double flops = 0;
+  double bytes = 0;                 // read + written
+  int kernels = 0;                  // kernel launches the backward takes
+  std::vector<ValueId> saved;       // values this task keeps for its backward (batch values only)
+  double extra_saved_bytes = 0;     // state that is not a graph value: dropout masks, pool indices
+};
+// Backward rule per op (docs/cost-model.md §2). `grad` comes from values_requiring_grad.
+BackwardWork backward_work(const TaskGraph& g, TaskId t, const OpWork& forward, const std::vector<bool>& grad);
+
+// Every task's costs at micro-batch size options.microbatch_size. Constant tasks cost nothing per
+// step (zero FLOPs, times and saved bytes; they keep param_bytes). A value saved by several tasks
+// is counted once, at the first task (topological order) that saves it. Opaque ops get the
+// fallback and a warning in CostTable::warnings naming them.
+CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOptions& options = {});
+
+// Linear rescaling of a table (analytic or measured) to another micro-batch size: batch tasks'
+// times, FLOPs, bytes and saved/output/workspace bytes scale by new/old; constant tasks keep theirs.
+CostTable rescale_costs(const CostTable& table, const TaskGraph& g, int64_t microbatch_size);
+
+}  // namespace apart

@@ -1,0 +1,283 @@
+// Device presets with their datasheet sources, the cluster description and communication times.
+#include "profiler/device.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "graph/error.h"
+#include "profiler/cpu_probe.h"
+
+namespace apart {
+namespace {
+
+constexpr double kT = 1e12;  // TFLOP/s
+constexpr double kG = 1e9;   // GB/s
+constexpr int64_t kMiB = 1024 * 1024;
+
+// GPU figures are dense (no sparsity) peaks from NVIDIA's datasheets; memory is the usable
+// capacity nvidia-smi reports (memory.total); link bandwidths are per direction per device.
+std::vector<Device> gpu_presets() {
+  std::vector<Device> d;
+  // NVIDIA Tesla V100 datasheet (SXM2 32 GB): FP32 15.7 TFLOPS, Tensor (FP16) 125 TFLOPS, no TF32
+  // or BF16, HBM2 900 GB/s; NVLink 2: 300 GB/s total = 150 GB/s per direction. DGX-1: 4× EDR
+  // InfiniBand (100 Gb/s) per 8 GPUs = 6.25 GB/s per GPU.
+  d.push_back({"v100-32gb", 32510 * kMiB, 15.7 * kT, 15.7 * kT, 125 * kT, 900 * kG, 5e-6,
+               {150 * kG, 3e-6}, {6.25 * kG, 10e-6}, false});
+  // NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB): FP32 19.5, TF32 156, FP16/BF16 312 TFLOPS
+  // (dense), HBM2 1,555 GB/s; NVLink 3: 600 GB/s total = 300 per direction. DGX A100: one HDR
+  // InfiniBand (200 Gb/s = 25 GB/s) per GPU.
+  d.push_back({"a100-40gb", 40536 * kMiB, 19.5 * kT, 156 * kT, 312 * kT, 1555 * kG, 5e-6,
+               {300 * kG, 3e-6}, {25 * kG, 10e-6}, false});
+  // Same datasheet, SXM4 80 GB: HBM2e 2,039 GB/s.
+  d.push_back({"a100-80gb", 81920 * kMiB, 19.5 * kT, 156 * kT, 312 * kT, 2039 * kG, 5e-6,
+               {300 * kG, 3e-6}, {25 * kG, 10e-6}, false});
+  // NVIDIA H100 Tensor Core GPU datasheet (SXM5 80 GB): FP32 67 TFLOPS, TF32 989 and FP16/BF16
+  // 1,979 TFLOPS with sparsity (half dense: 494.5 and 989.5), HBM3 3.35 TB/s; NVLink 4: 900 GB/s
+  // total = 450 per direction. DGX H100: one NDR InfiniBand (400 Gb/s = 50 GB/s) per GPU.
+  d.push_back({"h100-80gb", 81559 * kMiB, 67 * kT, 494.5 * kT, 989.5 * kT, 3350 * kG, 5e-6,
+               {450 * kG, 3e-6}, {50 * kG, 10e-6}, false});
+  // NVIDIA H200 Tensor Core GPU datasheet (SXM 141 GB): same compute as H100 SXM, HBM3e 4.8 TB/s,
+  // NVLink 900 GB/s; DGX H200 networking as DGX H100.
+  d.push_back({"h200-141gb", 143771 * kMiB, 67 * kT, 494.5 * kT, 989.5 * kT, 4800 * kG, 5e-6,
+               {450 * kG, 3e-6}, {50 * kG, 10e-6}, false});
+  return d;
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+Device cpu_from_probe(const CpuProbe& p) {
+  Device d;
+  d.name = "cpu";
+  d.memory_bytes = physical_memory_bytes();
+  d.peak_fp32_flops = d.peak_tf32_flops = d.peak_fp16_flops = p.fp32_flops;  // fp32 everywhere
+  d.memory_bandwidth = p.bandwidth;
+  d.kernel_overhead_s = 2e-6;
+  // Ranks of one node exchange through shared memory (a copy: half the copy bandwidth); nodes over
+  // 10 Gb Ethernet with MPI's typical TCP latency. Override with --cluster for a real network.
+  d.intra_node = {p.bandwidth / 2, 1e-6};
+  d.inter_node = {1.25 * kG, 50e-6};
+  d.measured = true;
+  return d;
+}
+
+bool finite_positive(double x) { return std::isfinite(x) && x > 0; }
+
+double number(const nlohmann::json& j, const char* key, double fallback) {
+  if (!j.contains(key)) return fallback;
+  if (!j[key].is_number()) throw InvalidArgument(std::string("cluster JSON: '") + key + "' must be a number");
+  return j[key].get<double>();
+}
+
+Link link_from_json(const nlohmann::json& j, const char* key, Link fallback) {
+  if (!j.contains(key)) return fallback;
+  const auto& l = j[key];
+  if (!l.is_object()) throw InvalidArgument(std::string("cluster JSON: '") + key + "' must be an object");
+  Link out{number(l, "bandwidth_bytes_per_s", fallback.bandwidth), number(l, "latency_s", fallback.latency_s)};
+  return out;
+}
+
+nlohmann::json link_to_json(const Link& l) { return {{"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency_s}}; }
+
+}  // namespace
+
+double Device::matmul_peak(profiler::Precision p) const {
+  using profiler::Precision;
+  switch (p) {
+    case Precision::kFp32: return peak_fp32_flops;
+    case Precision::kTf32: return peak_tf32_flops;
+    case Precision::kMixed: return peak_fp16_flops;
+  }
+  return peak_fp32_flops;
+}
+
+std::vector<std::string> device_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& d : gpu_presets()) names.push_back(d.name);
+  names.push_back("cpu");
+  return names;
+}
+
+Device device_preset(std::string_view name) {
+  if (name == "cpu") return cpu_device();
+  for (auto& d : gpu_presets())
+    if (d.name == name) return d;
+  std::string known;
+  for (const auto& n : device_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  throw InvalidArgument("unknown device '" + std::string(name) + "'; known devices: " + known +
+                        " (or describe one in a --cluster JSON file)");
+}
+
+CpuProbe run_cpu_probe() { return detail::measure_cpu(); }
+
+std::filesystem::path cpu_cache_path() {
+  if (const char* dir = std::getenv("APART_CACHE_DIR"); dir && *dir) return std::filesystem::path(dir) / "cpu.json";
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return std::filesystem::path(xdg) / "apart" / "cpu.json";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::filesystem::path(home) / ".cache" / "apart" / "cpu.json";
+  return std::filesystem::temp_directory_path() / "apart" / "cpu.json";
+}
+
+Device cpu_device(bool refresh) {
+  const auto path = cpu_cache_path();
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!refresh) {
+    std::ifstream in(path);
+    if (in) {
+      const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.value("schema", "") == "apart.cpu_probe/1" && j.value("threads", 0) == threads) {
+        CpuProbe p;
+        p.fp32_flops = j.value("fp32_flops", 0.0);
+        p.bandwidth = j.value("bandwidth_bytes_per_s", 0.0);
+        p.threads = threads;
+        if (finite_positive(p.fp32_flops) && finite_positive(p.bandwidth)) return cpu_from_probe(p);
+      }
+    }
+  }
+  const CpuProbe p = run_cpu_probe();
+  // Cache it; a read-only home only costs a re-probe next time.
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  const auto tmp = path.string() + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp);
+    out << nlohmann::json{{"schema", "apart.cpu_probe/1"}, {"fp32_flops", p.fp32_flops},
+                          {"bandwidth_bytes_per_s", p.bandwidth}, {"threads", p.threads},
+                          {"probe_seconds", p.seconds}}
+               .dump(2)
+        << "\n";
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+  return cpu_from_probe(p);
+}
+
+void Cluster::validate() const {
+  if (devices < 1) throw InvalidArgument("--devices must be at least 1 (got " + std::to_string(devices) + ")");
+  if (devices_per_node < 1)
+    throw InvalidArgument("--devices-per-node must be at least 1 (got " + std::to_string(devices_per_node) + ")");
+  for (const auto* l : {&intra_node, &inter_node})
+    if (!finite_positive(l->bandwidth) || !std::isfinite(l->latency_s) || l->latency_s < 0)
+      throw InvalidArgument("cluster links need a positive bandwidth and a non-negative latency");
+  if (!finite_positive(device.peak_fp32_flops) || !finite_positive(device.memory_bandwidth) || device.memory_bytes <= 0)
+    throw InvalidArgument("device '" + device.name + "' needs positive memory, peak FLOP/s and bandwidth");
+}
+
+const Link& Cluster::link_between(int a, int b) const { return node_of(a) == node_of(b) ? intra_node : inter_node; }
+
+Cluster make_cluster(const Device& device, int devices, int devices_per_node) {
+  Cluster c{device, devices, std::min(devices_per_node, std::max(devices, 1)), device.intra_node, device.inter_node};
+  if (devices_per_node < 1) c.devices_per_node = devices_per_node;  // let validate() name it
+  c.validate();
+  return c;
+}
+
+nlohmann::json device_to_json(const Device& d) {
+  return {{"name", d.name},
+          {"memory_bytes", d.memory_bytes},
+          {"peak_flops", {{"fp32", d.peak_fp32_flops}, {"tf32", d.peak_tf32_flops}, {"fp16", d.peak_fp16_flops}}},
+          {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
+          {"kernel_overhead_s", d.kernel_overhead_s},
+          {"measured", d.measured}};
+}
+
+Cluster cluster_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw InvalidArgument("cluster JSON must be an object");
+  if (j.contains("schema") && j["schema"] != "apart.cluster/1")
+    throw InvalidArgument("cluster JSON: schema must be \"apart.cluster/1\"");
+  Device dev;
+  if (!j.contains("device")) throw InvalidArgument("cluster JSON: 'device' is required (a preset name or an object)");
+  const auto& dj = j["device"];
+  if (dj.is_string()) {
+    dev = device_preset(dj.get<std::string>());
+  } else if (dj.is_object()) {
+    // A custom device: start from "base" (a preset) when given, then override any figure.
+    if (dj.contains("base")) dev = device_preset(dj.at("base").get<std::string>());
+    dev.name = dj.value("name", dev.name.empty() ? std::string("custom") : dev.name);
+    dev.memory_bytes = static_cast<int64_t>(number(dj, "memory_bytes", static_cast<double>(dev.memory_bytes)));
+    if (dj.contains("peak_flops")) {
+      const auto& p = dj["peak_flops"];
+      dev.peak_fp32_flops = number(p, "fp32", dev.peak_fp32_flops);
+      dev.peak_tf32_flops = number(p, "tf32", dev.peak_tf32_flops > 0 ? dev.peak_tf32_flops : dev.peak_fp32_flops);
+      dev.peak_fp16_flops = number(p, "fp16", dev.peak_fp16_flops > 0 ? dev.peak_fp16_flops : dev.peak_fp32_flops);
+    }
+    dev.memory_bandwidth = number(dj, "memory_bandwidth_bytes_per_s", dev.memory_bandwidth);
+    dev.kernel_overhead_s = number(dj, "kernel_overhead_s", dev.kernel_overhead_s);
+  } else {
+    throw InvalidArgument("cluster JSON: 'device' must be a preset name or an object");
+  }
+  Cluster c;
+  c.device = dev;
+  c.devices = static_cast<int>(number(j, "devices", 1));
+  c.devices_per_node = static_cast<int>(number(j, "devices_per_node", c.devices));
+  c.intra_node = link_from_json(j, "intra_node", dev.intra_node);
+  c.inter_node = link_from_json(j, "inter_node", dev.inter_node);
+  c.validate();
+  return c;
+}
+
+Cluster load_cluster_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw SystemError("cannot read cluster file '" + path.string() + "'");
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw InvalidArgument("cluster file '" + path.string() + "' is not valid JSON");
+  try {
+    return cluster_from_json(j);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("cluster file '" + path.string() + "': " + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument("cluster file '" + path.string() + "': " + e.what());
+  }
+}
+
+nlohmann::json cluster_to_json(const Cluster& c) {
+  return {{"schema", "apart.cluster/1"},
+          {"device", device_to_json(c.device)},
+          {"devices", c.devices},
+          {"devices_per_node", c.devices_per_node},
+          {"intra_node", link_to_json(c.intra_node)},
+          {"inter_node", link_to_json(c.inter_node)}};
+}
+
+double p2p_time(const Cluster& c, int a, int b, double bytes) {
+  if (a == b) return 0;
+  const Link& l = c.link_between(a, b);
+  return l.latency_s + bytes / l.bandwidth;
+}
+
+double ring_allreduce_time(int ranks, double bytes, const Link& link) {
+  if (ranks <= 1) return 0;
+  const double r = ranks;
+  return 2.0 * (r - 1) / r * bytes / link.bandwidth + 2.0 * (r - 1) * link.latency_s;
+}
+
+// A ring that crosses nodes is as slow as its slowest hop (normally the inter-node link).
+static Link slowest(const Cluster& c) {
+  return {std::min(c.intra_node.bandwidth, c.inter_node.bandwidth), std::max(c.intra_node.latency_s, c.inter_node.latency_s)};
+}
+
+double allreduce_time(const Cluster& c, std::span<const int> devices, double bytes) {
+  if (devices.size() <= 1) return 0;
+  bool crosses_nodes = false;
+  for (int d : devices) crosses_nodes |= c.node_of(d) != c.node_of(devices[0]);
+  return ring_allreduce_time(static_cast<int>(devices.size()), bytes, crosses_nodes ? slowest(c) : c.intra_node);
+}
+
+double allreduce_time(const Cluster& c, int first, int count, double bytes) {
+  if (count <= 1) return 0;
+  const bool crosses_nodes = c.node_of(first) != c.node_of(first + count - 1);
+  return ring_allreduce_time(count, bytes, crosses_nodes ? slowest(c) : c.intra_node);
+}
+
+}  // namespace apart

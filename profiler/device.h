@@ -1,0 +1,85 @@
+// Devices (presets and the measured CPU) and clusters: links, point-to-point and all-reduce times.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "profiler/training.h"
+
+namespace apart {
+
+// One direction of a link between two devices.
+struct Link {
+  double bandwidth = 0;  // bytes/s
+  double latency_s = 0;
+};
+
+struct Device {
+  std::string name;
+  int64_t memory_bytes = 0;
+  double peak_fp32_flops = 0;  // FP32 without tensor cores (vector units)
+  double peak_tf32_flops = 0;  // TF32 tensor cores, dense; = fp32 where there are none
+  double peak_fp16_flops = 0;  // FP16/BF16 tensor cores, dense (no sparsity)
+  double memory_bandwidth = 0; // bytes/s
+  double kernel_overhead_s = 0;  // launch + tail per kernel
+  Link intra_node;  // default link between two devices of one node (NVLink, shared memory)
+  Link inter_node;  // default link between nodes (InfiniBand per device, Ethernet)
+  bool measured = false;  // figures from the CPU probe, not a datasheet
+
+  // Peak used for matrix products at this precision.
+  double matmul_peak(profiler::Precision p) const;
+};
+
+std::vector<std::string> device_preset_names();  // v100-32gb … h200-141gb, cpu
+// A preset by name; "cpu" runs (or reads the cache of) the CPU probe. Throws InvalidArgument.
+Device device_preset(std::string_view name);
+
+// The CPU probe: a small sgemm loop and a streaming copy on every hardware thread (< 1 s).
+struct CpuProbe {
+  double fp32_flops = 0;  // all threads together
+  double bandwidth = 0;   // bytes/s, read + write
+  int threads = 0;
+  double seconds = 0;     // how long the probe took
+};
+CpuProbe run_cpu_probe();
+// $APART_CACHE_DIR/cpu.json, else $XDG_CACHE_HOME/apart/cpu.json, else ~/.cache/apart/cpu.json.
+std::filesystem::path cpu_cache_path();
+// The cpu device: from the cache when present and valid, else probed now and cached (best effort).
+Device cpu_device(bool refresh = false);
+
+struct Cluster {
+  Device device;
+  int devices = 1;
+  int devices_per_node = 1;
+  Link intra_node;
+  Link inter_node;
+
+  void validate() const;  // throws InvalidArgument
+  int node_of(int device_index) const { return device_index / devices_per_node; }
+  const Link& link_between(int a, int b) const;
+};
+
+// `--devices N --device NAME --devices-per-node K`; the links are the device's defaults.
+Cluster make_cluster(const Device& device, int devices, int devices_per_node);
+// The apart.cluster/1 JSON file (docs/cost-model.md §5). Throws InvalidArgument / SystemError.
+Cluster load_cluster_json(const std::filesystem::path& path);
+Cluster cluster_from_json(const nlohmann::json& j);
+nlohmann::json cluster_to_json(const Cluster& c);
+nlohmann::json device_to_json(const Device& d);
+
+// latency + bytes / bandwidth over the link a and b share; 0 when a == b.
+double p2p_time(const Cluster& c, int a, int b, double bytes);
+// Ring all-reduce among `ranks` over one link: 2(r−1)/r · bytes / bw + 2(r−1) · latency.
+double ring_allreduce_time(int ranks, double bytes, const Link& link);
+// Ring all-reduce among the given devices, over the slowest link the ring crosses.
+double allreduce_time(const Cluster& c, std::span<const int> devices, double bytes);
+// Same for the contiguous devices first .. first+count−1.
+double allreduce_time(const Cluster& c, int first, int count, double bytes);
+
+}  // namespace apart

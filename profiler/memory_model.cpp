@@ -1,0 +1,106 @@
+// The stage memory formula of docs/cost-model.md §4.
+#include "profiler/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "graph/error.h"
+
+namespace apart {
+
+namespace profiler {
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kTf32: return "tf32";
+    case Precision::kMixed: return "mixed";
+  }
+  return "fp32";
+}
+
+Precision parse_precision(std::string_view name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "tf32") return Precision::kTf32;
+  if (name == "mixed" || name == "fp16" || name == "bf16" || name == "amp") return Precision::kMixed;
+  throw InvalidArgument("unknown precision '" + std::string(name) +
+                        "'; use fp32, tf32 or mixed (fp16/bf16 math, fp32 master weights)");
+}
+
+std::string_view optimizer_name(Optimizer o) {
+  switch (o) {
+    case Optimizer::kSgd: return "sgd";
+    case Optimizer::kMomentum: return "momentum";
+    case Optimizer::kAdam: return "adam";
+  }
+  return "adam";
+}
+
+Optimizer parse_optimizer(std::string_view name) {
+  if (name == "sgd") return Optimizer::kSgd;
+  if (name == "momentum") return Optimizer::kMomentum;
+  if (name == "adam" || name == "adamw") return Optimizer::kAdam;
+  throw InvalidArgument("unknown optimizer '" + std::string(name) + "'; use sgd, momentum or adam");
+}
+
+std::string_view schedule_name(Schedule s) { return s == Schedule::kGPipe ? "gpipe" : "1f1b"; }
+
+Schedule parse_schedule(std::string_view name) {
+  if (name == "gpipe") return Schedule::kGPipe;
+  if (name == "1f1b") return Schedule::k1F1B;
+  throw InvalidArgument("unknown schedule '" + std::string(name) + "'; use gpipe or 1f1b");
+}
+
+}  // namespace profiler
+
+using profiler::Optimizer;
+using profiler::Precision;
+using profiler::Schedule;
+
+int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, int64_t microbatches) {
+  APART_CHECK(stages >= 1 && stage >= 0 && stage < stages && microbatches >= 1, "bad stage/microbatch numbers");
+  if (schedule == Schedule::kGPipe) return microbatches;
+  return std::min<int64_t>(stages - stage, microbatches);
+}
+
+namespace {
+double state_bytes(Optimizer o) {
+  switch (o) {
+    case Optimizer::kSgd: return 0;
+    case Optimizer::kMomentum: return 4;  // fp32 velocity
+    case Optimizer::kAdam: return 8;      // fp32 first and second moments
+  }
+  return 8;
+}
+}  // namespace
+
+double bytes_per_param(Optimizer optimizer, Precision precision) {
+  const bool mixed = precision == Precision::kMixed;
+  const double weights = mixed ? 2 + 4 : 4;  // fp16 working copy + fp32 master
+  const double grads = mixed ? 2 : 4;
+  return weights + grads + state_bytes(optimizer);
+}
+
+StageMemory stage_memory(const StageMemoryInput& in) {
+  APART_CHECK(in.param_dtype_bytes > 0 && in.in_flight >= 0, "bad StageMemoryInput");
+  const double params = static_cast<double>(in.param_bytes) / in.param_dtype_bytes;
+  const bool mixed = in.precision == Precision::kMixed;
+  StageMemory m;
+  m.weights = std::llround(params * (mixed ? 6.0 : 4.0));
+  m.gradients = std::llround(params * (mixed ? 2.0 : 4.0));
+  m.optimizer_state = std::llround(params * state_bytes(in.optimizer));
+  if (in.recompute) {
+    // Only each in-flight micro-batch's stage inputs stay; one micro-batch is recomputed at a time.
+    m.activations = in.stage_input_bytes_per_microbatch * in.in_flight + in.saved_bytes_per_microbatch;
+  } else {
+    m.activations = in.saved_bytes_per_microbatch * in.in_flight;
+  }
+  m.workspace = in.max_workspace_bytes;
+  m.total = m.weights + m.gradients + m.optimizer_state + m.activations + m.workspace;
+  return m;
+}
+
+int64_t stage_memory_bytes(const StageMemoryInput& in) { return stage_memory(in).total; }
+
+}  // namespace apart

@@ -1,0 +1,137 @@
+// Atomic level (paper §IV-A) and aggregation of components into blocks.
+#include "partition/atomic.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "graph/error.h"
+
+namespace apart {
+namespace {
+
+constexpr uint32_t kNoComponent = UINT32_MAX;
+
+WorkCurve fit(double t0, int64_t u0, const TaskCost* other, double t1, int64_t u1) {
+  WorkCurve w;
+  if (other == nullptr || u1 == u0) {
+    w.per_sample_s = t0 / static_cast<double>(u0);
+    return w;
+  }
+  const double slope = (t1 - t0) / static_cast<double>(u1 - u0);
+  if (slope <= 0) {  // not growing with the batch: keep it proportional to stay conservative
+    w.per_sample_s = std::max(t0 / static_cast<double>(u0), t1 / static_cast<double>(u1));
+    return w;
+  }
+  w.per_sample_s = slope;
+  w.fixed_s = std::max(0.0, t0 - slope * static_cast<double>(u0));
+  return w;
+}
+
+}  // namespace
+
+AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, const AtomicOptions& options,
+                               const CostTable* other) {
+  APART_CHECK(graph.finalized(), "build_atomic_graph needs a finalized graph");
+  const size_t n = graph.num_tasks();
+  if (costs.tasks.size() != n)
+    throw InvalidArgument("cost table has " + std::to_string(costs.tasks.size()) + " tasks but the model has " +
+                          std::to_string(n) + "; regenerate costs.json for this model and shapes");
+  if (costs.microbatch_size <= 0) throw InvalidArgument("cost table has no micro-batch size");
+  if (other && other->tasks.size() != n) other = nullptr;
+  const int64_t u0 = costs.microbatch_size;
+  const int64_t u1 = other ? other->microbatch_size : u0;
+
+  AtomicGraph atomic;
+  atomic.graph_batch = options.graph_batch > 0 ? options.graph_batch : u0;
+  std::vector<uint32_t> component_of(n, kNoComponent);
+  for (uint32_t t = 0; t < n; ++t) {
+    const Task& task = graph.task(TaskId(t));
+    if (task.constant) continue;
+    component_of[t] = static_cast<uint32_t>(atomic.components.size());
+    AtomicComponent c;
+    c.batch_task = TaskId(t);
+    const TaskCost& tc = costs.tasks[t];
+    const TaskCost* oc = other ? &other->tasks[t] : nullptr;
+    c.cost.forward = fit(tc.forward_s, u0, oc, oc ? oc->forward_s : 0, u1);
+    c.cost.backward = fit(tc.backward_s, u0, oc, oc ? oc->backward_s : 0, u1);
+    c.cost.param_bytes = tc.param_bytes;
+    c.cost.saved_per_sample = static_cast<double>(tc.saved_bytes) / static_cast<double>(u0);
+    c.cost.workspace_per_sample = static_cast<double>(tc.workspace_bytes) / static_cast<double>(u0);
+    atomic.components.push_back(std::move(c));
+  }
+  if (atomic.components.empty())
+    throw Infeasible("the model has no batch task (every node depends on weights and constants only); "
+                     "there is nothing to pipeline");
+
+  // Constant tasks join every component that (transitively) consumes them: replicated, not communicated.
+  std::vector<std::vector<uint32_t>> users(n);
+  for (uint32_t t = static_cast<uint32_t>(n); t-- > 0;) {
+    if (!graph.task(TaskId(t)).constant) continue;
+    std::set<uint32_t> set;
+    for (TaskId s : graph.successors(TaskId(t))) {
+      if (component_of[s.value()] != kNoComponent) set.insert(component_of[s.value()]);
+      else set.insert(users[s.value()].begin(), users[s.value()].end());
+    }
+    users[t].assign(set.begin(), set.end());
+  }
+  for (uint32_t t = 0; t < n; ++t)
+    for (uint32_t c : users[t]) {
+      atomic.components[c].constant_tasks.push_back(TaskId(t));
+      atomic.components[c].cost.param_bytes += costs.tasks[t].param_bytes;
+    }
+
+  // Transfers: values produced by a batch task and read by batch tasks of other components.
+  for (uint32_t v = 0; v < graph.num_values(); ++v) {
+    const Value& value = graph.value(ValueId(v));
+    if (!value.producer.valid() || component_of[value.producer.value()] == kNoComponent) continue;
+    const uint32_t producer = component_of[value.producer.value()];
+    std::set<uint32_t> consumers;
+    for (TaskId t : graph.consumers(ValueId(v)))
+      if (component_of[t.value()] != kNoComponent && component_of[t.value()] != producer)
+        consumers.insert(component_of[t.value()]);
+    if (consumers.empty()) continue;
+    Transfer tr;
+    tr.producer = producer;
+    tr.consumers.assign(consumers.begin(), consumers.end());
+    tr.bytes_per_sample = static_cast<double>(value.bytes) / static_cast<double>(atomic.graph_batch);
+    atomic.transfers.push_back(std::move(tr));
+    atomic.transfer_values.push_back(ValueId(v));
+  }
+  return atomic;
+}
+
+BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignment& assignment) {
+  APART_CHECK(assignment.block_of.size() == atomic.size(), "assignment size");
+  BlockSequence seq;
+  seq.blocks.resize(assignment.blocks);
+  for (size_t c = 0; c < atomic.size(); ++c) {
+    BlockCost& b = seq.blocks[assignment.block_of[c]];
+    const BlockCost& a = atomic.components[c].cost;
+    b.forward += a.forward;
+    b.backward += a.backward;
+    b.param_bytes += a.param_bytes;
+    b.saved_per_sample += a.saved_per_sample;
+    b.workspace_per_sample = std::max(b.workspace_per_sample, a.workspace_per_sample);
+    b.workspace_fixed = std::max(b.workspace_fixed, a.workspace_fixed);
+  }
+  // Identical (producer, consumers) transfers are summed: the evaluator's setup is linear in their number.
+  std::map<std::pair<uint32_t, std::vector<uint32_t>>, double> merged;
+  for (const Transfer& t : atomic.transfers) {
+    const uint32_t producer = assignment.block_of[t.producer];
+    std::vector<uint32_t> consumers;
+    for (uint32_t c : t.consumers) {
+      const uint32_t b = assignment.block_of[c];
+      APART_CHECK(b >= producer, "a transfer goes backward between blocks: the block order is not topological");
+      if (b != producer) consumers.push_back(b);
+    }
+    if (consumers.empty()) continue;
+    std::sort(consumers.begin(), consumers.end());
+    consumers.erase(std::unique(consumers.begin(), consumers.end()), consumers.end());
+    merged[{producer, std::move(consumers)}] += t.bytes_per_sample;
+  }
+  for (auto& [key, bytes] : merged) seq.transfers.push_back(Transfer{key.first, key.second, bytes});
+  return seq;
+}
+
+}  // namespace apart

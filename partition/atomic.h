@@ -1,0 +1,45 @@
+// Atomic level (paper §IV-A): one component per batch task; constant tasks join the components that use them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/task_graph.h"
+#include "partition/block_sequence.h"
+#include "partition/options.h"
+#include "profiler/cost_table.h"
+
+namespace apart {
+
+struct AtomicComponent {
+  TaskId batch_task;
+  std::vector<TaskId> constant_tasks;  // replicated into this component, in topological order
+  BlockCost cost;
+};
+
+struct AtomicGraph {
+  std::vector<AtomicComponent> components;    // ordered by batch task id: a topological order
+  std::vector<Transfer> transfers;            // between components (indices into components)
+  std::vector<ValueId> transfer_values;       // the value of each transfer
+  int64_t graph_batch = 1;                    // batch size the graph's value bytes were bound at
+  size_t size() const { return components.size(); }
+};
+
+// Per-sample costs come from `costs` at its micro-batch size u0 (time ∝ u); when `costs_at_other_size` is
+// given (a second table at u1 ≠ u0), times become affine fixed + per_sample·u fitted through both points,
+// which keeps per-kernel overheads from shrinking with the micro-batch. Throws InvalidArgument on a table that
+// does not match the graph, Infeasible when the graph has no batch task.
+AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, const AtomicOptions& options,
+                               const CostTable* costs_at_other_size = nullptr);
+
+// Blocks made of components: block_of[c] is the block of component c; blocks are numbered in topological order
+// (every transfer goes from a block to the same or a later one).
+struct BlockAssignment {
+  std::vector<uint32_t> block_of;
+  uint32_t blocks = 0;
+};
+
+// Aggregates components into the DP's block sequence. CHECKs that transfers only go forward.
+BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignment& assignment);
+
+}  // namespace apart

@@ -1,0 +1,47 @@
+// The stage DP's input: blocks in topological order with affine costs, and the values crossing them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "partition/options.h"
+
+namespace apart {
+
+// A time that grows with the micro-batch size u: fixed_s + per_sample_s × u (seconds).
+struct WorkCurve {
+  double fixed_s = 0;
+  double per_sample_s = 0;
+  double at(double u) const { return fixed_s + per_sample_s * u; }
+  WorkCurve& operator+=(const WorkCurve& o) {
+    fixed_s += o.fixed_s;
+    per_sample_s += o.per_sample_s;
+    return *this;
+  }
+};
+
+// Aggregated costs of one block (or atomic component) per micro-batch.
+struct BlockCost {
+  WorkCurve forward;
+  WorkCurve backward;
+  int64_t param_bytes = 0;         // weights the block reads (fp32 or as stored in the model)
+  double saved_per_sample = 0;     // bytes kept for backward per sample
+  double workspace_per_sample = 0; // transient working set per sample (largest task)
+  double workspace_fixed = 0;
+};
+
+// A value produced in one block and read in later blocks. Sent once to each later stage reading it.
+struct Transfer {
+  uint32_t producer = 0;               // block index
+  std::vector<uint32_t> consumers;     // block indices, sorted, all > producer
+  double bytes_per_sample = 0;
+};
+
+struct BlockSequence {
+  std::vector<BlockCost> blocks;      // in topological order
+  std::vector<Transfer> transfers;
+  size_t size() const { return blocks.size(); }
+};
+
+}  // namespace apart

@@ -1,0 +1,64 @@
+// Names, parsers and validation of the partition options.
+#include "partition/options.h"
+
+#include "graph/error.h"
+
+namespace apart {
+
+std::string_view schedule_name(Schedule s) { return s == Schedule::kGpipe ? "gpipe" : "1f1b"; }
+std::string_view optimizer_name(Optimizer o) {
+  return o == Optimizer::kSgd ? "sgd" : o == Optimizer::kMomentum ? "momentum" : "adam";
+}
+std::string_view precision_name(Precision p) { return p == Precision::kFp32 ? "fp32" : "mixed"; }
+std::string_view method_name(Method m) {
+  return m == Method::kApart ? "apart" : m == Method::kUniform ? "uniform" : "params";
+}
+std::string_view recompute_name(Recompute r) {
+  return r == Recompute::kAuto ? "auto" : r == Recompute::kOn ? "on" : "off";
+}
+
+Schedule parse_schedule(std::string_view t) {
+  if (t == "1f1b") return Schedule::k1F1B;
+  if (t == "gpipe") return Schedule::kGpipe;
+  throw InvalidArgument("--schedule " + std::string(t) + ": expected 1f1b, gpipe or auto");
+}
+Optimizer parse_optimizer(std::string_view t) {
+  if (t == "adam" || t == "adamw") return Optimizer::kAdam;
+  if (t == "sgd") return Optimizer::kSgd;
+  if (t == "momentum") return Optimizer::kMomentum;
+  throw InvalidArgument("--optimizer " + std::string(t) + ": expected adam, momentum or sgd");
+}
+Precision parse_precision(std::string_view t) {
+  if (t == "fp32") return Precision::kFp32;
+  if (t == "mixed" || t == "fp16" || t == "bf16") return Precision::kMixed;
+  throw InvalidArgument("--precision " + std::string(t) + ": expected fp32 or mixed");
+}
+Method parse_method(std::string_view t) {
+  if (t == "apart") return Method::kApart;
+  if (t == "uniform") return Method::kUniform;
+  if (t == "params") return Method::kParams;
+  throw InvalidArgument("--method " + std::string(t) + ": expected apart, uniform or params");
+}
+Recompute parse_recompute(std::string_view t) {
+  if (t == "auto") return Recompute::kAuto;
+  if (t == "on") return Recompute::kOn;
+  if (t == "off") return Recompute::kOff;
+  throw InvalidArgument("--recompute " + std::string(t) + ": expected auto, on or off");
+}
+
+void PartitionOptions::validate() const {
+  if (cluster.devices < 1) throw InvalidArgument("--devices must be at least 1");
+  if (cluster.devices_per_node < 1) throw InvalidArgument("--devices-per-node must be at least 1");
+  if (cluster.memory_bytes <= 0) throw InvalidArgument("the device's memory must be positive");
+  if (cluster.intra_node_bandwidth <= 0 || cluster.inter_node_bandwidth <= 0)
+    throw InvalidArgument("the cluster's bandwidths must be positive");
+  if (training.global_batch < 1) throw InvalidArgument("--batch must be at least 1");
+  if (stage.stages && *stage.stages < 1) throw InvalidArgument("--stages must be at least 1 or auto");
+  if (stage.replicas && *stage.replicas < 1) throw InvalidArgument("--replicas must be at least 1 or auto");
+  if (stage.microbatches && *stage.microbatches < 1) throw InvalidArgument("--microbatches must be at least 1 or auto");
+  if (stage.time_limit_s < 0) throw InvalidArgument("--time-limit must not be negative");
+  if (block.blocks < 0) throw InvalidArgument("--blocks must not be negative");
+  if (block.balance_cap < 1) throw InvalidArgument("the block balance cap must be at least 1");
+}
+
+}  // namespace apart

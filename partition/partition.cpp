@@ -1,0 +1,284 @@
+// The partition driver: atomic (§IV-A) → block (§IV-B) → stage DP (§IV-C) → the candidate with the least
+// estimated iteration time, assembled into a Plan. Baselines share everything after the split.
+#include "partition/partition.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "graph/error.h"
+#include "partition/block.h"
+
+namespace apart {
+namespace {
+
+std::string gb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+  return buf;
+}
+
+// Why nothing fits, and what would (DESIGN.md: errors say what to do next).
+[[noreturn]] void throw_infeasible(const TaskGraph& graph, const AtomicGraph& atomic, const PartitionOptions& o) {
+  const double limit = static_cast<double>(o.cluster.memory_bytes);
+  const double state_factor = state_bytes_per_param_byte(o.training.optimizer, o.training.precision);
+  const double act = activation_bytes_factor(o.training.precision);
+  double total = 0;
+  size_t worst = 0;
+  double worst_bytes = 0;
+  for (size_t c = 0; c < atomic.size(); ++c) {
+    const BlockCost& b = atomic.components[c].cost;
+    const double one = static_cast<double>(b.param_bytes) * state_factor + b.workspace_per_sample + b.workspace_fixed;
+    total += static_cast<double>(b.param_bytes) * state_factor + b.saved_per_sample * act;
+    if (one > worst_bytes) { worst_bytes = one; worst = c; }
+  }
+  const std::string device = std::to_string(o.cluster.memory_bytes / 1'000'000'000) + " GB";
+  if (worst_bytes > limit)
+    throw Infeasible("task " + graph.task(atomic.components[worst].batch_task).name + " alone needs " +
+                     gb(worst_bytes) + " (weights, gradients and " + std::string(optimizer_name(o.training.optimizer)) +
+                     " state) but a device has " + device +
+                     "; apart does not split a single operator: use devices with more memory, --precision mixed, or "
+                     "a lighter --optimizer");
+  const int64_t needed = static_cast<int64_t>(std::ceil(total / limit));
+  throw Infeasible("no split of the model fits " + std::to_string(o.cluster.devices) + " devices of " + device +
+                   " at global batch " + std::to_string(o.training.global_batch) + " with these pins; it needs ≥ " +
+                   std::to_string(std::max<int64_t>(needed, o.cluster.devices + 1)) + " devices of " + device +
+                   ", or recomputation (--recompute on/auto), or a smaller micro-batch (more --microbatches)");
+}
+
+std::vector<StageSolution> solve_all(const StageEvaluator& evaluator, const std::vector<int64_t>& ms,
+                                     const std::vector<int>& stage_counts, const std::vector<Schedule>& schedules,
+                                     const std::vector<bool>& recomputes, const PartitionOptions& o,
+                                     SearchStatistics& stats, const std::chrono::steady_clock::time_point start,
+                                     const ProgressFn& progress) {
+  (void)stats;
+  std::vector<StageSolution> found;
+  for (Schedule schedule : schedules)
+    for (bool recompute : recomputes)
+      for (int64_t m : ms) {
+        const StageDp dp(evaluator, m, schedule, recompute, o.stage.replicas);
+        for (int s : stage_counts) {
+          if (static_cast<size_t>(s) > evaluator.blocks()) continue;
+          ++stats.candidates;
+          auto solution = dp.solve(s);
+          if (!solution) continue;
+          if (!o.stage.replicas && o.stage.spend_leftover_devices) dp.spend_leftover_devices(*solution);
+          found.push_back(std::move(*solution));
+        }
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (progress) {
+          char line[160];
+          std::snprintf(line, sizeof line, "partition: %s recompute %s m=%lld  %zu plans  %.1f s",
+                        std::string(schedule_name(schedule)).c_str(), recompute ? "on" : "off",
+                        static_cast<long long>(m), found.size(), elapsed);
+          progress(line);
+        }
+        if (o.stage.time_limit_s > 0 && elapsed > o.stage.time_limit_s && !found.empty()) {
+          stats.stopped_by_time_limit = true;
+          return found;
+        }
+      }
+  return found;
+}
+
+// Stable, strict: the first of equal candidates wins, so the same inputs give the same plan.
+const StageSolution* best_of(const std::vector<StageSolution>& found) {
+  const StageSolution* best = nullptr;
+  for (const StageSolution& s : found)
+    if (!best || s.estimate.iteration_s < best->estimate.iteration_s * (1 - 1e-12)) best = &s;
+  return best;
+}
+
+}  // namespace
+
+std::vector<int64_t> microbatch_candidates(int64_t global_batch, const StageOptions& options) {
+  if (options.microbatches) return {*options.microbatches};
+  std::vector<int64_t> ms;
+  for (int64_t m = 1; m <= global_batch; ++m)
+    if (global_batch % m == 0) ms.push_back(m);
+  return ms;
+}
+
+std::vector<int> stage_candidates(int max_stages, const StageOptions& options) {
+  if (options.stages) return {*options.stages};
+  std::vector<int> s;
+  // Every count up to 24; beyond, steps of about 8 % (the estimate changes slowly there).
+  for (int x = 1; x <= max_stages; x = x < 24 ? x + 1 : std::max(x + 1, static_cast<int>(x * 1.08))) s.push_back(x);
+  if (s.empty() || s.back() != max_stages) s.push_back(max_stages);
+  return s;
+}
+
+BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages) {
+  const size_t n = atomic.size();
+  APART_CHECK(stages >= 1 && static_cast<size_t>(stages) <= n, "baseline stage count");
+  BlockAssignment a;
+  a.blocks = static_cast<uint32_t>(stages);
+  a.block_of.resize(n);
+  if (method == Method::kParams) {
+    std::vector<double> prefix(n + 1, 0);
+    for (size_t c = 0; c < n; ++c) prefix[c + 1] = prefix[c] + static_cast<double>(atomic.components[c].cost.param_bytes);
+    // Boundary s at the first component where the running sum reaches s/S of the total, keeping ≥ 1 per stage.
+    std::vector<size_t> bounds{0};
+    for (int s = 1; s < stages; ++s) {
+      const double target = prefix[n] * s / stages;
+      size_t b = static_cast<size_t>(std::lower_bound(prefix.begin(), prefix.end(), target) - prefix.begin());
+      b = std::max(b, bounds.back() + 1);
+      b = std::min(b, n - static_cast<size_t>(stages - s));
+      bounds.push_back(b);
+    }
+    bounds.push_back(n);
+    for (int s = 0; s < stages; ++s)
+      for (size_t c = bounds[s]; c < bounds[s + 1]; ++c) a.block_of[c] = static_cast<uint32_t>(s);
+  } else {
+    for (size_t c = 0; c < n; ++c) a.block_of[c] = static_cast<uint32_t>(c * stages / n);
+  }
+  return a;
+}
+
+Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& options,
+                     const CostTable* other, const ProgressFn& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  options.validate();
+  const PartitionOptions& o = options;
+  const int64_t batch = o.training.global_batch;
+  if (o.stage.microbatches && batch % *o.stage.microbatches != 0)
+    throw Infeasible("--batch " + std::to_string(batch) + " is not divisible by --microbatches " +
+                     std::to_string(*o.stage.microbatches) + "; use a divisor of the batch or --microbatches auto");
+  if (o.stage.replicas && *o.stage.replicas > o.cluster.devices)
+    throw Infeasible("--replicas " + std::to_string(*o.stage.replicas) + " exceeds --devices " +
+                     std::to_string(o.cluster.devices));
+  if (o.stage.replicas && o.stage.microbatches && *o.stage.replicas > batch / *o.stage.microbatches)
+    throw Infeasible("--replicas " + std::to_string(*o.stage.replicas) + " is more than the " +
+                     std::to_string(batch / *o.stage.microbatches) + " samples of a micro-batch; use fewer replicas "
+                     "or fewer micro-batches");
+
+  // ---------------- Atomic level (§IV-A) ----------------
+  const AtomicGraph atomic = build_atomic_graph(graph, costs, o.atomic, other);
+  const int components = static_cast<int>(atomic.size());
+  if (o.stage.stages && *o.stage.stages > components)
+    throw Infeasible("--stages " + std::to_string(*o.stage.stages) + " is more than the model's " +
+                     std::to_string(components) + " batch tasks; use at most " + std::to_string(components));
+  if (o.stage.stages && *o.stage.stages * o.stage.replicas.value_or(1) > o.cluster.devices)
+    throw Infeasible("--stages " + std::to_string(*o.stage.stages) + " × " +
+                     std::to_string(o.stage.replicas.value_or(1)) + " replicas needs more than --devices " +
+                     std::to_string(o.cluster.devices));
+
+  Plan plan;
+  plan.options = o;
+  plan.search.atomic_components = atomic.size();
+  const std::vector<int64_t> ms = microbatch_candidates(batch, o.stage);
+  const std::vector<Schedule> schedules{o.stage.schedule.value_or(Schedule::k1F1B)};  // auto: 1F1B never loses here
+  std::vector<bool> recomputes;
+  if (o.stage.recompute != Recompute::kOn) recomputes.push_back(false);
+  if (o.stage.recompute != Recompute::kOff) recomputes.push_back(true);
+
+  std::vector<StageSolution> found;
+  std::unique_ptr<StageEvaluator> chosen_evaluator;
+  BlockAssignment chosen_assignment;
+  if (o.method == Method::kApart) {
+    // ---------------- Block level (§IV-B) ----------------
+    int k = o.block.blocks > 0 ? o.block.blocks : automatic_block_count(atomic.size(), o.cluster.devices);
+    if (o.stage.stages) k = std::max(k, *o.stage.stages);
+    k = std::min(k, components);
+    const double reference_u = std::max<double>(1.0, static_cast<double>(batch) / o.cluster.devices);
+    BlockStatistics block_stats;
+    chosen_assignment = build_blocks(atomic, k, o.block, reference_u, &block_stats);
+    plan.search.coarsening_levels = block_stats.levels;
+    plan.search.refinement_moves = block_stats.moves;
+    // ---------------- Stage level (§IV-C) ----------------
+    chosen_evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, chosen_assignment), o.cluster,
+                                                        o.training);
+    const int max_stages = std::min<int>({static_cast<int>(chosen_assignment.blocks), o.cluster.devices,
+                                          o.stage.max_stages > 0 ? o.stage.max_stages : INT32_MAX});
+    found = solve_all(*chosen_evaluator, ms, stage_candidates(max_stages, o.stage), schedules, recomputes, o,
+                      plan.search, start, progress);
+  } else {
+    // Baselines: a fixed split per S; the DP over S blocks only chooses replicas, m and recomputation.
+    const int max_stages = std::min<int>({components, o.cluster.devices, o.stage.max_stages > 0 ? o.stage.max_stages : 128});
+    double best = INFINITY;
+    for (int s : stage_candidates(max_stages, o.stage)) {
+      BlockAssignment a = baseline_split(atomic, o.method, s);
+      auto evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, a), o.cluster, o.training);
+      auto sols = solve_all(*evaluator, ms, {s}, schedules, recomputes, o, plan.search, start, {});
+      const StageSolution* b = best_of(sols);
+      if (b && b->estimate.iteration_s < best * (1 - 1e-12)) {
+        best = b->estimate.iteration_s;
+        found.assign(1, *b);
+        chosen_evaluator = std::move(evaluator);
+        chosen_assignment = std::move(a);
+      }
+    }
+  }
+  const StageSolution* best = best_of(found);
+  if (!best) throw_infeasible(graph, atomic, o);
+  plan.search.blocks = chosen_assignment.blocks;
+
+  // ---------------- Assemble the plan ----------------
+  plan.microbatches = best->microbatches;
+  plan.microbatch_size = batch / best->microbatches;
+  plan.schedule = best->schedule;
+  plan.recompute = best->recompute;
+  plan.estimate = best->estimate;
+  plan.options.stage.stages = best->stages;
+  plan.options.stage.microbatches = best->microbatches;
+  plan.options.stage.schedule = best->schedule;
+  plan.options.stage.recompute = best->recompute ? Recompute::kOn : Recompute::kOff;
+  plan.samples_per_s = best->estimate.iteration_s > 0 ? static_cast<double>(batch) / best->estimate.iteration_s : 0;
+  plan.compute_lower_bound_s = chosen_evaluator->total_per_sample_s() * static_cast<double>(batch) / o.cluster.devices;
+
+  std::vector<int> stage_of_block(chosen_assignment.blocks, 0);
+  for (int s = 0; s < best->stages; ++s)
+    for (uint32_t b = best->boundaries[s]; b < best->boundaries[s + 1]; ++b) stage_of_block[b] = s;
+  std::vector<int> stage_of_task(graph.num_tasks(), -1);  // batch tasks only
+  std::vector<std::set<uint32_t>> tasks_of(best->stages);
+  for (size_t c = 0; c < atomic.size(); ++c) {
+    const int s = stage_of_block[chosen_assignment.block_of[c]];
+    stage_of_task[atomic.components[c].batch_task.value()] = s;
+    tasks_of[s].insert(atomic.components[c].batch_task.value());
+    for (TaskId t : atomic.components[c].constant_tasks) tasks_of[s].insert(t.value());
+  }
+  int next_device = 0;
+  for (int s = 0; s < best->stages; ++s) {
+    PlanStage st;
+    st.id = s;
+    st.replicas = best->replicas[s];
+    for (int r = 0; r < st.replicas; ++r) st.devices.push_back(next_device++);
+    for (uint32_t t : tasks_of[s]) {
+      st.tasks.push_back(TaskId(t));
+      if (!graph.task(TaskId(t)).constant) ++st.batch_tasks;
+    }
+    st.cost = best->costs[s];
+    st.recompute = best->recompute;
+    plan.peak_memory_bytes = std::max(plan.peak_memory_bytes, st.cost.memory_bytes);
+    plan.stages.push_back(std::move(st));
+  }
+  // Boundary values: produced by a batch task of one stage (or a model input), read by batch tasks of others.
+  for (uint32_t v = 0; v < graph.num_values(); ++v) {
+    const Value& value = graph.value(ValueId(v));
+    int from;
+    if (value.kind == ValueKind::kInput) from = -1;
+    else if (value.producer.valid() && stage_of_task[value.producer.value()] >= 0) from = stage_of_task[value.producer.value()];
+    else continue;  // params, constants
+    std::set<int> to;
+    for (TaskId t : graph.consumers(ValueId(v)))
+      if (stage_of_task[t.value()] >= 0 && stage_of_task[t.value()] != from) to.insert(stage_of_task[t.value()]);
+    const double per_sample = static_cast<double>(value.bytes) / static_cast<double>(atomic.graph_batch);
+    for (int s : to) {
+      APART_CHECK(s > from, "a value flows backward between stages: " + value.name);
+      plan.stages[s].inputs.push_back({ValueId(v), from, per_sample * static_cast<double>(plan.stages[s].cost.microbatch)});
+    }
+    const bool model_output = value.kind == ValueKind::kOutput ||
+                              std::find(graph.graph_outputs().begin(), graph.graph_outputs().end(), ValueId(v)) !=
+                                  graph.graph_outputs().end();
+    if (from >= 0 && (!to.empty() || model_output))
+      plan.stages[from].outputs.push_back({ValueId(v), std::vector<int>(to.begin(), to.end()),
+                                           per_sample * static_cast<double>(plan.stages[from].cost.microbatch)});
+  }
+  plan.search.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return plan;
+}
+
+}  // namespace apart

@@ -1,0 +1,80 @@
+// apart::partition_graph: atomic → block → stage DP → Plan (paper §IV), and the baselines (uniform, params).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/task_graph.h"
+#include "partition/atomic.h"
+#include "partition/options.h"
+#include "partition/stage_dp.h"
+#include "profiler/cost_table.h"
+
+namespace apart {
+
+struct StageInput {
+  ValueId value;
+  int from_stage = -1;  // -1: a model input
+  double bytes = 0;     // per micro-batch of one replica of the receiving stage
+};
+struct StageOutput {
+  ValueId value;
+  std::vector<int> to_stages;  // empty: only a model output
+  double bytes = 0;
+};
+
+struct PlanStage {
+  int id = 0;
+  int replicas = 1;
+  std::vector<int> devices;
+  std::vector<TaskId> tasks;  // batch tasks and the constant tasks replicated into the stage, topological order
+  size_t batch_tasks = 0;
+  StageCost cost;
+  bool recompute = false;
+  std::vector<StageInput> inputs;
+  std::vector<StageOutput> outputs;
+};
+
+struct SearchStatistics {
+  double seconds = 0;  // the only field that differs between identical runs
+  size_t atomic_components = 0;
+  uint32_t blocks = 0;
+  int coarsening_levels = 0;
+  int refinement_moves = 0;
+  int candidates = 0;  // (S, m, schedule, recompute) combinations solved
+  bool stopped_by_time_limit = false;
+};
+
+struct Plan {
+  PartitionOptions options;  // as given, with the chosen stages/replicas/microbatches/schedule/recompute filled in
+  int64_t microbatches = 0;
+  int64_t microbatch_size = 0;  // B / m, before it is split among a stage's replicas
+  Schedule schedule = Schedule::k1F1B;
+  bool recompute = false;
+  std::vector<PlanStage> stages;
+  PipelineEstimate estimate;
+  double samples_per_s = 0;
+  int64_t peak_memory_bytes = 0;
+  double compute_lower_bound_s = 0;  // Σ per-sample forward+backward × B / devices
+  SearchStatistics search;
+};
+
+using ProgressFn = std::function<void(const std::string& line)>;
+
+// The whole partition path. Throws Infeasible with what would make the request fit, InvalidArgument on bad
+// options. `costs` are at one micro-batch size; `costs_at_other_size` (optional) makes times affine in it.
+Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& options,
+                     const CostTable* costs_at_other_size = nullptr, const ProgressFn& progress = {});
+
+// Candidate micro-batch counts (divisors of B, or the pinned one) and stage counts.
+std::vector<int64_t> microbatch_candidates(int64_t global_batch, const StageOptions& options);
+std::vector<int> stage_candidates(int max_stages, const StageOptions& options);
+
+// Baseline splits of the component sequence into S stages (same cost model and memory check afterwards):
+// uniform: equal numbers of components (Megatron's even layer split); params: equal parameter bytes
+// (DeepSpeed's partition_method="parameters"). Returns a block assignment with S blocks.
+BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages);
+
+}  // namespace apart

@@ -1,0 +1,155 @@
+// Stage costs (paper §IV-C, h(b_{i-1}, b_i, sd_i)) and the analytic pipeline-time estimate.
+#include "partition/stage_cost.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "graph/error.h"
+
+namespace apart {
+
+double state_bytes_per_param_byte(Optimizer optimizer, Precision precision) {
+  // Relative to fp32 parameter bytes as stored in the model. fp32: weights + grads (+ momentum) (+ Adam's
+  // two moments). Mixed (Micikevicius et al.): fp16 weights and grads (0.5 + 0.5) + fp32 master copy (1)
+  // + fp32 optimizer state.
+  // Both come to 2 + state per fp32 parameter byte.
+  (void)precision;
+  const double state = optimizer == Optimizer::kAdam ? 2.0 : optimizer == Optimizer::kMomentum ? 1.0 : 0.0;
+  return 2.0 + state;
+}
+double grad_bytes_per_param_byte(Precision precision) { return precision == Precision::kFp32 ? 1.0 : 0.5; }
+double activation_bytes_factor(Precision precision) { return precision == Precision::kFp32 ? 1.0 : 0.5; }
+
+StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training)
+    : k_(seq.size()), cluster_(cluster), training_(training) {
+  const size_t n = k_ + 1;
+  fwd_fixed_.assign(n, 0);
+  fwd_ps_.assign(n, 0);
+  bwd_fixed_.assign(n, 0);
+  bwd_ps_.assign(n, 0);
+  saved_ps_.assign(n, 0);
+  params_.assign(n, 0);
+  for (size_t b = 0; b < k_; ++b) {
+    const BlockCost& c = seq.blocks[b];
+    fwd_fixed_[b + 1] = fwd_fixed_[b] + c.forward.fixed_s;
+    fwd_ps_[b + 1] = fwd_ps_[b] + c.forward.per_sample_s;
+    bwd_fixed_[b + 1] = bwd_fixed_[b] + c.backward.fixed_s;
+    bwd_ps_[b + 1] = bwd_ps_[b] + c.backward.per_sample_s;
+    saved_ps_[b + 1] = saved_ps_[b] + c.saved_per_sample;
+    params_[b + 1] = params_[b] + c.param_bytes;
+  }
+  in_.assign(n * n, 0);
+  out_.assign(n * n, 0);
+  // Difference arrays along each row (first), prefix-summed over columns (last) below.
+  for (const Transfer& t : seq.transfers) {
+    APART_CHECK(!t.consumers.empty() && t.producer < k_, "malformed transfer");
+    const uint32_t last_consumer = t.consumers.back();
+    APART_CHECK(last_consumer < k_ && t.consumers.front() > t.producer, "transfer must go forward");
+    // in(first, last): producer < first and a consumer in [first, last).
+    size_t ci = 0;
+    for (uint32_t first = t.producer + 1; first <= last_consumer; ++first) {
+      while (t.consumers[ci] < first) ++ci;
+      in_[first * n + t.consumers[ci] + 1] += t.bytes_per_sample;
+    }
+    // out(first, last): producer in [first, last) and a consumer ≥ last, i.e. last in (producer, last_consumer].
+    for (uint32_t first = 0; first <= t.producer; ++first) {
+      out_[first * n + t.producer + 1] += t.bytes_per_sample;
+      if (last_consumer + 1 < n) out_[first * n + last_consumer + 1] -= t.bytes_per_sample;
+    }
+  }
+  for (size_t first = 0; first < n; ++first)
+    for (size_t last = 1; last < n; ++last) {
+      in_[first * n + last] += in_[first * n + last - 1];
+      out_[first * n + last] += out_[first * n + last - 1];
+    }
+  ws_ps_max_.assign(n * n, 0);
+  ws_fixed_max_.assign(n * n, 0);
+  for (size_t first = 0; first < k_; ++first) {
+    double ps = 0, fx = 0;
+    for (size_t last = first + 1; last < n; ++last) {
+      ps = std::max(ps, seq.blocks[last - 1].workspace_per_sample);
+      fx = std::max(fx, seq.blocks[last - 1].workspace_fixed);
+      ws_ps_max_[first * n + last] = ps;
+      ws_fixed_max_[first * n + last] = fx;
+    }
+  }
+  // Point-to-point between neighbouring stages: inside a node only if the whole job fits in one.
+  const bool one_node = cluster_.devices <= cluster_.devices_per_node;
+  p2p_bandwidth_ = one_node ? cluster_.intra_node_bandwidth : cluster_.inter_node_bandwidth;
+  p2p_latency_ = one_node ? cluster_.intra_node_latency_s : cluster_.inter_node_latency_s;
+}
+
+int64_t StageEvaluator::microbatch_size(int64_t microbatches, int replicas) const {
+  const int64_t per_microbatch = training_.global_batch / microbatches;
+  return (per_microbatch + replicas - 1) / replicas;
+}
+
+double StageEvaluator::total_per_sample_s() const { return fwd_ps_[k_] + bwd_ps_[k_]; }
+
+StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches,
+                                   int64_t in_flight, bool recompute) const {
+  const size_t n = k_ + 1;
+  StageCost c;
+  const int64_t u = microbatch_size(microbatches, replicas);
+  c.microbatch = u;
+  c.forward_s = (fwd_fixed_[last] - fwd_fixed_[first]) + (fwd_ps_[last] - fwd_ps_[first]) * static_cast<double>(u);
+  c.backward_s = (bwd_fixed_[last] - bwd_fixed_[first]) + (bwd_ps_[last] - bwd_ps_[first]) * static_cast<double>(u);
+  if (recompute) c.backward_s += c.forward_s;  // the forward runs again before backward
+  c.compute_s = c.forward_s + c.backward_s;
+  c.in_bytes = in_[first * n + last] * static_cast<double>(u);
+  c.out_bytes = out_[first * n + last] * static_cast<double>(u);
+  // Forward receives inputs and sends outputs; backward sends and receives their gradients.
+  const int hops = (c.in_bytes > 0 ? 2 : 0) + (c.out_bytes > 0 ? 2 : 0);
+  c.comm_s = 2 * (c.in_bytes + c.out_bytes) / p2p_bandwidth_ + hops * p2p_latency_;
+  c.param_bytes = params_[last] - params_[first];
+  if (replicas > 1 && c.param_bytes > 0) {
+    // Ring all-reduce: 2(sd−1)/sd of the gradient bytes over the slowest link of the ring.
+    const bool in_node = replicas <= cluster_.devices_per_node;
+    const double bw = in_node ? cluster_.intra_node_bandwidth : cluster_.inter_node_bandwidth;
+    const double lat = in_node ? cluster_.intra_node_latency_s : cluster_.inter_node_latency_s;
+    const double grad_bytes = static_cast<double>(c.param_bytes) * grad_bytes_per_param_byte(training_.precision);
+    c.allreduce_s = 2.0 * (replicas - 1) / replicas * grad_bytes / bw + 2.0 * (replicas - 1) * lat;
+  }
+  c.step_s = c.compute_s + c.comm_s;
+  c.h = c.step_s + c.allreduce_s / static_cast<double>(microbatches);
+  // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
+  const double act = activation_bytes_factor(training_.precision);
+  const double saved = (saved_ps_[last] - saved_ps_[first]) * static_cast<double>(u) * act;
+  const double workspace = ws_fixed_max_[first * n + last] + ws_ps_max_[first * n + last] * static_cast<double>(u);
+  const double state = static_cast<double>(c.param_bytes) *
+                       state_bytes_per_param_byte(training_.optimizer, training_.precision);
+  // With recomputation only the stage's inputs stay per micro-batch; one micro-batch is rebuilt at a time.
+  c.memory_static = state + workspace + (recompute ? saved : 0.0);
+  c.memory_per_in_flight = recompute ? c.in_bytes * act : saved;
+  c.memory_bytes = static_cast<int64_t>(std::ceil(c.memory_static + static_cast<double>(in_flight) * c.memory_per_in_flight));
+  return c;
+}
+
+int64_t in_flight_microbatches(Schedule schedule, int64_t microbatches, int stage, int stages) {
+  if (schedule == Schedule::kGpipe) return microbatches;
+  return std::min<int64_t>(microbatches, stages - stage);
+}
+
+PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches,
+                                         Schedule schedule) {
+  // GPipe and 1F1B have the same critical path in this model: fill (Σ steps) + (m − 1) bottleneck
+  // steps; they differ in memory only. A discrete-event simulator can replace this function.
+  PipelineEstimate e;
+  double max_step = 0, sum_steps = 0, max_allreduce = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    sum_steps += stages[s].step_s;
+    max_allreduce = std::max(max_allreduce, stages[s].allreduce_s);
+    if (stages[s].step_s > max_step) {
+      max_step = stages[s].step_s;
+      e.bottleneck_stage = static_cast<int>(s);
+    }
+  }
+  e.pipeline_s = static_cast<double>(microbatches - 1) * max_step + sum_steps;
+  e.iteration_s = e.pipeline_s + max_allreduce;
+  const double busy = static_cast<double>(microbatches) * max_step;
+  e.bubble_fraction = e.pipeline_s > 0 ? 1.0 - busy / e.pipeline_s : 0.0;
+  (void)schedule;
+  return e;
+}
+
+}  // namespace apart

@@ -1,0 +1,82 @@
+// The stage-level cost model (paper §IV-C, function h): time, communication, all-reduce and memory of
+// one stage B(i..j-1) with sd replicas, and the analytic pipeline-time estimate.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "partition/block_sequence.h"
+#include "partition/options.h"
+
+namespace apart {
+
+// What a stage costs for one micro-batch step, at per-replica micro-batch size `microbatch`.
+struct StageCost {
+  double compute_s = 0;     // forward + backward (+ recomputed forward)
+  double forward_s = 0;
+  double backward_s = 0;    // includes the recomputed forward when recompute is on
+  double comm_s = 0;        // boundary transfers: activations in/out and their gradients
+  double allreduce_s = 0;   // gradient all-reduce among the replicas, once per iteration
+  double step_s = 0;        // compute + comm: one pipeline step
+  double h = 0;             // the DP's objective term: step + allreduce / m
+  int64_t memory_bytes = 0; // peak bytes on one device: ceil(memory_static + in_flight × memory_per_in_flight)
+  double memory_static = 0;       // state + workspace (+ one recomputed micro-batch's saved bytes)
+  double memory_per_in_flight = 0;  // activation bytes kept per in-flight micro-batch
+  int64_t param_bytes = 0;
+  int64_t microbatch = 0;   // samples per replica per micro-batch
+  double in_bytes = 0;      // boundary bytes received per micro-batch
+  double out_bytes = 0;     // boundary bytes sent per micro-batch
+};
+
+// Bytes of weights + gradients + optimizer state per byte of stored parameter, and of gradients
+// all-reduced, for an optimizer and precision (mixed: fp16 weights/grads + fp32 master and state).
+double state_bytes_per_param_byte(Optimizer optimizer, Precision precision);
+double grad_bytes_per_param_byte(Precision precision);
+double activation_bytes_factor(Precision precision);
+
+// Evaluates stage costs over a block sequence in O(1) per call after O(k² + transfers·k) setup.
+class StageEvaluator {
+ public:
+  StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training);
+
+  size_t blocks() const { return k_; }
+  // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches whose
+  // activations the stage keeps (GPipe: m; 1F1B: min(m, stages after + 1)).
+  StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, int64_t in_flight,
+                     bool recompute) const;
+  // Per-replica micro-batch size: ceil(B / (m · replicas)).
+  int64_t microbatch_size(int64_t microbatches, int replicas) const;
+  double in_bytes_per_sample(uint32_t first, uint32_t last) const { return in_[first * (k_ + 1) + last]; }
+  double out_bytes_per_sample(uint32_t first, uint32_t last) const { return out_[first * (k_ + 1) + last]; }
+  // Sum over all blocks of per-sample forward+backward seconds: the compute lower bound's numerator.
+  double total_per_sample_s() const;
+  const ClusterSpec& cluster() const { return cluster_; }
+  const TrainingSpec& training() const { return training_; }
+
+ private:
+  size_t k_;
+  ClusterSpec cluster_;
+  TrainingSpec training_;
+  // Prefix sums over blocks (index 0..k).
+  std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
+  std::vector<int64_t> params_;
+  // Range tables, (k+1)×(k+1), row = first, column = last.
+  std::vector<double> in_, out_, ws_ps_max_, ws_fixed_max_;
+  double p2p_bandwidth_, p2p_latency_;
+};
+
+// The analytic pipeline estimate, in one place so a simulator can replace it:
+// (m − 1) · max step + Σ steps + max all-reduce (replicas of all stages all-reduce concurrently at the end).
+struct PipelineEstimate {
+  double iteration_s = 0;
+  double pipeline_s = 0;      // without all-reduce
+  double bubble_fraction = 0; // idle share of the bottleneck stage's devices during the pipeline
+  int bottleneck_stage = 0;
+};
+PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule);
+
+// Micro-batches a stage keeps activations for (1F1B: S − s; GPipe: m), stage s of S (0-based).
+int64_t in_flight_microbatches(Schedule schedule, int64_t microbatches, int stage, int stages);
+
+}  // namespace apart

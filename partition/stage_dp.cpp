@@ -1,0 +1,192 @@
+// Stage-level DP (paper §IV-C) with exact bottleneck search and non-power-of-two replica counts.
+#include "partition/stage_dp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "graph/error.h"
+
+namespace apart {
+
+int StageSolution::devices_used() const { return std::accumulate(replicas.begin(), replicas.end(), 0); }
+
+bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution) {
+  const int stages = solution.stages;
+  APART_CHECK(static_cast<int>(solution.boundaries.size()) == stages + 1, "boundaries");
+  APART_CHECK(static_cast<int>(solution.replicas.size()) == stages, "replicas");
+  solution.costs.clear();
+  solution.bottleneck_h = 0;
+  bool fits = true;
+  for (int s = 0; s < stages; ++s) {
+    const int64_t flight = in_flight_microbatches(solution.schedule, solution.microbatches, s, stages);
+    StageCost c = evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
+                                     solution.microbatches, flight, solution.recompute);
+    if (c.memory_bytes > evaluator.cluster().memory_bytes) fits = false;
+    solution.bottleneck_h = std::max(solution.bottleneck_h, c.h);
+    solution.costs.push_back(c);
+  }
+  solution.estimate = estimate_iteration_time(solution.costs, solution.microbatches, solution.schedule);
+  return fits;
+}
+
+StageDp::StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
+                 std::optional<int> pinned_replicas)
+    : evaluator_(evaluator),
+      microbatches_(microbatches),
+      schedule_(schedule),
+      recompute_(recompute),
+      k_(evaluator.blocks()),
+      devices_(evaluator.cluster().devices),
+      memory_limit_(evaluator.cluster().memory_bytes) {
+  const int64_t per_microbatch = evaluator.training().global_batch / microbatches;
+  if (pinned_replicas) {
+    if (*pinned_replicas <= per_microbatch && *pinned_replicas <= devices_) candidates_.push_back(*pinned_replicas);
+  } else {
+    int64_t previous_u = std::numeric_limits<int64_t>::max();
+    for (int sd = 1; sd <= devices_ && sd <= per_microbatch; ++sd) {
+      const int64_t u = evaluator.microbatch_size(microbatches, sd);
+      if (u < previous_u) candidates_.push_back(sd);
+      previous_u = u;
+    }
+  }
+  const size_t cands = candidates_.size();
+  h_.assign((k_ + 1) * (k_ + 1) * cands, std::numeric_limits<double>::infinity());
+  mem_base_.assign(h_.size(), 0);
+  mem_per_flight_.assign(h_.size(), 0);
+  for (uint32_t first = 0; first < k_; ++first)
+    for (uint32_t last = first + 1; last <= k_; ++last)
+      for (size_t c = 0; c < cands; ++c) {
+        const StageCost cost = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, recompute);
+        h_[index(first, last, c)] = cost.h;
+        mem_base_[index(first, last, c)] = cost.memory_static;
+        mem_per_flight_[index(first, last, c)] = cost.memory_per_in_flight;
+      }
+  h_values_.reserve(h_.size());
+  for (double h : h_)
+    if (std::isfinite(h)) h_values_.push_back(h);
+  std::sort(h_values_.begin(), h_values_.end());
+  h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());
+}
+
+int64_t StageDp::in_flight(int stage, int stages) const {
+  return in_flight_microbatches(schedule_, microbatches_, stage, stages);
+}
+
+int StageDp::min_candidate(uint32_t first, uint32_t last, int64_t flight, double limit) const {
+  const size_t cands = candidates_.size();
+  const size_t base = index(first, last, 0);
+  const double budget = static_cast<double>(memory_limit_);
+  // Memory falls as replicas grow (smaller micro-batches): binary search for the first that fits.
+  size_t lo = 0, hi = cands;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    const double mem = mem_base_[base + mid] + static_cast<double>(flight) * mem_per_flight_[base + mid];
+    if (std::ceil(mem) <= budget) hi = mid; else lo = mid + 1;
+  }
+  for (size_t c = lo; c < cands; ++c)
+    if (h_[base + c] <= limit) return static_cast<int>(c);
+  return -1;
+}
+
+bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas) const {
+  // devices[r][i]: least devices for blocks [i, k) in r + 1 stages (the first of them is stage S − 1 − r).
+  constexpr int kNone = std::numeric_limits<int>::max();
+  const size_t n = k_ + 1;
+  std::vector<int> devices(static_cast<size_t>(stages) * n, kNone);
+  std::vector<uint32_t> choice_last(devices.size(), 0);
+  std::vector<int> choice_cand(devices.size(), -1);
+  for (int r = 0; r < stages; ++r) {
+    const int stage = stages - 1 - r;
+    const int64_t flight = in_flight(stage, stages);
+    // Stage `stage` starts at i; at least `stage` blocks must remain before it, r after it.
+    const uint32_t i_min = static_cast<uint32_t>(stage);
+    const uint32_t i_max = static_cast<uint32_t>(k_ - 1 - r);
+    for (uint32_t i = i_min; i <= i_max && i < k_; ++i) {
+      int best = kNone;
+      uint32_t best_last = 0;
+      int best_cand = -1;
+      if (r == 0) {
+        const int c = min_candidate(i, static_cast<uint32_t>(k_), flight, limit);
+        if (c >= 0) { best = candidates_[c]; best_last = static_cast<uint32_t>(k_); best_cand = c; }
+      } else {
+        for (uint32_t last = i + 1; last + r <= k_; ++last) {
+          const int rest = devices[(r - 1) * n + last];
+          if (rest == kNone || rest >= devices_) continue;
+          const int c = min_candidate(i, last, flight, limit);
+          if (c < 0) continue;
+          const int total = rest + candidates_[c];
+          if (total < best) { best = total; best_last = last; best_cand = c; }
+        }
+      }
+      if (best <= devices_) {
+        devices[r * n + i] = best;
+        choice_last[r * n + i] = best_last;
+        choice_cand[r * n + i] = best_cand;
+      }
+    }
+  }
+  const int total = devices[(stages - 1) * n + 0];
+  if (total == kNone || total > devices_) return false;
+  if (boundaries) {
+    boundaries->assign(1, 0);
+    replicas->clear();
+    uint32_t i = 0;
+    for (int r = stages - 1; r >= 0; --r) {
+      const size_t at = r * n + i;
+      replicas->push_back(candidates_[choice_cand[at]]);
+      i = choice_last[at];
+      boundaries->push_back(i);
+    }
+  }
+  return true;
+}
+
+std::optional<StageSolution> StageDp::solve(int stages) const {
+  if (stages < 1 || static_cast<size_t>(stages) > k_ || candidates_.empty() || h_values_.empty()) return std::nullopt;
+  if (static_cast<int64_t>(stages) * candidates_.front() > devices_) return std::nullopt;
+  // Feasible at all (memory, devices)? Then binary search the least attainable bottleneck.
+  if (!feasible(stages, h_values_.back(), nullptr, nullptr)) return std::nullopt;
+  size_t lo = 0, hi = h_values_.size() - 1;  // answer index in [lo, hi]
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (feasible(stages, h_values_[mid], nullptr, nullptr)) hi = mid; else lo = mid + 1;
+  }
+  StageSolution solution;
+  solution.stages = stages;
+  solution.microbatches = microbatches_;
+  solution.schedule = schedule_;
+  solution.recompute = recompute_;
+  APART_CHECK(feasible(stages, h_values_[hi], &solution.boundaries, &solution.replicas), "DP lost feasibility");
+  const bool fits = evaluate_solution(evaluator_, solution);
+  APART_CHECK(fits, "DP returned a split that does not fit memory");
+  return solution;
+}
+
+void StageDp::spend_leftover_devices(StageSolution& solution) const {
+  if (candidates_.size() < 2) return;
+  for (;;) {
+    const int used = solution.devices_used();
+    double best_time = solution.estimate.iteration_s;
+    int best_stage = -1, best_replicas = 0;
+    for (int s = 0; s < solution.stages; ++s) {
+      auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
+      if (it == candidates_.end() || used - solution.replicas[s] + *it > devices_) continue;
+      StageSolution trial = solution;
+      trial.replicas[s] = *it;
+      if (!evaluate_solution(evaluator_, trial)) continue;
+      // Strictly better by a margin, so float noise cannot make the choice depend on evaluation order.
+      if (trial.estimate.iteration_s < best_time * (1 - 1e-12)) {
+        best_time = trial.estimate.iteration_s;
+        best_stage = s;
+        best_replicas = *it;
+      }
+    }
+    if (best_stage < 0) return;
+    solution.replicas[best_stage] = best_replicas;
+    evaluate_solution(evaluator_, solution);
+  }
+}
+
+}  // namespace apart

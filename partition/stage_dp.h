@@ -1,0 +1,68 @@
+// Stage-level DP (paper §IV-C): split blocks B1..Bk into S contiguous stages with replica counts, minimising
+// the bottleneck max_i h(b_{i-1}, b_i, sd_i) subject to Σ sd_i ≤ devices and every stage fitting memory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "partition/stage_cost.h"
+
+namespace apart {
+
+// One candidate: S stages at m micro-batches under a schedule, with recomputation on or off.
+struct StageSolution {
+  int stages = 0;
+  int64_t microbatches = 0;
+  Schedule schedule = Schedule::k1F1B;
+  bool recompute = false;
+  std::vector<uint32_t> boundaries;  // S + 1 entries: 0 = b0 < b1 < … < bS = k; stage i is [b_i, b_{i+1})
+  std::vector<int> replicas;         // per stage
+  std::vector<StageCost> costs;      // per stage
+  double bottleneck_h = 0;           // the DP objective: max_i h_i
+  PipelineEstimate estimate;         // the selection objective
+  int devices_used() const;
+};
+
+// Evaluates every stage of a fixed split with fixed replicas; fills costs, bottleneck and estimate.
+// Returns false when a stage exceeds device memory.
+bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution);
+
+// The DP for one (m, schedule, recompute), reusable across stage counts S. Replica candidates are, for each
+// distinct per-replica micro-batch size ceil(B/(m·sd)), the least sd giving it (more replicas at the same
+// size only add all-reduce time and devices), so any sd ≤ devices is reachable, not only powers of two.
+class StageDp {
+ public:
+  StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
+          std::optional<int> pinned_replicas);
+  // The split into exactly `stages` stages minimising the bottleneck (ties: fewer devices); nullopt when no
+  // split fits memory and devices. Exact: binary search over the sorted distinct values h can take.
+  std::optional<StageSolution> solve(int stages) const;
+  // Gives leftover devices to stages, one candidate step at a time, while the estimate improves.
+  void spend_leftover_devices(StageSolution& solution) const;
+  const std::vector<int>& replica_candidates() const { return candidates_; }
+
+ private:
+  // Least candidate index ≥ the memory-feasible one whose h ≤ limit, or -1.
+  int min_candidate(uint32_t first, uint32_t last, int64_t in_flight, double limit) const;
+  // Min devices for blocks [first, k) in `stages_left` stages when every h ≤ limit; fills choice tables.
+  bool feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas) const;
+  int64_t in_flight(int stage, int stages) const;
+
+  const StageEvaluator& evaluator_;
+  int64_t microbatches_;
+  Schedule schedule_;
+  bool recompute_;
+  size_t k_;
+  int devices_;
+  int64_t memory_limit_;
+  std::vector<int> candidates_;          // replica counts, ascending
+  // Per (first, last, candidate), flattened: h, memory without in-flight activations, per in-flight bytes.
+  std::vector<double> h_, mem_base_, mem_per_flight_;
+  std::vector<double> h_values_;         // sorted distinct h values
+  size_t index(uint32_t first, uint32_t last, size_t c) const {
+    return (static_cast<size_t>(first) * (k_ + 1) + last) * candidates_.size() + c;
+  }
+};
+
+}  // namespace apart

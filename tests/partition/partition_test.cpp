@@ -1,0 +1,215 @@
+// The whole partition path (atomic → block → stage DP) against brute force on small graphs, and its errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+
+#include "graph/error.h"
+#include "partition/block.h"
+#include "partition/partition.h"
+#include "random_models.h"
+
+namespace apart {
+namespace {
+
+using testing::random_model;
+
+// Least bottleneck over all contiguous splits of the batch tasks (in topological order) × replica vectors.
+double brute_force(const StageEvaluator& ev, int stages, int64_t m, bool recompute) {
+  const int k = static_cast<int>(ev.blocks());
+  const int devices = ev.cluster().devices;
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<uint32_t> bounds{0};
+  std::vector<int> replicas;
+  std::function<void(int, int)> place = [&](int s, int used) {
+    if (s == stages) {
+      double worst = 0;
+      for (int i = 0; i < stages; ++i) {
+        const StageCost c = ev.evaluate(bounds[i], bounds[i + 1], replicas[i], m,
+                                        in_flight_microbatches(Schedule::k1F1B, m, i, stages), recompute);
+        if (c.memory_bytes > ev.cluster().memory_bytes) return;
+        worst = std::max(worst, c.h);
+      }
+      best = std::min(best, worst);
+      return;
+    }
+    for (int sd = 1; used + sd + (stages - s - 1) <= devices && sd <= ev.training().global_batch / m; ++sd) {
+      replicas.push_back(sd);
+      place(s + 1, used + sd);
+      replicas.pop_back();
+    }
+  };
+  std::function<void(int)> split = [&](int s) {
+    if (s == stages - 1) {
+      bounds.push_back(static_cast<uint32_t>(k));
+      place(0, 0);
+      bounds.pop_back();
+      return;
+    }
+    for (int b = static_cast<int>(bounds.back()) + 1; b + (stages - s - 1) <= k; ++b) {
+      bounds.push_back(static_cast<uint32_t>(b));
+      split(s + 1);
+      bounds.pop_back();
+    }
+  };
+  split(0);
+  return best;
+}
+
+PartitionOptions small_options(int devices, int64_t batch, int64_t memory) {
+  PartitionOptions o;
+  o.cluster.devices = devices;
+  o.cluster.devices_per_node = 2;
+  o.cluster.memory_bytes = memory;
+  o.training.global_batch = batch;
+  o.block.blocks = 64;  // no coarsening: the DP sees every atomic component
+  return o;
+}
+
+TEST(ThePartitionPipeline, MatchesBruteForceOnRandomDagsAndChains) {
+  int compared = 0;
+  for (uint32_t seed = 1; seed <= 16; ++seed) {
+    const bool chain = seed % 2 == 0;
+    const int tasks = 4 + static_cast<int>(seed % 11);  // ≤ 14
+    const auto model = random_model(seed, tasks, chain);
+    const int devices = 1 + static_cast<int>(seed % 4);
+    PartitionOptions o = small_options(devices, 8, 3'000'000 + 400'000 * (seed % 5));
+    o.stage.spend_leftover_devices = false;
+    o.stage.recompute = Recompute::kOff;
+    const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, o.atomic);
+    BlockAssignment identity;
+    identity.blocks = static_cast<uint32_t>(atomic.size());
+    identity.block_of.resize(atomic.size());
+    std::iota(identity.block_of.begin(), identity.block_of.end(), 0u);
+    const StageEvaluator ev(make_block_sequence(atomic, identity), o.cluster, o.training);
+    for (int stages = 1; stages <= std::min<int>(devices, atomic.size()); ++stages)
+      for (int64_t m : {1, 2, 4, 8}) {
+        o.stage.stages = stages;
+        o.stage.microbatches = m;
+        const double expected = brute_force(ev, stages, m, false);
+        if (std::isinf(expected)) {
+          EXPECT_THROW(partition_graph(model.graph, model.costs, o), Infeasible) << "seed " << seed;
+          continue;
+        }
+        const Plan plan = partition_graph(model.graph, model.costs, o);
+        double worst = 0;
+        for (const PlanStage& s : plan.stages) worst = std::max(worst, s.cost.h);
+        EXPECT_NEAR(worst, expected, 1e-12 * expected) << "seed " << seed << " S=" << stages << " m=" << m;
+        ++compared;
+      }
+  }
+  EXPECT_GT(compared, 40);
+}
+
+TEST(ThePartitionPipeline, ProducesTheSamePlanTwice) {
+  const auto model = random_model(5, 14, false);
+  PartitionOptions o = small_options(4, 16, 1'000'000'000);
+  o.block.blocks = 4;
+  const Plan a = partition_graph(model.graph, model.costs, o);
+  const Plan b = partition_graph(model.graph, model.costs, o);
+  ASSERT_EQ(a.stages.size(), b.stages.size());
+  EXPECT_EQ(a.microbatches, b.microbatches);
+  EXPECT_EQ(a.estimate.iteration_s, b.estimate.iteration_s);
+  for (size_t s = 0; s < a.stages.size(); ++s) {
+    EXPECT_EQ(a.stages[s].tasks, b.stages[s].tasks);
+    EXPECT_EQ(a.stages[s].replicas, b.stages[s].replicas);
+  }
+}
+
+TEST(ThePartitionPipeline, PutsEveryBatchTaskInExactlyOneStageAndKeepsEdgesForward) {
+  for (uint32_t seed = 20; seed < 30; ++seed) {
+    const auto model = random_model(seed, 14, false);
+    PartitionOptions o = small_options(4, 16, 1'000'000'000);
+    o.block.blocks = 3;
+    const Plan plan = partition_graph(model.graph, model.costs, o);
+    std::vector<int> stage_of(model.graph.num_tasks(), -1);
+    for (const PlanStage& s : plan.stages)
+      for (TaskId t : s.tasks)
+        if (!model.graph.task(t).constant) {
+          EXPECT_EQ(stage_of[t.value()], -1);
+          stage_of[t.value()] = s.id;
+        }
+    for (uint32_t t = 0; t < model.graph.num_tasks(); ++t) {
+      if (model.graph.task(TaskId(t)).constant) continue;
+      ASSERT_GE(stage_of[t], 0);
+      for (TaskId succ : model.graph.successors(TaskId(t)))
+        if (!model.graph.task(succ).constant) EXPECT_LE(stage_of[t], stage_of[succ.value()]);
+    }
+    int devices = 0;
+    for (const PlanStage& s : plan.stages) devices += s.replicas;
+    EXPECT_LE(devices, 4);
+  }
+}
+
+TEST(ThePartitionPipeline, NeverLosesToTheBaselinesOnRandomGraphs) {
+  for (uint32_t seed = 40; seed < 48; ++seed) {
+    const auto model = random_model(seed, 14, seed % 2 == 0);
+    PartitionOptions o = small_options(4, 16, 1'000'000'000);
+    const double apart = partition_graph(model.graph, model.costs, o).estimate.iteration_s;
+    o.method = Method::kUniform;
+    const double uniform = partition_graph(model.graph, model.costs, o).estimate.iteration_s;
+    o.method = Method::kParams;
+    const double params = partition_graph(model.graph, model.costs, o).estimate.iteration_s;
+    EXPECT_LE(apart, uniform * (1 + 1e-9)) << "seed " << seed;
+    EXPECT_LE(apart, params * (1 + 1e-9)) << "seed " << seed;
+  }
+}
+
+TEST(ThePartitionPipeline, RejectsMoreStagesThanTasks) {
+  const auto model = random_model(3, 5, true);
+  PartitionOptions o = small_options(64, 64, 1'000'000'000);
+  o.stage.stages = 40;
+  EXPECT_THROW(partition_graph(model.graph, model.costs, o), Infeasible);
+}
+
+TEST(ThePartitionPipeline, RejectsABatchTheMicrobatchCountDoesNotDivide) {
+  const auto model = random_model(3, 5, true);
+  PartitionOptions o = small_options(4, 10, 1'000'000'000);
+  o.stage.microbatches = 3;
+  try {
+    partition_graph(model.graph, model.costs, o);
+    FAIL();
+  } catch (const Infeasible& e) {
+    EXPECT_NE(std::string(e.what()).find("divisible"), std::string::npos);
+  }
+}
+
+TEST(ThePartitionPipeline, SaysHowManyDevicesItWouldNeedWhenMemoryIsShort) {
+  const auto model = random_model(3, 8, true);
+  PartitionOptions o = small_options(1, 8, 400'000);
+  try {
+    partition_graph(model.graph, model.costs, o);
+    FAIL();
+  } catch (const Infeasible& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("needs") != std::string::npos) << what;
+  }
+}
+
+TEST(TheBlockLevel, ReachesTheRequestedBlockCountWithForwardEdgesOnly) {
+  for (uint32_t seed = 60; seed < 70; ++seed) {
+    const auto model = random_model(seed, 14, false);
+    const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
+    for (int k = 1; k <= static_cast<int>(atomic.size()); ++k) {
+      const BlockAssignment a = build_blocks(atomic, k, {}, 4.0);
+      EXPECT_EQ(a.blocks, static_cast<uint32_t>(k));
+      for (const Transfer& t : atomic.transfers)
+        for (uint32_t c : t.consumers) EXPECT_LE(a.block_of[t.producer], a.block_of[c]);
+      EXPECT_NO_THROW(make_block_sequence(atomic, a));
+    }
+  }
+}
+
+TEST(TheAtomicLevel, ReplicatesConstantTasksIntoTheirConsumersComponents) {
+  const auto model = random_model(9, 14, false);
+  const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
+  EXPECT_EQ(atomic.size(), model.graph.num_batch_tasks());
+  size_t placed = 0;
+  for (const AtomicComponent& c : atomic.components) placed += c.constant_tasks.size();
+  EXPECT_GE(placed, model.graph.num_constant_tasks() > 0 ? 1u : 0u);
+}
+
+}  // namespace
+}  // namespace apart

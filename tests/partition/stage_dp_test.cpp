@@ -1,0 +1,167 @@
+// The stage DP against brute force over every contiguous split × replica assignment (paper §IV-C).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "partition/stage_dp.h"
+
+namespace apart {
+namespace {
+
+BlockSequence random_sequence(std::mt19937& rng, int k) {
+  auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  BlockSequence seq;
+  for (int b = 0; b < k; ++b) {
+    BlockCost c;
+    c.forward = {uniform(0, 1e-4), uniform(1e-4, 1e-3)};
+    c.backward = {uniform(0, 2e-4), uniform(2e-4, 2e-3)};
+    c.param_bytes = static_cast<int64_t>(uniform(0, 4e8));
+    c.saved_per_sample = uniform(1e6, 5e7);
+    c.workspace_per_sample = uniform(0, 1e6);
+    seq.blocks.push_back(c);
+  }
+  for (int b = 0; b + 1 < k; ++b) {
+    Transfer t{static_cast<uint32_t>(b), {static_cast<uint32_t>(b + 1)}, uniform(1e4, 1e6)};
+    if (b + 3 < k && uniform(0, 1) < 0.3) t.consumers.push_back(static_cast<uint32_t>(b + 3));
+    seq.transfers.push_back(t);
+  }
+  return seq;
+}
+
+// Least max_i h over all splits into `stages` stages and all replica vectors with Σ ≤ devices that fit memory.
+double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, bool recompute) {
+  const int k = static_cast<int>(ev.blocks());
+  const int devices = ev.cluster().devices;
+  const int64_t per_microbatch = ev.training().global_batch / m;
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<uint32_t> bounds{0};
+  std::vector<int> replicas;
+  std::function<void(int)> place_replicas = [&](int s) {
+    if (s == stages) {
+      double worst = 0;
+      for (int i = 0; i < stages; ++i) {
+        const StageCost c = ev.evaluate(bounds[i], bounds[i + 1], replicas[i], m,
+                                        in_flight_microbatches(schedule, m, i, stages), recompute);
+        if (c.memory_bytes > ev.cluster().memory_bytes) return;
+        worst = std::max(worst, c.h);
+      }
+      best = std::min(best, worst);
+      return;
+    }
+    int used = 0;
+    for (int r : replicas) used += r;
+    for (int sd = 1; used + sd + (stages - s - 1) <= devices && sd <= per_microbatch; ++sd) {
+      replicas.push_back(sd);
+      place_replicas(s + 1);
+      replicas.pop_back();
+    }
+  };
+  std::function<void(int)> split = [&](int s) {
+    if (s == stages - 1) {
+      bounds.push_back(static_cast<uint32_t>(k));
+      place_replicas(0);
+      bounds.pop_back();
+      return;
+    }
+    for (int b = static_cast<int>(bounds.back()) + 1; b + (stages - s - 1) <= k; ++b) {
+      bounds.push_back(static_cast<uint32_t>(b));
+      split(s + 1);
+      bounds.pop_back();
+    }
+  };
+  split(0);
+  return best;
+}
+
+TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
+  std::mt19937 rng(7);
+  int compared = 0, infeasible = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int k = 2 + trial % 6;
+    ClusterSpec cluster;
+    cluster.devices = 1 + trial % 4;
+    cluster.devices_per_node = 2;
+    cluster.memory_bytes = static_cast<int64_t>(std::uniform_real_distribution<double>(2e9, 12e9)(rng));
+    TrainingSpec training;
+    training.global_batch = 12;
+    training.precision = trial % 2 ? Precision::kMixed : Precision::kFp32;
+    const BlockSequence seq = random_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    for (int64_t m : {1, 2, 3, 4, 6, 12})
+      for (Schedule schedule : {Schedule::k1F1B, Schedule::kGpipe})
+        for (bool recompute : {false, true}) {
+          const StageDp dp(ev, m, schedule, recompute, std::nullopt);
+          for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) {
+            const double expected = brute_force_bottleneck(ev, stages, m, schedule, recompute);
+            const auto got = dp.solve(stages);
+            if (std::isinf(expected)) {
+              EXPECT_FALSE(got.has_value()) << "trial " << trial << " S=" << stages << " m=" << m;
+              ++infeasible;
+              continue;
+            }
+            ASSERT_TRUE(got.has_value()) << "trial " << trial << " S=" << stages << " m=" << m;
+            EXPECT_NEAR(got->bottleneck_h, expected, 1e-12 * expected)
+                << "trial " << trial << " S=" << stages << " m=" << m;
+            EXPECT_LE(got->devices_used(), cluster.devices);
+            ++compared;
+          }
+        }
+  }
+  EXPECT_GT(compared, 500);
+  EXPECT_GT(infeasible, 0);  // the memory limits above make some requests infeasible
+}
+
+TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {
+  std::mt19937 rng(11);
+  ClusterSpec cluster;
+  cluster.devices = 7;
+  cluster.memory_bytes = 1e12;
+  TrainingSpec training;
+  training.global_batch = 64;
+  const BlockSequence seq = random_sequence(rng, 5);
+  const StageEvaluator ev(seq, cluster, training);
+  const StageDp dp(ev, 4, Schedule::k1F1B, false, std::nullopt);
+  auto solution = dp.solve(3);
+  ASSERT_TRUE(solution);
+  const double before = solution->estimate.iteration_s;
+  dp.spend_leftover_devices(*solution);
+  EXPECT_LE(solution->estimate.iteration_s, before);
+  EXPECT_LE(solution->devices_used(), 7);
+}
+
+TEST(AStageDp, UsesReplicaCountsThatAreNotPowersOfTwo) {
+  std::mt19937 rng(3);
+  ClusterSpec cluster;
+  cluster.devices = 12;
+  cluster.memory_bytes = 1e12;
+  TrainingSpec training;
+  training.global_batch = 120;
+  const BlockSequence seq = random_sequence(rng, 4);
+  const StageEvaluator ev(seq, cluster, training);
+  const StageDp dp(ev, 1, Schedule::k1F1B, false, std::nullopt);
+  bool has_three = false;
+  for (int c : dp.replica_candidates()) has_three |= c == 3;
+  EXPECT_TRUE(has_three);
+}
+
+TEST(AStageEvaluator, ChargesCommunicationOnlyForValuesCrossingTheStage) {
+  BlockSequence seq;
+  seq.blocks.resize(3);
+  seq.transfers.push_back({0, {1, 2}, 100});
+  seq.transfers.push_back({1, {2}, 10});
+  ClusterSpec cluster;
+  TrainingSpec training;
+  const StageEvaluator ev(seq, cluster, training);
+  EXPECT_DOUBLE_EQ(ev.in_bytes_per_sample(1, 3), 100);   // value 0→{1,2} received once
+  EXPECT_DOUBLE_EQ(ev.in_bytes_per_sample(2, 3), 110);
+  EXPECT_DOUBLE_EQ(ev.out_bytes_per_sample(0, 1), 100);
+  EXPECT_DOUBLE_EQ(ev.out_bytes_per_sample(0, 2), 110);  // 0→2 still leaves, and 1→2
+  EXPECT_DOUBLE_EQ(ev.out_bytes_per_sample(0, 3), 0);
+  EXPECT_DOUBLE_EQ(ev.in_bytes_per_sample(0, 3), 0);
+}
+
+}  // namespace
+}  // namespace apart

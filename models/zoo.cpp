@@ -171,6 +171,10 @@ void set_external(onnx::TensorProto* t, const std::string& location, int64_t off
   add("length", std::to_string(length));
 }
 
+int64_t inline_limit(const ZooOptions& o) {
+  return o.inline_limit_bytes > 0 ? std::min(o.inline_limit_bytes, kInlineLimit) : kInlineLimit;
+}
+
 int64_t align_up(int64_t x) { return (x + kAlignment - 1) / kAlignment * kAlignment; }
 
 // Declares every initializer as external data at 4096-aligned offsets of `location`.
@@ -277,7 +281,7 @@ onnx::ModelProto build_zoo_model(const ZooOptions& options, std::string_view wei
   if (options.weights == WeightsMode::kNone) {
     declare_external(b, std::string(weights_location), options.dtype);
   } else {
-    if (b.weight_bytes > kInlineLimit)
+    if (b.weight_bytes > inline_limit(options))
       throw InvalidArgument("--weights random: " + std::to_string(b.weight_bytes) +
                             " bytes of weights do not fit inline in one ONNX message; write the model to a file");
     fill_inline(b, options, {});
@@ -302,7 +306,7 @@ ZooResult write_zoo_model(const ZooOptions& options, const std::string& path, co
   r.weight_bytes = b.weight_bytes;
 
   const std::string location = out.stem().string() + ".weights";
-  const bool external = options.weights == WeightsMode::kNone || b.weight_bytes > kInlineLimit;
+  const bool external = options.weights == WeightsMode::kNone || b.weight_bytes > inline_limit(options);
   TempFile model_file(out);
   if (!external) {
     fill_inline(b, options, progress);

@@ -51,6 +51,9 @@ struct ZooOptions {
   WeightsMode weights = WeightsMode::kRandom;
   uint64_t seed = 0;
   LayerNormStyle layernorm = LayerNormStyle::kDecomposed;
+  // Random weights above this many bytes go to an external-data file; 0: 1.75 GiB (protobuf caps a message at
+  // 2 GiB). Tests lower it to exercise the streamed path on small models. Not recorded in the model.
+  int64_t inline_limit_bytes = 0;
 
   int64_t resolved_ffn() const { return ffn > 0 ? ffn : 4 * hidden; }
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }

@@ -1,0 +1,68 @@
+// Helpers shared by the zoo tests: counting initializers, temp dirs, running a command.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace apart::models::testing {
+
+inline int64_t initializer_elements(const onnx::ModelProto& m) {
+  int64_t n = 0;
+  for (const auto& t : m.graph().initializer()) {
+    int64_t e = 1;
+    for (int64_t d : t.dims()) e *= d;
+    n += e;
+  }
+  return n;
+}
+
+// A fresh directory under the system temp dir, removed at scope exit.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag)
+      : path_(std::filesystem::temp_directory_path() /
+              ("apart_zoo_" + tag + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout (stderr goes to the test log)
+};
+
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace apart::models::testing

@@ -1,0 +1,255 @@
+// Every kind of bad input gets a typed error that names what is wrong, never a crash.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <random>
+
+#include "graph/error.h"
+#include "importer/importer.h"
+#include "tests/support/onnx_builder.h"
+
+namespace apart {
+namespace {
+
+using testing::OnnxBuilder;
+using testing::TempDir;
+
+// Imports and returns the error it raised; fails the test if it raised none.
+template <class E>
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an error";
+  return {};
+}
+
+std::string import_error(const OnnxBuilder& b, const ImportOptions& o = {}) {
+  return error_of<InvalidModel>([&] { import_model_bytes(b.bytes(), ".", "fixture.onnx", o); });
+}
+
+OnnxBuilder relu_model() {
+  OnnxBuilder b;
+  b.input("x", {2, 3}).output("y");
+  b.node("Relu", {"x"}, {"y"}, "relu");
+  return b;
+}
+
+TEST(TheImporter, RejectsAnEmptyFile) {
+  TempDir dir;
+  std::ofstream(dir / "empty.onnx").close();
+  auto msg = error_of<InvalidModel>([&] { import_model(dir / "empty.onnx"); });
+  EXPECT_NE(msg.find("empty"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsADirectory) {
+  TempDir dir;
+  auto msg = error_of<InvalidArgument>([&] { import_model(dir.path()); });
+  EXPECT_NE(msg.find("directory"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsAMissingFileAsASystemError) {
+  EXPECT_THROW(import_model("/nonexistent/model.onnx"), SystemError);
+}
+
+TEST(TheImporter, RejectsRandomBytes) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::string bytes(64 + trial * 37, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    try {
+      import_model_bytes(bytes, ".", "random.onnx");
+      ADD_FAILURE() << "random bytes imported";
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.kind() == ErrorKind::kInvalidModel || e.kind() == ErrorKind::kUnsupported) << e.what();
+    }
+  }
+}
+
+TEST(TheImporter, RejectsEveryTruncationOfAValidModel) {
+  const std::string bytes = relu_model().bytes();
+  for (size_t len = 1; len < bytes.size(); ++len) {
+    try {
+      import_model_bytes(bytes.substr(0, len), ".", "truncated.onnx");
+      // A prefix may still parse as a smaller valid message; that is fine as long as nothing crashes.
+    } catch (const Error& e) {
+      EXPECT_NE(e.kind(), ErrorKind::kInternal) << e.what();
+    }
+  }
+}
+
+TEST(TheImporter, RejectsAGraphWithACycle) {
+  OnnxBuilder b;
+  b.input("x", {2}).output("b");
+  b.node("Add", {"x", "b"}, {"a"}, "first");
+  b.node("Relu", {"a"}, {"b"}, "second");
+  EXPECT_NE(import_error(b).find("cycle"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsANodeInputThatNothingProduces) {
+  OnnxBuilder b;
+  b.input("x", {2}).output("y");
+  b.node("Add", {"x", "ghost"}, {"y"}, "adder");
+  auto msg = import_error(b);
+  EXPECT_NE(msg.find("ghost"), std::string::npos);
+  EXPECT_NE(msg.find("adder"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsTwoNodesWritingOneValue) {
+  OnnxBuilder b;
+  b.input("x", {2}).output("y");
+  b.node("Relu", {"x"}, {"y"}, "one");
+  b.node("Neg", {"x"}, {"y"}, "two");
+  auto msg = import_error(b);
+  EXPECT_NE(msg.find("two nodes"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsANodeOverwritingAnInitializer) {
+  OnnxBuilder b;
+  b.input("x", {2}).output("w");
+  b.weight("w", {2});
+  b.node("Relu", {"x"}, {"w"}, "clobber");
+  EXPECT_NE(import_error(b).find("initializer"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsAnInitializerShadowingAnInputWithAnotherShape) {
+  OnnxBuilder b;
+  b.input("w", {4}).output("y");
+  b.weight("w", {2});
+  b.node("Relu", {"w"}, {"y"});
+  auto msg = import_error(b);
+  EXPECT_NE(msg.find("shadows"), std::string::npos);
+}
+
+TEST(TheImporter, AcceptsAnInitializerListedAsAnInputAsIrVersion3Requires) {
+  OnnxBuilder b(9, 3);
+  b.input("x", {2}).input("w", {2}).output("y");
+  b.weight("w", {2});
+  b.node("Add", {"x", "w"}, {"y"});
+  auto m = import_model_bytes(b.bytes(), ".", "ir3.onnx");
+  EXPECT_EQ(m.graph.value(*m.graph.find_value("w")).kind, ValueKind::kParam);
+  EXPECT_EQ(m.graph.graph_inputs().size(), 1u);
+}
+
+TEST(TheImporter, NamesAnUnboundDynamicDimTheValueAndTheFlag) {
+  OnnxBuilder b;
+  b.input("tokens", {"batch", 16}).output("y");
+  b.node("Relu", {"tokens"}, {"y"});
+  auto msg = error_of<InvalidArgument>([&] { import_model_bytes(b.bytes(), ".", "m.onnx"); });
+  EXPECT_NE(msg.find("'batch'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'tokens'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--dim batch="), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--shape tokens:"), std::string::npos) << msg;
+}
+
+TEST(TheImporter, RejectsElementCountOverflowInAnInitializer) {
+  OnnxBuilder b;
+  b.input("x", {2}).output("y");
+  auto* t = b.graph().add_initializer();
+  t->set_name("huge");
+  t->set_data_type(onnx::TensorProto::FLOAT);
+  t->add_dims(int64_t{1} << 40);
+  t->add_dims(int64_t{1} << 40);
+  b.node("Relu", {"x"}, {"y"});
+  auto msg = import_error(b);
+  EXPECT_NE(msg.find("huge"), std::string::npos);
+  EXPECT_NE(msg.find("overflows"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsElementCountOverflowInABoundInputShape) {
+  OnnxBuilder b;
+  b.input("x", {"a", "b"}).output("y");
+  b.node("Relu", {"x"}, {"y"});
+  ImportOptions o;
+  o.dims = {{"a", int64_t{1} << 40}, {"b", int64_t{1} << 40}};
+  EXPECT_NE(import_error(b, o).find("overflows"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsRawDataWhoseLengthDoesNotMatchTheShape) {
+  OnnxBuilder b;
+  b.input("x", {2}).output("y");
+  b.weight("w", {2});
+  b.graph().mutable_initializer(0)->mutable_raw_data()->resize(7);
+  b.node("Add", {"x", "w"}, {"y"});
+  auto msg = import_error(b);
+  EXPECT_NE(msg.find("'w'"), std::string::npos);
+  EXPECT_NE(msg.find("raw_data"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsAnAbsoluteExternalDataLocation) {
+  OnnxBuilder b;
+  b.input("x", {2}).output("y");
+  b.external_weight("w", {2}, "/etc/passwd");
+  b.node("Add", {"x", "w"}, {"y"});
+  EXPECT_NE(import_error(b).find("absolute"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsAnExternalDataLocationWithDotDot) {
+  OnnxBuilder b;
+  b.input("x", {2}).output("y");
+  b.external_weight("w", {2}, "weights/../../secret.bin");
+  b.node("Add", {"x", "w"}, {"y"});
+  EXPECT_NE(import_error(b).find(".."), std::string::npos);
+}
+
+TEST(TheImporter, RejectsAnExternalDataLocationThatEscapesThroughASymlink) {
+  TempDir dir, outside;
+  std::filesystem::create_directory_symlink(outside.path(), dir / "link");
+  { std::ofstream(outside / "w.bin") << std::string(8, '\0'); }
+  OnnxBuilder b;
+  b.input("x", {2}).output("y");
+  b.external_weight("w", {2}, "link/w.bin");
+  b.node("Add", {"x", "w"}, {"y"});
+  b.save(dir / "m.onnx");
+  auto msg = error_of<InvalidModel>([&] { import_model(dir / "m.onnx"); });
+  EXPECT_NE(msg.find("outside"), std::string::npos) << msg;
+}
+
+TEST(TheImporter, RejectsAnOpsetNewerThanOnnx112Knows) {
+  OnnxBuilder b(18);
+  b.input("x", {2}).output("y");
+  b.node("Relu", {"x"}, {"y"});
+  EXPECT_THROW(import_model_bytes(b.bytes(), ".", "m.onnx"), Unsupported);
+}
+
+TEST(TheImporter, RejectsFlagsNamingUnknownInputsOrDims) {
+  OnnxBuilder b;
+  b.input("x", {"batch", 2}).output("y");
+  b.node("Relu", {"x"}, {"y"});
+  ImportOptions shape;
+  shape.input_shapes = {{"nope", {1, 2}}};
+  shape.dims = {{"batch", 1}};
+  EXPECT_NE(error_of<InvalidArgument>([&] { import_model_bytes(b.bytes(), ".", "m", shape); }).find("nope"), std::string::npos);
+  ImportOptions dim;
+  dim.dims = {{"batch", 1}, {"bach", 2}};
+  EXPECT_NE(error_of<InvalidArgument>([&] { import_model_bytes(b.bytes(), ".", "m", dim); }).find("bach"), std::string::npos);
+}
+
+TEST(TheImporter, RejectsAShapeFlagThatContradictsAFixedDim) {
+  OnnxBuilder b;
+  b.input("x", {"batch", 2}).output("y");
+  b.node("Relu", {"x"}, {"y"});
+  ImportOptions o;
+  o.input_shapes = {{"x", {4, 3}}};
+  EXPECT_THROW(import_model_bytes(b.bytes(), ".", "m", o), InvalidArgument);
+}
+
+TEST(ShapeAndDimFlags, RejectMalformedText) {
+  EXPECT_THROW(parse_shape_flag("noshape"), InvalidArgument);
+  EXPECT_THROW(parse_shape_flag("x:8xx2"), InvalidArgument);
+  EXPECT_THROW(parse_shape_flag("x:8x-1"), InvalidArgument);
+  EXPECT_THROW(parse_dim_flag("batch"), InvalidArgument);
+  EXPECT_THROW(parse_dim_flag("batch=eight"), InvalidArgument);
+  EXPECT_THROW(parse_dim_flag("=8"), InvalidArgument);
+  auto [name, dims] = parse_shape_flag("encoder:input:8x3x224x224");
+  EXPECT_EQ(name, "encoder:input");
+  EXPECT_EQ(dims, (std::vector<int64_t>{8, 3, 224, 224}));
+  EXPECT_EQ(parse_dim_flag("batch=8"), (std::pair<std::string, int64_t>{"batch", 8}));
+}
+
+}  // namespace
+}  // namespace apart

@@ -1,0 +1,207 @@
+// The importer on well-formed models: binding, shape inference, folding, external data, opaque ops.
+#include "importer/importer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "graph/error.h"
+#include "tests/support/onnx_builder.h"
+
+namespace apart {
+namespace {
+
+using testing::OnnxBuilder;
+using testing::TempDir;
+
+const Value& value(const ImportedModel& m, const std::string& name) {
+  auto id = m.graph.find_value(name);
+  EXPECT_TRUE(id.has_value()) << name;
+  return m.graph.value(*id);
+}
+const Task& task(const ImportedModel& m, const std::string& name) {
+  auto id = m.graph.find_task(name);
+  EXPECT_TRUE(id.has_value()) << name;
+  return m.graph.task(*id);
+}
+
+// The exporter idiom: y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])).
+OnnxBuilder flatten_by_shape_arithmetic() {
+  OnnxBuilder b(14);
+  b.input("x", {"batch", 4, 5}).output("y");
+  b.int_initializer("zero", {0}).int_initializer("minus_one", {-1}).int_initializer("axes", {0});
+  b.graph().mutable_initializer(0)->clear_dims();  // scalar index
+  b.node("Shape", {"x"}, {"shape"}, "shape");
+  b.node("Gather", {"shape", "zero"}, {"batch_dim"}, "gather");
+  b.node("Unsqueeze", {"batch_dim", "axes"}, {"batch_1d"}, "unsqueeze");
+  auto& concat = b.node("Concat", {"batch_1d", "minus_one"}, {"target"}, "concat");
+  OnnxBuilder::set_int(concat, "axis", 0);
+  b.node("Reshape", {"x", "target"}, {"y"}, "reshape");
+  return b;
+}
+
+TEST(TheImporter, FoldsExporterShapeArithmeticToConstants) {
+  ImportOptions o;
+  o.dims = {{"batch", 8}};
+  auto m = import_model_bytes(flatten_by_shape_arithmetic().bytes(), ".", "m", o);
+  EXPECT_EQ(value(m, "target").known_ints, (std::vector<int64_t>{8, -1}));
+  EXPECT_EQ(value(m, "y").shape, (std::vector<int64_t>{8, 20}));
+  for (const char* name : {"shape", "gather", "unsqueeze", "concat"}) EXPECT_TRUE(task(m, name).constant) << name;
+  EXPECT_FALSE(task(m, "reshape").constant);
+  EXPECT_EQ(m.graph.num_batch_tasks(), 1u);
+  EXPECT_TRUE(m.unknown_shape_values.empty());
+}
+
+TEST(TheImporter, FoldsRangeSoThatLaterShapesBecomeKnown) {
+  // Position ids as GPT-2 exports them: Gather(wpe, Unsqueeze(Range(0, Shape(x)[1], 1))).
+  OnnxBuilder b(14);
+  b.input("x", {"batch", "seq"}, onnx::TensorProto::INT64).output("pos");
+  b.weight("wpe", {32, 4});
+  b.int_initializer("one_idx", {1}).int_initializer("start", {0}).int_initializer("step", {1}).int_initializer("axes", {0});
+  for (int i : {0, 1, 2}) b.graph().mutable_initializer(1 + i)->clear_dims();
+  b.node("Shape", {"x"}, {"shape"});
+  b.node("Gather", {"shape", "one_idx"}, {"seq_len"});
+  b.node("Range", {"start", "seq_len", "step"}, {"range"});
+  b.node("Unsqueeze", {"range", "axes"}, {"ids"});
+  b.node("Gather", {"wpe", "ids"}, {"pos"});
+  ImportOptions o;
+  o.dims = {{"batch", 2}, {"seq", 6}};
+  auto m = import_model_bytes(b.bytes(), ".", "m", o);
+  EXPECT_EQ(value(m, "pos").shape, (std::vector<int64_t>{1, 6, 4}));
+  EXPECT_TRUE(m.unknown_shape_values.empty());
+}
+
+TEST(TheImporter, BindsADimEverywhereItAppears) {
+  OnnxBuilder b;
+  b.input("a", {"batch", 3}).input("b", {"batch", 3}).output("y");
+  b.node("Add", {"a", "b"}, {"y"});
+  ImportOptions o;
+  o.dims = {{"batch", 5}};
+  auto m = import_model_bytes(b.bytes(), ".", "m", o);
+  EXPECT_EQ(value(m, "a").shape, (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(value(m, "b").shape, (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(value(m, "y").shape, (std::vector<int64_t>{5, 3}));
+  ASSERT_EQ(m.bindings.size(), 1u);
+  EXPECT_EQ(m.bindings[0].source, "--dim batch=5");
+}
+
+TEST(TheImporter, BindsAShapeFlagIncludingAnonymousDims) {
+  OnnxBuilder b;
+  b.input("x", {"batch", 3}).output("y");
+  b.graph().mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->clear_dim_param();
+  b.node("Relu", {"x"}, {"y"});
+  ImportOptions o;
+  o.input_shapes = {{"x", {7, 3}}};
+  auto m = import_model_bytes(b.bytes(), ".", "m", o);
+  EXPECT_EQ(value(m, "y").shape, (std::vector<int64_t>{7, 3}));
+  EXPECT_EQ(value(m, "y").bytes, 7 * 3 * 4);
+}
+
+TEST(TheImporter, RecordsValueKindsAndParamSizes) {
+  OnnxBuilder b;
+  b.input("x", {2, 3}).output("y");
+  b.weight("w", {3, 4});
+  b.node("MatMul", {"x", "w"}, {"h"});
+  b.node("Relu", {"h"}, {"y"});
+  auto m = import_model_bytes(b.bytes(), ".", "m");
+  EXPECT_EQ(value(m, "x").kind, ValueKind::kInput);
+  EXPECT_EQ(value(m, "w").kind, ValueKind::kParam);
+  EXPECT_EQ(value(m, "w").bytes, 48);
+  EXPECT_EQ(value(m, "h").kind, ValueKind::kActivation);
+  EXPECT_EQ(value(m, "y").kind, ValueKind::kOutput);
+  EXPECT_EQ(task(m, "MatMul_0").onnx_node_index, 0);
+  EXPECT_EQ(m.node_count, 2);
+}
+
+TEST(TheImporter, NotesAMissingExternalDataFileWithoutReadingWeights) {
+  TempDir dir;
+  OnnxBuilder b;
+  b.input("x", {2, 3}).output("y");
+  b.external_weight("w", {3, 4}, "model.weights");
+  b.node("MatMul", {"x", "w"}, {"y"});
+  b.save(dir / "m.onnx");
+  auto m = import_model(dir / "m.onnx");
+  EXPECT_FALSE(m.external_data_present);
+  ASSERT_EQ(m.notes.size(), 1u);
+  EXPECT_NE(m.notes[0].find("model.weights"), std::string::npos);
+  EXPECT_TRUE(value(m, "w").external_data);
+  EXPECT_EQ(value(m, "w").bytes, 48);
+  ImportOptions need;
+  need.require_external_data = true;
+  EXPECT_THROW(import_model(dir / "m.onnx", need), InvalidModel);
+}
+
+TEST(TheImporter, ChecksThatAPresentExternalDataFileIsLargeEnough) {
+  TempDir dir;
+  OnnxBuilder b;
+  b.input("x", {2, 3}).output("y");
+  b.external_weight("w", {3, 4}, "model.weights", 16);
+  b.node("MatMul", {"x", "w"}, {"y"});
+  b.save(dir / "m.onnx");
+  { std::ofstream(dir / "model.weights") << std::string(64, '\0'); }
+  EXPECT_TRUE(import_model(dir / "m.onnx").external_data_present);
+  { std::ofstream(dir / "model.weights") << std::string(20, '\0'); }
+  EXPECT_THROW(import_model(dir / "m.onnx"), InvalidModel);
+}
+
+TEST(TheImporter, ImportsUnknownOpsAsOpaqueTasksWithAWarning) {
+  OnnxBuilder b;
+  auto* os = b.model().add_opset_import();
+  os->set_domain("com.example");
+  os->set_version(1);
+  b.input("x", {2, 3}).output("y");
+  b.node("FancyOp", {"x"}, {"y"}, "fancy").set_domain("com.example");
+  auto m = import_model_bytes(b.bytes(), ".", "m");
+  EXPECT_TRUE(task(m, "fancy").opaque);
+  ASSERT_FALSE(m.warnings.empty());
+  EXPECT_NE(m.warnings[0].find("com.example::FancyOp"), std::string::npos);
+  EXPECT_EQ(m.unknown_shape_values, (std::vector<std::string>{"y"}));
+}
+
+TEST(TheImporter, MakesValuesReadInsideSubgraphsExplicitInputs) {
+  OnnxBuilder b;
+  b.input("cond", {}, onnx::TensorProto::BOOL).input("x", {2}).output("y");
+  b.node("Relu", {"x"}, {"outer"}, "producer");
+  auto& if_node = b.node("If", {"cond"}, {"y"}, "branch");
+  for (const char* branch : {"then_branch", "else_branch"}) {
+    auto* a = if_node.add_attribute();
+    a->set_name(branch);
+    a->set_type(onnx::AttributeProto::GRAPH);
+    auto* g = a->mutable_g();
+    g->set_name(branch);
+    auto* n = g->add_node();
+    n->set_op_type("Identity");
+    n->add_input("outer");
+    n->add_output(std::string(branch) + "_out");
+    auto* o = g->add_output();
+    o->set_name(std::string(branch) + "_out");
+    o->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  }
+  auto m = import_model_bytes(b.bytes(), ".", "m");
+  const TaskId branch = *m.graph.find_task("branch");
+  ASSERT_EQ(m.graph.predecessors(branch).size(), 1u);
+  EXPECT_EQ(m.graph.task(m.graph.predecessors(branch)[0]).name, "producer");
+}
+
+TEST(TheImporter, IsDeterministic) {
+  ImportOptions o;
+  o.dims = {{"batch", 3}};
+  const std::string bytes = flatten_by_shape_arithmetic().bytes();
+  auto a = import_model_bytes(bytes, ".", "m", o);
+  auto b = import_model_bytes(bytes, ".", "m", o);
+  ASSERT_EQ(a.graph.num_tasks(), b.graph.num_tasks());
+  ASSERT_EQ(a.graph.num_values(), b.graph.num_values());
+  for (size_t i = 0; i < a.graph.num_tasks(); ++i) {
+    const TaskId t(static_cast<uint32_t>(i));
+    EXPECT_EQ(a.graph.task(t).name, b.graph.task(t).name);
+    EXPECT_EQ(a.graph.task(t).constant, b.graph.task(t).constant);
+  }
+  for (size_t i = 0; i < a.graph.num_values(); ++i) {
+    const ValueId v(static_cast<uint32_t>(i));
+    EXPECT_EQ(a.graph.value(v).shape, b.graph.value(v).shape);
+    EXPECT_EQ(a.graph.value(v).known_ints, b.graph.value(v).known_ints);
+  }
+}
+
+}  // namespace
+}  // namespace apart

@@ -1,0 +1,130 @@
+// Device presets, the cached CPU probe, cluster JSON and the communication formulas.
+#include "profiler/device.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "graph/error.h"
+
+namespace apart {
+namespace {
+
+TEST(DevicePresets, HaveMemoryPeaksAndBandwidth) {
+  for (const std::string name : {"v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"}) {
+    const Device d = device_preset(name);
+    EXPECT_EQ(d.name, name);
+    EXPECT_GT(d.memory_bytes, 30LL << 30) << name;
+    EXPECT_GT(d.peak_fp32_flops, 1e13) << name;
+    EXPECT_GE(d.peak_tf32_flops, d.peak_fp32_flops) << name;
+    EXPECT_GT(d.peak_fp16_flops, d.peak_tf32_flops) << name;
+    EXPECT_GT(d.memory_bandwidth, 5e11) << name;
+    EXPECT_GT(d.intra_node.bandwidth, d.inter_node.bandwidth) << name;
+  }
+  EXPECT_DOUBLE_EQ(device_preset("a100-80gb").peak_fp16_flops, 312e12);
+}
+
+TEST(DevicePresets, RejectUnknownNamesListingTheKnownOnes) {
+  try {
+    device_preset("tpu-v9");
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("h100-80gb"), std::string::npos);
+  }
+}
+
+class CpuDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("apart_cache_test_" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    setenv("APART_CACHE_DIR", dir_.c_str(), 1);
+  }
+  void TearDown() override {
+    std::filesystem::remove_all(dir_);
+    unsetenv("APART_CACHE_DIR");
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(CpuDevice, IsProbedOnceAndThenReadFromTheCache) {
+  EXPECT_EQ(cpu_cache_path(), dir_ / "cpu.json");
+  const Device first = device_preset("cpu");
+  EXPECT_TRUE(first.measured);
+  EXPECT_GT(first.peak_fp32_flops, 1e8);
+  EXPECT_GT(first.memory_bandwidth, 1e8);
+  ASSERT_TRUE(std::filesystem::exists(dir_ / "cpu.json"));
+  // Overwrite the cache with known figures: the next call must use them instead of probing.
+  auto j = nlohmann::json::parse(std::ifstream(dir_ / "cpu.json"));
+  j["fp32_flops"] = 123e9;
+  j["bandwidth_bytes_per_s"] = 45e9;
+  std::ofstream(dir_ / "cpu.json") << j.dump();
+  const Device cached = device_preset("cpu");
+  EXPECT_DOUBLE_EQ(cached.peak_fp32_flops, 123e9);
+  EXPECT_DOUBLE_EQ(cached.memory_bandwidth, 45e9);
+}
+
+TEST_F(CpuDevice, ReprobesWhenTheCacheIsCorrupt) {
+  std::filesystem::create_directories(dir_);
+  std::ofstream(dir_ / "cpu.json") << "{not json";
+  const Device d = device_preset("cpu");
+  EXPECT_GT(d.peak_fp32_flops, 1e8);
+}
+
+TEST(Communication, PointToPointIsLatencyPlusBytesOverTheSharedLink) {
+  Cluster c = make_cluster(device_preset("a100-80gb"), 16, 8);
+  c.intra_node = {100e9, 2e-6};
+  c.inter_node = {10e9, 10e-6};
+  EXPECT_DOUBLE_EQ(p2p_time(c, 0, 7, 1e9), 2e-6 + 0.01);
+  EXPECT_DOUBLE_EQ(p2p_time(c, 7, 8, 1e9), 10e-6 + 0.1);
+  EXPECT_DOUBLE_EQ(p2p_time(c, 3, 3, 1e9), 0);
+}
+
+TEST(Communication, RingAllReduceFollowsTheFormulaOverTheSlowestLink) {
+  const Link l{10e9, 5e-6};
+  EXPECT_DOUBLE_EQ(ring_allreduce_time(4, 1e9, l), 2.0 * 3 / 4 * 1e9 / 10e9 + 2.0 * 3 * 5e-6);
+  EXPECT_DOUBLE_EQ(ring_allreduce_time(1, 1e9, l), 0);
+  Cluster c = make_cluster(device_preset("a100-80gb"), 16, 8);
+  c.intra_node = {100e9, 2e-6};
+  c.inter_node = {10e9, 10e-6};
+  EXPECT_DOUBLE_EQ(allreduce_time(c, 0, 8, 1e9), ring_allreduce_time(8, 1e9, c.intra_node));
+  EXPECT_DOUBLE_EQ(allreduce_time(c, 4, 8, 1e9), ring_allreduce_time(8, 1e9, c.inter_node));
+  const std::vector<int> spread{0, 8};
+  EXPECT_DOUBLE_EQ(allreduce_time(c, spread, 1e9), ring_allreduce_time(2, 1e9, c.inter_node));
+}
+
+TEST(ClusterJson, ReadsPresetAndCustomDevicesWithLinks) {
+  const auto j = nlohmann::json::parse(R"({
+    "schema": "apart.cluster/1",
+    "device": {"base": "a100-80gb", "name": "a100-tuned", "memory_bytes": 80000000000},
+    "devices": 32, "devices_per_node": 4,
+    "intra_node": {"bandwidth_bytes_per_s": 2e11, "latency_s": 2e-6},
+    "inter_node": {"bandwidth_bytes_per_s": 1.25e10, "latency_s": 8e-6}})");
+  const Cluster c = cluster_from_json(j);
+  EXPECT_EQ(c.device.name, "a100-tuned");
+  EXPECT_EQ(c.device.memory_bytes, 80000000000);
+  EXPECT_DOUBLE_EQ(c.device.peak_fp16_flops, 312e12);
+  EXPECT_EQ(c.devices, 32);
+  EXPECT_EQ(c.node_of(5), 1);
+  EXPECT_DOUBLE_EQ(c.inter_node.bandwidth, 1.25e10);
+  const Cluster round = cluster_from_json(cluster_to_json(c));
+  EXPECT_EQ(round.devices_per_node, 4);
+  EXPECT_DOUBLE_EQ(round.intra_node.latency_s, 2e-6);
+}
+
+TEST(ClusterJson, RejectsMalformedClusters) {
+  EXPECT_THROW(cluster_from_json(nlohmann::json::parse(R"({"devices": 4})")), InvalidArgument);
+  EXPECT_THROW(cluster_from_json(nlohmann::json::parse(R"({"device": "a100-80gb", "devices": 0})")), InvalidArgument);
+  EXPECT_THROW(cluster_from_json(nlohmann::json::parse(R"({"device": "a100-80gb", "devices": "many"})")), InvalidArgument);
+  EXPECT_THROW(cluster_from_json(nlohmann::json::parse(
+                   R"({"device": "a100-80gb", "inter_node": {"bandwidth_bytes_per_s": -1}})")),
+               InvalidArgument);
+  EXPECT_THROW(load_cluster_json("/nonexistent/cluster.json"), SystemError);
+}
+
+}  // namespace
+}  // namespace apart

@@ -1,0 +1,65 @@
+// The stage memory formula per optimizer and precision, schedules and recomputation.
+#include "profiler/memory_model.h"
+
+#include <gtest/gtest.h>
+
+namespace apart {
+namespace {
+
+using profiler::Optimizer;
+using profiler::Precision;
+using profiler::Schedule;
+
+TEST(BytesPerParam, MatchesTheClosedFormForEachOptimizerAndPrecision) {
+  EXPECT_EQ(bytes_per_param(Optimizer::kSgd, Precision::kFp32), 8);
+  EXPECT_EQ(bytes_per_param(Optimizer::kMomentum, Precision::kFp32), 12);
+  EXPECT_EQ(bytes_per_param(Optimizer::kAdam, Precision::kFp32), 16);
+  // Mixed: fp16 weights and grads (2 + 2) + fp32 master (4) + fp32 state.
+  EXPECT_EQ(bytes_per_param(Optimizer::kSgd, Precision::kMixed), 8);
+  EXPECT_EQ(bytes_per_param(Optimizer::kMomentum, Precision::kMixed), 12);
+  EXPECT_EQ(bytes_per_param(Optimizer::kAdam, Precision::kMixed), 16);
+}
+
+TEST(StageMemory, AddsStateActivationsTimesInFlightAndWorkspace) {
+  StageMemoryInput in;
+  in.param_bytes = 4'000'000;  // 1M fp32 params
+  in.saved_bytes_per_microbatch = 1000;
+  in.stage_input_bytes_per_microbatch = 100;
+  in.max_workspace_bytes = 7;
+  in.in_flight = 3;
+  for (auto opt : {Optimizer::kSgd, Optimizer::kMomentum, Optimizer::kAdam})
+    for (auto prec : {Precision::kFp32, Precision::kMixed}) {
+      in.optimizer = opt;
+      in.precision = prec;
+      const StageMemory m = stage_memory(in);
+      EXPECT_EQ(m.weights + m.gradients + m.optimizer_state,
+                static_cast<int64_t>(1'000'000 * bytes_per_param(opt, prec)));
+      EXPECT_EQ(m.activations, 3000);
+      EXPECT_EQ(m.total, m.weights + m.gradients + m.optimizer_state + 3000 + 7);
+      EXPECT_EQ(stage_memory_bytes(in), m.total);
+    }
+  in.optimizer = Optimizer::kAdam;
+  in.precision = Precision::kMixed;
+  EXPECT_EQ(stage_memory(in).weights, 6'000'000);  // fp16 copy + fp32 master
+  EXPECT_EQ(stage_memory(in).gradients, 2'000'000);
+  EXPECT_EQ(stage_memory(in).optimizer_state, 8'000'000);
+}
+
+TEST(StageMemory, KeepsOnlyStageInputsPerMicroBatchWithRecomputation) {
+  StageMemoryInput in;
+  in.saved_bytes_per_microbatch = 1000;
+  in.stage_input_bytes_per_microbatch = 100;
+  in.in_flight = 4;
+  in.recompute = true;
+  EXPECT_EQ(stage_memory(in).activations, 4 * 100 + 1000);
+}
+
+TEST(InFlight, IsMForGPipeAndStagesAheadFor1F1B) {
+  EXPECT_EQ(stage_in_flight_microbatches(Schedule::kGPipe, 0, 4, 16), 16);
+  EXPECT_EQ(stage_in_flight_microbatches(Schedule::k1F1B, 0, 4, 16), 4);
+  EXPECT_EQ(stage_in_flight_microbatches(Schedule::k1F1B, 3, 4, 16), 1);
+  EXPECT_EQ(stage_in_flight_microbatches(Schedule::k1F1B, 0, 4, 2), 2);
+}
+
+}  // namespace
+}  // namespace apart

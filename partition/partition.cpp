@@ -25,7 +25,7 @@ std::string gb(double bytes) {
 [[noreturn]] void throw_infeasible(const TaskGraph& graph, const AtomicGraph& atomic, const PartitionOptions& o) {
   const double limit = static_cast<double>(o.cluster.memory_bytes);
   const double state_factor = state_bytes_per_param_byte(o.training.optimizer, o.training.precision);
-  const double act = activation_bytes_factor(o.training.precision);
+  const double act = 1.0;  // saved bytes are at the run's precision already
   double total = 0;
   size_t worst = 0;
   double worst_bytes = 0;

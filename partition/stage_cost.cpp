@@ -96,8 +96,10 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
   c.backward_s = (bwd_fixed_[last] - bwd_fixed_[first]) + (bwd_ps_[last] - bwd_ps_[first]) * static_cast<double>(u);
   if (recompute) c.backward_s += c.forward_s;  // the forward runs again before backward
   c.compute_s = c.forward_s + c.backward_s;
-  c.in_bytes = in_[first * n + last] * static_cast<double>(u);
-  c.out_bytes = out_[first * n + last] * static_cast<double>(u);
+  // Boundary values as the graph stores them (fp32), halved under mixed precision.
+  const double act = activation_bytes_factor(training_.precision);
+  c.in_bytes = in_[first * n + last] * static_cast<double>(u) * act;
+  c.out_bytes = out_[first * n + last] * static_cast<double>(u) * act;
   // Forward receives inputs and sends outputs; backward sends and receives their gradients.
   const int hops = (c.in_bytes > 0 ? 2 : 0) + (c.out_bytes > 0 ? 2 : 0);
   c.comm_s = 2 * (c.in_bytes + c.out_bytes) / p2p_bandwidth_ + hops * p2p_latency_;
@@ -113,14 +115,14 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
   c.step_s = c.compute_s + c.comm_s;
   c.h = c.step_s + c.allreduce_s / static_cast<double>(microbatches);
   // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
-  const double act = activation_bytes_factor(training_.precision);
-  const double saved = (saved_ps_[last] - saved_ps_[first]) * static_cast<double>(u) * act;
+  // The cost table's saved bytes are already at the run's precision; boundary values are stored fp32.
+  const double saved = (saved_ps_[last] - saved_ps_[first]) * static_cast<double>(u);
   const double workspace = ws_fixed_max_[first * n + last] + ws_ps_max_[first * n + last] * static_cast<double>(u);
   const double state = static_cast<double>(c.param_bytes) *
                        state_bytes_per_param_byte(training_.optimizer, training_.precision);
   // With recomputation only the stage's inputs stay per micro-batch; one micro-batch is rebuilt at a time.
   c.memory_static = state + workspace + (recompute ? saved : 0.0);
-  c.memory_per_in_flight = recompute ? c.in_bytes * act : saved;
+  c.memory_per_in_flight = recompute ? c.in_bytes : saved;
   c.memory_bytes = static_cast<int64_t>(std::ceil(c.memory_static + static_cast<double>(in_flight) * c.memory_per_in_flight));
   return c;
 }

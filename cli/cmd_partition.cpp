@@ -1,0 +1,172 @@
+// `apart partition`: plan pipeline stages × data-parallel replicas for a model on a cluster, write plan/.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli/cli_common.h"
+#include "cli/command_registry.h"
+#include "codegen/plan_writer.h"
+#include "graph/error.h"
+#include "importer/importer.h"
+#include "partition/partition.h"
+#include "profiler/cost_model.h"
+#include "profiler/costs_json.h"
+#include "profiler/device.h"
+
+namespace apart::cli {
+namespace {
+
+struct PartitionArgs {
+  std::string model;
+  ModelFlags model_flags;
+  int devices = 1;
+  std::string device = "a100-80gb";
+  std::string cluster;
+  int devices_per_node = 8;
+  int64_t batch = 0;
+  std::string optimizer = "adam";
+  std::string precision = "fp32";
+  std::string schedule = "auto";
+  std::string microbatches = "auto";
+  std::string stages = "auto";
+  std::string replicas = "auto";
+  std::string recompute = "auto";
+  std::string profile;
+  double time_limit = 0;
+  std::string method = "apart";
+  int blocks = 0;
+  bool dot_detail = false;
+  bool no_stage_models = false;
+  std::string output;
+};
+
+std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size() && v > 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(flag + " " + text + ": expected a positive integer or auto");
+}
+
+profiler::Precision profiler_precision(Precision p) {
+  return p == Precision::kMixed ? profiler::Precision::kMixed : profiler::Precision::kFp32;
+}
+
+void run_partition(const PartitionArgs& a) {
+  if (a.batch < 1) throw InvalidArgument("--batch is required and must be positive");
+  PartitionOptions o;
+  o.method = parse_method(a.method);
+  o.training.global_batch = a.batch;
+  o.training.optimizer = parse_optimizer(a.optimizer);
+  o.training.precision = parse_precision(a.precision);
+  if (a.schedule != "auto") o.stage.schedule = parse_schedule(a.schedule);
+  if (auto m = auto_or_int("--microbatches", a.microbatches)) o.stage.microbatches = *m;
+  if (auto s = auto_or_int("--stages", a.stages)) o.stage.stages = static_cast<int>(*s);
+  if (auto r = auto_or_int("--replicas", a.replicas)) o.stage.replicas = static_cast<int>(*r);
+  o.stage.recompute = parse_recompute(a.recompute);
+  o.stage.time_limit_s = a.time_limit;
+  o.block.blocks = a.blocks;
+
+  const Cluster cluster = a.cluster.empty() ? make_cluster(device_preset(a.device), a.devices, a.devices_per_node)
+                                            : load_cluster_json(a.cluster);
+  o.cluster.device = cluster.device.name;
+  o.cluster.devices = cluster.devices;
+  o.cluster.devices_per_node = cluster.devices_per_node;
+  o.cluster.memory_bytes = cluster.device.memory_bytes;
+  o.cluster.intra_node_bandwidth = cluster.intra_node.bandwidth;
+  o.cluster.inter_node_bandwidth = cluster.inter_node.bandwidth;
+  o.cluster.intra_node_latency_s = cluster.intra_node.latency_s;
+  o.cluster.inter_node_latency_s = cluster.inter_node.latency_s;
+  o.validate();
+
+  const ImportedModel model = import_model(a.model, import_options(a.model_flags));
+  CostOptions cost_options;
+  cost_options.precision = profiler_precision(o.training.precision);
+  cost_options.reference_batch = bound_batch_size(model.graph);
+  for (const auto& b : model.bindings)
+    if (b.dim == "batch" || b.dim == "batch_size" || b.dim == "N") cost_options.reference_batch = b.value;
+  o.atomic.graph_batch = cost_options.reference_batch;
+
+  // Costs at two micro-batch sizes around the plausible ones, so per-kernel overheads stay fixed (affine fit);
+  // a measured profile is used as given (times ∝ micro-batch size).
+  CostTable primary, secondary;
+  const CostTable* other = nullptr;
+  if (!a.profile.empty()) {
+    primary = read_costs_json(a.profile, model.graph);
+  } else {
+    const int64_t u1 = std::max<int64_t>(1, a.batch / std::max(1, o.cluster.devices));
+    cost_options.microbatch_size = u1;
+    primary = estimate_costs(model.graph, cluster.device, cost_options);
+    cost_options.microbatch_size = 4 * u1;
+    secondary = estimate_costs(model.graph, cluster.device, cost_options);
+    other = &secondary;
+    for (const auto& w : primary.warnings) std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
+  }
+
+  const bool tty = ::isatty(STDERR_FILENO);
+  ProgressFn progress;
+  if (tty)
+    progress = [](const std::string& line) {
+      std::fprintf(stderr, "\r\033[K%s", line.c_str());
+      std::fflush(stderr);
+    };
+  const Plan plan = partition_graph(model.graph, primary, o, other, progress);
+  if (tty) std::fprintf(stderr, "\r\033[K");
+
+  const ModelInfo info = describe_model(model.graph, a.model);
+  PlanOutputs outputs;
+  outputs.dot_detail = a.dot_detail;
+  outputs.stage_models = !a.no_stage_models;
+  outputs.extra = [&](const std::filesystem::path& dir) {
+    // costs.json at the plan's micro-batch size, as the plan's stages see it.
+    if (!a.profile.empty()) {
+      write_costs_json(dir / "costs.json", model.graph, rescale_costs(primary, model.graph, plan.microbatch_size));
+    } else {
+      CostOptions at_plan = cost_options;
+      at_plan.microbatch_size = plan.microbatch_size;
+      write_costs_json(dir / "costs.json", model.graph, estimate_costs(model.graph, cluster.device, at_plan));
+    }
+  };
+  write_plan_directory(a.output, plan, model.graph, a.model, info, outputs);
+  std::cout << plan_report(plan, model.graph, info) << "wrote " << a.output << "/ (plan.json, plan.dot, report.txt"
+            << (outputs.stage_models ? ", stage_K.onnx" : "") << ", costs.json)\n";
+}
+
+const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
+  auto a = std::make_shared<PartitionArgs>();
+  CLI::App* cmd = app.add_subcommand("partition",
+      "Split a model into pipeline stages with data-parallel replicas (Tanaka et al., IPDPS 2021) and write a plan");
+  cmd->add_option("model", a->model, "ONNX model file")->required();
+  add_model_flags(*cmd, a->model_flags);
+  cmd->add_option("--devices", a->devices, "Number of devices")->capture_default_str();
+  cmd->add_option("--device", a->device, "Device preset: v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu")
+      ->capture_default_str();
+  cmd->add_option("--devices-per-node", a->devices_per_node, "Devices per node")->capture_default_str();
+  cmd->add_option("--cluster", a->cluster, "Cluster JSON (apart.cluster/1); replaces --device/--devices/--devices-per-node");
+  cmd->add_option("--batch", a->batch, "Global batch size (samples per iteration)")->required();
+  cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
+  cmd->add_option("--precision", a->precision, "fp32 or mixed")->capture_default_str();
+  cmd->add_option("--schedule", a->schedule, "1f1b, gpipe or auto")->capture_default_str();
+  cmd->add_option("--microbatches", a->microbatches, "Micro-batches per iteration, or auto")->capture_default_str();
+  cmd->add_option("--stages", a->stages, "Pipeline stages, or auto")->capture_default_str();
+  cmd->add_option("--replicas", a->replicas, "Replicas of every stage, or auto (per stage, any count)")->capture_default_str();
+  cmd->add_option("--recompute", a->recompute, "Activation recomputation: auto, on or off")->capture_default_str();
+  cmd->add_option("--profile", a->profile, "Per-task costs from apart.costs/1 JSON (apart costs/profile) instead of the analytic model");
+  cmd->add_option("--time-limit", a->time_limit, "Stop searching after this many seconds and keep the best plan so far");
+  cmd->add_option("--method", a->method, "apart, uniform (even task split) or params (parameter-balanced split)")
+      ->capture_default_str();
+  cmd->add_option("--blocks", a->blocks, "Blocks k for the stage DP (default automatic)");
+  cmd->add_flag("--dot-detail", a->dot_detail, "plan.dot with every task instead of one node per stage");
+  cmd->add_flag("--no-stage-models", a->no_stage_models, "Skip writing stage_K.onnx");
+  cmd->add_option("-o,--output", a->output, "Plan directory (written as a whole or not at all)")->required();
+  cmd->callback([a] { run_partition(*a); });
+}});
+
+}  // namespace
+}  // namespace apart::cli

@@ -1,0 +1,275 @@
+// plan.json, plan.dot and report.txt from a Plan, and the all-or-nothing plan directory.
+#include "codegen/plan_writer.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "codegen/sha256.h"
+#include "graph/error.h"
+
+namespace apart {
+namespace {
+
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string dot_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string human_params(double n) {
+  const char* unit[] = {"", "K", "M", "B", "T"};
+  int u = 0;
+  while (n >= 1000 && u < 4) { n /= 1000; ++u; }
+  return fixed(n, u == 0 ? 0 : 2) + unit[u];
+}
+
+}  // namespace
+
+ModelInfo describe_model(const TaskGraph& graph, const std::filesystem::path& model_path) {
+  ModelInfo m;
+  m.path = model_path.string();
+  m.sha256 = sha256_file_hex(model_path);
+  for (const Value& v : graph.values())
+    if (v.kind == ValueKind::kParam) {
+      m.params += v.elements;
+      m.param_bytes += v.bytes;
+    }
+  return m;
+}
+
+nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, const ModelInfo& model) {
+  using json = nlohmann::ordered_json;
+  const PartitionOptions& o = plan.options;
+  json j;
+  j["schema"] = "apart.plan/1";
+  j["model"] = {{"path", model.path}, {"sha256", model.sha256}, {"tasks", graph.num_tasks()},
+                {"params", model.params}, {"param_bytes", model.param_bytes}};
+  j["cluster"] = {{"devices", o.cluster.devices}, {"device", o.cluster.device},
+                  {"devices_per_node", o.cluster.devices_per_node}, {"memory_bytes", o.cluster.memory_bytes},
+                  {"intra_node_bandwidth", o.cluster.intra_node_bandwidth},
+                  {"inter_node_bandwidth", o.cluster.inter_node_bandwidth}};
+  j["training"] = {{"global_batch", o.training.global_batch}, {"microbatches", plan.microbatches},
+                   {"microbatch_size", plan.microbatch_size}, {"schedule", schedule_name(plan.schedule)},
+                   {"optimizer", optimizer_name(o.training.optimizer)},
+                   {"precision", precision_name(o.training.precision)}, {"recompute", plan.recompute}};
+  json options = {{"method", method_name(o.method)},
+                  {"stages", plan.stages.size()},
+                  {"replicas", o.stage.replicas ? json(*o.stage.replicas) : json("auto")},
+                  {"microbatches", plan.microbatches},
+                  {"schedule", schedule_name(plan.schedule)},
+                  {"recompute", plan.recompute ? "on" : "off"},
+                  {"blocks", o.block.blocks > 0 ? json(o.block.blocks) : json("auto")},
+                  {"balance_cap", o.block.balance_cap},
+                  {"time_limit_s", o.stage.time_limit_s}};
+  j["options"] = options;
+  json stages = json::array();
+  for (const PlanStage& s : plan.stages) {
+    json st;
+    st["id"] = s.id;
+    st["replicas"] = s.replicas;
+    st["devices"] = s.devices;
+    json tasks = json::array();
+    for (TaskId t : s.tasks) tasks.push_back(graph.task(t).name);
+    st["tasks"] = tasks;
+    st["batch_tasks"] = s.batch_tasks;
+    st["microbatch_size"] = s.cost.microbatch;
+    st["forward_s"] = s.cost.forward_s;
+    st["backward_s"] = s.cost.backward_s;
+    st["recompute"] = s.recompute;
+    st["comm_s"] = s.cost.comm_s;
+    st["allreduce_s"] = s.cost.allreduce_s;
+    st["step_s"] = s.cost.step_s;
+    st["param_bytes"] = s.cost.param_bytes;
+    st["memory_bytes"] = s.cost.memory_bytes;
+    json inputs = json::array();
+    for (const StageInput& in : s.inputs)
+      inputs.push_back({{"value", graph.value(in.value).name}, {"from_stage", in.from_stage},
+                        {"bytes", static_cast<int64_t>(in.bytes)}});
+    st["inputs"] = inputs;
+    json outputs = json::array();
+    for (const StageOutput& out : s.outputs)
+      outputs.push_back({{"value", graph.value(out.value).name}, {"to_stages", out.to_stages},
+                         {"bytes", static_cast<int64_t>(out.bytes)}});
+    st["outputs"] = outputs;
+    stages.push_back(st);
+  }
+  j["stages"] = stages;
+  j["predicted"] = {{"iteration_s", plan.estimate.iteration_s},
+                    {"bottleneck_stage", plan.estimate.bottleneck_stage},
+                    {"bubble_fraction", plan.estimate.bubble_fraction},
+                    {"samples_per_s", plan.samples_per_s},
+                    {"peak_memory_bytes", plan.peak_memory_bytes},
+                    {"pipeline_s", plan.estimate.pipeline_s},
+                    {"compute_lower_bound_s", plan.compute_lower_bound_s}};
+  j["search"] = {{"seconds", plan.search.seconds},
+                 {"atomic_components", plan.search.atomic_components},
+                 {"blocks", plan.search.blocks},
+                 {"coarsening_levels", plan.search.coarsening_levels},
+                 {"refinement_moves", plan.search.refinement_moves},
+                 {"candidates", plan.search.candidates},
+                 {"stopped_by_time_limit", plan.search.stopped_by_time_limit}};
+  return j;
+}
+
+std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail) {
+  std::ostringstream out;
+  out << "digraph plan {\n  rankdir=TB;\n  node [shape=box, fontsize=10];\n";
+  std::vector<int> stage_of(graph.num_tasks(), -1);
+  for (const PlanStage& s : plan.stages)
+    for (TaskId t : s.tasks)
+      if (!graph.task(t).constant) stage_of[t.value()] = s.id;
+  for (const PlanStage& s : plan.stages) {
+    out << "  subgraph " << dot_quote("cluster_stage_" + std::to_string(s.id)) << " {\n";
+    out << "    label=" << dot_quote("stage " + std::to_string(s.id) + " ×" + std::to_string(s.replicas) + "  " +
+                                     fixed((s.cost.step_s) * 1e3, 2) + " ms/step") << ";\n";
+    if (detail) {
+      for (TaskId t : s.tasks)
+        if (!graph.task(t).constant)
+          out << "    " << dot_quote(graph.task(t).name) << " [label=" << dot_quote(graph.task(t).name + "\\n" + graph.task(t).op_type) << "];\n";
+    } else {
+      out << "    " << dot_quote("stage " + std::to_string(s.id)) << " [label="
+          << dot_quote(std::to_string(s.batch_tasks) + " tasks\\n" + fixed(s.cost.memory_bytes / 1e9, 1) + " GB") << "];\n";
+    }
+    out << "  }\n";
+  }
+  if (detail) {
+    for (uint32_t t = 0; t < graph.num_tasks(); ++t) {
+      if (stage_of[t] < 0) continue;
+      for (TaskId succ : graph.successors(TaskId(t)))
+        if (stage_of[succ.value()] >= 0)
+          out << "  " << dot_quote(graph.task(TaskId(t)).name) << " -> " << dot_quote(graph.task(succ).name)
+              << (stage_of[succ.value()] != stage_of[t] ? " [color=red]" : "") << ";\n";
+    }
+  } else {
+    for (const PlanStage& s : plan.stages)
+      for (const StageOutput& o : s.outputs)
+        for (int to : o.to_stages)
+          out << "  " << dot_quote("stage " + std::to_string(s.id)) << " -> " << dot_quote("stage " + std::to_string(to))
+              << " [label=" << dot_quote(graph.value(o.value).name) << "];\n";
+  }
+  out << "}\n";
+  return out.str();
+}
+
+std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInfo& model) {
+  const PartitionOptions& o = plan.options;
+  std::ostringstream r;
+  r << "apart plan for " << model.path << " (" << graph.num_tasks() << " tasks, " << human_params(model.params)
+    << " params)\n";
+  r << o.cluster.devices << " × " << o.cluster.device << " (" << o.cluster.devices_per_node << " per node), batch "
+    << o.training.global_batch << " = " << plan.microbatches << " micro-batches of " << plan.microbatch_size << ", "
+    << schedule_name(plan.schedule) << ", " << optimizer_name(o.training.optimizer) << ", "
+    << precision_name(o.training.precision) << ", recompute " << (plan.recompute ? "on" : "off") << ", method "
+    << method_name(o.method) << "\n\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%5s %6s %9s %10s %8s %12s %17s %8s %s\n", "stage", "tasks", "params",
+                "compute ms", "comm ms", "allreduce ms", "memory GB", "replicas", "devices");
+  r << line;
+  const double limit_gb = static_cast<double>(o.cluster.memory_bytes) / 1e9;
+  for (const PlanStage& s : plan.stages) {
+    const std::string mem = fixed(s.cost.memory_bytes / 1e9, 1) + " / " + fixed(limit_gb, 0);
+    const std::string devices = s.devices.empty() ? "-"
+                                : s.devices.size() == 1 ? std::to_string(s.devices.front())
+                                : std::to_string(s.devices.front()) + "-" + std::to_string(s.devices.back());
+    std::snprintf(line, sizeof line, "%5d %6zu %9s %10.3f %8.3f %12.3f %17s %8d %s%s\n", s.id, s.batch_tasks,
+                  human_params(static_cast<double>(s.cost.param_bytes) / 4).c_str(), s.cost.compute_s * 1e3,
+                  s.cost.comm_s * 1e3, s.cost.allreduce_s * 1e3, mem.c_str(), s.replicas, devices.c_str(),
+                  s.id == plan.estimate.bottleneck_stage ? "  ← bottleneck" : "");
+    r << line;
+  }
+  int used = 0;
+  for (const PlanStage& s : plan.stages) used += s.replicas;
+  r << "\n";
+  r << "predicted iteration  " << fixed(plan.estimate.iteration_s * 1e3, 3) << " ms   (pipeline "
+    << fixed(plan.estimate.pipeline_s * 1e3, 3) << " ms + all-reduce)\n";
+  r << "samples/s            " << fixed(plan.samples_per_s, 1) << "\n";
+  r << "bubble fraction      " << fixed(plan.estimate.bubble_fraction, 3) << "\n";
+  r << "compute lower bound  " << fixed(plan.compute_lower_bound_s * 1e3, 3)
+    << " ms   (total forward+backward work / " << o.cluster.devices << " devices); plan is "
+    << fixed(plan.compute_lower_bound_s > 0 ? plan.estimate.iteration_s / plan.compute_lower_bound_s : 0, 2)
+    << "× the bound\n";
+  r << "devices used         " << used << " of " << o.cluster.devices << "\n";
+  r << "peak memory          " << fixed(plan.peak_memory_bytes / 1e9, 2) << " GB of " << fixed(limit_gb, 0) << " GB\n";
+  r << "search               " << plan.search.atomic_components << " atomic components → " << plan.search.blocks
+    << " blocks, " << plan.search.candidates << " (S, m) candidates, " << fixed(plan.search.seconds, 2) << " s"
+    << (plan.search.stopped_by_time_limit ? " (stopped by --time-limit)" : "") << "\n";
+  return r.str();
+}
+
+void write_file_atomically(const std::filesystem::path& path, const std::string& contents) {
+  const std::filesystem::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw SystemError("cannot write " + tmp.string());
+    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    out.flush();
+    if (!out) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw SystemError("cannot write " + tmp.string() + " (disk full?)");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw SystemError("cannot rename " + tmp.string() + " to " + path.string());
+  }
+}
+
+void write_plan_directory(const std::filesystem::path& directory, const Plan& plan, const TaskGraph& graph,
+                          const std::filesystem::path& model_path, const ModelInfo& model, const PlanOutputs& outputs) {
+  namespace fs = std::filesystem;
+  const fs::path target = directory.has_filename() ? directory : directory.parent_path();
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (fs::exists(target) && !fs::is_directory(target))
+    throw SystemError(target.string() + " exists and is not a directory");
+  const std::string suffix = std::to_string(::getpid());
+  const fs::path tmp = parent / ("." + target.filename().string() + ".tmp" + suffix);
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec) throw SystemError("cannot create " + tmp.string());
+  try {
+    write_file_atomically(tmp / "plan.json", plan_to_json(plan, graph, model).dump(2) + "\n");
+    write_file_atomically(tmp / "plan.dot", plan_to_dot(plan, graph, outputs.dot_detail));
+    write_file_atomically(tmp / "report.txt", plan_report(plan, graph, model));
+    if (outputs.stage_models) write_stage_models(plan, graph, model_path, tmp);
+    if (outputs.extra) outputs.extra(tmp);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  // Publish: move an older plan aside, rename the new one in, then drop the old one.
+  const fs::path old = parent / ("." + target.filename().string() + ".old" + suffix);
+  if (fs::exists(target)) {
+    fs::rename(target, old, ec);
+    if (ec) {
+      fs::remove_all(tmp, ec);
+      throw SystemError("cannot replace " + target.string() + ": " + ec.message());
+    }
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    std::error_code ignore;
+    if (fs::exists(old)) fs::rename(old, target, ignore);
+    fs::remove_all(tmp, ignore);
+    throw SystemError("cannot rename " + tmp.string() + " to " + target.string() + ": " + ec.message());
+  }
+  fs::remove_all(old, ec);
+}
+
+}  // namespace apart

@@ -1,0 +1,105 @@
+// stage_K.onnx: each stage's forward subgraph as a standalone ONNX model (DESIGN.md "The plan").
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <map>
+#include <onnx/onnx_pb.h>
+#include <set>
+
+#include "codegen/plan_writer.h"
+#include "graph/error.h"
+
+namespace apart {
+namespace {
+
+onnx::ModelProto load_model_proto(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw SystemError("cannot open " + path.string());
+  onnx::ModelProto model;
+  bool ok;
+  {
+    google::protobuf::io::FileInputStream raw(fd);
+    google::protobuf::io::CodedInputStream coded(&raw);
+    coded.SetTotalBytesLimit(INT32_MAX);
+    ok = model.ParseFromCodedStream(&coded);
+  }
+  ::close(fd);
+  if (!ok) throw InvalidModel(path.string() + " is not a valid ONNX model (protobuf parse failed)");
+  return model;
+}
+
+void set_value_info(onnx::ValueInfoProto* info, const Value& v) {
+  info->set_name(v.name);
+  auto* tensor = info->mutable_type()->mutable_tensor_type();
+  tensor->set_elem_type(static_cast<int32_t>(v.dtype));
+  if (v.shape_known) {
+    auto* shape = tensor->mutable_shape();
+    for (int64_t d : v.shape) shape->add_dim()->set_dim_value(d);
+  }
+}
+
+}  // namespace
+
+void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
+                        const std::filesystem::path& directory) {
+  const onnx::ModelProto original = load_model_proto(model_path);
+  const auto& g = original.graph();
+  std::map<std::string, int> initializer_index;
+  for (int i = 0; i < g.initializer_size(); ++i) initializer_index[g.initializer(i).name()] = i;
+  std::set<ValueId> model_outputs(graph.graph_outputs().begin(), graph.graph_outputs().end());
+
+  // Which stages compute (produce) and read each value; constant tasks are replicated, so a value can be
+  // produced by several stages, and a stage that produces a value never receives it.
+  const size_t stages = plan.stages.size();
+  std::vector<std::set<int>> producers(graph.num_values()), readers(graph.num_values());
+  for (const PlanStage& s : plan.stages)
+    for (TaskId t : s.tasks) {
+      for (ValueId v : graph.task(t).outputs)
+        if (v.valid()) producers[v.value()].insert(s.id);
+      for (ValueId v : graph.task(t).inputs)
+        if (v.valid()) readers[v.value()].insert(s.id);
+    }
+
+  for (size_t k = 0; k < stages; ++k) {
+    const PlanStage& s = plan.stages[k];
+    onnx::ModelProto model;
+    model.set_ir_version(original.ir_version());
+    model.set_producer_name("apart");
+    model.set_model_version(original.model_version());
+    *model.mutable_opset_import() = original.opset_import();
+    onnx::GraphProto* out = model.mutable_graph();
+    out->set_name(g.name() + "_stage_" + std::to_string(k));
+    std::set<ValueId> produced, read;
+    for (TaskId t : s.tasks) {
+      const Task& task = graph.task(t);
+      APART_CHECK(task.onnx_node_index >= 0 && task.onnx_node_index < g.node_size(), "task without ONNX node");
+      *out->add_node() = g.node(task.onnx_node_index);
+      for (ValueId v : task.outputs)
+        if (v.valid()) produced.insert(v);
+      for (ValueId v : task.inputs)
+        if (v.valid()) read.insert(v);
+    }
+    for (ValueId v : read) {
+      if (produced.count(v)) continue;
+      const Value& value = graph.value(v);
+      auto it = initializer_index.find(value.name);
+      if (it != initializer_index.end()) {
+        *out->add_initializer() = g.initializer(it->second);  // external_data entries copied verbatim
+        continue;
+      }
+      set_value_info(out->add_input(), value);
+    }
+    for (ValueId v : produced) {
+      bool needed = model_outputs.count(v) > 0;
+      for (int r : readers[v.value()]) needed |= r != s.id && !producers[v.value()].count(r);
+      if (needed) set_value_info(out->add_output(), graph.value(v));
+    }
+    std::string bytes;
+    if (!model.SerializeToString(&bytes)) throw SystemError("cannot serialize stage " + std::to_string(k));
+    write_file_atomically(directory / ("stage_" + std::to_string(k) + ".onnx"), bytes);
+  }
+}
+
+}  // namespace apart

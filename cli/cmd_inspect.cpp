@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "importer/importer.h"
+#include "profiler/cost_summary.h"
+#include "profiler/device.h"
 #include "profiler/op_work.h"
 
 namespace apart::cli {
@@ -21,6 +24,7 @@ struct InspectArgs {
   ModelFlags model_flags;
   bool json = false;
   int top = 5;
+  std::string device;  // --device: add the cost model's summary (profiler/cost_summary.h)
 };
 
 struct Summary {
@@ -161,13 +165,25 @@ static const bool kRegistered = register_command({"inspect", 10, [](CLI::App& ap
   add_model_flags(*cmd, args->model_flags);
   cmd->add_flag("--json", args->json, "Print one JSON object instead of the text summary");
   cmd->add_option("--top", args->top, "How many ops to list by FLOPs")->default_val(5);
+  cmd->add_option("--device", args->device,
+                  "Add forward/backward time, saved activations and training memory on this device "
+                  "(v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu)");
   cmd->callback([args] {
     const ImportedModel m = import_model(args->model, import_options(args->model_flags));
     const Summary s = summarize(m);
+    std::optional<CostSummary> costs;
+    if (!args->device.empty()) {
+      CostOptions options;
+      options.reference_batch = s.batch;
+      costs = cost_summary(m.graph, device_preset(args->device), options);
+    }
     if (args->json) {
-      fmt::print("{}\n", to_json(m, s).dump(2));
+      nlohmann::json j = to_json(m, s);
+      if (costs) j["costs"] = cost_summary_json(*costs);
+      fmt::print("{}\n", j.dump(2));
     } else {
       print_text(m, s, args->top);
+      if (costs) fmt::print("\n{}", format_cost_summary(*costs, std::max(args->top, 10)));
     }
   });
 }});

@@ -120,5 +120,24 @@ TEST(APythonOnnxChecker, AcceptsEveryFamilyWithFullCheck) {
   }
 }
 
+// Runs the models through tests/models/zoo_semantics.py, a numpy interpreter of the ops they use.
+TEST(AGptTinyModel, StartsNearLnVocabLossAndOnlyLooksBackwards) {
+  if (std::system("/usr/bin/python3 -c 'import onnx, numpy' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "/usr/bin/python3 lacks onnx or numpy";
+  TempDir dir("semantics");
+  auto no_loss = [](const char* name) {
+    ZooOptions o = options_for(name);
+    o.loss = Loss::kNone;
+    return o;
+  };
+  write_zoo_model(no_loss("gpt-tiny"), dir.file("gpt.onnx"));
+  write_zoo_model(no_loss("t5"), dir.file("t5.onnx"));
+  write_zoo_model(no_loss("bert"), dir.file("bert.onnx"));
+  const std::string cmd = "/usr/bin/python3 " + std::string(APART_SOURCE_DIR) + "/tests/models/zoo_semantics.py " +
+                          APART_SOURCE_DIR + "/models/gpt-tiny.onnx " + dir.file("gpt.onnx") + " " +
+                          dir.file("t5.onnx") + " " + dir.file("bert.onnx");
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
 }  // namespace
 }  // namespace apart::models

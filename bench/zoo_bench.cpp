@@ -1,5 +1,6 @@
 // Generates the big zoo presets (shapes only, as planning uses them) and prints wall time and peak RSS of each.
-// Usage: bench_zoo [preset...]   (default: the presets over 1B params, plus gpt2-small with random weights)
+// Usage: bench_zoo [preset[:none|:random]...]   (default: the presets over 1B params, shapes only, plus gpt2-small
+// with random weights inline)
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,7 +62,17 @@ bool run(const Job& job, const std::filesystem::path& dir) {
 
 int main(int argc, char** argv) {
   std::vector<Job> jobs;
-  for (int i = 1; i < argc; ++i) jobs.push_back({argv[i], apart::models::options_for(argv[i]).weights});
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    WeightsMode weights = WeightsMode::kNone;
+    if (const auto colon = arg.find(':'); colon != std::string::npos) {
+      weights = arg.substr(colon + 1) == "random" ? WeightsMode::kRandom : WeightsMode::kNone;
+      arg.resize(colon);
+    } else {
+      weights = apart::models::options_for(arg).weights;
+    }
+    jobs.push_back({arg, weights});
+  }
   if (jobs.empty()) {
     jobs.push_back({"gpt2-small", WeightsMode::kRandom});
     for (const auto& p : apart::models::zoo_presets())

@@ -316,6 +316,12 @@ ZooResult write_zoo_model(const ZooOptions& options, const std::string& path, co
     declare_external(b, location, options.dtype);
     r.weights_location = location;
     if (options.weights == WeightsMode::kRandom) {
+      // Fail before writing hundreds of GB into a disk that cannot hold them.
+      const auto space = fs::space(dir, ec);
+      if (!ec && static_cast<int64_t>(space.available) < b.weight_bytes + (int64_t{64} << 20))
+        throw Infeasible("--weights random: " + std::to_string(b.weight_bytes) + " bytes of weights do not fit in " +
+                         dir.string() + " (" + std::to_string(space.available) +
+                         " bytes free); use --weights none for planning");
       TempFile weights_file(dir / location);
       stream_weights(b, options, weights_file.temp(), progress);
       serialize(b.model, model_file.temp());

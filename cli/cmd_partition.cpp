@@ -85,7 +85,17 @@ void run_partition(const PartitionArgs& a) {
   o.cluster.inter_node_latency_s = cluster.inter_node.latency_s;
   o.validate();
 
-  const ImportedModel model = import_model(a.model, import_options(a.model_flags));
+  // The plan scales every cost with the micro-batch, so a model with a symbolic batch dim needs no flag:
+  // it is bound to 1 unless --dim/--shape say otherwise.
+  ImportOptions import = import_options(a.model_flags);
+  if (a.model_flags.dims.empty() && a.model_flags.shapes.empty()) import.dims["batch"] = 1;
+  ImportedModel model = [&] {
+    try {
+      return import_model(a.model, import);
+    } catch (const InvalidArgument&) {
+      return import_model(a.model, import_options(a.model_flags));  // report the model's own complaint
+    }
+  }();
   CostOptions cost_options;
   cost_options.precision = profiler_precision(o.training.precision);
   cost_options.reference_batch = bound_batch_size(model.graph);

@@ -1,0 +1,167 @@
+// Plans of the bundled and shared real models: invariants, stage ONNX files that chain, determinism.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <onnx/onnx_pb.h>
+#include <set>
+#include <sstream>
+
+#include "codegen/plan_writer.h"
+#include "importer/importer.h"
+#include "partition/partition.h"
+#include "profiler/cost_model.h"
+#include "profiler/device.h"
+
+namespace apart {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<fs::path> real_models() {
+  std::vector<fs::path> out;
+  for (const fs::path dir : {fs::path(APART_SOURCE_DIR) / "models", fs::path(APART_SHARED_MODELS_DIR)}) {
+    if (!fs::is_directory(dir)) continue;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".onnx") out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+struct Planned {
+  ImportedModel model;
+  Plan plan;
+};
+
+Planned plan_model(const fs::path& path, int devices, int64_t batch) {
+  ImportOptions import;
+  import.dims["batch"] = 1;
+  ImportedModel model = import_model(path, import);
+  const Device device = device_preset("a100-80gb");
+  CostOptions co;
+  co.microbatch_size = std::max<int64_t>(1, batch / devices);
+  const CostTable costs = estimate_costs(model.graph, device, co);
+  PartitionOptions o;
+  o.cluster.devices = devices;
+  o.cluster.memory_bytes = device.memory_bytes;
+  o.training.global_batch = batch;
+  o.atomic.graph_batch = bound_batch_size(model.graph);
+  Plan plan = partition_graph(model.graph, costs, o);
+  return {std::move(model), std::move(plan)};
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(PlansOfRealModels, KeepEveryInvariant) {
+  const auto models = real_models();
+  if (models.empty()) GTEST_SKIP() << "no models in models/ or shared/models";
+  for (const fs::path& path : models) {
+    SCOPED_TRACE(path.string());
+    for (int devices : {1, 4, 16}) {
+      const Planned p = plan_model(path, devices, 64);
+      const TaskGraph& g = p.model.graph;
+      std::vector<int> stage_of(g.num_tasks(), -1);
+      int replicas = 0;
+      for (const PlanStage& s : p.plan.stages) {
+        replicas += s.replicas;
+        EXPECT_LE(s.cost.memory_bytes, p.plan.options.cluster.memory_bytes);
+        for (TaskId t : s.tasks)
+          if (!g.task(t).constant) {
+            EXPECT_EQ(stage_of[t.value()], -1) << g.task(t).name << " in two stages";
+            stage_of[t.value()] = s.id;
+          }
+      }
+      EXPECT_LE(replicas, devices);
+      for (uint32_t t = 0; t < g.num_tasks(); ++t) {
+        if (g.task(TaskId(t)).constant) continue;
+        ASSERT_GE(stage_of[t], 0) << g.task(TaskId(t)).name << " in no stage";
+        for (TaskId s : g.successors(TaskId(t)))
+          if (!g.task(s).constant) EXPECT_LE(stage_of[t], stage_of[s.value()]) << "backward edge";
+      }
+      // Every cut value: once as its sender's output, once as each receiver's input.
+      std::map<std::pair<uint32_t, int>, int> sent, received;
+      for (const PlanStage& s : p.plan.stages) {
+        for (const StageOutput& o : s.outputs)
+          for (int to : o.to_stages) ++sent[{o.value.value(), to}];
+        for (const StageInput& in : s.inputs)
+          if (in.from_stage >= 0) ++received[{in.value.value(), s.id}];
+      }
+      EXPECT_EQ(sent, received);
+      for (auto& [key, count] : sent) EXPECT_EQ(count, 1);
+      for (uint32_t v = 0; v < g.num_values(); ++v) {
+        const Value& value = g.value(ValueId(v));
+        if (!value.producer.valid() || stage_of[value.producer.value()] < 0) continue;
+        for (TaskId c : g.consumers(ValueId(v)))
+          if (stage_of[c.value()] >= 0 && stage_of[c.value()] != stage_of[value.producer.value()])
+            EXPECT_EQ(sent.count({v, stage_of[c.value()]}), 1u) << value.name;
+      }
+    }
+  }
+}
+
+TEST(StageModels, ChainFromModelInputsToModelOutputs) {
+  const auto models = real_models();
+  if (models.empty()) GTEST_SKIP() << "no models";
+  for (const fs::path& path : models) {
+    SCOPED_TRACE(path.string());
+    const Planned p = plan_model(path, 16, 64);
+    const fs::path dir = fs::temp_directory_path() / ("apart_codegen_test_" + path.stem().string());
+    write_plan_directory(dir, p.plan, p.model.graph, path, describe_model(p.model.graph, path), {});
+    std::set<std::string> available;
+    for (ValueId v : p.model.graph.graph_inputs()) available.insert(p.model.graph.value(v).name);
+    std::set<std::string> outputs_seen;
+    for (size_t k = 0; k < p.plan.stages.size(); ++k) {
+      onnx::ModelProto stage;
+      ASSERT_TRUE(stage.ParseFromString(read_all(dir / ("stage_" + std::to_string(k) + ".onnx"))));
+      EXPECT_GT(stage.graph().node_size(), 0);
+      for (const auto& in : stage.graph().input())
+        EXPECT_TRUE(available.count(in.name())) << "stage " << k << " input " << in.name() << " comes from nowhere";
+      for (const auto& out : stage.graph().output()) {
+        available.insert(out.name());
+        outputs_seen.insert(out.name());
+      }
+    }
+    for (ValueId v : p.model.graph.graph_outputs()) EXPECT_TRUE(outputs_seen.count(p.model.graph.value(v).name));
+    EXPECT_TRUE(fs::exists(dir / "plan.json"));
+    EXPECT_TRUE(fs::exists(dir / "plan.dot"));
+    EXPECT_TRUE(fs::exists(dir / "report.txt"));
+    fs::remove_all(dir);
+  }
+}
+
+TEST(PlanJson, IsByteIdenticalForTheSameInputsApartFromSearchTime) {
+  const auto models = real_models();
+  if (models.empty()) GTEST_SKIP() << "no models";
+  const fs::path path = models.front();
+  auto dump = [&] {
+    const Planned p = plan_model(path, 8, 32);
+    auto j = plan_to_json(p.plan, p.model.graph, describe_model(p.model.graph, path));
+    j["search"]["seconds"] = 0;
+    return j.dump(2);
+  };
+  EXPECT_EQ(dump(), dump());
+}
+
+TEST(PlanJson, FollowsTheApartPlanSchema) {
+  const auto models = real_models();
+  if (models.empty()) GTEST_SKIP() << "no models";
+  const Planned p = plan_model(models.front(), 4, 16);
+  const auto j = plan_to_json(p.plan, p.model.graph, describe_model(p.model.graph, models.front()));
+  EXPECT_EQ(j["schema"], "apart.plan/1");
+  for (const char* key : {"model", "cluster", "training", "stages", "predicted", "search"}) EXPECT_TRUE(j.contains(key)) << key;
+  for (const auto& s : j["stages"])
+    for (const char* key : {"id", "replicas", "devices", "tasks", "forward_s", "backward_s", "recompute", "allreduce_s",
+                            "memory_bytes", "inputs", "outputs"})
+      EXPECT_TRUE(s.contains(key)) << key;
+}
+
+}  // namespace
+}  // namespace apart

@@ -1,0 +1,76 @@
+// `apart simulate`: event-level replay of one training iteration of a plan (docs/simulator.md).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli/command_registry.h"
+#include "graph/error.h"
+#include "profiler/device.h"
+#include "simulator/sim_plan.h"
+#include "simulator/sim_report.h"
+#include "simulator/simulate.h"
+
+namespace apart::cli {
+namespace {
+
+struct SimulateArgs {
+  std::string plan;
+  std::string schedule = "plan";
+  int virtual_stages = 0;
+  std::string recompute = "plan";
+  double optimizer_step_ms = 0;
+  std::string cluster;
+  bool no_comm = false;
+  std::string trace;
+  bool json = false;
+};
+
+void run_simulate(const SimulateArgs& a) {
+  sim::SimPlan plan = sim::load_plan(a.plan);
+  if (!a.cluster.empty()) {
+    const Cluster c = load_cluster_json(a.cluster);
+    plan.cluster.intra_node = c.intra_node;
+    plan.cluster.inter_node = c.inter_node;
+    plan.cluster.devices_per_node = c.devices_per_node;
+    plan.cluster.links_source = "cluster file " + a.cluster;
+  }
+  sim::SimOptions options;
+  if (a.schedule != "plan") options.schedule = sim::parse_schedule(a.schedule);
+  if (a.virtual_stages < 0) throw InvalidArgument("--virtual-stages must be at least 1");
+  options.virtual_stages = a.virtual_stages;
+  if (a.recompute == "on") options.recompute = true;
+  else if (a.recompute == "off") options.recompute = false;
+  else if (a.recompute != "plan") throw InvalidArgument("--recompute " + a.recompute + ": expected plan, on or off");
+  if (!(a.optimizer_step_ms >= 0)) throw InvalidArgument("--optimizer-step-ms must be non-negative");
+  options.optimizer_step_s = a.optimizer_step_ms / 1e3;
+  options.communication = !a.no_comm;
+  const sim::SimResult result = sim::simulate(plan, options);
+  if (!a.trace.empty()) {
+    sim::write_file_atomically(a.trace, sim::simulation_trace(plan, result).dump() + "\n");
+    std::fprintf(stderr, "apart: wrote %zu events to %s (open in https://ui.perfetto.dev)\n", result.events.size(),
+                 a.trace.c_str());
+  }
+  if (a.json) std::cout << sim::simulation_to_json(plan, result).dump(1) << "\n";
+  else std::cout << sim::simulation_report(plan, result);
+}
+
+const bool kRegistered = register_command({"simulate", 60, [](CLI::App& app) {
+  auto args = std::make_shared<SimulateArgs>();
+  CLI::App* cmd = app.add_subcommand("simulate", "Replay one training iteration of a plan event by event (schedules, trace)");
+  cmd->add_option("plan", args->plan, "Plan directory (written by `apart partition`) or its plan.json")->required();
+  cmd->add_option("--schedule", args->schedule, "plan, gpipe, 1f1b or interleaved")->capture_default_str();
+  cmd->add_option("--virtual-stages", args->virtual_stages, "Chunks per device for --schedule interleaved (default 2)");
+  cmd->add_option("--recompute", args->recompute, "plan, on or off")->capture_default_str();
+  cmd->add_option("--optimizer-step-ms", args->optimizer_step_ms, "Optimizer step time after the all-reduce")
+      ->capture_default_str();
+  cmd->add_option("--cluster", args->cluster, "Cluster JSON (apart.cluster/1) whose links replace the plan's");
+  cmd->add_flag("--no-comm", args->no_comm, "Transfers take no time (what-if)");
+  cmd->add_option("--trace", args->trace, "Write a Chrome/Perfetto trace JSON here");
+  cmd->add_flag("--json", args->json, "Print apart.simulation/1 JSON instead of the table");
+  cmd->callback([args] { run_simulate(*args); });
+}});
+
+}  // namespace
+}  // namespace apart::cli

@@ -1,0 +1,84 @@
+// The simulator's own reading of plan.json (schema apart.plan/1): plain data, validated, typed errors.
+// The JSON schema is the contract with partition/; this file never includes partition's headers.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "profiler/device.h"
+
+namespace apart::sim {
+
+struct SimInput {
+  std::string value;
+  int from_stage = -1;  // -1: a model input (loaded locally, no transfer)
+  double bytes = 0;     // per micro-batch of one replica of the receiving stage
+};
+
+struct SimOutput {
+  std::string value;
+  std::vector<int> to_stages;  // empty: only a model output
+  double bytes = 0;
+};
+
+struct SimStage {
+  int id = 0;
+  int replicas = 1;
+  std::vector<int> devices;
+  double forward_s = 0;
+  double backward_s = 0;  // without the recomputed forward (plan.json's backward_s includes it when recompute)
+  bool recompute = false;
+  double allreduce_s = 0;
+  int64_t memory_bytes = 0;  // the plan's peak estimate for one device of this stage
+  std::optional<int64_t> param_bytes;
+  // Optional finer memory fields; when absent the simulator derives them (docs/simulator.md §Memory).
+  std::optional<double> memory_static_bytes;
+  std::optional<double> activation_bytes_per_microbatch;
+  std::vector<SimInput> inputs;
+  std::vector<SimOutput> outputs;
+};
+
+struct SimCluster {
+  int devices = 1;
+  int devices_per_node = 1;
+  std::string device;  // preset name as the plan wrote it
+  Link intra_node;
+  Link inter_node;
+  std::string links_source;  // where the link figures came from, for the report
+
+  bool same_node(int a, int b) const { return a / devices_per_node == b / devices_per_node; }
+  const Link& link_between(int a, int b) const { return same_node(a, b) ? intra_node : inter_node; }
+};
+
+struct SimTraining {
+  int64_t microbatches = 1;
+  std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved
+  int virtual_stages = 1;         // optional training.virtual_stages
+  std::string optimizer = "adam";
+  std::string precision = "fp32";
+};
+
+struct SimPlan {
+  std::string source;  // file it came from (for messages)
+  SimCluster cluster;
+  SimTraining training;
+  std::vector<SimStage> stages;
+  std::optional<double> predicted_iteration_s;
+  std::optional<double> predicted_bubble_fraction;
+};
+
+// Link figures for a device preset: the preset's intra/inter-node links, or documented defaults
+// (A100/DGX: 300 GB/s + 3 µs inside a node, 25 GB/s + 10 µs between nodes) for an unknown name.
+SimCluster cluster_links(const std::string& device, int devices, int devices_per_node);
+
+// Parses and validates; throws InvalidModel naming the field (e.g. "stages[2].forward_s").
+SimPlan plan_from_json(const nlohmann::json& j, const std::string& source = "plan.json");
+// A plan directory (reads DIR/plan.json) or a plan.json file. SystemError if unreadable, InvalidModel if malformed.
+SimPlan load_plan(const std::filesystem::path& path);
+
+}  // namespace apart::sim

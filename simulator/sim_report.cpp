@@ -1,0 +1,186 @@
+// Text, JSON and trace renderings of a SimResult.
+#include "simulator/sim_report.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "graph/error.h"
+
+namespace apart::sim {
+namespace {
+
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string devices_text(const std::vector<int>& d) {
+  if (d.empty()) return "-";
+  if (d.size() == 1) return std::to_string(d.front());
+  return std::to_string(d.front()) + "-" + std::to_string(d.back());
+}
+
+// Microseconds rounded to whole nanoseconds: rounding is monotone, so events that touch in seconds never
+// overlap after conversion (well-nested threads in the trace).
+double micros(double seconds) { return static_cast<double>(std::llround(seconds * 1e9)) / 1e3; }
+
+}  // namespace
+
+std::string simulation_report(const SimPlan& plan, const SimResult& r) {
+  std::ostringstream out;
+  out << "apart simulate: " << plan.source << "\n";
+  out << plan.stages.size() << " stages, " << r.microbatches << " micro-batches, schedule " << schedule_name(r.schedule);
+  if (r.schedule == Schedule::kInterleaved) out << " (" << r.virtual_stages << " virtual stages per device)";
+  out << ", recompute " << (r.recompute ? "on" : "off") << "\nlinks: " << r.links_source << "\n\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%5s %8s %9s %9s %10s %10s %12s %9s %9s %10s %10s\n", "stage", "devices", "fwd ms",
+                "bwd ms", "busy ms", "idle ms", "allreduce ms", "send ms", "recv ms", "in-flight", "peak GB");
+  out << line;
+  for (const StageStats& s : r.stages) {
+    std::snprintf(line, sizeof line, "%5d %8s %9.3f %9.3f %10.3f %10.3f %12.3f %9.3f %9.3f %10lld %10.3f\n", s.stage,
+                  devices_text(s.devices).c_str(), s.forward_s * 1e3, s.backward_s * 1e3, s.busy_s * 1e3,
+                  s.idle_s * 1e3, s.allreduce_s * 1e3, s.send_s * 1e3, s.recv_s * 1e3,
+                  static_cast<long long>(s.peak_in_flight), s.peak_memory_bytes / 1e9);
+    out << line;
+  }
+  out << "\niteration        " << fixed(r.iteration_s * 1e3, 3) << " ms  (pipeline " << fixed(r.pipeline_s * 1e3, 3)
+      << " ms + all-reduce + step)\n";
+  out << "bubble fraction  " << fixed(r.bubble_fraction, 4) << "\n";
+  if (plan.predicted_iteration_s && *plan.predicted_iteration_s > 0)
+    out << "plan predicted   " << fixed(*plan.predicted_iteration_s * 1e3, 3) << " ms  (partition's analytic estimate; "
+        << fixed((r.iteration_s / *plan.predicted_iteration_s - 1) * 100, 1) << "% difference)\n";
+  out << "memory           " << r.memory_note << "\n";
+  out << "critical path    " << r.critical_path.size() << " events: ";
+  const size_t n = r.critical_path.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 24 && i == 10) {
+      out << " … ";
+      i = n - 10;
+    } else if (i > 0) {
+      out << " → ";
+    }
+    out << r.events[static_cast<size_t>(r.critical_path[i])].name();
+  }
+  out << "\n";
+  return out.str();
+}
+
+nlohmann::ordered_json simulation_to_json(const SimPlan& plan, const SimResult& r) {
+  using json = nlohmann::ordered_json;
+  json j;
+  j["schema"] = "apart.simulation/1";
+  j["plan"] = plan.source;
+  j["schedule"] = schedule_name(r.schedule);
+  j["virtual_stages"] = r.virtual_stages;
+  j["microbatches"] = r.microbatches;
+  j["recompute"] = r.recompute;
+  j["iteration_s"] = r.iteration_s;
+  j["pipeline_s"] = r.pipeline_s;
+  j["bubble_fraction"] = r.bubble_fraction;
+  j["predicted_iteration_s"] = plan.predicted_iteration_s ? json(*plan.predicted_iteration_s) : json(nullptr);
+  j["links"] = r.links_source;
+  j["memory_model"] = r.memory_note;
+  json stages = json::array();
+  for (const StageStats& s : r.stages) {
+    json timeline = json::array();
+    for (const auto& [t, bytes] : s.memory_timeline) timeline.push_back({t, bytes});
+    stages.push_back({{"stage", s.stage}, {"devices", s.devices}, {"forward_s", s.forward_s},
+                      {"backward_s", s.backward_s}, {"busy_s", s.busy_s}, {"idle_s", s.idle_s},
+                      {"allreduce_s", s.allreduce_s}, {"step_s", s.step_s}, {"send_s", s.send_s},
+                      {"recv_s", s.recv_s}, {"peak_in_flight", s.peak_in_flight},
+                      {"memory_static_bytes", s.memory_static_bytes},
+                      {"activation_bytes_per_microbatch", s.activation_bytes_per_microbatch},
+                      {"peak_memory_bytes", s.peak_memory_bytes}, {"memory_timeline", timeline}});
+  }
+  j["stages"] = stages;
+  json path = json::array();
+  for (int e : r.critical_path) {
+    const SimEvent& ev = r.events[static_cast<size_t>(e)];
+    path.push_back({{"name", ev.name()}, {"stage", ev.stage}, {"start_s", ev.start_s}, {"end_s", ev.end_s}});
+  }
+  j["critical_path"] = path;
+  return j;
+}
+
+nlohmann::ordered_json simulation_trace(const SimPlan& plan, const SimResult& r) {
+  using json = nlohmann::ordered_json;
+  constexpr int kCompute = 0, kSend = 1, kRecv = 2;
+  json events = json::array();
+  auto pid_of = [&](int stage) { return plan.stages[static_cast<size_t>(stage)].devices.front(); };
+  for (const SimStage& s : plan.stages) {
+    const int pid = s.devices.front();
+    std::string label = "stage " + std::to_string(s.id) + " (device" + (s.devices.size() > 1 ? "s " : " ") +
+                        devices_text(s.devices) + ")";
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", label}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"tid", 0}, {"args", {{"sort_index", s.id}}}});
+    const char* threads[] = {"compute", "send", "recv"};
+    for (int t = 0; t < 3; ++t)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", t}, {"args", {{"name", threads[t]}}}});
+  }
+  int flow_id = 0;
+  for (const SimEvent& e : r.events) {
+    const double ts = micros(e.start_s);
+    const double dur = micros(e.end_s) - ts;
+    const int pid = pid_of(e.stage);
+    json args = {{"stage", e.stage}, {"virtual_stage", e.virtual_stage}};
+    if (e.microbatch >= 0) args["microbatch"] = e.microbatch;
+    if (e.kind != EventKind::kTransfer) {
+      const char* cat = e.kind == EventKind::kForward ? "forward" : e.kind == EventKind::kBackward ? "backward"
+                        : e.kind == EventKind::kAllReduce ? "allreduce" : "step";
+      events.push_back({{"ph", "X"}, {"name", e.name()}, {"cat", cat}, {"pid", pid}, {"tid", kCompute}, {"ts", ts},
+                        {"dur", dur}, {"args", args}});
+      continue;
+    }
+    args["bytes"] = e.bytes;
+    args["to_stage"] = e.peer_stage;
+    const int peer = pid_of(e.peer_stage);
+    const int id = ++flow_id;
+    events.push_back({{"ph", "X"}, {"name", e.name()}, {"cat", "p2p"}, {"pid", pid}, {"tid", kSend}, {"ts", ts},
+                      {"dur", dur}, {"args", args}});
+    events.push_back({{"ph", "X"}, {"name", e.receive_name()}, {"cat", "p2p"}, {"pid", peer}, {"tid", kRecv},
+                      {"ts", ts}, {"dur", dur}, {"args", args}});
+    events.push_back({{"ph", "s"}, {"name", e.gradient ? "grad" : "act"}, {"cat", "p2p"}, {"id", id}, {"pid", pid},
+                      {"tid", kSend}, {"ts", ts}});
+    events.push_back({{"ph", "f"}, {"bp", "e"}, {"name", e.gradient ? "grad" : "act"}, {"cat", "p2p"}, {"id", id},
+                      {"pid", peer}, {"tid", kRecv}, {"ts", ts}});
+  }
+  for (const StageStats& s : r.stages)
+    for (const auto& [t, bytes] : s.memory_timeline)
+      events.push_back({{"ph", "C"}, {"name", "memory"}, {"pid", pid_of(s.stage)}, {"ts", micros(t)},
+                        {"args", {{"bytes", bytes}}}});
+  json trace;
+  trace["displayTimeUnit"] = "ms";
+  trace["traceEvents"] = events;
+  trace["otherData"] = {{"generator", "apart simulate"}, {"plan", plan.source},
+                        {"schedule", std::string(schedule_name(r.schedule))}, {"iteration_s", r.iteration_s}};
+  return trace;
+}
+
+void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  const std::filesystem::path tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw SystemError("cannot write '" + tmp.string() + "' (does the folder exist and is it writable?)");
+    out << text;
+    out.flush();
+    if (!out) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw SystemError("failed writing '" + tmp.string() + "' (disk full?)");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw SystemError("cannot rename '" + tmp.string() + "' to '" + path.string() + "': " + ec.message());
+  }
+}
+
+}  // namespace apart::sim

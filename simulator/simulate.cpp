@@ -1,0 +1,451 @@
+// The event engine. Devices run their schedule's op order strictly in order; an op starts when the device is
+// free and its inputs have arrived. A transfer starts when its producer has finished and both the sender's send
+// channel and the receiver's recv channel are free (one transfer per direction per device at a time).
+#include "simulator/simulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <queue>
+
+#include "graph/error.h"
+#include "profiler/memory_model.h"
+#include "profiler/training.h"
+
+namespace apart::sim {
+
+std::string SimEvent::name() const {
+  const std::string mb = std::to_string(microbatch);
+  switch (kind) {
+    case EventKind::kForward: return std::to_string(virtual_stage) + "F" + mb;
+    case EventKind::kBackward: return std::to_string(virtual_stage) + "B" + mb;
+    case EventKind::kTransfer: return std::to_string(virtual_stage) + (gradient ? "SEND_B" : "SEND_F") + mb;
+    case EventKind::kAllReduce: return std::to_string(stage) + "REDUCE_GRAD";
+    case EventKind::kStep: return std::to_string(stage) + "STEP";
+  }
+  return "?";
+}
+
+std::string SimEvent::receive_name() const {
+  return std::to_string(peer_virtual_stage) + (gradient ? "RECV_B" : "RECV_F") + std::to_string(microbatch);
+}
+
+namespace {
+
+// A virtual stage: one chunk of one plan stage (the whole stage unless interleaved).
+struct VirtualStage {
+  int group = 0;  // pipeline position that runs it
+  double forward_s = 0;
+  double backward_s = 0;  // including recomputation
+  double activation_bytes = 0;  // saved per micro-batch
+  std::vector<std::pair<int, double>> preds;  // (virtual stage, bytes per micro-batch)
+  std::vector<std::pair<int, double>> succs;
+};
+
+// Bytes crossing the cut between plan stages k and k+1: everything produced at or before k and read after k.
+double cut_bytes(const SimPlan& plan, int k) {
+  double bytes = 0;
+  for (size_t b = static_cast<size_t>(k) + 1; b < plan.stages.size(); ++b)
+    for (const SimInput& in : plan.stages[b].inputs)
+      if (in.from_stage >= 0 && in.from_stage <= k) bytes += in.bytes;
+  return bytes;
+}
+
+// Activation memory per stage: see docs/simulator.md §Memory for the approximation.
+void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<StageStats>& stats, std::string& note) {
+  profiler::Optimizer optimizer = profiler::Optimizer::kAdam;
+  profiler::Precision precision = profiler::Precision::kFp32;
+  try {
+    optimizer = profiler::parse_optimizer(plan.training.optimizer);
+    precision = profiler::parse_precision(plan.training.precision);
+  } catch (const Error&) {
+  }
+  const int stages = static_cast<int>(plan.stages.size());
+  std::map<std::string, int> methods;
+  for (int s = 0; s < stages; ++s) {
+    const SimStage& st = plan.stages[static_cast<size_t>(s)];
+    const double planned = static_cast<double>(stage_in_flight_microbatches(
+        plan_schedule == Schedule::kGPipe ? profiler::Schedule::kGPipe : profiler::Schedule::k1F1B, s, stages,
+        plan.training.microbatches));
+    const double total = static_cast<double>(st.memory_bytes);
+    double fixed = 0, per_mb = 0;
+    if (st.memory_static_bytes && st.activation_bytes_per_microbatch) {
+      fixed = *st.memory_static_bytes;
+      per_mb = *st.activation_bytes_per_microbatch;
+      ++methods["plan fields"];
+    } else if (st.recompute) {
+      for (const SimInput& in : st.inputs) per_mb += in.bytes;  // only stage inputs stay per micro-batch
+      fixed = std::max(0.0, total - planned * per_mb);
+      ++methods["recompute: stage inputs"];
+    } else if (st.param_bytes) {
+      fixed = std::min(total, static_cast<double>(*st.param_bytes) / 4.0 * bytes_per_param(optimizer, precision));
+      per_mb = std::max(0.0, total - fixed) / planned;
+      ++methods["(memory_bytes - param state) / planned in-flight"];
+    } else {
+      per_mb = total / planned;
+      ++methods["memory_bytes / planned in-flight"];
+    }
+    stats[static_cast<size_t>(s)].memory_static_bytes = fixed;
+    stats[static_cast<size_t>(s)].activation_bytes_per_microbatch = per_mb;
+  }
+  for (const auto& [method, count] : methods)
+    note += (note.empty() ? "" : "; ") + method + " (" + std::to_string(count) + " stages)";
+}
+
+class Engine {
+ public:
+  Engine(const SimPlan& plan, const SimOptions& options, Schedule schedule, int chunks, SimResult& result)
+      : plan_(plan), options_(options), result_(result), groups_(static_cast<int>(plan.stages.size())),
+        chunks_(chunks), m_(plan.training.microbatches) {
+    build_virtual_stages(schedule);
+    order_.resize(static_cast<size_t>(groups_));
+    for (int g = 0; g < groups_; ++g) order_[static_cast<size_t>(g)] = device_op_order(schedule, g, groups_, chunks_, m_);
+    const size_t ops = vstages_.size() * static_cast<size_t>(m_) * 2;
+    need_.assign(ops, 0);
+    got_.assign(ops, 0);
+    last_arrival_.assign(ops, 0.0);
+    last_arrival_event_.assign(ops, -1);
+    for (size_t c = 0; c < vstages_.size(); ++c)
+      for (int64_t mb = 0; mb < m_; ++mb) {
+        need_[op_index(static_cast<int>(c), mb, OpKind::kForward)] = static_cast<int>(vstages_[c].preds.size());
+        need_[op_index(static_cast<int>(c), mb, OpKind::kBackward)] = static_cast<int>(vstages_[c].succs.size()) + 1;
+      }
+    const size_t g = static_cast<size_t>(groups_);
+    next_.assign(g, 0);
+    phase_.assign(g, 0);
+    busy_.assign(g, false);
+    device_free_.assign(g, 0.0);
+    device_last_event_.assign(g, -1);
+    send_free_.assign(g, 0.0);
+    recv_free_.assign(g, 0.0);
+    last_send_event_.assign(g, -1);
+    last_recv_event_.assign(g, -1);
+    in_flight_.assign(g, 0);
+    activation_bytes_.assign(g, 0.0);
+  }
+
+  void run() {
+    for (int g = 0; g < groups_; ++g) {
+      StageStats& st = result_.stages[static_cast<size_t>(g)];
+      st.memory_timeline.push_back({0.0, st.memory_static_bytes});
+      st.peak_memory_bytes = st.memory_static_bytes;
+    }
+    for (int g = 0; g < groups_; ++g) try_start_device(g, 0.0);
+    while (!queue_.empty()) {
+      const QueueItem item = queue_.top();
+      queue_.pop();
+      const SimEvent& e = result_.events[static_cast<size_t>(item.event)];
+      if (e.kind == EventKind::kTransfer) transfer_done(item.event, item.time);
+      else device_done(item.event, item.time);
+    }
+    for (int g = 0; g < groups_; ++g)
+      APART_CHECK(phase_[static_cast<size_t>(g)] == 3,
+                  "simulation deadlocked: stage " + std::to_string(g) + " stopped after " +
+                      std::to_string(next_[static_cast<size_t>(g)]) + " of " +
+                      std::to_string(order_[static_cast<size_t>(g)].size()) + " ops");
+  }
+
+ private:
+  struct QueueItem {
+    double time;
+    int64_t seq;
+    int event;
+    bool operator<(const QueueItem& o) const {  // min-heap on (time, seq)
+      return time != o.time ? time > o.time : seq > o.seq;
+    }
+  };
+  struct PendingTransfer {
+    int from_vs, to_vs;
+    int64_t microbatch;
+    bool gradient;
+    double bytes, duration, ready;
+    int ready_event;
+    size_t target_op;
+  };
+
+  size_t op_index(int vs, int64_t mb, OpKind kind) const {
+    return (static_cast<size_t>(vs) * static_cast<size_t>(m_) + static_cast<size_t>(mb)) * 2 + (kind == OpKind::kBackward ? 1 : 0);
+  }
+
+  void build_virtual_stages(Schedule schedule) {
+    const bool interleaved = schedule == Schedule::kInterleaved;
+    const int v = interleaved ? chunks_ : 1;
+    vstages_.resize(static_cast<size_t>(groups_ * v));
+    for (int c = 0; c < groups_ * v; ++c) {
+      const int g = c % groups_;
+      const SimStage& st = plan_.stages[static_cast<size_t>(g)];
+      VirtualStage& vs = vstages_[static_cast<size_t>(c)];
+      vs.group = g;
+      // A plan stage split into v chunks: each chunk gets 1/v of its times and activation bytes.
+      vs.forward_s = st.forward_s / v;
+      vs.backward_s = (st.backward_s + (st.recompute ? st.forward_s : 0.0)) / v;
+      vs.activation_bytes = result_.stages[static_cast<size_t>(g)].activation_bytes_per_microbatch / v;
+    }
+    if (interleaved) {
+      // Chain of P·v chunks; chunk c on device c mod P sends to c + 1. The wrap from the last device to the first
+      // carries the last stage boundary's bytes (the plan has no boundary there to read).
+      for (int c = 0; c + 1 < groups_ * v; ++c) {
+        const int g = c % groups_;
+        const double bytes = groups_ == 1 ? 0.0 : cut_bytes(plan_, g + 1 < groups_ ? g : groups_ - 2);
+        vstages_[static_cast<size_t>(c)].succs.push_back({c + 1, bytes});
+        vstages_[static_cast<size_t>(c) + 1].preds.push_back({c, bytes});
+      }
+      return;
+    }
+    // The plan's stage DAG: one transfer per (from, to, micro-batch) carrying all values between the two stages.
+    std::map<std::pair<int, int>, double> edges;
+    for (const SimStage& st : plan_.stages)
+      for (const SimInput& in : st.inputs)
+        if (in.from_stage >= 0) edges[{in.from_stage, st.id}] += in.bytes;
+    for (const SimStage& st : plan_.stages)
+      for (const SimOutput& out : st.outputs)
+        for (int to : out.to_stages)
+          if (!edges.count({st.id, to})) edges[{st.id, to}] = out.bytes;  // outputs without a matching input entry
+    for (const auto& [edge, bytes] : edges) {
+      vstages_[static_cast<size_t>(edge.first)].succs.push_back({edge.second, bytes});
+      vstages_[static_cast<size_t>(edge.second)].preds.push_back({edge.first, bytes});
+    }
+  }
+
+  int add_event(SimEvent e) {
+    result_.events.push_back(e);
+    const int id = static_cast<int>(result_.events.size()) - 1;
+    queue_.push({e.end_s, seq_++, id});
+    return id;
+  }
+
+  void set_memory(int g, double now, int delta_in_flight, double delta_bytes) {
+    StageStats& st = result_.stages[static_cast<size_t>(g)];
+    in_flight_[static_cast<size_t>(g)] += delta_in_flight;
+    activation_bytes_[static_cast<size_t>(g)] += delta_bytes;
+    st.peak_in_flight = std::max(st.peak_in_flight, in_flight_[static_cast<size_t>(g)]);
+    const double bytes = st.memory_static_bytes + std::max(0.0, activation_bytes_[static_cast<size_t>(g)]);
+    st.peak_memory_bytes = std::max(st.peak_memory_bytes, bytes);
+    if (!st.memory_timeline.empty() && st.memory_timeline.back().first == now) st.memory_timeline.back().second = bytes;
+    else st.memory_timeline.push_back({now, bytes});
+  }
+
+  void try_start_device(int g, double now) {
+    const size_t gi = static_cast<size_t>(g);
+    if (busy_[gi] || phase_[gi] == 3) return;
+    SimEvent e;
+    e.stage = g;
+    e.virtual_stage = g;
+    e.start_s = now;
+    e.critical_predecessor = device_last_event_[gi];
+    if (phase_[gi] == 0 && next_[gi] < order_[gi].size()) {
+      const ComputeOp& op = order_[gi][next_[gi]];
+      const size_t id = op_index(op.virtual_stage, op.microbatch, op.kind);
+      if (got_[id] < need_[id]) return;
+      const VirtualStage& vs = vstages_[static_cast<size_t>(op.virtual_stage)];
+      e.kind = op.kind == OpKind::kForward ? EventKind::kForward : EventKind::kBackward;
+      e.virtual_stage = op.virtual_stage;
+      e.microbatch = op.microbatch;
+      e.end_s = now + (op.kind == OpKind::kForward ? vs.forward_s : vs.backward_s);
+      // Data or the device: whichever was ready last (ties go to the data dependency, the pipeline's chain).
+      if (last_arrival_event_[id] >= 0 && last_arrival_[id] >= device_free_[gi]) e.critical_predecessor = last_arrival_event_[id];
+      ++next_[gi];
+      if (op.kind == OpKind::kForward) set_memory(g, now, 1, vs.activation_bytes);
+    } else if (phase_[gi] == 0) {
+      phase_[gi] = 1;
+      e.kind = EventKind::kAllReduce;
+      e.end_s = now + plan_.stages[gi].allreduce_s;
+    } else if (phase_[gi] == 1) {
+      phase_[gi] = 2;
+      e.kind = EventKind::kStep;
+      e.end_s = now + options_.optimizer_step_s;
+    } else {
+      phase_[gi] = 3;
+      return;
+    }
+    busy_[gi] = true;
+    add_event(e);
+  }
+
+  void deliver(size_t op, double now, int event) {
+    ++got_[op];
+    if (now >= last_arrival_[op]) {
+      last_arrival_[op] = now;
+      last_arrival_event_[op] = event;
+    }
+    const int vs = static_cast<int>(op / 2 / static_cast<size_t>(m_));
+    try_start_device(vstages_[static_cast<size_t>(vs)].group, now);
+  }
+
+  void send(int from_vs, int to_vs, int64_t mb, bool gradient, double bytes, double now, int event) {
+    const OpKind target = gradient ? OpKind::kBackward : OpKind::kForward;
+    const size_t op = op_index(to_vs, mb, target);
+    const int from = vstages_[static_cast<size_t>(from_vs)].group, to = vstages_[static_cast<size_t>(to_vs)].group;
+    if (from == to) {  // chunks on one device hand over in memory
+      deliver(op, now, event);
+      return;
+    }
+    const Link& link = plan_.cluster.link_between(plan_.stages[static_cast<size_t>(from)].devices.front(),
+                                                  plan_.stages[static_cast<size_t>(to)].devices.front());
+    const double duration = options_.communication ? link.latency_s + bytes / link.bandwidth : 0.0;
+    pending_.push_back({from_vs, to_vs, mb, gradient, bytes, duration, now, event, op});
+  }
+
+  void try_start_transfers(double now) {
+    for (size_t i = 0; i < pending_.size();) {
+      const PendingTransfer& p = pending_[i];
+      const int from = vstages_[static_cast<size_t>(p.from_vs)].group, to = vstages_[static_cast<size_t>(p.to_vs)].group;
+      const size_t fi = static_cast<size_t>(from), ti = static_cast<size_t>(to);
+      if (send_free_[fi] > now || recv_free_[ti] > now) {
+        ++i;
+        continue;
+      }
+      SimEvent e;
+      e.kind = EventKind::kTransfer;
+      e.stage = from;
+      e.virtual_stage = p.from_vs;
+      e.peer_stage = to;
+      e.peer_virtual_stage = p.to_vs;
+      e.microbatch = p.microbatch;
+      e.gradient = p.gradient;
+      e.bytes = p.bytes;
+      e.start_s = now;
+      e.end_s = now + p.duration;
+      e.critical_predecessor = p.ready_event;
+      double latest = p.ready;
+      for (int channel_event : {last_send_event_[fi], last_recv_event_[ti]})
+        if (channel_event >= 0 && result_.events[static_cast<size_t>(channel_event)].end_s > latest) {
+          latest = result_.events[static_cast<size_t>(channel_event)].end_s;
+          e.critical_predecessor = channel_event;
+        }
+      send_free_[fi] = recv_free_[ti] = e.end_s;
+      const size_t target = p.target_op;
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      const int id = add_event(e);
+      last_send_event_[fi] = last_recv_event_[ti] = id;
+      transfer_target_[id] = target;
+    }
+  }
+
+  void device_done(int event, double now) {
+    const SimEvent e = result_.events[static_cast<size_t>(event)];
+    const size_t gi = static_cast<size_t>(e.stage);
+    busy_[gi] = false;
+    device_free_[gi] = now;
+    device_last_event_[gi] = event;
+    if (e.kind == EventKind::kForward) {
+      const VirtualStage& vs = vstages_[static_cast<size_t>(e.virtual_stage)];
+      deliver(op_index(e.virtual_stage, e.microbatch, OpKind::kBackward), now, event);
+      for (const auto& [to, bytes] : vs.succs) send(e.virtual_stage, to, e.microbatch, false, bytes, now, event);
+    } else if (e.kind == EventKind::kBackward) {
+      const VirtualStage& vs = vstages_[static_cast<size_t>(e.virtual_stage)];
+      set_memory(e.stage, now, -1, -vs.activation_bytes);
+      for (const auto& [from, bytes] : vs.preds) send(e.virtual_stage, from, e.microbatch, true, bytes, now, event);
+    }
+    try_start_transfers(now);
+    try_start_device(e.stage, now);
+  }
+
+  void transfer_done(int event, double now) {
+    const auto it = transfer_target_.find(event);
+    APART_CHECK(it != transfer_target_.end(), "transfer without a target");
+    deliver(it->second, now, event);
+    try_start_transfers(now);
+  }
+
+  const SimPlan& plan_;
+  const SimOptions& options_;
+  SimResult& result_;
+  int groups_;
+  int chunks_;
+  int64_t m_;
+  std::vector<VirtualStage> vstages_;
+  std::vector<std::vector<ComputeOp>> order_;
+  std::vector<int> need_, got_;
+  std::vector<double> last_arrival_;
+  std::vector<int> last_arrival_event_;
+  std::vector<size_t> next_;
+  std::vector<int> phase_;  // 0 compute, 1 all-reduce running, 2 step running, 3 done
+  std::vector<bool> busy_;
+  std::vector<double> device_free_;
+  std::vector<int> device_last_event_;
+  std::vector<double> send_free_, recv_free_;
+  std::vector<int> last_send_event_, last_recv_event_;
+  std::vector<int64_t> in_flight_;
+  std::vector<double> activation_bytes_;
+  std::vector<PendingTransfer> pending_;
+  std::map<int, size_t> transfer_target_;
+  std::priority_queue<QueueItem> queue_;
+  int64_t seq_ = 0;
+};
+
+}  // namespace
+
+SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
+  SimPlan plan = plan_in;
+  const Schedule plan_schedule = parse_schedule(plan.training.schedule);
+  const Schedule schedule = options.schedule.value_or(plan_schedule);
+  if (options.virtual_stages < 0) throw InvalidArgument("--virtual-stages must be at least 1");
+  int chunks = 1;
+  if (schedule == Schedule::kInterleaved) {
+    chunks = options.virtual_stages > 0 ? options.virtual_stages
+             : plan.training.virtual_stages > 1 ? plan.training.virtual_stages : 2;
+  } else if (options.virtual_stages > 1) {
+    throw InvalidArgument("--virtual-stages " + std::to_string(options.virtual_stages) +
+                          " needs --schedule interleaved (GPipe and 1F1B run one chunk per device)");
+  }
+  if (!std::isfinite(options.optimizer_step_s) || options.optimizer_step_s < 0)
+    throw InvalidArgument("the optimizer step time must be a finite non-negative number");
+  if (options.recompute)
+    for (SimStage& st : plan.stages) st.recompute = *options.recompute;
+
+  SimResult result;
+  result.schedule = schedule;
+  result.virtual_stages = chunks;
+  result.microbatches = plan.training.microbatches;
+  result.links_source = plan.cluster.links_source;
+  result.stages.resize(plan.stages.size());
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    StageStats& st = result.stages[s];
+    st.stage = static_cast<int>(s);
+    st.devices = plan.stages[s].devices;
+    st.forward_s = plan.stages[s].forward_s;
+    st.backward_s = plan.stages[s].backward_s + (plan.stages[s].recompute ? plan.stages[s].forward_s : 0.0);
+    result.recompute |= plan.stages[s].recompute;
+  }
+  estimate_memory(plan_in, plan_schedule, result.stages, result.memory_note);
+
+  Engine engine(plan, options, schedule, chunks, result);
+  engine.run();
+
+  // Summary figures.
+  std::vector<double> busy(plan.stages.size(), 0.0);
+  int last = -1;
+  for (size_t i = 0; i < result.events.size(); ++i) {
+    const SimEvent& e = result.events[i];
+    const double d = e.end_s - e.start_s;
+    StageStats& st = result.stages[static_cast<size_t>(e.stage)];
+    switch (e.kind) {
+      case EventKind::kForward:
+      case EventKind::kBackward:
+        st.busy_s += d;
+        if (e.kind == EventKind::kBackward) result.pipeline_s = std::max(result.pipeline_s, e.end_s);
+        break;
+      case EventKind::kTransfer:
+        st.send_s += d;
+        result.stages[static_cast<size_t>(e.peer_stage)].recv_s += d;
+        break;
+      case EventKind::kAllReduce: st.allreduce_s = d; break;
+      case EventKind::kStep: st.step_s = d; break;
+    }
+    if (last < 0 || e.end_s >= result.events[static_cast<size_t>(last)].end_s) last = static_cast<int>(i);
+  }
+  result.iteration_s = last >= 0 ? result.events[static_cast<size_t>(last)].end_s : 0.0;
+  double busy_total = 0;
+  for (StageStats& st : result.stages) {
+    st.idle_s = std::max(0.0, result.iteration_s - st.busy_s - st.allreduce_s - st.step_s);
+    busy_total += st.busy_s;
+  }
+  result.bubble_fraction =
+      result.pipeline_s > 0 ? 1.0 - busy_total / (static_cast<double>(plan.stages.size()) * result.pipeline_s) : 0.0;
+  for (int e = last; e >= 0; e = result.events[static_cast<size_t>(e)].critical_predecessor) result.critical_path.push_back(e);
+  std::reverse(result.critical_path.begin(), result.critical_path.end());
+  return result;
+}
+
+}  // namespace apart::sim

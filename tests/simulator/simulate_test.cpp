@@ -1,0 +1,175 @@
+// The event simulator against closed forms and the schedules' known properties.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "graph/error.h"
+#include "simulator/simulate.h"
+#include "tests/simulator/sim_test_util.h"
+
+namespace apart::sim {
+namespace {
+
+using testing::chain_plan;
+
+constexpr double kF = 1.5e-3, kB = 3.1e-3;
+
+void expect_rel(double actual, double expected) {
+  EXPECT_LE(std::abs(actual - expected), 1e-9 * std::abs(expected)) << actual << " vs " << expected;
+}
+
+SimOptions with(Schedule s, int v = 0) {
+  SimOptions o;
+  o.schedule = s;
+  o.virtual_stages = v;
+  return o;
+}
+
+TEST(ASimulatedPipeline, MatchesTheClosedFormForEqualStagesWithoutCommunication) {
+  for (Schedule s : {Schedule::kGPipe, Schedule::k1F1B})
+    for (int stages : {1, 2, 3, 4, 8})
+      for (int64_t m : {1, 2, 4, 7, 16}) {
+        SCOPED_TRACE(std::string(schedule_name(s)) + " S=" + std::to_string(stages) + " m=" + std::to_string(m));
+        const SimResult r = simulate(chain_plan(stages, m, kF, kB), with(s));
+        expect_rel(r.iteration_s, static_cast<double>(m + stages - 1) * (kF + kB));
+        EXPECT_NEAR(r.bubble_fraction, static_cast<double>(stages - 1) / static_cast<double>(m + stages - 1), 1e-12);
+      }
+}
+
+TEST(ASimulatedPipeline, MatchesMegatronsInterleavedBubbleForEqualStages) {
+  // Narayanan et al. (SC'21) §2.2: bubble time (P − 1)(F + B)/v on top of m(F + B).
+  for (int stages : {2, 4})
+    for (int v : {2, 3})
+      for (int64_t m : {4, 8, 16}) {
+        SCOPED_TRACE("P=" + std::to_string(stages) + " v=" + std::to_string(v) + " m=" + std::to_string(m));
+        const SimResult r = simulate(chain_plan(stages, m, kF, kB), with(Schedule::kInterleaved, v));
+        expect_rel(r.iteration_s, static_cast<double>(m) * (kF + kB) + (stages - 1) * (kF + kB) / v);
+      }
+}
+
+TEST(ASimulatedPipeline, HasASmallerBubbleWithMoreMicrobatches) {
+  double previous = 1.0;
+  for (int64_t m : {1, 2, 4, 8, 16, 32}) {
+    const SimResult r = simulate(chain_plan(4, m, kF, kB), with(Schedule::k1F1B));
+    EXPECT_LT(r.bubble_fraction, previous) << "m=" << m;
+    previous = r.bubble_fraction;
+  }
+}
+
+TEST(ASimulatedPipeline, HasASmallerBubbleInterleavedThanWith1F1B) {
+  const SimResult one = simulate(chain_plan(4, 8, kF, kB), with(Schedule::k1F1B));
+  const SimResult two = simulate(chain_plan(4, 8, kF, kB), with(Schedule::kInterleaved, 2));
+  EXPECT_LT(two.bubble_fraction, one.bubble_fraction);
+  EXPECT_LT(two.iteration_s, one.iteration_s);
+}
+
+TEST(ASimulatedPipeline, TakesLongerWhenTransfersTakeTime) {
+  for (Schedule s : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved}) {
+    const SimResult free = simulate(chain_plan(4, 8, kF, kB), with(s));
+    const SimResult costly = simulate(chain_plan(4, 8, kF, kB, /*bytes=*/2e5), with(s));  // 0.2 ms per hop
+    EXPECT_GT(costly.iteration_s, free.iteration_s * (1 + 1e-6)) << schedule_name(s);
+    SimOptions off = with(s);
+    off.communication = false;
+    expect_rel(simulate(chain_plan(4, 8, kF, kB, 2e5), off).iteration_s, free.iteration_s);
+  }
+}
+
+TEST(ASimulatedPipeline, UsesTheSlowerLinkBetweenNodes) {
+  SimPlan same = chain_plan(2, 4, kF, kB, 2e5);
+  SimPlan split = same;
+  split.cluster.devices_per_node = 1;  // the two stages on different nodes: 1e8 B/s instead of 1e9
+  EXPECT_GT(simulate(split).iteration_s, simulate(same).iteration_s);
+}
+
+TEST(ASimulatedPipeline, Holds1F1BsAndGPipesInFlightMicrobatches) {
+  for (int64_t m : {2, 3, 8}) {
+    const int stages = 4;
+    const SimResult one = simulate(chain_plan(stages, m, kF, kB), with(Schedule::k1F1B));
+    const SimResult gpipe = simulate(chain_plan(stages, m, kF, kB), with(Schedule::kGPipe));
+    for (int s = 0; s < stages; ++s) {
+      EXPECT_EQ(one.stages[static_cast<size_t>(s)].peak_in_flight, std::min<int64_t>(stages - s, m)) << "stage " << s;
+      EXPECT_EQ(gpipe.stages[static_cast<size_t>(s)].peak_in_flight, m) << "stage " << s;
+      // Test plans give 1000 static bytes + 100 per micro-batch.
+      EXPECT_DOUBLE_EQ(one.stages[static_cast<size_t>(s)].peak_memory_bytes, 1000.0 + 100.0 * std::min<int64_t>(stages - s, m));
+    }
+  }
+}
+
+TEST(ASimulatedPipeline, AddsTheForwardToEachBackwardWhenRecomputing) {
+  SimOptions o = with(Schedule::k1F1B);
+  o.recompute = true;
+  const SimResult r = simulate(chain_plan(3, 5, kF, kB), o);
+  expect_rel(r.iteration_s, 7 * (2 * kF + kB));
+  EXPECT_TRUE(r.recompute);
+}
+
+TEST(ASimulatedPipeline, EndsWithTheAllReduceAndTheOptimizerStep) {
+  SimPlan p = chain_plan(3, 4, kF, kB);
+  for (SimStage& s : p.stages) s.allreduce_s = 2e-3;
+  SimOptions o = with(Schedule::k1F1B);
+  o.optimizer_step_s = 0.5e-3;
+  const SimResult r = simulate(p, o);
+  // Stage 0 finishes its last backward last; its all-reduce and step follow.
+  expect_rel(r.pipeline_s, 6 * (kF + kB));
+  expect_rel(r.iteration_s, 6 * (kF + kB) + 2e-3 + 0.5e-3);
+}
+
+TEST(ASimulatedPipeline, ReportsACriticalPathOfTouchingEventsFromZeroToTheEnd) {
+  for (Schedule s : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved}) {
+    const SimResult r = simulate(chain_plan(4, 8, kF, kB, 1e5), with(s));
+    ASSERT_FALSE(r.critical_path.empty());
+    EXPECT_EQ(r.events[static_cast<size_t>(r.critical_path.front())].start_s, 0.0);
+    EXPECT_EQ(r.events[static_cast<size_t>(r.critical_path.back())].end_s, r.iteration_s);
+    for (size_t i = 1; i < r.critical_path.size(); ++i)
+      EXPECT_EQ(r.events[static_cast<size_t>(r.critical_path[i])].start_s,
+                r.events[static_cast<size_t>(r.critical_path[i - 1])].end_s);
+  }
+}
+
+TEST(ASimulatedPipeline, NeverRunsTwoThingsAtOnceOnADeviceOrAChannel) {
+  const SimResult r = simulate(chain_plan(4, 8, kF, kB, 3e5), with(Schedule::kInterleaved, 2));
+  std::map<std::pair<int, int>, double> busy_until;  // (stage, 0 compute | 1 send | 2 recv)
+  for (const SimEvent& e : r.events) {
+    std::vector<std::pair<int, int>> resources;
+    if (e.kind == EventKind::kTransfer) resources = {{e.stage, 1}, {e.peer_stage, 2}};
+    else resources = {{e.stage, 0}};
+    for (const auto& key : resources) {
+      EXPECT_GE(e.start_s, busy_until[key]) << e.name();
+      busy_until[key] = e.end_s;
+    }
+  }
+}
+
+TEST(ASimulatedPipeline, IsDeterministic) {
+  const SimPlan p = chain_plan(4, 8, kF, kB, 1e5);
+  const SimResult a = simulate(p, with(Schedule::kInterleaved, 2));
+  const SimResult b = simulate(p, with(Schedule::kInterleaved, 2));
+  ASSERT_EQ(a.events.size(), b.events.size());
+  for (size_t i = 0; i < a.events.size(); ++i) {
+    EXPECT_EQ(a.events[i].name(), b.events[i].name());
+    EXPECT_EQ(a.events[i].start_s, b.events[i].start_s);
+    EXPECT_EQ(a.events[i].end_s, b.events[i].end_s);
+  }
+  EXPECT_EQ(a.critical_path, b.critical_path);
+}
+
+TEST(ASimulatedPipeline, FollowsAStageDagWithSkipConnections) {
+  SimPlan p = chain_plan(3, 4, kF, kB, 1e5);
+  p.stages[2].inputs.push_back({"skip", 0, 1e5});  // stage 0 also feeds stage 2
+  p.stages[0].outputs.push_back({"skip", {2}, 1e5});
+  const SimResult r = simulate(p, with(Schedule::k1F1B));
+  int skip_transfers = 0;
+  for (const SimEvent& e : r.events)
+    if (e.kind == EventKind::kTransfer && e.stage == 0 && e.peer_stage == 2) ++skip_transfers;
+  EXPECT_EQ(skip_transfers, 4);  // activations only; gradients go 2 → 0
+  EXPECT_GT(r.iteration_s, simulate(chain_plan(3, 4, kF, kB, 1e5), with(Schedule::k1F1B)).iteration_s);
+}
+
+TEST(ASimulatedPipeline, RejectsVirtualStagesWithoutTheInterleavedSchedule) {
+  EXPECT_THROW(simulate(chain_plan(2, 4, kF, kB), with(Schedule::k1F1B, 2)), InvalidArgument);
+  EXPECT_THROW(simulate(chain_plan(4, 6, kF, kB), with(Schedule::kInterleaved, 2)), Unsupported);
+}
+
+}  // namespace
+}  // namespace apart::sim

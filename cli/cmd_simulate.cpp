@@ -47,13 +47,14 @@ void run_simulate(const SimulateArgs& a) {
   options.optimizer_step_s = a.optimizer_step_ms / 1e3;
   options.communication = !a.no_comm;
   const sim::SimResult result = sim::simulate(plan, options);
-  if (!a.trace.empty()) {
-    sim::write_file_atomically(a.trace, sim::simulation_trace(plan, result).dump() + "\n");
-    std::fprintf(stderr, "apart: wrote %zu events to %s (open in https://ui.perfetto.dev)\n", result.events.size(),
-                 a.trace.c_str());
-  }
+  // The trace first: a failed write leaves no file and prints no table (exit code 6).
+  if (!a.trace.empty()) sim::write_file_atomically(a.trace, sim::simulation_trace(plan, result).dump() + "\n");
   if (a.json) std::cout << sim::simulation_to_json(plan, result).dump(1) << "\n";
   else std::cout << sim::simulation_report(plan, result);
+  std::cout.flush();
+  if (!a.trace.empty())
+    std::fprintf(stderr, "apart: wrote %zu events to %s (open in https://ui.perfetto.dev)\n", result.events.size(),
+                 a.trace.c_str());
 }
 
 const bool kRegistered = register_command({"simulate", 60, [](CLI::App& app) {

@@ -119,14 +119,16 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
   const std::string device = r.string(cj, "cluster.", "device", std::string("unknown"));
   plan.cluster = cluster_links(device, devices, per_node);
   // partition/ writes the bandwidths it planned with; prefer them so both tools see the same links.
+  bool plan_bandwidths = false;
   for (auto [key, link] : {std::pair{"intra_node_bandwidth", &plan.cluster.intra_node},
                            std::pair{"inter_node_bandwidth", &plan.cluster.inter_node}}) {
     if (!cj.contains(key)) continue;
     const double bw = r.seconds(cj, "cluster.", key, std::nullopt);
     if (bw <= 0) r.fail(std::string("cluster.") + key, "must be positive");
     link->bandwidth = bw;
-    plan.cluster.links_source = "plan.json bandwidths, latencies from " + plan.cluster.links_source;
+    plan_bandwidths = true;
   }
+  if (plan_bandwidths) plan.cluster.links_source = "plan.json bandwidths, latencies from " + plan.cluster.links_source;
 
   // training
   const json& tj = r.object(j, "", "training");

@@ -17,8 +17,9 @@ void expect_complete(Schedule s, int devices, int chunks, int64_t m) {
     std::set<std::tuple<int, int64_t, int>> seen;
     for (const ComputeOp& op : ops) {
       EXPECT_EQ(op.virtual_stage % devices, d);
-      if (op.kind == OpKind::kBackward)
+      if (op.kind == OpKind::kBackward) {
         EXPECT_TRUE(seen.count({op.virtual_stage, op.microbatch, 0})) << "backward before its forward";
+      }
       EXPECT_TRUE(seen.insert({op.virtual_stage, op.microbatch, op.kind == OpKind::kForward ? 0 : 1}).second);
     }
   }

@@ -14,14 +14,14 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct Run {
+struct CommandRun {
   int code = -1;
   std::string out;
 };
 
-Run run(const std::string& args, bool with_stderr = true) {
+CommandRun run(const std::string& args, bool with_stderr = true) {
   const std::string cmd = std::string(APART_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  Run r;
+  CommandRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -56,7 +56,7 @@ class ASimulateCommand : public ::testing::Test {
 };
 
 TEST_F(ASimulateCommand, PrintsTheTableWithIterationBubbleAndCriticalPath) {
-  const Run r = run("simulate " + (dir_ / "plan").string());
+  const CommandRun r = run("simulate " + (dir_ / "plan").string());
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* s : {"iteration", "bubble fraction", "critical path", "0F0", "peak GB"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
@@ -64,7 +64,7 @@ TEST_F(ASimulateCommand, PrintsTheTableWithIterationBubbleAndCriticalPath) {
 
 TEST_F(ASimulateCommand, PrintsJsonAndWritesATrace) {
   const fs::path trace = dir_ / "trace.json";
-  const Run r = run("simulate " + (dir_ / "plan").string() + " --schedule interleaved --virtual-stages 2 --json --trace " +
+  const CommandRun r = run("simulate " + (dir_ / "plan").string() + " --schedule interleaved --virtual-stages 2 --json --trace " +
                         trace.string(), false);
   ASSERT_EQ(r.code, 0) << r.out;
   const json j = json::parse(r.out);
@@ -80,7 +80,7 @@ TEST_F(ASimulateCommand, PrintsJsonAndWritesATrace) {
 
 TEST_F(ASimulateCommand, GivesDocumentedExitCodesForBadInput) {
   std::ofstream(dir_ / "bad.json") << R"({"schema": "apart.plan/1", "cluster": {"devices": 1}, "training": {"microbatches": 2}, "stages": [{"id": 0, "replicas": 1, "devices": [0], "backward_s": 1}]})";
-  Run r = run("simulate " + (dir_ / "bad.json").string());
+  CommandRun r = run("simulate " + (dir_ / "bad.json").string());
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("stages[0].forward_s"), std::string::npos) << r.out;
   EXPECT_EQ(run("simulate " + (dir_ / "none").string()).code, 6);
@@ -103,9 +103,9 @@ TEST_F(ASimulateCommand, AgreesWithPartitionsEstimateOnARealPlan) {
     SCOPED_TRACE(extra);
     const fs::path out = dir_ / "real";
     fs::remove_all(out);
-    const Run p = run("partition " + model.string() + " --devices 4 --device a100-80gb --batch 32 -o " + out.string() + extra);
+    const CommandRun p = run("partition " + model.string() + " --devices 4 --device a100-80gb --batch 32 -o " + out.string() + extra);
     if (p.code != 0) GTEST_SKIP() << "apart partition failed (" << p.code << "): " << p.out;
-    const Run r = run("simulate " + out.string() + " --json", false);
+    const CommandRun r = run("simulate " + out.string() + " --json", false);
     ASSERT_EQ(r.code, 0) << r.out;
     const json j = json::parse(r.out);
     const double simulated = j["iteration_s"], predicted = j["predicted_iteration_s"];

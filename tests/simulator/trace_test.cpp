@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "graph/error.h"
 #include "simulator/sim_report.h"
 #include "simulator/simulate.h"
 #include "tests/simulator/sim_test_util.h"
@@ -47,7 +48,8 @@ TEST(ATrace, NamesEveryProcessAndThread) {
 TEST(ATrace, UsesPipeliningActionNames) {
   const std::regex action(R"(^\d+(F\d+|B\d+|SEND_F\d+|SEND_B\d+|RECV_F\d+|RECV_B\d+|REDUCE_GRAD|STEP)$)");
   std::set<std::string> names;
-  for (const json& e : trace_of(Schedule::k1F1B, 0)["traceEvents"])
+  const json t = trace_of(Schedule::k1F1B, 0);
+  for (const json& e : t["traceEvents"])
     if (e["ph"] == "X") {
       const std::string n = e["name"];
       EXPECT_TRUE(std::regex_match(n, action)) << n;
@@ -85,7 +87,9 @@ TEST(ATrace, LinksEverySendToItsReceiveWithAFlow) {
   std::map<int64_t, json> starts, finishes;
   std::set<std::tuple<int, int, int64_t>> send_slices, recv_slices;
   for (const json& e : t["traceEvents"]) {
-    if (e["ph"] == "s") EXPECT_TRUE(starts.emplace(e["id"].get<int64_t>(), e).second) << "duplicate flow id";
+    if (e["ph"] == "s") {
+      EXPECT_TRUE(starts.emplace(e["id"].get<int64_t>(), e).second) << "duplicate flow id";
+    }
     if (e["ph"] == "f") {
       EXPECT_EQ(e["bp"], "e");
       EXPECT_TRUE(finishes.emplace(e["id"].get<int64_t>(), e).second) << "duplicate flow id";

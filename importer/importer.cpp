@@ -454,7 +454,7 @@ class Importer {
             if (bound == options_.dims.end())
               throw InvalidArgument("dynamic dim " + quote(dim->dim_param()) + " of input " + quote(in.name()) + " (axis " +
                                     std::to_string(i) + ") is not bound: pass --dim " + dim->dim_param() +
-                                    "=N or --shape " + in.name() + ":" + example_shape(*shape, i));
+                                    "=<size> or --shape " + in.name() + ":" + example_shape(*shape, i));
             used_dims.insert(dim->dim_param());
             bind(dim->dim_param(), bound->second, "--dim " + dim->dim_param() + "=" + std::to_string(bound->second));
             dim->set_dim_value(bound->second);
@@ -505,7 +505,7 @@ class Importer {
     for (int i = 0; i < shape.dim_size(); ++i) {
       if (i) s += 'x';
       const auto& d = shape.dim(i);
-      s += d.has_dim_value() ? std::to_string(d.dim_value()) : (i == axis ? "N" : (d.has_dim_param() ? d.dim_param() : "?"));
+      s += d.has_dim_value() ? std::to_string(d.dim_value()) : (i == axis ? "<size>" : (d.has_dim_param() ? d.dim_param() : "?"));
     }
     return s;
   }

@@ -1,35 +1,21 @@
 // The apart executable: help, version, inspect output and documented exit codes.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/onnx_builder.h"
+#include "tests/support/run_apart.h"
 
 namespace {
 
 using apart::testing::OnnxBuilder;
 using apart::testing::TempDir;
 
-struct Run {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using apart::testing::CommandRun;
 
-Run run(const std::string& args, bool with_stderr = true) {
-  const std::string cmd = std::string(APART_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+CommandRun run(const std::string& args, bool with_stderr = true) { return apart::testing::run_apart(args, with_stderr); }
 
 std::string fixture(const TempDir& dir) {
   OnnxBuilder b;

@@ -16,7 +16,7 @@ const std::string kApart = APART_BINARY;
 
 TEST(TheZooCommand, ListsPresetsWithParameterCounts) {
   const auto r = run_command(kApart + " zoo --list");
-  ASSERT_EQ(r.exit_code, 0);
+  ASSERT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("gpt3-175b"), std::string::npos);
   EXPECT_NE(r.out.find("174.6B"), std::string::npos);
   EXPECT_NE(r.out.find("resnet152x8"), std::string::npos);
@@ -28,7 +28,7 @@ TEST(TheZooCommand, RejectsBadFlagsWithExitCode2AndNoFile) {
   for (const std::string args : {"gpt --heads 3", "gpt --dtype fp8", "resnet --layers 34", "nosuchmodel",
                                  "gpt --loss hinge", "gpt --batch 0"}) {
     SCOPED_TRACE(args);
-    EXPECT_EQ(run_command(kApart + " zoo " + args + " -o " + out + " 2>/dev/null").exit_code, 2);
+    EXPECT_EQ(run_command(kApart + " zoo " + args + " -o " + out + " 2>/dev/null").code, 2);
     EXPECT_FALSE(std::filesystem::exists(out));
   }
 }
@@ -36,7 +36,7 @@ TEST(TheZooCommand, RejectsBadFlagsWithExitCode2AndNoFile) {
 TEST(TheZooCommand, PrintsAOneLineSummary) {
   TempDir dir("cli_summary");
   const auto r = run_command(kApart + " zoo gpt-tiny -o " + dir.file("t.onnx"));
-  ASSERT_EQ(r.exit_code, 0);
+  ASSERT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("134.9K params"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("nodes"), std::string::npos) << r.out;
 }
@@ -48,9 +48,9 @@ TEST(TheZooCommand, AgreesWithApartInspectOnParams) {
                                  "gpt3-175b", "bert-large --weights none --dtype fp16"}) {
     SCOPED_TRACE(args);
     const std::string path = dir.file("m.onnx");
-    ASSERT_EQ(run_command(kApart + " zoo " + args + " -q -o " + path + " >/dev/null").exit_code, 0);
+    ASSERT_EQ(run_command(kApart + " zoo " + args + " -q -o " + path + " >/dev/null").code, 0);
     const auto r = run_command(kApart + " inspect " + path + " --json --dim batch=1");
-    ASSERT_EQ(r.exit_code, 0) << "apart inspect failed on " << args;
+    ASSERT_EQ(r.code, 0) << "apart inspect failed on " << args;
     const auto j = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << r.out.substr(0, 200);
     ASSERT_TRUE(j.contains("params"));

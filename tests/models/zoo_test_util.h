@@ -1,6 +1,8 @@
 // Helpers shared by the zoo tests: counting initializers, temp dirs, running a command.
 #pragma once
 
+#include "tests/support/run_apart.h"
+
 #include <onnx/onnx_pb.h>
 
 #include <cstdio>
@@ -48,21 +50,7 @@ inline std::string read_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout (stderr goes to the test log)
-};
-
-inline CommandResult run_command(const std::string& command) {
-  CommandResult r;
-  FILE* p = ::popen(command.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+// Runs a shell command; `code` is its exit status, `out` its stdout.
+using apart::testing::run_command;
 
 }  // namespace apart::models::testing

@@ -1,5 +1,7 @@
 // `apart simulate` end to end: table, --json, --trace, exit codes, and plans written by `apart partition`.
 #include <gtest/gtest.h>
+
+#include "tests/support/run_apart.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,23 +16,9 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct CommandRun {
-  int code = -1;
-  std::string out;
-};
+using apart::testing::CommandRun;
 
-CommandRun run(const std::string& args, bool with_stderr = true) {
-  const std::string cmd = std::string(APART_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  CommandRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+CommandRun run(const std::string& args, bool with_stderr = true) { return apart::testing::run_apart(args, with_stderr); }
 
 class ASimulateCommand : public ::testing::Test {
  protected:

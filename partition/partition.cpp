@@ -59,7 +59,8 @@ std::vector<StageSolution> solve_all(const StageEvaluator& evaluator, const std:
   for (Schedule schedule : schedules)
     for (bool recompute : recomputes)
       for (int64_t m : ms) {
-        const StageDp dp(evaluator, m, schedule, recompute, o.stage.replicas);
+        const bool fixed_split = stage_counts.size() == 1 && static_cast<size_t>(stage_counts[0]) == evaluator.blocks();
+        const StageDp dp(evaluator, m, schedule, recompute, o.stage.replicas, fixed_split);
         for (int s : stage_counts) {
           if (static_cast<size_t>(s) > evaluator.blocks()) continue;
           ++stats.candidates;
@@ -186,6 +187,7 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     const double reference_u = std::max<double>(1.0, static_cast<double>(batch) / o.cluster.devices);
     BlockStatistics block_stats;
     chosen_assignment = build_blocks(atomic, k, o.block, reference_u, &block_stats);
+    plan.search.blocks = chosen_assignment.blocks;
     plan.search.coarsening_levels = block_stats.levels;
     plan.search.refinement_moves = block_stats.moves;
     // ---------------- Stage level (§IV-C) ----------------
@@ -195,12 +197,17 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
                                           o.stage.max_stages > 0 ? o.stage.max_stages : INT32_MAX});
     found = solve_all(*chosen_evaluator, ms, stage_candidates(max_stages, o.stage), schedules, recomputes, o,
                       plan.search, start, progress);
-  } else {
-    // Baselines: a fixed split per S; the DP over S blocks only chooses replicas, m and recomputation.
-    const int max_stages = std::min<int>({components, o.cluster.devices, o.stage.max_stages > 0 ? o.stage.max_stages : 128});
-    double best = INFINITY;
+  }
+  // Baselines: a fixed split per S; the DP over S blocks only chooses replicas, m and recomputation. apart also
+  // tries both baseline splits over all S (cut at component granularity, which k blocks may not offer) and keeps
+  // whichever candidate is best, so it is never worse than either baseline under the same cost model.
+  auto try_baseline = [&](Method method) {
+    const int max_stages =
+        std::min<int>({components, o.cluster.devices, o.stage.max_stages > 0 ? o.stage.max_stages : 128});
+    const StageSolution* current = best_of(found);
+    double best = current ? current->estimate.iteration_s : INFINITY;
     for (int s : stage_candidates(max_stages, o.stage)) {
-      BlockAssignment a = baseline_split(atomic, o.method, s);
+      BlockAssignment a = baseline_split(atomic, method, s);
       auto evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, a), o.cluster, o.training);
       auto sols = solve_all(*evaluator, ms, {s}, schedules, recomputes, o, plan.search, start, {});
       const StageSolution* b = best_of(sols);
@@ -211,10 +218,16 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
         chosen_assignment = std::move(a);
       }
     }
+  };
+  if (o.method != Method::kApart) plan.search.blocks = 0;
+  if (o.method == Method::kApart && o.stage.include_baselines) {
+    try_baseline(Method::kUniform);
+    try_baseline(Method::kParams);
+  } else if (o.method != Method::kApart) {
+    try_baseline(o.method);
   }
   const StageSolution* best = best_of(found);
   if (!best) throw_infeasible(graph, atomic, o);
-  plan.search.blocks = chosen_assignment.blocks;
 
   // ---------------- Assemble the plan ----------------
   plan.microbatches = best->microbatches;

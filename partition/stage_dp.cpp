@@ -32,11 +32,12 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution)
 }
 
 StageDp::StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
-                 std::optional<int> pinned_replicas)
+                 std::optional<int> pinned_replicas, bool fixed_split)
     : evaluator_(evaluator),
       microbatches_(microbatches),
       schedule_(schedule),
       recompute_(recompute),
+      fixed_split_(fixed_split),
       k_(evaluator.blocks()),
       devices_(evaluator.cluster().devices),
       memory_limit_(evaluator.cluster().memory_bytes) {
@@ -52,11 +53,11 @@ StageDp::StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule
     }
   }
   const size_t cands = candidates_.size();
-  h_.assign((k_ + 1) * (k_ + 1) * cands, std::numeric_limits<double>::infinity());
+  h_.assign((fixed_split ? k_ : (k_ + 1) * (k_ + 1)) * cands, std::numeric_limits<double>::infinity());
   mem_base_.assign(h_.size(), 0);
   mem_per_flight_.assign(h_.size(), 0);
   for (uint32_t first = 0; first < k_; ++first)
-    for (uint32_t last = first + 1; last <= k_; ++last)
+    for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last)
       for (size_t c = 0; c < cands; ++c) {
         const StageCost cost = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, recompute);
         h_[index(first, last, c)] = cost.h;
@@ -111,7 +112,7 @@ bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundari
         const int c = min_candidate(i, static_cast<uint32_t>(k_), flight, limit);
         if (c >= 0) { best = candidates_[c]; best_last = static_cast<uint32_t>(k_); best_cand = c; }
       } else {
-        for (uint32_t last = i + 1; last + r <= k_; ++last) {
+        for (uint32_t last = i + 1; last + r <= k_ && (!fixed_split_ || last == i + 1); ++last) {
           const int rest = devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
           const int c = min_candidate(i, last, flight, limit);
@@ -166,27 +167,37 @@ std::optional<StageSolution> StageDp::solve(int stages) const {
 
 void StageDp::spend_leftover_devices(StageSolution& solution) const {
   if (candidates_.size() < 2) return;
+  // Only the changed stage is re-evaluated; the estimate is recomputed from the cached stage costs.
+  std::vector<StageCost> trial_costs = solution.costs;
   for (;;) {
     const int used = solution.devices_used();
     double best_time = solution.estimate.iteration_s;
     int best_stage = -1, best_replicas = 0;
+    StageCost best_cost;
     for (int s = 0; s < solution.stages; ++s) {
       auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
       if (it == candidates_.end() || used - solution.replicas[s] + *it > devices_) continue;
-      StageSolution trial = solution;
-      trial.replicas[s] = *it;
-      if (!evaluate_solution(evaluator_, trial)) continue;
+      const StageCost c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
+                                              in_flight(s, solution.stages), recompute_);
+      if (c.memory_bytes > memory_limit_) continue;
+      trial_costs[s] = c;
+      const double t = estimate_iteration_time(trial_costs, microbatches_, schedule_).iteration_s;
+      trial_costs[s] = solution.costs[s];
       // Strictly better by a margin, so float noise cannot make the choice depend on evaluation order.
-      if (trial.estimate.iteration_s < best_time * (1 - 1e-12)) {
-        best_time = trial.estimate.iteration_s;
+      if (t < best_time * (1 - 1e-12)) {
+        best_time = t;
         best_stage = s;
         best_replicas = *it;
+        best_cost = c;
       }
     }
-    if (best_stage < 0) return;
+    if (best_stage < 0) break;
     solution.replicas[best_stage] = best_replicas;
-    evaluate_solution(evaluator_, solution);
+    solution.costs[best_stage] = best_cost;
+    trial_costs[best_stage] = best_cost;
+    solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_);
   }
+  evaluate_solution(evaluator_, solution);
 }
 
 }  // namespace apart

@@ -33,8 +33,9 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution)
 // size only add all-reduce time and devices), so any sd ≤ devices is reachable, not only powers of two.
 class StageDp {
  public:
+  // `fixed_split`: every block is a stage (baselines); only single-block ranges are tabulated.
   StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
-          std::optional<int> pinned_replicas);
+          std::optional<int> pinned_replicas, bool fixed_split = false);
   // The split into exactly `stages` stages minimising the bottleneck (ties: fewer devices); nullopt when no
   // split fits memory and devices. Exact: binary search over the sorted distinct values h can take.
   std::optional<StageSolution> solve(int stages) const;
@@ -53,6 +54,7 @@ class StageDp {
   int64_t microbatches_;
   Schedule schedule_;
   bool recompute_;
+  bool fixed_split_;
   size_t k_;
   int devices_;
   int64_t memory_limit_;
@@ -60,7 +62,9 @@ class StageDp {
   // Per (first, last, candidate), flattened: h, memory without in-flight activations, per in-flight bytes.
   std::vector<double> h_, mem_base_, mem_per_flight_;
   std::vector<double> h_values_;         // sorted distinct h values
+  // Fixed splits store only the ranges [i, i+1).
   size_t index(uint32_t first, uint32_t last, size_t c) const {
+    if (fixed_split_) return static_cast<size_t>(first) * candidates_.size() + c;
     return (static_cast<size_t>(first) * (k_ + 1) + last) * candidates_.size() + c;
   }
 };

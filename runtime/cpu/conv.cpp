@@ -1,0 +1,225 @@
+// Convolution (1-D/2-D, groups, strides, pads, auto_pad, dilations; im2col + GEMM), MaxPool and
+// AveragePool (N-d, ceil_mode, count_include_pad), global pools, BatchNormalization (inference).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "runtime/cpu/broadcast.h"
+#include "runtime/cpu/families.h"
+#include "runtime/cpu/gemm.h"
+
+namespace apart::cpu {
+namespace {
+
+struct Window {
+  std::vector<int64_t> kernel, stride, dilation, pad_begin, pad_end, out;
+};
+
+// Output sizes and effective pads for `spatial` input dims (ONNX Conv/Pool rules incl. auto_pad).
+Window window(const KernelContext& ctx, const std::vector<int64_t>& in, std::vector<int64_t> kernel, bool ceil_mode) {
+  const size_t s = in.size();
+  Window w;
+  w.kernel = std::move(kernel);
+  w.stride = ctx.attr_ints("strides", std::vector<int64_t>(s, 1));
+  w.dilation = ctx.attr_ints("dilations", std::vector<int64_t>(s, 1));
+  std::vector<int64_t> pads = ctx.attr_ints("pads", std::vector<int64_t>(2 * s, 0));
+  if (w.kernel.size() != s || w.stride.size() != s || w.dilation.size() != s || pads.size() != 2 * s)
+    ctx.invalid("kernel_shape/strides/dilations/pads do not match the input's spatial rank");
+  const std::string auto_pad = ctx.attr_string("auto_pad", "NOTSET");
+  w.pad_begin.assign(pads.begin(), pads.begin() + static_cast<int64_t>(s));
+  w.pad_end.assign(pads.begin() + static_cast<int64_t>(s), pads.end());
+  w.out.resize(s);
+  for (size_t i = 0; i < s; ++i) {
+    if (w.stride[i] <= 0 || w.dilation[i] <= 0) ctx.invalid("strides and dilations must be positive");
+    const int64_t extent = (w.kernel[i] - 1) * w.dilation[i] + 1;
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      w.out[i] = (in[i] + w.stride[i] - 1) / w.stride[i];
+      const int64_t total = std::max<int64_t>(0, (w.out[i] - 1) * w.stride[i] + extent - in[i]);
+      w.pad_begin[i] = auto_pad == "SAME_UPPER" ? total / 2 : (total + 1) / 2;
+      w.pad_end[i] = total - w.pad_begin[i];
+    } else {
+      if (auto_pad == "VALID") w.pad_begin[i] = w.pad_end[i] = 0;
+      else if (auto_pad != "NOTSET" && !auto_pad.empty()) ctx.invalid("unknown auto_pad '" + auto_pad + "'");
+      const int64_t span = in[i] + w.pad_begin[i] + w.pad_end[i] - extent;
+      if (span < 0) ctx.invalid("the kernel is larger than the padded input");
+      w.out[i] = (ceil_mode ? (span + w.stride[i] - 1) / w.stride[i] : span / w.stride[i]) + 1;
+      // A window may not start in the end padding (ceil_mode).
+      if (ceil_mode && (w.out[i] - 1) * w.stride[i] >= in[i] + w.pad_begin[i]) --w.out[i];
+    }
+  }
+  return w;
+}
+
+void conv_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const Tensor& wt = ctx.input(1);
+  if (x.rank() != 3 && x.rank() != 4) ctx.unsupported("Conv over " + std::to_string(x.rank() - 2) + " spatial dims (1-D and 2-D are supported)");
+  if (x.dtype() != DType::kFloat32) ctx.unsupported("dtype " + std::string(dtype_name(x.dtype())));
+  const bool one_d = x.rank() == 3;
+  const int64_t n = x.dim(0), c = x.dim(1), m = wt.dim(0), group = ctx.attr_int("group", 1);
+  std::vector<int64_t> in(x.shape().begin() + 2, x.shape().end());
+  std::vector<int64_t> kernel(wt.shape().begin() + 2, wt.shape().end());
+  if (ctx.has_attr("kernel_shape") && ctx.attr_ints("kernel_shape") != kernel) ctx.invalid("kernel_shape differs from W");
+  if (group <= 0 || c % group != 0 || m % group != 0 || wt.dim(1) != c / group) ctx.invalid("channels do not match group");
+  Window w = window(ctx, in, kernel, false);
+  if (one_d) {  // 1-D runs as 2-D with a height of 1
+    for (auto* v : {&in, &w.kernel, &w.stride, &w.dilation, &w.pad_begin, &w.pad_end, &w.out}) v->insert(v->begin(), 1);
+    w.kernel[0] = 1;
+  }
+  std::vector<int64_t> out_shape{n, m};
+  out_shape.insert(out_shape.end(), w.out.begin() + (one_d ? 1 : 0), w.out.end());
+  Tensor& y = ctx.output(0, x.dtype(), out_shape);
+  const int64_t ih = in[0], iw = in[1], kh = w.kernel[0], kw = w.kernel[1], oh = w.out[0], ow = w.out[1];
+  const int64_t cg = c / group, mg = m / group, col_rows = cg * kh * kw, spatial = oh * ow;
+  std::vector<float> col(static_cast<size_t>(col_rows * spatial));
+  const float* px = x.data<float>();
+  const float* pw = wt.data<float>();
+  float* py = y.data<float>();
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t g = 0; g < group; ++g) {
+      const float* xg = px + (b * c + g * cg) * ih * iw;
+      parallel_for(col_rows, spatial, [&](int64_t s, int64_t e) {
+        for (int64_t r = s; r < e; ++r) {
+          const int64_t ch = r / (kh * kw), ky = (r / kw) % kh, kx = r % kw;
+          float* dst = col.data() + r * spatial;
+          for (int64_t oy = 0; oy < oh; ++oy) {
+            const int64_t iy = oy * w.stride[0] - w.pad_begin[0] + ky * w.dilation[0];
+            for (int64_t ox = 0; ox < ow; ++ox) {
+              const int64_t ix = ox * w.stride[1] - w.pad_begin[1] + kx * w.dilation[1];
+              dst[oy * ow + ox] = (iy >= 0 && iy < ih && ix >= 0 && ix < iw) ? xg[(ch * ih + iy) * iw + ix] : 0.f;
+            }
+          }
+        }
+      });
+      gemm<float>(false, false, mg, spatial, col_rows, 1.f, pw + g * mg * col_rows, col_rows, col.data(), spatial, 0.f,
+                  py + (b * m + g * mg) * spatial, spatial);
+    }
+  if (ctx.has_input(2)) {
+    const float* pb = ctx.input(2).data<float>();
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t o = 0; o < m; ++o)
+        for (int64_t i = 0; i < spatial; ++i) py[(b * m + o) * spatial + i] += pb[o];
+  }
+}
+
+// N-d pooling: for each output position, visit the in-bounds kernel positions.
+void pool(KernelContext& ctx, bool is_max) {
+  const Tensor& x = ctx.input(0);
+  if (x.rank() < 3) ctx.invalid("input must have spatial dims");
+  if (is_max && ctx.num_outputs() > 1 && ctx.wants_output(1)) ctx.unsupported("MaxPool's Indices output");
+  const std::vector<int64_t> in(x.shape().begin() + 2, x.shape().end());
+  const bool ceil_mode = ctx.attr_int("ceil_mode", 0) != 0;
+  const bool include_pad = ctx.attr_int("count_include_pad", 0) != 0;
+  Window w = window(ctx, in, ctx.attr_ints("kernel_shape"), ceil_mode);
+  const size_t s = in.size();
+  std::vector<int64_t> out_shape{x.dim(0), x.dim(1)};
+  out_shape.insert(out_shape.end(), w.out.begin(), w.out.end());
+  dispatch_float(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor& y = ctx.output(0, x.dtype(), out_shape);
+    const int64_t planes = x.dim(0) * x.dim(1), in_size = product(in), out_size = product(w.out), k_size = product(w.kernel);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    parallel_for(planes, out_size * k_size, [&](int64_t pb, int64_t pe) {
+      std::vector<int64_t> o(s), k(s);
+      for (int64_t p = pb; p < pe; ++p) {
+        const T* plane = px + p * in_size;
+        for (int64_t oi = 0; oi < out_size; ++oi) {
+          for (int64_t rem = oi, d = static_cast<int64_t>(s) - 1; d >= 0; --d) {
+            o[d] = rem % w.out[d];
+            rem /= w.out[d];
+          }
+          double acc = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+          int64_t count = 0, padded_count = 0;
+          for (int64_t ki = 0; ki < k_size; ++ki) {
+            for (int64_t rem = ki, d = static_cast<int64_t>(s) - 1; d >= 0; --d) {
+              k[d] = rem % w.kernel[d];
+              rem /= w.kernel[d];
+            }
+            bool inside = true, inside_padded = true;
+            int64_t offset = 0;
+            for (size_t d = 0; d < s; ++d) {
+              const int64_t pos = o[d] * w.stride[d] - w.pad_begin[d] + k[d] * w.dilation[d];
+              inside = inside && pos >= 0 && pos < in[d];
+              inside_padded = inside_padded && pos < in[d] + w.pad_end[d];
+              offset = offset * in[d] + pos;
+            }
+            padded_count += inside_padded;
+            if (!inside) continue;
+            const double v = plane[offset];
+            ++count;
+            if (is_max) acc = std::max(acc, v);
+            else acc += v;
+          }
+          if (!is_max) acc = (include_pad ? padded_count : count) > 0 ? acc / static_cast<double>(include_pad ? padded_count : count) : 0.0;
+          py[p * out_size + oi] = static_cast<T>(acc);
+        }
+      }
+    });
+  });
+}
+void max_pool_k(KernelContext& c) {
+  if (c.attr_int("storage_order", 0) != 0) c.unsupported("storage_order=1");
+  pool(c, true);
+}
+void average_pool_k(KernelContext& c) { pool(c, false); }
+
+void global_pool(KernelContext& ctx, bool is_max) {
+  const Tensor& x = ctx.input(0);
+  if (x.rank() < 2) ctx.invalid("input must have rank >= 2");
+  std::vector<int64_t> shape(static_cast<size_t>(x.rank()), 1);
+  shape[0] = x.dim(0);
+  shape[1] = x.dim(1);
+  dispatch_float(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor& y = ctx.output(0, x.dtype(), shape);
+    const int64_t planes = x.dim(0) * x.dim(1), size = product(x.shape(), 2);
+    for (int64_t p = 0; p < planes; ++p) {
+      double acc = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+      for (int64_t i = 0; i < size; ++i) acc = is_max ? std::max<double>(acc, x.data<T>()[p * size + i]) : acc + x.data<T>()[p * size + i];
+      y.data<T>()[p] = static_cast<T>(is_max ? acc : acc / static_cast<double>(size));
+    }
+  });
+}
+void global_average_pool_k(KernelContext& c) { global_pool(c, false); }
+void global_max_pool_k(KernelContext& c) { global_pool(c, true); }
+
+// Inference: y = (x − mean) / sqrt(var + ε) · scale + bias, per channel (axis 1).
+void batch_norm_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (ctx.attr_int("training_mode", 0) != 0) ctx.unsupported("training-mode BatchNormalization");
+  if (ctx.attr_int("spatial", 1) == 0) ctx.unsupported("spatial=0");
+  for (size_t i = 1; i < ctx.num_outputs(); ++i)
+    if (ctx.wants_output(i)) ctx.unsupported("BatchNormalization's training outputs (running mean/var)");
+  const double eps = ctx.attr_float("epsilon", 1e-5);
+  dispatch_float(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor& y = ctx.output(0, x.dtype(), x.shape());
+    const int64_t n = x.dim(0), c = x.rank() > 1 ? x.dim(1) : 1, inner = product(x.shape(), 2);
+    for (size_t i = 1; i < 5; ++i)
+      if (ctx.input(i).elements() != c) ctx.invalid("scale/B/mean/var must have C elements");
+    const T *scale = ctx.input(1).template data<T>(), *bias = ctx.input(2).template data<T>();
+    const T *mean = ctx.input(3).template data<T>(), *var = ctx.input(4).template data<T>();
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const double mul = scale[ch] / std::sqrt(static_cast<double>(var[ch]) + eps);
+        const double add = bias[ch] - mean[ch] * mul;
+        const T* src = x.data<T>() + (b * c + ch) * inner;
+        T* dst = y.data<T>() + (b * c + ch) * inner;
+        for (int64_t i = 0; i < inner; ++i) dst[i] = static_cast<T>(src[i] * mul + add);
+      }
+  });
+}
+
+}  // namespace
+
+void register_conv_kernels() {
+  register_kernel("Conv", conv_k);
+  register_kernel("MaxPool", max_pool_k);
+  register_kernel("AveragePool", average_pool_k);
+  register_kernel("GlobalAveragePool", global_average_pool_k);
+  register_kernel("GlobalMaxPool", global_max_pool_k);
+  register_kernel("BatchNormalization", batch_norm_k);
+}
+
+}  // namespace apart::cpu

@@ -1,0 +1,11 @@
+// The CPU kernel families, one file each; kernel.cpp registers them on first lookup.
+#pragma once
+
+namespace apart::cpu {
+void register_elementwise_kernels();  // elementwise.cpp: unary, binary (broadcasting), Where, Clip, Cast, logic
+void register_matmul_kernels();       // matmul.cpp: MatMul, Gemm over cblas
+void register_reduce_kernels();       // reduce.cpp: Reduce*, Softmax, LogSoftmax, LayerNormalization
+void register_shape_kernels();        // shape.cpp: Reshape, Transpose, Concat, Split, Slice, Gather, Expand, …
+void register_conv_kernels();         // conv.cpp: Conv, pools, BatchNormalization
+void register_loss_kernels();         // loss.cpp: SoftmaxCrossEntropyLoss
+}  // namespace apart::cpu

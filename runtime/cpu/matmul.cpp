@@ -1,0 +1,83 @@
+// MatMul (numpy semantics: batched, broadcast, 1-D promotion) and Gemm, over cblas_sgemm/dgemm.
+#include "runtime/cpu/broadcast.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/families.h"
+
+namespace apart::cpu {
+namespace {
+
+void matmul_k(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  if (a.dtype() != b.dtype()) ctx.invalid("operand dtypes differ");
+  if (a.rank() == 0 || b.rank() == 0) ctx.invalid("MatMul operands must have rank >= 1");
+  std::vector<int64_t> as = a.shape(), bs = b.shape();
+  const bool a_vec = as.size() == 1, b_vec = bs.size() == 1;
+  if (a_vec) as.insert(as.begin(), 1);
+  if (b_vec) bs.push_back(1);
+  const int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
+  if (bs[bs.size() - 2] != k)
+    ctx.invalid("inner dims differ: " + shape_string(a.shape()) + " x " + shape_string(b.shape()));
+  std::vector<int64_t> a_batch(as.begin(), as.end() - 2), b_batch(bs.begin(), bs.end() - 2);
+  std::vector<int64_t> batch = broadcast_shapes(ctx, a_batch, b_batch);
+  std::vector<int64_t> out = batch;
+  if (!a_vec) out.push_back(m);
+  if (!b_vec) out.push_back(n);
+  dispatch(ctx, a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor& y = ctx.output(0, a.dtype(), out);
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* py = y.data<T>();
+    const int64_t batches = product(batch);
+    if (product(b_batch) == 1 && product(a_batch) == batches) {
+      // Weights shared by every batch: one GEMM over the stacked rows of A.
+      gemm<T>(false, false, batches * m, n, k, T(1), pa, k, pb, n, T(0), py, n);
+      return;
+    }
+    const auto sa = broadcast_strides(a_batch, batch), sb = broadcast_strides(b_batch, batch);
+    for (int64_t i = 0; i < batches; ++i) {
+      int64_t oa = 0, ob = 0, rem = i;
+      for (size_t d = batch.size(); d-- > 0;) {
+        const int64_t idx = rem % batch[d];
+        rem /= batch[d];
+        oa += idx * sa[d];
+        ob += idx * sb[d];
+      }
+      gemm<T>(false, false, m, n, k, T(1), pa + oa * m * k, k, pb + ob * k * n, n, T(0), py + i * m * n, n);
+    }
+  });
+}
+
+void gemm_k(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  if (a.rank() != 2 || b.rank() != 2) ctx.invalid("Gemm operands must be 2-D");
+  const bool ta = ctx.attr_int("transA", 0) != 0, tb = ctx.attr_int("transB", 0) != 0;
+  const int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
+  const int64_t n = tb ? b.dim(0) : b.dim(1);
+  if ((tb ? b.dim(1) : b.dim(0)) != k) ctx.invalid("inner dims differ");
+  const double alpha = ctx.attr_float("alpha", 1.0), beta = ctx.attr_float("beta", 1.0);
+  dispatch(ctx, a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor& y = ctx.output(0, a.dtype(), {m, n});
+    T gemm_beta = T(0);
+    if (ctx.has_input(2) && beta != 0) {
+      const Tensor& c = ctx.input(2);
+      broadcast_shapes(ctx, c.shape(), {m, n});
+      binary_broadcast<T, T, T>(c, Tensor(a.dtype(), {}), y, [](T v, T) { return v; });
+      gemm_beta = static_cast<T>(beta);
+    }
+    gemm<T>(ta, tb, m, n, k, static_cast<T>(alpha), a.data<T>(), a.dim(1), b.data<T>(), b.dim(1), gemm_beta,
+            y.data<T>(), n);
+  });
+}
+
+}  // namespace
+
+void register_matmul_kernels() {
+  register_kernel("MatMul", matmul_k);
+  register_kernel("Gemm", gemm_k);
+}
+
+}  // namespace apart::cpu

@@ -1,0 +1,181 @@
+// Reductions (ReduceMean/Sum/Max/Min/Prod), Softmax, LogSoftmax and LayerNormalization.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "runtime/cpu/broadcast.h"
+#include "runtime/cpu/families.h"
+
+namespace apart::cpu {
+namespace {
+
+enum class Reduction { kSum, kMean, kMax, kMin, kProd };
+
+void reduce(KernelContext& ctx, Reduction kind) {
+  const Tensor& x = ctx.input(0);
+  const int64_t r = x.rank();
+  std::vector<int64_t> axes;
+  if (ctx.has_input(1)) axes = ctx.input(1).to_int64s();
+  else axes = ctx.attr_ints("axes");
+  const bool keepdims = ctx.attr_int("keepdims", 1) != 0;
+  if (axes.empty() && ctx.attr_int("noop_with_empty_axes", 0) != 0) {
+    copy_bytes(x, ctx.output(0, x.dtype(), x.shape()));
+    return;
+  }
+  std::vector<bool> reduced(static_cast<size_t>(r), axes.empty());
+  for (int64_t a : axes) reduced[static_cast<size_t>(normalize_axis(ctx, a, r))] = true;
+  std::vector<int64_t> kept_shape, out_shape;
+  for (int64_t d = 0; d < r; ++d) {
+    kept_shape.push_back(reduced[d] ? 1 : x.dim(d));
+    if (!reduced[d]) out_shape.push_back(x.dim(d));
+    else if (keepdims) out_shape.push_back(1);
+  }
+  int64_t count = 1;
+  for (int64_t d = 0; d < r; ++d)
+    if (reduced[d]) count *= x.dim(d);
+  if (x.dtype() == DType::kBool) ctx.unsupported("bool input");
+  dispatch(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool>) {
+      using Acc = std::conditional_t<std::is_floating_point_v<T>, double, T>;
+      const int64_t n_out = product(kept_shape);
+      std::vector<Acc> acc(static_cast<size_t>(n_out));
+      Acc init = 0;
+      if (kind == Reduction::kMax) init = std::is_floating_point_v<T> ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::lowest();
+      if (kind == Reduction::kMin) init = std::is_floating_point_v<T> ? std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::max();
+      if (kind == Reduction::kProd) init = 1;
+      std::fill(acc.begin(), acc.end(), init);
+      // Walk the input in rows of its last dim; the output strides are 0 on reduced axes.
+      const auto out_strides = broadcast_strides(kept_shape, x.shape());
+      const T* px = x.data<T>();
+      const int64_t inner = r == 0 ? 1 : x.dim(r - 1);
+      const int64_t rows = r == 0 ? 1 : product(x.shape(), 0, static_cast<size_t>(r - 1));
+      const int64_t inner_stride = r == 0 ? 0 : out_strides[static_cast<size_t>(r - 1)];
+      for (int64_t row = 0; row < rows && inner > 0; ++row) {
+        int64_t off = 0, rem = row;
+        for (int64_t d = r - 2; d >= 0; --d) {
+          off += (rem % x.dim(d)) * out_strides[static_cast<size_t>(d)];
+          rem /= x.dim(d);
+        }
+        const T* src = px + row * inner;
+        for (int64_t j = 0; j < inner; ++j) {
+          Acc& a = acc[static_cast<size_t>(off + j * inner_stride)];
+          const Acc v = static_cast<Acc>(src[j]);
+          switch (kind) {
+            case Reduction::kSum:
+            case Reduction::kMean: a += v; break;
+            case Reduction::kMax: a = (v > a || std::isnan(static_cast<double>(v))) ? v : a; break;
+            case Reduction::kMin: a = (v < a || std::isnan(static_cast<double>(v))) ? v : a; break;
+            case Reduction::kProd: a *= v; break;
+          }
+        }
+      }
+      Tensor& y = ctx.output(0, x.dtype(), out_shape);
+      T* py = y.data<T>();
+      for (int64_t i = 0; i < n_out; ++i) {
+        Acc v = acc[static_cast<size_t>(i)];
+        if (kind == Reduction::kMean) v = count == 0 ? Acc(0) : static_cast<Acc>(v / static_cast<Acc>(count));
+        py[i] = static_cast<T>(v);
+      }
+    }
+  }, true);
+}
+
+void reduce_sum_k(KernelContext& c) { reduce(c, Reduction::kSum); }
+void reduce_mean_k(KernelContext& c) { reduce(c, Reduction::kMean); }
+void reduce_max_k(KernelContext& c) { reduce(c, Reduction::kMax); }
+void reduce_min_k(KernelContext& c) { reduce(c, Reduction::kMin); }
+void reduce_prod_k(KernelContext& c) { reduce(c, Reduction::kProd); }
+
+// Softmax over `n` elements spaced `inner` apart; opset < 13 coerces to 2-D at `axis` (n = the
+// product of the trailing dims, inner = 1), opset >= 13 normalises along one axis.
+void softmax(KernelContext& ctx, bool log) {
+  const Tensor& x = ctx.input(0);
+  const int64_t r = x.rank();
+  const bool legacy = ctx.opset() < 13;
+  const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", legacy ? 1 : -1), r);
+  const int64_t outer = product(x.shape(), 0, static_cast<size_t>(axis));
+  const int64_t n = legacy ? product(x.shape(), static_cast<size_t>(axis)) : (r == 0 ? 1 : x.dim(axis));
+  const int64_t inner = legacy ? 1 : product(x.shape(), static_cast<size_t>(axis) + 1);
+  dispatch_float(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor& y = ctx.output(0, x.dtype(), x.shape());
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    parallel_for(outer * inner, n * 4, [&](int64_t s, int64_t e) {
+      for (int64_t line = s; line < e; ++line) {
+        const int64_t base = (line / inner) * n * inner + line % inner;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, px[base + j * inner]);
+        T sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const T ex = std::exp(px[base + j * inner] - mx);
+          py[base + j * inner] = ex;
+          sum += ex;
+        }
+        if (log) {
+          const T lse = std::log(sum);
+          for (int64_t j = 0; j < n; ++j) py[base + j * inner] = px[base + j * inner] - mx - lse;
+        } else {
+          const T inv = T(1) / sum;
+          for (int64_t j = 0; j < n; ++j) py[base + j * inner] *= inv;
+        }
+      }
+    });
+  });
+}
+void softmax_k(KernelContext& c) { softmax(c, false); }
+void log_softmax_k(KernelContext& c) { softmax(c, true); }
+
+void layer_norm_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const int64_t r = x.rank();
+  const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", -1), r);
+  const double eps = ctx.attr_float("epsilon", 1e-5);
+  const std::vector<int64_t> norm_shape(x.shape().begin() + axis, x.shape().end());
+  const int64_t rows = product(x.shape(), 0, static_cast<size_t>(axis)), n = product(norm_shape);
+  dispatch_float(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor scale = broadcast_to(ctx.input(1), norm_shape);
+    Tensor bias = ctx.has_input(2) ? broadcast_to(ctx.input(2), norm_shape) : Tensor(x.dtype(), norm_shape);
+    Tensor& y = ctx.output(0, x.dtype(), x.shape());
+    std::vector<int64_t> stat_shape(x.shape().begin(), x.shape().begin() + axis);
+    stat_shape.resize(static_cast<size_t>(r), 1);
+    T* mean_out = ctx.num_outputs() > 1 && ctx.wants_output(1) ? ctx.output(1, x.dtype(), stat_shape).template data<T>() : nullptr;
+    T* inv_out = ctx.num_outputs() > 2 && ctx.wants_output(2) ? ctx.output(2, x.dtype(), stat_shape).template data<T>() : nullptr;
+    const T* px = x.data<T>();
+    const T* ps = scale.data<T>();
+    const T* pb = bias.data<T>();
+    T* py = y.data<T>();
+    parallel_for(rows, n * 6, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        const T* row = px + i * n;
+        double mean = 0, var = 0;
+        for (int64_t j = 0; j < n; ++j) mean += row[j];
+        mean /= static_cast<double>(n);
+        for (int64_t j = 0; j < n; ++j) var += (row[j] - mean) * (row[j] - mean);
+        var /= static_cast<double>(n);
+        const double inv = 1.0 / std::sqrt(var + eps);
+        for (int64_t j = 0; j < n; ++j) py[i * n + j] = static_cast<T>((row[j] - mean) * inv * ps[j] + pb[j]);
+        if (mean_out) mean_out[i] = static_cast<T>(mean);
+        if (inv_out) inv_out[i] = static_cast<T>(inv);
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void register_reduce_kernels() {
+  register_kernel("ReduceSum", reduce_sum_k);
+  register_kernel("ReduceMean", reduce_mean_k);
+  register_kernel("ReduceMax", reduce_max_k);
+  register_kernel("ReduceMin", reduce_min_k);
+  register_kernel("ReduceProd", reduce_prod_k);
+  register_kernel("Softmax", softmax_k);
+  register_kernel("LogSoftmax", log_softmax_k);
+  register_kernel("LayerNormalization", layer_norm_k);
+}
+
+}  // namespace apart::cpu

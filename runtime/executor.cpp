@@ -1,0 +1,203 @@
+// Forward executor: params from the ONNX file, constants precomputed, one arena for activations.
+#include "runtime/executor.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <onnx/onnx_pb.h>
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "graph/error.h"
+#include "runtime/kernel.h"
+
+namespace apart {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+onnx::ModelProto load_model_proto(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw SystemError("cannot open model " + path.string() + " to read its weights");
+  google::protobuf::io::FileInputStream raw(fd);
+  raw.SetCloseOnDelete(true);
+  google::protobuf::io::CodedInputStream coded(&raw);
+  coded.SetTotalBytesLimit(INT_MAX);
+  onnx::ModelProto model;
+  if (!model.ParseFromCodedStream(&coded)) throw InvalidModel(path.string() + " is not a valid ONNX model");
+  return model;
+}
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace
+
+std::vector<std::string> runtime_supported_ops() { return supported_ops(); }
+
+Executor::Executor(const ImportedModel& model, ExecutorOptions options) : model_(model), options_(options) {
+  const TaskGraph& g = model.graph;
+  APART_CHECK(g.finalized(), "the executor needs a finalized graph");
+  if (auto it = model.opsets.find(""); it != model.opsets.end()) opset_ = it->second;
+
+  // --- Kernels: every task needs one (checked before any weight is read) ---
+  kernels_.resize(g.num_tasks());
+  for (size_t t = 0; t < g.num_tasks(); ++t) {
+    const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
+    KernelFn fn = task.domain.empty() ? find_kernel(task.op_type) : nullptr;
+    if (!fn)
+      throw Unsupported("node " + quote(task.name) + ": op " + (task.domain.empty() ? "" : task.domain + ".") +
+                        task.op_type + " has no CPU kernel in apart's runtime (docs/runtime.md lists the supported ops)");
+    kernels_[t] = fn;
+  }
+
+  // --- Params and TENSOR attributes, read from the file (the importer keeps shapes only) ---
+  const fs::path path(model.path);
+  const fs::path base_dir = path.parent_path();
+  onnx::ModelProto proto = load_model_proto(path);
+  persistent_.resize(g.num_values());
+  for (const auto& init : proto.graph().initializer()) {
+    auto id = g.find_value(init.name());
+    if (!id) continue;
+    persistent_[id->value()] = tensor_from_proto(init, base_dir);
+    param_bytes_ += persistent_[id->value()].bytes();
+  }
+  if (proto.graph().sparse_initializer_size() > 0) throw Unsupported("sparse initializers are not supported by the runtime");
+  tensor_attrs_.resize(g.num_tasks());
+  for (size_t t = 0; t < g.num_tasks(); ++t) {
+    const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
+    if (task.onnx_node_index < 0 || task.onnx_node_index >= proto.graph().node_size()) continue;
+    for (const auto& a : proto.graph().node(task.onnx_node_index).attribute()) {
+      if (a.type() == onnx::AttributeProto::TENSOR || a.has_t()) tensor_attrs_[t].emplace_back(a.name(), tensor_from_proto(a.t(), base_dir));
+      if (a.type() == onnx::AttributeProto::SPARSE_TENSOR)
+        throw Unsupported("node " + quote(task.name) + ": sparse tensor attribute " + quote(a.name()));
+    }
+  }
+
+  // --- Which tasks run each step; precompute the rest (constant and free of params) ---
+  run_each_step_.assign(g.num_tasks(), true);
+  std::vector<bool> param_derived(g.num_values(), false);
+  for (size_t v = 0; v < g.num_values(); ++v) param_derived[v] = g.value(ValueId(static_cast<uint32_t>(v))).kind == ValueKind::kParam;
+  for (size_t t = 0; t < g.num_tasks(); ++t) {
+    const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
+    bool reads_param = false;
+    for (ValueId in : task.inputs) reads_param = reads_param || (in.valid() && param_derived[in.value()]);
+    for (ValueId out : task.outputs)
+      if (out.valid()) param_derived[out.value()] = reads_param;
+    if (options_.precompute_constants && task.constant && !reads_param) {
+      bool inputs_ready = true;
+      for (ValueId in : task.inputs) inputs_ready = inputs_ready && (!in.valid() || persistent_[in.value()].defined());
+      if (inputs_ready) {
+        execute(t, persistent_, false);
+        run_each_step_[t] = false;
+      }
+    }
+  }
+
+  // --- Liveness for releasing heap fallbacks; the arena plan ---
+  last_use_.assign(g.num_values(), -1);
+  for (size_t v = 0; v < g.num_values(); ++v)
+    for (TaskId c : g.consumers(ValueId(static_cast<uint32_t>(v)))) last_use_[v] = std::max<int64_t>(last_use_[v], c.value());
+  for (ValueId v : g.graph_outputs()) last_use_[v.value()] = INT64_MAX;
+  MemoryPlanOptions plan_options;
+  plan_options.run_task = run_each_step_;
+  plan_ = plan_memory(g, plan_options);
+  constexpr size_t kAlign = 64;
+  auto* block = new std::byte[static_cast<size_t>(plan_.peak_bytes) + kAlign];
+  arena_ = std::shared_ptr<std::byte>(block, std::default_delete<std::byte[]>());
+  arena_base_ = block + (kAlign - reinterpret_cast<uintptr_t>(block) % kAlign) % kAlign;
+}
+
+Executor::~Executor() = default;
+
+Tensor* Executor::param(const std::string& name) {
+  auto id = model_.graph.find_value(name);
+  if (!id || model_.graph.value(*id).kind != ValueKind::kParam || !persistent_[id->value()].defined()) return nullptr;
+  return &persistent_[id->value()];
+}
+
+void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned) {
+  const TaskGraph& g = model_.graph;
+  const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
+  std::vector<const Tensor*> inputs;
+  inputs.reserve(task.inputs.size());
+  for (ValueId in : task.inputs) {
+    if (!in.valid()) {
+      inputs.push_back(nullptr);
+      continue;
+    }
+    const Tensor& s = slots[in.value()];
+    if (!s.defined())
+      throw InvalidArgument("node " + quote(task.name) + " reads " + quote(g.value(in).name) + ", which has no data (a missing input?)");
+    inputs.push_back(&s);
+  }
+  std::vector<Tensor> outputs(task.outputs.size());
+  OutputAllocator allocate = [&](size_t i, DType dtype, const std::vector<int64_t>& shape) -> Tensor {
+    const ValueId id = i < task.outputs.size() ? task.outputs[i] : ValueId();
+    if (planned && id.valid() && plan_.planned(id)) {
+      const int64_t bytes = checked_element_count(shape).value_or(-1) * dtype_size(dtype);
+      const int64_t planned_bytes = g.value(id).bytes;
+      if (bytes >= 0 && bytes <= planned_bytes) {
+        std::byte* p = arena_base_ + plan_.offset_of[id.value()];
+        std::memset(p, 0, static_cast<size_t>(bytes));
+        return Tensor::over(dtype, shape, std::shared_ptr<std::byte>(arena_, p));
+      }
+    }
+    return Tensor(dtype, shape);  // unplanned (unknown shape, or a shape inference disagreed with)
+  };
+  KernelContext ctx(task, opset_, std::move(inputs), tensor_attrs_[t], outputs, allocate);
+  const auto start = std::chrono::steady_clock::now();
+  kernels_[t](ctx);
+  if (options_.time_tasks && planned)
+    task_seconds_[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < task.outputs.size(); ++i) {
+    if (!task.outputs[i].valid()) continue;
+    if (!outputs[i].defined())
+      throw Unsupported("node " + quote(task.name) + " (" + task.op_type + "): the kernel does not produce output " + std::to_string(i));
+    slots[task.outputs[i].value()] = std::move(outputs[i]);
+  }
+}
+
+NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs) {
+  const TaskGraph& g = model_.graph;
+  std::vector<Tensor> slots = persistent_;  // shares storage: params and constants are not copied
+  for (ValueId v : g.graph_inputs()) {
+    const Value& value = g.value(v);
+    auto it = inputs.find(value.name);
+    if (it == inputs.end()) {
+      if (slots[v.value()].defined()) continue;  // an input with an initializer as its default
+      throw InvalidArgument("input " + quote(value.name) + " was not given");
+    }
+    const Tensor& t = it->second;
+    if (value.dtype != DType::kUndefined && t.dtype() != value.dtype)
+      throw InvalidArgument("input " + quote(value.name) + " has dtype " + std::string(dtype_name(t.dtype())) +
+                            "; the model expects " + std::string(dtype_name(value.dtype)));
+    if (value.shape_known && t.shape() != value.shape)
+      throw InvalidArgument("input " + quote(value.name) + " has shape " + shape_string(t.shape()) +
+                            "; the model was imported for " + shape_string(value.shape) + " (use --shape/--dim)");
+    slots[v.value()] = t;
+  }
+  for (const auto& [name, t] : inputs)
+    if (!g.find_value(name)) throw InvalidArgument("input " + quote(name) + " is not a value of the model");
+  if (options_.time_tasks) task_seconds_.assign(g.num_tasks(), 0.0);
+  for (size_t t = 0; t < g.num_tasks(); ++t) {
+    if (!run_each_step_[t]) continue;
+    execute(t, slots, true);
+    // Release what no later task reads (heap fallbacks; arena slices are just references).
+    for (ValueId in : g.task(TaskId(static_cast<uint32_t>(t))).inputs)
+      if (in.valid() && last_use_[in.value()] == static_cast<int64_t>(t) && !persistent_[in.value()].defined())
+        slots[in.value()] = Tensor();
+  }
+  NamedTensors outputs;
+  for (ValueId v : g.graph_outputs()) {
+    const Tensor& t = slots[v.value()];
+    if (!t.defined()) throw InvalidModel("graph output " + quote(g.value(v).name) + " was not computed");
+    outputs.emplace_back(g.value(v).name, t.clone());
+  }
+  return outputs;
+}
+
+}  // namespace apart

@@ -1,0 +1,68 @@
+// Forward executor: runs an imported TaskGraph on the CPU kernels, step by step in topological
+// order, with activations in one arena planned before the first step.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "importer/importer.h"
+#include "runtime/kernel.h"
+#include "runtime/memory_plan.h"
+#include "runtime/tensor.h"
+
+namespace apart {
+
+struct ExecutorOptions {
+  // Run constant tasks that do not read params (Constant nodes, shape arithmetic) once at load.
+  // Tasks reading params run every step, so that training can update params in place.
+  bool precompute_constants = true;
+  bool time_tasks = false;  // record per-task seconds (for measured profiles)
+};
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Executor {
+ public:
+  // Reads params from the ONNX file at model.path (initializers, inline or external data). `model`
+  // must outlive the executor. Throws Unsupported naming the first node whose op has no kernel.
+  explicit Executor(const ImportedModel& model, ExecutorOptions options = {});
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Runs one forward step. `inputs` by graph-input name (graph inputs with an initializer may be
+  // omitted). Returns the graph outputs in graph order, in storage of their own. Not reentrant.
+  NamedTensors run(const std::map<std::string, Tensor>& inputs);
+
+  const MemoryPlan& memory_plan() const { return plan_; }
+  int64_t param_bytes() const { return param_bytes_; }
+  // Per-task seconds of the last run (when options.time_tasks), indexed by TaskId.
+  const std::vector<double>& task_seconds() const { return task_seconds_; }
+  // A param's tensor (for checks and, later, optimizers).
+  Tensor* param(const std::string& name);
+
+ private:
+  void execute(size_t task_index, std::vector<Tensor>& slots, bool planned);
+
+  const ImportedModel& model_;
+  ExecutorOptions options_;
+  int64_t opset_ = 0;
+  std::vector<KernelFn> kernels_;  // by task
+  std::vector<std::vector<std::pair<std::string, Tensor>>> tensor_attrs_;  // by task
+  std::vector<Tensor> persistent_;  // by value: params and precomputed constants
+  std::vector<bool> run_each_step_;  // by task
+  std::vector<int64_t> last_use_;    // by value: last step reading it
+  MemoryPlan plan_;
+  std::shared_ptr<std::byte> arena_;
+  std::byte* arena_base_ = nullptr;
+  int64_t param_bytes_ = 0;
+  std::vector<double> task_seconds_;
+};
+
+// Ops the CPU runtime has kernels for (default ONNX domain), sorted.
+std::vector<std::string> runtime_supported_ops();
+
+}  // namespace apart

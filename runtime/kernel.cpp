@@ -1,0 +1,139 @@
+// Kernel registry, context accessors and helpers shared by the CPU kernels.
+#include "runtime/kernel.h"
+
+#include "runtime/cpu/families.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <thread>
+
+namespace apart {
+
+namespace {
+std::map<std::string, KernelFn, std::less<>>& registry_map() {
+  static std::map<std::string, KernelFn, std::less<>> r;
+  return r;
+}
+// Explicit registration (not static initialisers): objects of a static library that nothing
+// references would otherwise be dropped by the linker.
+const std::map<std::string, KernelFn, std::less<>>& registry() {
+  static const bool kRegistered = [] {
+    cpu::register_elementwise_kernels();
+    cpu::register_matmul_kernels();
+    cpu::register_reduce_kernels();
+    cpu::register_shape_kernels();
+    cpu::register_conv_kernels();
+    cpu::register_loss_kernels();
+    return true;
+  }();
+  (void)kRegistered;
+  return registry_map();
+}
+}  // namespace
+
+void register_kernel(std::string_view op_type, KernelFn fn) { registry_map().emplace(std::string(op_type), fn); }
+
+KernelFn find_kernel(std::string_view op_type) {
+  auto it = registry().find(op_type);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+std::vector<std::string> supported_ops() {
+  std::vector<std::string> ops;
+  for (const auto& [name, fn] : registry()) ops.push_back(name);
+  return ops;
+}
+
+const Tensor& KernelContext::input(size_t i) const {
+  if (!has_input(i)) invalid("input " + std::to_string(i) + " is missing");
+  return *inputs_[i];
+}
+
+Tensor& KernelContext::output(size_t i, DType dtype, std::vector<int64_t> shape) {
+  APART_CHECK(i < outputs_.size(), task_.name + ": output index " + std::to_string(i));
+  outputs_[i] = allocate_(i, dtype, shape);
+  return outputs_[i];
+}
+
+const Tensor* KernelContext::tensor_attr(std::string_view name) const {
+  for (const auto& [n, t] : tensor_attributes_)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+void KernelContext::unsupported(const std::string& what) const {
+  throw Unsupported("node '" + task_.name + "' (" + task_.op_type + "): the CPU runtime does not support " + what);
+}
+void KernelContext::invalid(const std::string& what) const {
+  throw InvalidModel("node '" + task_.name + "' (" + task_.op_type + "): " + what);
+}
+
+void parallel_for(int64_t n, int64_t cost_per_item, const std::function<void(int64_t, int64_t)>& body) {
+  constexpr int64_t kMinWorkPerThread = 1 << 16;
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t threads = std::min<int64_t>({hw, n, std::max<int64_t>(1, n * std::max<int64_t>(cost_per_item, 1) / kMinWorkPerThread)});
+  if (threads <= 1) {
+    if (n > 0) body(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t t = 1; t < threads; ++t) {
+    const int64_t b = t * chunk, e = std::min(n, b + chunk);
+    if (b < e) pool.emplace_back([&body, b, e] { body(b, e); });
+  }
+  body(0, std::min(n, chunk));
+  for (auto& th : pool) th.join();
+}
+
+std::vector<int64_t> broadcast_shapes(const KernelContext& ctx, const std::vector<int64_t>& a,
+                                      const std::vector<int64_t>& b) {
+  const size_t r = std::max(a.size(), b.size());
+  std::vector<int64_t> out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    const int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    if (da != db && da != 1 && db != 1)
+      ctx.invalid("shapes " + shape_string(a) + " and " + shape_string(b) + " do not broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size());
+  int64_t acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, const std::vector<int64_t>& out) {
+  std::vector<int64_t> s(out.size(), 0);
+  const auto own = contiguous_strides(shape);
+  const size_t off = out.size() - shape.size();
+  for (size_t i = 0; i < shape.size(); ++i) s[off + i] = shape[i] == 1 ? 0 : own[i];
+  return s;
+}
+
+int64_t normalize_axis(const KernelContext& ctx, int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= std::max<int64_t>(rank, 1))
+    ctx.invalid("axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  return axis < 0 ? axis + rank : axis;
+}
+
+int64_t product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < std::min(end, shape.size()); ++i) p *= shape[i];
+  return p;
+}
+
+void copy_bytes(const Tensor& in, Tensor& out) {
+  APART_CHECK(in.bytes() == out.bytes(), "copy_bytes size mismatch");
+  if (in.bytes() > 0 && in.raw() != out.raw()) std::memcpy(out.raw(), in.raw(), static_cast<size_t>(in.bytes()));
+}
+
+}  // namespace apart

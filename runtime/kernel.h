@@ -1,0 +1,118 @@
+// CPU kernel interface: a context per task execution, a registry by op type, and shared helpers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "graph/error.h"
+#include "graph/task_graph.h"
+#include "runtime/tensor.h"
+
+namespace apart {
+
+// Where a kernel's outputs go: the executor hands out arena slices sized by the memory plan.
+using OutputAllocator = std::function<Tensor(size_t output_index, DType dtype, const std::vector<int64_t>& shape)>;
+
+class KernelContext {
+ public:
+  KernelContext(const Task& task, int64_t opset, std::vector<const Tensor*> inputs,
+                const std::vector<std::pair<std::string, Tensor>>& tensor_attributes, std::vector<Tensor>& outputs,
+                OutputAllocator allocate)
+      : task_(task), opset_(opset), inputs_(std::move(inputs)), tensor_attributes_(tensor_attributes),
+        outputs_(outputs), allocate_(std::move(allocate)) {}
+
+  const Task& task() const { return task_; }
+  int64_t opset() const { return opset_; }
+  size_t num_inputs() const { return inputs_.size(); }
+  bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i] != nullptr; }
+  const Tensor& input(size_t i) const;
+  size_t num_outputs() const { return outputs_.size(); }
+  bool wants_output(size_t i) const { return i < task_.outputs.size() && task_.outputs[i].valid(); }
+  // Allocates output i (zero-filled) and returns it for the kernel to fill.
+  Tensor& output(size_t i, DType dtype, std::vector<int64_t> shape);
+  // A TENSOR attribute (Constant.value, ConstantOfShape.value), or nullptr.
+  const Tensor* tensor_attr(std::string_view name) const;
+
+  int64_t attr_int(std::string_view n, int64_t fallback) const { return task_.attr_int(n, fallback); }
+  double attr_float(std::string_view n, double fallback) const { return task_.attr_float(n, fallback); }
+  std::string attr_string(std::string_view n, std::string fallback = "") const { return task_.attr_string(n, fallback); }
+  std::vector<int64_t> attr_ints(std::string_view n, std::vector<int64_t> fallback = {}) const {
+    return task_.attr_ints(n, std::move(fallback));
+  }
+  bool has_attr(std::string_view n) const { return task_.attr(n) != nullptr; }
+
+  // Errors naming the task and op.
+  [[noreturn]] void unsupported(const std::string& what) const;
+  [[noreturn]] void invalid(const std::string& what) const;
+
+ private:
+  const Task& task_;
+  int64_t opset_;
+  std::vector<const Tensor*> inputs_;
+  const std::vector<std::pair<std::string, Tensor>>& tensor_attributes_;
+  std::vector<Tensor>& outputs_;
+  OutputAllocator allocate_;
+};
+
+using KernelFn = void (*)(KernelContext&);
+
+// The kernel for an op of the default ONNX domain, or nullptr.
+KernelFn find_kernel(std::string_view op_type);
+std::vector<std::string> supported_ops();
+// Adds a kernel; the cpu/*.cpp families call it from their register_*_kernels() (cpu/families.h).
+void register_kernel(std::string_view op_type, KernelFn fn);
+
+// --- Helpers shared by kernels ------------------------------------------------
+
+// Runs body(begin, end) over [0, n) on up to hardware_concurrency threads when n·cost is large.
+void parallel_for(int64_t n, int64_t cost_per_item, const std::function<void(int64_t, int64_t)>& body);
+
+// numpy broadcasting of two shapes; throws via ctx when incompatible.
+std::vector<int64_t> broadcast_shapes(const KernelContext& ctx, const std::vector<int64_t>& a,
+                                      const std::vector<int64_t>& b);
+// Strides of `shape` aligned to the rank of `out`, 0 where `shape` broadcasts.
+std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, const std::vector<int64_t>& out);
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
+int64_t normalize_axis(const KernelContext& ctx, int64_t axis, int64_t rank);
+int64_t product(const std::vector<int64_t>& shape, size_t begin = 0, size_t end = SIZE_MAX);
+
+// Calls f(T{}) with T the C++ type of dtype: float, double, int64_t, int32_t, bool(uint8_t storage),
+// plus the small ints where `with_small_ints`. Unsupported otherwise.
+template <class F>
+void dispatch(const KernelContext& ctx, DType dtype, F&& f, bool with_small_ints = false) {
+  switch (dtype) {
+    case DType::kFloat32: f(float{}); return;
+    case DType::kFloat64: f(double{}); return;
+    case DType::kInt64: f(int64_t{}); return;
+    case DType::kInt32: f(int32_t{}); return;
+    default: break;
+  }
+  if (with_small_ints) {
+    switch (dtype) {
+      case DType::kBool: f(bool{}); return;
+      case DType::kUInt8: f(uint8_t{}); return;
+      case DType::kInt8: f(int8_t{}); return;
+      case DType::kInt16: f(int16_t{}); return;
+      case DType::kUInt16: f(uint16_t{}); return;
+      case DType::kUInt32: f(uint32_t{}); return;
+      case DType::kUInt64: f(uint64_t{}); return;
+      default: break;
+    }
+  }
+  ctx.unsupported("dtype " + std::string(dtype_name(dtype)));
+}
+template <class F>
+void dispatch_float(const KernelContext& ctx, DType dtype, F&& f) {
+  if (dtype == DType::kFloat32) return f(float{});
+  if (dtype == DType::kFloat64) return f(double{});
+  ctx.unsupported("dtype " + std::string(dtype_name(dtype)));
+}
+
+// Copies `in` (any dtype) into `out`, which has as many elements (shape ops).
+void copy_bytes(const Tensor& in, Tensor& out);
+
+}  // namespace apart

@@ -1,0 +1,251 @@
+// Tensor storage and conversion from/to ONNX TensorProto.
+#include "runtime/tensor.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "graph/error.h"
+#include "graph/task_graph.h"
+
+namespace apart {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::shared_ptr<std::byte> allocate_bytes(int64_t bytes) {
+  // One extra element keeps zero-size tensors at a valid address; value-initialised (zeroed).
+  auto* p = new std::byte[static_cast<size_t>(bytes) + 8]();
+  return std::shared_ptr<std::byte>(p, std::default_delete<std::byte[]>());
+}
+
+int64_t count_of(const std::vector<int64_t>& shape) {
+  auto n = checked_element_count(shape);
+  if (!n) throw InvalidArgument("tensor shape " + shape_string(shape) + " is negative or overflows");
+  return *n;
+}
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+// external_data location → path under base_dir; refuses absolute paths, '..' and symlink escapes.
+fs::path resolve_location(const fs::path& base_dir, const std::string& tensor, const std::string& location) {
+  const fs::path loc(location);
+  if (location.empty() || loc.is_absolute() || location[0] == '/' || location[0] == '\\')
+    throw InvalidModel("tensor " + quote(tensor) + ": external-data location " + quote(location) +
+                       " must be a relative path inside the model's folder");
+  for (const auto& part : loc)
+    if (part == "..")
+      throw InvalidModel("tensor " + quote(tensor) + ": external-data location " + quote(location) + " contains '..'");
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(base_dir.empty() ? fs::current_path() : base_dir, ec);
+  const fs::path full = fs::weakly_canonical(root / loc, ec);
+  if (ec) throw SystemError("cannot resolve external-data location " + quote(location) + ": " + ec.message());
+  auto [root_end, unused] = std::mismatch(root.begin(), root.end(), full.begin(), full.end());
+  if (root_end != root.end())
+    throw InvalidModel("tensor " + quote(tensor) + ": external-data location " + quote(location) +
+                       " resolves outside the model's folder " + root.string());
+  return full;
+}
+
+void read_external(const onnx::TensorProto& proto, const fs::path& base_dir, std::byte* dst, int64_t bytes) {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto& kv : proto.external_data()) {
+    auto parse = [&](const std::string& text) {
+      char* end = nullptr;
+      errno = 0;
+      long long v = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno == ERANGE || v < 0)
+        throw InvalidModel("tensor " + quote(proto.name()) + ": external_data " + kv.key() + "=" + quote(text) +
+                           " is not a non-negative integer");
+      return static_cast<int64_t>(v);
+    };
+    if (kv.key() == "location") location = kv.value();
+    else if (kv.key() == "offset") offset = parse(kv.value());
+    else if (kv.key() == "length") length = parse(kv.value());
+  }
+  const fs::path path = resolve_location(base_dir, proto.name(), location);
+  if (length >= 0 && length != bytes)
+    throw InvalidModel("tensor " + quote(proto.name()) + ": external_data length " + std::to_string(length) +
+                       " differs from its shape's " + std::to_string(bytes) + " bytes");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SystemError("cannot open external-data file " + path.string() + " of tensor " + quote(proto.name()));
+  in.seekg(offset);
+  in.read(reinterpret_cast<char*>(dst), bytes);
+  if (in.gcount() != bytes)
+    throw InvalidModel("external-data file " + path.string() + " is too short for tensor " + quote(proto.name()) +
+                       " (needs " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + ")");
+}
+
+template <class Dst, class Field>
+void copy_field(const Field& field, std::byte* dst, int64_t n, const std::string& name) {
+  if (field.size() != n)
+    throw InvalidModel("tensor " + quote(name) + " has " + std::to_string(field.size()) + " typed values for " +
+                       std::to_string(n) + " elements");
+  Dst* out = reinterpret_cast<Dst*>(dst);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Dst>(field.Get(static_cast<int>(i)));
+}
+
+}  // namespace
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
+    : dtype_(dtype), shape_(std::move(shape)), elements_(count_of(shape_)) {
+  if (dtype_size(dtype_) == 0) throw Unsupported("tensors of dtype " + std::string(dtype_name(dtype_)) + " are not supported");
+  data_ = allocate_bytes(bytes());
+}
+
+Tensor Tensor::over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std::byte> data) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.elements_ = count_of(t.shape_);
+  t.data_ = std::move(data);
+  return t;
+}
+
+Tensor Tensor::view(std::vector<int64_t> shape) const {
+  Tensor t = over(dtype_, std::move(shape), data_);
+  APART_CHECK(t.elements_ == elements_, "view " + shape_string(t.shape_) + " of " + shape_string(shape_));
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(dtype_, shape_);
+  if (bytes() > 0) std::memcpy(t.raw(), raw(), static_cast<size_t>(bytes()));
+  return t;
+}
+
+std::vector<int64_t> Tensor::to_int64s() const {
+  std::vector<int64_t> out(static_cast<size_t>(elements_));
+  auto widen = [&](auto sample) {
+    using T = decltype(sample);
+    const T* p = data<T>();
+    for (int64_t i = 0; i < elements_; ++i) out[static_cast<size_t>(i)] = static_cast<int64_t>(p[i]);
+  };
+  switch (dtype_) {
+    case DType::kInt64: widen(int64_t{}); break;
+    case DType::kInt32: widen(int32_t{}); break;
+    case DType::kInt16: widen(int16_t{}); break;
+    case DType::kInt8: widen(int8_t{}); break;
+    case DType::kUInt8: widen(uint8_t{}); break;
+    case DType::kUInt16: widen(uint16_t{}); break;
+    case DType::kUInt32: widen(uint32_t{}); break;
+    case DType::kUInt64: widen(uint64_t{}); break;
+    case DType::kBool: widen(uint8_t{}); break;
+    default: throw InvalidModel("expected an integer tensor, got " + std::string(dtype_name(dtype_)));
+  }
+  return out;
+}
+
+double Tensor::scalar_as_double(int64_t i) const {
+  APART_CHECK(i < elements_, "scalar index out of range");
+  switch (dtype_) {
+    case DType::kFloat32: return data<float>()[i];
+    case DType::kFloat64: return data<double>()[i];
+    case DType::kInt64: return static_cast<double>(data<int64_t>()[i]);
+    case DType::kInt32: return data<int32_t>()[i];
+    case DType::kBool:
+    case DType::kUInt8: return data<uint8_t>()[i];
+    case DType::kInt8: return data<int8_t>()[i];
+    case DType::kInt16: return data<int16_t>()[i];
+    case DType::kUInt16: return data<uint16_t>()[i];
+    case DType::kUInt32: return data<uint32_t>()[i];
+    case DType::kUInt64: return static_cast<double>(data<uint64_t>()[i]);
+    default: throw Unsupported("cannot read a " + std::string(dtype_name(dtype_)) + " scalar");
+  }
+}
+
+Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_dir) {
+  auto dtype = dtype_from_onnx(proto.data_type());
+  if (!dtype || dtype_size(*dtype) == 0 || *dtype == DType::kComplex64 || *dtype == DType::kComplex128)
+    throw Unsupported("tensor " + quote(proto.name()) + " has data type " + std::to_string(proto.data_type()) +
+                      ", which the runtime does not support");
+  if (proto.has_segment()) throw Unsupported("tensor " + quote(proto.name()) + " is segmented");
+  std::vector<int64_t> shape(proto.dims().begin(), proto.dims().end());
+  const auto count = checked_element_count(shape);
+  int64_t byte_count = 0;
+  if (!count || __builtin_mul_overflow(*count, dtype_size(*dtype), &byte_count))
+    throw InvalidModel("tensor " + quote(proto.name()) + " has an invalid shape " + shape_string(shape));
+  // Sizes are checked against the data present before anything is allocated.
+  const bool external = proto.data_location() == onnx::TensorProto::EXTERNAL;
+  if (!external && proto.has_raw_data() && static_cast<int64_t>(proto.raw_data().size()) != byte_count)
+    throw InvalidModel("tensor " + quote(proto.name()) + " has " + std::to_string(proto.raw_data().size()) +
+                       " raw bytes; its shape " + shape_string(shape) + " needs " + std::to_string(byte_count));
+  if (!external && !proto.has_raw_data() && byte_count > 0) {
+    const int64_t fields = proto.float_data_size() + proto.double_data_size() + proto.int64_data_size() +
+                           proto.int32_data_size() + proto.uint64_data_size();
+    if (fields != *count)
+      throw InvalidModel("tensor " + quote(proto.name()) + " has " + std::to_string(fields) + " typed values for " +
+                         std::to_string(*count) + " elements");
+  }
+  if (external && byte_count > (int64_t{1} << 40))
+    throw InvalidModel("tensor " + quote(proto.name()) + " claims " + std::to_string(byte_count) + " bytes");
+  Tensor t(*dtype, shape);
+  const int64_t n = t.elements(), bytes = t.bytes();
+  std::byte* dst = t.raw();
+  if (external) {
+    read_external(proto, base_dir, dst, bytes);
+    return t;
+  }
+  if (proto.has_raw_data()) {
+    if (bytes > 0) std::memcpy(dst, proto.raw_data().data(), static_cast<size_t>(bytes));
+    return t;
+  }
+  const std::string& name = proto.name();
+  switch (*dtype) {
+    case DType::kFloat32: copy_field<float>(proto.float_data(), dst, n, name); break;
+    case DType::kFloat64: copy_field<double>(proto.double_data(), dst, n, name); break;
+    case DType::kInt64: copy_field<int64_t>(proto.int64_data(), dst, n, name); break;
+    case DType::kInt32: copy_field<int32_t>(proto.int32_data(), dst, n, name); break;
+    case DType::kInt16: copy_field<int16_t>(proto.int32_data(), dst, n, name); break;
+    case DType::kInt8: copy_field<int8_t>(proto.int32_data(), dst, n, name); break;
+    case DType::kUInt16:
+    case DType::kFloat16:
+    case DType::kBFloat16: copy_field<uint16_t>(proto.int32_data(), dst, n, name); break;
+    case DType::kUInt8:
+    case DType::kBool: copy_field<uint8_t>(proto.int32_data(), dst, n, name); break;
+    case DType::kUInt32: copy_field<uint32_t>(proto.uint64_data(), dst, n, name); break;
+    case DType::kUInt64: copy_field<uint64_t>(proto.uint64_data(), dst, n, name); break;
+    default: throw Unsupported("tensor " + quote(name) + ": dtype " + std::string(dtype_name(*dtype)) + " not readable");
+  }
+  if (*dtype == DType::kBool)
+    for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = t.data<uint8_t>()[i] != 0;
+  return t;
+}
+
+Tensor read_tensor_file(const fs::path& path, std::string* name) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SystemError("cannot open tensor file " + path.string());
+  onnx::TensorProto proto;
+  if (!proto.ParseFromIstream(&in)) throw InvalidModel(path.string() + " is not a serialized onnx.TensorProto");
+  if (name) *name = proto.name();
+  return tensor_from_proto(proto, path.parent_path());
+}
+
+void tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto& proto) {
+  proto.Clear();
+  proto.set_name(name);
+  proto.set_data_type(static_cast<int32_t>(t.dtype()));
+  for (int64_t d : t.shape()) proto.add_dims(d);
+  proto.set_raw_data(reinterpret_cast<const char*>(t.raw()), static_cast<size_t>(t.bytes()));
+}
+
+void write_tensor_file(const Tensor& t, const std::string& name, const fs::path& path) {
+  onnx::TensorProto proto;
+  tensor_to_proto(t, name, proto);
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out || !proto.SerializeToOstream(&out)) throw SystemError("cannot write tensor file " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw SystemError("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+}
+
+}  // namespace apart

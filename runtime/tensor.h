@@ -1,0 +1,69 @@
+// Tensor: a dtype, a static shape and contiguous row-major bytes, shared so views cost nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "graph/dtype.h"
+
+namespace onnx {
+class TensorProto;
+}
+
+namespace apart {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Fresh zero-filled heap storage.
+  Tensor(DType dtype, std::vector<int64_t> shape);
+  // A tensor over storage someone else owns (an arena slice); `owner` keeps it alive.
+  static Tensor over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std::byte> data);
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t rank() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t dim(int64_t axis) const { return shape_[static_cast<size_t>(axis < 0 ? axis + rank() : axis)]; }
+  int64_t elements() const { return elements_; }
+  int64_t bytes() const { return elements_ * dtype_size(dtype_); }
+  bool defined() const { return dtype_ != DType::kUndefined; }
+
+  std::byte* raw() { return data_.get(); }
+  const std::byte* raw() const { return data_.get(); }
+  template <class T> T* data() { return reinterpret_cast<T*>(data_.get()); }
+  template <class T> const T* data() const { return reinterpret_cast<const T*>(data_.get()); }
+  template <class T> std::span<T> span() { return {data<T>(), static_cast<size_t>(elements_)}; }
+  template <class T> std::span<const T> span() const { return {data<T>(), static_cast<size_t>(elements_)}; }
+
+  // Same bytes, another shape with as many elements (no copy).
+  Tensor view(std::vector<int64_t> shape) const;
+  // A deep copy with its own storage.
+  Tensor clone() const;
+  // Integer contents widened to int64 (int8…int64, uint8…uint64, bool); throws for other dtypes.
+  std::vector<int64_t> to_int64s() const;
+  // A scalar read as double (any numeric dtype).
+  double scalar_as_double(int64_t index = 0) const;
+
+ private:
+  DType dtype_ = DType::kUndefined;
+  std::vector<int64_t> shape_;
+  int64_t elements_ = 0;
+  std::shared_ptr<std::byte> data_;
+};
+
+// Reads a TensorProto: raw_data, typed fields, or external data resolved under `base_dir` (locations
+// that leave it are refused). Throws InvalidModel for inconsistent tensors, Unsupported for
+// string/complex dtypes, SystemError for I/O.
+Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::filesystem::path& base_dir = {});
+// Reads a serialized TensorProto file (the ONNX test-data input_N.pb / output_N.pb).
+Tensor read_tensor_file(const std::filesystem::path& path, std::string* name = nullptr);
+// Writes `t` as raw_data.
+void tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto& proto);
+void write_tensor_file(const Tensor& t, const std::string& name, const std::filesystem::path& path);
+
+}  // namespace apart

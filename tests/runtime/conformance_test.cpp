@@ -1,0 +1,172 @@
+// ONNX's backend node tests (Debian libonnx-testdata): every test whose ops and dtypes the runtime
+// supports must reproduce the reference outputs. Skips follow rules, never test names.
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "graph/error.h"
+#include "importer/importer.h"
+#include "runtime/executor.h"
+#include "tests/runtime/compare.h"
+
+namespace apart {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kNodeTests = "/usr/share/libonnx-testdata/data/node";
+
+// Element types the kernels handle; a test feeding or expecting another type is skipped.
+bool dtype_supported(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kInt64:
+    case DType::kInt32:
+    case DType::kInt16:
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kUInt16:
+    case DType::kUInt32:
+    case DType::kUInt64:
+    case DType::kBool: return true;
+    default: return false;
+  }
+}
+
+std::vector<fs::path> numbered(const fs::path& dir, const std::string& prefix) {
+  std::vector<fs::path> files;
+  for (int i = 0;; ++i) {
+    fs::path p = dir / (prefix + std::to_string(i) + ".pb");
+    if (!fs::exists(p)) break;
+    files.push_back(p);
+  }
+  return files;
+}
+
+enum class Outcome { kPass, kFail, kSkipImport, kSkipOp, kSkipDtype, kSkipFeature };
+
+struct Result {
+  Outcome outcome;
+  std::string detail;
+};
+
+Result run_case(const fs::path& dir) {
+  const fs::path model_path = dir / "model.onnx";
+  const fs::path data = dir / "test_data_set_0";
+  if (!fs::exists(model_path) || !fs::exists(data)) return {Outcome::kSkipImport, "no model or test_data_set_0"};
+  onnx::ModelProto proto;
+  {
+    std::ifstream in(model_path, std::ios::binary);
+    if (!proto.ParseFromIstream(&in)) return {Outcome::kSkipImport, "unparseable model"};
+  }
+  std::set<std::string> initialized;
+  for (const auto& init : proto.graph().initializer()) initialized.insert(init.name());
+  std::vector<std::string> input_names;
+  for (const auto& in : proto.graph().input())
+    if (!initialized.count(in.name())) input_names.push_back(in.name());
+
+  // Inputs first: their shapes bind the model's dynamic dims.
+  std::map<std::string, Tensor> inputs;
+  ImportOptions options;
+  const auto input_files = numbered(data, "input_");
+  const auto output_files = numbered(data, "output_");
+  try {
+    for (size_t i = 0; i < input_files.size(); ++i) {
+      std::string name;
+      Tensor t = read_tensor_file(input_files[i], &name);
+      if (name.empty() && i < input_names.size()) name = input_names[i];
+      if (!dtype_supported(t.dtype())) return {Outcome::kSkipDtype, std::string(dtype_name(t.dtype()))};
+      options.input_shapes.emplace_back(name, t.shape());
+      inputs.emplace(name, std::move(t));
+    }
+  } catch (const Unsupported& e) {
+    return {Outcome::kSkipDtype, e.what()};
+  } catch (const Error& e) {
+    return {Outcome::kSkipImport, e.what()};  // e.g. optional/sequence inputs the runtime does not model
+  }
+  std::vector<Tensor> expected;
+  try {
+    for (const auto& f : output_files) {
+      expected.push_back(read_tensor_file(f));
+      if (!dtype_supported(expected.back().dtype())) return {Outcome::kSkipDtype, std::string(dtype_name(expected.back().dtype()))};
+    }
+  } catch (const Unsupported& e) {
+    return {Outcome::kSkipDtype, e.what()};
+  } catch (const Error& e) {
+    return {Outcome::kSkipImport, std::string("output: ") + e.what()};
+  }
+
+  std::unique_ptr<ImportedModel> model;
+  try {
+    model = std::make_unique<ImportedModel>(import_model(model_path, options));
+  } catch (const Error& e) {
+    return {Outcome::kSkipImport, e.what()};
+  }
+  for (const Value& v : model->graph.values())
+    if (v.dtype != DType::kUndefined && !dtype_supported(v.dtype)) return {Outcome::kSkipDtype, v.name + ": " + std::string(dtype_name(v.dtype))};
+  std::unique_ptr<Executor> exec;
+  try {
+    exec = std::make_unique<Executor>(*model);
+  } catch (const Unsupported& e) {
+    return {Outcome::kSkipOp, e.what()};
+  } catch (const Error& e) {
+    return {Outcome::kFail, std::string("load: ") + e.what()};
+  }
+  NamedTensors outputs;
+  try {
+    outputs = exec->run(inputs);
+  } catch (const Unsupported& e) {
+    return {Outcome::kSkipFeature, e.what()};
+  } catch (const std::exception& e) {
+    return {Outcome::kFail, std::string("run: ") + e.what()};
+  }
+  if (outputs.size() != expected.size())
+    return {Outcome::kFail, std::to_string(outputs.size()) + " outputs, expected " + std::to_string(expected.size())};
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::string diff = testing::compare_tensors(outputs[i].second, expected[i]);
+    if (!diff.empty()) return {Outcome::kFail, "output " + outputs[i].first + ": " + diff};
+  }
+  return {Outcome::kPass, ""};
+}
+
+TEST(TheOnnxNodeConformanceSuite, PassesEveryTestWhoseOpsAndDtypesAreSupported) {
+  if (!fs::exists(kNodeTests)) GTEST_SKIP() << kNodeTests << " is missing (Debian package libonnx-testdata)";
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(kNodeTests))
+    if (e.is_directory()) dirs.push_back(e.path());
+  std::sort(dirs.begin(), dirs.end());
+  std::map<Outcome, int> counts;
+  std::map<std::string, int> skipped_ops;
+  std::vector<std::string> passed;
+  for (const auto& dir : dirs) {
+    const Result r = run_case(dir);
+    ++counts[r.outcome];
+    const std::string name = dir.filename().string();
+    if (r.outcome == Outcome::kFail) ADD_FAILURE() << name << ": " << r.detail;
+    if (r.outcome == Outcome::kPass) passed.push_back(name);
+    if (r.outcome == Outcome::kSkipOp) {
+      const auto at = r.detail.find(": op ");
+      ++skipped_ops[at == std::string::npos ? r.detail : r.detail.substr(at + 5, r.detail.find(' ', at + 5) - at - 5)];
+    }
+    if (r.outcome == Outcome::kSkipFeature || r.outcome == Outcome::kSkipImport)
+      std::printf("[ skip     ] %s: %s\n", name.c_str(), r.detail.substr(0, 160).c_str());
+  }
+  const int skips = counts[Outcome::kSkipImport] + counts[Outcome::kSkipOp] + counts[Outcome::kSkipDtype] + counts[Outcome::kSkipFeature];
+  std::printf("[ conform  ] %zu node tests: %d pass, %d fail, %d skip (op unsupported %d, dtype unsupported %d, "
+              "feature unsupported %d, not importable %d)\n",
+              dirs.size(), counts[Outcome::kPass], counts[Outcome::kFail], skips, counts[Outcome::kSkipOp],
+              counts[Outcome::kSkipDtype], counts[Outcome::kSkipFeature], counts[Outcome::kSkipImport]);
+  std::string ops;
+  for (const auto& [op, n] : skipped_ops) ops += " " + op + "(" + std::to_string(n) + ")";
+  std::printf("[ conform  ] ops without a kernel:%s\n", ops.c_str());
+  EXPECT_EQ(counts[Outcome::kFail], 0);
+  EXPECT_GT(counts[Outcome::kPass], 250);
+}
+
+}  // namespace
+}  // namespace apart

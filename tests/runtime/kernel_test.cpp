@@ -1,0 +1,127 @@
+// Kernels through the executor on one-node models: semantics the ONNX corpus covers thinly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "graph/error.h"
+#include "importer/importer.h"
+#include "runtime/executor.h"
+#include "tests/runtime/model_builder.h"
+
+namespace apart {
+namespace {
+
+using testing::Io;
+using testing::ModelBuilder;
+
+Tensor iota(DType dtype, std::vector<int64_t> shape, float scale = 1.f) {
+  Tensor t(dtype, std::move(shape));
+  for (int64_t i = 0; i < t.elements(); ++i) t.data<float>()[i] = scale * static_cast<float>(i % 7) - 2.f;
+  return t;
+}
+
+Tensor run_one(ModelBuilder& b, const std::string& file, const std::map<std::string, Tensor>& inputs) {
+  ImportedModel m = import_model(b.write(file));
+  Executor exec(m);
+  return exec.run(inputs).at(0).second;
+}
+
+TEST(TheExecutor, NamesTheNodeAndOpItHasNoKernelFor) {
+  ModelBuilder b;
+  b.input({"x", DType::kFloat32, {2}}).output({"y", DType::kFloat32, {2}});
+  b.node("Acosh", {"x"}, {"y"}, "my_node");
+  ImportedModel m = import_model(b.write("unsupported.onnx"));
+  try {
+    Executor exec(m);
+    FAIL() << "expected Unsupported";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("my_node"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Acosh"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TheExecutor, RefusesInputsOfTheWrongShape) {
+  ModelBuilder b;
+  b.input({"x", DType::kFloat32, {2}}).output({"y", DType::kFloat32, {2}});
+  b.node("Relu", {"x"}, {"y"});
+  ImportedModel m = import_model(b.write("relu.onnx"));
+  Executor exec(m);
+  EXPECT_THROW(exec.run({{"x", Tensor(DType::kFloat32, {3})}}), InvalidArgument);
+  EXPECT_THROW(exec.run({}), InvalidArgument);
+}
+
+TEST(Softmax, CoercesTo2DBeforeOpset13AndNormalisesOneAxisFrom13) {
+  for (int64_t opset : {11, 13}) {
+    ModelBuilder b(opset);
+    b.input({"x", DType::kFloat32, {2, 3, 4}}).output({"y", DType::kFloat32, {2, 3, 4}});
+    ModelBuilder::attr_int(b.node("Softmax", {"x"}, {"y"}), "axis", 1);
+    Tensor y = run_one(b, "softmax" + std::to_string(opset) + ".onnx", {{"x", iota(DType::kFloat32, {2, 3, 4})}});
+    double first_block = 0, column = 0;
+    for (int i = 0; i < 12; ++i) first_block += y.data<float>()[i];
+    for (int i = 0; i < 3; ++i) column += y.data<float>()[i * 4];
+    if (opset == 11) EXPECT_NEAR(first_block, 1.0, 1e-5);  // one softmax over 3×4
+    else EXPECT_NEAR(column, 1.0, 1e-5);                    // one softmax per (batch, last-dim) column
+  }
+}
+
+TEST(MatMul, BroadcastsBatchDimsLikeNumpy) {
+  ModelBuilder b;
+  b.input({"a", DType::kFloat32, {2, 1, 3, 4}}).input({"b", DType::kFloat32, {3, 4, 5}}).output({"y", DType::kFloat32, {2, 3, 3, 5}});
+  b.node("MatMul", {"a", "b"}, {"y"});
+  Tensor a = iota(DType::kFloat32, {2, 1, 3, 4}), bt = iota(DType::kFloat32, {3, 4, 5}, 0.5f);
+  Tensor y = run_one(b, "matmul.onnx", {{"a", a}, {"b", bt}});
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{2, 3, 3, 5}));
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t r = 0; r < 3; ++r)
+        for (int64_t c = 0; c < 5; ++c) {
+          double acc = 0;
+          for (int64_t k = 0; k < 4; ++k) acc += a.data<float>()[(i * 3 + r) * 4 + k] * bt.data<float>()[(j * 4 + k) * 5 + c];
+          EXPECT_NEAR(y.data<float>()[((i * 3 + j) * 3 + r) * 5 + c], acc, 1e-4);
+        }
+}
+
+TEST(Conv, MatchesADirectConvolutionWithGroupsStridesPadsAndDilation) {
+  ModelBuilder b;
+  b.input({"x", DType::kFloat32, {1, 4, 7, 6}}).input({"w", DType::kFloat32, {6, 2, 3, 2}}).output({"y", DType::kFloat32, {}});
+  b.proto().mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  auto& n = b.node("Conv", {"x", "w"}, {"y"});
+  ModelBuilder::attr_int(n, "group", 2);
+  ModelBuilder::attr_ints(n, "strides", {2, 1});
+  ModelBuilder::attr_ints(n, "pads", {1, 0, 2, 1});
+  ModelBuilder::attr_ints(n, "dilations", {1, 2});
+  Tensor x = iota(DType::kFloat32, {1, 4, 7, 6}), w = iota(DType::kFloat32, {6, 2, 3, 2}, 0.25f);
+  Tensor y = run_one(b, "conv.onnx", {{"x", x}, {"w", w}});
+  const int64_t oh = (7 + 3 - 3) / 2 + 1, ow = (6 + 1 - 3) / 1 + 1;
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{1, 6, oh, ow}));
+  for (int64_t m = 0; m < 6; ++m)
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        double acc = 0;
+        const int64_t g = m / 3;
+        for (int64_t c = 0; c < 2; ++c)
+          for (int64_t ky = 0; ky < 3; ++ky)
+            for (int64_t kx = 0; kx < 2; ++kx) {
+              const int64_t iy = oy * 2 - 1 + ky, ix = ox - 0 + kx * 2;
+              if (iy < 0 || iy >= 7 || ix < 0 || ix >= 6) continue;
+              acc += x.data<float>()[((g * 2 + c) * 7 + iy) * 6 + ix] * w.data<float>()[((m * 2 + c) * 3 + ky) * 2 + kx];
+            }
+        EXPECT_NEAR(y.data<float>()[(m * oh + oy) * ow + ox], acc, 1e-4);
+      }
+}
+
+TEST(Reshape, CopiesZeroDimsAndInfersMinusOne) {
+  ModelBuilder b;
+  b.input({"x", DType::kFloat32, {2, 3, 4}}).output({"y", DType::kFloat32, {2, 4, 3}});
+  Tensor shape(DType::kInt64, {3});
+  shape.data<int64_t>()[0] = 0;
+  shape.data<int64_t>()[1] = -1;
+  shape.data<int64_t>()[2] = 3;
+  b.initializer(shape, "s");
+  b.node("Reshape", {"x", "s"}, {"y"});
+  Tensor y = run_one(b, "reshape.onnx", {{"x", iota(DType::kFloat32, {2, 3, 4})}});
+  EXPECT_EQ(y.shape(), (std::vector<int64_t>{2, 4, 3}));
+}
+
+}  // namespace
+}  // namespace apart

@@ -1,0 +1,108 @@
+// The memory planner: reuse on a chain, no overlap between values live together, executor use.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "importer/importer.h"
+#include "runtime/executor.h"
+#include "runtime/memory_plan.h"
+#include "tests/runtime/model_builder.h"
+
+namespace apart {
+namespace {
+
+// x → Relu → Relu → … (n tasks), every activation 4 KiB.
+TaskGraph relu_chain(int n) {
+  TaskGraph g;
+  auto value = [&](const std::string& name, ValueKind kind) {
+    Value v;
+    v.name = name;
+    v.dtype = DType::kFloat32;
+    v.shape = {1024};
+    v.shape_known = true;
+    v.elements = 1024;
+    v.bytes = 4096;
+    v.kind = kind;
+    return g.add_value(v);
+  };
+  ValueId prev = value("x", ValueKind::kInput);
+  g.mark_graph_input(prev);
+  for (int i = 0; i < n; ++i) {
+    ValueId out = value("a" + std::to_string(i), i + 1 == n ? ValueKind::kOutput : ValueKind::kActivation);
+    Task t;
+    t.name = "relu" + std::to_string(i);
+    t.op_type = "Relu";
+    t.inputs = {prev};
+    t.outputs = {out};
+    g.add_task(t);
+    prev = out;
+  }
+  g.mark_graph_output(prev);
+  g.finalize();
+  return g;
+}
+
+TEST(TheMemoryPlanner, ReusesBuffersAlongAChain) {
+  TaskGraph g = relu_chain(10);
+  MemoryPlan plan = plan_memory(g);
+  EXPECT_EQ(plan.total_bytes, 10 * 4096);
+  EXPECT_LT(plan.peak_bytes, plan.total_bytes);
+  EXPECT_EQ(plan.peak_bytes, 2 * 4096);  // producer and consumer of each step, nothing else
+  EXPECT_EQ(plan.lower_bound_bytes, 2 * 4096);
+  EXPECT_NO_THROW(check_memory_plan(plan));
+}
+
+TEST(TheMemoryPlanner, NeverOverlapsValuesLiveTogether) {
+  TaskGraph g = relu_chain(6);
+  MemoryPlan plan = plan_memory(g);
+  for (const auto& a : plan.buffers)
+    for (const auto& b : plan.buffers) {
+      if (a.value == b.value) continue;
+      const bool together = a.first_step <= b.last_step && b.first_step <= a.last_step;
+      const bool overlap = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+      EXPECT_FALSE(together && overlap);
+    }
+  // A corrupted plan is caught.
+  plan.buffers[1].offset = plan.buffers[0].offset;
+  plan.buffers[1].first_step = plan.buffers[0].first_step;
+  plan.buffers[1].last_step = plan.buffers[0].last_step;
+  EXPECT_THROW(check_memory_plan(plan), Error);
+}
+
+TEST(TheMemoryPlanner, PlansGptTinyBelowTheSumOfItsActivationsAndIsDeterministic) {
+  ImportOptions options;
+  options.dims["batch"] = 2;
+  ImportedModel m = import_model(std::filesystem::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx", options);
+  MemoryPlan a = plan_memory(m.graph), b = plan_memory(m.graph);
+  EXPECT_NO_THROW(check_memory_plan(a));
+  EXPECT_LT(a.peak_bytes, a.total_bytes / 2);
+  EXPECT_GE(a.peak_bytes, a.lower_bound_bytes);
+  EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+  EXPECT_EQ(a.offset_of, b.offset_of);
+  std::printf("[ plan     ] gpt-tiny batch 2: arena %lld bytes, live lower bound %lld, no reuse %lld\n",
+              static_cast<long long>(a.peak_bytes), static_cast<long long>(a.lower_bound_bytes),
+              static_cast<long long>(a.total_bytes));
+}
+
+TEST(TheExecutor, RunsAChainInsideTheArenaAndReportsThePlanBeforeTheFirstStep) {
+  testing::ModelBuilder b;
+  b.input({"x", DType::kFloat32, {256}}).output({"y", DType::kFloat32, {256}});
+  std::string prev = "x";
+  for (int i = 0; i < 8; ++i) {
+    const std::string out = i == 7 ? "y" : "h" + std::to_string(i);
+    b.node(i % 2 ? "Neg" : "Abs", {prev}, {out});  // ends in Neg: y = -|x|
+    prev = out;
+  }
+  ImportedModel m = import_model(b.write("chain.onnx"));
+  Executor exec(m);
+  EXPECT_EQ(exec.memory_plan().total_bytes, 8 * 1024);
+  EXPECT_EQ(exec.memory_plan().peak_bytes, 2 * 1024);
+  Tensor x(DType::kFloat32, {256});
+  for (int i = 0; i < 256; ++i) x.data<float>()[i] = static_cast<float>(i - 128);
+  Tensor y = exec.run({{"x", x}}).at(0).second;
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(y.data<float>()[i], -std::fabs(static_cast<float>(i - 128)));
+}
+
+}  // namespace
+}  // namespace apart

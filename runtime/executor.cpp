@@ -39,6 +39,22 @@ std::string quote(const std::string& s) { return "'" + s + "'"; }
 std::vector<std::string> runtime_supported_ops() { return supported_ops(); }
 
 Executor::Executor(const ImportedModel& model, ExecutorOptions options) : model_(model), options_(options) {
+  const fs::path path(model.path);
+  load(load_model_proto(path), path.parent_path());
+}
+
+Executor::Executor(const onnx::ModelProto& proto, const fs::path& base_dir, ExecutorOptions options,
+                   const ImportOptions& import)
+    : owned_model_(std::make_unique<ImportedModel>(import_model_bytes(
+          proto.SerializeAsString(), base_dir,
+          proto.graph().name().empty() ? std::string("<in-memory model>") : proto.graph().name(), import))),
+      model_(*owned_model_),
+      options_(options) {
+  load(proto, base_dir);
+}
+
+void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
+  const ImportedModel& model = model_;
   const TaskGraph& g = model.graph;
   APART_CHECK(g.finalized(), "the executor needs a finalized graph");
   if (auto it = model.opsets.find(""); it != model.opsets.end()) opset_ = it->second;
@@ -47,17 +63,15 @@ Executor::Executor(const ImportedModel& model, ExecutorOptions options) : model_
   kernels_.resize(g.num_tasks());
   for (size_t t = 0; t < g.num_tasks(); ++t) {
     const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
-    KernelFn fn = task.domain.empty() ? find_kernel(task.op_type) : nullptr;
+    // Other domains register as "<domain>.<op>" (ai.apart's gradient ops, docs/autodiff.md).
+    KernelFn fn = find_kernel(task.domain.empty() || task.domain == "ai.onnx" ? task.op_type : task.domain + "." + task.op_type);
     if (!fn)
       throw Unsupported("node " + quote(task.name) + ": op " + (task.domain.empty() ? "" : task.domain + ".") +
                         task.op_type + " has no CPU kernel in apart's runtime (docs/runtime.md lists the supported ops)");
     kernels_[t] = fn;
   }
 
-  // --- Params and TENSOR attributes, read from the file (the importer keeps shapes only) ---
-  const fs::path path(model.path);
-  const fs::path base_dir = path.parent_path();
-  onnx::ModelProto proto = load_model_proto(path);
+  // --- Params and TENSOR attributes, read from the proto (the importer keeps shapes only) ---
   persistent_.resize(g.num_values());
   for (const auto& init : proto.graph().initializer()) {
     auto id = g.find_value(init.name());

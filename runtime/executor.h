@@ -2,6 +2,7 @@
 // order, with activations in one arena planned before the first step.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +13,10 @@
 #include "runtime/kernel.h"
 #include "runtime/memory_plan.h"
 #include "runtime/tensor.h"
+
+namespace onnx {
+class ModelProto;
+}
 
 namespace apart {
 
@@ -29,6 +34,12 @@ class Executor {
   // Reads params from the ONNX file at model.path (initializers, inline or external data). `model`
   // must outlive the executor. Throws Unsupported naming the first node whose op has no kernel.
   explicit Executor(const ImportedModel& model, ExecutorOptions options = {});
+  // Runs an in-memory model (e.g. a training graph from build_training_graph): imports it with
+  // `import` (dims bound there), reads params from its initializers, inline or external data
+  // resolved under `base_dir` (the folder of the file the model came from). Keeps its own copy of
+  // the imported graph; `proto` may be dropped after construction.
+  Executor(const onnx::ModelProto& proto, const std::filesystem::path& base_dir, ExecutorOptions options = {},
+           const ImportOptions& import = {});
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -43,10 +54,14 @@ class Executor {
   const std::vector<double>& task_seconds() const { return task_seconds_; }
   // A param's tensor (for checks and, later, optimizers).
   Tensor* param(const std::string& name);
+  // The imported graph the executor runs (shapes, value kinds).
+  const ImportedModel& model() const { return model_; }
 
  private:
   void execute(size_t task_index, std::vector<Tensor>& slots, bool planned);
+  void load(const onnx::ModelProto& proto, const std::filesystem::path& base_dir);
 
+  std::unique_ptr<ImportedModel> owned_model_;  // set by the in-memory constructor; before model_
   const ImportedModel& model_;
   ExecutorOptions options_;
   int64_t opset_ = 0;

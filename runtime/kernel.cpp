@@ -41,7 +41,8 @@ KernelFn find_kernel(std::string_view op_type) {
 
 std::vector<std::string> supported_ops() {
   std::vector<std::string> ops;
-  for (const auto& [name, fn] : registry()) ops.push_back(name);
+  for (const auto& [name, fn] : registry())
+    if (name.find('.') == std::string::npos) ops.push_back(name);  // default domain only
   return ops;
 }
 

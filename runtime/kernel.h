@@ -60,7 +60,8 @@ class KernelContext {
 
 using KernelFn = void (*)(KernelContext&);
 
-// The kernel for an op of the default ONNX domain, or nullptr.
+// The kernel for an op of the default ONNX domain ("Conv"), or of another domain as
+// "<domain>.<op>" ("ai.apart.ConvGrad"), or nullptr. supported_ops() lists the default domain only.
 KernelFn find_kernel(std::string_view op_type);
 std::vector<std::string> supported_ops();
 // Adds a kernel; the cpu/*.cpp families call it from their register_*_kernels() (cpu/families.h).

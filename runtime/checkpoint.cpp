@@ -1,0 +1,243 @@
+// Checkpoint files and trained-model export (see checkpoint.h for the formats).
+#include "runtime/checkpoint.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <system_error>
+
+#include "graph/error.h"
+#include "graph/task_graph.h"
+
+namespace apart {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'A', 'P', 'A', 'R', 'T', 'C', 'K', 'P'};
+constexpr uint32_t kVersion = 1;
+constexpr int64_t kAlign = 64;
+
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_u64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t get_le(const unsigned char* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+std::string temp_name(const fs::path& target) { return target.string() + ".tmp"; }
+
+// Writes chunks to `target` through target.tmp and a rename.
+class AtomicFile {
+ public:
+  explicit AtomicFile(fs::path target) : target_(std::move(target)), temp_(temp_name(target_)) {
+    out_.open(temp_, std::ios::binary | std::ios::trunc);
+    if (!out_) throw SystemError("cannot write " + temp_.string() + ": " + std::strerror(errno));
+  }
+  ~AtomicFile() {
+    if (!committed_) {
+      out_.close();
+      std::error_code ec;
+      fs::remove(temp_, ec);
+    }
+  }
+  void write(const void* data, int64_t n) {
+    out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+    if (!out_) throw SystemError("write failed on " + temp_.string() + " (disk full?)");
+  }
+  void pad_to(int64_t offset) {
+    static const char zeros[4096] = {};
+    int64_t pos = static_cast<int64_t>(out_.tellp());
+    while (pos < offset) {
+      const int64_t n = std::min<int64_t>(offset - pos, sizeof zeros);
+      write(zeros, n);
+      pos += n;
+    }
+  }
+  void commit() {
+    out_.close();
+    if (!out_) throw SystemError("closing " + temp_.string() + " failed");
+    std::error_code ec;
+    fs::rename(temp_, target_, ec);
+    if (ec) throw SystemError("cannot rename " + temp_.string() + " to " + target_.string() + ": " + ec.message());
+    committed_ = true;
+  }
+
+ private:
+  fs::path target_, temp_;
+  std::ofstream out_;
+  bool committed_ = false;
+};
+
+std::string read_file_bytes(const fs::path& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument(std::string(what) + " " + path.string() + " cannot be opened: " + std::strerror(errno));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return bytes;
+}
+
+}  // namespace
+
+void write_checkpoint(const fs::path& dir, int64_t step, const nlohmann::json& meta,
+                      const std::vector<std::pair<std::string, const Tensor*>>& tensors) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw SystemError("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
+  nlohmann::json header = {{"format", "apart.checkpoint/1"}, {"step", step}, {"meta", meta}};
+  nlohmann::json list = nlohmann::json::array();
+  int64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    list.push_back({{"name", name}, {"dtype", static_cast<int>(t->dtype())}, {"shape", t->shape()},
+                    {"offset", offset}, {"bytes", t->bytes()}});
+    offset = align_up(offset + t->bytes(), kAlign);
+  }
+  header["tensors"] = std::move(list);
+  const std::string json = header.dump();
+  std::string prefix(kMagic, kMagic + 8);
+  put_u32(prefix, kVersion);
+  put_u32(prefix, 0);
+  put_u64(prefix, json.size());
+  prefix += json;
+  const int64_t data_start = align_up(static_cast<int64_t>(prefix.size()), kAlign);
+
+  AtomicFile file(dir / kCheckpointFile);
+  file.write(prefix.data(), static_cast<int64_t>(prefix.size()));
+  int64_t pos = data_start;
+  file.pad_to(pos);
+  for (const auto& [name, t] : tensors) {
+    file.write(t->raw(), t->bytes());
+    pos = align_up(pos + t->bytes(), kAlign);
+    file.pad_to(pos);
+  }
+  file.commit();
+}
+
+Checkpoint read_checkpoint(const fs::path& dir_or_file) {
+  const fs::path path = fs::is_directory(dir_or_file) ? dir_or_file / kCheckpointFile : dir_or_file;
+  const std::string where = "checkpoint " + path.string();
+  if (!fs::exists(path)) throw InvalidArgument(where + " does not exist (was --checkpoint-dir written by apart train?)");
+  const std::string bytes = read_file_bytes(path, "checkpoint");
+  const auto* u = reinterpret_cast<const unsigned char*>(bytes.data());
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  if (size < 24 || std::memcmp(bytes.data(), kMagic, 8) != 0)
+    throw InvalidArgument(where + " is not an apart checkpoint (bad magic)");
+  const uint32_t version = static_cast<uint32_t>(get_le(u + 8, 4));
+  if (version != kVersion)
+    throw InvalidArgument(where + " has format version " + std::to_string(version) + "; this apart reads version 1");
+  const uint64_t header_len = get_le(u + 16, 8);
+  if (header_len > static_cast<uint64_t>(size - 24)) throw InvalidArgument(where + " is truncated (header)");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.substr(24, header_len));
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(where + ": header is not valid JSON: " + e.what());
+  }
+  const int64_t data_start = align_up(24 + static_cast<int64_t>(header_len), kAlign);
+  Checkpoint ck;
+  try {
+    if (header.at("format") != "apart.checkpoint/1") throw InvalidArgument(where + ": unknown format");
+    ck.step = header.at("step").get<int64_t>();
+    ck.meta = header.value("meta", nlohmann::json::object());
+    for (const auto& e : header.at("tensors")) {
+      const std::string name = e.at("name").get<std::string>();
+      const auto dtype = dtype_from_onnx(e.at("dtype").get<int32_t>());
+      const auto shape = e.at("shape").get<std::vector<int64_t>>();
+      const int64_t offset = e.at("offset").get<int64_t>();
+      const int64_t nbytes = e.at("bytes").get<int64_t>();
+      const auto elements = checked_element_count(shape);
+      if (!dtype || dtype_size(*dtype) == 0 || !elements || *elements * dtype_size(*dtype) != nbytes || offset < 0)
+        throw InvalidArgument(where + ": tensor '" + name + "' has an inconsistent dtype/shape/size");
+      if (offset > size - data_start || nbytes > size - data_start - offset)
+        throw InvalidArgument(where + " is truncated: tensor '" + name + "' lies past the end of the file");
+      Tensor t(*dtype, shape);
+      std::memcpy(t.raw(), bytes.data() + data_start + offset, static_cast<size_t>(nbytes));
+      ck.tensors.emplace_back(name, std::move(t));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(where + ": malformed header: " + e.what());
+  }
+  if (ck.step < 0) throw InvalidArgument(where + ": negative step");
+  return ck;
+}
+
+void write_trained_model(const fs::path& forward_model, const fs::path& output,
+                         const std::map<std::string, const Tensor*>& values, int64_t external_threshold_bytes) {
+  const std::string bytes = read_file_bytes(forward_model, "model");
+  onnx::ModelProto model;
+  if (!model.ParseFromString(bytes)) throw InvalidModel(forward_model.string() + " is not a valid ONNX model");
+  const fs::path base_dir = forward_model.parent_path();
+  auto* graph = model.mutable_graph();
+
+  // New contents of every initializer (trained values, or the old ones read back).
+  std::set<std::string> seen;
+  std::vector<Tensor> contents;
+  int64_t total = 0;
+  for (const auto& init : graph->initializer()) {
+    auto it = values.find(init.name());
+    Tensor t;
+    if (it != values.end()) {
+      t = *it->second;
+      if (static_cast<int32_t>(t.dtype()) != init.data_type() ||
+          !std::equal(t.shape().begin(), t.shape().end(), init.dims().begin(), init.dims().end()))
+        throw InvalidArgument("trained value for '" + init.name() + "' has another dtype/shape than in " +
+                              forward_model.string());
+      seen.insert(init.name());
+    } else {
+      t = tensor_from_proto(init, base_dir);
+    }
+    total += t.bytes();
+    contents.push_back(std::move(t));
+  }
+  for (const auto& [name, t] : values)
+    if (!seen.count(name)) throw InvalidArgument("'" + name + "' is not an initializer of " + forward_model.string());
+
+  const bool external = total >= external_threshold_bytes;
+  const fs::path data_path = output.string() + ".data";
+  std::unique_ptr<AtomicFile> data_file;
+  if (external) data_file = std::make_unique<AtomicFile>(data_path);
+  int64_t offset = 0;
+  for (int i = 0; i < graph->initializer_size(); ++i) {
+    onnx::TensorProto& init = *graph->mutable_initializer(i);
+    const Tensor& t = contents[static_cast<size_t>(i)];
+    onnx::TensorProto fresh;
+    tensor_to_proto(t, init.name(), fresh);
+    if (init.has_doc_string()) fresh.set_doc_string(init.doc_string());
+    if (external) {
+      offset = align_up(offset, 4096);
+      data_file->pad_to(offset);
+      data_file->write(t.raw(), t.bytes());
+      fresh.clear_raw_data();
+      fresh.set_data_location(onnx::TensorProto::EXTERNAL);
+      auto add = [&](const char* k, const std::string& v) {
+        auto* kv = fresh.add_external_data();
+        kv->set_key(k);
+        kv->set_value(v);
+      };
+      add("location", data_path.filename().string());
+      add("offset", std::to_string(offset));
+      add("length", std::to_string(t.bytes()));
+      offset += t.bytes();
+    }
+    init = std::move(fresh);
+  }
+  std::string serialized;
+  if (!model.SerializeToString(&serialized))
+    throw Infeasible("the trained model does not serialize (protobuf's 2 GiB limit); use external data");
+  AtomicFile out(output);
+  out.write(serialized.data(), static_cast<int64_t>(serialized.size()));
+  if (data_file) data_file->commit();
+  out.commit();
+}
+
+}  // namespace apart

@@ -1,0 +1,48 @@
+// Training checkpoints (params + optimizer state + step, one binary file, temp + rename) and writing
+// trained weights back into a standard ONNX model.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace apart {
+
+// The file inside a checkpoint directory. Format (docs/training.md, "Checkpoints"): the 8 bytes
+// "APARTCKP", u32 version (1), u32 0, u64 header length H, H bytes of JSON
+// {"format":"apart.checkpoint/1","step":N,"meta":{…},"tensors":[{"name","dtype","shape","offset","bytes"}]},
+// zero padding to a multiple of 64, then the tensors' raw little-endian bytes, each at its offset
+// (relative to the data start, 64-aligned).
+inline constexpr const char* kCheckpointFile = "checkpoint.apart";
+
+struct Checkpoint {
+  int64_t step = 0;
+  nlohmann::json meta = nlohmann::json::object();      // optimizer, options, model: what wrote it
+  std::vector<std::pair<std::string, Tensor>> tensors;  // "param/<name>", "optim/<name>/<slot>"
+};
+
+// Writes DIR/checkpoint.apart (creating DIR) through a temporary file and a rename, so a crash
+// leaves the previous checkpoint intact. Throws SystemError for I/O.
+void write_checkpoint(const std::filesystem::path& dir, int64_t step, const nlohmann::json& meta,
+                      const std::vector<std::pair<std::string, const Tensor*>>& tensors);
+// Reads DIR/checkpoint.apart (or a path to the file itself). Throws InvalidArgument naming the file
+// and what is wrong (missing, truncated, bad magic/version/header, tensors past the end).
+Checkpoint read_checkpoint(const std::filesystem::path& dir_or_file);
+
+// Writes `forward_model` (an ONNX file) with every initializer named in `values` replaced by the
+// given tensor; other initializers keep their values (external data is read and rewritten). Below
+// 2 GiB of initializers everything is inline; above, all initializers go to one external-data file
+// "<output name>.data" beside the output, each at a 4096-aligned offset. Temp files + rename.
+// `external_threshold_bytes` exists for tests. Throws InvalidArgument for a name that is not an
+// initializer or a shape/dtype mismatch, SystemError for I/O.
+void write_trained_model(const std::filesystem::path& forward_model, const std::filesystem::path& output,
+                         const std::map<std::string, const Tensor*>& values,
+                         int64_t external_threshold_bytes = int64_t{2} << 30);
+
+}  // namespace apart

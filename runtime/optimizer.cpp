@@ -1,0 +1,189 @@
+// Optimizer updates written as PyTorch's torch.optim single-tensor ("foreach=False") loops, in float32.
+#include "runtime/optimizer.h"
+
+#include <cmath>
+#include <map>
+#include <numbers>
+
+#include "graph/error.h"
+
+namespace apart {
+
+std::string_view optimizer_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kMomentum: return "momentum";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kAdamW: return "adamw";
+  }
+  return "?";
+}
+
+OptimizerKind parse_optimizer(std::string_view text) {
+  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam, OptimizerKind::kAdamW})
+    if (text == optimizer_name(k)) return k;
+  throw InvalidArgument("--optimizer: unknown optimizer '" + std::string(text) + "' (use sgd, momentum, adam or adamw)");
+}
+
+LrScheduleKind parse_lr_schedule(std::string_view text) {
+  if (text == "constant") return LrScheduleKind::kConstant;
+  if (text == "cosine") return LrScheduleKind::kCosine;
+  throw InvalidArgument("--lr-schedule: unknown schedule '" + std::string(text) + "' (use constant or cosine)");
+}
+
+void OptimizerOptions::validate() const {
+  auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!std::isfinite(lr) || lr <= 0) throw InvalidArgument("--lr must be a positive number");
+  if (!finite_nonneg(weight_decay)) throw InvalidArgument("--weight-decay must be >= 0");
+  if (!std::isfinite(momentum) || momentum < 0 || momentum >= 1) throw InvalidArgument("--momentum must be in [0, 1)");
+  if (!std::isfinite(beta1) || beta1 < 0 || beta1 >= 1 || !std::isfinite(beta2) || beta2 < 0 || beta2 >= 1)
+    throw InvalidArgument("--betas must both be in [0, 1), e.g. --betas 0.9,0.999");
+  if (!std::isfinite(eps) || eps <= 0) throw InvalidArgument("--eps must be positive");
+  if (!finite_nonneg(clip_grad_norm)) throw InvalidArgument("--clip-grad-norm must be >= 0 (0 = off)");
+}
+
+double LrSchedule::lr_at(int64_t step, double peak_lr) const {
+  if (kind == LrScheduleKind::kConstant) return peak_lr;
+  if (step < warmup_steps) return peak_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  const double min_lr = min_lr_ratio * peak_lr;
+  const int64_t decay_steps = total_steps - warmup_steps;
+  if (decay_steps <= 0 || step >= total_steps) return decay_steps <= 0 ? peak_lr : min_lr;
+  const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps);
+  return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (peak_lr - min_lr);
+}
+
+double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm) {
+  double sum_sq = 0;
+  for (const Tensor* g : grads)
+    for (float v : g->span<const float>()) sum_sq += static_cast<double>(v) * v;
+  const double norm = std::sqrt(sum_sq);
+  if (max_norm > 0) {
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) {
+      const float c = static_cast<float>(coef);
+      for (Tensor* g : grads)
+        for (float& v : g->span<float>()) v *= c;
+    }
+  }
+  return norm;
+}
+
+int Optimizer::slots(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return 0;
+    case OptimizerKind::kMomentum: return 1;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: return 2;
+  }
+  return 0;
+}
+
+namespace {
+const char* slot_name(OptimizerKind kind, int slot) {
+  if (kind == OptimizerKind::kMomentum) return "momentum_buffer";
+  return slot == 0 ? "exp_avg" : "exp_avg_sq";
+}
+}  // namespace
+
+Optimizer::Optimizer(OptimizerOptions options, std::vector<std::string> param_names)
+    : options_(options), names_(std::move(param_names)), state_(names_.size()) {
+  options_.validate();
+}
+
+double Optimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>& grads, double lr) {
+  APART_CHECK(params.size() == names_.size() && grads.size() == names_.size(), "optimizer: param/grad count");
+  for (size_t i = 0; i < params.size(); ++i) {
+    APART_CHECK(params[i]->dtype() == DType::kFloat32 && grads[i]->dtype() == DType::kFloat32,
+                "optimizer: float32 params only: " + names_[i]);
+    APART_CHECK(params[i]->elements() == grads[i]->elements(), "optimizer: grad size differs for " + names_[i]);
+  }
+  const double norm = clip_grad_norm(grads, options_.clip_grad_norm);
+  ++step_;
+  const OptimizerKind kind = options_.kind;
+  const float lr_f = static_cast<float>(lr);
+  const float wd = static_cast<float>(options_.weight_decay);
+  const int n_slots = slots(kind);
+  // Bias corrections as torch computes them (in double, from the step count).
+  const double t = static_cast<double>(step_);
+  const double bias1 = 1.0 - std::pow(options_.beta1, t);
+  const double bias2 = 1.0 - std::pow(options_.beta2, t);
+  const float step_size = static_cast<float>(lr / bias1);
+  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  // 1 − β in double, then rounded (as torch passes them to its kernels): 1.0f − 0.999f is 1.3e-5 off.
+  const float one_minus_b1 = static_cast<float>(1.0 - options_.beta1);
+  const float b2 = static_cast<float>(options_.beta2), one_minus_b2 = static_cast<float>(1.0 - options_.beta2);
+  const float eps = static_cast<float>(options_.eps);
+  const float mom = static_cast<float>(options_.momentum);
+
+  for (size_t i = 0; i < params.size(); ++i) {
+    float* p = params[i]->data<float>();
+    const float* g = grads[i]->data<float>();
+    const int64_t n = params[i]->elements();
+    auto& st = state_[i];
+    if (static_cast<int>(st.size()) != n_slots) {
+      st.clear();
+      for (int s = 0; s < n_slots; ++s) st.emplace_back(DType::kFloat32, params[i]->shape());
+    }
+    switch (kind) {
+      case OptimizerKind::kSgd:
+        for (int64_t j = 0; j < n; ++j) p[j] -= lr_f * (g[j] + wd * p[j]);
+        break;
+      case OptimizerKind::kMomentum: {
+        float* buf = st[0].data<float>();
+        const bool first = step_ == 1;
+        for (int64_t j = 0; j < n; ++j) {
+          const float d = g[j] + wd * p[j];
+          buf[j] = first ? d : mom * buf[j] + d;  // torch: the first step copies the gradient
+          const float update = options_.nesterov ? d + mom * buf[j] : buf[j];
+          p[j] -= lr_f * update;
+        }
+        break;
+      }
+      case OptimizerKind::kAdam:
+      case OptimizerKind::kAdamW: {
+        float* m = st[0].data<float>();
+        float* v = st[1].data<float>();
+        const bool decoupled = kind == OptimizerKind::kAdamW;
+        const float decay = 1.0f - lr_f * wd;
+        for (int64_t j = 0; j < n; ++j) {
+          float d = g[j];
+          if (decoupled) p[j] *= decay;
+          else d += wd * p[j];
+          m[j] += (d - m[j]) * one_minus_b1;  // torch's lerp_
+          v[j] = v[j] * b2 + one_minus_b2 * d * d;
+          const float denom = std::sqrt(v[j]) / bias2_sqrt + eps;
+          p[j] -= step_size * (m[j] / denom);
+        }
+        break;
+      }
+    }
+  }
+  return norm;
+}
+
+std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (size_t i = 0; i < names_.size(); ++i)
+    for (size_t s = 0; s < state_[i].size(); ++s)
+      out.emplace_back(names_[i] + "/" + slot_name(options_.kind, static_cast<int>(s)), &state_[i][s]);
+  return out;
+}
+
+void Optimizer::restore(int64_t steps_taken, std::vector<std::pair<std::string, Tensor>> state) {
+  std::map<std::string, Tensor> by_name(std::make_move_iterator(state.begin()), std::make_move_iterator(state.end()));
+  const int n_slots = slots(options_.kind);
+  step_ = steps_taken;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    state_[i].clear();
+    if (steps_taken == 0) continue;
+    for (int s = 0; s < n_slots; ++s) {
+      const std::string key = names_[i] + "/" + slot_name(options_.kind, s);
+      auto it = by_name.find(key);
+      if (it == by_name.end())
+        throw InvalidArgument("checkpoint has no optimizer state '" + key + "' (saved with another --optimizer?)");
+      state_[i].push_back(std::move(it->second));
+    }
+  }
+}
+
+}  // namespace apart

@@ -54,10 +54,6 @@ std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& t
   throw InvalidArgument(flag + " " + text + ": expected a positive integer or auto");
 }
 
-profiler::Precision profiler_precision(Precision p) {
-  return p == Precision::kMixed ? profiler::Precision::kMixed : profiler::Precision::kFp32;
-}
-
 void run_partition(const PartitionArgs& a) {
   if (a.batch < 1) throw InvalidArgument("--batch is required and must be positive");
   PartitionOptions o;
@@ -97,7 +93,7 @@ void run_partition(const PartitionArgs& a) {
     }
   }();
   CostOptions cost_options;
-  cost_options.precision = profiler_precision(o.training.precision);
+  cost_options.precision = o.training.precision;
   cost_options.reference_batch = bound_batch_size(model.graph);
   for (const auto& b : model.bindings)
     if (b.dim == "batch" || b.dim == "batch_size" || b.dim == "N") cost_options.reference_batch = b.value;
@@ -161,7 +157,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("--cluster", a->cluster, "Cluster JSON (apart.cluster/1); replaces --device/--devices/--devices-per-node");
   cmd->add_option("--batch", a->batch, "Global batch size (samples per iteration)")->required();
   cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
-  cmd->add_option("--precision", a->precision, "fp32 or mixed")->capture_default_str();
+  cmd->add_option("--precision", a->precision, "fp32, tf32 or mixed (fp16/bf16 math, fp32 master weights)")->capture_default_str();
   cmd->add_option("--schedule", a->schedule, "1f1b, gpipe or auto")->capture_default_str();
   cmd->add_option("--microbatches", a->microbatches, "Micro-batches per iteration, or auto")->capture_default_str();
   cmd->add_option("--stages", a->stages, "Pipeline stages, or auto")->capture_default_str();

@@ -5,11 +5,6 @@
 
 namespace apart {
 
-std::string_view schedule_name(Schedule s) { return s == Schedule::kGpipe ? "gpipe" : "1f1b"; }
-std::string_view optimizer_name(Optimizer o) {
-  return o == Optimizer::kSgd ? "sgd" : o == Optimizer::kMomentum ? "momentum" : "adam";
-}
-std::string_view precision_name(Precision p) { return p == Precision::kFp32 ? "fp32" : "mixed"; }
 std::string_view method_name(Method m) {
   return m == Method::kApart ? "apart" : m == Method::kUniform ? "uniform" : "params";
 }
@@ -17,22 +12,6 @@ std::string_view recompute_name(Recompute r) {
   return r == Recompute::kAuto ? "auto" : r == Recompute::kOn ? "on" : "off";
 }
 
-Schedule parse_schedule(std::string_view t) {
-  if (t == "1f1b") return Schedule::k1F1B;
-  if (t == "gpipe") return Schedule::kGpipe;
-  throw InvalidArgument("--schedule " + std::string(t) + ": expected 1f1b, gpipe or auto");
-}
-Optimizer parse_optimizer(std::string_view t) {
-  if (t == "adam" || t == "adamw") return Optimizer::kAdam;
-  if (t == "sgd") return Optimizer::kSgd;
-  if (t == "momentum") return Optimizer::kMomentum;
-  throw InvalidArgument("--optimizer " + std::string(t) + ": expected adam, momentum or sgd");
-}
-Precision parse_precision(std::string_view t) {
-  if (t == "fp32") return Precision::kFp32;
-  if (t == "mixed" || t == "fp16" || t == "bf16") return Precision::kMixed;
-  throw InvalidArgument("--precision " + std::string(t) + ": expected fp32 or mixed");
-}
 Method parse_method(std::string_view t) {
   if (t == "apart") return Method::kApart;
   if (t == "uniform") return Method::kUniform;

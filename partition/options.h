@@ -7,23 +7,24 @@
 #include <string_view>
 #include <vector>
 
+#include "profiler/training.h"
+
 namespace apart {
 
-enum class Schedule : uint8_t { kGpipe, k1F1B };
-enum class Optimizer : uint8_t { kSgd, kMomentum, kAdam };
-enum class Precision : uint8_t { kFp32, kMixed };
+// The training choices are the cost model's own (profiler/training.h): one definition for both.
+using profiler::Optimizer;
+using profiler::parse_optimizer;
+using profiler::parse_precision;
+using profiler::parse_schedule;
+using profiler::Precision;
+using profiler::Schedule;
+
 enum class Method : uint8_t { kApart, kUniform, kParams };
 enum class Recompute : uint8_t { kAuto, kOn, kOff };
 
-std::string_view schedule_name(Schedule s);
-std::string_view optimizer_name(Optimizer o);
-std::string_view precision_name(Precision p);
 std::string_view method_name(Method m);
 std::string_view recompute_name(Recompute r);
 // Parsers throw InvalidArgument naming the accepted spellings.
-Schedule parse_schedule(std::string_view text);
-Optimizer parse_optimizer(std::string_view text);
-Precision parse_precision(std::string_view text);
 Method parse_method(std::string_view text);
 Recompute parse_recompute(std::string_view text);
 

@@ -17,8 +17,9 @@ double state_bytes_per_param_byte(Optimizer optimizer, Precision precision) {
   const double state = optimizer == Optimizer::kAdam ? 2.0 : optimizer == Optimizer::kMomentum ? 1.0 : 0.0;
   return 2.0 + state;
 }
-double grad_bytes_per_param_byte(Precision precision) { return precision == Precision::kFp32 ? 1.0 : 0.5; }
-double activation_bytes_factor(Precision precision) { return precision == Precision::kFp32 ? 1.0 : 0.5; }
+// tf32 stores fp32; only mixed precision halves gradients and activations.
+double grad_bytes_per_param_byte(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
+double activation_bytes_factor(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
 
 StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training)
     : k_(seq.size()), cluster_(cluster), training_(training) {
@@ -128,7 +129,7 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
 }
 
 int64_t in_flight_microbatches(Schedule schedule, int64_t microbatches, int stage, int stages) {
-  if (schedule == Schedule::kGpipe) return microbatches;
+  if (schedule == Schedule::kGPipe) return microbatches;
   return std::min<int64_t>(microbatches, stages - stage);
 }
 

@@ -24,8 +24,8 @@ Precision parse_precision(std::string_view name) {
   if (name == "fp32") return Precision::kFp32;
   if (name == "tf32") return Precision::kTf32;
   if (name == "mixed" || name == "fp16" || name == "bf16" || name == "amp") return Precision::kMixed;
-  throw InvalidArgument("unknown precision '" + std::string(name) +
-                        "'; use fp32, tf32 or mixed (fp16/bf16 math, fp32 master weights)");
+  throw InvalidArgument("--precision " + std::string(name) +
+                        ": expected fp32, tf32 or mixed (fp16/bf16 math, fp32 master weights)");
 }
 
 std::string_view optimizer_name(Optimizer o) {
@@ -41,7 +41,7 @@ Optimizer parse_optimizer(std::string_view name) {
   if (name == "sgd") return Optimizer::kSgd;
   if (name == "momentum") return Optimizer::kMomentum;
   if (name == "adam" || name == "adamw") return Optimizer::kAdam;
-  throw InvalidArgument("unknown optimizer '" + std::string(name) + "'; use sgd, momentum or adam");
+  throw InvalidArgument("--optimizer " + std::string(name) + ": expected adam, momentum or sgd");
 }
 
 std::string_view schedule_name(Schedule s) { return s == Schedule::kGPipe ? "gpipe" : "1f1b"; }
@@ -49,7 +49,7 @@ std::string_view schedule_name(Schedule s) { return s == Schedule::kGPipe ? "gpi
 Schedule parse_schedule(std::string_view name) {
   if (name == "gpipe") return Schedule::kGPipe;
   if (name == "1f1b") return Schedule::k1F1B;
-  throw InvalidArgument("unknown schedule '" + std::string(name) + "'; use gpipe or 1f1b");
+  throw InvalidArgument("--schedule " + std::string(name) + ": expected 1f1b, gpipe or auto");
 }
 
 }  // namespace profiler

@@ -1,5 +1,5 @@
 // Training-run choices the cost and memory model depend on: precision, optimizer, schedule.
-// In namespace apart::profiler so they never collide with partition/options.h's own enums.
+// partition/ uses these same enums (partition/options.h brings them into namespace apart).
 #pragma once
 
 #include <cstdint>

@@ -91,7 +91,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
     const BlockSequence seq = random_sequence(rng, k);
     const StageEvaluator ev(seq, cluster, training);
     for (int64_t m : {1, 2, 3, 4, 6, 12})
-      for (Schedule schedule : {Schedule::k1F1B, Schedule::kGpipe})
+      for (Schedule schedule : {Schedule::k1F1B, Schedule::kGPipe})
         for (bool recompute : {false, true}) {
           const StageDp dp(ev, m, schedule, recompute, std::nullopt);
           for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) {

@@ -11,6 +11,7 @@
 #include "codegen/plan_writer.h"
 #include "graph/error.h"
 #include "importer/importer.h"
+#include "partition/baselines.h"
 #include "partition/partition.h"
 #include "profiler/cost_model.h"
 #include "profiler/costs_json.h"
@@ -40,6 +41,7 @@ struct PartitionArgs {
   int blocks = 0;
   bool dot_detail = false;
   bool no_stage_models = false;
+  bool no_baselines = false;
   std::string output;
 };
 
@@ -125,6 +127,15 @@ void run_partition(const PartitionArgs& a) {
   const Plan plan = partition_graph(model.graph, primary, o, other, progress);
   if (tty) std::fprintf(stderr, "\r\033[K");
 
+  // --method apart: every method on the same inputs, for plan/baselines.json (apart's own row is this plan).
+  std::vector<MethodResult> comparison;
+  const bool baselines = o.method == Method::kApart && !a.no_baselines;
+  if (baselines) {
+    if (tty) std::fprintf(stderr, "partition: running the baselines for baselines.json (--no-baselines skips)");
+    comparison = compare_methods(model.graph, primary, o, other, &plan);
+    if (tty) std::fprintf(stderr, "\r\033[K");
+  }
+
   const ModelInfo info = describe_model(model.graph, a.model);
   PlanOutputs outputs;
   outputs.dot_detail = a.dot_detail;
@@ -138,10 +149,25 @@ void run_partition(const PartitionArgs& a) {
       at_plan.microbatch_size = plan.microbatch_size;
       write_costs_json(dir / "costs.json", model.graph, estimate_costs(model.graph, cluster.device, at_plan));
     }
+    if (baselines)
+      write_file_atomically(dir / "baselines.json", baselines_json(comparison, o.training.global_batch,
+                                                                   o.cluster.devices));
   };
   write_plan_directory(a.output, plan, model.graph, a.model, info, outputs);
   std::cout << plan_report(plan, model.graph, info) << "wrote " << a.output << "/ (plan.json, plan.dot, report.txt"
-            << (outputs.stage_models ? ", stage_K.onnx" : "") << ", costs.json)\n";
+            << (outputs.stage_models ? ", stage_K.onnx" : "") << ", costs.json" << (baselines ? ", baselines.json" : "")
+            << ")\n";
+  if (baselines) {
+    std::cout << "\nmethod           iteration ms  × apart  stages  devices\n";
+    for (const MethodResult& r : comparison) {
+      if (!r.feasible) {
+        std::printf("%-15s  infeasible\n", std::string(method_name(r.method)).c_str());
+        continue;
+      }
+      std::printf("%-15s  %12.3f  %7.3f  %6d  %7d\n", std::string(method_name(r.method)).c_str(), r.iteration_s * 1e3,
+                  r.iteration_s / plan.estimate.iteration_s, r.stages, r.devices_used);
+    }
+  }
 }
 
 const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
@@ -165,8 +191,11 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("--recompute", a->recompute, "Activation recomputation: auto, on or off")->capture_default_str();
   cmd->add_option("--profile", a->profile, "Per-task costs from apart.costs/1 JSON (apart costs/profile) instead of the analytic model");
   cmd->add_option("--time-limit", a->time_limit, "Stop searching after this many seconds and keep the best plan so far");
-  cmd->add_option("--method", a->method, "apart, uniform (even task split) or params (parameter-balanced split)")
+  cmd->add_option("--method", a->method,
+                  "apart, or a baseline on the same cost model: uniform (even task split), params (parameter-balanced), "
+                  "gpipe-balance (torchgpipe balance_by_time), pipedream (PipeDream's DP), metis (METIS k-way)")
       ->capture_default_str();
+  cmd->add_flag("--no-baselines", a->no_baselines, "With --method apart: skip plan/baselines.json (every method compared)");
   cmd->add_option("--blocks", a->blocks, "Blocks k for the stage DP (default automatic)");
   cmd->add_flag("--dot-detail", a->dot_detail, "plan.dot with every task instead of one node per stage");
   cmd->add_flag("--no-stage-models", a->no_stage_models, "Skip writing stage_K.onnx");

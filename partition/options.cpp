@@ -6,7 +6,15 @@
 namespace apart {
 
 std::string_view method_name(Method m) {
-  return m == Method::kApart ? "apart" : m == Method::kUniform ? "uniform" : "params";
+  switch (m) {
+    case Method::kApart: return "apart";
+    case Method::kUniform: return "uniform";
+    case Method::kParams: return "params";
+    case Method::kGpipeBalance: return "gpipe-balance";
+    case Method::kPipeDream: return "pipedream";
+    case Method::kMetis: return "metis";
+  }
+  return "?";
 }
 std::string_view recompute_name(Recompute r) {
   return r == Recompute::kAuto ? "auto" : r == Recompute::kOn ? "on" : "off";
@@ -16,7 +24,11 @@ Method parse_method(std::string_view t) {
   if (t == "apart") return Method::kApart;
   if (t == "uniform") return Method::kUniform;
   if (t == "params") return Method::kParams;
-  throw InvalidArgument("--method " + std::string(t) + ": expected apart, uniform or params");
+  if (t == "gpipe-balance") return Method::kGpipeBalance;
+  if (t == "pipedream") return Method::kPipeDream;
+  if (t == "metis") return Method::kMetis;
+  throw InvalidArgument("--method " + std::string(t) +
+                        ": expected apart, uniform, params, gpipe-balance, pipedream or metis");
 }
 Recompute parse_recompute(std::string_view t) {
   if (t == "auto") return Recompute::kAuto;

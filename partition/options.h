@@ -19,7 +19,10 @@ using profiler::parse_schedule;
 using profiler::Precision;
 using profiler::Schedule;
 
-enum class Method : uint8_t { kApart, kUniform, kParams };
+// apart: the paper's algorithm. The rest are baselines on the same cost model (docs/partitioning.md):
+// uniform (Megatron even split), params (DeepSpeed parameter balance), gpipe-balance (torchgpipe
+// balance_by_time), pipedream (PipeDream's replication DP), metis (METIS k-way + cycle repair + stage DP).
+enum class Method : uint8_t { kApart, kUniform, kParams, kGpipeBalance, kPipeDream, kMetis };
 enum class Recompute : uint8_t { kAuto, kOn, kOff };
 
 std::string_view method_name(Method m);

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "graph/error.h"
+#include "partition/baselines.h"
 #include "partition/block.h"
 
 namespace apart {
@@ -112,9 +113,10 @@ std::vector<int> stage_candidates(int max_stages, const StageOptions& options) {
   return s;
 }
 
-BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages) {
+BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages, double microbatch) {
   const size_t n = atomic.size();
   APART_CHECK(stages >= 1 && static_cast<size_t>(stages) <= n, "baseline stage count");
+  if (method == Method::kGpipeBalance) return gpipe_balance_split(atomic, stages, microbatch);
   BlockAssignment a;
   a.blocks = static_cast<uint32_t>(stages);
   a.block_of.resize(n);
@@ -179,17 +181,22 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
   std::vector<StageSolution> found;
   std::unique_ptr<StageEvaluator> chosen_evaluator;
   BlockAssignment chosen_assignment;
-  if (o.method == Method::kApart) {
-    // ---------------- Block level (§IV-B) ----------------
+  // Per-replica micro-batch the block level and the baselines weigh tasks at (the cost tables' u₁).
+  const double reference_u = std::max<double>(1.0, static_cast<double>(batch) / o.cluster.devices);
+  if (o.method == Method::kApart || o.method == Method::kMetis) {
+    // ---------------- Block level (§IV-B; metis: METIS k-way + cycle repair) ----------------
     int k = o.block.blocks > 0 ? o.block.blocks : automatic_block_count(atomic.size(), o.cluster.devices);
     if (o.stage.stages) k = std::max(k, *o.stage.stages);
     k = std::min(k, components);
-    const double reference_u = std::max<double>(1.0, static_cast<double>(batch) / o.cluster.devices);
-    BlockStatistics block_stats;
-    chosen_assignment = build_blocks(atomic, k, o.block, reference_u, &block_stats);
+    if (o.method == Method::kApart) {
+      BlockStatistics block_stats;
+      chosen_assignment = build_blocks(atomic, k, o.block, reference_u, &block_stats);
+      plan.search.coarsening_levels = block_stats.levels;
+      plan.search.refinement_moves = block_stats.moves;
+    } else {
+      chosen_assignment = metis_blocks(atomic, k, reference_u);
+    }
     plan.search.blocks = chosen_assignment.blocks;
-    plan.search.coarsening_levels = block_stats.levels;
-    plan.search.refinement_moves = block_stats.moves;
     // ---------------- Stage level (§IV-C) ----------------
     chosen_evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, chosen_assignment), o.cluster,
                                                         o.training);
@@ -207,7 +214,8 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     const StageSolution* current = best_of(found);
     double best = current ? current->estimate.iteration_s : INFINITY;
     for (int s : stage_candidates(max_stages, o.stage)) {
-      BlockAssignment a = baseline_split(atomic, method, s);
+      if (s > components) continue;
+      BlockAssignment a = baseline_split(atomic, method, s, reference_u);
       auto evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, a), o.cluster, o.training);
       auto sols = solve_all(*evaluator, ms, {s}, schedules, recomputes, o, plan.search, start, {});
       const StageSolution* b = best_of(sols);
@@ -219,12 +227,51 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
       }
     }
   };
-  if (o.method != Method::kApart) plan.search.blocks = 0;
-  if (o.method == Method::kApart && o.stage.include_baselines) {
-    try_baseline(Method::kUniform);
-    try_baseline(Method::kParams);
-  } else if (o.method != Method::kApart) {
-    try_baseline(o.method);
+  // PipeDream: its DP fixes the split and the replicas; apart's estimate then picks m and recomputation.
+  auto try_pipedream = [&] {
+    PipeDreamPlan pd = pipedream_split(atomic, o.cluster, o.training, reference_u);
+    if (pd.split.replicas.empty()) return;
+    auto evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, pd.layers), o.cluster, o.training);
+    const int stages = static_cast<int>(pd.split.replicas.size());
+    if (o.stage.stages && *o.stage.stages != stages) return;
+    std::vector<StageSolution> sols;
+    for (Schedule schedule : schedules)
+      for (bool recompute : recomputes)
+        for (int64_t m : ms) {
+          StageSolution sol;
+          sol.stages = stages;
+          sol.microbatches = m;
+          sol.schedule = schedule;
+          sol.recompute = recompute;
+          sol.boundaries.assign(pd.split.boundaries.begin(), pd.split.boundaries.end());
+          sol.replicas = pd.split.replicas;
+          if (*std::max_element(sol.replicas.begin(), sol.replicas.end()) > batch / m) continue;
+          ++plan.search.candidates;
+          if (evaluate_solution(*evaluator, sol)) sols.push_back(std::move(sol));
+        }
+    const StageSolution* current = best_of(found);
+    const StageSolution* b = best_of(sols);
+    if (b && (!current || b->estimate.iteration_s < current->estimate.iteration_s * (1 - 1e-12))) {
+      found.assign(1, *b);
+      chosen_evaluator = std::move(evaluator);
+      chosen_assignment = std::move(pd.layers);
+    }
+  };
+  switch (o.method) {
+    case Method::kApart:
+      if (o.stage.include_baselines) {
+        try_baseline(Method::kUniform);
+        try_baseline(Method::kParams);
+      }
+      break;
+    case Method::kMetis: break;
+    case Method::kPipeDream:
+      plan.search.blocks = 0;
+      try_pipedream();
+      break;
+    default:
+      plan.search.blocks = 0;
+      try_baseline(o.method);
   }
   const StageSolution* best = best_of(found);
   if (!best) throw_infeasible(graph, atomic, o);

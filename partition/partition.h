@@ -74,7 +74,8 @@ std::vector<int> stage_candidates(int max_stages, const StageOptions& options);
 
 // Baseline splits of the component sequence into S stages (same cost model and memory check afterwards):
 // uniform: equal numbers of components (Megatron's even layer split); params: equal parameter bytes
-// (DeepSpeed's partition_method="parameters"). Returns a block assignment with S blocks.
-BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages);
+// (DeepSpeed's partition_method="parameters"); gpipe-balance: torchgpipe's balance_by_time of the components'
+// times at `microbatch`. Returns a block assignment with S blocks.
+BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages, double microbatch = 1);
 
 }  // namespace apart

@@ -1,0 +1,407 @@
+// Baseline partitioners (torchgpipe balance_by_time, PipeDream's DP, METIS + cycle repair) and the comparison
+// of every method on the same inputs. Each baseline only chooses a split; costs, memory and the estimate are
+// apart's own (stage_cost.cpp), so the numbers compare splits, not cost models.
+#include "partition/baselines.h"
+
+#include <metis.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/error.h"
+#include "partition/partition.h"
+
+namespace apart {
+
+const std::vector<Method> kAllMethods = {Method::kApart,        Method::kUniform,   Method::kParams,
+                                         Method::kGpipeBalance, Method::kPipeDream, Method::kMetis};
+
+std::vector<double> component_times(const AtomicGraph& atomic, double microbatch) {
+  std::vector<double> t(atomic.size());
+  for (size_t c = 0; c < atomic.size(); ++c)
+    t[c] = atomic.components[c].cost.forward.at(microbatch) + atomic.components[c].cost.backward.at(microbatch);
+  return t;
+}
+
+// ---------------- torchgpipe balance_by_time ----------------
+
+std::vector<size_t> block_partition(const std::vector<double>& costs, int parts) {
+  const size_t n = costs.size();
+  APART_CHECK(parts >= 1 && static_cast<size_t>(parts) <= n, "block_partition needs 1 ≤ parts ≤ elements");
+  const auto [lo_it, hi_it] = std::minmax_element(costs.begin(), costs.end());
+  const double lo = *lo_it, range = *hi_it - *lo_it;
+  std::vector<double> prefix(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + (range > 0 ? (costs[i] - lo) / range : 0.0);
+  const size_t k = static_cast<size_t>(parts);
+  std::vector<size_t> splits(k);  // end of block i (exclusive)
+  for (size_t x = 0; x + 1 < k; ++x) splits[x] = n / k * (x + 1);
+  splits[k - 1] = n;
+  auto start = [&](size_t i) { return i > 0 ? splits[i - 1] : 0; };
+  auto block_size = [&](size_t i) { return prefix[splits[i]] - prefix[start(i)]; };
+  auto sizes = [&] {
+    std::vector<size_t> s(k);
+    for (size_t i = 0; i < k; ++i) s[i] = splits[i] - start(i);
+    return s;
+  };
+  // Python's max/min over (size, index) tuples: ties go to the larger index for max, the smaller for min.
+  auto heaviest = [&] {
+    size_t p = 0;
+    for (size_t i = 1; i < k; ++i)
+      if (block_size(i) >= block_size(p)) p = i;
+    return p;
+  };
+  auto lightest = [&] {
+    size_t q = 0;
+    for (size_t i = 1; i < k; ++i)
+      if (block_size(i) < block_size(q)) q = i;
+    return q;
+  };
+  // The paper proves termination; the cap only guards against floating-point cycling.
+  for (size_t steps = 0; steps < 1'000'000;) {
+    const size_t p = heaviest();  // (1)
+    const double max_size = block_size(p);
+    while (true) {
+      const size_t q = lightest();  // (2)
+      if (max_size <= block_size(q) + 1) return sizes();
+      // (3) move one element from the neighbour h of q on p's side into q. torchgpipe relies on Bh being
+      // non-empty afterwards; with zero-cost elements it may not be, so we stop there instead (never empty).
+      size_t h;
+      if (p < q) {
+        h = q - 1;
+        if (splits[h] - start(h) <= 1) return sizes();
+        splits[h] -= 1;
+      } else {
+        h = q + 1;
+        if (splits[h] - start(h) <= 1) return sizes();
+        splits[q] += 1;
+      }
+      if (++steps >= 1'000'000) return sizes();
+      if (p == h) break;  // (4) back to (1)
+    }
+  }
+  return sizes();
+}
+
+BlockAssignment gpipe_balance_split(const AtomicGraph& atomic, int stages, double microbatch) {
+  const std::vector<size_t> sizes = block_partition(component_times(atomic, microbatch), stages);
+  BlockAssignment a;
+  a.blocks = static_cast<uint32_t>(stages);
+  a.block_of.reserve(atomic.size());
+  for (size_t s = 0; s < sizes.size(); ++s) a.block_of.insert(a.block_of.end(), sizes[s], static_cast<uint32_t>(s));
+  return a;
+}
+
+// ---------------- PipeDream ----------------
+
+PipeDreamSplit pipedream_dp(const PipeDreamCosts& c) {
+  const size_t n = c.layers;
+  const int units = c.units;
+  APART_CHECK(n >= 1 && units >= 1, "pipedream_dp needs layers and workers");
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  // Stage table T(i→j, r) (∞ when it does not fit), row-major over (i, j, r).
+  const size_t stride_j = static_cast<size_t>(units) + 1, stride_i = (n + 1) * stride_j;
+  std::vector<double> stage((n + 1) * stride_i, kInf);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j <= n; ++j)
+      for (int r = 1; r <= units; ++r)
+        if (c.fits(i, j, r)) stage[i * stride_i + j * stride_j + r] = c.stage_s(i, j, r);
+  std::vector<double> comm(n + 1, 0);
+  for (size_t i = 1; i < n; ++i) comm[i] = c.comm_s(i);
+  // A(j, u): least bottleneck for layers [0, j) on exactly u workers; choice = (split i, last stage's r), i = 0
+  // meaning one stage.
+  std::vector<double> a((n + 1) * stride_j, kInf);
+  std::vector<std::pair<size_t, int>> choice((n + 1) * stride_j, {0, 0});
+  for (size_t j = 1; j <= n; ++j)
+    for (int u = 1; u <= units; ++u) {
+      double best = stage[j * stride_j + u];  // i = 0
+      std::pair<size_t, int> pick{0, u};
+      for (size_t i = 1; i < j; ++i) {
+        if (comm[i] >= best) continue;
+        for (int r = 1; r < u; ++r) {
+          const double v = std::max({a[i * stride_j + (u - r)], comm[i], stage[i * stride_i + j * stride_j + r]});
+          if (v < best) {
+            best = v;
+            pick = {i, r};
+          }
+        }
+      }
+      a[j * stride_j + u] = best;
+      choice[j * stride_j + u] = pick;
+    }
+  PipeDreamSplit out;
+  int best_u = 0;
+  for (int u = 1; u <= units; ++u)
+    if (a[n * stride_j + u] < (best_u ? a[n * stride_j + best_u] : kInf)) best_u = u;
+  if (!best_u) return out;
+  out.bottleneck_s = a[n * stride_j + best_u];
+  size_t j = n;
+  int u = best_u;
+  std::vector<size_t> bounds{n};
+  while (j > 0) {
+    const auto [i, r] = choice[j * stride_j + u];
+    out.replicas.push_back(r);
+    bounds.push_back(i);
+    u -= r;
+    j = i;
+  }
+  std::reverse(bounds.begin(), bounds.end());
+  std::reverse(out.replicas.begin(), out.replicas.end());
+  out.boundaries = std::move(bounds);
+  return out;
+}
+
+PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& cluster, const TrainingSpec& training,
+                              double microbatch, int max_layers, int max_units) {
+  PipeDreamPlan plan;
+  const size_t n = atomic.size();
+  const std::vector<double> times = component_times(atomic, microbatch);
+  // Layers: contiguous groups by cumulative time (a group never empty, order kept).
+  plan.layers.block_of.resize(n);
+  if (n <= static_cast<size_t>(max_layers)) {
+    std::iota(plan.layers.block_of.begin(), plan.layers.block_of.end(), 0u);
+    plan.layers.blocks = static_cast<uint32_t>(n);
+  } else {
+    const double total = std::accumulate(times.begin(), times.end(), 0.0);
+    double before = 0;
+    uint32_t layer = 0, last_bucket = UINT32_MAX;
+    for (size_t c = 0; c < n; ++c) {
+      const auto bucket = static_cast<uint32_t>(total > 0 ? std::min<double>(max_layers - 1, before / total * max_layers)
+                                                          : static_cast<double>(c * max_layers / n));
+      if (last_bucket != UINT32_MAX && bucket != last_bucket) ++layer;
+      last_bucket = bucket;
+      plan.layers.block_of[c] = layer;
+      before += times[c];
+    }
+    plan.layers.blocks = layer + 1;
+  }
+  const BlockSequence seq = make_block_sequence(atomic, plan.layers);
+  const StageEvaluator ev(seq, cluster, training);
+  const size_t layers = seq.size();
+  plan.unit = (cluster.devices + max_units - 1) / max_units;
+  const int units = cluster.devices / plan.unit;
+  std::vector<double> t_prefix(layers + 1, 0);
+  for (size_t l = 0; l < layers; ++l)
+    t_prefix[l + 1] = t_prefix[l] + seq.blocks[l].forward.at(microbatch) + seq.blocks[l].backward.at(microbatch);
+  const double act = activation_bytes_factor(training.precision);
+  const bool one_node = cluster.devices <= cluster.devices_per_node;
+  const double p2p_bw = one_node ? cluster.intra_node_bandwidth : cluster.inter_node_bandwidth;
+  const double p2p_lat = one_node ? cluster.intra_node_latency_s : cluster.inter_node_latency_s;
+  const double batch = static_cast<double>(training.global_batch);
+  // Micro-batch count whose per-replica size at one replica is `microbatch` (for the memory check).
+  const int64_t m_ref = std::max<int64_t>(1, static_cast<int64_t>(batch / std::max(1.0, microbatch)));
+  PipeDreamCosts costs;
+  costs.layers = layers;
+  costs.units = units;
+  costs.stage_s = [&](size_t i, size_t j, int r) {
+    const int devices = r * plan.unit;
+    // The all-reduce alone: the evaluator's ring model for these devices (micro-batch irrelevant to it).
+    const double allreduce = ev.evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j), devices, 1, 0, false).allreduce_s;
+    const double minibatches = std::max(1.0, batch / (microbatch * devices));
+    return std::max(t_prefix[j] - t_prefix[i], allreduce / minibatches) / devices;
+  };
+  costs.comm_s = [&](size_t i) {
+    const double bytes = ev.out_bytes_per_sample(0, static_cast<uint32_t>(i)) * microbatch * act;
+    return 2 * (bytes / p2p_bw + p2p_lat);
+  };
+  std::vector<char> fits((layers + 1) * (layers + 1), 0);
+  for (size_t i = 0; i < layers; ++i)
+    for (size_t j = i + 1; j <= layers; ++j)
+      fits[i * (layers + 1) + j] =
+          ev.evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j), 1, m_ref, 1, false).memory_bytes <=
+          cluster.memory_bytes;
+  costs.fits = [&](size_t i, size_t j, int) { return fits[i * (layers + 1) + j] != 0; };
+  plan.split = pipedream_dp(costs);
+  for (int& r : plan.split.replicas) r *= plan.unit;
+  return plan;
+}
+
+// ---------------- METIS k-way + cycle repair ----------------
+
+BlockAssignment repair_part_order(size_t nodes, const std::vector<std::pair<uint32_t, uint32_t>>& edges,
+                                  const std::vector<uint32_t>& part_of) {
+  APART_CHECK(part_of.size() == nodes, "one part per node");
+  uint32_t parts = 0;
+  for (uint32_t p : part_of) parts = std::max(parts, p + 1);
+  // 1. Rank parts by the mean topological index of their nodes.
+  std::vector<double> sum(parts, 0);
+  std::vector<size_t> count(parts, 0);
+  for (size_t v = 0; v < nodes; ++v) {
+    sum[part_of[v]] += static_cast<double>(v);
+    ++count[part_of[v]];
+  }
+  std::vector<uint32_t> order;
+  for (uint32_t p = 0; p < parts; ++p)
+    if (count[p]) order.push_back(p);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+    return sum[x] / static_cast<double>(count[x]) < sum[y] / static_cast<double>(count[y]);
+  });
+  std::vector<uint32_t> rank(parts, 0);
+  for (uint32_t r = 0; r < order.size(); ++r) rank[order[r]] = r;
+  // 2. Push every node to at least the part of each predecessor (nodes are numbered topologically).
+  std::vector<std::vector<uint32_t>> preds(nodes);
+  for (const auto& [from, to] : edges) {
+    APART_CHECK(from < to && to < nodes, "edges must go from a lower to a higher topological index");
+    preds[to].push_back(from);
+  }
+  std::vector<uint32_t> label(nodes);
+  for (size_t v = 0; v < nodes; ++v) {
+    label[v] = rank[part_of[v]];
+    for (uint32_t u : preds[v]) label[v] = std::max(label[v], label[u]);
+  }
+  // 3. Renumber the non-empty parts in order.
+  std::vector<uint32_t> used(order.size(), UINT32_MAX);
+  for (uint32_t l : label) used[l] = 0;
+  BlockAssignment a;
+  for (uint32_t& u : used)
+    if (u == 0) u = a.blocks++;
+  a.block_of.resize(nodes);
+  for (size_t v = 0; v < nodes; ++v) a.block_of[v] = used[label[v]];
+  return a;
+}
+
+BlockAssignment metis_blocks(const AtomicGraph& atomic, int parts, double microbatch) {
+  const size_t n = atomic.size();
+  parts = std::clamp<int>(parts, 1, static_cast<int>(n));
+  std::vector<std::pair<uint32_t, uint32_t>> edges;
+  std::map<std::pair<uint32_t, uint32_t>, double> bytes;  // undirected, summed over values
+  for (const Transfer& t : atomic.transfers)
+    for (uint32_t c : t.consumers)
+      if (c != t.producer) {
+        edges.emplace_back(t.producer, c);
+        bytes[{t.producer, c}] += t.bytes_per_sample;
+      }
+  if (parts == 1) {
+    BlockAssignment a;
+    a.blocks = 1;
+    a.block_of.assign(n, 0);
+    return a;
+  }
+  // Integer weights: times scaled so they sum to ≤ 10⁷, bytes so the largest edge is 10⁶; both ≥ 1.
+  const std::vector<double> times = component_times(atomic, microbatch);
+  const double total = std::accumulate(times.begin(), times.end(), 0.0);
+  std::vector<idx_t> vwgt(n);
+  for (size_t v = 0; v < n; ++v)
+    vwgt[v] = std::max<idx_t>(1, total > 0 ? static_cast<idx_t>(std::llround(times[v] / total * 1e7)) : 1);
+  double max_bytes = 0;
+  for (const auto& [e, b] : bytes) max_bytes = std::max(max_bytes, b);
+  std::vector<std::vector<std::pair<idx_t, idx_t>>> adj(n);
+  for (const auto& [e, b] : bytes) {
+    const idx_t w = std::max<idx_t>(1, max_bytes > 0 ? static_cast<idx_t>(std::llround(b / max_bytes * 1e6)) : 1);
+    adj[e.first].emplace_back(static_cast<idx_t>(e.second), w);
+    adj[e.second].emplace_back(static_cast<idx_t>(e.first), w);
+  }
+  std::vector<idx_t> xadj{0}, adjncy, adjwgt;
+  for (size_t v = 0; v < n; ++v) {
+    std::sort(adj[v].begin(), adj[v].end());
+    for (const auto& [u, w] : adj[v]) {
+      adjncy.push_back(u);
+      adjwgt.push_back(w);
+    }
+    xadj.push_back(static_cast<idx_t>(adjncy.size()));
+  }
+  if (adjncy.empty()) {  // METIS wants at least one edge; keep the arrays non-null
+    adjncy.push_back(0);
+    adjwgt.push_back(1);
+  }
+  idx_t options[METIS_NOPTIONS];
+  METIS_SetDefaultOptions(options);
+  options[METIS_OPTION_SEED] = 1;  // deterministic
+  options[METIS_OPTION_NUMBERING] = 0;
+  idx_t nvtxs = static_cast<idx_t>(n), ncon = 1, nparts = parts, objval = 0;
+  std::vector<idx_t> part(n, 0);
+  const int rc = METIS_PartGraphKway(&nvtxs, &ncon, xadj.data(), adjncy.data(), vwgt.data(), nullptr, adjwgt.data(),
+                                     &nparts, nullptr, nullptr, options, &objval, part.data());
+  if (rc != METIS_OK) throw SystemError("METIS_PartGraphKway failed (code " + std::to_string(rc) + ")");
+  std::vector<uint32_t> part_of(n);
+  for (size_t v = 0; v < n; ++v) part_of[v] = static_cast<uint32_t>(part[v]);
+  return repair_part_order(n, edges, part_of);
+}
+
+// ---------------- The comparison ----------------
+
+MethodResult method_result(const Plan& plan, Method method, double planning_s) {
+  MethodResult r;
+  r.method = method;
+  r.feasible = true;
+  r.planning_s = planning_s;
+  r.iteration_s = plan.estimate.iteration_s;
+  r.samples_per_s = plan.samples_per_s;
+  r.peak_memory_bytes = plan.peak_memory_bytes;
+  r.stages = static_cast<int>(plan.stages.size());
+  r.microbatches = plan.microbatches;
+  r.recompute = plan.recompute;
+  for (const PlanStage& s : plan.stages) {
+    r.replicas.push_back(s.replicas);
+    r.devices_used += s.replicas;
+  }
+  r.compute_lower_bound_s = plan.compute_lower_bound_s;
+  return r;
+}
+
+std::vector<MethodResult> compare_methods(const TaskGraph& graph, const CostTable& costs,
+                                          const PartitionOptions& options, const CostTable* other,
+                                          const Plan* apart_plan) {
+  std::vector<MethodResult> results;
+  for (Method method : kAllMethods) {
+    if (method == Method::kApart && apart_plan) {
+      results.push_back(method_result(*apart_plan, method, apart_plan->search.seconds));
+      continue;
+    }
+    PartitionOptions o = options;
+    o.method = method;
+    const auto start = std::chrono::steady_clock::now();
+    auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    try {
+      const Plan plan = partition_graph(graph, costs, o, other);
+      results.push_back(method_result(plan, method, seconds()));
+    } catch (const Infeasible& e) {
+      MethodResult r;
+      r.method = method;
+      r.reason = e.what();
+      r.planning_s = seconds();
+      results.push_back(std::move(r));
+    }
+  }
+  return results;
+}
+
+std::string baselines_json(const std::vector<MethodResult>& results, int64_t global_batch, int devices) {
+  using json = nlohmann::ordered_json;
+  json methods = json::array();
+  for (const MethodResult& r : results) {
+    json m = {{"method", method_name(r.method)}};
+    if (r.feasible) {
+      m["iteration_s"] = r.iteration_s;
+      m["samples_per_s"] = r.samples_per_s;
+      m["feasible"] = true;
+      m["planning_s"] = r.planning_s;
+      m["peak_memory_bytes"] = r.peak_memory_bytes;
+      m["stages"] = r.stages;
+      m["replicas"] = r.replicas;
+      m["devices_used"] = r.devices_used;
+      m["microbatches"] = r.microbatches;
+      m["recompute"] = r.recompute;
+      m["compute_lower_bound_s"] = r.compute_lower_bound_s;
+    } else {
+      m["iteration_s"] = nullptr;
+      m["samples_per_s"] = nullptr;
+      m["feasible"] = false;
+      m["reason"] = r.reason;
+      m["planning_s"] = r.planning_s;
+    }
+    methods.push_back(std::move(m));
+  }
+  const json doc = {{"schema", "apart.baselines/1"},
+                    {"global_batch", global_batch},
+                    {"devices", devices},
+                    {"methods", std::move(methods)}};
+  return doc.dump(2) + "\n";
+}
+
+}  // namespace apart

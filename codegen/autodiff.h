@@ -3,6 +3,8 @@
 
 #include <onnx/onnx_pb.h>
 
+#include "importer/importer.h"
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,17 +16,35 @@ struct TrainingGraphOptions {
   std::vector<std::string> params;  // initializers to differentiate; empty: every floating-point initializer
   std::vector<std::string> input_gradients;  // graph inputs (or stage boundary values) whose gradients to output too
   bool recompute = false;           // recompute forward activations in the backward instead of saving them
+                                    // (not implemented yet: refused with Unsupported; docs/autodiff.md)
+  // Pipeline stages that do not hold the loss: these forward outputs stay outputs and their gradients
+  // come in as graph inputs named in TrainingGraph::output_gradient_inputs. With `loss` empty and this
+  // set, the graph has no loss output.
+  std::vector<std::string> output_gradients;
+  // Dims to bind when the forward has symbolic dims (--dim batch=8, --shape …). The training graph is
+  // valid for these static shapes only: reshape targets and reduction axes are computed from them.
+  ImportOptions import;
+  // BatchNormalization runs in training mode (batch statistics; running stats of initializer-backed
+  // mean/var come out as TrainingGraph::state_updates). false: inference-mode BN, gradients through it.
+  bool batch_norm_training = true;
 };
 
 // A standard ONNX model (domain ai.apart only where documented in docs/autodiff.md) that computes the
 // forward pass and the gradients. Inputs: the forward graph's inputs. Initializers: the forward's,
 // unchanged (inline data or the same external-data references). Outputs: the loss first, then one
-// gradient per param in `gradients` order, then the requested input gradients.
+// gradient per param in `gradients` order, then the requested input gradients. (Additions: with
+// output_gradients, those forward outputs follow the loss and their gradients are extra inputs;
+// state_updates come last.) Inputs get the static shapes the forward was imported with.
 struct TrainingGraph {
   onnx::ModelProto model;
   std::string loss_output;
   std::vector<std::pair<std::string, std::string>> gradients;        // param name → gradient output name
   std::vector<std::pair<std::string, std::string>> input_gradients;  // input name → gradient output name
+  // Options::output_gradients: forward output name → graph input that carries its gradient.
+  std::vector<std::pair<std::string, std::string>> output_gradient_inputs;
+  // Outputs after the input gradients: BatchNormalization running statistics (initializer name → the
+  // output holding its new value), for the trainer to copy back after a step.
+  std::vector<std::pair<std::string, std::string>> state_updates;
 };
 
 // Throws Unsupported naming the node whose op has no gradient rule, InvalidArgument for a bad loss/param.

@@ -25,6 +25,7 @@ const std::map<std::string, KernelFn, std::less<>>& registry() {
     cpu::register_shape_kernels();
     cpu::register_conv_kernels();
     cpu::register_loss_kernels();
+    cpu::register_grad_kernels();
     return true;
   }();
   (void)kRegistered;

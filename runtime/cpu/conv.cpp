@@ -184,14 +184,20 @@ void global_pool(KernelContext& ctx, bool is_max) {
 void global_average_pool_k(KernelContext& c) { global_pool(c, false); }
 void global_max_pool_k(KernelContext& c) { global_pool(c, true); }
 
-// Inference: y = (x − mean) / sqrt(var + ε) · scale + bias, per channel (axis 1).
+// Inference: y = (x − mean) / sqrt(var + ε) · scale + bias, per channel (axis 1). Training mode
+// (opset ≥ 14): batch statistics (population variance) normalise, and outputs 1/2 are the running
+// statistics: running = input · momentum + batch · (1 − momentum).
 void batch_norm_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  if (ctx.attr_int("training_mode", 0) != 0) ctx.unsupported("training-mode BatchNormalization");
+  const bool training = ctx.attr_int("training_mode", 0) != 0;
   if (ctx.attr_int("spatial", 1) == 0) ctx.unsupported("spatial=0");
-  for (size_t i = 1; i < ctx.num_outputs(); ++i)
-    if (ctx.wants_output(i)) ctx.unsupported("BatchNormalization's training outputs (running mean/var)");
+  if (!training)
+    for (size_t i = 1; i < ctx.num_outputs(); ++i)
+      if (ctx.wants_output(i)) ctx.unsupported("BatchNormalization's training outputs outside training mode");
+  if (training && ctx.num_outputs() > 3 && (ctx.wants_output(3) || ctx.wants_output(4)))
+    ctx.unsupported("BatchNormalization's saved_mean/saved_var outputs (opset < 14)");
   const double eps = ctx.attr_float("epsilon", 1e-5);
+  const double momentum = ctx.attr_float("momentum", 0.9);
   dispatch_float(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor& y = ctx.output(0, x.dtype(), x.shape());
@@ -199,10 +205,41 @@ void batch_norm_k(KernelContext& ctx) {
     for (size_t i = 1; i < 5; ++i)
       if (ctx.input(i).elements() != c) ctx.invalid("scale/B/mean/var must have C elements");
     const T *scale = ctx.input(1).template data<T>(), *bias = ctx.input(2).template data<T>();
-    const T *mean = ctx.input(3).template data<T>(), *var = ctx.input(4).template data<T>();
+    std::vector<double> mean(static_cast<size_t>(c)), var(static_cast<size_t>(c));
+    for (int64_t ch = 0; ch < c; ++ch) {
+      mean[ch] = static_cast<double>(ctx.input(3).template data<T>()[ch]);
+      var[ch] = static_cast<double>(ctx.input(4).template data<T>()[ch]);
+    }
+    if (training) {
+      const double count = static_cast<double>(n * inner);
+      for (int64_t ch = 0; ch < c; ++ch) {
+        double sum = 0, sq = 0;
+        for (int64_t b = 0; b < n; ++b) {
+          const T* src = x.data<T>() + (b * c + ch) * inner;
+          for (int64_t i = 0; i < inner; ++i) sum += src[i];
+        }
+        const double mu = sum / count;
+        for (int64_t b = 0; b < n; ++b) {
+          const T* src = x.data<T>() + (b * c + ch) * inner;
+          for (int64_t i = 0; i < inner; ++i) sq += (src[i] - mu) * (src[i] - mu);
+        }
+        const double batch_var = sq / count;
+        mean[ch] = mu;
+        var[ch] = batch_var;
+      }
+      for (size_t k = 1; k <= 2; ++k) {
+        if (ctx.num_outputs() <= k || !ctx.wants_output(k)) continue;
+        Tensor& running = ctx.output(k, x.dtype(), {c});
+        for (int64_t ch = 0; ch < c; ++ch) {
+          const double old = static_cast<double>(ctx.input(2 + k).template data<T>()[ch]);
+          const double batch = k == 1 ? mean[ch] : var[ch];
+          running.template data<T>()[ch] = static_cast<T>(old * momentum + batch * (1 - momentum));
+        }
+      }
+    }
     for (int64_t b = 0; b < n; ++b)
       for (int64_t ch = 0; ch < c; ++ch) {
-        const double mul = scale[ch] / std::sqrt(static_cast<double>(var[ch]) + eps);
+        const double mul = scale[ch] / std::sqrt(var[ch] + eps);
         const double add = bias[ch] - mean[ch] * mul;
         const T* src = x.data<T>() + (b * c + ch) * inner;
         T* dst = y.data<T>() + (b * c + ch) * inner;

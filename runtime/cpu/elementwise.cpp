@@ -1,6 +1,8 @@
 // Elementwise kernels: unary math, broadcasting binary arithmetic/comparison/logic, variadic
 // Min/Max/Sum/Mean, Where, Clip, Cast, Identity, Dropout (inference).
+#include <atomic>
 #include <cmath>
+#include <random>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -309,7 +311,25 @@ void dropout_k(KernelContext& ctx) {
     if (ctx.has_input(1)) ratio = ctx.input(1).scalar_as_double();
     if (ctx.has_input(2)) training = ctx.input(2).scalar_as_double() != 0;
   }
-  if (training && ratio > 0) ctx.unsupported("training-mode Dropout with a non-zero ratio (random masks come with training)");
+  if (training && ratio > 0) {
+    // Training: keep each element with probability 1 − ratio, scaled by 1 / (1 − ratio). Masks come
+    // from mt19937_64 seeded with the `seed` attribute (default 0) plus a per-process call counter, so
+    // a run's sequence of masks is reproducible and successive steps differ.
+    if (ratio >= 1) ctx.invalid("ratio must be < 1 in training mode");
+    static std::atomic<uint64_t> calls{0};
+    std::mt19937_64 rng(static_cast<uint64_t>(ctx.attr_int("seed", 0)) * 0x9E3779B97F4A7C15ull + calls++);
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    Tensor keep = ctx.num_outputs() > 1 && ctx.wants_output(1) ? ctx.output(1, DType::kBool, x.shape())
+                                                                : Tensor(DType::kBool, x.shape());  // shares storage
+    for (auto& m : keep.span<bool>()) m = uniform(rng) >= ratio;
+    dispatch_float(ctx, x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      Tensor& y = ctx.output(0, x.dtype(), x.shape());
+      const T scale = static_cast<T>(1.0 / (1.0 - ratio));
+      for (int64_t i = 0; i < x.elements(); ++i) y.data<T>()[i] = keep.data<bool>()[i] ? x.data<T>()[i] * scale : T(0);
+    });
+    return;
+  }
   copy_bytes(x, ctx.output(0, x.dtype(), x.shape()));
   if (ctx.num_outputs() > 1 && ctx.wants_output(1)) {
     Tensor& mask = ctx.output(1, DType::kBool, x.shape());

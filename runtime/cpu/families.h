@@ -8,4 +8,5 @@ void register_reduce_kernels();       // reduce.cpp: Reduce*, Softmax, LogSoftma
 void register_shape_kernels();        // shape.cpp: Reshape, Transpose, Concat, Split, Slice, Gather, Expand, …
 void register_conv_kernels();         // conv.cpp: Conv, pools, BatchNormalization
 void register_loss_kernels();         // loss.cpp: SoftmaxCrossEntropyLoss
+void register_grad_kernels();        // grad.cpp: ScatterND, ai.apart.ConvGrad/MaxPoolGrad/AveragePoolGrad
 }  // namespace apart::cpu

@@ -1,0 +1,512 @@
+// Reverse-mode differentiation: walks the forward nodes backwards, asks each op's rule
+// (codegen/gradients/) for its input gradients, and accumulates them with Sum.
+#include "codegen/autodiff.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "codegen/gradients/gradient.h"
+#include "graph/error.h"
+
+namespace apart {
+
+using autodiff::Emitter;
+using autodiff::GradNode;
+using autodiff::ValueMeta;
+
+namespace autodiff {
+
+// --- Attributes, Emitter -----------------------------------------------------------
+
+void set_attr(onnx::NodeProto& n, const std::string& name, int64_t v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+void set_attr(onnx::NodeProto& n, const std::string& name, const std::vector<int64_t>& v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t x : v) a->add_ints(x);
+}
+void set_attr(onnx::NodeProto& n, const std::string& name, float v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(v);
+}
+void set_attr(onnx::NodeProto& n, const std::string& name, const std::string& v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s(v);
+}
+
+namespace {
+void fill_scalar_tensor(onnx::TensorProto& t, double value, DType dtype) {
+  t.set_data_type(static_cast<int32_t>(dtype));
+  switch (dtype) {
+    case DType::kFloat32: t.add_float_data(static_cast<float>(value)); break;
+    case DType::kFloat64: t.add_double_data(value); break;
+    case DType::kInt64: t.add_int64_data(static_cast<int64_t>(value)); break;
+    case DType::kInt32: t.add_int32_data(static_cast<int32_t>(value)); break;
+    default: throw Unsupported("autodiff: constants of dtype " + std::string(dtype_name(dtype)));
+  }
+}
+}  // namespace
+
+std::string Emitter::fresh(std::string_view hint) { return "grad/" + std::to_string(counter_++) + "_" + std::string(hint); }
+
+onnx::NodeProto& Emitter::node(const std::string& op, const std::vector<std::string>& inputs,
+                               const std::vector<std::string>& outputs, const std::string& domain) {
+  auto* n = graph_.add_node();
+  n->set_op_type(op);
+  n->set_name("grad/" + scope_ + "/" + op + "_" + std::to_string(node_counter_++));
+  if (!domain.empty()) n->set_domain(domain);
+  for (const auto& i : inputs) n->add_input(i);
+  for (const auto& o : outputs) n->add_output(o);
+  return *n;
+}
+
+std::string Emitter::op(const std::string& op_type, const std::vector<std::string>& inputs) {
+  std::string out = fresh(op_type);
+  node(op_type, inputs, {out});
+  return out;
+}
+
+std::string Emitter::ints(const std::vector<int64_t>& values) {
+  std::string out = fresh("ints");
+  auto& n = node("Constant", {}, {out});
+  auto* a = n.add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  auto* t = a->mutable_t();
+  t->set_data_type(static_cast<int32_t>(DType::kInt64));
+  t->add_dims(static_cast<int64_t>(values.size()));
+  for (int64_t v : values) t->add_int64_data(v);
+  return out;
+}
+
+std::string Emitter::scalar(double value, DType dtype) {
+  std::string out = fresh("scalar");
+  auto& n = node("Constant", {}, {out});
+  auto* a = n.add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  fill_scalar_tensor(*a->mutable_t(), value, dtype);
+  return out;
+}
+
+std::string Emitter::filled(double value, DType dtype, const std::vector<int64_t>& shape) {
+  if (shape.empty()) return scalar(value, dtype);
+  const std::string shape_value = ints(shape);
+  std::string out = fresh("filled");
+  auto& n = node("ConstantOfShape", {shape_value}, {out});
+  auto* a = n.add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  a->mutable_t()->add_dims(1);
+  fill_scalar_tensor(*a->mutable_t(), value, dtype);
+  return out;
+}
+
+std::string Emitter::reshape(const std::string& x, const std::vector<int64_t>& shape) {
+  return op("Reshape", {x, ints(shape)});
+}
+
+std::string Emitter::transpose(const std::string& x, const std::vector<int64_t>& perm) {
+  std::string out = op("Transpose", {x});
+  set_attr(last(), "perm", perm);
+  return out;
+}
+
+std::string Emitter::reduce_sum(const std::string& x, const std::vector<int64_t>& axes, bool keepdims) {
+  std::string out = op("ReduceSum", {x, ints(axes)});
+  set_attr(last(), "keepdims", static_cast<int64_t>(keepdims ? 1 : 0));
+  return out;
+}
+
+std::string Emitter::expand(const std::string& x, const std::vector<int64_t>& shape) {
+  return op("Expand", {x, ints(shape)});
+}
+
+std::string Emitter::unbroadcast(const std::string& g, const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
+  if (from == to) return g;
+  APART_CHECK(from.size() >= to.size(), "unbroadcast from a lower rank");
+  const size_t lead = from.size() - to.size();
+  std::vector<int64_t> axes;
+  for (size_t i = 0; i < from.size(); ++i)
+    if (i < lead || (to[i - lead] == 1 && from[i] != 1)) axes.push_back(static_cast<int64_t>(i));
+  std::string summed = axes.empty() ? g : reduce_sum(g, axes, true);
+  return reshape(summed, to);
+}
+
+// --- GradNode ----------------------------------------------------------------------
+
+const ValueMeta& GradNode::in(size_t i) const {
+  const ValueMeta& m = meta_(x(i));
+  if (!m.shape_known) unsupported("input '" + x(i) + "' has no static shape (bind the model's dims: ImportOptions)");
+  return m;
+}
+const ValueMeta& GradNode::out(size_t i) const {
+  const ValueMeta& m = meta_(y(i));
+  if (!m.shape_known) unsupported("output '" + y(i) + "' has no static shape (bind the model's dims: ImportOptions)");
+  return m;
+}
+const std::vector<int64_t>& GradNode::known_ints(size_t i) const {
+  const ValueMeta& m = meta_(x(i));
+  if (!m.ints) unsupported("input '" + x(i) + "' must be a constant known when the model is imported");
+  return *m.ints;
+}
+const std::string& GradNode::gy(size_t i) const {
+  static const std::string kNone;
+  return i < gy_.size() ? gy_[i] : kNone;
+}
+std::string GradNode::gy_or_zeros(size_t i) {
+  if (!gy(i).empty()) return gy(i);
+  return e.filled(0, out(i).dtype, out(i).shape);
+}
+void GradNode::give(size_t i, const std::string& grad) {
+  APART_CHECK(i < given_.size(), "give: input index");
+  if (wants(i)) given_[i] = grad;
+}
+
+namespace {
+const onnx::AttributeProto* find_attr(const onnx::NodeProto& n, std::string_view name) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+}  // namespace
+
+int64_t GradNode::attr_int(std::string_view name, int64_t fallback) const {
+  const auto* a = find_attr(node_, name);
+  return a ? a->i() : fallback;
+}
+float GradNode::attr_float(std::string_view name, float fallback) const {
+  const auto* a = find_attr(node_, name);
+  return a ? a->f() : fallback;
+}
+std::string GradNode::attr_string(std::string_view name, std::string fallback) const {
+  const auto* a = find_attr(node_, name);
+  return a ? a->s() : fallback;
+}
+std::optional<std::vector<int64_t>> GradNode::attr_ints(std::string_view name) const {
+  const auto* a = find_attr(node_, name);
+  if (!a) return std::nullopt;
+  return std::vector<int64_t>(a->ints().begin(), a->ints().end());
+}
+void GradNode::copy_attrs(onnx::NodeProto& to, const std::vector<std::string>& names) const {
+  for (const auto& a : node_.attribute())
+    if (names.empty() || std::find(names.begin(), names.end(), a.name()) != names.end()) *to.add_attribute() = a;
+}
+void GradNode::unsupported(const std::string& what) const {
+  throw Unsupported("autodiff: node '" + node_.name() + "' (" + node_.op_type() + "): " + what);
+}
+
+std::map<std::string, GradRule, std::less<>>& rules() {
+  static std::map<std::string, GradRule, std::less<>> r;
+  return r;
+}
+
+namespace {
+const std::map<std::string, GradRule, std::less<>>& registered_rules() {
+  static const bool kRegistered = [] {
+    register_elementwise_rules();
+    register_linalg_rules();
+    register_reduce_rules();
+    register_shape_rules();
+    register_conv_rules();
+    return true;
+  }();
+  (void)kRegistered;
+  return rules();
+}
+}  // namespace
+
+}  // namespace autodiff
+
+namespace {
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+void set_value_info(onnx::ValueInfoProto& info, const std::string& name, const ValueMeta& m) {
+  info.Clear();
+  info.set_name(name);
+  auto* tt = info.mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(static_cast<int32_t>(m.dtype));
+  auto* shape = tt->mutable_shape();
+  for (int64_t d : m.shape) shape->add_dim()->set_dim_value(d);
+}
+
+int64_t product_of(const std::vector<int64_t>& shape) {
+  int64_t p = 1;
+  for (int64_t d : shape) p *= d;
+  return p;
+}
+
+bool is_float(DType d) { return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kFloat16 || d == DType::kBFloat16; }
+
+// Forward nodes the training graph changes: LayerNormalization and Dropout get their saved outputs
+// (mean/inv-std-dev, mask), BatchNormalization switches to training mode.
+void prepare_forward_node(onnx::NodeProto& n, int index, const TrainingGraphOptions& options, const onnx::GraphProto& g,
+                          std::vector<std::pair<std::string, std::string>>& state_updates) {
+  const std::string prefix = "fwd/" + std::to_string(index) + "_";
+  if (n.domain().empty() && n.op_type() == "LayerNormalization") {
+    while (n.output_size() < 3) n.add_output("");
+    if (n.output(1).empty()) n.set_output(1, prefix + "mean");
+    if (n.output(2).empty()) n.set_output(2, prefix + "inv_std_dev");
+  } else if (n.domain().empty() && n.op_type() == "SoftmaxCrossEntropyLoss") {
+    while (n.output_size() < 2) n.add_output("");
+    if (n.output(1).empty()) n.set_output(1, prefix + "log_prob");
+  } else if (n.domain().empty() && n.op_type() == "Dropout") {
+    while (n.output_size() < 2) n.add_output("");
+    if (n.output(1).empty()) n.set_output(1, prefix + "mask");
+  } else if (n.domain().empty() && n.op_type() == "BatchNormalization" && options.batch_norm_training) {
+    bool has = false;
+    for (auto& a : *n.mutable_attribute())
+      if (a.name() == "training_mode") a.set_i(1), has = true;
+    if (!has) autodiff::set_attr(n, "training_mode", int64_t{1});
+    while (n.output_size() < 3) n.add_output("");
+    for (int k = 1; k <= 2; ++k) {
+      if (n.output(k).empty()) n.set_output(k, prefix + (k == 1 ? "running_mean" : "running_var"));
+      const std::string& stat = n.input(2 + k);
+      for (const auto& init : g.initializer())
+        if (init.name() == stat) state_updates.emplace_back(stat, n.output(k));
+    }
+  }
+}
+
+}  // namespace
+
+TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options) {
+  if (options.recompute)
+    throw Unsupported("autodiff: recompute is not implemented yet; training graphs save forward activations");
+  int64_t opset = 0;
+  for (const auto& o : forward.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
+  if (opset < 13)
+    throw Unsupported("autodiff: the forward model has opset " + std::to_string(opset) +
+                      "; training graphs need opset 13 or later (convert the model first)");
+
+  // --- Static shapes and known integers of every value, from the importer ---
+  ImportOptions import = options.import;
+  import.require_external_data = false;
+  const ImportedModel imported = import_model_bytes(
+      forward.SerializeAsString(), {}, forward.graph().name().empty() ? "<forward model>" : forward.graph().name(), import);
+  const TaskGraph& tg = imported.graph;
+  std::unordered_map<std::string, ValueMeta> metas;
+  for (const Value& v : tg.values()) metas[v.name] = ValueMeta{v.dtype, v.shape, v.shape_known, v.known_ints};
+  const ValueMeta kUnknown;
+  auto meta = [&](const std::string& name) -> const ValueMeta& {
+    auto it = metas.find(name);
+    return it == metas.end() ? kUnknown : it->second;
+  };
+
+  const onnx::GraphProto& fg = forward.graph();
+  std::set<std::string> initializer_names;
+  for (const auto& init : fg.initializer()) initializer_names.insert(init.name());
+
+  // --- Loss, params, inputs to differentiate ---
+  std::string loss = options.loss;
+  if (loss.empty() && options.output_gradients.empty()) {
+    for (const auto& o : fg.output()) {
+      const ValueMeta& m = meta(o.name());
+      if (is_float(m.dtype) && m.shape_known && product_of(m.shape) == 1) {
+        if (!loss.empty()) throw InvalidArgument("autodiff: the model has several scalar float outputs ('" + loss + "', '" + o.name() + "'); name the loss");
+        loss = o.name();
+      }
+    }
+    if (loss.empty()) throw InvalidArgument("autodiff: the model has no scalar float output to use as the loss; name one");
+  }
+  auto is_output = [&](const std::string& name) {
+    return std::any_of(fg.output().begin(), fg.output().end(), [&](const auto& o) { return o.name() == name; });
+  };
+  if (!loss.empty()) {
+    const ValueMeta& m = meta(loss);
+    if (!is_output(loss)) throw InvalidArgument("autodiff: the loss " + quote(loss) + " is not a graph output");
+    if (!is_float(m.dtype) || !m.shape_known || product_of(m.shape) != 1)
+      throw InvalidArgument("autodiff: the loss " + quote(loss) + " is not a scalar float value");
+  }
+  for (const auto& o : options.output_gradients)
+    if (!is_output(o) || !is_float(meta(o).dtype) || !meta(o).shape_known)
+      throw InvalidArgument("autodiff: output_gradients names " + quote(o) + ", which is not a float graph output with a static shape");
+
+  std::vector<std::string> params = options.params;
+  if (params.empty()) {
+    for (const auto& init : fg.initializer())
+      if (is_float(static_cast<DType>(init.data_type()))) params.push_back(init.name());
+  }
+  for (const auto& p : params)
+    if (!initializer_names.count(p) || !is_float(meta(p).dtype))
+      throw InvalidArgument("autodiff: param " + quote(p) + " is not a floating-point initializer of the model");
+  for (const auto& x : options.input_gradients)
+    if (!metas.count(x) || !is_float(meta(x).dtype) || !meta(x).shape_known)
+      throw InvalidArgument("autodiff: input_gradients names " + quote(x) + ", which is not a float value with a static shape");
+
+  // --- Forward nodes in the importer's topological order ---
+  std::vector<int> order;
+  for (const Task& t : tg.tasks())
+    if (t.onnx_node_index >= 0) order.push_back(t.onnx_node_index);
+
+  // Active values: float values that depend on a param or a requested input.
+  std::unordered_set<std::string> active(params.begin(), params.end());
+  active.insert(options.input_gradients.begin(), options.input_gradients.end());
+  for (int idx : order) {
+    const auto& n = fg.node(idx);
+    bool any = false;
+    for (const auto& i : n.input()) any = any || (!i.empty() && active.count(i));
+    if (!any) continue;
+    for (const auto& o : n.output())
+      if (!o.empty() && is_float(meta(o).dtype)) active.insert(o);
+  }
+
+  // --- The training model: the forward (with saved outputs added), then the backward ---
+  TrainingGraph result;
+  onnx::ModelProto& model = result.model;
+  model = forward;
+  onnx::GraphProto& g = *model.mutable_graph();
+  g.clear_value_info();
+  g.clear_output();
+  for (auto& in : *g.mutable_input()) {
+    const ValueMeta& m = meta(in.name());
+    if (m.shape_known) set_value_info(in, in.name(), m);
+  }
+  for (int i = 0; i < g.node_size(); ++i) prepare_forward_node(*g.mutable_node(i), i, options, fg, result.state_updates);
+
+  Emitter e(g, opset);
+  std::unordered_map<std::string, std::vector<std::string>> contributions;
+  std::map<std::string, ValueMeta> grad_infos;  // value_info for gradient values (helps ai.apart outputs)
+  auto gradient_of = [&](const std::string& v) -> std::string {
+    auto it = contributions.find(v);
+    if (it == contributions.end() || it->second.empty()) return "";
+    if (it->second.size() > 1) {
+      const std::string sum = e.op("Sum", it->second);
+      grad_infos[sum] = meta(v);
+      it->second = {sum};
+    }
+    return it->second.front();
+  };
+
+  if (!loss.empty()) {
+    e.set_scope("seed");
+    contributions[loss].push_back(e.filled(1.0, meta(loss).dtype, meta(loss).shape));
+  }
+  for (const auto& o : options.output_gradients) {
+    const std::string name = o + "_grad";
+    set_value_info(*g.add_input(), name, meta(o));
+    contributions[o].push_back(name);
+    result.output_gradient_inputs.emplace_back(o, name);
+  }
+
+  const auto& rule_table = autodiff::registered_rules();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const onnx::NodeProto& n = g.node(*it);
+    std::vector<std::string> gys;
+    bool any_gy = false;
+    for (const auto& o : n.output()) {
+      gys.push_back(o.empty() ? "" : gradient_of(o));
+      any_gy = any_gy || !gys.back().empty();
+    }
+    if (!any_gy) continue;
+    std::vector<bool> wants;
+    bool any_want = false;
+    for (const auto& i : n.input()) {
+      wants.push_back(!i.empty() && active.count(i) > 0);
+      any_want = any_want || wants.back();
+    }
+    if (!any_want) continue;
+    const std::string node_name = n.name().empty() ? n.op_type() + "_" + std::to_string(*it) : n.name();
+    auto rule = n.domain().empty() || n.domain() == "ai.onnx" ? rule_table.find(n.op_type()) : rule_table.end();
+    if (rule == rule_table.end())
+      throw Unsupported("autodiff: node " + quote(node_name) + ": op " + (n.domain().empty() ? "" : n.domain() + ".") + n.op_type() +
+                        " has no gradient rule (docs/autodiff.md lists the ops with one)");
+    e.set_scope(node_name);
+    const onnx::NodeProto node_copy = n;  // the emitter appends to the same repeated field
+    GradNode gn(node_copy, e, meta, gys, wants);
+    rule->second(gn);
+    for (size_t i = 0; i < gn.given().size(); ++i) {
+      if (gn.given()[i].empty()) continue;
+      contributions[node_copy.input(static_cast<int>(i))].push_back(gn.given()[i]);
+      grad_infos.emplace(gn.given()[i], meta(node_copy.input(static_cast<int>(i))));
+    }
+  }
+
+  // --- Outputs ---
+  std::unordered_set<std::string> backward_inputs;
+  for (const auto& n : g.node())
+    for (const auto& i : n.input()) backward_inputs.insert(i);
+  std::unordered_set<std::string> taken;
+  for (const auto& n : g.node())
+    for (const auto& o : n.output()) taken.insert(o);
+  for (const auto& i : g.input()) taken.insert(i.name());
+  for (const auto& i : g.initializer()) taken.insert(i.name());
+  std::unordered_set<std::string> claimed;
+  auto name_output = [&](const std::string& of, const std::string& grad) -> std::string {
+    std::string want = of + "_grad";
+    for (int k = 2; taken.count(want); ++k) want = of + "_grad#" + std::to_string(k);
+    taken.insert(want);
+    const bool renamable = grad.rfind("grad/", 0) == 0 && !backward_inputs.count(grad) && !claimed.count(grad);
+    if (renamable) {
+      for (int k = g.node_size() - 1; k >= 0; --k) {
+        auto* node = g.mutable_node(k);
+        for (int o = 0; o < node->output_size(); ++o)
+          if (node->output(o) == grad) node->set_output(o, want);
+      }
+      grad_infos[want] = meta(of);
+    } else {
+      e.set_scope("outputs");
+      e.node("Identity", {grad}, {want});
+    }
+    claimed.insert(grad);
+    set_value_info(*g.add_output(), want, meta(of));
+    return want;
+  };
+  if (!loss.empty()) {
+    set_value_info(*g.add_output(), loss, meta(loss));
+    result.loss_output = loss;
+  }
+  for (const auto& o : options.output_gradients) set_value_info(*g.add_output(), o, meta(o));
+  for (const auto& p : params) {
+    std::string grad = gradient_of(p);
+    if (grad.empty()) {
+      e.set_scope("zeros");
+      grad = e.filled(0.0, meta(p).dtype, meta(p).shape);
+    }
+    result.gradients.emplace_back(p, name_output(p, grad));
+  }
+  for (const auto& x : options.input_gradients) {
+    std::string grad = gradient_of(x);
+    if (grad.empty()) {
+      e.set_scope("zeros");
+      grad = e.filled(0.0, meta(x).dtype, meta(x).shape);
+    }
+    result.input_gradients.emplace_back(x, name_output(x, grad));
+  }
+  for (const auto& [stat, out] : result.state_updates) set_value_info(*g.add_output(), out, meta(stat));
+
+  // --- value_info for gradient values (their shapes are the forward values'); the ai.apart domain ---
+  std::set<std::string> outputs;
+  for (const auto& o : g.output()) outputs.insert(o.name());
+  std::unordered_set<std::string> produced;
+  for (const auto& n : g.node())
+    for (const auto& o : n.output()) produced.insert(o);
+  for (const auto& [name, m] : grad_infos)
+    if (m.shape_known && name.rfind("grad/", 0) == 0 && produced.count(name) && !outputs.count(name))
+      set_value_info(*g.add_value_info(), name, m);
+  bool uses_apart = false;
+  for (const auto& n : g.node()) uses_apart = uses_apart || n.domain() == autodiff::kApartDomain;
+  bool has_apart_opset = false;
+  for (const auto& o : model.opset_import()) has_apart_opset = has_apart_opset || o.domain() == autodiff::kApartDomain;
+  if (uses_apart && !has_apart_opset) {
+    auto* o = model.add_opset_import();
+    o->set_domain(autodiff::kApartDomain);
+    o->set_version(1);
+  }
+  return result;
+}
+
+}  // namespace apart

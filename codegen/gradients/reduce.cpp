@@ -1,0 +1,147 @@
+// Gradient rules of reductions, Softmax/LogSoftmax, LayerNormalization and SoftmaxCrossEntropyLoss.
+#include <numeric>
+
+#include "codegen/gradients/gradient.h"
+
+namespace apart::autodiff {
+namespace {
+
+std::vector<int64_t> range(int64_t begin, int64_t end) {
+  std::vector<int64_t> v;
+  for (int64_t i = begin; i < end; ++i) v.push_back(i);
+  return v;
+}
+int64_t prod(const std::vector<int64_t>& s, size_t begin = 0) {
+  int64_t p = 1;
+  for (size_t i = begin; i < s.size(); ++i) p *= s[i];
+  return p;
+}
+
+// ReduceSum / ReduceMean: the gradient spread back over the reduced axes.
+void reduce_rule(GradNode& n, bool mean) {
+  auto& e = n.e;
+  const auto& xs = n.in(0).shape;
+  std::vector<int64_t> axes;
+  if (auto a = n.attr_ints("axes")) axes = *a;
+  else if (n.has_input(1)) axes = n.known_ints(1);
+  if (axes.empty()) {
+    if (n.attr_int("noop_with_empty_axes", 0) != 0) return n.give(0, n.gy());
+    axes = range(0, static_cast<int64_t>(xs.size()));
+  }
+  std::vector<int64_t> keep = xs;
+  int64_t count = 1;
+  for (int64_t a : axes) {
+    const int64_t axis = norm_axis(a, xs.size());
+    count *= xs[static_cast<size_t>(axis)];
+    keep[static_cast<size_t>(axis)] = 1;
+  }
+  std::string g = n.out(0).shape == keep ? n.gy() : e.reshape(n.gy(), keep);
+  if (mean && count != 1) g = e.mul(g, e.scalar(1.0 / static_cast<double>(count), n.out(0).dtype));
+  n.give(0, keep == xs ? g : e.expand(g, xs));
+}
+void reduce_sum_rule(GradNode& n) { reduce_rule(n, false); }
+void reduce_mean_rule(GradNode& n) { reduce_rule(n, true); }
+
+// The axes a softmax normalizes over: one axis from opset 13, the coerced 2-D tail before.
+std::vector<int64_t> softmax_axes(GradNode& n) {
+  const size_t r = n.in(0).shape.size();
+  if (n.e.opset() >= 13) return {norm_axis(n.attr_int("axis", -1), r)};
+  return range(norm_axis(n.attr_int("axis", 1), r), static_cast<int64_t>(r));
+}
+
+void softmax_rule(GradNode& n) {  // y · (g − Σ g·y)
+  auto& e = n.e;
+  const std::string dot = e.reduce_sum(e.mul(n.gy(), n.y(0)), softmax_axes(n), true);
+  n.give(0, e.mul(n.y(0), e.sub(n.gy(), dot)));
+}
+
+void log_softmax_rule(GradNode& n) {  // g − exp(y) · Σ g
+  auto& e = n.e;
+  const std::string total = e.reduce_sum(n.gy(), softmax_axes(n), true);
+  n.give(0, e.sub(n.gy(), e.mul(e.op("Exp", {n.y(0)}), total)));
+}
+
+// LayerNormalization from its saved Mean and InvStdDev (the training graph adds those outputs):
+// x̂ = (x − μ)·σ⁻¹, dx = σ⁻¹ · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ · x̂)) with dx̂ = g · scale.
+void layer_norm_rule(GradNode& n) {
+  auto& e = n.e;
+  const auto& xs = n.in(0).shape;
+  const DType dt = n.in(0).dtype;
+  const int64_t axis = norm_axis(n.attr_int("axis", -1), xs.size());
+  const std::vector<int64_t> norm = range(axis, static_cast<int64_t>(xs.size()));
+  auto as_x_type = [&](const std::string& v) {
+    if (dt == DType::kFloat32) return v;
+    std::string c = e.op("Cast", {v});
+    set_attr(e.last(), "to", static_cast<int64_t>(dt));
+    return c;
+  };
+  const std::string mu = as_x_type(n.y(1)), inv_std = as_x_type(n.y(2));
+  const std::string xhat = e.mul(e.sub(n.x(0), mu), inv_std);
+  const std::string& g = n.gy();
+  if (n.wants(1)) n.give(1, e.unbroadcast(e.mul(g, xhat), xs, n.in(1).shape));
+  if (n.has_input(2) && n.wants(2)) n.give(2, e.unbroadcast(g, xs, n.in(2).shape));
+  if (n.wants(0)) {
+    const std::string inv_n = e.scalar(1.0 / static_cast<double>(prod(xs, static_cast<size_t>(axis))), dt);
+    const std::string gxhat = e.mul(g, n.x(1));
+    const std::string mean_g = e.mul(e.reduce_sum(gxhat, norm, true), inv_n);
+    const std::string mean_gx = e.mul(e.reduce_sum(e.mul(gxhat, xhat), norm, true), inv_n);
+    n.give(0, e.mul(inv_std, e.sub(e.sub(gxhat, mean_g), e.mul(xhat, mean_gx))));
+  }
+}
+
+// SoftmaxCrossEntropyLoss from its log_prob output (the training graph adds it), in standard ops:
+// d scores = (softmax − onehot) · w_label · coefficient, coefficient by reduction.
+void softmax_cross_entropy_rule(GradNode& n) {
+  if (!n.wants(0)) return;
+  auto& e = n.e;
+  const auto& ss = n.in(0).shape;
+  const DType dt = n.in(0).dtype;
+  if (ss.size() < 2) n.unsupported("scores of rank < 2");
+  const int64_t classes = ss[1];
+  std::vector<int64_t> label_shape = ss;  // [N, 1, d…]
+  label_shape[1] = 1;
+  std::string labels = n.x(1);
+  if (n.in(1).dtype != DType::kInt64) {
+    labels = e.op("Cast", {labels});
+    set_attr(e.last(), "to", static_cast<int64_t>(DType::kInt64));
+  }
+  labels = e.reshape(labels, label_shape);
+  std::vector<int64_t> class_shape(ss.size(), 1);
+  class_shape[1] = classes;
+  std::vector<int64_t> ids(static_cast<size_t>(classes));
+  std::iota(ids.begin(), ids.end(), 0);
+  const std::string class_ids = e.reshape(e.ints(ids), class_shape);
+  std::string onehot = e.op("Cast", {e.op("Equal", {labels, class_ids})});
+  set_attr(e.last(), "to", static_cast<int64_t>(dt));
+  std::string weight;  // per position: the label's class weight, 0 where the label is ignored
+  if (n.has_input(2)) weight = e.reduce_sum(e.mul(onehot, e.reshape(n.x(2), class_shape)), {1}, true);
+  else weight = e.reduce_sum(onehot, {1}, true);
+  if (n.attr_int("ignore_index", INT64_MIN) != INT64_MIN) {
+    const std::string ignore_id = e.ints({n.attr_int("ignore_index", 0)});
+    std::string keep = e.op("Cast", {e.op("Not", {e.op("Equal", {labels, ignore_id})})});
+    set_attr(e.last(), "to", static_cast<int64_t>(dt));
+    weight = e.mul(weight, keep);
+  }
+  const std::string reduction = n.attr_string("reduction", "mean");
+  std::string coefficient;
+  if (reduction == "mean") coefficient = e.div(n.gy(), e.reduce_sum(weight, range(0, static_cast<int64_t>(ss.size())), false));
+  else if (reduction == "sum") coefficient = n.gy();
+  else if (reduction == "none") coefficient = e.reshape(n.gy(), label_shape);
+  else n.unsupported("reduction '" + reduction + "'");
+  const std::string softmax = e.op("Exp", {n.y(1)});
+  n.give(0, e.mul(e.sub(softmax, onehot), e.mul(weight, coefficient)));
+}
+
+}  // namespace
+
+void register_reduce_rules() {
+  auto& r = rules();
+  r["ReduceSum"] = reduce_sum_rule;
+  r["ReduceMean"] = reduce_mean_rule;
+  r["Softmax"] = softmax_rule;
+  r["LogSoftmax"] = log_softmax_rule;
+  r["LayerNormalization"] = layer_norm_rule;
+  r["SoftmaxCrossEntropyLoss"] = softmax_cross_entropy_rule;
+}
+
+}  // namespace apart::autodiff

@@ -1,0 +1,311 @@
+// Training graphs: every op's backward against central finite differences; whole models (gpt-tiny,
+// a small ResNet); ONNX checker; determinism.
+#include <gtest/gtest.h>
+#include <onnx/checker.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "codegen/autodiff.h"
+#include "graph/error.h"
+#include "models/zoo.h"
+#include "runtime/executor.h"
+#include "tests/runtime/model_builder.h"
+
+namespace apart {
+namespace {
+
+using testing::Io;
+using testing::ModelBuilder;
+
+Tensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double lo = -1, double hi = 1) {
+  Tensor t(dt, std::move(shape));
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < t.elements(); ++i) {
+    if (dt == DType::kFloat64) t.data<double>()[i] = u(rng);
+    else t.data<float>()[i] = static_cast<float>(u(rng));
+  }
+  return t;
+}
+
+double get(const Tensor& t, int64_t i) { return t.scalar_as_double(i); }
+void set(Tensor& t, int64_t i, double v) {
+  if (t.dtype() == DType::kFloat64) t.data<double>()[i] = v;
+  else t.data<float>()[i] = static_cast<float>(v);
+}
+
+struct Tolerance {
+  double eps = 1e-6, atol = 1e-6, rtol = 1e-4;
+};
+constexpr Tolerance kDouble{1e-6, 1e-6, 1e-4};
+constexpr Tolerance kFloat{1e-2, 2e-3, 5e-2};  // float32 kernels: eps 1e-2, loose
+
+// Runs the training graph; for up to `samples` entries of every param compares the gradient with
+// (L(p + eps) − L(p − eps)) / 2 eps computed by the same executor.
+void expect_gradients_match(const TrainingGraph& tg, const std::map<std::string, Tensor>& inputs, Tolerance tol,
+                            int samples = 6, const std::filesystem::path& base_dir = {}) {
+  Executor exec(tg.model, base_dir);
+  auto out = exec.run(inputs);
+  std::map<std::string, Tensor> got;
+  for (auto& [name, t] : out) got[name] = t;
+  auto loss = [&] { return get(exec.run(inputs).front().second, 0); };
+  std::mt19937 rng(7);
+  for (const auto& [param, grad_name] : tg.gradients) {
+    Tensor* p = exec.param(param);
+    ASSERT_NE(p, nullptr) << param;
+    const Tensor& g = got.at(grad_name);
+    ASSERT_EQ(g.shape(), p->shape()) << param;
+    const int64_t n = p->elements();
+    for (int s = 0; s < std::min<int64_t>(samples, n); ++s) {
+      const int64_t i = n <= samples ? s : std::uniform_int_distribution<int64_t>(0, n - 1)(rng);
+      const double orig = get(*p, i);
+      set(*p, i, orig + tol.eps);
+      const double up = loss();
+      set(*p, i, orig - tol.eps);
+      const double down = loss();
+      set(*p, i, orig);
+      const double fd = (up - down) / (2 * tol.eps), analytic = get(g, i);
+      EXPECT_NEAR(analytic, fd, tol.atol + tol.rtol * std::fabs(fd)) << param << "[" << i << "]";
+    }
+  }
+}
+
+// A model computing loss = ReduceSum(op(params…) · R) for a fixed random R per output.
+struct OpCase {
+  std::string op;
+  std::vector<std::pair<std::string, Tensor>> params;  // differentiated inputs (initializers)
+  std::vector<std::pair<std::string, Tensor>> fixed;   // other initializers (indices, labels, masks…)
+  std::vector<std::string> inputs;                    // node inputs in order
+  std::vector<std::vector<int64_t>> out_shapes;
+  std::function<void(onnx::NodeProto&)> attrs;
+  DType dtype = DType::kFloat64;
+  Tolerance tol = kDouble;
+};
+
+void check_op(const OpCase& c) {
+  SCOPED_TRACE(c.op);
+  std::mt19937 rng(3);
+  ModelBuilder b;
+  for (const auto& [name, t] : c.params) b.initializer(t, name);
+  for (const auto& [name, t] : c.fixed) b.initializer(t, name);
+  std::vector<std::string> outs;
+  for (size_t i = 0; i < c.out_shapes.size(); ++i) outs.push_back("y" + std::to_string(i));
+  auto& node = b.node(c.op, c.inputs, outs, "op");
+  if (c.attrs) c.attrs(node);
+  std::vector<std::string> terms;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string r = "r" + std::to_string(i), t = "t" + std::to_string(i);
+    b.initializer(random_tensor(c.dtype, c.out_shapes[i], rng), r);
+    b.node("Mul", {outs[i], r}, {t + "m"});
+    b.node("ReduceSum", {t + "m"}, {t}).add_attribute()->CopyFrom([] {
+      onnx::AttributeProto a;
+      a.set_name("keepdims");
+      a.set_type(onnx::AttributeProto::INT);
+      a.set_i(0);
+      return a;
+    }());
+    terms.push_back(t);
+  }
+  if (terms.size() == 1) b.node("Identity", {terms[0]}, {"loss"});
+  else b.node("Sum", terms, {"loss"});
+  b.output({"loss", c.dtype, {}});
+  TrainingGraphOptions options;
+  for (const auto& [name, t] : c.params) options.params.push_back(name);
+  const TrainingGraph tg = build_training_graph(b.proto(), options);
+  expect_gradients_match(tg, {}, c.tol, 8);
+}
+
+std::function<void(onnx::NodeProto&)> ints_attr(const std::string& name, std::vector<int64_t> v) {
+  return [name, v](onnx::NodeProto& n) { ModelBuilder::attr_ints(n, name, v); };
+}
+std::function<void(onnx::NodeProto&)> int_attr(const std::string& name, int64_t v) {
+  return [name, v](onnx::NodeProto& n) { ModelBuilder::attr_int(n, name, v); };
+}
+Tensor ints(std::vector<int64_t> shape, std::vector<int64_t> values) {
+  Tensor t(DType::kInt64, std::move(shape));
+  for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = values[i];
+  return t;
+}
+
+class AGradientRule : public ::testing::Test {
+ protected:
+  std::mt19937 rng{11};
+  Tensor r(std::vector<int64_t> shape, double lo = -1, double hi = 1, DType dt = DType::kFloat64) {
+    return random_tensor(dt, std::move(shape), rng, lo, hi);
+  }
+};
+
+TEST_F(AGradientRule, OfBinaryArithmeticUndoesBroadcasting) {
+  for (const char* op : {"Add", "Sub", "Mul", "Div"})
+    check_op({op, {{"a", r({2, 3, 4}, 0.5, 1.5)}, {"b", r({3, 1}, 0.5, 1.5)}}, {}, {"a", "b"}, {{2, 3, 4}}});
+  check_op({"Pow", {{"a", r({3, 4}, 0.5, 1.5)}, {"b", r({4}, 0.5, 2)}}, {}, {"a", "b"}, {{3, 4}}});
+}
+
+TEST_F(AGradientRule, OfUnaryMathAndActivations) {
+  for (const char* op : {"Sqrt", "Exp", "Log", "Erf", "Tanh", "Sigmoid", "Relu", "Neg", "Reciprocal", "Softplus", "Identity"})
+    check_op({op, {{"x", r({2, 5}, 0.2, 2)}}, {}, {"x"}, {{2, 5}}});
+  check_op({"Relu", {{"x", r({3, 5})}}, {}, {"x"}, {{3, 5}}});
+  check_op({"LeakyRelu", {{"x", r({3, 5})}}, {}, {"x"}, {{3, 5}}, [](onnx::NodeProto& n) {
+              auto* a = n.add_attribute();
+              a->set_name("alpha"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(0.2f);
+            }});
+}
+
+TEST_F(AGradientRule, OfMatMulAndGemm) {
+  check_op({"MatMul", {{"a", r({2, 3, 4})}, {"b", r({4, 5})}}, {}, {"a", "b"}, {{2, 3, 5}}});
+  check_op({"MatMul", {{"a", r({2, 1, 3, 4})}, {"b", r({3, 4, 2})}}, {}, {"a", "b"}, {{2, 3, 3, 2}}});
+  check_op({"MatMul", {{"a", r({4})}, {"b", r({4, 3})}}, {}, {"a", "b"}, {{3}}});
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      check_op({"Gemm",
+                {{"a", r(ta ? std::vector<int64_t>{4, 3} : std::vector<int64_t>{3, 4})},
+                 {"b", r(tb ? std::vector<int64_t>{5, 4} : std::vector<int64_t>{4, 5})},
+                 {"c", r({5})}},
+                {}, {"a", "b", "c"}, {{3, 5}}, [ta, tb](onnx::NodeProto& n) {
+                  ModelBuilder::attr_int(n, "transA", ta);
+                  ModelBuilder::attr_int(n, "transB", tb);
+                  auto* a = n.add_attribute();
+                  a->set_name("alpha"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(0.5f);
+                }});
+}
+
+TEST_F(AGradientRule, OfReductionsSoftmaxAndLayerNorm) {
+  check_op({"ReduceSum", {{"x", r({2, 3, 4})}}, {{"axes", ints({1}, {1})}}, {"x", "axes"}, {{2, 4}}, int_attr("keepdims", 0)});
+  check_op({"ReduceMean", {{"x", r({2, 3, 4})}}, {}, {"x"}, {{2, 3, 1}}, ints_attr("axes", {-1})});
+  check_op({"ReduceMean", {{"x", r({2, 3})}}, {}, {"x"}, {{1, 1}}});
+  check_op({"Softmax", {{"x", r({2, 5})}}, {}, {"x"}, {{2, 5}}});
+  check_op({"LogSoftmax", {{"x", r({2, 3, 4})}}, {}, {"x"}, {{2, 3, 4}}, int_attr("axis", 1)});
+  check_op({"LayerNormalization", {{"x", r({2, 3, 4})}, {"s", r({4})}, {"b", r({4})}}, {}, {"x", "s", "b"}, {{2, 3, 4}}});
+}
+
+TEST_F(AGradientRule, OfShapeOps) {
+  check_op({"Transpose", {{"x", r({2, 3, 4})}}, {}, {"x"}, {{4, 2, 3}}, ints_attr("perm", {2, 0, 1})});
+  check_op({"Reshape", {{"x", r({2, 6})}}, {{"shape", ints({3}, {3, 2, 2})}}, {"x", "shape"}, {{3, 2, 2}}});
+  check_op({"Flatten", {{"x", r({2, 3, 2})}}, {}, {"x"}, {{2, 6}}});
+  check_op({"Unsqueeze", {{"x", r({2, 3})}}, {{"axes", ints({1}, {1})}}, {"x", "axes"}, {{2, 1, 3}}});
+  check_op({"Squeeze", {{"x", r({2, 1, 3})}}, {{"axes", ints({1}, {1})}}, {"x", "axes"}, {{2, 3}}});
+  check_op({"Expand", {{"x", r({3, 1})}}, {{"shape", ints({3}, {2, 3, 4})}}, {"x", "shape"}, {{2, 3, 4}}});
+  check_op({"Concat", {{"a", r({2, 3})}, {"b", r({2, 2})}}, {}, {"a", "b"}, {{2, 5}}, int_attr("axis", 1)});
+  check_op({"Split", {{"x", r({2, 5})}}, {{"split", ints({2}, {2, 3})}}, {"x", "split"}, {{2, 2}, {2, 3}}, int_attr("axis", 1)});
+  check_op({"Slice", {{"x", r({4, 5})}},
+            {{"starts", ints({2}, {1, -3})}, {"ends", ints({2}, {3, 100})}, {"axes", ints({2}, {0, 1})}},
+            {"x", "starts", "ends", "axes"}, {{2, 3}}});
+  check_op({"Gather", {{"w", r({5, 3})}}, {{"i", ints({2, 2}, {1, 4, 1, 0})}}, {"w", "i"}, {{2, 2, 3}}});
+  check_op({"Gather", {{"w", r({2, 5})}}, {{"i", ints({3}, {4, 4, -1})}}, {"w", "i"}, {{2, 3}}, int_attr("axis", 1)});
+  Tensor cond(DType::kBool, {2, 3});
+  for (int64_t i = 0; i < 6; ++i) cond.data<bool>()[i] = i % 2 == 0;
+  check_op({"Where", {{"a", r({2, 3})}, {"b", r({3})}}, {{"c", cond}}, {"c", "a", "b"}, {{2, 3}}});
+  check_op({"Cast", {{"x", r({2, 3})}}, {}, {"x"}, {{2, 3}}, int_attr("to", static_cast<int64_t>(DType::kFloat64))});
+}
+
+TEST_F(AGradientRule, OfSoftmaxCrossEntropyLoss) {
+  for (const char* reduction : {"mean", "sum"})
+    check_op({"SoftmaxCrossEntropyLoss", {{"s", r({4, 5})}}, {{"l", ints({4}, {1, 0, -100, 4})}}, {"s", "l"}, {{}},
+              [reduction](onnx::NodeProto& n) {
+                auto* a = n.add_attribute();
+                a->set_name("reduction"), a->set_type(onnx::AttributeProto::STRING), a->set_s(reduction);
+                ModelBuilder::attr_int(n, "ignore_index", -100);
+              }});
+  check_op({"SoftmaxCrossEntropyLoss", {{"s", r({2, 3, 2})}, {"w", r({3}, 0.5, 1.5)}}, {{"l", ints({2, 2}, {1, 0, 2, 2})}},
+            {"s", "l", "w"}, {{}}});
+}
+
+TEST_F(AGradientRule, OfConvPoolsAndBatchNorm) {
+  const DType f = DType::kFloat32;
+  auto conv = [&](std::function<void(onnx::NodeProto&)> attrs, std::vector<int64_t> w, std::vector<int64_t> y) {
+    check_op({"Conv", {{"x", r({2, 4, 5, 5}, -1, 1, f)}, {"w", r(w, -1, 1, f)}, {"b", r({w[0]}, -1, 1, f)}}, {},
+              {"x", "w", "b"}, {y}, attrs, f, kFloat});
+  };
+  conv({}, {3, 4, 3, 3}, {2, 3, 3, 3});
+  conv([](onnx::NodeProto& n) {
+    ModelBuilder::attr_ints(n, "strides", {2, 2});
+    ModelBuilder::attr_ints(n, "pads", {1, 1, 1, 1});
+    ModelBuilder::attr_ints(n, "dilations", {1, 2});
+    ModelBuilder::attr_int(n, "group", 2);
+  }, {4, 2, 3, 2}, {2, 4, 3, 3});
+  check_op({"MaxPool", {{"x", r({1, 2, 4, 4}, -1, 1, f)}}, {}, {"x"}, {{1, 2, 2, 2}}, ints_attr("kernel_shape", {2, 2}),
+            f, kFloat});
+  check_op({"AveragePool", {{"x", r({1, 2, 4, 4}, -1, 1, f)}}, {}, {"x"}, {{1, 2, 2, 2}}, [](onnx::NodeProto& n) {
+              ModelBuilder::attr_ints(n, "kernel_shape", {3, 3});
+              ModelBuilder::attr_ints(n, "strides", {2, 2});
+              ModelBuilder::attr_ints(n, "pads", {1, 1, 0, 0});
+            }, f, kFloat});
+  check_op({"GlobalAveragePool", {{"x", r({2, 3, 2, 2})}}, {}, {"x"}, {{2, 3, 1, 1}}});
+  check_op({"BatchNormalization", {{"x", r({3, 2, 2, 2})}, {"s", r({2})}, {"b", r({2})}},
+            {{"m", r({2})}, {"v", r({2}, 0.5, 1.5)}}, {"x", "s", "b", "m", "v"}, {{3, 2, 2, 2}}});
+}
+
+TEST(ATrainingGraph, RefusesAnOpWithoutAGradientRule) {
+  ModelBuilder b;
+  Tensor x(DType::kFloat32, {2});
+  b.initializer(x, "x").output({"y", DType::kFloat32, {}});
+  b.node("ReduceProd", {"x"}, {"p"});
+  b.node("Identity", {"p"}, {"y"});
+  EXPECT_THROW(build_training_graph(b.proto()), Unsupported);
+}
+
+onnx::ModelProto load(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  onnx::ModelProto m;
+  EXPECT_TRUE(m.ParseFromIstream(&in)) << path;
+  return m;
+}
+
+std::map<std::string, Tensor> gpt_inputs(int64_t batch, int64_t seq, int64_t vocab) {
+  std::mt19937 rng(5);
+  Tensor ids(DType::kInt64, {batch, seq}), labels(DType::kInt64, {batch, seq});
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    ids.data<int64_t>()[i] = std::uniform_int_distribution<int64_t>(0, vocab - 1)(rng);
+    labels.data<int64_t>()[i] = std::uniform_int_distribution<int64_t>(0, vocab - 1)(rng);
+  }
+  return {{"input_ids", ids}, {"labels", labels}};
+}
+
+TEST(ATrainingGraph, OfGptTinyIsValidOnnxAndMatchesFiniteDifferences) {
+  const auto forward = load(std::filesystem::path(APART_SOURCE_DIR) / "models/gpt-tiny.onnx");
+  TrainingGraphOptions options;
+  options.import.dims["batch"] = 2;
+  const TrainingGraph tg = build_training_graph(forward, options);
+  EXPECT_EQ(tg.loss_output, "loss");
+  EXPECT_EQ(tg.model.graph().output(0).name(), "loss");
+  EXPECT_EQ(tg.gradients.size(), static_cast<size_t>(forward.graph().initializer_size()));
+  EXPECT_NO_THROW(onnx::checker::check_model(tg.model));
+  expect_gradients_match(tg, gpt_inputs(2, 32, 512), kFloat, 3);
+}
+
+TEST(ATrainingGraph, OfGptTinyIsByteIdenticalAcrossBuilds) {
+  const auto forward = load(std::filesystem::path(APART_SOURCE_DIR) / "models/gpt-tiny.onnx");
+  TrainingGraphOptions options;
+  options.import.dims["batch"] = 1;
+  EXPECT_EQ(build_training_graph(forward, options).model.SerializeAsString(),
+            build_training_graph(forward, options).model.SerializeAsString());
+}
+
+TEST(ATrainingGraph, OfFusedLayerNormGptMatchesFiniteDifferences) {
+  models::ZooOptions z = models::options_for("gpt-tiny");
+  z.layernorm = models::LayerNormStyle::kFused;
+  z.layers = 1;
+  z.seq = 8;
+  z.batch = 2;
+  const TrainingGraph tg = build_training_graph(models::build_zoo_model(z));
+  EXPECT_NO_THROW(onnx::checker::check_model(tg.model));
+  expect_gradients_match(tg, gpt_inputs(2, 8, 512), kFloat, 2);
+}
+
+TEST(ATrainingGraph, OfASmallResNetMatchesFiniteDifferences) {
+  models::ZooOptions z = models::options_for("resnet50");
+  z.image = 32;
+  z.classes = 10;
+  z.batch = 2;
+  const TrainingGraph tg = build_training_graph(models::build_zoo_model(z));
+  std::mt19937 rng(9);
+  std::map<std::string, Tensor> inputs{{"input", random_tensor(DType::kFloat32, {2, 3, 32, 32}, rng)},
+                                       {"labels", ints({2}, {3, 7})}};
+  TrainingGraph few = tg;
+  few.gradients = {tg.gradients.front(), tg.gradients[tg.gradients.size() / 2], tg.gradients.back()};
+  expect_gradients_match(few, inputs, Tolerance{1e-2, 5e-3, 1e-1}, 2);
+}
+
+}  // namespace
+}  // namespace apart

@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(cmake g++ make pkg-config
   libonnx-dev libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libmetis-dev libopenblas-dev
-  python3-onnx libonnx-testdata)
+  python3-onnx libonnx-testdata chromium graphviz)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

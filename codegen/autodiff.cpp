@@ -233,7 +233,7 @@ namespace {
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
 
-void set_value_info(onnx::ValueInfoProto& info, const std::string& name, const ValueMeta& m) {
+void set_value_info(onnx::ValueInfoProto& info, std::string name, const ValueMeta& m) {  // name by value: may alias info
   info.Clear();
   info.set_name(name);
   auto* tt = info.mutable_type()->mutable_tensor_type();

@@ -1,0 +1,178 @@
+// quality_bench: every partition method (apart and the baselines) on the same cost model, memory check and
+// simulator, on zoo models and the real torch exports in shared/models, × 8…1024 devices. Writes a Markdown
+// table (bench/RESULTS.md holds one run).
+// Usage: quality_bench [--out FILE] [--time-limit S] [--models a,b,…] [--shared-models DIR]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "codegen/plan_writer.h"
+#include "graph/error.h"
+#include "importer/importer.h"
+#include "models/zoo.h"
+#include "partition/baselines.h"
+#include "partition/partition.h"
+#include "profiler/cost_model.h"
+#include "profiler/device.h"
+#include "simulator/simulate.h"
+
+using namespace apart;
+
+namespace {
+
+struct Case {
+  std::string model;   // zoo name or file stem in shared/models
+  bool zoo = true;
+  int64_t batch = 0;   // global batch (sequences or images)
+  std::vector<int> devices;
+};
+
+struct Row {
+  std::string method;
+  bool feasible = false;
+  std::string reason;
+  double iteration_s = 0, simulated_s = 0, planning_s = 0, bound_s = 0;
+  int64_t peak_memory = 0;
+  std::string shape;
+};
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path;
+  double time_limit = 0;
+  std::string only;
+  std::filesystem::path shared = std::filesystem::path(APART_SOURCE_DIR) / ".." / "shared" / "models";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--out") out_path = next();
+    else if (a == "--time-limit") time_limit = std::stod(next());
+    else if (a == "--models") only = "," + next() + ",";
+    else if (a == "--shared-models") shared = next();
+    else {
+      std::fprintf(stderr, "usage: quality_bench [--out FILE] [--time-limit S] [--models a,b] [--shared-models DIR]\n");
+      return 2;
+    }
+  }
+  const std::vector<Case> all = {
+      {"gpt2-xl", true, 512, {8, 64, 512}},          {"gpt3-13b", true, 1024, {8, 64, 512, 1024}},
+      {"gpt3-175b", true, 1536, {8, 64, 512, 1024}}, {"bert-large", true, 1024, {8, 64, 512}},
+      {"t5-3b", true, 1024, {8, 64, 512, 1024}},     {"resnet152x8", true, 2048, {8, 64, 512}},
+      {"gpt2_small", false, 512, {8, 64, 512}},      {"resnet50", false, 2048, {8, 64, 512}},
+      {"densenet121", false, 2048, {8, 64, 512}},    {"inception_v3", false, 2048, {8, 64, 512}}};
+  const auto dir = std::filesystem::temp_directory_path() / "apart_quality_bench";
+  std::filesystem::create_directories(dir);
+  const Device device = device_preset("a100-80gb");
+  const Precision precision = Precision::kMixed;
+
+  std::ostringstream md;
+  md << "| model | devices | batch | method | iteration s | simulated s | × bound | × apart | memory | planning s | plan |\n"
+     << "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---|\n";
+  int not_best = 0;
+  const auto bench_start = std::chrono::steady_clock::now();
+  for (const Case& c : all) {
+    if (!only.empty() && only.find("," + c.model + ",") == std::string::npos) continue;
+    std::string path;
+    if (c.zoo) {
+      models::ZooOptions zo = models::options_for(c.model);
+      zo.weights = models::WeightsMode::kNone;
+      path = (dir / (c.model + ".onnx")).string();
+      models::write_zoo_model(zo, path);
+    } else {
+      path = (shared / (c.model + ".onnx")).string();
+      if (!std::filesystem::exists(path)) {
+        std::fprintf(stderr, "quality_bench: %s missing, skipped\n", path.c_str());
+        continue;
+      }
+    }
+    ImportOptions io;
+    io.dims["batch"] = 1;
+    const ImportedModel model = import_model(path, io);
+    ModelInfo info;
+    info.path = path;
+    for (const int devices : c.devices) {
+      PartitionOptions o;
+      const Cluster cl = make_cluster(device, devices, 8);
+      o.cluster.device = device.name;
+      o.cluster.devices = devices;
+      o.cluster.devices_per_node = 8;
+      o.cluster.memory_bytes = device.memory_bytes;
+      o.cluster.intra_node_bandwidth = cl.intra_node.bandwidth;
+      o.cluster.inter_node_bandwidth = cl.inter_node.bandwidth;
+      o.cluster.intra_node_latency_s = cl.intra_node.latency_s;
+      o.cluster.inter_node_latency_s = cl.inter_node.latency_s;
+      o.training.global_batch = c.batch;
+      o.training.precision = precision;
+      o.atomic.graph_batch = 1;
+      o.stage.time_limit_s = time_limit;
+      CostOptions co;
+      co.precision = precision;
+      co.reference_batch = 1;
+      co.microbatch_size = std::max<int64_t>(1, c.batch / devices);
+      const CostTable c1 = estimate_costs(model.graph, device, co);
+      co.microbatch_size *= 4;
+      const CostTable c2 = estimate_costs(model.graph, device, co);
+      std::vector<Row> rows;
+      for (Method method : kAllMethods) {
+        o.method = method;
+        Row r;
+        r.method = std::string(method_name(method));
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          const Plan plan = partition_graph(model.graph, c1, o, &c2);
+          r.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          r.feasible = true;
+          r.iteration_s = plan.estimate.iteration_s;
+          r.bound_s = plan.compute_lower_bound_s;
+          r.peak_memory = plan.peak_memory_bytes;
+          int used = 0;
+          for (const PlanStage& s : plan.stages) used += s.replicas;
+          r.shape = "S=" + std::to_string(plan.stages.size()) + " m=" + std::to_string(plan.microbatches) +
+                    " dev=" + std::to_string(used) + (plan.recompute ? " rc" : "");
+          // The same simulator as `apart simulate`, through plan.json.
+          const auto j = nlohmann::json::parse(plan_to_json(plan, model.graph, info).dump());
+          r.simulated_s = sim::simulate(sim::plan_from_json(j, c.model)).iteration_s;
+        } catch (const Infeasible& e) {
+          r.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          r.reason = e.what();
+        }
+        rows.push_back(std::move(r));
+      }
+      const Row& apart_row = rows[0];
+      for (const Row& r : rows) {
+        md << "| " << c.model << " | " << devices << " | " << c.batch << " | " << r.method << " | ";
+        if (!r.feasible) {
+          md << "— | — | — | — | infeasible | " << fmt("%.2f", r.planning_s) << " | |\n";
+          continue;
+        }
+        const bool worse = apart_row.feasible && apart_row.iteration_s > r.iteration_s * (1 + 1e-9);
+        if (worse) ++not_best;
+        md << fmt("%.4f", r.iteration_s) << " | " << fmt("%.4f", r.simulated_s) << " | "
+           << fmt("%.2f", r.iteration_s / r.bound_s) << " | "
+           << (apart_row.feasible ? fmt("%.3f", r.iteration_s / apart_row.iteration_s) : std::string("—"))
+           << (worse ? " ⚠" : "") << " | " << fmt("%.1f GB ok", static_cast<double>(r.peak_memory) / 1e9) << " | "
+           << fmt("%.2f", r.planning_s) << " | " << r.shape << " |\n";
+      }
+      std::fprintf(stderr, "quality_bench: %s × %d done (%.0f s so far)\n", c.model.c_str(), devices,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count());
+    }
+  }
+  md << "\nRows where a baseline beats apart's predicted iteration time: " << not_best << "\n";
+  std::fputs(md.str().c_str(), stdout);
+  if (!out_path.empty()) std::ofstream(out_path) << md.str();
+  return 0;
+}

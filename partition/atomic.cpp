@@ -55,7 +55,6 @@ AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, c
     const TaskCost* oc = other ? &other->tasks[t] : nullptr;
     c.cost.forward = fit(tc.forward_s, u0, oc, oc ? oc->forward_s : 0, u1);
     c.cost.backward = fit(tc.backward_s, u0, oc, oc ? oc->backward_s : 0, u1);
-    c.cost.param_bytes = tc.param_bytes;
     c.cost.saved_per_sample = static_cast<double>(tc.saved_bytes) / static_cast<double>(u0);
     c.cost.workspace_per_sample = static_cast<double>(tc.workspace_bytes) / static_cast<double>(u0);
     atomic.components.push_back(std::move(c));
@@ -76,10 +75,21 @@ AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, c
     users[t].assign(set.begin(), set.end());
   }
   for (uint32_t t = 0; t < n; ++t)
-    for (uint32_t c : users[t]) {
-      atomic.components[c].constant_tasks.push_back(TaskId(t));
-      atomic.components[c].cost.param_bytes += costs.tasks[t].param_bytes;
+    for (uint32_t c : users[t]) atomic.components[c].constant_tasks.push_back(TaskId(t));
+
+  // Weights: each counted once per component that reads it, directly or through its constant tasks.
+  for (uint32_t v = 0; v < graph.num_values(); ++v) {
+    const Value& value = graph.value(ValueId(v));
+    if (value.kind != ValueKind::kParam || value.bytes == 0) continue;
+    std::set<uint32_t> readers;
+    for (TaskId t : graph.consumers(ValueId(v))) {
+      if (component_of[t.value()] != kNoComponent) readers.insert(component_of[t.value()]);
+      else readers.insert(users[t.value()].begin(), users[t.value()].end());
     }
+    if (readers.empty()) continue;
+    for (uint32_t c : readers) atomic.components[c].cost.param_bytes += value.bytes;
+    atomic.params.push_back(ParamUse{value.bytes, std::vector<uint32_t>(readers.begin(), readers.end())});
+  }
 
   // Transfers: values produced by a batch task and read by batch tasks of other components.
   for (uint32_t v = 0; v < graph.num_values(); ++v) {
@@ -131,6 +141,16 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
     merged[{producer, std::move(consumers)}] += t.bytes_per_sample;
   }
   for (auto& [key, bytes] : merged) seq.transfers.push_back(Transfer{key.first, key.second, bytes});
+  // A weight read by several components of one block counts once in that block.
+  for (BlockCost& b : seq.blocks) b.param_bytes = 0;
+  for (const ParamUse& p : atomic.params) {
+    std::vector<uint32_t> readers;
+    for (uint32_t c : p.readers) readers.push_back(assignment.block_of[c]);
+    std::sort(readers.begin(), readers.end());
+    readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+    for (uint32_t b : readers) seq.blocks[b].param_bytes += p.bytes;
+    seq.params.push_back(ParamUse{p.bytes, std::move(readers)});
+  }
   return seq;
 }
 

@@ -21,6 +21,7 @@ struct AtomicGraph {
   std::vector<AtomicComponent> components;    // ordered by batch task id: a topological order
   std::vector<Transfer> transfers;            // between components (indices into components)
   std::vector<ValueId> transfer_values;       // the value of each transfer
+  std::vector<ParamUse> params;               // every weight, with the components that read it
   int64_t graph_batch = 1;                    // batch size the graph's value bytes were bound at
   size_t size() const { return components.size(); }
 };

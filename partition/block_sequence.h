@@ -25,7 +25,7 @@ struct WorkCurve {
 struct BlockCost {
   WorkCurve forward;
   WorkCurve backward;
-  int64_t param_bytes = 0;         // weights the block reads (fp32 or as stored in the model)
+  int64_t param_bytes = 0;         // distinct weights the block reads (as stored in the model)
   double saved_per_sample = 0;     // bytes kept for backward per sample
   double workspace_per_sample = 0; // transient working set per sample (largest task)
   double workspace_fixed = 0;
@@ -38,9 +38,17 @@ struct Transfer {
   double bytes_per_sample = 0;
 };
 
+// A weight and the blocks that read it: a stage holds it once however many of its blocks read it
+// (tied embeddings, shared layers). Without any ParamUse, each block's param_bytes counts as its own.
+struct ParamUse {
+  int64_t bytes = 0;
+  std::vector<uint32_t> readers;  // block (or component) indices, sorted, unique
+};
+
 struct BlockSequence {
   std::vector<BlockCost> blocks;      // in topological order
   std::vector<Transfer> transfers;
+  std::vector<ParamUse> params;
   size_t size() const { return blocks.size(); }
 };
 

@@ -29,7 +29,6 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& clus
   bwd_fixed_.assign(n, 0);
   bwd_ps_.assign(n, 0);
   saved_ps_.assign(n, 0);
-  params_.assign(n, 0);
   for (size_t b = 0; b < k_; ++b) {
     const BlockCost& c = seq.blocks[b];
     fwd_fixed_[b + 1] = fwd_fixed_[b] + c.forward.fixed_s;
@@ -37,8 +36,28 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& clus
     bwd_fixed_[b + 1] = bwd_fixed_[b] + c.backward.fixed_s;
     bwd_ps_[b + 1] = bwd_ps_[b] + c.backward.per_sample_s;
     saved_ps_[b + 1] = saved_ps_[b] + c.saved_per_sample;
-    params_[b + 1] = params_[b] + c.param_bytes;
   }
+  // Distinct weights per range: a weight counts in [first, last) when its first reader at or after
+  // `first` lies before `last` — a difference along the row at that reader, prefix-summed below.
+  params_.assign(n * n, 0);
+  auto add_param = [&](int64_t bytes, const std::vector<uint32_t>& readers) {
+    size_t ri = 0;
+    for (uint32_t first = 0; first <= readers.back(); ++first) {
+      while (readers[ri] < first) ++ri;
+      params_[first * n + readers[ri] + 1] += bytes;
+    }
+  };
+  if (seq.params.empty()) {
+    for (uint32_t b = 0; b < k_; ++b)
+      if (seq.blocks[b].param_bytes > 0) add_param(seq.blocks[b].param_bytes, {b});
+  } else {
+    for (const ParamUse& p : seq.params) {
+      APART_CHECK(!p.readers.empty() && p.readers.back() < k_, "malformed param use");
+      add_param(p.bytes, p.readers);
+    }
+  }
+  for (size_t first = 0; first < n; ++first)
+    for (size_t last = first + 1; last < n; ++last) params_[first * n + last] += params_[first * n + last - 1];
   in_.assign(n * n, 0);
   out_.assign(n * n, 0);
   // Difference arrays along each row (first), prefix-summed over columns (last) below.
@@ -104,7 +123,7 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
   // Forward receives inputs and sends outputs; backward sends and receives their gradients.
   const int hops = (c.in_bytes > 0 ? 2 : 0) + (c.out_bytes > 0 ? 2 : 0);
   c.comm_s = 2 * (c.in_bytes + c.out_bytes) / p2p_bandwidth_ + hops * p2p_latency_;
-  c.param_bytes = params_[last] - params_[first];
+  c.param_bytes = params_[first * n + last];
   if (replicas > 1 && c.param_bytes > 0) {
     // Ring all-reduce: 2(sd−1)/sd of the gradient bytes over the slowest link of the ring.
     const bool in_node = replicas <= cluster_.devices_per_node;

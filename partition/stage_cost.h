@@ -60,8 +60,8 @@ class StageEvaluator {
   TrainingSpec training_;
   // Prefix sums over blocks (index 0..k).
   std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
-  std::vector<int64_t> params_;
   // Range tables, (k+1)×(k+1), row = first, column = last.
+  std::vector<int64_t> params_;  // distinct weight bytes read by blocks [first, last)
   std::vector<double> in_, out_, ws_ps_max_, ws_fixed_max_;
   double p2p_bandwidth_, p2p_latency_;
 };

@@ -204,12 +204,32 @@ TEST(TheBlockLevel, ReachesTheRequestedBlockCountWithForwardEdgesOnly) {
 }
 
 TEST(TheAtomicLevel, ReplicatesConstantTasksIntoTheirConsumersComponents) {
-  const auto model = random_model(9, 14, false);
+  const auto model = random_model(1, 14, false);
   const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
   EXPECT_EQ(atomic.size(), model.graph.num_batch_tasks());
-  size_t placed = 0;
-  for (const AtomicComponent& c : atomic.components) placed += c.constant_tasks.size();
-  EXPECT_GE(placed, model.graph.num_constant_tasks() > 0 ? 1u : 0u);
+  size_t checked = 0;
+  for (const AtomicComponent& c : atomic.components)
+    for (TaskId p : model.graph.predecessors(c.batch_task)) {
+      if (!model.graph.task(p).constant) continue;
+      EXPECT_NE(std::find(c.constant_tasks.begin(), c.constant_tasks.end(), p), c.constant_tasks.end())
+          << "constant task " << model.graph.task(p).name << " is missing from its consumer's component";
+      ++checked;
+    }
+  EXPECT_GT(checked, 0u) << "the fixture should feed some constant task into a batch task";
+}
+
+TEST(TheAtomicLevel, CountsEachWeightOncePerComponentThatReadsIt) {
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    const auto model = random_model(seed, 14, seed % 2 == 0);
+    const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
+    int64_t total = 0;
+    for (const Value& v : model.graph.values())
+      if (v.kind == ValueKind::kParam) total += v.bytes;
+    int64_t distinct = 0;
+    for (const ParamUse& p : atomic.params) distinct += p.bytes;
+    EXPECT_LE(distinct, total);
+    for (const ParamUse& p : atomic.params) EXPECT_TRUE(std::is_sorted(p.readers.begin(), p.readers.end()));
+  }
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ inline RandomModel random_model(uint32_t seed, int tasks, bool chain, int64_t gr
   const ValueId input = g.add_value(x);
   g.mark_graph_input(input);
   std::vector<ValueId> produced{input};
+  ValueId last_weight;
   for (int t = 0; t < tasks; ++t) {
     Task task;
     task.name = "n" + std::to_string(t);
@@ -46,6 +47,17 @@ inline RandomModel random_model(uint32_t seed, int tasks, bool chain, int64_t gr
       for (int i = 0; i < batch_inputs; ++i) {
         ValueId in = chain ? produced.back() : produced[produced.size() - 1 - pick(std::min<int>(3, produced.size()))];
         if (std::find(task.inputs.begin(), task.inputs.end(), in) == task.inputs.end()) task.inputs.push_back(in);
+      }
+      // Its own weight, or (now and then) the previous weight again, as tied layers share one.
+      if (pick(4) == 0 && last_weight.valid()) {
+        task.inputs.push_back(last_weight);
+      } else if (const int64_t weight_bytes = 1000 * pick(200); weight_bytes > 0) {
+        Value w;
+        w.name = "w" + std::to_string(t);
+        w.kind = ValueKind::kParam;
+        w.bytes = weight_bytes;
+        last_weight = g.add_value(w);
+        task.inputs.push_back(last_weight);
       }
     }
     Value out;
@@ -74,7 +86,8 @@ inline RandomModel random_model(uint32_t seed, int tasks, bool chain, int64_t gr
       c.saved_bytes = graph_batch * (100 + pick(2000));
       c.workspace_bytes = graph_batch * pick(100);
     }
-    c.param_bytes = 1000 * pick(200);
+    for (ValueId in : task.inputs)
+      if (g.value(in).kind == ValueKind::kParam) c.param_bytes += g.value(in).bytes;
     m.costs.tasks.push_back(c);
   }
   return m;

@@ -163,5 +163,30 @@ TEST(AStageEvaluator, ChargesCommunicationOnlyForValuesCrossingTheStage) {
   EXPECT_DOUBLE_EQ(ev.in_bytes_per_sample(0, 3), 0);
 }
 
+TEST(AStageEvaluator, CountsAWeightSharedByBlocksOfOneStageOnce) {
+  BlockSequence seq;
+  seq.blocks.resize(3);
+  seq.params.push_back({100, {0, 2}});  // tied embedding: read by the first and the last block
+  seq.params.push_back({7, {1}});
+  for (const ParamUse& p : seq.params)
+    for (uint32_t b : p.readers) seq.blocks[b].param_bytes += p.bytes;
+  ClusterSpec cluster;
+  TrainingSpec training;
+  const StageEvaluator ev(seq, cluster, training);
+  // Brute force: a range holds a weight when any of its readers lies inside it.
+  for (uint32_t first = 0; first < 3; ++first)
+    for (uint32_t last = first + 1; last <= 3; ++last) {
+      int64_t expected = 0;
+      for (const ParamUse& p : seq.params)
+        for (uint32_t r : p.readers)
+          if (r >= first && r < last) {
+            expected += p.bytes;
+            break;
+          }
+      EXPECT_EQ(ev.evaluate(first, last, 1, 1, 1, false).param_bytes, expected) << first << ".." << last;
+    }
+  EXPECT_EQ(ev.evaluate(0, 3, 1, 1, 1, false).param_bytes, 107);
+}
+
 }  // namespace
 }  // namespace apart

@@ -1,0 +1,110 @@
+// `apart partition` from the command line: goldens for report.txt and plan.dot, determinism, exit codes,
+// and no half-written plan directory.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/support/onnx_builder.h"
+#include "tests/support/run_apart.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using apart::testing::run_apart;
+using apart::testing::TempDir;
+
+const fs::path kGoldenDir = fs::path(APART_TEST_DATA_DIR) / "golden" / "gpt_tiny_4dev_2stage";
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Drops the lines that carry wall-clock time (the search line of report.txt).
+std::string without_timing(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.rfind("search ", 0) != 0) out += line + "\n";
+  return out;
+}
+
+// Runs from the source tree with a relative model path, so the report (which names the model) is the
+// same in every checkout.
+std::string plan_gpt_tiny(const fs::path& out) {
+  auto r = apart::testing::run_command("cd " + std::string(APART_SOURCE_DIR) + " && " + APART_BINARY +
+                                       " partition models/gpt-tiny.onnx --devices 4 --device a100-80gb --devices-per-node 4"
+                                       " --batch 32 --stages 2 --no-stage-models -o " + out.string() + " 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  return r.out;
+}
+
+// Goldens: a reviewer reads what changed in the plan of a tiny model. Regenerate after an intended
+// change with APART_UPDATE_GOLDENS=1 and read the diff.
+TEST(ApartPartition, WritesTheGoldenReportAndDotForGptTiny) {
+  TempDir dir;
+  plan_gpt_tiny(dir / "plan");
+  for (const char* file : {"report.txt", "plan.dot"}) {
+    const std::string actual = without_timing(read_all(dir / "plan" / file));
+    if (std::getenv("APART_UPDATE_GOLDENS")) {
+      fs::create_directories(kGoldenDir);
+      std::ofstream(kGoldenDir / file, std::ios::binary) << actual;
+      continue;
+    }
+    ASSERT_TRUE(fs::exists(kGoldenDir / file)) << "missing golden " << (kGoldenDir / file);
+    EXPECT_EQ(actual, read_all(kGoldenDir / file)) << file << " differs from its golden; if intended, rerun with APART_UPDATE_GOLDENS=1";
+  }
+}
+
+TEST(ApartPartition, PrintsTheReportItWrites) {
+  TempDir dir;
+  const std::string printed = plan_gpt_tiny(dir / "plan");
+  const std::string report = read_all(dir / "plan" / "report.txt");
+  const std::string first_line = report.substr(0, report.find('\n'));
+  EXPECT_NE(printed.find(first_line), std::string::npos) << printed;
+}
+
+TEST(ApartPartition, WritesTheSamePlanJsonTwiceApartFromSearchTime) {
+  TempDir dir;
+  plan_gpt_tiny(dir / "a");
+  plan_gpt_tiny(dir / "b");
+  auto a = nlohmann::json::parse(read_all(dir / "a" / "plan.json"));
+  auto b = nlohmann::json::parse(read_all(dir / "b" / "plan.json"));
+  a["search"].erase("seconds");
+  b["search"].erase("seconds");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a["schema"], "apart.plan/1");
+  EXPECT_EQ(a["stages"].size(), 2u);
+}
+
+TEST(ApartPartition, ExitsInfeasibleWithAHintAndWritesNothingWhenTheModelCannotFit) {
+  TempDir dir;
+  const std::string model = (dir / "gpt3.onnx").string();
+  ASSERT_EQ(run_apart("zoo gpt3-175b -q -o " + model).code, 0);
+  auto r = run_apart("partition " + model + " --devices 2 --device a100-80gb --batch 8 -o " + (dir / "plan").string());
+  EXPECT_EQ(r.code, 5) << r.out;
+  EXPECT_NE(r.out.find("Infeasible"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("needs"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "plan"));
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find("plan"), std::string::npos) << "left behind: " << e.path();
+}
+
+TEST(ApartPartition, RejectsBadFlagsWithExitCode2) {
+  TempDir dir;
+  const std::string model = (fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx").string();
+  const std::string out = " -o " + (dir / "p").string();
+  EXPECT_EQ(run_apart("partition " + model + " --devices 4 --batch 32 --schedule zigzag" + out).code, 2);
+  EXPECT_EQ(run_apart("partition " + model + " --devices 4 --batch 32 --stages many" + out).code, 2);
+  EXPECT_EQ(run_apart("partition " + model + " --devices 0 --batch 32" + out).code, 2);
+  EXPECT_EQ(run_apart("partition " + model + " --devices 4 --batch 32 --device tpu-v9" + out).code, 2);
+  EXPECT_FALSE(fs::exists(dir / "p"));
+}
+
+}  // namespace

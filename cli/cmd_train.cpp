@@ -1,0 +1,134 @@
+// `apart train`: trains an ONNX model in one process (autodiff + CPU executor + optimizer), printing each step.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <sstream>
+
+#include "cli/cli_common.h"
+#include "cli/command_registry.h"
+#include "graph/error.h"
+#include "runtime/trainer.h"
+
+namespace apart::cli {
+namespace {
+
+struct TrainArgs {
+  std::string model;
+  ModelFlags model_flags;
+  int64_t steps = 100;
+  int64_t batch = 8;
+  std::string optimizer = "adamw";
+  double lr = 3e-4;
+  double weight_decay = 0.0;
+  double momentum = 0.9;
+  bool nesterov = false;
+  std::string betas = "0.9,0.999";
+  double eps = 1e-8;
+  double clip_grad_norm = 0;
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.1;
+  std::string data = "synthetic";
+  std::string data_dtype = "uint16";
+  std::string init = "model";
+  uint64_t seed = 0;
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  std::string resume;
+  std::string save_model;
+  bool quiet = false;
+};
+
+std::pair<double, double> parse_betas(const std::string& text) {
+  std::istringstream in(text);
+  double b1 = 0, b2 = 0;
+  char comma = 0;
+  if (!(in >> b1 >> comma >> b2) || comma != ',' || !in.eof())
+    throw InvalidArgument("--betas: expected two numbers like 0.9,0.999, got '" + text + "'");
+  return {b1, b2};
+}
+
+void run_train(const TrainArgs& a) {
+  TrainOptions o;
+  o.model = a.model;
+  o.import = import_options(a.model_flags);
+  o.steps = a.steps;
+  o.batch = a.batch;
+  o.optimizer.kind = parse_optimizer(a.optimizer);
+  o.optimizer.lr = a.lr;
+  o.optimizer.weight_decay = a.weight_decay;
+  o.optimizer.momentum = a.momentum;
+  o.optimizer.nesterov = a.nesterov;
+  std::tie(o.optimizer.beta1, o.optimizer.beta2) = parse_betas(a.betas);
+  o.optimizer.eps = a.eps;
+  o.optimizer.clip_grad_norm = a.clip_grad_norm;
+  o.schedule.kind = parse_lr_schedule(a.lr_schedule);
+  o.schedule.warmup_steps = a.warmup_steps;
+  o.schedule.min_lr_ratio = a.min_lr_ratio;
+  if (a.min_lr_ratio < 0 || a.min_lr_ratio > 1) throw InvalidArgument("--min-lr-ratio must be in [0, 1]");
+  o.data.spec = a.data;
+  if (a.data_dtype == "uint16") o.data.token_dtype = DType::kUInt16;
+  else if (a.data_dtype == "uint32") o.data.token_dtype = DType::kUInt32;
+  else throw InvalidArgument("--data-dtype must be uint16 or uint32");
+  o.init = parse_param_init(a.init);
+  o.seed = a.seed;
+  o.checkpoint_dir = a.checkpoint_dir;
+  o.save_every = a.save_every;
+  o.resume = a.resume;
+  o.save_model = a.save_model;
+
+  const TrainResult r = train(o, [&](const StepRecord& s) {
+    if (!a.quiet)
+      std::printf("step=%lld loss=%.6f samples/s=%.1f lr=%.3g grad_norm=%.4g\n", static_cast<long long>(s.step), s.loss,
+                  s.samples_per_s, s.lr, s.grad_norm);
+    std::fflush(stdout);
+  });
+  if (r.steps.empty()) {
+    std::printf("apart train: nothing to do (the checkpoint is at step %lld of %lld)\n",
+                static_cast<long long>(r.first_step), static_cast<long long>(a.steps));
+    return;
+  }
+  double tail = 0;
+  const size_t k = std::min<size_t>(5, r.steps.size());
+  for (size_t i = r.steps.size() - k; i < r.steps.size(); ++i) tail += r.steps[i].loss;
+  std::printf("trained %s params (%lld tensors) for steps %lld..%lld at batch %lld: loss %.4f -> %.4f (mean of last %zu: %.4f), "
+              "%.1f samples/s, %.2f s (+%.2f s setup); data: %s\n",
+              human_count(static_cast<double>(r.params)).c_str(), static_cast<long long>(r.param_tensors),
+              static_cast<long long>(r.first_step + 1), static_cast<long long>(r.steps.back().step),
+              static_cast<long long>(a.batch), r.steps.front().loss, r.steps.back().loss, k, tail / static_cast<double>(k),
+              r.samples_per_s, r.seconds, r.setup_seconds, r.data_description.c_str());
+  if (!a.checkpoint_dir.empty()) std::printf("checkpoint: %s\n", a.checkpoint_dir.c_str());
+  if (!a.save_model.empty()) std::printf("trained model: %s\n", a.save_model.c_str());
+}
+
+const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* cmd = app.add_subcommand("train", "Train an ONNX model with a scalar loss in one process (CPU; docs/training.md)");
+  cmd->add_option("model", args->model, "ONNX model with a scalar loss output")->required();
+  add_model_flags(*cmd, args->model_flags);
+  cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--batch", args->batch, "Samples per step (binds every input's first dim)")->capture_default_str();
+  cmd->add_option("--optimizer", args->optimizer, "sgd, momentum, adam or adamw (torch.optim semantics)")->capture_default_str();
+  cmd->add_option("--lr", args->lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--weight-decay", args->weight_decay, "L2 for sgd/momentum/adam, decoupled for adamw")->capture_default_str();
+  cmd->add_option("--momentum", args->momentum, "Momentum for --optimizer momentum")->capture_default_str();
+  cmd->add_flag("--nesterov", args->nesterov, "Nesterov momentum");
+  cmd->add_option("--betas", args->betas, "Adam betas B1,B2")->capture_default_str();
+  cmd->add_option("--eps", args->eps, "Adam epsilon")->capture_default_str();
+  cmd->add_option("--clip-grad-norm", args->clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")->capture_default_str();
+  cmd->add_option("--lr-schedule", args->lr_schedule, "constant, or cosine (linear warmup, cosine decay)")->capture_default_str();
+  cmd->add_option("--warmup-steps", args->warmup_steps, "Linear warmup steps for --lr-schedule cosine")->capture_default_str();
+  cmd->add_option("--min-lr-ratio", args->min_lr_ratio, "Cosine decays to this fraction of --lr")->capture_default_str();
+  cmd->add_option("--data", args->data, "synthetic, TOKENS.bin, or NAME=FILE.npy,NAME=FILE.npy")->capture_default_str();
+  cmd->add_option("--data-dtype", args->data_dtype, "Token width of a .bin file: uint16 or uint32")->capture_default_str();
+  cmd->add_option("--init", args->init, "model (the file's weights) or random (seeded re-initialization)")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Seed for --init random and the data order")->capture_default_str();
+  cmd->add_option("--checkpoint-dir", args->checkpoint_dir, "Write params + optimizer state + step here (at the end, and --save-every)");
+  cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
+  cmd->add_option("--resume", args->resume, "Continue from this checkpoint directory");
+  cmd->add_option("--save-model", args->save_model, "Write the trained weights into a copy of the model (ONNX)");
+  cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");
+  cmd->callback([args] { run_train(*args); });
+}});
+
+}  // namespace
+}  // namespace apart::cli

@@ -1,0 +1,268 @@
+// The single-process training loop behind `apart train` (see trainer.h).
+#include "runtime/trainer.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include "codegen/autodiff.h"
+#include "graph/error.h"
+#include "runtime/checkpoint.h"
+#include "runtime/executor.h"
+
+namespace apart {
+namespace fs = std::filesystem;
+
+ParamInit parse_param_init(std::string_view text) {
+  if (text == "model") return ParamInit::kModel;
+  if (text == "random") return ParamInit::kRandom;
+  throw InvalidArgument("--init: unknown value '" + std::string(text) + "' (use random or model)");
+}
+
+void TrainOptions::validate() const {
+  if (model.empty()) throw InvalidArgument("no model given");
+  if (batch < 1) throw InvalidArgument("--batch must be at least 1");
+  if (steps < 1) throw InvalidArgument("--steps must be at least 1");
+  if (save_every < 0) throw InvalidArgument("--save-every must be >= 0");
+  if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
+  if (schedule.warmup_steps < 0) throw InvalidArgument("--warmup-steps must be >= 0");
+  if (schedule.kind == LrScheduleKind::kConstant && schedule.warmup_steps > 0)
+    throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
+  optimizer.validate();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+onnx::ModelProto load_forward(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument("cannot open model " + path.string() + ": " + std::strerror(errno));
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  onnx::ModelProto proto;
+  if (!proto.ParseFromString(bytes)) throw InvalidModel(path.string() + " is not a valid ONNX model (protobuf parse failed)");
+  return proto;
+}
+
+// Binds dim 0 of every graph input to the batch size (a symbolic dim gets --dim NAME=batch unless the
+// user bound it; a static one must equal it).
+ImportOptions bind_batch(const onnx::ModelProto& proto, ImportOptions import, int64_t batch) {
+  std::set<std::string> initializers;
+  for (const auto& init : proto.graph().initializer()) initializers.insert(init.name());
+  for (const auto& input : proto.graph().input()) {
+    if (initializers.count(input.name()) || !input.type().has_tensor_type()) continue;
+    const auto& shape = input.type().tensor_type().shape();
+    if (shape.dim_size() == 0) continue;
+    const bool given_shape = std::any_of(import.input_shapes.begin(), import.input_shapes.end(),
+                                         [&](const auto& s) { return s.first == input.name(); });
+    const auto& d0 = shape.dim(0);
+    if (given_shape) {
+      for (const auto& [name, dims] : import.input_shapes)
+        if (name == input.name() && (dims.empty() || dims[0] != batch))
+          throw InvalidArgument("--shape " + name + ": its first dim must be the batch (--batch " + std::to_string(batch) + ")");
+    } else if (d0.has_dim_param() && !d0.dim_param().empty()) {
+      auto [it, fresh] = import.dims.emplace(d0.dim_param(), batch);
+      if (!fresh && it->second != batch)
+        throw InvalidArgument("--dim " + d0.dim_param() + "=" + std::to_string(it->second) + " contradicts --batch " +
+                              std::to_string(batch) + " (input '" + input.name() + "' is batch-first)");
+    } else if (d0.has_dim_value() && d0.dim_value() != batch) {
+      throw InvalidArgument("input '" + input.name() + "' has a static batch of " + std::to_string(d0.dim_value()) +
+                            "; run with --batch " + std::to_string(d0.dim_value()) + " (or export the model with a dynamic batch)");
+    }
+  }
+  return import;
+}
+
+bool looks_like_norm_scale(const std::string& name) {
+  auto ends_with = [&](std::string_view s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
+  return ends_with("weight") || ends_with("scale") || ends_with("gamma");
+}
+
+// --init random: normal(0, 0.02) for matrices, Kaiming normal (fan_in, ReLU gain) for 4-D conv
+// weights, ones for 1-D scales (LayerNorm/BatchNorm weight), zeros for other 1-D params (biases).
+// Seeded per name, so the values do not depend on initializer order.
+void randomize_params(onnx::ModelProto& proto, uint64_t seed) {
+  for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
+    if (init.data_type() != onnx::TensorProto::FLOAT) continue;
+    std::vector<int64_t> dims(init.dims().begin(), init.dims().end());
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    std::vector<float> values(static_cast<size_t>(n));
+    if (dims.size() >= 2) {
+      double std_dev = 0.02;
+      if (dims.size() == 4) std_dev = std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(1, dims[1] * dims[2] * dims[3])));
+      std::mt19937_64 rng(seed ^ std::hash<std::string>{}(init.name()));
+      std::normal_distribution<float> normal(0.0f, static_cast<float>(std_dev));
+      for (float& v : values) v = normal(rng);
+    } else {
+      std::fill(values.begin(), values.end(), looks_like_norm_scale(init.name()) ? 1.0f : 0.0f);
+    }
+    init.clear_float_data();
+    init.clear_external_data();
+    init.clear_data_location();
+    init.set_raw_data(values.data(), values.size() * sizeof(float));
+  }
+}
+
+const Tensor& output_named(NamedTensors& outputs, const std::string& name) {
+  for (auto& [n, t] : outputs)
+    if (n == name) return t;
+  APART_CHECK(false, "training graph output missing: " + name);
+  return outputs.front().second;
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
+  options.validate();
+  const auto setup_start = Clock::now();
+  TrainResult result;
+  const fs::path model_path(options.model);
+  onnx::ModelProto forward = load_forward(model_path);
+  ImportOptions import = bind_batch(forward, options.import, options.batch);
+  if (options.init == ParamInit::kModel) {
+    // Fail early, before autodiff, when the weights are not there.
+    ImportOptions check = import;
+    check.require_external_data = true;
+    import_model_bytes(forward.SerializeAsString(), model_path.parent_path(), model_path.string(), check);
+  } else {
+    randomize_params(forward, options.seed);
+  }
+
+  TrainingGraphOptions tg_options;
+  tg_options.import = import;
+  const TrainingGraph tg = build_training_graph(forward, tg_options);
+  forward.Clear();
+  ImportOptions exec_import;
+  exec_import.require_external_data = true;
+  Executor executor(tg.model, model_path.parent_path(), {}, exec_import);
+  result.arena_bytes = executor.memory_plan().peak_bytes;
+
+  std::vector<std::string> names;
+  std::vector<Tensor*> params;
+  for (const auto& [param, grad] : tg.gradients) {
+    Tensor* p = executor.param(param);
+    APART_CHECK(p != nullptr, "executor has no param " + param);
+    if (p->dtype() != DType::kFloat32)
+      throw Unsupported("param '" + param + "' is " + std::string(dtype_name(p->dtype())) + "; apart train updates float32 params only");
+    names.push_back(param);
+    params.push_back(p);
+    result.params += p->elements();
+  }
+  result.param_tensors = static_cast<int64_t>(params.size());
+  if (params.empty()) throw InvalidArgument(options.model + " has no float initializers to train");
+
+  DataOptions data_options = options.data;
+  data_options.seed = options.seed;
+  const auto inputs = classify_inputs(executor.model().graph);
+  std::unique_ptr<DataSource> data = make_data_source(data_options, inputs);
+  result.data_description = data->describe();
+
+  Optimizer optimizer(options.optimizer, names);
+  LrSchedule schedule = options.schedule;
+  schedule.total_steps = options.steps;
+
+  // --- Resume ---
+  int64_t step = 0;
+  if (!options.resume.empty()) {
+    Checkpoint ck = read_checkpoint(options.resume);
+    const std::string where = "checkpoint " + options.resume;
+    const std::string saved_kind = ck.meta.value("optimizer", "");
+    if (saved_kind != optimizer_name(options.optimizer.kind))
+      throw InvalidArgument(where + " was written with --optimizer " + saved_kind + "; resume with the same optimizer");
+    std::map<std::string, Tensor> by_name;
+    std::vector<std::pair<std::string, Tensor>> state;
+    for (auto& [name, t] : ck.tensors) {
+      if (name.rfind("param/", 0) == 0) by_name[name.substr(6)] = std::move(t);
+      else if (name.rfind("optim/", 0) == 0) state.emplace_back(name.substr(6), std::move(t));
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto it = by_name.find(names[i]);
+      if (it == by_name.end()) throw InvalidArgument(where + " has no values for param '" + names[i] + "' (another model?)");
+      if (it->second.shape() != params[i]->shape() || it->second.dtype() != params[i]->dtype())
+        throw InvalidArgument(where + ": param '" + names[i] + "' is " + shape_string(it->second.shape()) + ", the model's is " +
+                              shape_string(params[i]->shape()));
+      std::memcpy(params[i]->raw(), it->second.raw(), static_cast<size_t>(params[i]->bytes()));
+    }
+    for (const auto& [name, t] : state) {
+      const std::string param = name.substr(0, name.rfind('/'));
+      const auto at = std::find(names.begin(), names.end(), param);
+      if (at == names.end() || t.shape() != params[static_cast<size_t>(at - names.begin())]->shape())
+        throw InvalidArgument(where + ": optimizer state '" + name + "' does not fit the model");
+    }
+    optimizer.restore(ck.step, std::move(state));
+    step = ck.step;
+  }
+  result.first_step = step;
+  if (step > options.steps)
+    throw InvalidArgument("checkpoint " + options.resume + " is at step " + std::to_string(step) + ", past --steps " +
+                          std::to_string(options.steps));
+
+  auto save_checkpoint = [&](int64_t at_step) {
+    std::vector<std::pair<std::string, const Tensor*>> tensors;
+    for (size_t i = 0; i < names.size(); ++i) tensors.emplace_back("param/" + names[i], params[i]);
+    for (const auto& [name, t] : optimizer.state()) tensors.emplace_back("optim/" + name, t);
+    nlohmann::json meta = {{"model", options.model},
+                           {"optimizer", std::string(optimizer_name(options.optimizer.kind))},
+                           {"batch", options.batch},
+                           {"seed", options.seed},
+                           {"data", options.data.spec},
+                           {"steps", options.steps}};
+    write_checkpoint(options.checkpoint_dir, at_step, meta, tensors);
+  };
+  result.setup_seconds = seconds_since(setup_start);
+
+  // --- Steps ---
+  const auto run_start = Clock::now();
+  std::vector<Tensor*> grads(params.size());
+  for (; step < options.steps; ++step) {
+    const auto step_start = Clock::now();
+    const std::map<std::string, Tensor> batch = data->batch(step);
+    NamedTensors outputs = executor.run(batch);
+    const double loss = output_named(outputs, tg.loss_output).scalar_as_double();
+    if (!std::isfinite(loss))
+      throw Infeasible("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                       "; lower --lr or set --clip-grad-norm");
+    for (size_t i = 0; i < params.size(); ++i) grads[i] = const_cast<Tensor*>(&output_named(outputs, tg.gradients[i].second));
+    const double lr = schedule.lr_at(step, options.optimizer.lr);
+    StepRecord record;
+    record.grad_norm = optimizer.step(params, grads, lr);
+    for (const auto& [init, out] : tg.state_updates) {  // BatchNorm running statistics
+      Tensor* target = executor.param(init);
+      const Tensor& value = output_named(outputs, out);
+      if (target && target->bytes() == value.bytes()) std::memcpy(target->raw(), value.raw(), static_cast<size_t>(value.bytes()));
+    }
+    record.step = step + 1;
+    record.loss = loss;
+    record.lr = lr;
+    record.seconds = seconds_since(step_start);
+    record.samples_per_s = static_cast<double>(options.batch) / std::max(record.seconds, 1e-9);
+    result.steps.push_back(record);
+    if (on_step) on_step(record);
+    if (!options.checkpoint_dir.empty() && options.save_every > 0 && record.step % options.save_every == 0 &&
+        record.step < options.steps)
+      save_checkpoint(record.step);
+  }
+  result.seconds = seconds_since(run_start);
+  if (!result.steps.empty())
+    result.samples_per_s = static_cast<double>(options.batch * static_cast<int64_t>(result.steps.size())) / result.seconds;
+
+  if (!options.checkpoint_dir.empty()) save_checkpoint(options.steps);
+  if (!options.save_model.empty()) {
+    std::map<std::string, const Tensor*> values;
+    for (size_t i = 0; i < names.size(); ++i) values[names[i]] = params[i];
+    for (const auto& [init, out] : tg.state_updates)
+      if (const Tensor* t = executor.param(init)) values[init] = t;
+    write_trained_model(model_path, options.save_model, values);
+  }
+  return result;
+}
+
+}  // namespace apart

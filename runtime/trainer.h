@@ -1,0 +1,63 @@
+// Single-process training: import the model at the batch size, build its training graph
+// (codegen/autodiff.h), run it on the CPU executor, and step the optimizer on the executor's params.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "importer/importer.h"
+#include "runtime/data.h"
+#include "runtime/optimizer.h"
+
+namespace apart {
+
+enum class ParamInit { kModel, kRandom };
+ParamInit parse_param_init(std::string_view text);  // "model" | "random"
+
+struct TrainOptions {
+  std::string model;              // forward ONNX file with a scalar loss output
+  ImportOptions import;           // --dim/--shape; the batch dim of every input is bound to `batch`
+  int64_t batch = 8;
+  int64_t steps = 100;            // total steps (a resumed run continues to this count)
+  OptimizerOptions optimizer;
+  LrSchedule schedule;            // total_steps is taken from `steps`
+  DataOptions data;               // data.seed is taken from `seed`
+  ParamInit init = ParamInit::kModel;
+  uint64_t seed = 0;
+  std::string checkpoint_dir;     // "" = no checkpoints
+  int64_t save_every = 0;         // also every N steps (0: only at the end)
+  std::string resume;             // a checkpoint directory to continue from
+  std::string save_model;         // write the trained weights into a copy of the model here
+  void validate() const;          // InvalidArgument naming the flag
+};
+
+struct StepRecord {
+  int64_t step = 0;         // 1-based: the number of updates done after this step
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;     // global L2 norm before clipping
+  double seconds = 0;       // wall time of the step: data, forward + backward, optimizer
+  double samples_per_s = 0;
+};
+
+struct TrainResult {
+  std::vector<StepRecord> steps;   // the steps this run did (not those before a resume)
+  int64_t first_step = 0;          // 0, or the checkpoint's step when resumed
+  int64_t params = 0;              // trained parameter values
+  int64_t param_tensors = 0;
+  double seconds = 0;              // all steps
+  double samples_per_s = 0;        // batch × steps / seconds
+  double setup_seconds = 0;        // import, autodiff, executor construction
+  std::string data_description;
+  int64_t arena_bytes = 0;         // the executor's activation arena
+};
+
+using StepCallback = std::function<void(const StepRecord&)>;
+
+// Trains; calls `on_step` after every step. Throws InvalidArgument (flags, data, checkpoint mismatch),
+// InvalidModel, Unsupported (ops without gradient rules or kernels), Infeasible (loss became NaN/inf).
+TrainResult train(const TrainOptions& options, const StepCallback& on_step = {});
+
+}  // namespace apart

@@ -38,7 +38,10 @@ std::string num(double v, int decimals = 1) {
   return buf;
 }
 
-std::string percent(double fraction) { return num(fraction * 100, 1) + "%"; }
+std::string percent(double fraction) {
+  if (fraction > 0 && fraction < 0.001) return "<0.1%";
+  return num(fraction * 100, 1) + "%";
+}
 
 // Stage colours: a fixed qualitative palette (Tableau 10), cycled.
 const char* stage_colour(int stage) {
@@ -76,7 +79,7 @@ h2{font-size:17px;margin:0 0 10px}
 .sub{color:var(--muted);margin:0}
 main{padding:8px 28px 28px;max-width:1400px}
 section{margin-top:22px}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(190px,1fr));gap:10px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(150px,1fr));gap:10px}
 .card{border:1px solid var(--line);border-radius:8px;padding:10px 12px;background:var(--bg)}
 .card .k{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.03em}
 .card .v{font-size:20px;font-weight:600;font-variant-numeric:tabular-nums}
@@ -305,7 +308,7 @@ void layout_section(std::ostringstream& out, const ReportPlan& p) {
         << (s.param_bytes ? format_count(static_cast<double>(*s.param_bytes) / bytes_per_param) : std::string("-"))
         << "</td><td>" << s.replicas << "</td><td class=\"l\">" << devices_text(s.devices) << "</td><td>"
         << format_seconds(s.forward_s) << "</td><td>" << format_seconds(s.backward_s)
-        << (s.recompute ? " (recompute)" : "") << "</td><td>" << format_seconds(s.allreduce_s) << "</td><td class=\"l\">";
+        << (s.recompute ? " (recompute)" : "") << "</td><td>" << (s.allreduce_s > 0 ? format_seconds(s.allreduce_s) : std::string("–")) << "</td><td class=\"l\">";
     const double limit = static_cast<double>(p.device_memory_bytes);
     const double used = static_cast<double>(s.memory_bytes);
     const double fraction = limit > 0 ? used / limit : 0;
@@ -318,7 +321,7 @@ void layout_section(std::ostringstream& out, const ReportPlan& p) {
   out << "</tbody></table>\n<p class=\"note\">★ bottleneck stage. Layers are task-name prefixes up to the first "
          "indexed scope (<code>/h.3/attn/…</code> → <code>h.3</code>); memory is the planner's per-device peak "
          "against the device limit.</p>\n";
-  out << "<details open><summary>Layers per stage</summary><div class=\"controls\"><input id=\"layer-filter\" "
+  out << "<details><summary>Layers per stage</summary><div class=\"controls\"><input id=\"layer-filter\" "
          "type=\"search\" placeholder=\"filter layers, e.g. h.3\"><span id=\"layer-count\" class=\"note\"></span></div>"
          "<div id=\"layer-detail\"></div></details>\n</section>\n";
 }

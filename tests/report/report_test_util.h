@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -57,7 +58,7 @@ inline nlohmann::json three_stage_plan() {
   for (int s = 0; s < 3; ++s) {
     json st = {{"id", s}, {"replicas", s == 0 ? 2 : 1}, {"devices", s == 0 ? json::array({0, 1}) : json::array({s + 1})},
                {"tasks", tasks[static_cast<size_t>(s)]}, {"forward_s", 0.001}, {"backward_s", 0.002},
-               {"allreduce_s", s == 0 ? 0.0005 : 0.0}, {"memory_bytes", 1000000000 * (s + 1)}, {"param_bytes", 1000 * (s + 1)}};
+               {"allreduce_s", s == 0 ? 0.0005 : 0.0}, {"memory_bytes", int64_t{1000000000} * (s + 1)}, {"param_bytes", 1000 * (s + 1)}};
     if (s == 0) {
       st["inputs"] = json::array({{{"value", "input_ids"}, {"from_stage", -1}, {"bytes", 64}}});
       st["outputs"] = json::array({{{"value", "x0"}, {"to_stages", {1, 2}}, {"bytes", 1000}}});
@@ -77,25 +78,26 @@ inline nlohmann::json three_stage_plan() {
 
 inline void write_json(const std::filesystem::path& file, const nlohmann::json& j) { std::ofstream(file) << j.dump(1); }
 
-// Plans of models/gpt-tiny.onnx from `apart partition` (4 × a100-80gb, batch 32), made once per test program.
-inline const std::filesystem::path& gpt_tiny_plan(int stages) {
-  static std::filesystem::path dirs[8];
-  std::filesystem::path& dir = dirs[stages];
-  if (dir.empty()) {
-    dir = std::filesystem::temp_directory_path() /
-          ("apart_report_gpt_tiny_" + std::to_string(::getpid()) + "_s" + std::to_string(stages));
-    std::filesystem::remove_all(dir);
+// Plans of models/gpt-tiny.onnx from `apart partition` (4 × a100-80gb, batch 32, `--stages S` and any extra flags),
+// made once per test program and removed at its exit.
+inline std::filesystem::path gpt_tiny_plan(int stages, const std::string& extra_flags = "") {
+  static std::map<std::string, std::filesystem::path> dirs;
+  static const struct Cleanup {
+    ~Cleanup() {
+      for (const auto& [key, dir] : dirs) std::filesystem::remove_all(dir);
+    }
+  } cleanup;
+  const std::string flags = "--stages " + std::to_string(stages) + " " + extra_flags;
+  auto [it, inserted] = dirs.emplace(flags, std::filesystem::path());
+  if (inserted) {
+    it->second = std::filesystem::temp_directory_path() /
+                 ("apart_report_gpt_tiny_" + std::to_string(::getpid()) + "_" + std::to_string(dirs.size()));
+    std::filesystem::remove_all(it->second);
     const CommandRun r = run_apart("partition " + std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx --devices 4 "
-                                   "--device a100-80gb --batch 32 --stages " + std::to_string(stages) + " -o " + dir.string());
-    if (r.code != 0) ADD_FAILURE() << "apart partition failed (" << r.code << "):\n" << r.out;
-    static const struct Cleanup {
-      ~Cleanup() {
-        for (const auto& d : dirs)
-          if (!d.empty()) std::filesystem::remove_all(d);
-      }
-    } cleanup;
+                                   "--device a100-80gb --batch 32 " + flags + " -o " + it->second.string());
+    if (r.code != 0) ADD_FAILURE() << "apart partition " << flags << " failed (" << r.code << "):\n" << r.out;
   }
-  return dir;
+  return it->second;
 }
 
 }  // namespace apart::testing

@@ -140,17 +140,21 @@ const char* kScript = R"JS(
   // Timeline: hovering a box highlights its micro-batch on every stage; toggles for critical path and transfers.
   var tl=document.getElementById('timeline-svg');
   if(tl){
-    var boxes=tl.querySelectorAll('.ev[data-mb]');
-    boxes.forEach(function(b){
-      b.addEventListener('mouseenter',function(){
-        var mb=b.getAttribute('data-mb');tl.classList.add('dim');
-        tl.querySelectorAll('.ev[data-mb="'+mb+'"]').forEach(function(o){o.classList.add('hl');});
-      });
-      b.addEventListener('mouseleave',function(){
-        tl.classList.remove('dim');
-        tl.querySelectorAll('.ev.hl').forEach(function(o){o.classList.remove('hl');});
-      });
+    // One delegated listener (a big plan has tens of thousands of boxes).
+    var current=null;
+    function clearHighlight(){
+      tl.classList.remove('dim');
+      tl.querySelectorAll('.ev.hl').forEach(function(o){o.classList.remove('hl');});
+    }
+    tl.addEventListener('mouseover',function(ev){
+      var b=ev.target.closest('.ev[data-mb]'),mb=b?b.getAttribute('data-mb'):null;
+      if(mb===current)return;
+      clearHighlight();current=mb;
+      if(mb===null)return;
+      tl.classList.add('dim');
+      tl.querySelectorAll('.ev[data-mb="'+mb+'"]').forEach(function(o){o.classList.add('hl');});
     });
+    tl.addEventListener('mouseleave',function(){clearHighlight();current=null;});
     var crit=document.getElementById('show-critical');
     crit.addEventListener('change',function(){tl.classList.toggle('crit-on',crit.checked);});
     var xfer=document.getElementById('show-transfers');

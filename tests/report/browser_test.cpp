@@ -80,12 +80,39 @@ TEST_F(AReportInABrowser, ShowsScriptErrorsInThePage) {
   EXPECT_NE(r.out.find("<div id=\"errors\">script error: "), std::string::npos) << r.out.substr(0, 3000);
 }
 
+TEST_F(AReportInABrowser, HighlightsAMicroBatchAndTheCriticalPath) {
+  // Drive the page as a person would: hover the first box of micro-batch 0, tick "critical path", filter layers.
+  const fs::path page = report_of(apart::testing::gpt_tiny_plan(4, "--microbatches 8"));
+  std::string html = read_text(page);
+  const size_t mb0 = apart::testing::count_of(html, "data-mb=\"0\"");
+  const std::string probe = R"(<script>
+    var b=document.querySelector('#timeline-svg .ev[data-mb="0"]');
+    b.dispatchEvent(new MouseEvent('mouseover',{bubbles:true}));
+    document.body.setAttribute('data-hl',String(document.querySelectorAll('#timeline-svg .ev.hl').length));
+    document.getElementById('show-critical').click();
+    document.body.setAttribute('data-crit',String(document.getElementById('timeline-svg').classList.contains('crit-on')));
+    var f=document.getElementById('layer-filter');f.value='wte';f.dispatchEvent(new Event('input'));
+    document.body.setAttribute('data-filtered',document.getElementById('layer-count').textContent);
+  </script></body>)";
+  html.replace(html.rfind("</body>"), 7, probe);
+  std::ofstream(dir_ / "probe.html") << html;
+  const CommandRun r = chromium("--dump-dom", dir_ / "probe.html");
+  ASSERT_EQ(r.code, 0) << read_text(dir_ / "chromium.log");
+  EXPECT_NE(r.out.find("data-hl=\"" + std::to_string(mb0) + "\""), std::string::npos)
+      << "every box of micro-batch 0 (" << mb0 << ") highlighted; " << r.out.substr(r.out.find("<body"), 300);
+  EXPECT_NE(r.out.find("data-crit=\"true\""), std::string::npos);
+  EXPECT_NE(r.out.find("data-filtered=\"1 of "), std::string::npos) << r.out.substr(r.out.find("<body"), 300);
+  EXPECT_NE(r.out.find("data-rendered=\"ok\""), std::string::npos);
+}
+
 TEST_F(AReportInABrowser, SavesAScreenshot) {
   // 8 micro-batches, so that the timeline has something to show (partition picks 1 for gpt-tiny on 4 stages).
   const fs::path page = report_of(apart::testing::gpt_tiny_plan(4, "--microbatches 8"));
   const fs::path png = fs::path(APART_REPORT_ARTIFACT_DIR) / "report_screenshot.png";
   fs::remove(png);
-  const CommandRun r = chromium("--screenshot=" + png.string() + " --window-size=1400,1000", page);
+  // Without --run-all-compositor-stages-before-draw a large SVG can be captured half painted.
+  const CommandRun r = chromium("--run-all-compositor-stages-before-draw --screenshot=" + png.string() +
+                                " --window-size=1400,1000", page);
   ASSERT_EQ(r.code, 0) << read_text(dir_ / "chromium.log");
   ASSERT_TRUE(fs::exists(png)) << read_text(dir_ / "chromium.log");
   EXPECT_GT(fs::file_size(png), 10u * 1024u);

@@ -72,7 +72,7 @@ struct StageOptions {
   double time_limit_s = 0;          // 0 = no limit; the search stops early and keeps the best plan so far
   int max_stages = 0;               // 0 = min(blocks, devices)
   bool spend_leftover_devices = true;
-  bool include_baselines = true;  // --method apart also evaluates the uniform and params splits and keeps the best  // after the DP, give unused devices to stages while the estimate improves
+  bool include_baselines = true;  // --method apart also evaluates the uniform, params and gpipe-balance splits and keeps the best  // after the DP, give unused devices to stages while the estimate improves
 };
 
 struct PartitionOptions {

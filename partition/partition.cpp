@@ -262,6 +262,7 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
       if (o.stage.include_baselines) {
         try_baseline(Method::kUniform);
         try_baseline(Method::kParams);
+        try_baseline(Method::kGpipeBalance);  // time-balanced cuts at task granularity (bench/RESULTS.md)
       }
       break;
     case Method::kMetis: break;

@@ -12,25 +12,13 @@
 #include "models/zoo.h"
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
+#include "tests/support/onnx_builder.h"
 
 namespace apart {
 namespace {
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("apart_train_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  fs::path file(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
+using testing::TempDir;
 
 Tensor ramp(DType dtype, std::vector<int64_t> shape, float start) {
   Tensor t(dtype, std::move(shape));

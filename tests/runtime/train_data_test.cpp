@@ -10,24 +10,13 @@
 #include "importer/importer.h"
 #include "models/zoo.h"
 #include "runtime/data.h"
+#include "tests/support/onnx_builder.h"
 
 namespace apart {
 namespace {
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("apart_train_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  fs::path file(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
+using testing::TempDir;
 
 std::vector<ModelInput> gpt_tiny_inputs(int64_t batch) {
   ImportOptions o;

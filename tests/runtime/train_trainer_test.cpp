@@ -12,24 +12,13 @@
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
 #include "tests/support/run_apart.h"
+#include "tests/support/onnx_builder.h"
 
 namespace apart {
 namespace {
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("apart_trainer_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  fs::path file(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
+using testing::TempDir;
 
 std::string gpt_tiny() { return std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx"; }
 

@@ -140,6 +140,7 @@ class TempDir {
   }
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+  std::filesystem::path file(const std::string& name) const { return path_ / name; }
 
  private:
   static int& counter() {

@@ -62,13 +62,13 @@ TaskId TaskGraph::add_task(Task t) {
 }
 
 std::optional<ValueId> TaskGraph::find_value(std::string_view name) const {
-  auto it = value_by_name_.find(std::string(name));
+  auto it = value_by_name_.find(name);
   if (it == value_by_name_.end()) return std::nullopt;
   return it->second;
 }
 
 std::optional<TaskId> TaskGraph::find_task(std::string_view name) const {
-  auto it = task_by_name_.find(std::string(name));
+  auto it = task_by_name_.find(name);
   if (it == task_by_name_.end()) return std::nullopt;
   return it->second;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -67,6 +68,12 @@ struct Task {
   std::vector<int64_t> attr_ints(std::string_view attr_name, std::vector<int64_t> fallback = {}) const;
 };
 
+// Hashes std::string and std::string_view alike, so lookups by view allocate nothing.
+struct NameHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+
 // Tasks and values in vectors indexed by strong ids. After finalize() tasks are numbered in a
 // topological order (TaskId 0 is first) and adjacency is CSR.
 class TaskGraph {
@@ -113,8 +120,8 @@ class TaskGraph {
   std::vector<Value> values_;
   std::vector<ValueId> graph_inputs_;
   std::vector<ValueId> graph_outputs_;
-  std::unordered_map<std::string, ValueId> value_by_name_;
-  std::unordered_map<std::string, TaskId> task_by_name_;
+  std::unordered_map<std::string, ValueId, NameHash, std::equal_to<>> value_by_name_;
+  std::unordered_map<std::string, TaskId, NameHash, std::equal_to<>> task_by_name_;
   bool finalized_ = false;
 
   std::vector<uint32_t> consumer_offsets_;

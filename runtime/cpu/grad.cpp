@@ -1,10 +1,11 @@
 // Kernels training graphs need (docs/autodiff.md): ScatterND (reduction none/add/mul/max/min) and
-// the ai.apart gradient ops ConvGrad, MaxPoolGrad, AveragePoolGrad (2-D, or 1-D as height 1; float32).
+// the ai.apart gradient ops ConvGrad, MaxPoolGrad, AveragePoolGrad (2-D, or 1-D as height 1; float32/float64).
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/gemm.h"
 #include "runtime/kernel.h"
 
 namespace apart::cpu {
@@ -84,45 +85,61 @@ Dims dims_of(const Tensor& x, const Tensor& dy) {
   return {x.dim(0), x.dim(1), one_d ? 1 : x.dim(2), x.dim(-1), one_d ? 1 : dy.dim(2), dy.dim(-1)};
 }
 
-// ConvGrad(dY, X, W) → (dX, dW), attrs of the forward Conv with explicit pads.
+// ConvGrad(dY, X, W) → (dX, dW), attrs of the forward Conv with explicit pads (float32 or float64).
+// Per image and group, with col = im2col(X) as in the forward: dW += dY · colᵀ, dcol = Wᵀ · dY, dX = col2im(dcol).
 void conv_grad_k(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
   const Tensor& wt = ctx.input(2);
-  if (x.dtype() != DType::kFloat32) ctx.unsupported("dtype " + std::string(dtype_name(x.dtype())));
   if (x.rank() != 3 && x.rank() != 4) ctx.unsupported("ConvGrad over rank " + std::to_string(x.rank()));
   const Window2d win = window2d(ctx, x.rank() - 2, std::vector<int64_t>(wt.shape().begin() + 2, wt.shape().end()));
   const Dims d = dims_of(x, dy);
-  const int64_t m = wt.dim(0), group = ctx.attr_int("group", 1), cg = d.c / group, mg = m / group;
-  const float* px = x.data<float>();
-  const float* pw = wt.data<float>();
-  const float* pdy = dy.data<float>();
-  float* pdx = ctx.wants_output(0) ? ctx.output(0, x.dtype(), x.shape()).data<float>() : nullptr;
-  float* pdw = ctx.num_outputs() > 1 && ctx.wants_output(1) ? ctx.output(1, wt.dtype(), wt.shape()).data<float>() : nullptr;
-  for (int64_t b = 0; b < d.n; ++b)
-    for (int64_t oc = 0; oc < m; ++oc) {
-      const int64_t g = oc / mg;
-      for (int64_t oy = 0; oy < d.oh; ++oy)
-        for (int64_t ox = 0; ox < d.ow; ++ox) {
-          const float gv = pdy[((b * m + oc) * d.oh + oy) * d.ow + ox];
-          if (gv == 0) continue;
-          for (int64_t ic = 0; ic < cg; ++ic) {
-            const int64_t c = g * cg + ic;
-            for (int64_t ky = 0; ky < win.kh; ++ky) {
-              const int64_t iy = oy * win.sh - win.ph + ky * win.dh;
-              if (iy < 0 || iy >= d.h) continue;
-              for (int64_t kx = 0; kx < win.kw; ++kx) {
-                const int64_t ix = ox * win.sw - win.pw + kx * win.dw;
-                if (ix < 0 || ix >= d.w) continue;
-                const int64_t xi = ((b * d.c + c) * d.h + iy) * d.w + ix;
-                const int64_t wi = ((oc * cg + ic) * win.kh + ky) * win.kw + kx;
-                if (pdx) pdx[xi] += gv * pw[wi];
-                if (pdw) pdw[wi] += gv * px[xi];
-              }
-            }
-          }
+  const int64_t m = wt.dim(0), group = ctx.attr_int("group", 1);
+  if (group <= 0 || d.c % group != 0 || m % group != 0 || wt.dim(1) != d.c / group) ctx.invalid("channels do not match group");
+  const int64_t cg = d.c / group, mg = m / group, col_rows = cg * win.kh * win.kw, spatial = d.oh * d.ow;
+  // Input position of column entry (r, o), or -1 in the padding.
+  auto source = [&](int64_t r, int64_t oy, int64_t ox) -> int64_t {
+    const int64_t ch = r / (win.kh * win.kw), ky = (r / win.kw) % win.kh, kx = r % win.kw;
+    const int64_t iy = oy * win.sh - win.ph + ky * win.dh, ix = ox * win.sw - win.pw + kx * win.dw;
+    return iy >= 0 && iy < d.h && ix >= 0 && ix < d.w ? (ch * d.h + iy) * d.w + ix : -1;
+  };
+  dispatch_float(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    const T* pw = wt.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = ctx.wants_output(0) ? ctx.output(0, x.dtype(), x.shape()).template data<T>() : nullptr;
+    T* pdw = ctx.num_outputs() > 1 && ctx.wants_output(1) ? ctx.output(1, wt.dtype(), wt.shape()).template data<T>() : nullptr;
+    std::vector<T> col(static_cast<size_t>(col_rows * spatial));
+    for (int64_t b = 0; b < d.n; ++b)
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t plane = (b * d.c + g * cg) * d.h * d.w;
+        const T* dyg = pdy + (b * m + g * mg) * spatial;
+        if (pdw) {
+          parallel_for(col_rows, spatial, [&](int64_t s, int64_t e) {
+            for (int64_t r = s; r < e; ++r)
+              for (int64_t oy = 0; oy < d.oh; ++oy)
+                for (int64_t ox = 0; ox < d.ow; ++ox) {
+                  const int64_t src = source(r, oy, ox);
+                  col[static_cast<size_t>(r * spatial + oy * d.ow + ox)] = src < 0 ? T{0} : px[plane + src];
+                }
+          });
+          gemm<T>(false, true, mg, col_rows, spatial, T{1}, dyg, spatial, col.data(), spatial, T{1},
+                  pdw + g * mg * col_rows, col_rows);
         }
-    }
+        if (pdx) {
+          gemm<T>(true, false, col_rows, spatial, mg, T{1}, pw + g * mg * col_rows, col_rows, dyg, spatial, T{0},
+                  col.data(), spatial);
+          // col2im: serial, since column entries of different rows may land on the same input element.
+          for (int64_t r = 0; r < col_rows; ++r)
+            for (int64_t oy = 0; oy < d.oh; ++oy)
+              for (int64_t ox = 0; ox < d.ow; ++ox) {
+                const int64_t src = source(r, oy, ox);
+                if (src >= 0) pdx[plane + src] += col[static_cast<size_t>(r * spatial + oy * d.ow + ox)];
+              }
+        }
+      }
+  });
 }
 
 // MaxPoolGrad / AveragePoolGrad(dY, X) → dX.

@@ -4,6 +4,10 @@
 #include <onnx/checker.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
 #include <functional>
 #include <random>
 
@@ -234,6 +238,25 @@ TEST_F(AGradientRule, OfConvPoolsAndBatchNorm) {
   check_op({"GlobalAveragePool", {{"x", r({2, 3, 2, 2})}}, {}, {"x"}, {{2, 3, 1, 1}}});
   check_op({"BatchNormalization", {{"x", r({3, 2, 2, 2})}, {"s", r({2})}, {"b", r({2})}},
             {{"m", r({2})}, {"v", r({2}, 0.5, 1.5)}}, {"x", "s", "b", "m", "v"}, {{3, 2, 2, 2}}});
+  // Training mode over 2 values per channel (ResNet's layer4 at batch 2, 1×1 spatial): x̂ = ±d/√(d² + ε).
+  check_op({"BatchNormalization", {{"x", r({2, 3, 1, 1})}, {"s", r({3})}, {"b", r({3})}},
+            {{"m", r({3})}, {"v", r({3}, 0.5, 1.5)}}, {"x", "s", "b", "m", "v"}, {{2, 3, 1, 1}}});
+}
+
+TEST_F(AGradientRule, OfConvInFloat64MatchesTightly) {
+  auto conv = [&](std::function<void(onnx::NodeProto&)> attrs, std::vector<int64_t> x, std::vector<int64_t> w,
+                  std::vector<int64_t> y) {
+    check_op({"Conv", {{"x", r(x)}, {"w", r(w)}, {"b", r({w[0]})}}, {}, {"x", "w", "b"}, {y}, attrs});
+  };
+  conv({}, {2, 4, 5, 5}, {3, 4, 3, 3}, {2, 3, 3, 3});
+  conv([](onnx::NodeProto& n) {  // groups, strides, asymmetric pads, dilations
+    ModelBuilder::attr_ints(n, "strides", {2, 1});
+    ModelBuilder::attr_ints(n, "pads", {1, 0, 0, 2});
+    ModelBuilder::attr_ints(n, "dilations", {1, 2});
+    ModelBuilder::attr_int(n, "group", 2);
+  }, {2, 4, 5, 5}, {4, 2, 3, 2}, {2, 4, 2, 5});
+  conv(ints_attr("strides", {2, 2}), {2, 4, 5, 5}, {6, 4, 1, 1}, {2, 6, 3, 3});  // ResNet's downsample
+  conv(ints_attr("pads", {1, 1}), {2, 3, 6}, {2, 3, 3}, {2, 2, 6});               // 1-D
 }
 
 TEST(ATrainingGraph, RefusesAnOpWithoutAGradientRule) {
@@ -293,22 +316,107 @@ TEST(ATrainingGraph, OfFusedLayerNormGptMatchesFiniteDifferences) {
   expect_gradients_match(tg, gpt_inputs(2, 8, 512), kFloat, 2);
 }
 
-// DISABLED: fails (analytic gradients ~1e5–1e7 against finite differences ~10) and takes ~4 min under
-// sanitizers. Suspected: training-mode BatchNorm over 2 values per channel at layer4 (batch 2, 1×1
-// spatial) is ill-conditioned for float32 differences — not yet confirmed; see docs/autodiff.md.
-TEST(ATrainingGraph, DISABLED_OfASmallResNetMatchesFiniteDifferences) {
+// The same model in float64: float initializers, Constant tensors, graph inputs/outputs and Cast targets.
+onnx::ModelProto to_float64(onnx::ModelProto m) {
+  auto fix_type = [](onnx::TypeProto* t) {
+    if (t->has_tensor_type() && t->tensor_type().elem_type() == onnx::TensorProto::FLOAT)
+      t->mutable_tensor_type()->set_elem_type(onnx::TensorProto::DOUBLE);
+  };
+  auto fix_tensor = [](onnx::TensorProto* t) {
+    if (t->data_type() != onnx::TensorProto::FLOAT) return;
+    std::vector<double> values;
+    const std::string& raw = t->raw_data();
+    for (size_t i = 0; i + 4 <= raw.size(); i += 4) {
+      float f;
+      std::memcpy(&f, raw.data() + i, 4);
+      values.push_back(f);
+    }
+    for (float f : t->float_data()) values.push_back(f);
+    t->clear_raw_data();
+    t->clear_float_data();
+    t->set_data_type(onnx::TensorProto::DOUBLE);
+    for (double v : values) t->add_double_data(v);
+  };
+  auto* g = m.mutable_graph();
+  for (auto& i : *g->mutable_input()) fix_type(i.mutable_type());
+  for (auto& o : *g->mutable_output()) fix_type(o.mutable_type());
+  for (auto& v : *g->mutable_value_info()) fix_type(v.mutable_type());
+  for (auto& t : *g->mutable_initializer()) fix_tensor(&t);
+  for (auto& n : *g->mutable_node())
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.has_t()) fix_tensor(a.mutable_t());
+      if (a.name() == "to" && a.i() == onnx::TensorProto::FLOAT) a.set_i(onnx::TensorProto::DOUBLE);
+    }
+  return m;
+}
+
+// Directional check over all params at once: one random direction d (entries N(0,1)·RMS of their param,
+// so a step h moves every weight by about h relative; RMS 1 for all-zero params), the analytic ⟨∇L, d⟩
+// against (L(p + h·d) − L(p − h·d)) / 2h. L is evaluated by `forward` (the training graph's forward: same
+// kernels, BatchNormalization in the same mode), which is cheaper than rerunning the backward.
+void expect_directional_derivative_matches(const TrainingGraph& tg, const onnx::ModelProto& forward,
+                                           const std::map<std::string, Tensor>& inputs, double h, double rtol) {
+  Executor training(tg.model, {});
+  std::map<std::string, Tensor> grads;
+  for (auto& [name, t] : training.run(inputs)) grads[name] = t;
+  Executor exec(forward, {});
+  std::mt19937 rng(23);
+  std::normal_distribution<double> normal;
+  struct Step {
+    Tensor* param;
+    std::vector<double> orig, dir;
+  };
+  std::vector<Step> steps;
+  double analytic = 0;
+  for (const auto& [param, grad_name] : tg.gradients) {
+    Step s{exec.param(param), {}, {}};
+    ASSERT_NE(s.param, nullptr) << param;
+    const Tensor& g = grads.at(grad_name);
+    ASSERT_EQ(g.shape(), s.param->shape()) << param;
+    double rms = 0;
+    for (int64_t i = 0; i < g.elements(); ++i) rms += get(*s.param, i) * get(*s.param, i);
+    rms = rms > 0 ? std::sqrt(rms / static_cast<double>(g.elements())) : 1.0;
+    for (int64_t i = 0; i < g.elements(); ++i) {
+      s.orig.push_back(get(*s.param, i));
+      s.dir.push_back(normal(rng) * rms);
+      analytic += s.dir.back() * get(g, i);
+    }
+    steps.push_back(std::move(s));
+  }
+  auto loss_at = [&](double t) {
+    for (auto& s : steps)
+      for (size_t i = 0; i < s.dir.size(); ++i) set(*s.param, static_cast<int64_t>(i), s.orig[i] + t * s.dir[i]);
+    return get(exec.run(inputs).front().second, 0);
+  };
+  const double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
+  EXPECT_NEAR(analytic, fd, rtol * std::fabs(fd)) << "directional derivative over " << steps.size() << " params";
+}
+
+// ResNet-50 from `apart zoo`, BatchNormalization in training mode, every param: float64 and a direction
+// over all params (docs/autodiff.md, "Checks"). Why this config: training-mode BN makes this network's loss
+// vary over tiny parameter steps. At batch 2 / image 32 the layer4 BNs normalise 2 values per channel;
+// hundreds of channels have a batch variance below ε = 1e-5, each such BN amplifies by up to 1/√ε ≈ 316,
+// gradients reach 1e6–1e8, and float32 forwards differ from float64 ones in the loss's first digit. Batch 8
+// keeps every BN at ≥ 8 values per channel (min variance 0.008), yet float32 differences along one tensor
+// still do not converge (steps of 1e-2…1e-4 relative); in float64 they do, to ~1e-6 relative, from
+// h ≤ 1e-8 (at 1e-6 a difference gives 2.8 for 7.9, at 1e-7 8.6). Eval-mode BN is well conditioned in float32.
+TEST(ATrainingGraph, OfResNet50MatchesADirectionalFiniteDifferenceInFloat64) {
   models::ZooOptions z = models::options_for("resnet50");
   z.image = 32;
   z.classes = 10;
-  z.batch = 2;
-  const TrainingGraph tg = build_training_graph(models::build_zoo_model(z));
+  z.batch = 8;
+  const onnx::ModelProto forward = to_float64(models::build_zoo_model(z));
+  const TrainingGraph tg = build_training_graph(forward);
+  EXPECT_EQ(tg.gradients.size(), static_cast<size_t>(forward.graph().initializer_size()));
+  onnx::ModelProto training_forward = forward;  // the loss as the training graph computes it
+  for (auto& n : *training_forward.mutable_graph()->mutable_node())
+    if (n.op_type() == "BatchNormalization") ModelBuilder::attr_int(n, "training_mode", 1);
   std::mt19937 rng(9);
-  std::map<std::string, Tensor> inputs{{"input", random_tensor(DType::kFloat32, {2, 3, 32, 32}, rng)},
-                                       {"labels", ints({2}, {3, 7})}};
-  TrainingGraph few = tg;
-  few.gradients = {tg.gradients.front(), tg.gradients[tg.gradients.size() / 2], tg.gradients.back()};
-  expect_gradients_match(few, inputs, Tolerance{1e-2, 5e-3, 1e-1}, 2);
+  std::map<std::string, Tensor> inputs{{"input", random_tensor(DType::kFloat64, {8, 3, 32, 32}, rng)},
+                                       {"labels", ints({8}, {3, 7, 0, 9, 1, 1, 4, 6})}};
+  expect_directional_derivative_matches(tg, training_forward, inputs, 1e-8, 1e-4);
 }
 
 }  // namespace
 }  // namespace apart
+

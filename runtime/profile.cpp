@@ -1,0 +1,309 @@
+// Measured profiles: run the training graph on the CPU kernels with per-task timing and fold the
+// times back onto the forward graph's tasks (see profile.h, docs/profiling.md).
+#include "runtime/profile.h"
+
+#include <onnx/onnx_pb.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "codegen/autodiff.h"
+#include "graph/error.h"
+#include "profiler/cost_model.h"
+#include "profiler/costs_json.h"
+#include "profiler/device.h"
+#include "runtime/data.h"
+#include "runtime/executor.h"
+
+namespace apart {
+namespace fs = std::filesystem;
+
+void ProfileOptions::validate() const {
+  if (warmup < 0) throw InvalidArgument("--warmup must be >= 0");
+  if (repeats < 1) throw InvalidArgument("--repeats must be at least 1");
+}
+
+std::string forward_scope_of(const std::string& name) {
+  if (name.rfind("grad/", 0) != 0) return name;
+  const size_t last = name.rfind('/');
+  if (last <= 5) return "";
+  return name.substr(5, last - 5);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> xs) {
+  if (xs.empty()) return 0;
+  std::sort(xs.begin(), xs.end());
+  const size_t n = xs.size();
+  return n % 2 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
+}
+
+onnx::ModelProto load_proto(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument("cannot open model " + path.string() + ": " + std::strerror(errno));
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  onnx::ModelProto proto;
+  if (!proto.ParseFromString(bytes)) throw InvalidModel(path.string() + " is not a valid ONNX model (protobuf parse failed)");
+  return proto;
+}
+
+// Values do not change kernel times (no data-dependent paths besides NaN/denormals), so any finite,
+// well-scaled values do: N(0, 0.02) for matrices, ones for 1-D scales, zeros for other 1-D params.
+void randomize_params(onnx::ModelProto& proto, uint64_t seed) {
+  for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
+    if (init.data_type() != onnx::TensorProto::FLOAT) continue;
+    int64_t n = 1;
+    for (int64_t d : init.dims()) n *= d;
+    std::vector<float> values(static_cast<size_t>(n), 0.0f);
+    if (init.dims_size() >= 2) {
+      std::mt19937_64 rng(seed ^ std::hash<std::string>{}(init.name()));
+      std::normal_distribution<float> normal(0.0f, 0.02f);
+      for (float& v : values) v = normal(rng);
+    } else {
+      const std::string& nm = init.name();
+      const bool scale = nm.size() >= 5 && (nm.ends_with("weight") || nm.ends_with("scale") || nm.ends_with("gamma"));
+      std::fill(values.begin(), values.end(), scale ? 1.0f : 0.0f);
+    }
+    init.clear_float_data();
+    init.clear_external_data();
+    init.clear_data_location();
+    init.set_raw_data(values.data(), values.size() * sizeof(float));
+  }
+}
+
+bool has_scalar_float_output(const TaskGraph& g) {
+  for (ValueId v : g.graph_outputs()) {
+    const Value& value = g.value(v);
+    if (is_floating(value.dtype) && value.shape_known && value.elements == 1) return true;
+  }
+  return false;
+}
+
+// Times of one executor over warmup + repeats runs: per-task seconds of each timed run, and walls.
+struct Runs {
+  std::vector<std::vector<double>> task_seconds;  // [repeat][task]
+  std::vector<double> walls;
+};
+
+Runs time_runs(Executor& executor, const std::map<std::string, Tensor>& inputs, const ProfileOptions& options) {
+  Runs runs;
+  for (int r = 0; r < options.warmup + options.repeats; ++r) {
+    const auto start = Clock::now();
+    executor.run(inputs);
+    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+    if (r < options.warmup) continue;
+    runs.walls.push_back(wall);
+    runs.task_seconds.push_back(executor.task_seconds());
+  }
+  return runs;
+}
+
+std::map<std::string, Tensor> synthetic_inputs(const TaskGraph& g, uint64_t seed) {
+  const auto inputs = classify_inputs(g);
+  if (inputs.empty()) return {};
+  return make_synthetic_data(inputs, seed)->batch(0);
+}
+
+}  // namespace
+
+ProfileResult profile_model(const ImportedModel& model, const ImportOptions& import, const ProfileOptions& options) {
+  options.validate();
+  const TaskGraph& fg = model.graph;
+  const size_t num_tasks = fg.num_tasks();
+  ProfileResult result;
+  result.warmup = options.warmup;
+  result.repeats = options.repeats;
+  result.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  // Analytic costs on the measured CPU: FLOPs, bytes, saved/param bytes, and the backward ratio.
+  CostOptions cost_options;
+  cost_options.reference_batch = bound_batch_size(fg);
+  for (const auto& b : model.bindings)
+    if (b.dim == "batch" || b.dim == "batch_size" || b.dim == "N") cost_options.reference_batch = b.value;
+  const CostTable analytic = estimate_costs(fg, cpu_device(), cost_options);
+  result.table = analytic;
+  result.table.source = "measured";
+  result.table.device = "cpu";
+  result.table.microbatch_size = cost_options.reference_batch;
+
+  const fs::path path(model.path);
+  onnx::ModelProto forward = load_proto(path);
+  if (options.random_params) randomize_params(forward, options.seed);
+  // The training graph's inputs have static shapes already (binding dims again would be refused).
+  ImportOptions exec_import;
+  exec_import.require_external_data = true;
+
+  // Training graph when there is a loss and every op on its path has a gradient rule.
+  std::optional<TrainingGraph> training;
+  if (!options.loss.empty() || has_scalar_float_output(fg)) {
+    TrainingGraphOptions tg_options;
+    tg_options.loss = options.loss;
+    tg_options.import = import;
+    try {
+      training = build_training_graph(forward, tg_options);
+    } catch (const Unsupported& e) {
+      result.backward_note = std::string("no training graph (") + e.what() + ")";
+    }
+  } else {
+    result.backward_note = "the model has no scalar float output (loss)";
+  }
+
+  std::vector<std::vector<double>> fwd(num_tasks), bwd(num_tasks);  // [task][repeat]
+  std::vector<double> constant_per_run, unattributed_per_run, tasks_per_run;
+  ExecutorOptions exec_options;
+  exec_options.time_tasks = true;
+
+  // Forward ONNX node index → forward task; raw ONNX node name (or <OpType>_<index>) → node index,
+  // the scope autodiff gives a node's backward (first one wins for repeated names).
+  std::vector<int64_t> task_of_node(static_cast<size_t>(forward.graph().node_size()), -1);
+  for (uint32_t t = 0; t < num_tasks; ++t) {
+    const int32_t k = fg.task(TaskId(t)).onnx_node_index;
+    if (k >= 0 && static_cast<size_t>(k) < task_of_node.size()) task_of_node[static_cast<size_t>(k)] = t;
+  }
+  std::unordered_map<std::string, int64_t> task_of_scope;
+  for (int k = 0; k < forward.graph().node_size(); ++k) {
+    const auto& n = forward.graph().node(k);
+    task_of_scope.emplace(n.name().empty() ? n.op_type() + "_" + std::to_string(k) : n.name(), task_of_node[static_cast<size_t>(k)]);
+  }
+  // The loss seed is part of the loss task's backward.
+  int64_t loss_task = -1;
+  if (training) {
+    for (uint32_t t = 0; t < num_tasks; ++t)
+      for (ValueId o : fg.task(TaskId(t)).outputs)
+        if (o.valid() && fg.value(o).name == training->loss_output) loss_task = t;
+  }
+
+  auto fold = [&](const TaskGraph& run_graph, const Runs& runs, bool backward_part) {
+    // Where each task of the run graph goes: (forward task, is backward), or -1.
+    std::vector<std::pair<int64_t, bool>> dest(run_graph.num_tasks(), {-1, false});
+    for (uint32_t i = 0; i < run_graph.num_tasks(); ++i) {
+      const Task& task = run_graph.task(TaskId(i));
+      if (!backward_part || task.name.rfind("grad/", 0) != 0) {
+        const int32_t k = task.onnx_node_index;
+        if (k >= 0 && static_cast<size_t>(k) < task_of_node.size()) dest[i] = {task_of_node[static_cast<size_t>(k)], false};
+      } else {
+        const std::string scope = forward_scope_of(task.name);
+        auto it = task_of_scope.find(scope);
+        if (it != task_of_scope.end()) dest[i] = {it->second, true};
+        else if (scope == "seed") dest[i] = {loss_task, true};
+      }
+    }
+    for (const auto& seconds : runs.task_seconds) {
+      std::vector<double> f(num_tasks, 0.0), b(num_tasks, 0.0);
+      double constant = 0, unattributed = 0, total = 0;
+      for (size_t i = 0; i < seconds.size(); ++i) {
+        total += seconds[i];
+        const auto [t, is_backward] = dest[i];
+        if (t < 0) {
+          unattributed += seconds[i];
+        } else if (fg.task(TaskId(static_cast<uint32_t>(t))).constant) {
+          constant += seconds[i];
+        } else {
+          (is_backward ? b : f)[static_cast<size_t>(t)] += seconds[i];
+        }
+      }
+      for (size_t t = 0; t < num_tasks; ++t) {
+        fwd[t].push_back(f[t]);
+        bwd[t].push_back(b[t]);
+      }
+      constant_per_run.push_back(constant);
+      unattributed_per_run.push_back(unattributed);
+      tasks_per_run.push_back(total);
+    }
+  };
+
+  if (training) {
+    Executor executor(training->model, path.parent_path(), exec_options, exec_import);
+    const Runs runs = time_runs(executor, synthetic_inputs(executor.model().graph, options.seed), options);
+    fold(executor.model().graph, runs, true);
+    result.step_s = median(runs.walls);
+    result.training_tasks = static_cast<int64_t>(executor.model().graph.num_tasks());
+    result.backward_measured = true;
+  } else {
+    // The forward alone (its params possibly randomized above).
+    ImportOptions forward_import = import;
+    forward_import.require_external_data = true;
+    auto executor = std::make_unique<Executor>(forward, path.parent_path(), exec_options, forward_import);
+    forward.Clear();
+    const Runs runs = time_runs(*executor, synthetic_inputs(executor->model().graph, options.seed), options);
+    fold(executor->model().graph, runs, false);
+    result.step_s = median(runs.walls);
+    result.training_tasks = static_cast<int64_t>(executor->model().graph.num_tasks());
+  }
+
+  for (size_t t = 0; t < num_tasks; ++t) {
+    TaskCost& c = result.table.tasks[t];
+    if (fg.task(TaskId(static_cast<uint32_t>(t))).constant) {
+      c.forward_s = c.backward_s = 0;
+      continue;
+    }
+    c.forward_s = median(fwd[t]);
+    if (result.backward_measured) {
+      c.backward_s = median(bwd[t]);
+    } else {
+      const TaskCost& a = analytic.tasks[t];
+      c.backward_s = a.forward_s > 0 ? c.forward_s * a.backward_s / a.forward_s : a.backward_s;
+    }
+  }
+  result.constant_s = median(constant_per_run);
+  result.unattributed_s = median(unattributed_per_run);
+  result.tasks_s = median(tasks_per_run);
+  if (!result.backward_measured)
+    result.table.warnings.push_back("backward_s not measured: " + result.backward_note +
+                                    "; estimated as measured forward × the analytic backward/forward ratio");
+  return result;
+}
+
+nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& r) {
+  nlohmann::json j = costs_to_json(g, r.table);
+  j["measurement"] = {{"warmup", r.warmup},
+                      {"repeats", r.repeats},
+                      {"statistic", "median"},
+                      {"threads", r.threads},
+                      {"backward", r.backward_measured ? "measured" : "estimated"},
+                      {"step_s", r.step_s},
+                      {"tasks_s", r.tasks_s},
+                      {"constant_s", r.constant_s},
+                      {"unattributed_s", r.unattributed_s},
+                      {"graph_tasks", r.training_tasks}};
+  return j;
+}
+
+void write_profile_json(const fs::path& path, const TaskGraph& g, const ProfileResult& result) {
+  const std::string text = profile_to_json(g, result).dump(1) + "\n";
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) throw SystemError("cannot write '" + tmp.string() + "' (is the directory writable?)");
+    out << text;
+    out.flush();
+    if (!out) {
+      out.close();
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw SystemError("writing '" + tmp.string() + "' failed (disk full?)");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw SystemError("cannot rename the profile into '" + path.string() + "'");
+  }
+}
+
+}  // namespace apart

@@ -1,0 +1,58 @@
+// Measured profiles (`apart profile`): per-task forward/backward seconds from the real CPU kernels,
+// written as apart.costs/1 with "source": "measured" (docs/profiling.md).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "importer/importer.h"
+#include "profiler/cost_table.h"
+
+namespace apart {
+
+struct ProfileOptions {
+  int warmup = 2;    // untimed runs first (arena, page faults, BLAS thread start-up)
+  int repeats = 5;   // timed runs; a task's time is the median over them
+  std::string loss;  // scalar output to differentiate; empty: the graph's only scalar float output
+  bool random_params = false;  // fill float initializers with random values (models saved without weights)
+  uint64_t seed = 0;           // synthetic inputs and random params
+  void validate() const;       // InvalidArgument
+};
+
+// How the times were taken, beside the table (the file's "measurement" object).
+struct ProfileResult {
+  CostTable table;               // by forward TaskId; source "measured", device "cpu"
+  bool backward_measured = false;  // false: no loss (or no gradient rule) — backward = forward × analytic ratio
+  std::string backward_note;       // why the backward is estimated, when it is
+  int warmup = 0;
+  int repeats = 0;
+  int threads = 0;                 // hardware threads the kernels may use
+  double step_s = 0;               // median wall time of one whole run (forward + backward)
+  double tasks_s = 0;              // Σ per-task medians (forward + backward, constant tasks included)
+  double constant_s = 0;           // of which constant tasks reading params (0 in the table, replicated)
+  double unattributed_s = 0;       // backward nodes tied to no forward task (loss seed, zero gradients)
+  int64_t training_tasks = 0;      // tasks of the graph that ran (training graph, or the forward)
+};
+
+// Profiles `model` (imported by the caller with the dims/shapes to measure at; its batch is the
+// micro-batch size). Builds the training graph (codegen/autodiff.h), runs it warmup + repeats times
+// with per-task timing, and attributes every forward node to its task and every backward node
+// (named grad/<forward node>/<op>_<k>) to the task it differentiates. FLOPs, bytes, saved and param
+// bytes come from the analytic model on the `cpu` device so the file is complete. Throws what import,
+// autodiff and the executor throw (Unsupported for ops without a kernel).
+ProfileResult profile_model(const ImportedModel& model, const ImportOptions& import, const ProfileOptions& options);
+
+// apart.costs/1 (profiler/costs_json.h) plus a "measurement" object; read back by read_costs_json.
+nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& result);
+// Temporary file + rename: no partial file on failure. Throws SystemError.
+void write_profile_json(const std::filesystem::path& path, const TaskGraph& g, const ProfileResult& result);
+
+// Which forward task a training-graph node belongs to, by name: a forward node's own name, or the
+// scope of a backward node "grad/<scope>/<op>_<k>". Returns "" for names of neither kind.
+std::string forward_scope_of(const std::string& training_node_name);
+
+}  // namespace apart

@@ -154,7 +154,7 @@ void run_partition(const PartitionArgs& a) {
                                                                    o.cluster.devices));
   };
   write_plan_directory(a.output, plan, model.graph, a.model, info, outputs);
-  std::cout << plan_report(plan, model.graph, info) << "wrote " << a.output << "/ (plan.json, plan.dot, report.txt"
+  std::cout << plan_report(plan, model.graph, info) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/") << " (plan.json, plan.dot, report.txt"
             << (outputs.stage_models ? ", stage_K.onnx" : "") << ", costs.json" << (baselines ? ", baselines.json" : "")
             << ")\n";
   if (baselines) {

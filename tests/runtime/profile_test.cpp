@@ -1,0 +1,139 @@
+// apart profile: measured apart.costs/1 files are complete, finite and accepted by partition; the task
+// list is deterministic (the times are not); models without a loss get an estimated backward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../support/run_apart.h"
+#include "importer/importer.h"
+#include "profiler/costs_json.h"
+#include "runtime/profile.h"
+
+namespace fs = std::filesystem;
+using apart::testing::run_apart;
+
+namespace {
+
+std::string gpt_tiny() { return std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx"; }
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("apart_profile_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+apart::ImportOptions batch(int64_t b) {
+  apart::ImportOptions o;
+  o.dims["batch"] = b;
+  return o;
+}
+
+apart::ProfileOptions quick() {
+  apart::ProfileOptions o;
+  o.warmup = 1;
+  o.repeats = 3;
+  return o;
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+TEST(AMeasuredProfile, HasEveryTaskWithFiniteNonNegativeTimes) {
+  const auto m = apart::import_model(gpt_tiny(), batch(2));
+  const auto r = apart::profile_model(m, batch(2), quick());
+  ASSERT_EQ(r.table.tasks.size(), m.graph.num_tasks());
+  EXPECT_EQ(r.table.source, "measured");
+  EXPECT_EQ(r.table.device, "cpu");
+  EXPECT_EQ(r.table.microbatch_size, 2);
+  EXPECT_TRUE(r.backward_measured);
+  double fwd = 0, bwd = 0, flops = 0;
+  for (uint32_t t = 0; t < m.graph.num_tasks(); ++t) {
+    const auto& c = r.table.tasks[t];
+    EXPECT_TRUE(std::isfinite(c.forward_s) && c.forward_s >= 0) << m.graph.task(apart::TaskId(t)).name;
+    EXPECT_TRUE(std::isfinite(c.backward_s) && c.backward_s >= 0) << m.graph.task(apart::TaskId(t)).name;
+    if (m.graph.task(apart::TaskId(t)).constant) {
+      EXPECT_EQ(c.forward_s, 0);
+      EXPECT_EQ(c.backward_s, 0);
+    }
+    fwd += c.forward_s, bwd += c.backward_s, flops += c.flops;
+  }
+  EXPECT_GT(fwd, 0);
+  EXPECT_GT(bwd, 0);
+  EXPECT_GT(flops, 0);  // the analytic fields are filled in too
+  EXPECT_GT(r.step_s, 0);
+  // Almost all of the training graph's time lands on forward tasks.
+  EXPECT_LE(r.unattributed_s, 0.2 * r.tasks_s);
+}
+
+TEST(AMeasuredProfile, RoundTripsThroughTheCostsReader) {
+  const auto m = apart::import_model(gpt_tiny(), batch(2));
+  const auto r = apart::profile_model(m, batch(2), quick());
+  const fs::path p = scratch("roundtrip.json");
+  apart::write_profile_json(p, m.graph, r);
+  const auto j = read_json(p);
+  EXPECT_EQ(j["schema"], "apart.costs/1");
+  EXPECT_EQ(j["source"], "measured");
+  EXPECT_EQ(j["measurement"]["backward"], "measured");
+  EXPECT_EQ(j["tasks"].size(), m.graph.num_tasks());
+  const auto back = apart::read_costs_json(p, m.graph);
+  EXPECT_EQ(back.source, "measured");
+  for (uint32_t t = 0; t < m.graph.num_tasks(); ++t) EXPECT_DOUBLE_EQ(back.tasks[t].forward_s, r.table.tasks[t].forward_s);
+}
+
+TEST(AMeasuredProfile, ListsTheSameTasksInTheSameOrderEveryRun) {
+  const auto m = apart::import_model(gpt_tiny(), batch(2));
+  const auto a = apart::profile_to_json(m.graph, apart::profile_model(m, batch(2), quick()));
+  const auto b = apart::profile_to_json(m.graph, apart::profile_model(m, batch(2), quick()));
+  ASSERT_EQ(a["tasks"].size(), b["tasks"].size());
+  for (size_t i = 0; i < a["tasks"].size(); ++i) {
+    EXPECT_EQ(a["tasks"][i]["name"], b["tasks"][i]["name"]);
+    EXPECT_EQ(a["tasks"][i]["flops"], b["tasks"][i]["flops"]);
+    EXPECT_EQ(a["tasks"][i]["saved_bytes"], b["tasks"][i]["saved_bytes"]);
+  }
+}
+
+TEST(AMeasuredProfile, EstimatesTheBackwardOfAModelWithoutALoss) {
+  const fs::path model = scratch("mlp_noloss.onnx");
+  ASSERT_EQ(run_apart("zoo mlp --layers 2 --hidden 32 --loss none -o " + model.string()).code, 0);
+  const auto m = apart::import_model(model, batch(4));
+  const auto r = apart::profile_model(m, batch(4), quick());
+  EXPECT_FALSE(r.backward_measured);
+  ASSERT_FALSE(r.table.warnings.empty());
+  EXPECT_NE(r.table.warnings.front().find("not measured"), std::string::npos);
+  double bwd = 0;
+  for (const auto& c : r.table.tasks) bwd += c.backward_s;
+  EXPECT_GT(bwd, 0);
+}
+
+TEST(AMeasuredProfile, MapsBackwardNodeNamesToTheirForwardNode) {
+  EXPECT_EQ(apart::forward_scope_of("grad//blocks.0/attn/MatMul/MatMul_12"), "/blocks.0/attn/MatMul");
+  EXPECT_EQ(apart::forward_scope_of("grad/Add_3/Sum_7"), "Add_3");
+  EXPECT_EQ(apart::forward_scope_of("/blocks.0/ln/Add"), "/blocks.0/ln/Add");
+  EXPECT_EQ(apart::forward_scope_of("grad/x"), "");
+}
+
+TEST(ProfileCli, WritesAProfileThatPartitionAccepts) {
+  const fs::path profile = scratch("gpt_tiny_profile.json");
+  const fs::path plan = scratch("plan");
+  const auto p = run_apart("profile " + gpt_tiny() + " --backend cpu --dim batch=2 --warmup 1 --repeats 3 -q -o " + profile.string());
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_EQ(read_json(profile)["source"], "measured");
+  const auto r = run_apart("partition " + gpt_tiny() + " --devices 2 --device cpu --batch 8 --profile " + profile.string() +
+                           " --no-baselines -o " + plan.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(plan / "plan.json"));
+}
+
+TEST(ProfileCli, RefusesBadFlagsWithExitCode2) {
+  const fs::path out = scratch("bad.json");
+  EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --repeats 0 -o " + out.string()).code, 2);
+  EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --backend cuda -o " + out.string()).code, 2);
+  EXPECT_FALSE(fs::exists(out));
+}

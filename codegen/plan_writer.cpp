@@ -209,26 +209,6 @@ std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInf
   return r.str();
 }
 
-void write_file_atomically(const std::filesystem::path& path, const std::string& contents) {
-  const std::filesystem::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw SystemError("cannot write " + tmp.string());
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw SystemError("cannot write " + tmp.string() + " (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw SystemError("cannot rename " + tmp.string() + " to " + path.string());
-  }
-}
 
 void write_plan_directory(const std::filesystem::path& directory, const Plan& plan, const TaskGraph& graph,
                           const std::filesystem::path& model_path, const ModelInfo& model, const PlanOutputs& outputs) {

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "graph/atomic_file.h"
 #include "graph/task_graph.h"
 #include "partition/partition.h"
 
@@ -43,8 +44,5 @@ struct PlanOutputs {
 // there), so a reader never sees a half-written plan. Throws SystemError.
 void write_plan_directory(const std::filesystem::path& directory, const Plan& plan, const TaskGraph& graph,
                           const std::filesystem::path& model_path, const ModelInfo& model, const PlanOutputs& outputs);
-
-// temp file + rename.
-void write_file_atomically(const std::filesystem::path& path, const std::string& contents);
 
 }  // namespace apart

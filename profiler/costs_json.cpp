@@ -1,12 +1,12 @@
 // apart.costs/1 writer and reader.
 #include "profiler/costs_json.h"
 
-#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "graph/atomic_file.h"
 #include "graph/error.h"
 
 namespace apart {
@@ -40,25 +40,7 @@ nlohmann::json costs_to_json(const TaskGraph& g, const CostTable& table) {
 
 void write_costs_json(const std::filesystem::path& path, const TaskGraph& g, const CostTable& table) {
   const std::string text = costs_to_json(g, table).dump(1) + "\n";
-  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw SystemError("cannot write '" + tmp.string() + "' (is the directory writable?)");
-    out << text;
-    out.flush();
-    if (!out) {
-      out.close();
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw SystemError("writing '" + tmp.string() + "' failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw SystemError("cannot rename the costs file into '" + path.string() + "'");
-  }
+  write_file_atomically(path, text);
 }
 
 namespace {

@@ -3,7 +3,6 @@
 #include "runtime/profile.h"
 
 #include <onnx/onnx_pb.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +18,7 @@
 #include <unordered_map>
 
 #include "codegen/autodiff.h"
+#include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "profiler/cost_model.h"
 #include "profiler/costs_json.h"
@@ -285,25 +285,7 @@ nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& r) {
 
 void write_profile_json(const fs::path& path, const TaskGraph& g, const ProfileResult& result) {
   const std::string text = profile_to_json(g, result).dump(1) + "\n";
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw SystemError("cannot write '" + tmp.string() + "' (is the directory writable?)");
-    out << text;
-    out.flush();
-    if (!out) {
-      out.close();
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw SystemError("writing '" + tmp.string() + "' failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw SystemError("cannot rename the profile into '" + path.string() + "'");
-  }
+  write_file_atomically(path, text);
 }
 
 }  // namespace apart

@@ -161,26 +161,5 @@ nlohmann::ordered_json simulation_trace(const SimPlan& plan, const SimResult& r)
   return trace;
 }
 
-void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  const std::filesystem::path tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw SystemError("cannot write '" + tmp.string() + "' (does the folder exist and is it writable?)");
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw SystemError("failed writing '" + tmp.string() + "' (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw SystemError("cannot rename '" + tmp.string() + "' to '" + path.string() + "': " + ec.message());
-  }
-}
 
 }  // namespace apart::sim

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "graph/atomic_file.h"
 #include "simulator/simulate.h"
 
 namespace apart::sim {
@@ -17,7 +18,6 @@ nlohmann::ordered_json simulation_to_json(const SimPlan& plan, const SimResult& 
 // device), threads compute (tid 0), send (1), recv (2); complete events in µs; flow arrows send → receive;
 // a memory counter per stage.
 nlohmann::ordered_json simulation_trace(const SimPlan& plan, const SimResult& result);
-// Writes `text` to `path` through a temporary file in the same folder and a rename. Throws SystemError.
-void write_file_atomically(const std::filesystem::path& path, const std::string& text);
+using apart::write_file_atomically;  // graph/atomic_file.h
 
 }  // namespace apart::sim

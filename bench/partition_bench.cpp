@@ -42,7 +42,7 @@ double plan_time(const TaskGraph& g, const CostTable& c1, const CostTable& c2, P
                std::to_string(used) + (p.recompute ? " rc" : "");
     }
     if (m == Method::kApart && seconds) *seconds = p.search.seconds;
-    return p.estimate.iteration_s;
+    return p.simulated.iteration_s;
   } catch (const Infeasible&) {
     return -1;
   }

@@ -35,6 +35,7 @@ struct PartitionArgs {
   std::string stages = "auto";
   std::string replicas = "auto";
   std::string recompute = "auto";
+  std::string overlap_allreduce = "on";
   std::string profile;
   double time_limit = 0;
   std::string method = "apart";
@@ -68,6 +69,9 @@ void run_partition(const PartitionArgs& a) {
   if (auto s = auto_or_int("--stages", a.stages)) o.stage.stages = static_cast<int>(*s);
   if (auto r = auto_or_int("--replicas", a.replicas)) o.stage.replicas = static_cast<int>(*r);
   o.stage.recompute = parse_recompute(a.recompute);
+  if (a.overlap_allreduce != "on" && a.overlap_allreduce != "off")
+    throw InvalidArgument("--overlap-allreduce must be on or off, not '" + a.overlap_allreduce + "'");
+  o.training.overlap_allreduce = a.overlap_allreduce == "on";
   o.stage.time_limit_s = a.time_limit;
   o.block.blocks = a.blocks;
 
@@ -165,7 +169,7 @@ void run_partition(const PartitionArgs& a) {
         continue;
       }
       std::printf("%-15s  %12.3f  %7.3f  %6d  %7d\n", std::string(method_name(r.method)).c_str(), r.iteration_s * 1e3,
-                  r.iteration_s / plan.estimate.iteration_s, r.stages, r.devices_used);
+                  r.iteration_s / plan.simulated.iteration_s, r.stages, r.devices_used);
     }
   }
 }
@@ -189,6 +193,9 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("--stages", a->stages, "Pipeline stages, or auto")->capture_default_str();
   cmd->add_option("--replicas", a->replicas, "Replicas of every stage, or auto (per stage, any count)")->capture_default_str();
   cmd->add_option("--recompute", a->recompute, "Activation recomputation: auto, on or off")->capture_default_str();
+  cmd->add_option("--overlap-allreduce", a->overlap_allreduce,
+                  "on: gradients all-reduce in 25 MB buckets during the last backward (as PyTorch DDP); off: after it")
+      ->capture_default_str();
   cmd->add_option("--profile", a->profile, "Per-task costs from apart.costs/1 JSON (apart costs/profile) instead of the analytic model");
   cmd->add_option("--time-limit", a->time_limit, "Stop searching after this many seconds and keep the best plan so far");
   cmd->add_option("--method", a->method,

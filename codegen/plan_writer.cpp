@@ -60,11 +60,13 @@ nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, co
   j["cluster"] = {{"devices", o.cluster.devices}, {"device", o.cluster.device},
                   {"devices_per_node", o.cluster.devices_per_node}, {"memory_bytes", o.cluster.memory_bytes},
                   {"intra_node_bandwidth", o.cluster.intra_node_bandwidth},
-                  {"inter_node_bandwidth", o.cluster.inter_node_bandwidth}};
+                  {"inter_node_bandwidth", o.cluster.inter_node_bandwidth},
+                  {"layout", layout_name(plan.layout)}};
   j["training"] = {{"global_batch", o.training.global_batch}, {"microbatches", plan.microbatches},
                    {"microbatch_size", plan.microbatch_size}, {"schedule", schedule_name(plan.schedule)},
                    {"optimizer", optimizer_name(o.training.optimizer)},
-                   {"precision", precision_name(o.training.precision)}, {"recompute", plan.recompute}};
+                   {"precision", precision_name(o.training.precision)}, {"recompute", plan.recompute},
+                   {"overlap_allreduce", o.training.overlap_allreduce}};
   json options = {{"method", method_name(o.method)},
                   {"stages", plan.stages.size()},
                   {"replicas", o.stage.replicas ? json(*o.stage.replicas) : json("auto")},
@@ -91,6 +93,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, co
     st["recompute"] = s.recompute;
     st["comm_s"] = s.cost.comm_s;
     st["allreduce_s"] = s.cost.allreduce_s;
+    st["allreduce_exposed_s"] = s.cost.allreduce_exposed_s;
     st["step_s"] = s.cost.step_s;
     st["param_bytes"] = s.cost.param_bytes;
     st["memory_bytes"] = s.cost.memory_bytes;
@@ -107,19 +110,27 @@ nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, co
     stages.push_back(st);
   }
   j["stages"] = stages;
-  j["predicted"] = {{"iteration_s", plan.estimate.iteration_s},
-                    {"bottleneck_stage", plan.estimate.bottleneck_stage},
-                    {"bubble_fraction", plan.estimate.bubble_fraction},
+  // The prediction is the event-level replay of this plan (what chose it); the analytic estimate rides along.
+  j["predicted"] = {{"iteration_s", plan.simulated.iteration_s},
+                    {"bottleneck_stage", plan.simulated.bottleneck_stage},
+                    {"bubble_fraction", plan.simulated.bubble_fraction},
                     {"samples_per_s", plan.samples_per_s},
                     {"peak_memory_bytes", plan.peak_memory_bytes},
-                    {"pipeline_s", plan.estimate.pipeline_s},
-                    {"compute_lower_bound_s", plan.compute_lower_bound_s}};
+                    {"pipeline_s", plan.simulated.pipeline_s},
+                    {"compute_lower_bound_s", plan.compute_lower_bound_s},
+                    {"source", "simulated"},
+                    {"estimate_iteration_s", plan.estimate.iteration_s}};
   j["search"] = {{"seconds", plan.search.seconds},
                  {"atomic_components", plan.search.atomic_components},
                  {"blocks", plan.search.blocks},
                  {"coarsening_levels", plan.search.coarsening_levels},
                  {"refinement_moves", plan.search.refinement_moves},
                  {"candidates", plan.search.candidates},
+                 {"candidates_placed", plan.search.candidates_placed},
+                 {"simulated", plan.search.simulated},
+                 {"pruned_by_bound", plan.search.pruned},
+                 {"not_simulated", plan.search.not_simulated},
+                 {"chosen_split", plan.search.chosen_split},
                  {"stopped_by_time_limit", plan.search.stopped_by_time_limit}};
   return j;
 }
@@ -164,6 +175,22 @@ std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail) {
   return out.str();
 }
 
+namespace {
+// "3", "0-7", or "0-56/8" (every 8th device: a pipeline-major stage).
+std::string device_range(const std::vector<int>& d) {
+  if (d.empty()) return "-";
+  if (d.size() == 1) return std::to_string(d.front());
+  const int step = d[1] - d[0];
+  for (size_t i = 1; i < d.size(); ++i)
+    if (d[i] - d[i - 1] != step) {
+      std::string list;
+      for (int x : d) list += (list.empty() ? "" : ",") + std::to_string(x);
+      return list;
+    }
+  return std::to_string(d.front()) + "-" + std::to_string(d.back()) + (step == 1 ? "" : "/" + std::to_string(step));
+}
+}  // namespace
+
 std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInfo& model) {
   const PartitionOptions& o = plan.options;
   std::ostringstream r;
@@ -181,31 +208,33 @@ std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInf
   const double limit_gb = static_cast<double>(o.cluster.memory_bytes) / 1e9;
   for (const PlanStage& s : plan.stages) {
     const std::string mem = fixed(s.cost.memory_bytes / 1e9, 1) + " / " + fixed(limit_gb, 0);
-    const std::string devices = s.devices.empty() ? "-"
-                                : s.devices.size() == 1 ? std::to_string(s.devices.front())
-                                : std::to_string(s.devices.front()) + "-" + std::to_string(s.devices.back());
+    const std::string devices = device_range(s.devices);
     std::snprintf(line, sizeof line, "%5d %6zu %9s %10.3f %8.3f %12.3f %17s %8d %s%s\n", s.id, s.batch_tasks,
                   human_params(static_cast<double>(s.cost.param_bytes) / 4).c_str(), s.cost.compute_s * 1e3,
                   s.cost.comm_s * 1e3, s.cost.allreduce_s * 1e3, mem.c_str(), s.replicas, devices.c_str(),
-                  s.id == plan.estimate.bottleneck_stage ? "  ← bottleneck" : "");
+                  s.id == plan.simulated.bottleneck_stage ? "  ← bottleneck" : "");
     r << line;
   }
   int used = 0;
   for (const PlanStage& s : plan.stages) used += s.replicas;
   r << "\n";
-  r << "predicted iteration  " << fixed(plan.estimate.iteration_s * 1e3, 3) << " ms   (pipeline "
-    << fixed(plan.estimate.pipeline_s * 1e3, 3) << " ms + all-reduce)\n";
+  r << "predicted iteration  " << fixed(plan.simulated.iteration_s * 1e3, 3) << " ms   (simulated: pipeline "
+    << fixed(plan.simulated.pipeline_s * 1e3, 3) << " ms, then all-reduce; analytic estimate "
+    << fixed(plan.estimate.iteration_s * 1e3, 3) << " ms)\n";
   r << "samples/s            " << fixed(plan.samples_per_s, 1) << "\n";
-  r << "bubble fraction      " << fixed(plan.estimate.bubble_fraction, 3) << "\n";
+  r << "bubble fraction      " << fixed(plan.simulated.bubble_fraction, 3) << "\n";
   r << "compute lower bound  " << fixed(plan.compute_lower_bound_s * 1e3, 3)
     << " ms   (total forward+backward work / " << o.cluster.devices << " devices); plan is "
-    << fixed(plan.compute_lower_bound_s > 0 ? plan.estimate.iteration_s / plan.compute_lower_bound_s : 0, 2)
+    << fixed(plan.compute_lower_bound_s > 0 ? plan.simulated.iteration_s / plan.compute_lower_bound_s : 0, 2)
     << "× the bound\n";
-  r << "devices used         " << used << " of " << o.cluster.devices << "\n";
+  r << "devices used         " << used << " of " << o.cluster.devices << ", " << layout_name(plan.layout) << "\n";
   r << "peak memory          " << fixed(plan.peak_memory_bytes / 1e9, 2) << " GB of " << fixed(limit_gb, 0) << " GB\n";
   r << "search               " << plan.search.atomic_components << " atomic components → " << plan.search.blocks
-    << " blocks, " << plan.search.candidates << " (S, m) candidates, " << fixed(plan.search.seconds, 2) << " s"
-    << (plan.search.stopped_by_time_limit ? " (stopped by --time-limit)" : "") << "\n";
+    << " blocks, " << plan.search.candidates << " (S, m) candidates, " << plan.search.simulated << " of "
+    << plan.search.candidates_placed << " placed plans simulated (" << plan.search.pruned
+    << " ruled out by a lower bound), chosen split: " << plan.search.chosen_split << ", "
+    << fixed(plan.search.seconds, 2) << " s" << (plan.search.stopped_by_time_limit ? " (stopped by --time-limit)" : "")
+    << "\n";
   return r.str();
 }
 

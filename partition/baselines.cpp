@@ -330,7 +330,7 @@ MethodResult method_result(const Plan& plan, Method method, double planning_s) {
   r.method = method;
   r.feasible = true;
   r.planning_s = planning_s;
-  r.iteration_s = plan.estimate.iteration_s;
+  r.iteration_s = plan.simulated.iteration_s;
   r.samples_per_s = plan.samples_per_s;
   r.peak_memory_bytes = plan.peak_memory_bytes;
   r.stages = static_cast<int>(plan.stages.size());

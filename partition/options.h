@@ -47,6 +47,10 @@ struct TrainingSpec {
   int64_t global_batch = 1;
   Optimizer optimizer = Optimizer::kAdam;
   Precision precision = Precision::kFp32;
+  // Gradients all-reduce in buckets while the last micro-batch's backward still runs (PyTorch DDP, Megatron's
+  // --overlap-grad-reduce): only the part that does not fit behind that backward, and at least the last bucket's
+  // share, is exposed. Off: the whole all-reduce follows the pipeline.
+  bool overlap_allreduce = true;
 };
 
 // Atomic level (paper §IV-A).
@@ -71,8 +75,9 @@ struct StageOptions {
   Recompute recompute = Recompute::kAuto;
   double time_limit_s = 0;          // 0 = no limit; the search stops early and keeps the best plan so far
   int max_stages = 0;               // 0 = min(blocks, devices)
-  bool spend_leftover_devices = true;
-  bool include_baselines = true;  // --method apart also evaluates the uniform, params and gpipe-balance splits and keeps the best  // after the DP, give unused devices to stages while the estimate improves
+  bool spend_leftover_devices = true;  // after the DP, give unused devices to stages while the estimate improves
+  bool include_baselines = true;  // --method apart also evaluates the uniform, params and gpipe-balance splits
+  int max_simulations = 256;      // the final choice replays at most this many candidates (0 = all; select.h)
 };
 
 struct PartitionOptions {

@@ -12,6 +12,7 @@
 #include "graph/error.h"
 #include "partition/baselines.h"
 #include "partition/block.h"
+#include "partition/select.h"
 
 namespace apart {
 namespace {
@@ -84,14 +85,6 @@ std::vector<StageSolution> solve_all(const StageEvaluator& evaluator, const std:
         }
       }
   return found;
-}
-
-// Stable, strict: the first of equal candidates wins, so the same inputs give the same plan.
-const StageSolution* best_of(const std::vector<StageSolution>& found) {
-  const StageSolution* best = nullptr;
-  for (const StageSolution& s : found)
-    if (!best || s.estimate.iteration_s < best->estimate.iteration_s * (1 - 1e-12)) best = &s;
-  return best;
 }
 
 }  // namespace
@@ -178,9 +171,15 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
   if (o.stage.recompute != Recompute::kOn) recomputes.push_back(false);
   if (o.stage.recompute != Recompute::kOff) recomputes.push_back(true);
 
-  std::vector<StageSolution> found;
-  std::unique_ptr<StageEvaluator> chosen_evaluator;
-  BlockAssignment chosen_assignment;
+  // Every DP solution becomes a placed candidate; the simulator picks among them at the end.
+  std::vector<Candidate> candidates;
+  auto add_candidates = [&](std::vector<StageSolution> solutions, const std::shared_ptr<const BlockSequence>& seq,
+                            const std::shared_ptr<const BlockAssignment>& assignment,
+                            const std::shared_ptr<const StageEvaluator>& evaluator, const std::string& source) {
+    for (StageSolution& s : solutions)
+      candidates.push_back(place_candidate(std::move(s), seq, assignment, evaluator, source));
+  };
+  const bool multi_node = o.cluster.devices > o.cluster.devices_per_node;
   // Per-replica micro-batch the block level and the baselines weigh tasks at (the cost tables' u₁).
   const double reference_u = std::max<double>(1.0, static_cast<double>(batch) / o.cluster.devices);
   if (o.method == Method::kApart || o.method == Method::kMetis) {
@@ -188,52 +187,71 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     int k = o.block.blocks > 0 ? o.block.blocks : automatic_block_count(atomic.size(), o.cluster.devices);
     if (o.stage.stages) k = std::max(k, *o.stage.stages);
     k = std::min(k, components);
+    auto assignment = std::make_shared<BlockAssignment>();
     if (o.method == Method::kApart) {
       BlockStatistics block_stats;
-      chosen_assignment = build_blocks(atomic, k, o.block, reference_u, &block_stats);
+      *assignment = build_blocks(atomic, k, o.block, reference_u, &block_stats);
       plan.search.coarsening_levels = block_stats.levels;
       plan.search.refinement_moves = block_stats.moves;
     } else {
-      chosen_assignment = metis_blocks(atomic, k, reference_u);
+      *assignment = metis_blocks(atomic, k, reference_u);
     }
-    plan.search.blocks = chosen_assignment.blocks;
+    plan.search.blocks = assignment->blocks;
     // ---------------- Stage level (§IV-C) ----------------
-    chosen_evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, chosen_assignment), o.cluster,
-                                                        o.training);
-    const int max_stages = std::min<int>({static_cast<int>(chosen_assignment.blocks), o.cluster.devices,
+    auto seq = std::make_shared<const BlockSequence>(make_block_sequence(atomic, *assignment));
+    const std::string source(method_name(o.method));
+    auto evaluator = std::make_shared<const StageEvaluator>(*seq, o.cluster, o.training);
+    const int max_stages = std::min<int>({static_cast<int>(assignment->blocks), o.cluster.devices,
                                           o.stage.max_stages > 0 ? o.stage.max_stages : INT32_MAX});
-    found = solve_all(*chosen_evaluator, ms, stage_candidates(max_stages, o.stage), schedules, recomputes, o,
-                      plan.search, start, progress);
+    add_candidates(solve_all(*evaluator, ms, stage_candidates(max_stages, o.stage), schedules, recomputes, o,
+                             plan.search, start, progress),
+                   seq, assignment, evaluator, source);
+    // Pipeline-major: one pipeline replica per node (or several per node), stages talking over NVLink and every
+    // stage's replicas all-reducing across nodes. Only for S ≤ devices per node, with equal replica counts.
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (multi_node && (o.stage.time_limit_s <= 0 || elapsed < o.stage.time_limit_s)) {
+      auto pipeline = std::make_shared<const StageEvaluator>(*seq, o.cluster, o.training, Layout::kPipelineMajor);
+      const int max_pipeline = std::min(max_stages, o.cluster.devices_per_node);
+      std::vector<StageSolution> solutions;
+      for (Schedule schedule : schedules)
+        for (bool recompute : recomputes)
+          for (int64_t m : ms)
+            for (int s : stage_candidates(max_pipeline, o.stage)) {
+              if (s < 2 || s > max_pipeline) continue;
+              const int replicas = o.stage.replicas ? *o.stage.replicas
+                                                    : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
+              if (replicas < 1 || replicas * s > o.cluster.devices) continue;
+              ++plan.search.candidates;
+              auto solution = StageDp(*pipeline, m, schedule, recompute, replicas).solve(s);
+              if (solution) solutions.push_back(std::move(*solution));
+            }
+      add_candidates(std::move(solutions), seq, assignment, pipeline, source + " pipeline-major");
+    }
   }
   // Baselines: a fixed split per S; the DP over S blocks only chooses replicas, m and recomputation. apart also
-  // tries both baseline splits over all S (cut at component granularity, which k blocks may not offer) and keeps
-  // whichever candidate is best, so it is never worse than either baseline under the same cost model.
+  // adds the baseline splits over all S as candidates (cut at component granularity, which k blocks may not
+  // offer), so it is never worse than either baseline under the same cost model.
   auto try_baseline = [&](Method method) {
     const int max_stages =
         std::min<int>({components, o.cluster.devices, o.stage.max_stages > 0 ? o.stage.max_stages : 128});
-    const StageSolution* current = best_of(found);
-    double best = current ? current->estimate.iteration_s : INFINITY;
     for (int s : stage_candidates(max_stages, o.stage)) {
       if (s > components) continue;
-      BlockAssignment a = baseline_split(atomic, method, s, reference_u);
-      auto evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, a), o.cluster, o.training);
-      auto sols = solve_all(*evaluator, ms, {s}, schedules, recomputes, o, plan.search, start, {});
-      const StageSolution* b = best_of(sols);
-      if (b && b->estimate.iteration_s < best * (1 - 1e-12)) {
-        best = b->estimate.iteration_s;
-        found.assign(1, *b);
-        chosen_evaluator = std::move(evaluator);
-        chosen_assignment = std::move(a);
-      }
+      auto a = std::make_shared<const BlockAssignment>(baseline_split(atomic, method, s, reference_u));
+      auto seq = std::make_shared<const BlockSequence>(make_block_sequence(atomic, *a));
+      auto evaluator = std::make_shared<const StageEvaluator>(*seq, o.cluster, o.training);
+      add_candidates(solve_all(*evaluator, ms, {s}, schedules, recomputes, o, plan.search, start, {}), seq, a,
+                     evaluator, std::string(method_name(method)));
     }
   };
   // PipeDream: its DP fixes the split and the replicas; apart's estimate then picks m and recomputation.
   auto try_pipedream = [&] {
     PipeDreamPlan pd = pipedream_split(atomic, o.cluster, o.training, reference_u);
     if (pd.split.replicas.empty()) return;
-    auto evaluator = std::make_unique<StageEvaluator>(make_block_sequence(atomic, pd.layers), o.cluster, o.training);
     const int stages = static_cast<int>(pd.split.replicas.size());
     if (o.stage.stages && *o.stage.stages != stages) return;
+    auto a = std::make_shared<const BlockAssignment>(std::move(pd.layers));
+    auto seq = std::make_shared<const BlockSequence>(make_block_sequence(atomic, *a));
+    auto evaluator = std::make_shared<const StageEvaluator>(*seq, o.cluster, o.training);
     std::vector<StageSolution> sols;
     for (Schedule schedule : schedules)
       for (bool recompute : recomputes)
@@ -249,13 +267,7 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
           ++plan.search.candidates;
           if (evaluate_solution(*evaluator, sol)) sols.push_back(std::move(sol));
         }
-    const StageSolution* current = best_of(found);
-    const StageSolution* b = best_of(sols);
-    if (b && (!current || b->estimate.iteration_s < current->estimate.iteration_s * (1 - 1e-12))) {
-      found.assign(1, *b);
-      chosen_evaluator = std::move(evaluator);
-      chosen_assignment = std::move(pd.layers);
-    }
+    add_candidates(std::move(sols), seq, a, evaluator, "pipedream");
   };
   switch (o.method) {
     case Method::kApart:
@@ -274,20 +286,43 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
       plan.search.blocks = 0;
       try_baseline(o.method);
   }
-  const StageSolution* best = best_of(found);
-  if (!best) throw_infeasible(graph, atomic, o);
+  if (candidates.empty()) throw_infeasible(graph, atomic, o);
+
+  // ---------------- The final choice: least simulated iteration time ----------------
+  if (progress) progress("partition: simulating the best of " + std::to_string(candidates.size()) + " candidates");
+  const auto deadline = o.stage.time_limit_s > 0
+                            ? start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                          std::chrono::duration<double>(o.stage.time_limit_s))
+                            : std::chrono::steady_clock::time_point::max();
+  const Selection selection = select_by_simulation(candidates, o.stage.max_simulations, deadline);
+  const Candidate& chosen = candidates[selection.index];
+  const StageSolution* best = &chosen.solution;
+  const StageEvaluator* chosen_evaluator = chosen.evaluator.get();
+  const BlockAssignment& chosen_assignment = *chosen.assignment;
+  plan.search.chosen_split = chosen.source;
+  plan.search.candidates_placed = static_cast<int>(candidates.size());
+  plan.search.simulated = selection.stats.simulated;
+  plan.search.pruned = selection.stats.pruned;
+  plan.search.not_simulated = selection.stats.not_simulated;
+  plan.search.stopped_by_time_limit |= selection.stats.not_simulated > 0 && o.stage.time_limit_s > 0;
 
   // ---------------- Assemble the plan ----------------
+  plan.layout = chosen.placement.layout;
   plan.microbatches = best->microbatches;
   plan.microbatch_size = batch / best->microbatches;
   plan.schedule = best->schedule;
   plan.recompute = best->recompute;
   plan.estimate = best->estimate;
+  plan.simulated.iteration_s = selection.result.iteration_s;
+  plan.simulated.pipeline_s = selection.result.pipeline_s;
+  plan.simulated.bubble_fraction = selection.result.bubble_fraction;
+  for (const sim::StageStats& st : selection.result.stages)
+    if (st.busy_s > selection.result.stages[plan.simulated.bottleneck_stage].busy_s) plan.simulated.bottleneck_stage = st.stage;
   plan.options.stage.stages = best->stages;
   plan.options.stage.microbatches = best->microbatches;
   plan.options.stage.schedule = best->schedule;
   plan.options.stage.recompute = best->recompute ? Recompute::kOn : Recompute::kOff;
-  plan.samples_per_s = best->estimate.iteration_s > 0 ? static_cast<double>(batch) / best->estimate.iteration_s : 0;
+  plan.samples_per_s = plan.simulated.iteration_s > 0 ? static_cast<double>(batch) / plan.simulated.iteration_s : 0;
   plan.compute_lower_bound_s = chosen_evaluator->total_per_sample_s() * static_cast<double>(batch) / o.cluster.devices;
 
   std::vector<int> stage_of_block(chosen_assignment.blocks, 0);
@@ -301,12 +336,11 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     tasks_of[s].insert(atomic.components[c].batch_task.value());
     for (TaskId t : atomic.components[c].constant_tasks) tasks_of[s].insert(t.value());
   }
-  int next_device = 0;
   for (int s = 0; s < best->stages; ++s) {
     PlanStage st;
     st.id = s;
     st.replicas = best->replicas[s];
-    for (int r = 0; r < st.replicas; ++r) st.devices.push_back(next_device++);
+    st.devices = chosen.placement.devices[s];
     for (uint32_t t : tasks_of[s]) {
       st.tasks.push_back(TaskId(t));
       if (!graph.task(TaskId(t)).constant) ++st.batch_tasks;
@@ -326,7 +360,9 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     std::set<int> to;
     for (TaskId t : graph.consumers(ValueId(v)))
       if (stage_of_task[t.value()] >= 0 && stage_of_task[t.value()] != from) to.insert(stage_of_task[t.value()]);
-    const double per_sample = static_cast<double>(value.bytes) / static_cast<double>(atomic.graph_batch);
+    // At the run's activation precision (mixed: half of the graph's fp32 bytes), as the cost model sends them.
+    const double per_sample = static_cast<double>(value.bytes) / static_cast<double>(atomic.graph_batch) *
+                              activation_bytes_factor(o.training.precision);
     for (int s : to) {
       APART_CHECK(s > from, "a value flows backward between stages: " + value.name);
       plan.stages[s].inputs.push_back({ValueId(v), from, per_sample * static_cast<double>(plan.stages[s].cost.microbatch)});

@@ -43,7 +43,12 @@ struct SearchStatistics {
   uint32_t blocks = 0;
   int coarsening_levels = 0;
   int refinement_moves = 0;
-  int candidates = 0;  // (S, m, schedule, recompute) combinations solved
+  int candidates = 0;  // (S, m, schedule, recompute, layout) combinations solved
+  int candidates_placed = 0;  // solutions that fit, placed on devices: what the final choice is among
+  int simulated = 0;          // of those, replayed by the simulator
+  int pruned = 0;             // skipped because their lower bound could not beat the best simulated time
+  int not_simulated = 0;      // skipped by --time-limit or the simulation cap (select.h)
+  std::string chosen_split;   // which split the plan came from: "apart", "apart pipeline-major", "uniform", …
   bool stopped_by_time_limit = false;
 };
 
@@ -53,8 +58,10 @@ struct Plan {
   int64_t microbatch_size = 0;  // B / m, before it is split among a stage's replicas
   Schedule schedule = Schedule::k1F1B;
   bool recompute = false;
+  Layout layout = Layout::kStageMajor;
   std::vector<PlanStage> stages;
-  PipelineEstimate estimate;
+  PipelineEstimate estimate;   // the analytic estimate (stage_cost.h) of the chosen candidate
+  PipelineEstimate simulated;  // its event-level replay (simulator/): what the plan predicts, and what chose it
   double samples_per_s = 0;
   int64_t peak_memory_bytes = 0;
   double compute_lower_bound_s = 0;  // Σ per-sample forward+backward × B / devices
@@ -63,7 +70,8 @@ struct Plan {
 
 using ProgressFn = std::function<void(const std::string& line)>;
 
-// The whole partition path. Throws Infeasible with what would make the request fit, InvalidArgument on bad
+// The whole partition path: atomic → block → stage DP → placement → the candidate with the least simulated
+// iteration time (select.h). Throws Infeasible with what would make the request fit, InvalidArgument on bad
 // options. `costs` are at one micro-batch size; `costs_at_other_size` (optional) makes times affine in it.
 Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& options,
                      const CostTable* costs_at_other_size = nullptr, const ProgressFn& progress = {});

@@ -21,8 +21,13 @@ double state_bytes_per_param_byte(Optimizer optimizer, Precision precision) {
 double grad_bytes_per_param_byte(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
 double activation_bytes_factor(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
 
-StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training)
-    : k_(seq.size()), cluster_(cluster), training_(training) {
+std::string_view layout_name(Layout layout) {
+  return layout == Layout::kPipelineMajor ? "pipeline-major" : "stage-major";
+}
+
+StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training,
+                               Layout layout)
+    : k_(seq.size()), cluster_(cluster), training_(training), layout_(layout) {
   const size_t n = k_ + 1;
   fwd_fixed_.assign(n, 0);
   fwd_ps_.assign(n, 0);
@@ -93,10 +98,21 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& clus
       ws_fixed_max_[first * n + last] = fx;
     }
   }
-  // Point-to-point between neighbouring stages: inside a node only if the whole job fits in one.
+}
+
+StageLinks StageEvaluator::assumed_links(int replicas) const {
+  const LinkSpec intra{cluster_.intra_node_bandwidth, cluster_.intra_node_latency_s};
+  const LinkSpec inter{cluster_.inter_node_bandwidth, cluster_.inter_node_latency_s};
   const bool one_node = cluster_.devices <= cluster_.devices_per_node;
-  p2p_bandwidth_ = one_node ? cluster_.intra_node_bandwidth : cluster_.inter_node_bandwidth;
-  p2p_latency_ = one_node ? cluster_.intra_node_latency_s : cluster_.inter_node_latency_s;
+  StageLinks l;
+  if (layout_ == Layout::kPipelineMajor) {
+    l.previous = l.next = intra;
+    l.replicas = one_node ? intra : inter;
+  } else {
+    l.previous = l.next = one_node ? intra : inter;
+    l.replicas = replicas <= cluster_.devices_per_node ? intra : inter;
+  }
+  return l;
 }
 
 int64_t StageEvaluator::microbatch_size(int64_t microbatches, int replicas) const {
@@ -107,8 +123,9 @@ int64_t StageEvaluator::microbatch_size(int64_t microbatches, int replicas) cons
 double StageEvaluator::total_per_sample_s() const { return fwd_ps_[k_] + bwd_ps_[k_]; }
 
 StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches,
-                                   int64_t in_flight, bool recompute) const {
+                                   int64_t in_flight, bool recompute, const StageLinks* placed) const {
   const size_t n = k_ + 1;
+  const StageLinks links = placed ? *placed : assumed_links(replicas);
   StageCost c;
   const int64_t u = microbatch_size(microbatches, replicas);
   c.microbatch = u;
@@ -121,19 +138,24 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
   c.in_bytes = in_[first * n + last] * static_cast<double>(u) * act;
   c.out_bytes = out_[first * n + last] * static_cast<double>(u) * act;
   // Forward receives inputs and sends outputs; backward sends and receives their gradients.
-  const int hops = (c.in_bytes > 0 ? 2 : 0) + (c.out_bytes > 0 ? 2 : 0);
-  c.comm_s = 2 * (c.in_bytes + c.out_bytes) / p2p_bandwidth_ + hops * p2p_latency_;
+  if (c.in_bytes > 0) c.comm_s += 2 * (c.in_bytes / links.previous.bandwidth + links.previous.latency_s);
+  if (c.out_bytes > 0) c.comm_s += 2 * (c.out_bytes / links.next.bandwidth + links.next.latency_s);
   c.param_bytes = params_[first * n + last];
   if (replicas > 1 && c.param_bytes > 0) {
     // Ring all-reduce: 2(sd−1)/sd of the gradient bytes over the slowest link of the ring.
-    const bool in_node = replicas <= cluster_.devices_per_node;
-    const double bw = in_node ? cluster_.intra_node_bandwidth : cluster_.inter_node_bandwidth;
-    const double lat = in_node ? cluster_.intra_node_latency_s : cluster_.inter_node_latency_s;
+    const double bw = links.replicas.bandwidth, lat = links.replicas.latency_s;
     const double grad_bytes = static_cast<double>(c.param_bytes) * grad_bytes_per_param_byte(training_.precision);
     c.allreduce_s = 2.0 * (replicas - 1) / replicas * grad_bytes / bw + 2.0 * (replicas - 1) * lat;
+    c.allreduce_exposed_s = c.allreduce_s;
+    if (training_.overlap_allreduce) {
+      // Buckets go out as the last backward produces them; the last bucket can only start when it ends.
+      const double last_bucket = c.allreduce_s * std::min(1.0, kAllreduceBucketBytes / grad_bytes);
+      const double backward_only = c.backward_s - (recompute ? c.forward_s : 0.0);
+      c.allreduce_exposed_s = std::max(last_bucket, c.allreduce_s - backward_only);
+    }
   }
   c.step_s = c.compute_s + c.comm_s;
-  c.h = c.step_s + c.allreduce_s / static_cast<double>(microbatches);
+  c.h = c.step_s + c.allreduce_exposed_s / static_cast<double>(microbatches);
   // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
   // The cost table's saved bytes are already at the run's precision; boundary values are stored fp32.
   const double saved = (saved_ps_[last] - saved_ps_[first]) * static_cast<double>(u);
@@ -160,7 +182,7 @@ PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int6
   double max_step = 0, sum_steps = 0, max_allreduce = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
     sum_steps += stages[s].step_s;
-    max_allreduce = std::max(max_allreduce, stages[s].allreduce_s);
+    max_allreduce = std::max(max_allreduce, stages[s].allreduce_exposed_s);
     if (stages[s].step_s > max_step) {
       max_step = stages[s].step_s;
       e.bottleneck_stage = static_cast<int>(s);

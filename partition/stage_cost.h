@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "partition/block_sequence.h"
@@ -18,8 +19,9 @@ struct StageCost {
   double backward_s = 0;    // includes the recomputed forward when recompute is on
   double comm_s = 0;        // boundary transfers: activations in/out and their gradients
   double allreduce_s = 0;   // gradient all-reduce among the replicas, once per iteration
+  double allreduce_exposed_s = 0;  // the part of it not hidden behind the last backward (TrainingSpec)
   double step_s = 0;        // compute + comm: one pipeline step
-  double h = 0;             // the DP's objective term: step + allreduce / m
+  double h = 0;             // the DP's objective term: step + exposed all-reduce / m
   int64_t memory_bytes = 0; // peak bytes on one device: ceil(memory_static + in_flight × memory_per_in_flight)
   double memory_static = 0;       // state + workspace (+ one recomputed micro-batch's saved bytes)
   double memory_per_in_flight = 0;  // activation bytes kept per in-flight micro-batch
@@ -29,22 +31,48 @@ struct StageCost {
   double out_bytes = 0;     // boundary bytes sent per micro-batch
 };
 
+// A link's figures: what a stage's traffic to one peer (or its replicas' all-reduce ring) runs over.
+struct LinkSpec {
+  double bandwidth = 0;  // bytes/s
+  double latency_s = 0;
+};
+// The links of one placed stage: to the previous and next stage (activations forward, their gradients back)
+// and among its replicas (the gradient all-reduce ring).
+struct StageLinks {
+  LinkSpec previous, next, replicas;
+};
+
+// How stages and replicas map onto nodes (partition/placement.h places devices by it). Before placement the
+// DP assumes the links the layout aims for:
+//   stage-major:    a stage's replicas sit side by side, inside one node when they fit (all-reduce over NVLink
+//                   for ≤ devices-per-node replicas); neighbouring stages talk across nodes unless the job is one node.
+//   pipeline-major: each pipeline replica (one device of every stage) fills consecutive devices of one node
+//                   (boundary transfers over NVLink); a stage's replicas are in different nodes.
+enum class Layout : uint8_t { kStageMajor, kPipelineMajor };
+std::string_view layout_name(Layout layout);
+
 // Bytes of weights + gradients + optimizer state per byte of stored parameter, and of gradients
 // all-reduced, for an optimizer and precision (mixed: fp16 weights/grads + fp32 master and state).
 double state_bytes_per_param_byte(Optimizer optimizer, Precision precision);
 double grad_bytes_per_param_byte(Precision precision);
 double activation_bytes_factor(Precision precision);
+// Gradient bucket of the overlapped all-reduce (PyTorch DDP's bucket_cap_mb default, 25 MB).
+inline constexpr double kAllreduceBucketBytes = 25e6;
 
 // Evaluates stage costs over a block sequence in O(1) per call after O(k² + transfers·k) setup.
 class StageEvaluator {
  public:
-  StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training);
+  StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training,
+                 Layout layout = Layout::kStageMajor);
 
   size_t blocks() const { return k_; }
   // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches whose
   // activations the stage keeps (GPipe: m; 1F1B: min(m, stages after + 1)).
+  // `links`: the placed stage's links; without, the ones the layout assumes (see Layout).
   StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, int64_t in_flight,
-                     bool recompute) const;
+                     bool recompute, const StageLinks* links = nullptr) const;
+  // The links the layout assumes for a stage with `replicas` replicas before devices are placed.
+  StageLinks assumed_links(int replicas) const;
   // Per-replica micro-batch size: ceil(B / (m · replicas)).
   int64_t microbatch_size(int64_t microbatches, int replicas) const;
   double in_bytes_per_sample(uint32_t first, uint32_t last) const { return in_[first * (k_ + 1) + last]; }
@@ -53,21 +81,22 @@ class StageEvaluator {
   double total_per_sample_s() const;
   const ClusterSpec& cluster() const { return cluster_; }
   const TrainingSpec& training() const { return training_; }
+  Layout layout() const { return layout_; }
 
  private:
   size_t k_;
   ClusterSpec cluster_;
   TrainingSpec training_;
+  Layout layout_;
   // Prefix sums over blocks (index 0..k).
   std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
   // Range tables, (k+1)×(k+1), row = first, column = last.
   std::vector<int64_t> params_;  // distinct weight bytes read by blocks [first, last)
   std::vector<double> in_, out_, ws_ps_max_, ws_fixed_max_;
-  double p2p_bandwidth_, p2p_latency_;
 };
 
 // The analytic pipeline estimate, in one place so a simulator can replace it:
-// (m − 1) · max step + Σ steps + max all-reduce (replicas of all stages all-reduce concurrently at the end).
+// (m − 1) · max step + Σ steps + max exposed all-reduce (the stages' replicas all-reduce concurrently at the end).
 struct PipelineEstimate {
   double iteration_s = 0;
   double pipeline_s = 0;      // without all-reduce

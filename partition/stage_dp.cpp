@@ -12,17 +12,19 @@ namespace apart {
 
 int StageSolution::devices_used() const { return std::accumulate(replicas.begin(), replicas.end(), 0); }
 
-bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution) {
+bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution, std::span<const StageLinks> links) {
   const int stages = solution.stages;
   APART_CHECK(static_cast<int>(solution.boundaries.size()) == stages + 1, "boundaries");
   APART_CHECK(static_cast<int>(solution.replicas.size()) == stages, "replicas");
+  APART_CHECK(links.empty() || static_cast<int>(links.size()) == stages, "links");
   solution.costs.clear();
   solution.bottleneck_h = 0;
   bool fits = true;
   for (int s = 0; s < stages; ++s) {
     const int64_t flight = in_flight_microbatches(solution.schedule, solution.microbatches, s, stages);
     StageCost c = evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
-                                     solution.microbatches, flight, solution.recompute);
+                                     solution.microbatches, flight, solution.recompute,
+                                     links.empty() ? nullptr : &links[static_cast<size_t>(s)]);
     if (c.memory_bytes > evaluator.cluster().memory_bytes) fits = false;
     solution.bottleneck_h = std::max(solution.bottleneck_h, c.h);
     solution.costs.push_back(c);

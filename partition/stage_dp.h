@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "partition/stage_cost.h"
@@ -25,8 +26,10 @@ struct StageSolution {
 };
 
 // Evaluates every stage of a fixed split with fixed replicas; fills costs, bottleneck and estimate.
+// `links`: per stage, the placed links (partition/placement.h); empty: the evaluator's layout assumption.
 // Returns false when a stage exceeds device memory.
-bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution);
+bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
+                       std::span<const StageLinks> links = {});
 
 // The DP for one (m, schedule, recompute), reusable across stage counts S. Replica candidates are, for each
 // distinct per-replica micro-batch size ceil(B/(m·sd)), the least sd giving it (more replicas at the same

@@ -176,6 +176,11 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
       stage.backward_s = std::max(0.0, stage.backward_s - stage.forward_s);
     }
     stage.allreduce_s = r.seconds(st, p, "allreduce_s", 0.0);
+    if (st.contains("allreduce_exposed_s")) {
+      stage.allreduce_exposed_s = r.seconds(st, p, "allreduce_exposed_s", 0.0);
+      if (*stage.allreduce_exposed_s > stage.allreduce_s * (1 + 1e-12))
+        r.fail(p + "allreduce_exposed_s", "exceeds " + p + "allreduce_s (the exposed part of an all-reduce)");
+    }
     stage.memory_bytes = r.integer(st, p, "memory_bytes", 0, 0);
     if (st.contains("param_bytes")) stage.param_bytes = r.integer(st, p, "param_bytes", 0, std::nullopt);
     if (st.contains("memory_static_bytes")) stage.memory_static_bytes = r.seconds(st, p, "memory_static_bytes", std::nullopt);
@@ -232,6 +237,14 @@ SimPlan load_plan(const std::filesystem::path& path) {
   const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw InvalidModel(file.string() + ": not valid JSON (re-run `apart partition` to regenerate the plan)");
   return plan_from_json(j, file.string());
+}
+
+const Link& SimCluster::link_between_groups(const std::vector<int>& a, const std::vector<int>& b) const {
+  if (a.empty() || b.empty()) return inter_node;
+  const size_t pairs = std::max(a.size(), b.size());
+  for (size_t i = 0; i < pairs; ++i)
+    if (!same_node(a[i % a.size()], b[i % b.size()])) return inter_node;
+  return intra_node;
 }
 
 }  // namespace apart::sim

@@ -34,6 +34,8 @@ struct SimStage {
   double backward_s = 0;  // without the recomputed forward (plan.json's backward_s includes it when recompute)
   bool recompute = false;
   double allreduce_s = 0;
+  // The part of the all-reduce not hidden behind the last backward (overlapped bucketed all-reduce); absent: all.
+  std::optional<double> allreduce_exposed_s;
   int64_t memory_bytes = 0;  // the plan's peak estimate for one device of this stage
   std::optional<int64_t> param_bytes;
   // Optional finer memory fields; when absent the simulator derives them (docs/simulator.md §Memory).
@@ -53,6 +55,9 @@ struct SimCluster {
 
   bool same_node(int a, int b) const { return a / devices_per_node == b / devices_per_node; }
   const Link& link_between(int a, int b) const { return same_node(a, b) ? intra_node : inter_node; }
+  // Between two stages' device groups: replica i of one talks to replica i of the other (indices modulo each
+  // group's size), so the transfer stays inside a node only if every such pair does.
+  const Link& link_between_groups(const std::vector<int>& a, const std::vector<int>& b) const;
 };
 
 struct SimTraining {

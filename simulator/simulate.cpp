@@ -249,7 +249,9 @@ class Engine {
     } else if (phase_[gi] == 0) {
       phase_[gi] = 1;
       e.kind = EventKind::kAllReduce;
-      e.end_s = now + plan_.stages[gi].allreduce_s;
+      // Overlapped all-reduce: only its exposed part runs after the last backward.
+      const SimStage& st = plan_.stages[gi];
+      e.end_s = now + st.allreduce_exposed_s.value_or(st.allreduce_s);
     } else if (phase_[gi] == 1) {
       phase_[gi] = 2;
       e.kind = EventKind::kStep;
@@ -280,8 +282,8 @@ class Engine {
       deliver(op, now, event);
       return;
     }
-    const Link& link = plan_.cluster.link_between(plan_.stages[static_cast<size_t>(from)].devices.front(),
-                                                  plan_.stages[static_cast<size_t>(to)].devices.front());
+    const Link& link = plan_.cluster.link_between_groups(plan_.stages[static_cast<size_t>(from)].devices,
+                                                         plan_.stages[static_cast<size_t>(to)].devices);
     const double duration = options_.communication ? link.latency_s + bytes / link.bandwidth : 0.0;
     pending_.push_back({from_vs, to_vs, mb, gradient, bytes, duration, now, event, op});
   }

@@ -76,6 +76,7 @@ TEST(ThePartitionPipeline, MatchesBruteForceOnRandomDagsAndChains) {
     const auto model = random_model(seed, tasks, chain);
     const int devices = 1 + static_cast<int>(seed % 4);
     PartitionOptions o = small_options(devices, 8, 3'000'000 + 400'000 * (seed % 5));
+    o.cluster.devices_per_node = 4;  // one node: placement changes no link, so the plan keeps the DP's bottleneck
     o.stage.spend_leftover_devices = false;
     o.stage.include_baselines = false;  // the DP alone: baseline splits may win on the estimate, not the bottleneck
     o.stage.recompute = Recompute::kOff;
@@ -104,6 +105,29 @@ TEST(ThePartitionPipeline, MatchesBruteForceOnRandomDagsAndChains) {
   EXPECT_GT(compared, 40);
 }
 
+// With S and m free the candidates include every pinned run's, and the choice is by simulated time over them
+// (select_test.cpp checks it equals simulating all): so no pinned plan may be faster than the free one.
+TEST(ThePartitionPipeline, IsNeverSlowerInSimulationThanAnyPinnedStageAndMicrobatchCount) {
+  for (uint32_t seed = 40; seed < 46; ++seed) {
+    const auto model = random_model(seed, 10, seed % 2 == 0);
+    PartitionOptions o = small_options(4, 8, 1'000'000'000);
+    const Plan free = partition_graph(model.graph, model.costs, o);
+    EXPECT_EQ(free.search.not_simulated, 0);
+    EXPECT_GT(free.search.simulated, 0);
+    for (int stages = 1; stages <= 4; ++stages)
+      for (int64_t m : {1, 2, 4, 8}) {
+        o.stage.stages = stages;
+        o.stage.microbatches = m;
+        try {
+          const Plan pinned = partition_graph(model.graph, model.costs, o);
+          EXPECT_LE(free.simulated.iteration_s, pinned.simulated.iteration_s * (1 + 1e-12))
+              << "seed " << seed << " S=" << stages << " m=" << m;
+        } catch (const Infeasible&) {
+        }
+      }
+  }
+}
+
 TEST(ThePartitionPipeline, ProducesTheSamePlanTwice) {
   const auto model = random_model(5, 14, false);
   PartitionOptions o = small_options(4, 16, 1'000'000'000);
@@ -113,7 +137,10 @@ TEST(ThePartitionPipeline, ProducesTheSamePlanTwice) {
   ASSERT_EQ(a.stages.size(), b.stages.size());
   EXPECT_EQ(a.microbatches, b.microbatches);
   EXPECT_EQ(a.estimate.iteration_s, b.estimate.iteration_s);
+  EXPECT_EQ(a.simulated.iteration_s, b.simulated.iteration_s);
+  EXPECT_EQ(a.search.chosen_split, b.search.chosen_split);
   for (size_t s = 0; s < a.stages.size(); ++s) {
+    EXPECT_EQ(a.stages[s].devices, b.stages[s].devices);
     EXPECT_EQ(a.stages[s].tasks, b.stages[s].tasks);
     EXPECT_EQ(a.stages[s].replicas, b.stages[s].replicas);
   }

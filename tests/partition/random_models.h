@@ -5,6 +5,7 @@
 #include <string>
 
 #include "graph/task_graph.h"
+#include "partition/block_sequence.h"
 #include "profiler/cost_table.h"
 
 namespace apart::testing {
@@ -91,6 +92,27 @@ inline RandomModel random_model(uint32_t seed, int tasks, bool chain, int64_t gr
     m.costs.tasks.push_back(c);
   }
   return m;
+}
+
+// A block sequence with random affine times, weights, saved bytes and forward transfers (some skipping a block).
+inline BlockSequence random_sequence(std::mt19937& rng, int k) {
+  auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  BlockSequence seq;
+  for (int b = 0; b < k; ++b) {
+    BlockCost c;
+    c.forward = {uniform(0, 1e-4), uniform(1e-4, 1e-3)};
+    c.backward = {uniform(0, 2e-4), uniform(2e-4, 2e-3)};
+    c.param_bytes = static_cast<int64_t>(uniform(0, 4e8));
+    c.saved_per_sample = uniform(1e6, 5e7);
+    c.workspace_per_sample = uniform(0, 1e6);
+    seq.blocks.push_back(c);
+  }
+  for (int b = 0; b + 1 < k; ++b) {
+    Transfer t{static_cast<uint32_t>(b), {static_cast<uint32_t>(b + 1)}, uniform(1e4, 1e6)};
+    if (b + 3 < k && uniform(0, 1) < 0.3) t.consumers.push_back(static_cast<uint32_t>(b + 3));
+    seq.transfers.push_back(t);
+  }
+  return seq;
 }
 
 }  // namespace apart::testing

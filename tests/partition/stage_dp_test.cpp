@@ -7,29 +7,10 @@
 #include <random>
 
 #include "partition/stage_dp.h"
+#include "random_models.h"
 
 namespace apart {
 namespace {
-
-BlockSequence random_sequence(std::mt19937& rng, int k) {
-  auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
-  BlockSequence seq;
-  for (int b = 0; b < k; ++b) {
-    BlockCost c;
-    c.forward = {uniform(0, 1e-4), uniform(1e-4, 1e-3)};
-    c.backward = {uniform(0, 2e-4), uniform(2e-4, 2e-3)};
-    c.param_bytes = static_cast<int64_t>(uniform(0, 4e8));
-    c.saved_per_sample = uniform(1e6, 5e7);
-    c.workspace_per_sample = uniform(0, 1e6);
-    seq.blocks.push_back(c);
-  }
-  for (int b = 0; b + 1 < k; ++b) {
-    Transfer t{static_cast<uint32_t>(b), {static_cast<uint32_t>(b + 1)}, uniform(1e4, 1e6)};
-    if (b + 3 < k && uniform(0, 1) < 0.3) t.consumers.push_back(static_cast<uint32_t>(b + 3));
-    seq.transfers.push_back(t);
-  }
-  return seq;
-}
 
 // Least max_i h over all splits into `stages` stages and all replica vectors with Σ ≤ devices that fit memory.
 double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, bool recompute) {
@@ -88,7 +69,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
     TrainingSpec training;
     training.global_batch = 12;
     training.precision = trial % 2 ? Precision::kMixed : Precision::kFp32;
-    const BlockSequence seq = random_sequence(rng, k);
+    const BlockSequence seq = testing::random_sequence(rng, k);
     const StageEvaluator ev(seq, cluster, training);
     for (int64_t m : {1, 2, 3, 4, 6, 12})
       for (Schedule schedule : {Schedule::k1F1B, Schedule::kGPipe})
@@ -121,7 +102,7 @@ TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {
   cluster.memory_bytes = 1e12;
   TrainingSpec training;
   training.global_batch = 64;
-  const BlockSequence seq = random_sequence(rng, 5);
+  const BlockSequence seq = testing::random_sequence(rng, 5);
   const StageEvaluator ev(seq, cluster, training);
   const StageDp dp(ev, 4, Schedule::k1F1B, false, std::nullopt);
   auto solution = dp.solve(3);
@@ -139,7 +120,7 @@ TEST(AStageDp, UsesReplicaCountsThatAreNotPowersOfTwo) {
   cluster.memory_bytes = 1e12;
   TrainingSpec training;
   training.global_batch = 120;
-  const BlockSequence seq = random_sequence(rng, 4);
+  const BlockSequence seq = testing::random_sequence(rng, 4);
   const StageEvaluator ev(seq, cluster, training);
   const StageDp dp(ev, 1, Schedule::k1F1B, false, std::nullopt);
   bool has_three = false;

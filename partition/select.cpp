@@ -1,0 +1,162 @@
+// Choosing the plan by simulation: candidates placed, turned into the simulator's plan, pruned by a lower bound.
+#include "partition/select.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include "graph/error.h"
+
+namespace apart {
+
+Candidate place_candidate(StageSolution solution, std::shared_ptr<const BlockSequence> sequence,
+                          std::shared_ptr<const BlockAssignment> assignment,
+                          std::shared_ptr<const StageEvaluator> evaluator, std::string source) {
+  Candidate c;
+  c.placement = place_stages(solution.replicas, evaluator->cluster(), evaluator->layout());
+  const std::vector<StageLinks> links = placed_links(c.placement, evaluator->cluster());
+  APART_CHECK(evaluate_solution(*evaluator, solution, links), "placing a stage changed whether it fits memory");
+  c.solution = std::move(solution);
+  c.sequence = std::move(sequence);
+  c.assignment = std::move(assignment);
+  c.evaluator = std::move(evaluator);
+  c.source = std::move(source);
+  return c;
+}
+
+sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
+  const StageSolution& sol = candidate.solution;
+  const StageEvaluator& ev = *candidate.evaluator;
+  const TrainingSpec& training = ev.training();
+  sim::SimPlan plan;
+  plan.source = "candidate (" + candidate.source + ")";
+  plan.cluster = sim_cluster(ev.cluster());
+  plan.training.microbatches = sol.microbatches;
+  plan.training.schedule = sol.schedule == Schedule::kGPipe ? "gpipe" : "1f1b";
+  plan.training.optimizer = std::string(optimizer_name(training.optimizer));
+  plan.training.precision = std::string(precision_name(training.precision));
+  std::vector<int> stage_of_block(ev.blocks(), 0);
+  for (int s = 0; s < sol.stages; ++s)
+    for (uint32_t b = sol.boundaries[s]; b < sol.boundaries[s + 1]; ++b) stage_of_block[b] = s;
+  for (int s = 0; s < sol.stages; ++s) {
+    const StageCost& c = sol.costs[s];
+    sim::SimStage st;
+    st.id = s;
+    st.replicas = sol.replicas[s];
+    st.devices = candidate.placement.devices[s];
+    st.forward_s = c.forward_s;
+    st.backward_s = c.backward_s - (sol.recompute ? c.forward_s : 0.0);
+    st.recompute = sol.recompute;
+    st.allreduce_s = c.allreduce_s;
+    st.allreduce_exposed_s = c.allreduce_exposed_s;
+    st.memory_bytes = c.memory_bytes;
+    st.param_bytes = c.param_bytes;
+    st.memory_static_bytes = c.memory_static;
+    st.activation_bytes_per_microbatch = c.memory_per_in_flight;
+    plan.stages.push_back(std::move(st));
+  }
+  // Boundary bytes per (sender, receiver) pair; the simulator sends one message per pair and micro-batch.
+  const double act = activation_bytes_factor(training.precision);
+  std::map<std::pair<int, int>, double> per_sample;
+  for (const Transfer& t : candidate.sequence->transfers) {
+    const int from = stage_of_block[t.producer];
+    int previous = -1;
+    for (uint32_t consumer : t.consumers) {  // sorted, so stages come in ascending order
+      const int to = stage_of_block[consumer];
+      if (to == from || to == previous) continue;
+      previous = to;
+      per_sample[{from, to}] += t.bytes_per_sample;
+    }
+  }
+  for (const auto& [edge, bytes] : per_sample) {
+    const auto [from, to] = edge;
+    const std::string name = "stage " + std::to_string(from) + " → " + std::to_string(to);
+    plan.stages[to].inputs.push_back({name, from, bytes * act * static_cast<double>(sol.costs[to].microbatch)});
+    plan.stages[from].outputs.push_back({name, {to}, bytes * act * static_cast<double>(sol.costs[from].microbatch)});
+  }
+  return plan;
+}
+
+namespace {
+
+// Lower bounds on the simulator's iteration time. Every stage runs its m forwards and m backwards in series and
+// then its exposed all-reduce. When the stages form a chain (each reads from the one before) the schedule's op
+// order gives more: stage s does w warm-up forwards (1F1B: min(S − s, m); GPipe: m) and then cannot start its
+// first backward before micro-batch 0 has gone down the whole pipeline and back up to it; after its last backward
+// the gradient still has to travel back to stage 0, whose all-reduce follows.
+double lower_bound(const sim::SimPlan& plan) {
+  const int64_t m = plan.training.microbatches;
+  const size_t stages = plan.stages.size();
+  std::vector<double> f(stages), b(stages), exposed(stages), d(stages, 0.0);  // d[s]: transfer s−1 → s
+  double bound = 0;
+  for (size_t s = 0; s < stages; ++s) {
+    const sim::SimStage& st = plan.stages[s];
+    f[s] = st.forward_s;
+    b[s] = st.backward_s + (st.recompute ? st.forward_s : 0.0);
+    exposed[s] = st.allreduce_exposed_s.value_or(st.allreduce_s);
+    bound = std::max(bound, static_cast<double>(m) * (f[s] + b[s]) + exposed[s]);
+  }
+  for (size_t s = 1; s < stages; ++s) {
+    const sim::SimInput* from_previous = nullptr;
+    for (const sim::SimInput& in : plan.stages[s].inputs)
+      if (in.from_stage == static_cast<int>(s) - 1) from_previous = &in;
+    if (!from_previous) return bound;
+    const Link& link = plan.cluster.link_between_groups(plan.stages[s - 1].devices, plan.stages[s].devices);
+    d[s] = link.latency_s + from_previous->bytes / link.bandwidth;
+  }
+  std::vector<double> first_forward(stages, 0.0);  // earliest start of micro-batch 0's forward at s
+  for (size_t s = 1; s < stages; ++s) first_forward[s] = first_forward[s - 1] + f[s - 1] + d[s];
+  const double bottom = first_forward[stages - 1] + f[stages - 1];  // micro-batch 0 leaves the last forward
+  const bool gpipe = plan.training.schedule == "gpipe";
+  double returning = 0;  // Σ_{i>s} (b_i + d_i): micro-batch 0's gradient from the last stage back to s
+  for (size_t s = stages; s-- > 0;) {
+    const double w = gpipe ? static_cast<double>(m) : static_cast<double>(std::min<int64_t>(m, static_cast<int64_t>(stages - s)));
+    const double first_backward = std::max(bottom + returning, first_forward[s] + w * f[s]);
+    const double last_backward_end = first_backward + static_cast<double>(m) * b[s] + (static_cast<double>(m) - w) * f[s];
+    double back_to_first = 0;  // the last micro-batch's gradient from s back through stage 0
+    for (size_t i = 0; i < s; ++i) back_to_first += b[i] + d[i + 1];
+    bound = std::max(bound, last_backward_end + std::max(exposed[s], back_to_first + exposed[0]));
+    returning += b[s] + d[s];
+  }
+  return bound;
+}
+
+}  // namespace
+
+double simulated_lower_bound(const Candidate& candidate) { return lower_bound(candidate_sim_plan(candidate)); }
+
+Selection select_by_simulation(const std::vector<Candidate>& candidates, int max_simulations,
+                               std::chrono::steady_clock::time_point deadline) {
+  APART_CHECK(!candidates.empty(), "no candidate to select from");
+  std::vector<size_t> order(candidates.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return candidates[a].solution.estimate.iteration_s < candidates[b].solution.estimate.iteration_s;
+  });
+  Selection best;
+  double best_s = std::numeric_limits<double>::infinity();
+  for (size_t i : order) {
+    const sim::SimPlan plan = candidate_sim_plan(candidates[i]);
+    // Strictly below the best by a margin, so float noise cannot make the pick depend on the order.
+    if (lower_bound(plan) >= best_s * (1 - 1e-12)) {
+      ++best.stats.pruned;
+      continue;
+    }
+    const bool capped = max_simulations > 0 && best.stats.simulated >= max_simulations;
+    if (best.stats.simulated > 0 && (capped || std::chrono::steady_clock::now() > deadline)) {
+      ++best.stats.not_simulated;
+      continue;
+    }
+    sim::SimResult result = sim::simulate(plan);
+    ++best.stats.simulated;
+    if (result.iteration_s < best_s * (1 - 1e-12)) {
+      best_s = result.iteration_s;
+      best.index = i;
+      best.result = std::move(result);
+    }
+  }
+  return best;
+}
+
+}  // namespace apart

@@ -14,6 +14,15 @@
 namespace apart {
 namespace {
 
+// "off", "on" (every stage) or "3 of 8 stages" (recomputation where a stage needs it).
+std::string recompute_summary(const Plan& plan) {
+  size_t n = 0;
+  for (const PlanStage& s : plan.stages) n += s.recompute ? 1 : 0;
+  if (n == 0) return "off";
+  if (n == plan.stages.size()) return "on";
+  return std::to_string(n) + " of " + std::to_string(plan.stages.size()) + " stages";
+}
+
 std::string fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
@@ -72,7 +81,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, co
                   {"replicas", o.stage.replicas ? json(*o.stage.replicas) : json("auto")},
                   {"microbatches", plan.microbatches},
                   {"schedule", schedule_name(plan.schedule)},
-                  {"recompute", plan.recompute ? "on" : "off"},
+                  {"recompute", recompute_summary(plan)},
                   {"blocks", o.block.blocks > 0 ? json(o.block.blocks) : json("auto")},
                   {"balance_cap", o.block.balance_cap},
                   {"time_limit_s", o.stage.time_limit_s}};
@@ -199,7 +208,7 @@ std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInf
   r << o.cluster.devices << " × " << o.cluster.device << " (" << o.cluster.devices_per_node << " per node), batch "
     << o.training.global_batch << " = " << plan.microbatches << " micro-batches of " << plan.microbatch_size << ", "
     << schedule_name(plan.schedule) << ", " << optimizer_name(o.training.optimizer) << ", "
-    << precision_name(o.training.precision) << ", recompute " << (plan.recompute ? "on" : "off") << ", method "
+    << precision_name(o.training.precision) << ", recompute " << recompute_summary(plan) << ", method "
     << method_name(o.method) << "\n\n";
   char line[256];
   std::snprintf(line, sizeof line, "%5s %6s %9s %10s %8s %12s %17s %8s %s\n", "stage", "tasks", "params",

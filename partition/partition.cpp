@@ -17,6 +17,9 @@
 namespace apart {
 namespace {
 
+// How a DP run treats activation recomputation.
+enum class RecomputeMode { kOff, kAll, kWhereNeeded };
+
 std::string gb(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
@@ -53,16 +56,17 @@ std::string gb(double bytes) {
 
 std::vector<StageSolution> solve_all(const StageEvaluator& evaluator, const std::vector<int64_t>& ms,
                                      const std::vector<int>& stage_counts, const std::vector<Schedule>& schedules,
-                                     const std::vector<bool>& recomputes, const PartitionOptions& o,
+                                     const std::vector<RecomputeMode>& recomputes, const PartitionOptions& o,
                                      SearchStatistics& stats, const std::chrono::steady_clock::time_point start,
                                      const ProgressFn& progress) {
   (void)stats;
   std::vector<StageSolution> found;
   for (Schedule schedule : schedules)
-    for (bool recompute : recomputes)
+    for (RecomputeMode recompute : recomputes)
       for (int64_t m : ms) {
         const bool fixed_split = stage_counts.size() == 1 && static_cast<size_t>(stage_counts[0]) == evaluator.blocks();
-        const StageDp dp(evaluator, m, schedule, recompute, o.stage.replicas, fixed_split);
+        const StageDp dp(evaluator, m, schedule, recompute == RecomputeMode::kAll, o.stage.replicas, fixed_split,
+                         recompute == RecomputeMode::kWhereNeeded);
         for (int s : stage_counts) {
           if (static_cast<size_t>(s) > evaluator.blocks()) continue;
           ++stats.candidates;
@@ -75,7 +79,8 @@ std::vector<StageSolution> solve_all(const StageEvaluator& evaluator, const std:
         if (progress) {
           char line[160];
           std::snprintf(line, sizeof line, "partition: %s recompute %s m=%lld  %zu plans  %.1f s",
-                        std::string(schedule_name(schedule)).c_str(), recompute ? "on" : "off",
+                        std::string(schedule_name(schedule)).c_str(),
+                        recompute == RecomputeMode::kOff ? "off" : recompute == RecomputeMode::kAll ? "on" : "where needed",
                         static_cast<long long>(m), found.size(), elapsed);
           progress(line);
         }
@@ -167,9 +172,11 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
   plan.search.atomic_components = atomic.size();
   const std::vector<int64_t> ms = microbatch_candidates(batch, o.stage);
   const std::vector<Schedule> schedules{o.stage.schedule.value_or(Schedule::k1F1B)};  // auto: 1F1B never loses here
-  std::vector<bool> recomputes;
-  if (o.stage.recompute != Recompute::kOn) recomputes.push_back(false);
-  if (o.stage.recompute != Recompute::kOff) recomputes.push_back(true);
+  // auto: none, or per stage where a stage needs it (which the DP chooses exactly; it subsumes "every stage").
+  std::vector<RecomputeMode> recomputes;
+  if (o.stage.recompute != Recompute::kOn) recomputes.push_back(RecomputeMode::kOff);
+  recomputes.push_back(o.stage.recompute == Recompute::kOn ? RecomputeMode::kAll : RecomputeMode::kWhereNeeded);
+  if (o.stage.recompute == Recompute::kOff) recomputes.pop_back();
 
   // Every DP solution becomes a placed candidate; the simulator picks among them at the end.
   std::vector<Candidate> candidates;
@@ -214,7 +221,7 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
       const int max_pipeline = std::min(max_stages, o.cluster.devices_per_node);
       std::vector<StageSolution> solutions;
       for (Schedule schedule : schedules)
-        for (bool recompute : recomputes)
+        for (RecomputeMode recompute : recomputes)
           for (int64_t m : ms)
             for (int s : stage_candidates(max_pipeline, o.stage)) {
               if (s < 2 || s > max_pipeline) continue;
@@ -222,7 +229,9 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
                                                     : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
               if (replicas < 1 || replicas * s > o.cluster.devices) continue;
               ++plan.search.candidates;
-              auto solution = StageDp(*pipeline, m, schedule, recompute, replicas).solve(s);
+              auto solution = StageDp(*pipeline, m, schedule, recompute == RecomputeMode::kAll, replicas, false,
+                                      recompute == RecomputeMode::kWhereNeeded)
+                                  .solve(s);
               if (solution) solutions.push_back(std::move(*solution));
             }
       add_candidates(std::move(solutions), seq, assignment, pipeline, source + " pipeline-major");
@@ -254,8 +263,9 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     auto evaluator = std::make_shared<const StageEvaluator>(*seq, o.cluster, o.training);
     std::vector<StageSolution> sols;
     for (Schedule schedule : schedules)
-      for (bool recompute : recomputes)
+      for (RecomputeMode mode : recomputes)
         for (int64_t m : ms) {
+          const bool recompute = mode != RecomputeMode::kOff;  // PipeDream's split: all stages or none
           StageSolution sol;
           sol.stages = stages;
           sol.microbatches = m;
@@ -321,7 +331,9 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
   plan.options.stage.stages = best->stages;
   plan.options.stage.microbatches = best->microbatches;
   plan.options.stage.schedule = best->schedule;
-  plan.options.stage.recompute = best->recompute ? Recompute::kOn : Recompute::kOff;
+  plan.options.stage.recompute = !best->any_recompute() ? Recompute::kOff
+                                 : best->stage_recompute.empty() ? Recompute::kOn
+                                                                 : o.stage.recompute;
   plan.samples_per_s = plan.simulated.iteration_s > 0 ? static_cast<double>(batch) / plan.simulated.iteration_s : 0;
   plan.compute_lower_bound_s = chosen_evaluator->total_per_sample_s() * static_cast<double>(batch) / o.cluster.devices;
 
@@ -346,7 +358,7 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
       if (!graph.task(TaskId(t)).constant) ++st.batch_tasks;
     }
     st.cost = best->costs[s];
-    st.recompute = best->recompute;
+    st.recompute = best->recomputes(s);
     plan.peak_memory_bytes = std::max(plan.peak_memory_bytes, st.cost.memory_bytes);
     plan.stages.push_back(std::move(st));
   }

@@ -46,8 +46,8 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
     st.replicas = sol.replicas[s];
     st.devices = candidate.placement.devices[s];
     st.forward_s = c.forward_s;
-    st.backward_s = c.backward_s - (sol.recompute ? c.forward_s : 0.0);
-    st.recompute = sol.recompute;
+    st.backward_s = c.backward_s - (sol.recomputes(s) ? c.forward_s : 0.0);
+    st.recompute = sol.recomputes(s);
     st.allreduce_s = c.allreduce_s;
     st.allreduce_exposed_s = c.allreduce_exposed_s;
     st.memory_bytes = c.memory_bytes;

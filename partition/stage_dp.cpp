@@ -12,6 +12,12 @@ namespace apart {
 
 int StageSolution::devices_used() const { return std::accumulate(replicas.begin(), replicas.end(), 0); }
 
+bool StageSolution::any_recompute() const {
+  for (int s = 0; s < stages; ++s)
+    if (recomputes(s)) return true;
+  return false;
+}
+
 bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution, std::span<const StageLinks> links) {
   const int stages = solution.stages;
   APART_CHECK(static_cast<int>(solution.boundaries.size()) == stages + 1, "boundaries");
@@ -23,7 +29,7 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
   for (int s = 0; s < stages; ++s) {
     const int64_t flight = in_flight_microbatches(solution.schedule, solution.microbatches, s, stages);
     StageCost c = evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
-                                     solution.microbatches, flight, solution.recompute,
+                                     solution.microbatches, flight, solution.recomputes(s),
                                      links.empty() ? nullptr : &links[static_cast<size_t>(s)]);
     if (c.memory_bytes > evaluator.cluster().memory_bytes) fits = false;
     solution.bottleneck_h = std::max(solution.bottleneck_h, c.h);
@@ -34,12 +40,13 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
 }
 
 StageDp::StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
-                 std::optional<int> pinned_replicas, bool fixed_split)
+                 std::optional<int> pinned_replicas, bool fixed_split, bool recompute_where_needed)
     : evaluator_(evaluator),
       microbatches_(microbatches),
       schedule_(schedule),
-      recompute_(recompute),
+      recompute_(recompute && !recompute_where_needed),
       fixed_split_(fixed_split),
+      where_needed_(recompute_where_needed),
       k_(evaluator.blocks()),
       devices_(evaluator.cluster().devices),
       memory_limit_(evaluator.cluster().memory_bytes) {
@@ -58,16 +65,30 @@ StageDp::StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule
   h_.assign((fixed_split ? k_ : (k_ + 1) * (k_ + 1)) * cands, std::numeric_limits<double>::infinity());
   mem_base_.assign(h_.size(), 0);
   mem_per_flight_.assign(h_.size(), 0);
+  if (where_needed_) {
+    h_rc_.assign(h_.size(), std::numeric_limits<double>::infinity());
+    mem_base_rc_.assign(h_.size(), 0);
+    mem_per_flight_rc_.assign(h_.size(), 0);
+  }
   for (uint32_t first = 0; first < k_; ++first)
     for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last)
       for (size_t c = 0; c < cands; ++c) {
-        const StageCost cost = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, recompute);
-        h_[index(first, last, c)] = cost.h;
-        mem_base_[index(first, last, c)] = cost.memory_static;
-        mem_per_flight_[index(first, last, c)] = cost.memory_per_in_flight;
+        const size_t at = index(first, last, c);
+        const StageCost cost = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, recompute_);
+        h_[at] = cost.h;
+        mem_base_[at] = cost.memory_static;
+        mem_per_flight_[at] = cost.memory_per_in_flight;
+        if (where_needed_) {
+          const StageCost rc = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, true);
+          h_rc_[at] = rc.h;
+          mem_base_rc_[at] = rc.memory_static;
+          mem_per_flight_rc_[at] = rc.memory_per_in_flight;
+        }
       }
-  h_values_.reserve(h_.size());
+  h_values_.reserve(h_.size() + h_rc_.size());
   for (double h : h_)
+    if (std::isfinite(h)) h_values_.push_back(h);
+  for (double h : h_rc_)
     if (std::isfinite(h)) h_values_.push_back(h);
   std::sort(h_values_.begin(), h_values_.end());
   h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());
@@ -77,29 +98,46 @@ int64_t StageDp::in_flight(int stage, int stages) const {
   return in_flight_microbatches(schedule_, microbatches_, stage, stages);
 }
 
-int StageDp::min_candidate(uint32_t first, uint32_t last, int64_t flight, double limit) const {
-  const size_t cands = candidates_.size();
-  const size_t base = index(first, last, 0);
-  const double budget = static_cast<double>(memory_limit_);
+int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double>& mem_base,
+                           const std::vector<double>& per_flight) const {
   // Memory falls as replicas grow (smaller micro-batches): binary search for the first that fits.
-  size_t lo = 0, hi = cands;
+  const double budget = static_cast<double>(memory_limit_);
+  size_t lo = 0, hi = candidates_.size();
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
-    const double mem = mem_base_[base + mid] + static_cast<double>(flight) * mem_per_flight_[base + mid];
+    const double mem = mem_base[base + mid] + static_cast<double>(flight) * per_flight[base + mid];
     if (std::ceil(mem) <= budget) hi = mid; else lo = mid + 1;
   }
-  for (size_t c = lo; c < cands; ++c)
-    if (h_[base + c] <= limit) return static_cast<int>(c);
-  return -1;
+  return static_cast<int>(lo);
 }
 
-bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas) const {
+int StageDp::min_candidate(uint32_t first, uint32_t last, int64_t flight, double limit, bool* recompute) const {
+  const size_t cands = candidates_.size();
+  const size_t base = index(first, last, 0);
+  const size_t plain = static_cast<size_t>(first_fitting(base, flight, mem_base_, mem_per_flight_));
+  *recompute = recompute_;
+  size_t c = plain;
+  while (c < cands && h_[base + c] > limit) ++c;
+  if (!where_needed_) return c < cands ? static_cast<int>(c) : -1;
+  // Recomputation only where it lets the stage use fewer replicas (or fit at all) under the same limit.
+  const size_t end = std::min(c, cands);
+  for (size_t r = static_cast<size_t>(first_fitting(base, flight, mem_base_rc_, mem_per_flight_rc_)); r < end; ++r)
+    if (h_rc_[base + r] <= limit) {
+      *recompute = true;
+      return static_cast<int>(r);
+    }
+  return c < cands ? static_cast<int>(c) : -1;
+}
+
+bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
+                       std::vector<bool>* recomputes) const {
   // devices[r][i]: least devices for blocks [i, k) in r + 1 stages (the first of them is stage S − 1 − r).
   constexpr int kNone = std::numeric_limits<int>::max();
   const size_t n = k_ + 1;
   std::vector<int> devices(static_cast<size_t>(stages) * n, kNone);
   std::vector<uint32_t> choice_last(devices.size(), 0);
   std::vector<int> choice_cand(devices.size(), -1);
+  std::vector<uint8_t> choice_rc(devices.size(), 0);
   for (int r = 0; r < stages; ++r) {
     const int stage = stages - 1 - r;
     const int64_t flight = in_flight(stage, stages);
@@ -110,23 +148,25 @@ bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundari
       int best = kNone;
       uint32_t best_last = 0;
       int best_cand = -1;
+      bool best_rc = false, rc = false;
       if (r == 0) {
-        const int c = min_candidate(i, static_cast<uint32_t>(k_), flight, limit);
-        if (c >= 0) { best = candidates_[c]; best_last = static_cast<uint32_t>(k_); best_cand = c; }
+        const int c = min_candidate(i, static_cast<uint32_t>(k_), flight, limit, &rc);
+        if (c >= 0) { best = candidates_[c]; best_last = static_cast<uint32_t>(k_); best_cand = c; best_rc = rc; }
       } else {
         for (uint32_t last = i + 1; last + r <= k_ && (!fixed_split_ || last == i + 1); ++last) {
           const int rest = devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
-          const int c = min_candidate(i, last, flight, limit);
+          const int c = min_candidate(i, last, flight, limit, &rc);
           if (c < 0) continue;
           const int total = rest + candidates_[c];
-          if (total < best) { best = total; best_last = last; best_cand = c; }
+          if (total < best) { best = total; best_last = last; best_cand = c; best_rc = rc; }
         }
       }
       if (best <= devices_) {
         devices[r * n + i] = best;
         choice_last[r * n + i] = best_last;
         choice_cand[r * n + i] = best_cand;
+        choice_rc[r * n + i] = best_rc;
       }
     }
   }
@@ -135,10 +175,12 @@ bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundari
   if (boundaries) {
     boundaries->assign(1, 0);
     replicas->clear();
+    recomputes->clear();
     uint32_t i = 0;
     for (int r = stages - 1; r >= 0; --r) {
       const size_t at = r * n + i;
       replicas->push_back(candidates_[choice_cand[at]]);
+      recomputes->push_back(choice_rc[at] != 0);
       i = choice_last[at];
       boundaries->push_back(i);
     }
@@ -150,18 +192,24 @@ std::optional<StageSolution> StageDp::solve(int stages) const {
   if (stages < 1 || static_cast<size_t>(stages) > k_ || candidates_.empty() || h_values_.empty()) return std::nullopt;
   if (static_cast<int64_t>(stages) * candidates_.front() > devices_) return std::nullopt;
   // Feasible at all (memory, devices)? Then binary search the least attainable bottleneck.
-  if (!feasible(stages, h_values_.back(), nullptr, nullptr)) return std::nullopt;
+  if (!feasible(stages, h_values_.back(), nullptr, nullptr, nullptr)) return std::nullopt;
   size_t lo = 0, hi = h_values_.size() - 1;  // answer index in [lo, hi]
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
-    if (feasible(stages, h_values_[mid], nullptr, nullptr)) hi = mid; else lo = mid + 1;
+    if (feasible(stages, h_values_[mid], nullptr, nullptr, nullptr)) hi = mid; else lo = mid + 1;
   }
   StageSolution solution;
   solution.stages = stages;
   solution.microbatches = microbatches_;
   solution.schedule = schedule_;
   solution.recompute = recompute_;
-  APART_CHECK(feasible(stages, h_values_[hi], &solution.boundaries, &solution.replicas), "DP lost feasibility");
+  std::vector<bool> per_stage;
+  APART_CHECK(feasible(stages, h_values_[hi], &solution.boundaries, &solution.replicas, &per_stage),
+              "DP lost feasibility");
+  if (where_needed_) {
+    solution.stage_recompute = std::move(per_stage);
+    solution.recompute = solution.any_recompute();
+  }
   const bool fits = evaluate_solution(evaluator_, solution);
   APART_CHECK(fits, "DP returned a split that does not fit memory");
   return solution;
@@ -175,12 +223,20 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
     const int used = solution.devices_used();
     double best_time = solution.estimate.iteration_s;
     int best_stage = -1, best_replicas = 0;
+    bool best_rc = false;
     StageCost best_cost;
     for (int s = 0; s < solution.stages; ++s) {
       auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
       if (it == candidates_.end() || used - solution.replicas[s] + *it > devices_) continue;
-      const StageCost c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
-                                              in_flight(s, solution.stages), recompute_);
+      // Where needed: without recomputation if the stage now fits so, else with it.
+      bool rc = where_needed_ ? false : solution.recomputes(s);
+      StageCost c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
+                                        in_flight(s, solution.stages), rc);
+      if (where_needed_ && c.memory_bytes > memory_limit_) {
+        rc = true;
+        c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
+                                in_flight(s, solution.stages), true);
+      }
       if (c.memory_bytes > memory_limit_) continue;
       trial_costs[s] = c;
       const double t = estimate_iteration_time(trial_costs, microbatches_, schedule_).iteration_s;
@@ -191,14 +247,17 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
         best_stage = s;
         best_replicas = *it;
         best_cost = c;
+        best_rc = rc;
       }
     }
     if (best_stage < 0) break;
     solution.replicas[best_stage] = best_replicas;
+    if (where_needed_) solution.stage_recompute[best_stage] = best_rc;
     solution.costs[best_stage] = best_cost;
     trial_costs[best_stage] = best_cost;
     solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_);
   }
+  if (where_needed_) solution.recompute = solution.any_recompute();
   evaluate_solution(evaluator_, solution);
 }
 

@@ -16,13 +16,16 @@ struct StageSolution {
   int stages = 0;
   int64_t microbatches = 0;
   Schedule schedule = Schedule::k1F1B;
-  bool recompute = false;
+  bool recompute = false;            // every stage recomputes (unless stage_recompute says per stage)
+  std::vector<bool> stage_recompute; // per stage when the DP chose it per stage; empty: all = recompute
   std::vector<uint32_t> boundaries;  // S + 1 entries: 0 = b0 < b1 < … < bS = k; stage i is [b_i, b_{i+1})
   std::vector<int> replicas;         // per stage
   std::vector<StageCost> costs;      // per stage
   double bottleneck_h = 0;           // the DP objective: max_i h_i
   PipelineEstimate estimate;         // the selection objective
   int devices_used() const;
+  bool recomputes(int stage) const { return stage_recompute.empty() ? recompute : stage_recompute[stage]; }
+  bool any_recompute() const;
 };
 
 // Evaluates every stage of a fixed split with fixed replicas; fills costs, bottleneck and estimate.
@@ -37,8 +40,10 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
 class StageDp {
  public:
   // `fixed_split`: every block is a stage (baselines); only single-block ranges are tabulated.
+  // `recompute_where_needed`: each stage recomputes only if it does not fit (or needs more replicas to fit)
+  // without; `recompute` is then ignored. The DP is exact over that per-stage choice too.
   StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
-          std::optional<int> pinned_replicas, bool fixed_split = false);
+          std::optional<int> pinned_replicas, bool fixed_split = false, bool recompute_where_needed = false);
   // The split into exactly `stages` stages minimising the bottleneck (ties: fewer devices); nullopt when no
   // split fits memory and devices. Exact: binary search over the sorted distinct values h can take.
   std::optional<StageSolution> solve(int stages) const;
@@ -47,10 +52,14 @@ class StageDp {
   const std::vector<int>& replica_candidates() const { return candidates_; }
 
  private:
-  // Least candidate index ≥ the memory-feasible one whose h ≤ limit, or -1.
-  int min_candidate(uint32_t first, uint32_t last, int64_t in_flight, double limit) const;
+  // Least candidate index whose memory fits and h ≤ limit, or -1; *recompute: whether that needs recomputation
+  // (tried only when recompute_where_needed).
+  int min_candidate(uint32_t first, uint32_t last, int64_t in_flight, double limit, bool* recompute) const;
+  int first_fitting(size_t base, int64_t in_flight, const std::vector<double>& mem_base,
+                    const std::vector<double>& per_flight) const;
   // Min devices for blocks [first, k) in `stages_left` stages when every h ≤ limit; fills choice tables.
-  bool feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas) const;
+  bool feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
+                std::vector<bool>* recomputes) const;
   int64_t in_flight(int stage, int stages) const;
 
   const StageEvaluator& evaluator_;
@@ -58,12 +67,14 @@ class StageDp {
   Schedule schedule_;
   bool recompute_;
   bool fixed_split_;
+  bool where_needed_;
   size_t k_;
   int devices_;
   int64_t memory_limit_;
   std::vector<int> candidates_;          // replica counts, ascending
   // Per (first, last, candidate), flattened: h, memory without in-flight activations, per in-flight bytes.
   std::vector<double> h_, mem_base_, mem_per_flight_;
+  std::vector<double> h_rc_, mem_base_rc_, mem_per_flight_rc_;  // the recomputing variant (where_needed_ only)
   std::vector<double> h_values_;         // sorted distinct h values
   // Fixed splits store only the ranges [i, i+1).
   size_t index(uint32_t first, uint32_t last, size_t c) const {

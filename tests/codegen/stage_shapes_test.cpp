@@ -8,9 +8,7 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "codegen/plan_writer.h"
 #include "graph/error.h"
@@ -28,19 +26,13 @@ namespace fs = std::filesystem;
 using testing::OnnxBuilder;
 using testing::Dim;
 using testing::TempDir;
+using testing::read_file;
 
 const fs::path kGptTiny = fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx";
 
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 onnx::ModelProto read_proto(const fs::path& p) {
   onnx::ModelProto m;
-  EXPECT_TRUE(m.ParseFromString(read_all(p))) << p;
+  EXPECT_TRUE(m.ParseFromString(read_file(p))) << p;
   return m;
 }
 
@@ -221,7 +213,7 @@ TEST_P(StageFilesOfGptTiny, AreByteIdenticalWhenWrittenTwice) {
   TempDir again;
   write_stage_models(staged_.plan, staged_.model.graph, kGptTiny, again.path(), staged_.shapes);
   for (size_t k = 0; k < staged_.plan.stages.size(); ++k)
-    EXPECT_EQ(read_all(stage_file(k)), read_all(again / ("stage_" + std::to_string(k) + ".onnx"))) << "stage " << k;
+    EXPECT_EQ(read_file(stage_file(k)), read_file(again / ("stage_" + std::to_string(k) + ".onnx"))) << "stage " << k;
 }
 
 INSTANTIATE_TEST_SUITE_P(GptTiny, StageFilesOfGptTiny, ::testing::Values(2, 3),

@@ -2,8 +2,10 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <memory>
 
 #include "cli/cli_common.h"
@@ -45,6 +47,33 @@ struct PartitionArgs {
   bool no_baselines = false;
   std::string output;
 };
+
+// Names a batch dim goes by; with no --dim/--shape, partition binds the first one the model declares to 1.
+constexpr const char* kBatchSymbols[] = {"batch", "batch_size", "N"};
+
+// stage_K.onnx keeps a batch dim that partition bound itself symbolic: the model imported again with it bound
+// to another size shows which dims scale with it. Static when the user pinned the shapes, the model has no
+// symbolic batch, or it does not import at another batch size (then a note says so).
+StageShapes stage_shapes(const std::string& model_path, const ModelFlags& flags, const ImportedModel& model,
+                         const std::string& batch_symbol) {
+  if (batch_symbol.empty()) return {};
+  int64_t batch = 0;
+  for (const auto& b : model.bindings)
+    if (b.dim == batch_symbol) batch = b.value;
+  ImportOptions probe = import_options(flags);
+  const int64_t probe_batch = 2 * batch + 1;
+  probe.dims[batch_symbol] = probe_batch;
+  try {
+    StageShapes shapes = symbolic_batch_shapes(model.graph, batch, import_model(model_path, probe).graph, probe_batch,
+                                               batch_symbol);
+    for (const auto& note : shapes.notes) std::fprintf(stderr, "apart: note: stage files: %s\n", note.c_str());
+    return shapes;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "apart: note: stage files keep static shapes: the model does not import at %s=%lld: %s\n",
+                 batch_symbol.c_str(), static_cast<long long>(probe_batch), e.what());
+    return {};
+  }
+}
 
 std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& text) {
   if (text == "auto") return std::nullopt;
@@ -88,21 +117,28 @@ void run_partition(const PartitionArgs& a) {
   o.validate();
 
   // The plan scales every cost with the micro-batch, so a model with a symbolic batch dim needs no flag:
-  // it is bound to 1 unless --dim/--shape say otherwise.
-  ImportOptions import = import_options(a.model_flags);
-  if (a.model_flags.dims.empty() && a.model_flags.shapes.empty()) import.dims["batch"] = 1;
+  // it is bound to 1 unless --dim/--shape say otherwise. `batch_symbol` is the dim bound here, if any.
+  std::string batch_symbol;
   ImportedModel model = [&] {
-    try {
-      return import_model(a.model, import);
-    } catch (const InvalidArgument&) {
-      return import_model(a.model, import_options(a.model_flags));  // report the model's own complaint
-    }
+    if (a.model_flags.dims.empty() && a.model_flags.shapes.empty())
+      for (const char* symbol : kBatchSymbols) {
+        ImportOptions import = import_options(a.model_flags);
+        import.dims[symbol] = 1;
+        try {
+          ImportedModel m = import_model(a.model, import);
+          batch_symbol = symbol;
+          return m;
+        } catch (const InvalidArgument&) {
+        }
+      }
+    return import_model(a.model, import_options(a.model_flags));  // as given, or report the model's own complaint
   }();
   CostOptions cost_options;
   cost_options.precision = o.training.precision;
   cost_options.reference_batch = bound_batch_size(model.graph);
   for (const auto& b : model.bindings)
-    if (b.dim == "batch" || b.dim == "batch_size" || b.dim == "N") cost_options.reference_batch = b.value;
+    if (std::find(std::begin(kBatchSymbols), std::end(kBatchSymbols), b.dim) != std::end(kBatchSymbols))
+      cost_options.reference_batch = b.value;
   o.atomic.graph_batch = cost_options.reference_batch;
 
   // Costs at two micro-batch sizes around the plausible ones, so per-kernel overheads stay fixed (affine fit);
@@ -144,6 +180,7 @@ void run_partition(const PartitionArgs& a) {
   PlanOutputs outputs;
   outputs.dot_detail = a.dot_detail;
   outputs.stage_models = !a.no_stage_models;
+  if (outputs.stage_models) outputs.stage_shapes = stage_shapes(a.model, a.model_flags, model, batch_symbol);
   outputs.extra = [&](const std::filesystem::path& dir) {
     // costs.json at the plan's micro-batch size, as the plan's stages see it.
     if (!a.profile.empty()) {

@@ -265,7 +265,7 @@ void write_plan_directory(const std::filesystem::path& directory, const Plan& pl
     write_file_atomically(tmp / "plan.json", plan_to_json(plan, graph, model).dump(2) + "\n");
     write_file_atomically(tmp / "plan.dot", plan_to_dot(plan, graph, outputs.dot_detail));
     write_file_atomically(tmp / "report.txt", plan_report(plan, graph, model));
-    if (outputs.stage_models) write_stage_models(plan, graph, model_path, tmp);
+    if (outputs.stage_models) write_stage_models(plan, graph, model_path, tmp, outputs.stage_shapes);
     if (outputs.extra) outputs.extra(tmp);
   } catch (...) {
     fs::remove_all(tmp, ec);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "codegen/stage_shapes.h"
 #include "graph/atomic_file.h"
 #include "graph/task_graph.h"
 #include "partition/partition.h"
@@ -30,13 +31,15 @@ std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail);
 std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInfo& model);
 
 // Writes stage_K.onnx for every stage: the stage's nodes, its boundary values as inputs/outputs, its
-// initializers (external-data entries copied verbatim; inline ones copied). Throws InvalidModel/SystemError.
+// initializers (external-data entries copied verbatim; inline ones copied). Boundary dims are declared as
+// `shapes` says: static by default, or with the batch as a dim_param. Throws InvalidModel/SystemError.
 void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
-                        const std::filesystem::path& directory);
+                        const std::filesystem::path& directory, const StageShapes& shapes = {});
 
 struct PlanOutputs {
   bool dot_detail = false;
   bool stage_models = true;
+  StageShapes stage_shapes;  // how stage_K.onnx declares boundary dims; static by default
   // Called with the temporary directory to add more files (costs.json) before the directory is published.
   std::function<void(const std::filesystem::path& directory)> extra;
 };

@@ -30,20 +30,27 @@ onnx::ModelProto load_model_proto(const std::filesystem::path& path) {
   return model;
 }
 
-void set_value_info(onnx::ValueInfoProto* info, const Value& v) {
+// A dim that scales with the batch is a dim_param, so the stage runs at any micro-batch size.
+void set_value_info(onnx::ValueInfoProto* info, const TaskGraph& graph, ValueId id, const StageShapes& shapes) {
+  const Value& v = graph.value(id);
   info->set_name(v.name);
   auto* tensor = info->mutable_type()->mutable_tensor_type();
   tensor->set_elem_type(static_cast<int32_t>(v.dtype));
-  if (v.shape_known) {
-    auto* shape = tensor->mutable_shape();
-    for (int64_t d : v.shape) shape->add_dim()->set_dim_value(d);
+  if (!v.shape_known) return;
+  auto* shape = tensor->mutable_shape();
+  for (size_t axis = 0; axis < v.shape.size(); ++axis) {
+    const std::string& param = shapes.dim_param(id, axis);
+    if (param.empty())
+      shape->add_dim()->set_dim_value(v.shape[axis]);
+    else
+      shape->add_dim()->set_dim_param(param);
   }
 }
 
 }  // namespace
 
 void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
-                        const std::filesystem::path& directory) {
+                        const std::filesystem::path& directory, const StageShapes& shapes) {
   const onnx::ModelProto original = load_model_proto(model_path);
   const auto& g = original.graph();
   std::map<std::string, int> initializer_index;
@@ -89,12 +96,12 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
         *out->add_initializer() = g.initializer(it->second);  // external_data entries copied verbatim
         continue;
       }
-      set_value_info(out->add_input(), value);
+      set_value_info(out->add_input(), graph, v, shapes);
     }
     for (ValueId v : produced) {
       bool needed = model_outputs.count(v) > 0;
       for (int r : readers[v.value()]) needed |= r != s.id && !producers[v.value()].count(r);
-      if (needed) set_value_info(out->add_output(), graph.value(v));
+      if (needed) set_value_info(out->add_output(), graph, v, shapes);
     }
     std::string bytes;
     if (!model.SerializeToString(&bytes)) throw SystemError("cannot serialize stage " + std::to_string(k));

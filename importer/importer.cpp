@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -449,15 +450,22 @@ class Importer {
             continue;
           }
           if (dim->has_dim_param()) {
-            all_dim_params.insert(dim->dim_param());
-            auto bound = options_.dims.find(dim->dim_param());
+            // "<k>*<name>" (as stage_K.onnx writes a dim that is k times the batch) follows from --dim name=…,
+            // unless the flags bind it by its full name.
+            const auto scaled = options_.dims.count(dim->dim_param()) ? std::nullopt : parse_scaled_dim(dim->dim_param());
+            const std::string& name = scaled ? scaled->second : dim->dim_param();
+            all_dim_params.insert(name);
+            auto bound = options_.dims.find(name);
             if (bound == options_.dims.end())
               throw InvalidArgument("dynamic dim " + quote(dim->dim_param()) + " of input " + quote(in.name()) + " (axis " +
-                                    std::to_string(i) + ") is not bound: pass --dim " + dim->dim_param() +
+                                    std::to_string(i) + ") is not bound: pass --dim " + name +
                                     "=<size> or --shape " + in.name() + ":" + example_shape(*shape, i));
-            used_dims.insert(dim->dim_param());
-            bind(dim->dim_param(), bound->second, "--dim " + dim->dim_param() + "=" + std::to_string(bound->second));
-            dim->set_dim_value(bound->second);
+            used_dims.insert(name);
+            const std::string source = "--dim " + name + "=" + std::to_string(bound->second);
+            bind(name, bound->second, source);
+            const int64_t value = scaled ? checked_scaled_dim(scaled->first, bound->second, source) : bound->second;
+            if (scaled) bind(dim->dim_param(), value, source);
+            dim->set_dim_value(value);
           } else {
             throw InvalidArgument("input " + quote(in.name()) + " has an unnamed dynamic dim at axis " + std::to_string(i) +
                                   ": pass --shape " + in.name() + ":" + example_shape(*shape, i));
@@ -493,11 +501,37 @@ class Importer {
       for (auto& dim : *vi.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
         if (!dim.has_dim_param()) continue;
         auto it = bound_.find(dim.dim_param());
-        if (it != bound_.end()) dim.set_dim_value(it->second);
+        if (it != bound_.end()) {
+          dim.set_dim_value(it->second);
+        } else if (const auto scaled = parse_scaled_dim(dim.dim_param())) {
+          auto base = bound_.find(scaled->second);
+          if (base != bound_.end() && (base->second == 0 || scaled->first <= INT64_MAX / base->second))
+            dim.set_dim_value(scaled->first * base->second);
+        }
       }
     };
     for (auto& o : *g.mutable_output()) substitute(o);
     for (auto& vi : *g.mutable_value_info()) substitute(vi);
+  }
+
+  // "<k>*<name>" with k a positive integer → {k, name}; anything else → nullopt.
+  static std::optional<std::pair<int64_t, std::string>> parse_scaled_dim(const std::string& param) {
+    const size_t star = param.find('*');
+    if (star == std::string::npos || star == 0 || star + 1 == param.size()) return std::nullopt;
+    int64_t k = 0;
+    for (size_t i = 0; i < star; ++i) {
+      if (param[i] < '0' || param[i] > '9' || k > (INT64_MAX - 9) / 10) return std::nullopt;
+      k = k * 10 + (param[i] - '0');
+    }
+    const std::string name = param.substr(star + 1);
+    if (k < 1 || name.find('*') != std::string::npos) return std::nullopt;
+    return std::pair{k, name};
+  }
+
+  static int64_t checked_scaled_dim(int64_t k, int64_t value, const std::string& source) {
+    if (value > 0 && k > INT64_MAX / value) throw InvalidArgument(source + ": " + std::to_string(k) + "×" +
+                                                                  std::to_string(value) + " overflows 64 bits");
+    return k * value;
   }
 
   static std::string example_shape(const onnx::TensorShapeProto& shape, int axis) {

@@ -16,15 +16,9 @@ namespace {
 namespace fs = std::filesystem;
 using apart::testing::run_apart;
 using apart::testing::TempDir;
+using apart::testing::read_file;
 
 const fs::path kGoldenDir = fs::path(APART_TEST_DATA_DIR) / "golden" / "gpt_tiny_4dev_2stage";
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Drops the lines that carry wall-clock time (the search line of report.txt).
 std::string without_timing(const std::string& text) {
@@ -51,21 +45,21 @@ TEST(ApartPartition, WritesTheGoldenReportAndDotForGptTiny) {
   TempDir dir;
   plan_gpt_tiny(dir / "plan");
   for (const char* file : {"report.txt", "plan.dot"}) {
-    const std::string actual = without_timing(read_all(dir / "plan" / file));
+    const std::string actual = without_timing(read_file(dir / "plan" / file));
     if (std::getenv("APART_UPDATE_GOLDENS")) {
       fs::create_directories(kGoldenDir);
       std::ofstream(kGoldenDir / file, std::ios::binary) << actual;
       continue;
     }
     ASSERT_TRUE(fs::exists(kGoldenDir / file)) << "missing golden " << (kGoldenDir / file);
-    EXPECT_EQ(actual, read_all(kGoldenDir / file)) << file << " differs from its golden; if intended, rerun with APART_UPDATE_GOLDENS=1";
+    EXPECT_EQ(actual, read_file(kGoldenDir / file)) << file << " differs from its golden; if intended, rerun with APART_UPDATE_GOLDENS=1";
   }
 }
 
 TEST(ApartPartition, PrintsTheReportItWrites) {
   TempDir dir;
   const std::string printed = plan_gpt_tiny(dir / "plan");
-  const std::string report = read_all(dir / "plan" / "report.txt");
+  const std::string report = read_file(dir / "plan" / "report.txt");
   const std::string first_line = report.substr(0, report.find('\n'));
   EXPECT_NE(printed.find(first_line), std::string::npos) << printed;
 }
@@ -74,8 +68,8 @@ TEST(ApartPartition, WritesTheSamePlanJsonTwiceApartFromSearchTime) {
   TempDir dir;
   plan_gpt_tiny(dir / "a");
   plan_gpt_tiny(dir / "b");
-  auto a = nlohmann::json::parse(read_all(dir / "a" / "plan.json"));
-  auto b = nlohmann::json::parse(read_all(dir / "b" / "plan.json"));
+  auto a = nlohmann::json::parse(read_file(dir / "a" / "plan.json"));
+  auto b = nlohmann::json::parse(read_file(dir / "b" / "plan.json"));
   a["search"].erase("seconds");
   b["search"].erase("seconds");
   EXPECT_EQ(a, b);

@@ -2,23 +2,23 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
 #include <set>
-#include <sstream>
 
 #include "codegen/plan_writer.h"
 #include "importer/importer.h"
 #include "partition/partition.h"
 #include "profiler/cost_model.h"
 #include "profiler/device.h"
+#include "tests/support/onnx_builder.h"
 
 namespace apart {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::read_file;
 
 std::vector<fs::path> real_models() {
   std::vector<fs::path> out;
@@ -51,13 +51,6 @@ Planned plan_model(const fs::path& path, int devices, int64_t batch) {
   o.atomic.graph_batch = bound_batch_size(model.graph);
   Plan plan = partition_graph(model.graph, costs, o);
   return {std::move(model), std::move(plan)};
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 TEST(PlansOfRealModels, KeepEveryInvariant) {
@@ -120,7 +113,7 @@ TEST(StageModels, ChainFromModelInputsToModelOutputs) {
     std::set<std::string> outputs_seen;
     for (size_t k = 0; k < p.plan.stages.size(); ++k) {
       onnx::ModelProto stage;
-      ASSERT_TRUE(stage.ParseFromString(read_all(dir / ("stage_" + std::to_string(k) + ".onnx"))));
+      ASSERT_TRUE(stage.ParseFromString(read_file(dir / ("stage_" + std::to_string(k) + ".onnx"))));
       EXPECT_GT(stage.graph().node_size(), 0);
       for (const auto& in : stage.graph().input())
         EXPECT_TRUE(available.count(in.name())) << "stage " << k << " input " << in.name() << " comes from nowhere";

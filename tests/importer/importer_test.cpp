@@ -85,6 +85,35 @@ TEST(TheImporter, BindsADimEverywhereItAppears) {
   EXPECT_EQ(m.bindings[0].source, "--dim batch=5");
 }
 
+// stage_K.onnx writes a dim that is k times the batch as "<k>*batch" (onnxruntime's symbolic-shape style).
+TEST(TheImporter, BindsAMultipleOfADimFromThatDim) {
+  OnnxBuilder b;
+  b.input("flat", {"32*batch", 3}).output("y");
+  b.node("Relu", {"flat"}, {"y"});
+  ImportOptions o;
+  o.dims = {{"batch", 3}};
+  auto m = import_model_bytes(b.bytes(), ".", "m", o);
+  EXPECT_EQ(value(m, "flat").shape, (std::vector<int64_t>{96, 3}));
+  EXPECT_EQ(value(m, "y").shape, (std::vector<int64_t>{96, 3}));
+  ASSERT_GE(m.bindings.size(), 1u);
+  EXPECT_EQ(m.bindings[0].dim, "batch");
+  EXPECT_EQ(m.bindings[0].source, "--dim batch=3");
+
+  ImportOptions by_full_name;
+  by_full_name.dims = {{"32*batch", 64}};
+  EXPECT_EQ(value(import_model_bytes(b.bytes(), ".", "m", by_full_name), "y").shape, (std::vector<int64_t>{64, 3}));
+
+  OnnxBuilder unbound;
+  unbound.input("flat", {"32*batch", 3}).output("y");
+  unbound.node("Relu", {"flat"}, {"y"});
+  try {
+    import_model_bytes(unbound.bytes(), ".", "m", {});
+    FAIL() << "an unbound multiple imported";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("pass --dim batch=<size>"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TheImporter, BindsAShapeFlagIncludingAnonymousDims) {
   OnnxBuilder b;
   b.input("x", {"batch", 3}).output("y");

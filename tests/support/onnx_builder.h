@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <sstream>
 #include <string>
 #include <vector>
 #include <unistd.h>
@@ -124,6 +125,14 @@ class OnnxBuilder {
   }
   onnx::ModelProto model_;
 };
+
+// A file's bytes ("" when it cannot be read): goldens, stage files, plan.json.
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {

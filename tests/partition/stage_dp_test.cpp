@@ -12,8 +12,10 @@
 namespace apart {
 namespace {
 
-// Least max_i h over all splits into `stages` stages and all replica vectors with Σ ≤ devices that fit memory.
-double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, bool recompute) {
+// Least max_i h over all splits into `stages` stages and all replica vectors with Σ ≤ devices that fit memory;
+// `per_stage`: each stage also free to recompute or not (the faster variant that fits).
+double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, bool recompute,
+                              bool per_stage = false) {
   const int k = static_cast<int>(ev.blocks());
   const int devices = ev.cluster().devices;
   const int64_t per_microbatch = ev.training().global_batch / m;
@@ -24,10 +26,15 @@ double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, S
     if (s == stages) {
       double worst = 0;
       for (int i = 0; i < stages; ++i) {
-        const StageCost c = ev.evaluate(bounds[i], bounds[i + 1], replicas[i], m,
-                                        in_flight_microbatches(schedule, m, i, stages), recompute);
-        if (c.memory_bytes > ev.cluster().memory_bytes) return;
-        worst = std::max(worst, c.h);
+        double h = std::numeric_limits<double>::infinity();
+        for (bool rc : {false, true}) {
+          if (!per_stage && rc != recompute) continue;
+          const StageCost c = ev.evaluate(bounds[i], bounds[i + 1], replicas[i], m,
+                                          in_flight_microbatches(schedule, m, i, stages), rc);
+          if (c.memory_bytes <= ev.cluster().memory_bytes) h = std::min(h, c.h);
+        }
+        if (std::isinf(h)) return;
+        worst = std::max(worst, h);
       }
       best = std::min(best, worst);
       return;
@@ -93,6 +100,43 @@ TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
   }
   EXPECT_GT(compared, 500);
   EXPECT_GT(infeasible, 0);  // the memory limits above make some requests infeasible
+}
+
+TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeOnItsOwn) {
+  std::mt19937 rng(17);
+  int compared = 0, mixed = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    const int k = 2 + trial % 5;
+    ClusterSpec cluster;
+    cluster.devices = 1 + trial % 4;
+    cluster.devices_per_node = 2;
+    cluster.memory_bytes = static_cast<int64_t>(std::uniform_real_distribution<double>(3e9, 12e9)(rng));
+    TrainingSpec training;
+    training.global_batch = 48;  // large micro-batches: activations, not weights, decide what fits
+    const BlockSequence seq = testing::random_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    for (int64_t m : {1, 2, 4, 12}) {
+      const StageDp dp(ev, m, Schedule::k1F1B, false, std::nullopt, false, /*recompute_where_needed=*/true);
+      for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) {
+        const double expected = brute_force_bottleneck(ev, stages, m, Schedule::k1F1B, false, true);
+        const auto got = dp.solve(stages);
+        ASSERT_EQ(got.has_value(), !std::isinf(expected)) << "trial " << trial << " S=" << stages << " m=" << m;
+        if (!got) continue;
+        EXPECT_NEAR(got->bottleneck_h, expected, 1e-12 * expected) << "trial " << trial << " S=" << stages;
+        ASSERT_EQ(got->stage_recompute.size(), static_cast<size_t>(stages));
+        bool any = false, all = true;
+        for (int s = 0; s < stages; ++s) {
+          any |= got->recomputes(s);
+          all &= got->recomputes(s);
+          EXPECT_LE(got->costs[s].memory_bytes, cluster.memory_bytes);
+        }
+        mixed += any && !all;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 100);
+  EXPECT_GT(mixed, 0) << "some optimum recomputes in some stages only";
 }
 
 TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {

@@ -67,10 +67,11 @@ std::vector<StageSolution> solve_all(const StageEvaluator& evaluator, const std:
         const bool fixed_split = stage_counts.size() == 1 && static_cast<size_t>(stage_counts[0]) == evaluator.blocks();
         const StageDp dp(evaluator, m, schedule, recompute == RecomputeMode::kAll, o.stage.replicas, fixed_split,
                          recompute == RecomputeMode::kWhereNeeded);
-        for (int s : stage_counts) {
-          if (static_cast<size_t>(s) > evaluator.blocks()) continue;
-          ++stats.candidates;
-          auto solution = dp.solve(s);
+        std::vector<int> counts;
+        for (int s : stage_counts)
+          if (static_cast<size_t>(s) <= evaluator.blocks()) counts.push_back(s);
+        stats.candidates += static_cast<int>(counts.size());
+        for (auto& solution : dp.solve_many(counts)) {
           if (!solution) continue;
           if (!o.stage.replicas && o.stage.spend_leftover_devices) dp.spend_leftover_devices(*solution);
           found.push_back(std::move(*solution));

@@ -2,6 +2,7 @@
 #include "partition/stage_dp.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -9,6 +10,35 @@
 #include "graph/error.h"
 
 namespace apart {
+
+FirstAtMost::FirstAtMost(const std::vector<double>* values, size_t row_length) : values_(values), n_(row_length) {
+  const std::vector<double>& v = *values;
+  for (size_t width = 2; width <= n_; width *= 2) {
+    const std::vector<double>& previous = levels_.empty() ? v : levels_.back();
+    std::vector<double> level(v.size(), std::numeric_limits<double>::infinity());
+    for (size_t row = 0; row + n_ <= v.size(); row += n_)
+      for (size_t i = 0; i + width <= n_; ++i)
+        level[row + i] = std::min(previous[row + i], previous[row + i + width / 2]);
+    levels_.push_back(std::move(level));
+  }
+}
+
+double FirstAtMost::range_min(size_t row_begin, size_t a, size_t b) const {
+  const size_t length = b - a + 1;
+  const int j = std::bit_width(length) - 1;  // 2^j ≤ length
+  const std::vector<double>& level = j == 0 ? *values_ : levels_[static_cast<size_t>(j - 1)];
+  return std::min(level[row_begin + a], level[row_begin + b + 1 - (size_t{1} << j)]);
+}
+
+int FirstAtMost::find(size_t row_begin, size_t lo, double limit) const {
+  if (lo >= n_ || range_min(row_begin, lo, n_ - 1) > limit) return -1;
+  size_t a = lo, b = n_ - 1;  // the answer is in [a, b]
+  while (a < b) {
+    const size_t mid = (a + b) / 2;
+    if (range_min(row_begin, lo, mid) <= limit) b = mid; else a = mid + 1;
+  }
+  return static_cast<int>(a);
+}
 
 int StageSolution::devices_used() const { return std::accumulate(replicas.begin(), replicas.end(), 0); }
 
@@ -92,6 +122,8 @@ StageDp::StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule
     if (std::isfinite(h)) h_values_.push_back(h);
   std::sort(h_values_.begin(), h_values_.end());
   h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());
+  first_h_ = FirstAtMost(&h_, cands);
+  if (where_needed_) first_h_rc_ = FirstAtMost(&h_rc_, cands);
 }
 
 int64_t StageDp::in_flight(int stage, int stages) const {
@@ -111,38 +143,49 @@ int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double
   return static_cast<int>(lo);
 }
 
-int StageDp::min_candidate(uint32_t first, uint32_t last, int64_t flight, double limit, bool* recompute) const {
-  const size_t cands = candidates_.size();
-  const size_t base = index(first, last, 0);
-  const size_t plain = static_cast<size_t>(first_fitting(base, flight, mem_base_, mem_per_flight_));
-  *recompute = recompute_;
-  size_t c = plain;
-  while (c < cands && h_[base + c] > limit) ++c;
-  if (!where_needed_) return c < cands ? static_cast<int>(c) : -1;
-  // Recomputation only where it lets the stage use fewer replicas (or fit at all) under the same limit.
-  const size_t end = std::min(c, cands);
-  for (size_t r = static_cast<size_t>(first_fitting(base, flight, mem_base_rc_, mem_per_flight_rc_)); r < end; ++r)
-    if (h_rc_[base + r] <= limit) {
-      *recompute = true;
-      return static_cast<int>(r);
+const std::vector<int32_t>& StageDp::fitting_starts(int64_t flight) const {
+  for (const auto& [f, starts] : fitting_)
+    if (f == flight) return starts;
+  const size_t n = k_ + 1;
+  std::vector<int32_t> starts(2 * n * n, 0);
+  for (uint32_t first = 0; first < k_; ++first)
+    for (uint32_t last = first + 1; last <= (fixed_split_ ? first + 1 : k_); ++last) {
+      const size_t base = index(first, last, 0), at = 2 * (first * n + last);
+      starts[at] = first_fitting(base, flight, mem_base_, mem_per_flight_);
+      if (where_needed_) starts[at + 1] = first_fitting(base, flight, mem_base_rc_, mem_per_flight_rc_);
     }
-  return c < cands ? static_cast<int>(c) : -1;
+  fitting_.emplace_back(flight, std::move(starts));
+  return fitting_.back().second;
 }
 
-bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
-                       std::vector<bool>* recomputes) const {
-  // devices[r][i]: least devices for blocks [i, k) in r + 1 stages (the first of them is stage S − 1 − r).
-  constexpr int kNone = std::numeric_limits<int>::max();
+int StageDp::min_candidate(uint32_t first, uint32_t last, int64_t flight, double limit, bool* recompute) const {
+  const size_t base = index(first, last, 0);
+  const int32_t* starts = &fitting_starts(flight)[2 * (first * (k_ + 1) + last)];
+  *recompute = recompute_;
+  const int c = first_h_.find(base, static_cast<size_t>(starts[0]), limit);
+  if (!where_needed_) return c;
+  // Recomputation only where it lets the stage use fewer replicas (or fit at all) under the same limit.
+  const int r = first_h_rc_.find(base, static_cast<size_t>(starts[1]), limit);
+  if (r >= 0 && (c < 0 || r < c)) {
+    *recompute = true;
+    return r;
+  }
+  return c;
+}
+
+void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
+  // devices[r][i]: least devices for blocks [i, k) in r + 1 stages (the first of them is stage S − 1 − r). Its
+  // in-flight count, S − (S − 1 − r) = r + 1 under 1F1B (m under GPipe), does not depend on S, so one table with
+  // every start i answers every stage count ≤ `stages` at once (every_start); for one S, starts before S − 1 − r
+  // cannot be reached and are skipped.
   const size_t n = k_ + 1;
-  std::vector<int> devices(static_cast<size_t>(stages) * n, kNone);
-  std::vector<uint32_t> choice_last(devices.size(), 0);
-  std::vector<int> choice_cand(devices.size(), -1);
-  std::vector<uint8_t> choice_rc(devices.size(), 0);
+  t.devices.assign(static_cast<size_t>(stages) * n, kNone);
+  t.last.assign(t.devices.size(), 0);
+  t.cand.assign(t.devices.size(), -1);
+  t.rc.assign(t.devices.size(), 0);
   for (int r = 0; r < stages; ++r) {
-    const int stage = stages - 1 - r;
-    const int64_t flight = in_flight(stage, stages);
-    // Stage `stage` starts at i; at least `stage` blocks must remain before it, r after it.
-    const uint32_t i_min = static_cast<uint32_t>(stage);
+    const int64_t flight = in_flight(stages - 1 - r, stages);
+    const uint32_t i_min = every_start ? 0u : static_cast<uint32_t>(stages - 1 - r);
     const uint32_t i_max = static_cast<uint32_t>(k_ - 1 - r);
     for (uint32_t i = i_min; i <= i_max && i < k_; ++i) {
       int best = kNone;
@@ -154,7 +197,7 @@ bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundari
         if (c >= 0) { best = candidates_[c]; best_last = static_cast<uint32_t>(k_); best_cand = c; best_rc = rc; }
       } else {
         for (uint32_t last = i + 1; last + r <= k_ && (!fixed_split_ || last == i + 1); ++last) {
-          const int rest = devices[(r - 1) * n + last];
+          const int rest = t.devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
           const int c = min_candidate(i, last, flight, limit, &rc);
           if (c < 0) continue;
@@ -163,14 +206,21 @@ bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundari
         }
       }
       if (best <= devices_) {
-        devices[r * n + i] = best;
-        choice_last[r * n + i] = best_last;
-        choice_cand[r * n + i] = best_cand;
-        choice_rc[r * n + i] = best_rc;
+        t.devices[r * n + i] = best;
+        t.last[r * n + i] = best_last;
+        t.cand[r * n + i] = best_cand;
+        t.rc[r * n + i] = best_rc;
       }
     }
   }
-  const int total = devices[(stages - 1) * n + 0];
+}
+
+bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
+                       std::vector<bool>* recomputes) const {
+  Table t;
+  fill(stages, limit, false, t);
+  const size_t n = k_ + 1;
+  const int total = t.devices[(stages - 1) * n + 0];
   if (total == kNone || total > devices_) return false;
   if (boundaries) {
     boundaries->assign(1, 0);
@@ -179,9 +229,9 @@ bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundari
     uint32_t i = 0;
     for (int r = stages - 1; r >= 0; --r) {
       const size_t at = r * n + i;
-      replicas->push_back(candidates_[choice_cand[at]]);
-      recomputes->push_back(choice_rc[at] != 0);
-      i = choice_last[at];
+      replicas->push_back(candidates_[t.cand[at]]);
+      recomputes->push_back(t.rc[at] != 0);
+      i = t.last[at];
       boundaries->push_back(i);
     }
   }
@@ -189,30 +239,74 @@ bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundari
 }
 
 std::optional<StageSolution> StageDp::solve(int stages) const {
-  if (stages < 1 || static_cast<size_t>(stages) > k_ || candidates_.empty() || h_values_.empty()) return std::nullopt;
-  if (static_cast<int64_t>(stages) * candidates_.front() > devices_) return std::nullopt;
-  // Feasible at all (memory, devices)? Then binary search the least attainable bottleneck.
-  if (!feasible(stages, h_values_.back(), nullptr, nullptr, nullptr)) return std::nullopt;
-  size_t lo = 0, hi = h_values_.size() - 1;  // answer index in [lo, hi]
-  while (lo < hi) {
-    const size_t mid = (lo + hi) / 2;
-    if (feasible(stages, h_values_[mid], nullptr, nullptr, nullptr)) hi = mid; else lo = mid + 1;
+  std::vector<std::optional<StageSolution>> one = solve_many({stages});
+  return std::move(one.front());
+}
+
+std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<int>& stage_counts) const {
+  std::vector<std::optional<StageSolution>> out(stage_counts.size());
+  // Per stage count, the index range of h_values_ its least feasible bottleneck lies in; nothing to search for
+  // counts that cannot be feasible.
+  struct Search {
+    int stages;
+    size_t lo, hi;
+    bool active;
+  };
+  std::vector<Search> searches;
+  int max_stages = 0;
+  for (int s : stage_counts) {
+    const bool possible = s >= 1 && static_cast<size_t>(s) <= k_ && !candidates_.empty() && !h_values_.empty() &&
+                          static_cast<int64_t>(s) * candidates_.front() <= devices_;
+    searches.push_back({s, 0, h_values_.empty() ? 0 : h_values_.size() - 1, possible});
+    if (possible) max_stages = std::max(max_stages, s);
   }
-  StageSolution solution;
-  solution.stages = stages;
-  solution.microbatches = microbatches_;
-  solution.schedule = schedule_;
-  solution.recompute = recompute_;
-  std::vector<bool> per_stage;
-  APART_CHECK(feasible(stages, h_values_[hi], &solution.boundaries, &solution.replicas, &per_stage),
-              "DP lost feasibility");
-  if (where_needed_) {
-    solution.stage_recompute = std::move(per_stage);
-    solution.recompute = solution.any_recompute();
+  const size_t n = k_ + 1;
+  Table t;
+  // One table at a limit answers every stage count: probe where the widest open range is halved, and let the
+  // answer narrow every range it falls in (a parallel binary search; each range ends at its least feasible value).
+  int open = 0;
+  for (const Search& s : searches) open += s.active ? 1 : 0;
+  const bool every_start = open > 1;  // one count: the cheaper table of its reachable starts
+  auto probe = [&](size_t at) {
+    fill(max_stages, h_values_[at], every_start, t);
+    for (Search& s : searches) {
+      if (!s.active || at < s.lo || at > s.hi) continue;
+      const int total = t.devices[static_cast<size_t>(s.stages - 1) * n];
+      if (total != kNone && total <= devices_) s.hi = at; else s.lo = at + 1;
+    }
+  };
+  if (max_stages > 0) {
+    probe(h_values_.size() - 1);  // feasible at all?
+    for (Search& s : searches)
+      if (s.active && s.lo > s.hi) s.active = false;
   }
-  const bool fits = evaluate_solution(evaluator_, solution);
-  APART_CHECK(fits, "DP returned a split that does not fit memory");
-  return solution;
+  for (;;) {
+    const Search* widest = nullptr;
+    for (const Search& s : searches)
+      if (s.active && s.lo < s.hi && (!widest || s.hi - s.lo > widest->hi - widest->lo)) widest = &s;
+    if (!widest) break;
+    probe((widest->lo + widest->hi) / 2);
+  }
+  for (size_t q = 0; q < searches.size(); ++q) {
+    const Search& s = searches[q];
+    if (!s.active) continue;
+    StageSolution solution;
+    solution.stages = s.stages;
+    solution.microbatches = microbatches_;
+    solution.schedule = schedule_;
+    solution.recompute = recompute_;
+    std::vector<bool> per_stage;
+    APART_CHECK(feasible(s.stages, h_values_[s.hi], &solution.boundaries, &solution.replicas, &per_stage),
+                "DP lost feasibility");
+    if (where_needed_) {
+      solution.stage_recompute = std::move(per_stage);
+      solution.recompute = solution.any_recompute();
+    }
+    const bool fits = evaluate_solution(evaluator_, solution);
+    APART_CHECK(fits, "DP returned a split that does not fit memory");
+    out[q] = std::move(solution);
+  }
+  return out;
 }
 
 void StageDp::spend_leftover_devices(StageSolution& solution) const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <vector>
@@ -10,6 +11,23 @@
 #include "partition/stage_cost.h"
 
 namespace apart {
+
+// First index ≥ lo whose value is ≤ a limit, in O(log n), over many equal-length rows of values (the DP's
+// h per replica candidate, which is not monotone in the replica count): a sparse table of range minima, then
+// a binary search on the running minimum from lo.
+class FirstAtMost {
+ public:
+  FirstAtMost() = default;
+  FirstAtMost(const std::vector<double>* values, size_t row_length);
+  // Index within the row starting at `row_begin`, or -1.
+  int find(size_t row_begin, size_t lo, double limit) const;
+
+ private:
+  double range_min(size_t row_begin, size_t a, size_t b) const;  // inclusive
+  const std::vector<double>* values_ = nullptr;
+  size_t n_ = 0;
+  std::vector<std::vector<double>> levels_;  // levels_[j-1][i]: min of values[i .. i + 2^j) within a row
+};
 
 // One candidate: S stages at m micro-batches under a schedule, with recomputation on or off.
 struct StageSolution {
@@ -44,9 +62,14 @@ class StageDp {
   // without; `recompute` is then ignored. The DP is exact over that per-stage choice too.
   StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
           std::optional<int> pinned_replicas, bool fixed_split = false, bool recompute_where_needed = false);
+  StageDp(const StageDp&) = delete;  // the range-min tables point into this object's vectors
+  StageDp& operator=(const StageDp&) = delete;
   // The split into exactly `stages` stages minimising the bottleneck (ties: fewer devices); nullopt when no
   // split fits memory and devices. Exact: binary search over the sorted distinct values h can take.
   std::optional<StageSolution> solve(int stages) const;
+  // solve() for several stage counts, sharing the DP tables: one table at a bottleneck limit answers every count
+  // (the in-flight count of a stage depends only on the stages after it), so the binary searches run in parallel.
+  std::vector<std::optional<StageSolution>> solve_many(const std::vector<int>& stage_counts) const;
   // Gives leftover devices to stages, one candidate step at a time, while the estimate improves.
   void spend_leftover_devices(StageSolution& solution) const;
   const std::vector<int>& replica_candidates() const { return candidates_; }
@@ -55,9 +78,20 @@ class StageDp {
   // Least candidate index whose memory fits and h ≤ limit, or -1; *recompute: whether that needs recomputation
   // (tried only when recompute_where_needed).
   int min_candidate(uint32_t first, uint32_t last, int64_t in_flight, double limit, bool* recompute) const;
+  // The memory-feasible first candidates of every range at one in-flight count (they do not depend on the
+  // bottleneck limit, so every probe of the binary search reuses them): [2 · (first · (k + 1) + last) + variant].
+  const std::vector<int32_t>& fitting_starts(int64_t in_flight) const;
   int first_fitting(size_t base, int64_t in_flight, const std::vector<double>& mem_base,
                     const std::vector<double>& per_flight) const;
   // Min devices for blocks [first, k) in `stages_left` stages when every h ≤ limit; fills choice tables.
+  static constexpr int kNone = std::numeric_limits<int>::max();
+  struct Table {  // per (stages left − 1, first block), flattened: least devices and the choice that gives it
+    std::vector<int> devices;
+    std::vector<uint32_t> last;
+    std::vector<int> cand;
+    std::vector<uint8_t> rc;
+  };
+  void fill(int stages, double limit, bool every_start, Table& table) const;
   bool feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
                 std::vector<bool>* recomputes) const;
   int64_t in_flight(int stage, int stages) const;
@@ -75,6 +109,8 @@ class StageDp {
   // Per (first, last, candidate), flattened: h, memory without in-flight activations, per in-flight bytes.
   std::vector<double> h_, mem_base_, mem_per_flight_;
   std::vector<double> h_rc_, mem_base_rc_, mem_per_flight_rc_;  // the recomputing variant (where_needed_ only)
+  FirstAtMost first_h_, first_h_rc_;
+  mutable std::vector<std::pair<int64_t, std::vector<int32_t>>> fitting_;  // per in-flight count, computed once
   std::vector<double> h_values_;         // sorted distinct h values
   // Fixed splits store only the ranges [i, i+1).
   size_t index(uint32_t first, uint32_t last, size_t c) const {

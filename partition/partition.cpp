@@ -190,7 +190,7 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     k = std::min(k, components);
     if (o.method == Method::kApart) {
       BlockStatistics block_stats;
-      chosen_assignment = build_blocks(atomic, k, o.block, reference_u, &block_stats);
+      chosen_assignment = build_blocks(atomic, k, o.block, o.training, reference_u, &block_stats);
       plan.search.coarsening_levels = block_stats.levels;
       plan.search.refinement_moves = block_stats.moves;
     } else {

@@ -1,5 +1,5 @@
-// The block level (two balance constraints: time and memory) against brute force on small graphs: every acyclic
-// blocking.
+// The block level (two balance constraints: time and memory) and stage-cut refinement, against brute force on
+// small graphs: every acyclic blocking, every cut position.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 
 #include "partition/block.h"
 #include "partition/stage_cost.h"
+#include "partition/stage_refine.h"
 #include "random_models.h"
 
 namespace apart {
@@ -218,6 +219,146 @@ TEST(TheBlockLevel, GivesTheSameBlocksOnEveryRun) {
     EXPECT_EQ(first.block_of, second.block_of);
     EXPECT_EQ(first_stats.moves, second_stats.moves);
     EXPECT_EQ(first_stats.max_load, second_stats.max_load);
+  }
+}
+
+// ---------------- Stage-cut refinement ----------------
+
+ClusterSpec small_cluster(int devices, int64_t memory) {
+  ClusterSpec c;
+  c.device = "test";
+  c.devices = devices;
+  c.devices_per_node = 2;
+  c.memory_bytes = memory;
+  return c;
+}
+
+// Least bottleneck over every split of `order` (a topological order of the components) into S contiguous
+// stages whose cuts lie in the given ranges of positions, with the replica counts fixed.
+double brute_force_cuts(const AtomicGraph& atomic, const std::vector<uint32_t>& order, const StageSolution& base,
+                        const std::vector<std::pair<size_t, size_t>>& ranges, const ClusterSpec& cluster,
+                        const TrainingSpec& training) {
+  const size_t n = order.size();
+  // Every component its own block, in `order`.
+  BlockAssignment singles;
+  singles.blocks = static_cast<uint32_t>(n);
+  singles.block_of.resize(n);
+  for (size_t p = 0; p < n; ++p) singles.block_of[order[p]] = static_cast<uint32_t>(p);
+  const StageEvaluator ev(make_block_sequence(atomic, singles), cluster, training);
+  const int stages = base.stages;
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<uint32_t> cuts{0};
+  std::function<void(int)> place = [&](int s) {
+    if (s == stages) {
+      cuts.push_back(static_cast<uint32_t>(n));
+      double worst = 0;
+      bool fits = true;
+      for (int i = 0; i < stages && fits; ++i) {
+        const StageCost c = ev.evaluate(cuts[i], cuts[i + 1], base.replicas[i], base.microbatches,
+                                        in_flight_microbatches(base.schedule, base.microbatches, i, stages),
+                                        base.recompute);
+        fits = c.memory_bytes <= cluster.memory_bytes && cuts[i] < cuts[i + 1];
+        worst = std::max(worst, c.h);
+      }
+      if (fits) best = std::min(best, worst);
+      cuts.pop_back();
+      return;
+    }
+    for (size_t p = std::max<size_t>(ranges[s].first, cuts.back() + 1); p <= ranges[s].second && p < n; ++p) {
+      cuts.push_back(static_cast<uint32_t>(p));
+      place(s + 1);
+      cuts.pop_back();
+    }
+  };
+  place(1);
+  return best;
+}
+
+TEST(TheStageCutRefinement, FindsTheBestCutsNearTheBlockEdgesAndNeverRaisesTheBottleneck) {
+  int refined_cases = 0, sparse_cases = 0;
+  for (uint32_t seed = 0; seed < 16; ++seed) {
+    const auto model = random_model(300 + seed, 26, seed % 2 == 0);
+    const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
+    const int k = 6;
+    const BlockAssignment blocks = build_blocks(atomic, k, {}, TrainingSpec{}, kReferenceMicrobatch);
+    const ClusterSpec cluster = small_cluster(6, 4'000'000);
+    TrainingSpec training;
+    training.global_batch = 12;
+    const StageEvaluator coarse_ev(make_block_sequence(atomic, blocks), cluster, training);
+    for (int stages : {2, 3}) {
+      const StageDp dp(coarse_ev, 2, Schedule::k1F1B, false, std::nullopt);
+      const auto coarse = dp.solve(stages);
+      if (!coarse) continue;
+      // The component order refinement works in: by block, then by index.
+      std::vector<uint32_t> order(atomic.size());
+      std::iota(order.begin(), order.end(), 0u);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](uint32_t a, uint32_t b) { return blocks.block_of[a] < blocks.block_of[b]; });
+      std::vector<size_t> start(k + 1, atomic.size());
+      for (size_t p = atomic.size(); p-- > 0;) start[blocks.block_of[order[p]]] = p;
+      // Oracle 1: every cut anywhere (the best any refinement could reach with these replicas).
+      std::vector<std::pair<size_t, size_t>> anywhere(stages, {1, atomic.size() - 1});
+      const double global = brute_force_cuts(atomic, order, *coarse, anywhere, cluster, training);
+      // Oracle 2: every cut within the blocks on either side of its coarse position (the first round's windows).
+      std::vector<std::pair<size_t, size_t>> windows(stages);
+      for (int s = 1; s < stages; ++s)
+        windows[s] = {start[coarse->boundaries[s] - 1], start[coarse->boundaries[s] + 1]};
+      const double local = brute_force_cuts(atomic, order, *coarse, windows, cluster, training);
+
+      const auto refined = refine_stage_cuts(atomic, blocks, *coarse, cluster, training);
+      const double result = refined ? refined->solution.bottleneck_h : coarse->bottleneck_h;
+      EXPECT_LE(result, coarse->bottleneck_h * (1 + 1e-12));
+      EXPECT_LE(result, local * (1 + 1e-12)) << "seed " << seed << " S " << stages;
+      EXPECT_GE(result, global * (1 - 1e-12));
+      // With few runs allowed the windows get geometrically spaced positions: still never worse.
+      const auto sparse = refine_stage_cuts(atomic, blocks, *coarse, cluster, training, 4 * stages);
+      if (sparse) {
+        ++sparse_cases;
+        EXPECT_LE(sparse->solution.bottleneck_h, coarse->bottleneck_h * (1 + 1e-12));
+        EXPECT_GE(sparse->solution.bottleneck_h, global * (1 - 1e-12));
+        expect_topological(atomic, sparse->assignment);
+      }
+      if (!refined) continue;
+      ++refined_cases;
+      const StageSolution& s = refined->solution;
+      EXPECT_EQ(s.stages, coarse->stages);
+      EXPECT_EQ(s.microbatches, coarse->microbatches);
+      EXPECT_EQ(s.replicas, coarse->replicas);
+      EXPECT_EQ(s.recompute, coarse->recompute);
+      EXPECT_EQ(s.boundaries.back(), refined->assignment.blocks);
+      expect_topological(atomic, refined->assignment);
+      StageSolution again = s;
+      EXPECT_TRUE(evaluate_solution(*refined->evaluator, again)) << "the refined split must fit memory";
+      EXPECT_DOUBLE_EQ(again.estimate.iteration_s, s.estimate.iteration_s);
+    }
+  }
+  EXPECT_GT(refined_cases, 4) << "refinement should move some cut on these graphs";
+  EXPECT_GT(sparse_cases, 0) << "the geometric windows were never exercised";
+}
+
+TEST(TheStageCutRefinement, ReturnsACandidateOnlyWhenItBeatsEveryGivenOne) {
+  for (uint32_t seed = 0; seed < 8; ++seed) {
+    const auto model = random_model(400 + seed, 30, false);
+    const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
+    const BlockAssignment blocks = build_blocks(atomic, 8, {}, TrainingSpec{}, kReferenceMicrobatch);
+    const ClusterSpec cluster = small_cluster(8, 8'000'000);
+    TrainingSpec training;
+    training.global_batch = 16;
+    const StageEvaluator ev(make_block_sequence(atomic, blocks), cluster, training);
+    std::vector<StageSolution> found;
+    for (int64_t m : {1, 2, 4})
+      for (int stages = 1; stages <= 4; ++stages)
+        if (auto s = StageDp(ev, m, Schedule::k1F1B, false, std::nullopt).solve(stages)) found.push_back(*s);
+    if (found.empty()) continue;
+    double best = std::numeric_limits<double>::infinity();
+    for (const StageSolution& s : found) best = std::min(best, s.estimate.iteration_s);
+    const auto first = refine_best_candidates(atomic, blocks, found, cluster, training);
+    const auto second = refine_best_candidates(atomic, blocks, found, cluster, training);
+    ASSERT_EQ(first.has_value(), second.has_value());
+    if (!first) continue;
+    EXPECT_LT(first->solution.estimate.iteration_s, best);
+    EXPECT_EQ(first->solution.boundaries, second->solution.boundaries) << "not deterministic";
+    EXPECT_EQ(first->assignment.block_of, second->assignment.block_of);
   }
 }
 

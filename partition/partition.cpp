@@ -12,6 +12,7 @@
 #include "graph/error.h"
 #include "partition/baselines.h"
 #include "partition/block.h"
+#include "partition/stage_refine.h"
 
 namespace apart {
 namespace {
@@ -204,6 +205,13 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
                                           o.stage.max_stages > 0 ? o.stage.max_stages : INT32_MAX});
     found = solve_all(*chosen_evaluator, ms, stage_candidates(max_stages, o.stage), schedules, recomputes, o,
                       plan.search, start, progress);
+    // Stage-cut refinement (docs/partitioning.md): the best split of each S with its cuts moved off block edges.
+    if (o.method == Method::kApart && !plan.search.stopped_by_time_limit)
+      if (auto refined = refine_best_candidates(atomic, chosen_assignment, found, o.cluster, o.training)) {
+        found.assign(1, std::move(refined->solution));
+        chosen_evaluator = std::move(refined->evaluator);
+        chosen_assignment = std::move(refined->assignment);
+      }
   }
   // Baselines: a fixed split per S; the DP over S blocks only chooses replicas, m and recomputation. apart also
   // tries both baseline splits over all S (cut at component granularity, which k blocks may not offer) and keeps

@@ -1,7 +1,8 @@
 // quality_bench: every partition method (apart and the baselines) on the same cost model, memory check and
 // simulator, on zoo models and the real torch exports in shared/models, × 8…1024 devices. Writes a Markdown
 // table (bench/RESULTS.md holds one run).
-// Usage: quality_bench [--out FILE] [--time-limit S] [--models a,b,…] [--shared-models DIR]
+// Usage: quality_bench [--out FILE] [--time-limit S] [--models a,b,…] [--devices 8,64,…] [--methods apart,metis,…]
+//                      [--shared-models DIR]
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -59,7 +60,7 @@ std::string fmt(const char* f, double v) {
 int main(int argc, char** argv) {
   std::string out_path;
   double time_limit = 0;
-  std::string only;
+  std::string only, only_devices, only_methods;  // ",a,b," filters; empty = all
   std::filesystem::path shared = std::filesystem::path(APART_SOURCE_DIR) / ".." / "shared" / "models";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -67,10 +68,17 @@ int main(int argc, char** argv) {
     if (a == "--out") out_path = next();
     else if (a == "--time-limit") time_limit = std::stod(next());
     else if (a == "--models") only = "," + next() + ",";
+    else if (a == "--devices") only_devices = "," + next() + ",";
+    else if (a == "--methods") only_methods = "," + next() + ",";
     else if (a == "--shared-models") shared = next();
     else {
-      std::fprintf(stderr, "usage: quality_bench [--out FILE] [--time-limit S] [--models a,b] [--shared-models DIR]\n");
-      return 2;
+      const bool help = a == "--help" || a == "-h";
+      std::fprintf(help ? stdout : stderr,
+                   "usage: quality_bench [--out FILE] [--time-limit S] [--models a,b] [--devices 8,64] "
+                   "[--methods apart,metis] [--shared-models DIR]\n"
+                   "  --models, --devices, --methods: run only these (comma-separated); the table's \"× apart\"\n"
+                   "  column needs apart among the methods\n");
+      return help ? 0 : 2;
     }
   }
   const std::vector<Case> all = {
@@ -115,6 +123,7 @@ int main(int argc, char** argv) {
     for (uint32_t v = 0; v < model.graph.num_values(); ++v)
       if (model.graph.value(ValueId(v)).kind == ValueKind::kParam) param_bytes += static_cast<double>(model.graph.value(ValueId(v)).bytes);
     for (const int devices : c.devices) {
+      if (!only_devices.empty() && only_devices.find("," + std::to_string(devices) + ",") == std::string::npos) continue;
       PartitionOptions o;
       const Cluster cl = make_cluster(device, devices, 8);
       o.cluster.device = device.name;
@@ -138,6 +147,8 @@ int main(int argc, char** argv) {
       const CostTable c2 = estimate_costs(model.graph, device, co);
       std::vector<Row> rows;
       for (Method method : kAllMethods) {
+        if (!only_methods.empty() && only_methods.find("," + std::string(method_name(method)) + ",") == std::string::npos)
+          continue;
         o.method = method;
         Row r;
         r.method = std::string(method_name(method));
@@ -173,7 +184,9 @@ int main(int argc, char** argv) {
       const double state = param_bytes * state_bytes_per_param_byte(o.training.optimizer, precision);
       const double s_min = std::max(1.0, std::ceil(state / static_cast<double>(device.memory_bytes)));
       const double attainable_factor = 1 + (s_min - 1) * devices / (static_cast<double>(c.batch) * s_min);
-      const Row& apart_row = rows[0];
+      Row apart_row;  // infeasible (so "× apart" prints —) when --methods leaves apart out
+      for (const Row& r : rows)
+        if (r.method == method_name(Method::kApart)) apart_row = r;
       for (const Row& r : rows) {
         md << "| " << c.model << " | " << devices << " | " << c.batch << " | " << r.method << " | ";
         if (!r.feasible) {

@@ -13,6 +13,7 @@
 #include "partition/baselines.h"
 #include "partition/block.h"
 #include "partition/select.h"
+#include "partition/stage_refine.h"
 
 namespace apart {
 namespace {
@@ -198,7 +199,7 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     auto assignment = std::make_shared<BlockAssignment>();
     if (o.method == Method::kApart) {
       BlockStatistics block_stats;
-      *assignment = build_blocks(atomic, k, o.block, reference_u, &block_stats);
+      *assignment = build_blocks(atomic, k, o.block, o.training, reference_u, &block_stats);
       plan.search.coarsening_levels = block_stats.levels;
       plan.search.refinement_moves = block_stats.moves;
     } else {
@@ -211,9 +212,20 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     auto evaluator = std::make_shared<const StageEvaluator>(*seq, o.cluster, o.training);
     const int max_stages = std::min<int>({static_cast<int>(assignment->blocks), o.cluster.devices,
                                           o.stage.max_stages > 0 ? o.stage.max_stages : INT32_MAX});
-    add_candidates(solve_all(*evaluator, ms, stage_candidates(max_stages, o.stage), schedules, recomputes, o,
-                             plan.search, start, progress),
-                   seq, assignment, evaluator, source);
+    std::vector<StageSolution> solutions = solve_all(*evaluator, ms, stage_candidates(max_stages, o.stage), schedules,
+                                                     recomputes, o, plan.search, start, progress);
+    // Stage-cut refinement (stage_refine.h): the best split of each S with its cuts moved off block edges, one
+    // more candidate over its own finer runs of components.
+    if (o.method == Method::kApart && !plan.search.stopped_by_time_limit)
+      if (auto refined = refine_best_candidates(atomic, *assignment, solutions, o.cluster, o.training)) {
+        auto runs = std::make_shared<const BlockAssignment>(std::move(refined->assignment));
+        auto run_seq = std::make_shared<const BlockSequence>(make_block_sequence(atomic, *runs));
+        std::shared_ptr<const StageEvaluator> run_evaluator(std::move(refined->evaluator));
+        std::vector<StageSolution> one;
+        one.push_back(std::move(refined->solution));
+        add_candidates(std::move(one), run_seq, runs, run_evaluator, source + " refined");
+      }
+    add_candidates(std::move(solutions), seq, assignment, evaluator, source);
     // Pipeline-major: one pipeline replica per node (or several per node), stages talking over NVLink and every
     // stage's replicas all-reducing across nodes. Only for S ≤ devices per node, with equal replica counts.
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

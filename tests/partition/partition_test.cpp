@@ -221,7 +221,7 @@ TEST(TheBlockLevel, ReachesTheRequestedBlockCountWithForwardEdgesOnly) {
     const auto model = random_model(seed, 14, false);
     const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
     for (int k = 1; k <= static_cast<int>(atomic.size()); ++k) {
-      const BlockAssignment a = build_blocks(atomic, k, {}, 4.0);
+      const BlockAssignment a = build_blocks(atomic, k, {}, {}, 4.0);
       EXPECT_EQ(a.blocks, static_cast<uint32_t>(k));
       for (const Transfer& t : atomic.transfers)
         for (uint32_t c : t.consumers) EXPECT_LE(a.block_of[t.producer], a.block_of[c]);

@@ -13,6 +13,7 @@
 #include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "graph/task_graph.h"
+#include "importer/model_proto.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -141,9 +142,7 @@ Checkpoint read_checkpoint(const fs::path& dir_or_file) {
 
 void write_trained_model(const fs::path& forward_model, const fs::path& output,
                          const std::map<std::string, const Tensor*>& values, int64_t external_threshold_bytes) {
-  const std::string bytes = read_file_bytes(forward_model, "model");
-  onnx::ModelProto model;
-  if (!model.ParseFromString(bytes)) throw InvalidModel(forward_model.string() + " is not a valid ONNX model");
+  onnx::ModelProto model = load_model_proto(forward_model);
   const fs::path base_dir = forward_model.parent_path();
   auto* graph = model.mutable_graph();
 

@@ -2,10 +2,7 @@
 // seq 128, batch 1) as samples/s and as a fraction of this machine's measured cblas_sgemm GFLOP/s,
 // with the per-op-type split from the measured profile. bench/speed_vs_torch.py runs it beside torch.
 //   bench_profile_speed [--model FILE] [--batch N] [--repeats N] [--seq S] [--json]
-#include <cblas.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/sgemm_peak.h"
 #include "importer/importer.h"
 #include "models/zoo.h"
 #include "profiler/cost_model.h"
@@ -21,23 +19,6 @@
 #include "runtime/profile.h"
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-double sgemm_gflops(int n, int reps) {
-  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t).count());
-  }
-  return 2.0 * n * n * n / best / 1e9;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string model;
@@ -78,7 +59,7 @@ int main(int argc, char** argv) {
     const apart::ProfileResult r = apart::profile_model(m, import, po);
     double flops = 0;
     for (const auto& c : r.table.tasks) flops += c.flops + c.backward_flops;
-    const double sgemm = sgemm_gflops(1024, 5);
+    const double sgemm = apart::bench::sgemm_gflops(1024, 5);
     const double achieved = flops / r.step_s / 1e9;
     std::map<std::string, double> by_op;
     for (uint32_t t = 0; t < m.graph.num_tasks(); ++t)

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/sgemm_peak.h"
 #include "importer/importer.h"
 #include "models/zoo.h"
 #include "profiler/op_work.h"
@@ -21,18 +22,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-double sgemm_gflops(int n, int reps) {
-  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    best = std::min(best, seconds_since(t));
-  }
-  return 2.0 * n * n * n / best / 1e9;
-}
 
 apart::Tensor random_ids(std::mt19937& rng, std::vector<int64_t> shape, int64_t vocab) {
   apart::Tensor t(apart::DType::kInt64, std::move(shape));
@@ -76,7 +65,7 @@ void bench_model(const std::string& label, const fs::path& path, int64_t vocab, 
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
-  const double peak = sgemm_gflops(1536, 10);
+  const double peak = apart::bench::sgemm_gflops(1536, 10);
   std::printf("cblas_sgemm 1536^3 (best of 10): %.1f GFLOP/s (%s)\n", peak, OPENBLAS_VERSION);
   bench_model("gpt-tiny", fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx", 512, reps * 4, peak);
 

@@ -1,34 +1,15 @@
 // stage_K.onnx: each stage's forward subgraph as a standalone ONNX model (DESIGN.md "The plan").
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl.h>
-#include <map>
 #include <onnx/onnx_pb.h>
+
+#include <map>
 #include <set>
 
 #include "codegen/plan_writer.h"
 #include "graph/error.h"
+#include "importer/model_proto.h"
 
 namespace apart {
 namespace {
-
-onnx::ModelProto load_model_proto(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw SystemError("cannot open " + path.string());
-  onnx::ModelProto model;
-  bool ok;
-  {
-    google::protobuf::io::FileInputStream raw(fd);
-    google::protobuf::io::CodedInputStream coded(&raw);
-    coded.SetTotalBytesLimit(INT32_MAX);
-    ok = model.ParseFromCodedStream(&coded);
-  }
-  ::close(fd);
-  if (!ok) throw InvalidModel(path.string() + " is not a valid ONNX model (protobuf parse failed)");
-  return model;
-}
 
 // A dim that scales with the batch is a dim_param, so the stage runs at any micro-batch size.
 void set_value_info(onnx::ValueInfoProto* info, const TaskGraph& graph, ValueId id, const StageShapes& shapes) {

@@ -1,13 +1,41 @@
 // Writing a whole file or nothing: a temporary name in the same folder, then a rename.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string_view>
 
 namespace apart {
 
-// Writes `contents` to `path` through a hidden temporary file beside it and a rename, so readers never see a
-// half-written file and a failure leaves nothing behind. Throws SystemError naming the file.
+// A file written through a hidden temporary beside it (".NAME.tmp.PID") and renamed into place by commit(), so
+// readers never see a half-written file. Destroyed without commit() (an exception on the way), it removes the
+// temporary. Streams: a multi-GB file never has to be held in memory. Every failure throws SystemError naming the
+// file.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path path);  // opens the temporary
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  // For writers that take a stream (protobuf, JSON); commit() checks that every write went through.
+  std::ostream& stream() { return out_; }
+  const std::filesystem::path& temp_path() const { return temp_; }
+
+  void write(const void* data, int64_t bytes);  // throws when the stream has failed (disk full)
+  void commit();                                // flush, close, check, rename
+
+ private:
+  void check_stream() const;
+
+  std::filesystem::path path_;
+  std::filesystem::path temp_;
+  std::ofstream out_;
+  bool committed_ = false;
+};
+
+// Writes `contents` to `path` through an AtomicFile. Throws SystemError naming the file.
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents);
 
 }  // namespace apart

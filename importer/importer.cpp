@@ -22,6 +22,7 @@
 
 #include "graph/error.h"
 #include "importer/fold.h"
+#include "importer/model_proto.h"
 
 namespace apart {
 
@@ -757,17 +758,8 @@ void parse_model_bytes(const std::string& bytes, const std::string& display_name
     throw InvalidModel(display_name + " is not a valid ONNX protobuf (truncated or not an .onnx file)");
 }
 
-}  // namespace
-
-ImportedModel import_model_bytes(const std::string& bytes, const fs::path& base_dir, const std::string& display_name,
-                                 const ImportOptions& options) {
-  onnx::ModelProto model;
-  parse_model_bytes(bytes, display_name, model);
-  Importer importer(model, base_dir, display_name, options);
-  return importer.run();
-}
-
-ImportedModel import_model(const fs::path& path, const ImportOptions& options) {
+// The bytes of an .onnx file, after the checks that give each way of naming a wrong file its own error.
+std::string read_model_file(const fs::path& path) {
   std::error_code ec;
   const auto status = fs::status(path, ec);
   if (ec || !fs::exists(status)) throw SystemError("cannot open " + quote(path.string()) + ": no such file");
@@ -786,7 +778,27 @@ ImportedModel import_model(const fs::path& path, const ImportOptions& options) {
     in.read(bytes.data(), static_cast<std::streamsize>(size));
     if (static_cast<uintmax_t>(in.gcount()) != size) throw SystemError("could not read all of " + quote(path.string()));
   }
-  return import_model_bytes(bytes, path.parent_path(), path.string(), options);
+  return bytes;
+}
+
+}  // namespace
+
+ImportedModel import_model_bytes(const std::string& bytes, const fs::path& base_dir, const std::string& display_name,
+                                 const ImportOptions& options) {
+  onnx::ModelProto model;
+  parse_model_bytes(bytes, display_name, model);
+  Importer importer(model, base_dir, display_name, options);
+  return importer.run();
+}
+
+ImportedModel import_model(const fs::path& path, const ImportOptions& options) {
+  return import_model_bytes(read_model_file(path), path.parent_path(), path.string(), options);
+}
+
+onnx::ModelProto load_model_proto(const fs::path& path) {
+  onnx::ModelProto model;
+  parse_model_bytes(read_model_file(path), path.string(), model);
+  return model;
 }
 
 std::pair<std::string, std::vector<int64_t>> parse_shape_flag(const std::string& text) {

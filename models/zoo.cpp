@@ -3,14 +3,11 @@
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <onnx/onnx_pb.h>
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
+#include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "models/graph_builder.h"
 
@@ -202,76 +199,34 @@ void fill_inline(Built& b, const ZooOptions& o, const ZooProgress& progress) {
   }
 }
 
-// A file written under a temporary name; removed unless commit() renamed it into place.
-class TempFile {
- public:
-  explicit TempFile(fs::path final_path)
-      : final_(std::move(final_path)), temp_(final_.string() + ".tmp." + std::to_string(::getpid())) {}
-  ~TempFile() {
-    if (!committed_) {
-      std::error_code ec;
-      fs::remove(temp_, ec);
-    }
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  const fs::path& temp() const { return temp_; }
-  void commit() {
-    std::error_code ec;
-    fs::rename(temp_, final_, ec);
-    if (ec) throw SystemError("cannot rename " + temp_.string() + " to " + final_.string() + ": " + ec.message());
-    committed_ = true;
-  }
-
- private:
-  fs::path final_;
-  fs::path temp_;
-  bool committed_ = false;
-};
-
-std::ofstream open_for_write(const fs::path& p) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  if (!f) throw SystemError("cannot write " + p.string() + ": " + std::strerror(errno));
-  return f;
-}
-
-void serialize(const onnx::ModelProto& m, const fs::path& p) {
-  std::ofstream f = open_for_write(p);
-  {
-    google::protobuf::io::OstreamOutputStream zero_copy(&f);
-    google::protobuf::io::CodedOutputStream coded(&zero_copy);
-    coded.SetSerializationDeterministic(true);  // same options and seed -> same bytes
-    if (!m.SerializeToCodedStream(&coded)) throw SystemError("cannot serialize the model to " + p.string());
-  }
-  f.close();
-  if (!f) throw SystemError("cannot write " + p.string() + " (disk full?)");
+void serialize(const onnx::ModelProto& m, AtomicFile& file) {
+  google::protobuf::io::OstreamOutputStream zero_copy(&file.stream());
+  google::protobuf::io::CodedOutputStream coded(&zero_copy);
+  coded.SetSerializationDeterministic(true);  // same options and seed -> same bytes
+  if (!m.SerializeToCodedStream(&coded)) throw SystemError("cannot serialize the model to " + file.temp_path().string());
 }
 
 // Streams random weights into the external-data file, matching the offsets declare_external chose.
-void stream_weights(Built& b, const ZooOptions& o, const fs::path& p, const ZooProgress& progress) {
-  std::ofstream f = open_for_write(p);
+void stream_weights(Built& b, const ZooOptions& o, AtomicFile& file, const ZooProgress& progress) {
   int64_t offset = 0, done = 0;
   const int64_t total = std::max<int64_t>(1, b.weight_bytes);
   std::string buf;
   for (const ParamSpec& param : b.params) {
     const int64_t aligned = align_up(offset);
-    if (aligned > offset) f.write(std::string(static_cast<size_t>(aligned - offset), '\0').data(), aligned - offset);
+    if (aligned > offset) file.write(std::string(static_cast<size_t>(aligned - offset), '\0').data(), aligned - offset);
     offset = aligned;
     ParamValues values(param, o.seed);
     for (int64_t left = param.numel; left > 0;) {
       const size_t n = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(kChunk)));
       buf.clear();
       values.append(&buf, n, o.dtype);
-      f.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-      if (!f) throw SystemError("cannot write " + p.string() + " (disk full?)");
+      file.write(buf.data(), static_cast<int64_t>(buf.size()));
       offset += static_cast<int64_t>(buf.size());
       done += static_cast<int64_t>(buf.size());
       left -= static_cast<int64_t>(n);
       if (progress) progress("writing weights", static_cast<double>(done) / static_cast<double>(total));
     }
   }
-  f.close();
-  if (!f) throw SystemError("cannot write " + p.string() + " (disk full?)");
 }
 
 }  // namespace
@@ -307,10 +262,10 @@ ZooResult write_zoo_model(const ZooOptions& options, const std::string& path, co
 
   const std::string location = out.stem().string() + ".weights";
   const bool external = options.weights == WeightsMode::kNone || b.weight_bytes > inline_limit(options);
-  TempFile model_file(out);
+  AtomicFile model_file(out);
   if (!external) {
     fill_inline(b, options, progress);
-    serialize(b.model, model_file.temp());
+    serialize(b.model, model_file);
     model_file.commit();
   } else {
     declare_external(b, location, options.dtype);
@@ -322,14 +277,14 @@ ZooResult write_zoo_model(const ZooOptions& options, const std::string& path, co
         throw Infeasible("--weights random: " + std::to_string(b.weight_bytes) + " bytes of weights do not fit in " +
                          dir.string() + " (" + std::to_string(space.available) +
                          " bytes free); use --weights none for planning");
-      TempFile weights_file(dir / location);
-      stream_weights(b, options, weights_file.temp(), progress);
-      serialize(b.model, model_file.temp());
+      AtomicFile weights_file(dir / location);
+      stream_weights(b, options, weights_file, progress);
+      serialize(b.model, model_file);
       weights_file.commit();
       model_file.commit();
       r.weights_written = true;
     } else {
-      serialize(b.model, model_file.temp());
+      serialize(b.model, model_file);
       model_file.commit();
     }
   }

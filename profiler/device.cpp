@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "profiler/cpu_probe.h"
 
@@ -149,17 +150,13 @@ Device cpu_device(bool refresh) {
   // Cache it; a read-only home only costs a re-probe next time.
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
-  const auto tmp = path.string() + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp);
-    out << nlohmann::json{{"schema", "apart.cpu_probe/1"}, {"fp32_flops", p.fp32_flops},
-                          {"bandwidth_bytes_per_s", p.bandwidth}, {"threads", p.threads},
-                          {"probe_seconds", p.seconds}}
-               .dump(2)
-        << "\n";
+  const nlohmann::json cache = {{"schema", "apart.cpu_probe/1"}, {"fp32_flops", p.fp32_flops},
+                                {"bandwidth_bytes_per_s", p.bandwidth}, {"threads", p.threads},
+                                {"probe_seconds", p.seconds}};
+  try {
+    write_file_atomically(path, cache.dump(2) + "\n");
+  } catch (const SystemError&) {
   }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) std::filesystem::remove(tmp, ec);
   return cpu_from_probe(p);
 }
 

@@ -2,12 +2,12 @@
 #include "report/report_plan.h"
 
 #include <cctype>
-#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "graph/error.h"
+#include "simulator/json_reader.h"
 
 namespace apart::report {
 namespace {
@@ -15,63 +15,12 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-// Field access with errors that name the file and the field ("stages[1].tasks[3] must be a string").
-class Reader {
- public:
-  Reader(std::string source, std::string schema) : source_(std::move(source)), schema_(std::move(schema)) {}
-
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw InvalidModel(source_ + ": " + field + " " + what + " (schema " + schema_ +
-                       ", docs/report.md; re-run `apart partition` to regenerate the plan)");
-  }
-  const json& member(const json& obj, const std::string& path, const char* key) const {
-    if (!obj.is_object() || !obj.contains(key)) fail(path + key, "is missing");
-    return obj[key];
-  }
-  const json& object(const json& obj, const std::string& path, const char* key) const {
-    const json& v = member(obj, path, key);
-    if (!v.is_object()) fail(path + key, "must be an object");
-    return v;
-  }
-  const json& array(const json& obj, const std::string& path, const char* key) const {
-    const json& v = member(obj, path, key);
-    if (!v.is_array()) fail(path + key, "must be an array");
-    return v;
-  }
-  std::string string(const json& obj, const std::string& path, const char* key, std::optional<std::string> fallback) const {
-    if (!obj.contains(key) || (fallback && obj[key].is_null())) {
-      if (fallback) return *fallback;
-      fail(path + key, "is missing");
-    }
-    if (!obj[key].is_string()) fail(path + key, "must be a string");
-    return obj[key].get<std::string>();
-  }
-  std::optional<double> number(const json& obj, const std::string& path, const char* key, bool required) const {
-    if (!obj.contains(key) || obj[key].is_null()) {
-      if (required) fail(path + key, "is missing");
-      return std::nullopt;
-    }
-    const json& v = obj[key];
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
-      fail(path + key, "must be a finite non-negative number");
-    return v.get<double>();
-  }
-  std::optional<int64_t> integer(const json& obj, const std::string& path, const char* key, bool required) const {
-    const std::optional<double> d = number(obj, path, key, required);
-    if (!d) return std::nullopt;
-    if (std::floor(*d) != *d || *d > 9.0e15) fail(path + key, "must be an integer");
-    return static_cast<int64_t>(*d);
-  }
-  bool boolean(const json& obj, const std::string& path, const char* key, bool fallback) const {
-    if (!obj.contains(key)) return fallback;
-    if (!obj[key].is_boolean()) fail(path + key, "must be true or false");
-    return obj[key].get<bool>();
-  }
-
- private:
-  std::string source_;
-  std::string schema_;
-};
+// Field access with errors that name the file and the field ("stages[1].tasks[3] must be a string"). Figures that
+// partition could not compute are written as null: they read as absent.
+using Reader = sim::JsonReader;
+Reader reader(const fs::path& file, const std::string& schema) {
+  return Reader(file.string(), schema, "docs/report.md", Reader::Null::kAbsent);
+}
 
 json read_json(const fs::path& file, const std::string& what) {
   std::ifstream in(file);
@@ -90,28 +39,28 @@ bool is_indexed(const std::string& component) {
 }
 
 void read_plan_fields(const json& j, const Reader& r, ReportPlan& p) {
-  if (r.string(j, "", "schema", std::nullopt) != "apart.plan/1") r.fail("schema", "must be \"apart.plan/1\"");
+  if (r.string(j, "", "schema") != "apart.plan/1") r.fail("schema", "must be \"apart.plan/1\"");
   if (j.contains("model")) {
     const json& m = r.object(j, "", "model");
-    p.model_path = r.string(m, "model.", "path", "");
-    p.model_tasks = r.integer(m, "model.", "tasks", false).value_or(0);
-    p.model_params = r.integer(m, "model.", "params", false).value_or(0);
-    p.model_param_bytes = r.integer(m, "model.", "param_bytes", false).value_or(0);
+    p.model_path = r.optional_string(m, "model.", "path").value_or("");
+    p.model_tasks = r.optional_integer(m, "model.", "tasks", 0).value_or(0);
+    p.model_params = r.optional_integer(m, "model.", "params", 0).value_or(0);
+    p.model_param_bytes = r.optional_integer(m, "model.", "param_bytes", 0).value_or(0);
   }
   const json& c = r.object(j, "", "cluster");
-  p.devices = static_cast<int>(r.integer(c, "cluster.", "devices", true).value_or(1));
-  p.device = r.string(c, "cluster.", "device", "");
-  p.devices_per_node = static_cast<int>(r.integer(c, "cluster.", "devices_per_node", false).value_or(p.devices));
-  p.device_memory_bytes = r.integer(c, "cluster.", "memory_bytes", false).value_or(0);
+  p.devices = static_cast<int>(r.integer(c, "cluster.", "devices", 0));
+  p.device = r.optional_string(c, "cluster.", "device").value_or("");
+  p.devices_per_node = static_cast<int>(r.optional_integer(c, "cluster.", "devices_per_node", 0).value_or(p.devices));
+  p.device_memory_bytes = r.optional_integer(c, "cluster.", "memory_bytes", 0).value_or(0);
 
   const json& t = r.object(j, "", "training");
-  p.global_batch = r.integer(t, "training.", "global_batch", false).value_or(0);
-  p.microbatches = r.integer(t, "training.", "microbatches", true).value_or(1);
-  p.microbatch_size = r.integer(t, "training.", "microbatch_size", false).value_or(0);
-  p.schedule = r.string(t, "training.", "schedule", "1f1b");
-  p.optimizer = r.string(t, "training.", "optimizer", "");
-  p.precision = r.string(t, "training.", "precision", "");
-  if (j.contains("options") && j["options"].is_object()) p.method = r.string(j["options"], "options.", "method", "");
+  p.global_batch = r.optional_integer(t, "training.", "global_batch", 0).value_or(0);
+  p.microbatches = r.integer(t, "training.", "microbatches", 0);
+  p.microbatch_size = r.optional_integer(t, "training.", "microbatch_size", 0).value_or(0);
+  p.schedule = r.optional_string(t, "training.", "schedule").value_or("1f1b");
+  p.optimizer = r.optional_string(t, "training.", "optimizer").value_or("");
+  p.precision = r.optional_string(t, "training.", "precision").value_or("");
+  if (j.contains("options") && j["options"].is_object()) p.method = r.optional_string(j["options"], "options.", "method").value_or("");
 
   const json& stages = r.array(j, "", "stages");
   if (stages.empty()) r.fail("stages", "must hold at least one stage");
@@ -120,8 +69,8 @@ void read_plan_fields(const json& j, const Reader& r, ReportPlan& p) {
     const json& s = stages[i];
     if (!s.is_object()) r.fail("stages[" + std::to_string(i) + "]", "must be an object");
     ReportStage st;
-    st.id = static_cast<int>(r.integer(s, path, "id", true).value_or(0));
-    st.replicas = static_cast<int>(r.integer(s, path, "replicas", true).value_or(1));
+    st.id = static_cast<int>(r.integer(s, path, "id", 0));
+    st.replicas = static_cast<int>(r.integer(s, path, "replicas", 0));
     for (size_t d = 0; d < r.array(s, path, "devices").size(); ++d) {
       const json& v = s["devices"][d];
       if (!v.is_number_integer() || v.get<int64_t>() < 0) r.fail(path + "devices[" + std::to_string(d) + "]", "must be a device index");
@@ -132,35 +81,35 @@ void read_plan_fields(const json& j, const Reader& r, ReportPlan& p) {
       if (!tasks[k].is_string()) r.fail(path + "tasks[" + std::to_string(k) + "]", "must be a string");
       st.tasks.push_back(tasks[k].get<std::string>());
     }
-    st.batch_tasks = r.integer(s, path, "batch_tasks", false);
-    st.param_bytes = r.integer(s, path, "param_bytes", false);
-    st.forward_s = *r.number(s, path, "forward_s", true);
-    st.backward_s = *r.number(s, path, "backward_s", true);
-    st.allreduce_s = r.number(s, path, "allreduce_s", false).value_or(0);
-    st.comm_s = r.number(s, path, "comm_s", false);
+    st.batch_tasks = r.optional_integer(s, path, "batch_tasks", 0);
+    st.param_bytes = r.optional_integer(s, path, "param_bytes", 0);
+    st.forward_s = r.number(s, path, "forward_s");
+    st.backward_s = r.number(s, path, "backward_s");
+    st.allreduce_s = r.optional_number(s, path, "allreduce_s").value_or(0);
+    st.comm_s = r.optional_number(s, path, "comm_s");
     st.recompute = r.boolean(s, path, "recompute", false);
-    st.memory_bytes = r.integer(s, path, "memory_bytes", false).value_or(0);
+    st.memory_bytes = r.optional_integer(s, path, "memory_bytes", 0).value_or(0);
     p.stages.push_back(std::move(st));
   }
 
   if (j.contains("predicted")) {
     const json& pr = r.object(j, "", "predicted");
-    p.iteration_s = r.number(pr, "predicted.", "iteration_s", false).value_or(0);
-    p.samples_per_s = r.number(pr, "predicted.", "samples_per_s", false).value_or(0);
-    p.bubble_fraction = r.number(pr, "predicted.", "bubble_fraction", false).value_or(0);
-    p.bottleneck_stage = static_cast<int>(r.integer(pr, "predicted.", "bottleneck_stage", false).value_or(-1));
-    p.peak_memory_bytes = r.integer(pr, "predicted.", "peak_memory_bytes", false).value_or(0);
-    p.pipeline_s = r.number(pr, "predicted.", "pipeline_s", false);
-    p.compute_lower_bound_s = r.number(pr, "predicted.", "compute_lower_bound_s", false);
+    p.iteration_s = r.optional_number(pr, "predicted.", "iteration_s").value_or(0);
+    p.samples_per_s = r.optional_number(pr, "predicted.", "samples_per_s").value_or(0);
+    p.bubble_fraction = r.optional_number(pr, "predicted.", "bubble_fraction").value_or(0);
+    p.bottleneck_stage = static_cast<int>(r.optional_integer(pr, "predicted.", "bottleneck_stage", 0).value_or(-1));
+    p.peak_memory_bytes = r.optional_integer(pr, "predicted.", "peak_memory_bytes", 0).value_or(0);
+    p.pipeline_s = r.optional_number(pr, "predicted.", "pipeline_s");
+    p.compute_lower_bound_s = r.optional_number(pr, "predicted.", "compute_lower_bound_s");
   }
-  if (j.contains("search") && j["search"].is_object()) p.search_s = r.number(j["search"], "search.", "seconds", false);
+  if (j.contains("search") && j["search"].is_object()) p.search_s = r.optional_number(j["search"], "search.", "seconds");
 }
 
 std::vector<Baseline> read_baselines(const fs::path& file) {
   const json j = read_json(file, "baselines");
-  const Reader r(file.string(), "apart.baselines/1");
+  const Reader r = reader(file, "apart.baselines/1");
   if (!j.is_object()) r.fail("(top level)", "must be an object");
-  if (r.string(j, "", "schema", std::nullopt) != "apart.baselines/1") r.fail("schema", "must be \"apart.baselines/1\"");
+  if (r.string(j, "", "schema") != "apart.baselines/1") r.fail("schema", "must be \"apart.baselines/1\"");
   std::vector<Baseline> out;
   const json& methods = r.array(j, "", "methods");
   for (size_t i = 0; i < methods.size(); ++i) {
@@ -168,12 +117,12 @@ std::vector<Baseline> read_baselines(const fs::path& file) {
     const json& m = methods[i];
     if (!m.is_object()) r.fail("methods[" + std::to_string(i) + "]", "must be an object");
     Baseline b;
-    b.method = r.string(m, path, "method", std::nullopt);
+    b.method = r.string(m, path, "method");
     b.feasible = r.boolean(m, path, "feasible", true);
-    b.iteration_s = r.number(m, path, "iteration_s", false);
-    b.samples_per_s = r.number(m, path, "samples_per_s", false);
-    b.planning_s = r.number(m, path, "planning_s", false);
-    b.peak_memory_bytes = r.number(m, path, "peak_memory_bytes", false);
+    b.iteration_s = r.optional_number(m, path, "iteration_s");
+    b.samples_per_s = r.optional_number(m, path, "samples_per_s");
+    b.planning_s = r.optional_number(m, path, "planning_s");
+    b.peak_memory_bytes = r.optional_number(m, path, "peak_memory_bytes");
     out.push_back(std::move(b));
   }
   return out;
@@ -187,7 +136,7 @@ struct TaskCost {
 };
 std::map<std::string, TaskCost> read_costs(const fs::path& file) {
   const json j = read_json(file, "costs");
-  const Reader r(file.string(), "apart.costs/1");
+  const Reader r = reader(file, "apart.costs/1");
   if (!j.is_object()) r.fail("(top level)", "must be an object");
   std::map<std::string, TaskCost> out;
   const json& tasks = r.array(j, "", "tasks");
@@ -196,10 +145,10 @@ std::map<std::string, TaskCost> read_costs(const fs::path& file) {
     const json& t = tasks[i];
     if (!t.is_object()) r.fail("tasks[" + std::to_string(i) + "]", "must be an object");
     TaskCost c;
-    c.forward_s = r.number(t, path, "forward_s", false).value_or(0);
-    c.param_bytes = r.integer(t, path, "param_bytes", false).value_or(0);
+    c.forward_s = r.optional_number(t, path, "forward_s").value_or(0);
+    c.param_bytes = r.optional_integer(t, path, "param_bytes", 0).value_or(0);
     c.constant = r.boolean(t, path, "constant", false);
-    out.emplace(r.string(t, path, "name", std::nullopt), c);
+    out.emplace(r.string(t, path, "name"), c);
   }
   return out;
 }
@@ -275,7 +224,7 @@ ReportPlan load_report_plan(const fs::path& path) {
   ReportPlan p;
   p.dir = file.parent_path();
   p.source = file.string();
-  const Reader r(p.source, "apart.plan/1");
+  const Reader r = reader(file, "apart.plan/1");
   if (!j.is_object()) r.fail("(top level)", "must be an object");
   read_plan_fields(j, r, p);
   p.sim = sim::plan_from_json(j, p.source);

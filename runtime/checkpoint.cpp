@@ -10,8 +10,10 @@
 #include <set>
 #include <system_error>
 
+#include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "graph/task_graph.h"
+#include "importer/model_proto.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -36,49 +38,16 @@ uint64_t get_le(const unsigned char* p, int n) {
   return v;
 }
 
-std::string temp_name(const fs::path& target) { return target.string() + ".tmp"; }
-
-// Writes chunks to `target` through target.tmp and a rename.
-class AtomicFile {
- public:
-  explicit AtomicFile(fs::path target) : target_(std::move(target)), temp_(temp_name(target_)) {
-    out_.open(temp_, std::ios::binary | std::ios::trunc);
-    if (!out_) throw SystemError("cannot write " + temp_.string() + ": " + std::strerror(errno));
+// Zeros from the file's current end up to `offset` (tensors start at aligned offsets).
+void pad_to(AtomicFile& file, int64_t offset) {
+  static const char zeros[4096] = {};
+  int64_t pos = static_cast<int64_t>(file.stream().tellp());
+  while (pos < offset) {
+    const int64_t n = std::min<int64_t>(offset - pos, sizeof zeros);
+    file.write(zeros, n);
+    pos += n;
   }
-  ~AtomicFile() {
-    if (!committed_) {
-      out_.close();
-      std::error_code ec;
-      fs::remove(temp_, ec);
-    }
-  }
-  void write(const void* data, int64_t n) {
-    out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-    if (!out_) throw SystemError("write failed on " + temp_.string() + " (disk full?)");
-  }
-  void pad_to(int64_t offset) {
-    static const char zeros[4096] = {};
-    int64_t pos = static_cast<int64_t>(out_.tellp());
-    while (pos < offset) {
-      const int64_t n = std::min<int64_t>(offset - pos, sizeof zeros);
-      write(zeros, n);
-      pos += n;
-    }
-  }
-  void commit() {
-    out_.close();
-    if (!out_) throw SystemError("closing " + temp_.string() + " failed");
-    std::error_code ec;
-    fs::rename(temp_, target_, ec);
-    if (ec) throw SystemError("cannot rename " + temp_.string() + " to " + target_.string() + ": " + ec.message());
-    committed_ = true;
-  }
-
- private:
-  fs::path target_, temp_;
-  std::ofstream out_;
-  bool committed_ = false;
-};
+}
 
 std::string read_file_bytes(const fs::path& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
@@ -114,11 +83,11 @@ void write_checkpoint(const fs::path& dir, int64_t step, const nlohmann::json& m
   AtomicFile file(dir / kCheckpointFile);
   file.write(prefix.data(), static_cast<int64_t>(prefix.size()));
   int64_t pos = data_start;
-  file.pad_to(pos);
+  pad_to(file, pos);
   for (const auto& [name, t] : tensors) {
     file.write(t->raw(), t->bytes());
     pos = align_up(pos + t->bytes(), kAlign);
-    file.pad_to(pos);
+    pad_to(file, pos);
   }
   file.commit();
 }
@@ -173,9 +142,7 @@ Checkpoint read_checkpoint(const fs::path& dir_or_file) {
 
 void write_trained_model(const fs::path& forward_model, const fs::path& output,
                          const std::map<std::string, const Tensor*>& values, int64_t external_threshold_bytes) {
-  const std::string bytes = read_file_bytes(forward_model, "model");
-  onnx::ModelProto model;
-  if (!model.ParseFromString(bytes)) throw InvalidModel(forward_model.string() + " is not a valid ONNX model");
+  onnx::ModelProto model = load_model_proto(forward_model);
   const fs::path base_dir = forward_model.parent_path();
   auto* graph = model.mutable_graph();
 
@@ -215,7 +182,7 @@ void write_trained_model(const fs::path& forward_model, const fs::path& output,
     if (init.has_doc_string()) fresh.set_doc_string(init.doc_string());
     if (external) {
       offset = align_up(offset, 4096);
-      data_file->pad_to(offset);
+      pad_to(*data_file, offset);
       data_file->write(t.raw(), t.bytes());
       fresh.clear_raw_data();
       fresh.set_data_location(onnx::TensorProto::EXTERNAL);

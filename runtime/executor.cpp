@@ -1,17 +1,13 @@
 // Forward executor: params from the ONNX file, constants precomputed, one arena for activations.
 #include "runtime/executor.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <onnx/onnx_pb.h>
 
 #include <chrono>
-#include <climits>
 #include <cstring>
-#include <fcntl.h>
-#include <unistd.h>
 
 #include "graph/error.h"
+#include "importer/model_proto.h"
 #include "runtime/kernel.h"
 
 namespace apart {
@@ -19,18 +15,6 @@ namespace apart {
 namespace fs = std::filesystem;
 
 namespace {
-
-onnx::ModelProto load_model_proto(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw SystemError("cannot open model " + path.string() + " to read its weights");
-  google::protobuf::io::FileInputStream raw(fd);
-  raw.SetCloseOnDelete(true);
-  google::protobuf::io::CodedInputStream coded(&raw);
-  coded.SetTotalBytesLimit(INT_MAX);
-  onnx::ModelProto model;
-  if (!model.ParseFromCodedStream(&coded)) throw InvalidModel(path.string() + " is not a valid ONNX model");
-  return model;
-}
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
 

@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -20,6 +18,7 @@
 #include "codegen/autodiff.h"
 #include "graph/atomic_file.h"
 #include "graph/error.h"
+#include "importer/model_proto.h"
 #include "profiler/cost_model.h"
 #include "profiler/costs_json.h"
 #include "profiler/device.h"
@@ -50,15 +49,6 @@ double median(std::vector<double> xs) {
   std::sort(xs.begin(), xs.end());
   const size_t n = xs.size();
   return n % 2 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
-}
-
-onnx::ModelProto load_proto(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgument("cannot open model " + path.string() + ": " + std::strerror(errno));
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  onnx::ModelProto proto;
-  if (!proto.ParseFromString(bytes)) throw InvalidModel(path.string() + " is not a valid ONNX model (protobuf parse failed)");
-  return proto;
 }
 
 // Values do not change kernel times (no data-dependent paths besides NaN/denormals), so any finite,
@@ -141,7 +131,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   result.table.microbatch_size = cost_options.reference_batch;
 
   const fs::path path(model.path);
-  onnx::ModelProto forward = load_proto(path);
+  onnx::ModelProto forward = load_model_proto(path);
   if (options.random_params) randomize_params(forward, options.seed);
   // The training graph's inputs have static shapes already (binding dims again would be refused).
   ImportOptions exec_import;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "graph/task_graph.h"
 
@@ -238,14 +239,10 @@ void tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto
 void write_tensor_file(const Tensor& t, const std::string& name, const fs::path& path) {
   onnx::TensorProto proto;
   tensor_to_proto(t, name, proto);
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out || !proto.SerializeToOstream(&out)) throw SystemError("cannot write tensor file " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw SystemError("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  AtomicFile file(path);
+  if (!proto.SerializeToOstream(&file.stream()))
+    throw SystemError("cannot write tensor file " + file.temp_path().string());
+  file.commit();
 }
 
 }  // namespace apart

@@ -6,13 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <random>
 #include <set>
 
 #include "codegen/autodiff.h"
 #include "graph/error.h"
+#include "importer/model_proto.h"
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
 
@@ -41,15 +41,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-onnx::ModelProto load_forward(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgument("cannot open model " + path.string() + ": " + std::strerror(errno));
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  onnx::ModelProto proto;
-  if (!proto.ParseFromString(bytes)) throw InvalidModel(path.string() + " is not a valid ONNX model (protobuf parse failed)");
-  return proto;
-}
 
 // Binds dim 0 of every graph input to the batch size (a symbolic dim gets --dim NAME=batch unless the
 // user bound it; a static one must equal it).
@@ -125,7 +116,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   const auto setup_start = Clock::now();
   TrainResult result;
   const fs::path model_path(options.model);
-  onnx::ModelProto forward = load_forward(model_path);
+  onnx::ModelProto forward = load_model_proto(model_path);
   ImportOptions import = bind_batch(forward, options.import, options.batch);
   if (options.init == ParamInit::kModel) {
     // Fail early, before autodiff, when the weights are not there.

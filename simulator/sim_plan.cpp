@@ -2,83 +2,15 @@
 #include "simulator/sim_plan.h"
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "graph/error.h"
+#include "simulator/json_reader.h"
 
 namespace apart::sim {
-namespace {
 
 using json = nlohmann::json;
-
-class Reader {
- public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
-
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw InvalidModel(source_ + ": " + field + " " + what +
-                       " (schema apart.plan/1, docs/simulator.md; re-run `apart partition` to regenerate the plan)");
-  }
-  const json& member(const json& obj, const std::string& path, const char* key) const {
-    if (!obj.contains(key)) fail(path + key, "is missing");
-    return obj[key];
-  }
-  const json& object(const json& obj, const std::string& path, const char* key) const {
-    const json& v = member(obj, path, key);
-    if (!v.is_object()) fail(path + key, "must be an object");
-    return v;
-  }
-  const json& array(const json& obj, const std::string& path, const char* key) const {
-    const json& v = member(obj, path, key);
-    if (!v.is_array()) fail(path + key, "must be an array");
-    return v;
-  }
-  double seconds(const json& obj, const std::string& path, const char* key, std::optional<double> fallback) const {
-    if (!obj.contains(key)) {
-      if (fallback) return *fallback;
-      fail(path + key, "is missing");
-    }
-    const json& v = obj[key];
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
-      fail(path + key, "must be a finite non-negative number");
-    return v.get<double>();
-  }
-  int64_t integer(const json& v, const std::string& field, int64_t min) const {
-    if (!v.is_number_integer() && !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
-      fail(field, "must be an integer");
-    const double d = v.get<double>();
-    if (d < static_cast<double>(min) || d > 9.0e15) fail(field, "must be at least " + std::to_string(min));
-    return static_cast<int64_t>(d);
-  }
-  int64_t integer(const json& obj, const std::string& path, const char* key, int64_t min,
-                  std::optional<int64_t> fallback) const {
-    if (!obj.contains(key)) {
-      if (fallback) return *fallback;
-      fail(path + key, "is missing");
-    }
-    return integer(obj[key], path + key, min);
-  }
-  bool boolean(const json& obj, const std::string& path, const char* key, bool fallback) const {
-    if (!obj.contains(key)) return fallback;
-    if (!obj[key].is_boolean()) fail(path + key, "must be true or false");
-    return obj[key].get<bool>();
-  }
-  std::string string(const json& obj, const std::string& path, const char* key, std::optional<std::string> fallback) const {
-    if (!obj.contains(key)) {
-      if (fallback) return *fallback;
-      fail(path + key, "is missing");
-    }
-    if (!obj[key].is_string()) fail(path + key, "must be a string");
-    return obj[key].get<std::string>();
-  }
-
- private:
-  std::string source_;
-};
-
-}  // namespace
 
 SimCluster cluster_links(const std::string& device, int devices, int devices_per_node) {
   SimCluster c;
@@ -105,25 +37,25 @@ SimCluster cluster_links(const std::string& device, int devices, int devices_per
 }
 
 SimPlan plan_from_json(const json& j, const std::string& source) {
-  Reader r(source);
+  const JsonReader r(source, "apart.plan/1", "docs/simulator.md");
   SimPlan plan;
   plan.source = source;
   if (!j.is_object()) r.fail("the document", "must be a JSON object");
-  const std::string schema = r.string(j, "", "schema", std::nullopt);
+  const std::string schema = r.string(j, "", "schema");
   if (schema != "apart.plan/1") r.fail("schema", "is \"" + schema + "\", expected \"apart.plan/1\"");
 
   // cluster
   const json& cj = r.object(j, "", "cluster");
-  const int devices = static_cast<int>(r.integer(cj, "cluster.", "devices", 1, std::nullopt));
-  const int per_node = static_cast<int>(r.integer(cj, "cluster.", "devices_per_node", 1, devices));
-  const std::string device = r.string(cj, "cluster.", "device", std::string("unknown"));
+  const int devices = static_cast<int>(r.integer(cj, "cluster.", "devices", 1));
+  const int per_node = static_cast<int>(r.optional_integer(cj, "cluster.", "devices_per_node", 1).value_or(devices));
+  const std::string device = r.optional_string(cj, "cluster.", "device").value_or("unknown");
   plan.cluster = cluster_links(device, devices, per_node);
   // partition/ writes the bandwidths it planned with; prefer them so both tools see the same links.
   bool plan_bandwidths = false;
   for (auto [key, link] : {std::pair{"intra_node_bandwidth", &plan.cluster.intra_node},
                            std::pair{"inter_node_bandwidth", &plan.cluster.inter_node}}) {
     if (!cj.contains(key)) continue;
-    const double bw = r.seconds(cj, "cluster.", key, std::nullopt);
+    const double bw = r.number(cj, "cluster.", key);
     if (bw <= 0) r.fail(std::string("cluster.") + key, "must be positive");
     link->bandwidth = bw;
     plan_bandwidths = true;
@@ -132,13 +64,13 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
 
   // training
   const json& tj = r.object(j, "", "training");
-  plan.training.microbatches = r.integer(tj, "training.", "microbatches", 1, std::nullopt);
-  plan.training.schedule = r.string(tj, "training.", "schedule", std::string("1f1b"));
+  plan.training.microbatches = r.integer(tj, "training.", "microbatches", 1);
+  plan.training.schedule = r.optional_string(tj, "training.", "schedule").value_or("1f1b");
   if (plan.training.schedule != "gpipe" && plan.training.schedule != "1f1b" && plan.training.schedule != "interleaved")
     r.fail("training.schedule", "is \"" + plan.training.schedule + "\", expected gpipe, 1f1b or interleaved");
-  plan.training.virtual_stages = static_cast<int>(r.integer(tj, "training.", "virtual_stages", 1, 1));
-  plan.training.optimizer = r.string(tj, "training.", "optimizer", std::string("adam"));
-  plan.training.precision = r.string(tj, "training.", "precision", std::string("fp32"));
+  plan.training.virtual_stages = static_cast<int>(r.optional_integer(tj, "training.", "virtual_stages", 1).value_or(1));
+  plan.training.optimizer = r.optional_string(tj, "training.", "optimizer").value_or("adam");
+  plan.training.precision = r.optional_string(tj, "training.", "precision").value_or("fp32");
   const bool training_recompute = r.boolean(tj, "training.", "recompute", false);
 
   // stages
@@ -151,9 +83,9 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
     const json& st = sj[static_cast<size_t>(s)];
     if (!st.is_object()) r.fail("stages[" + std::to_string(s) + "]", "must be an object");
     SimStage stage;
-    stage.id = static_cast<int>(r.integer(st, p, "id", 0, s));
+    stage.id = static_cast<int>(r.optional_integer(st, p, "id", 0).value_or(s));
     if (stage.id != s) r.fail(p + "id", "is " + std::to_string(stage.id) + ", expected " + std::to_string(s) + " (stages in order)");
-    stage.replicas = static_cast<int>(r.integer(st, p, "replicas", 1, std::nullopt));
+    stage.replicas = static_cast<int>(r.integer(st, p, "replicas", 1));
     const json& dj = r.array(st, p, "devices");
     if (static_cast<int>(dj.size()) != stage.replicas)
       r.fail(p + "devices", "has " + std::to_string(dj.size()) + " entries, expected replicas = " + std::to_string(stage.replicas));
@@ -166,8 +98,8 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
       owner[static_cast<size_t>(dev)] = s;
       stage.devices.push_back(dev);
     }
-    stage.forward_s = r.seconds(st, p, "forward_s", std::nullopt);
-    stage.backward_s = r.seconds(st, p, "backward_s", std::nullopt);
+    stage.forward_s = r.number(st, p, "forward_s");
+    stage.backward_s = r.number(st, p, "backward_s");
     stage.recompute = r.boolean(st, p, "recompute", training_recompute);
     if (stage.recompute) {
       // partition/ writes backward_s with the recomputed forward included (partition/stage_cost.cpp).
@@ -175,28 +107,25 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
         r.fail(p + "backward_s", "is smaller than forward_s although recompute is true (backward_s must include the recomputed forward)");
       stage.backward_s = std::max(0.0, stage.backward_s - stage.forward_s);
     }
-    stage.allreduce_s = r.seconds(st, p, "allreduce_s", 0.0);
-    if (st.contains("allreduce_exposed_s")) {
-      stage.allreduce_exposed_s = r.seconds(st, p, "allreduce_exposed_s", 0.0);
-      if (*stage.allreduce_exposed_s > stage.allreduce_s * (1 + 1e-12))
-        r.fail(p + "allreduce_exposed_s", "exceeds " + p + "allreduce_s (the exposed part of an all-reduce)");
-    }
-    stage.memory_bytes = r.integer(st, p, "memory_bytes", 0, 0);
-    if (st.contains("param_bytes")) stage.param_bytes = r.integer(st, p, "param_bytes", 0, std::nullopt);
-    if (st.contains("memory_static_bytes")) stage.memory_static_bytes = r.seconds(st, p, "memory_static_bytes", std::nullopt);
-    if (st.contains("activation_bytes_per_microbatch"))
-      stage.activation_bytes_per_microbatch = r.seconds(st, p, "activation_bytes_per_microbatch", std::nullopt);
+    stage.allreduce_s = r.optional_number(st, p, "allreduce_s").value_or(0.0);
+    stage.allreduce_exposed_s = r.optional_number(st, p, "allreduce_exposed_s");
+    if (stage.allreduce_exposed_s && *stage.allreduce_exposed_s > stage.allreduce_s * (1 + 1e-12))
+      r.fail(p + "allreduce_exposed_s", "exceeds " + p + "allreduce_s (the exposed part of an all-reduce)");
+    stage.memory_bytes = r.optional_integer(st, p, "memory_bytes", 0).value_or(0);
+    stage.param_bytes = r.optional_integer(st, p, "param_bytes", 0);
+    stage.memory_static_bytes = r.optional_number(st, p, "memory_static_bytes");
+    stage.activation_bytes_per_microbatch = r.optional_number(st, p, "activation_bytes_per_microbatch");
 
     const json& ij = st.contains("inputs") ? r.array(st, p, "inputs") : json::array();
     for (size_t i = 0; i < ij.size(); ++i) {
       const std::string f = p + "inputs[" + std::to_string(i) + "].";
       if (!ij[i].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
       SimInput in;
-      in.value = r.string(ij[i], f, "value", std::string());
-      in.from_stage = static_cast<int>(r.integer(ij[i], f, "from_stage", -1, std::nullopt));
+      in.value = r.optional_string(ij[i], f, "value").value_or("");
+      in.from_stage = static_cast<int>(r.integer(ij[i], f, "from_stage", -1));
       if (in.from_stage >= s)
         r.fail(f + "from_stage", "is " + std::to_string(in.from_stage) + ": a stage reads only from earlier stages (or -1, a model input)");
-      in.bytes = r.seconds(ij[i], f, "bytes", 0.0);
+      in.bytes = r.optional_number(ij[i], f, "bytes").value_or(0.0);
       stage.inputs.push_back(in);
     }
     const json& oj = st.contains("outputs") ? r.array(st, p, "outputs") : json::array();
@@ -204,7 +133,7 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
       const std::string f = p + "outputs[" + std::to_string(o) + "].";
       if (!oj[o].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
       SimOutput out;
-      out.value = r.string(oj[o], f, "value", std::string());
+      out.value = r.optional_string(oj[o], f, "value").value_or("");
       const json& to = oj[o].contains("to_stages") ? r.array(oj[o], f, "to_stages") : json::array();
       for (size_t t = 0; t < to.size(); ++t) {
         const std::string tf = f + "to_stages[" + std::to_string(t) + "]";
@@ -214,7 +143,7 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
                          std::to_string(num_stages - 1) + ")");
         out.to_stages.push_back(target);
       }
-      out.bytes = r.seconds(oj[o], f, "bytes", 0.0);
+      out.bytes = r.optional_number(oj[o], f, "bytes").value_or(0.0);
       stage.outputs.push_back(out);
     }
     plan.stages.push_back(std::move(stage));
@@ -222,9 +151,8 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
 
   if (j.contains("predicted") && j["predicted"].is_object()) {
     const json& pj = j["predicted"];
-    if (pj.contains("iteration_s")) plan.predicted_iteration_s = r.seconds(pj, "predicted.", "iteration_s", std::nullopt);
-    if (pj.contains("bubble_fraction"))
-      plan.predicted_bubble_fraction = r.seconds(pj, "predicted.", "bubble_fraction", std::nullopt);
+    plan.predicted_iteration_s = r.optional_number(pj, "predicted.", "iteration_s");
+    plan.predicted_bubble_fraction = r.optional_number(pj, "predicted.", "bubble_fraction");
   }
   return plan;
 }

@@ -8,6 +8,7 @@
 
 #include "graph/error.h"
 #include "importer/importer.h"
+#include "importer/model_proto.h"
 #include "tests/support/onnx_builder.h"
 
 namespace apart {
@@ -54,6 +55,25 @@ TEST(TheImporter, RejectsADirectory) {
 
 TEST(TheImporter, RejectsAMissingFileAsASystemError) {
   EXPECT_THROW(import_model("/nonexistent/model.onnx"), SystemError);
+}
+
+// load_model_proto (stage files, train, profile) reads a file with the same checks as import_model.
+TEST(TheModelProtoLoader, RejectsWhatTheImporterRejects) {
+  TempDir dir;
+  EXPECT_THROW(load_model_proto(dir / "missing.onnx"), SystemError);
+  EXPECT_THROW(load_model_proto(dir.path()), InvalidArgument);
+  std::ofstream(dir / "empty.onnx").close();
+  EXPECT_THROW(load_model_proto(dir / "empty.onnx"), InvalidModel);
+  std::ofstream(dir / "text.onnx") << "not a model";
+  EXPECT_THROW(load_model_proto(dir / "text.onnx"), InvalidModel);
+}
+
+TEST(TheModelProtoLoader, ReadsAValidModel) {
+  TempDir dir;
+  relu_model().save(dir / "relu.onnx");
+  const onnx::ModelProto model = load_model_proto(dir / "relu.onnx");
+  ASSERT_EQ(model.graph().node_size(), 1);
+  EXPECT_EQ(model.graph().node(0).op_type(), "Relu");
 }
 
 TEST(TheImporter, RejectsRandomBytes) {

@@ -2,10 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <functional>
-#include <limits>
 #include <numeric>
 
+#include "brute_force.h"
 #include "graph/error.h"
 #include "partition/block.h"
 #include "partition/partition.h"
@@ -18,44 +17,10 @@ using testing::random_model;
 
 // Least bottleneck over all contiguous splits of the batch tasks (in topological order) × replica vectors.
 double brute_force(const StageEvaluator& ev, int stages, int64_t m, bool recompute) {
-  const int k = static_cast<int>(ev.blocks());
-  const int devices = ev.cluster().devices;
-  double best = std::numeric_limits<double>::infinity();
-  std::vector<uint32_t> bounds{0};
-  std::vector<int> replicas;
-  std::function<void(int, int)> place = [&](int s, int used) {
-    if (s == stages) {
-      double worst = 0;
-      for (int i = 0; i < stages; ++i) {
-        const StageCost c = ev.evaluate(bounds[i], bounds[i + 1], replicas[i], m,
-                                        in_flight_microbatches(Schedule::k1F1B, m, i, stages), recompute);
-        if (c.memory_bytes > ev.cluster().memory_bytes) return;
-        worst = std::max(worst, c.h);
-      }
-      best = std::min(best, worst);
-      return;
-    }
-    for (int sd = 1; used + sd + (stages - s - 1) <= devices && sd <= ev.training().global_batch / m; ++sd) {
-      replicas.push_back(sd);
-      place(s + 1, used + sd);
-      replicas.pop_back();
-    }
-  };
-  std::function<void(int)> split = [&](int s) {
-    if (s == stages - 1) {
-      bounds.push_back(static_cast<uint32_t>(k));
-      place(0, 0);
-      bounds.pop_back();
-      return;
-    }
-    for (int b = static_cast<int>(bounds.back()) + 1; b + (stages - s - 1) <= k; ++b) {
-      bounds.push_back(static_cast<uint32_t>(b));
-      split(s + 1);
-      bounds.pop_back();
-    }
-  };
-  split(0);
-  return best;
+  return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
+    return testing::fitting_h(ev, ev.evaluate(first, last, replicas, m,
+                                              in_flight_microbatches(Schedule::k1F1B, m, s, stages), recompute));
+  });
 }
 
 PartitionOptions small_options(int devices, int64_t batch, int64_t memory) {

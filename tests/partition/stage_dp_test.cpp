@@ -2,10 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <random>
 
+#include "brute_force.h"
 #include "partition/stage_dp.h"
 #include "random_models.h"
 
@@ -16,52 +16,14 @@ namespace {
 // `per_stage`: each stage also free to recompute or not (the faster variant that fits).
 double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, bool recompute,
                               bool per_stage = false) {
-  const int k = static_cast<int>(ev.blocks());
-  const int devices = ev.cluster().devices;
-  const int64_t per_microbatch = ev.training().global_batch / m;
-  double best = std::numeric_limits<double>::infinity();
-  std::vector<uint32_t> bounds{0};
-  std::vector<int> replicas;
-  std::function<void(int)> place_replicas = [&](int s) {
-    if (s == stages) {
-      double worst = 0;
-      for (int i = 0; i < stages; ++i) {
-        double h = std::numeric_limits<double>::infinity();
-        for (bool rc : {false, true}) {
-          if (!per_stage && rc != recompute) continue;
-          const StageCost c = ev.evaluate(bounds[i], bounds[i + 1], replicas[i], m,
-                                          in_flight_microbatches(schedule, m, i, stages), rc);
-          if (c.memory_bytes <= ev.cluster().memory_bytes) h = std::min(h, c.h);
-        }
-        if (std::isinf(h)) return;
-        worst = std::max(worst, h);
-      }
-      best = std::min(best, worst);
-      return;
-    }
-    int used = 0;
-    for (int r : replicas) used += r;
-    for (int sd = 1; used + sd + (stages - s - 1) <= devices && sd <= per_microbatch; ++sd) {
-      replicas.push_back(sd);
-      place_replicas(s + 1);
-      replicas.pop_back();
-    }
-  };
-  std::function<void(int)> split = [&](int s) {
-    if (s == stages - 1) {
-      bounds.push_back(static_cast<uint32_t>(k));
-      place_replicas(0);
-      bounds.pop_back();
-      return;
-    }
-    for (int b = static_cast<int>(bounds.back()) + 1; b + (stages - s - 1) <= k; ++b) {
-      bounds.push_back(static_cast<uint32_t>(b));
-      split(s + 1);
-      bounds.pop_back();
-    }
-  };
-  split(0);
-  return best;
+  return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
+    double h = std::numeric_limits<double>::infinity();
+    for (bool rc : {false, true})
+      if (per_stage || rc == recompute)
+        h = std::min(h, testing::fitting_h(ev, ev.evaluate(first, last, replicas, m,
+                                                            in_flight_microbatches(schedule, m, s, stages), rc)));
+    return h;
+  });
 }
 
 TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {

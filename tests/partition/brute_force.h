@@ -1,0 +1,66 @@
+// The brute-force oracle the stage DP and the partition pipeline are checked against (paper §IV-C).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "partition/stage_cost.h"
+
+namespace apart::testing {
+
+// A stage's h when it fits in device memory, else infinity.
+inline double fitting_h(const StageEvaluator& ev, const StageCost& cost) {
+  return cost.memory_bytes <= ev.cluster().memory_bytes ? cost.h : std::numeric_limits<double>::infinity();
+}
+
+// h of stage `stage` as blocks [first, last) with `replicas` replicas; infinity when it fits in no variant.
+using StageH = std::function<double(int stage, uint32_t first, uint32_t last, int replicas)>;
+
+// Least max_i h over every split of ev's blocks into `stages` contiguous stages × every replica vector with
+// Σ ≤ devices and each ≤ the samples of a micro-batch (B / m); infinity when no stage assignment fits.
+inline double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, const StageH& stage_h) {
+  const int k = static_cast<int>(ev.blocks());
+  const int devices = ev.cluster().devices;
+  const int64_t per_microbatch = ev.training().global_batch / m;
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<uint32_t> bounds{0};
+  std::vector<int> replicas;
+  std::function<void(int, int)> place_replicas = [&](int s, int used) {
+    if (s == stages) {
+      double worst = 0;
+      for (int i = 0; i < stages; ++i) {
+        const double h = stage_h(i, bounds[i], bounds[i + 1], replicas[i]);
+        if (std::isinf(h)) return;
+        worst = std::max(worst, h);
+      }
+      best = std::min(best, worst);
+      return;
+    }
+    for (int sd = 1; used + sd + (stages - s - 1) <= devices && sd <= per_microbatch; ++sd) {
+      replicas.push_back(sd);
+      place_replicas(s + 1, used + sd);
+      replicas.pop_back();
+    }
+  };
+  std::function<void(int)> split = [&](int s) {
+    if (s == stages - 1) {
+      bounds.push_back(static_cast<uint32_t>(k));
+      place_replicas(0, 0);
+      bounds.pop_back();
+      return;
+    }
+    for (int b = static_cast<int>(bounds.back()) + 1; b + (stages - s - 1) <= k; ++b) {
+      bounds.push_back(static_cast<uint32_t>(b));
+      split(s + 1);
+      bounds.pop_back();
+    }
+  };
+  split(0);
+  return best;
+}
+
+}  // namespace apart::testing

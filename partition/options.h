@@ -77,7 +77,7 @@ struct StageOptions {
   int max_stages = 0;               // 0 = min(blocks, devices)
   bool spend_leftover_devices = true;  // after the DP, give unused devices to stages while the estimate improves
   bool include_baselines = true;  // --method apart also evaluates the uniform, params and gpipe-balance splits
-  int max_simulations = 256;      // the final choice replays at most this many candidates (0 = all; select.h)
+  int max_simulations = 1024;     // the final choice replays at most this many candidates (0 = all; select.h)
 };
 
 struct PartitionOptions {

@@ -26,15 +26,21 @@ double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, S
   });
 }
 
+// 1–4 devices, two per node, memory drawn from [lo, hi) bytes.
+ClusterSpec small_cluster(int devices, std::mt19937& rng, double lo, double hi) {
+  ClusterSpec cluster;
+  cluster.devices = devices;
+  cluster.devices_per_node = 2;
+  cluster.memory_bytes = static_cast<int64_t>(std::uniform_real_distribution<double>(lo, hi)(rng));
+  return cluster;
+}
+
 TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
   std::mt19937 rng(7);
   int compared = 0, infeasible = 0;
   for (int trial = 0; trial < 40; ++trial) {
     const int k = 2 + trial % 6;
-    ClusterSpec cluster;
-    cluster.devices = 1 + trial % 4;
-    cluster.devices_per_node = 2;
-    cluster.memory_bytes = static_cast<int64_t>(std::uniform_real_distribution<double>(2e9, 12e9)(rng));
+    const ClusterSpec cluster = small_cluster(1 + trial % 4, rng, 2e9, 12e9);
     TrainingSpec training;
     training.global_batch = 12;
     training.precision = trial % 2 ? Precision::kMixed : Precision::kFp32;
@@ -69,10 +75,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeOnItsOwn) {
   int compared = 0, mixed = 0;
   for (int trial = 0; trial < 30; ++trial) {
     const int k = 2 + trial % 5;
-    ClusterSpec cluster;
-    cluster.devices = 1 + trial % 4;
-    cluster.devices_per_node = 2;
-    cluster.memory_bytes = static_cast<int64_t>(std::uniform_real_distribution<double>(3e9, 12e9)(rng));
+    const ClusterSpec cluster = small_cluster(1 + trial % 4, rng, 3e9, 12e9);
     TrainingSpec training;
     training.global_batch = 48;  // large micro-batches: activations, not weights, decide what fits
     const BlockSequence seq = testing::random_sequence(rng, k);

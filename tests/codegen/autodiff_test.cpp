@@ -16,6 +16,7 @@
 #include "models/zoo.h"
 #include "runtime/executor.h"
 #include "tests/runtime/model_builder.h"
+#include "tests/support/read_model.h"
 
 namespace apart {
 namespace {
@@ -268,13 +269,6 @@ TEST(ATrainingGraph, RefusesAnOpWithoutAGradientRule) {
   EXPECT_THROW(build_training_graph(b.proto()), Unsupported);
 }
 
-onnx::ModelProto load(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  onnx::ModelProto m;
-  EXPECT_TRUE(m.ParseFromIstream(&in)) << path;
-  return m;
-}
-
 std::map<std::string, Tensor> gpt_inputs(int64_t batch, int64_t seq, int64_t vocab) {
   std::mt19937 rng(5);
   Tensor ids(DType::kInt64, {batch, seq}), labels(DType::kInt64, {batch, seq});
@@ -286,7 +280,7 @@ std::map<std::string, Tensor> gpt_inputs(int64_t batch, int64_t seq, int64_t voc
 }
 
 TEST(ATrainingGraph, OfGptTinyIsValidOnnxAndMatchesFiniteDifferences) {
-  const auto forward = load(std::filesystem::path(APART_SOURCE_DIR) / "models/gpt-tiny.onnx");
+  const auto forward = testing::read_proto(std::filesystem::path(APART_SOURCE_DIR) / "models/gpt-tiny.onnx");
   TrainingGraphOptions options;
   options.import.dims["batch"] = 2;
   const TrainingGraph tg = build_training_graph(forward, options);
@@ -298,7 +292,7 @@ TEST(ATrainingGraph, OfGptTinyIsValidOnnxAndMatchesFiniteDifferences) {
 }
 
 TEST(ATrainingGraph, OfGptTinyIsByteIdenticalAcrossBuilds) {
-  const auto forward = load(std::filesystem::path(APART_SOURCE_DIR) / "models/gpt-tiny.onnx");
+  const auto forward = testing::read_proto(std::filesystem::path(APART_SOURCE_DIR) / "models/gpt-tiny.onnx");
   TrainingGraphOptions options;
   options.import.dims["batch"] = 1;
   EXPECT_EQ(build_training_graph(forward, options).model.SerializeAsString(),

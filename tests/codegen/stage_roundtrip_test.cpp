@@ -16,18 +16,12 @@
 #include "profiler/device.h"
 #include "runtime/executor.h"
 #include "tests/support/onnx_builder.h"
+#include "tests/support/read_model.h"
 
 namespace apart {
 namespace {
 
 namespace fs = std::filesystem;
-
-onnx::ModelProto read_proto(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  onnx::ModelProto m;
-  EXPECT_TRUE(m.ParseFromIstream(&in)) << path;
-  return m;
-}
 
 // gpt-tiny's inputs at batch `batch`: token ids and labels below its vocabulary of 512.
 std::map<std::string, Tensor> token_inputs(int64_t batch, int64_t seq, uint32_t seed) {
@@ -91,7 +85,7 @@ class AStagedModel : public ::testing::TestWithParam<int> {
     // Every value any stage has produced so far, by name; stage K reads its inputs from here.
     std::map<std::string, Tensor> available = inputs;
     for (int k = 0; k < GetParam(); ++k) {
-      const onnx::ModelProto stage = read_proto(dir_ / ("stage_" + std::to_string(k) + ".onnx"));
+      const onnx::ModelProto stage = testing::read_proto(dir_ / ("stage_" + std::to_string(k) + ".onnx"));
       std::map<std::string, Tensor> stage_inputs;
       for (const auto& in : stage.graph().input()) {
         auto it = available.find(in.name());

@@ -17,6 +17,7 @@
 #include "profiler/cost_model.h"
 #include "profiler/device.h"
 #include "tests/support/onnx_builder.h"
+#include "tests/support/read_model.h"
 #include "tests/support/run_apart.h"
 
 namespace apart {
@@ -29,12 +30,6 @@ using testing::TempDir;
 using testing::read_file;
 
 const fs::path kGptTiny = fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx";
-
-onnx::ModelProto read_proto(const fs::path& p) {
-  onnx::ModelProto m;
-  EXPECT_TRUE(m.ParseFromString(read_file(p))) << p;
-  return m;
-}
 
 ImportedModel import_at(const std::string& bytes, const std::string& symbol, int64_t batch) {
   ImportOptions o;
@@ -156,7 +151,7 @@ TEST_P(StageFilesOfGptTiny, DeclareTheBatchDimAsTheModelsSymbolAndEveryOtherDimS
   const TaskGraph& g = staged_.model.graph;
   int batch_dims = 0;
   for (size_t k = 0; k < staged_.plan.stages.size(); ++k) {
-    const onnx::ModelProto stage = read_proto(stage_file(k));
+    const onnx::ModelProto stage = testing::read_proto(stage_file(k));
     auto check = [&](const onnx::ValueInfoProto& info) {
       SCOPED_TRACE("stage " + std::to_string(k) + " value " + info.name());
       const auto id = g.find_value(info.name());
@@ -188,7 +183,7 @@ TEST_P(StageFilesOfGptTiny, DeclareTheBatchDimAsTheModelsSymbolAndEveryOtherDimS
 TEST_P(StageFilesOfGptTiny, PassTheOnnxCheckerWithShapeInference) {
   for (size_t k = 0; k < staged_.plan.stages.size(); ++k) {
     SCOPED_TRACE("stage " + std::to_string(k));
-    onnx::ModelProto stage = read_proto(stage_file(k));
+    onnx::ModelProto stage = testing::read_proto(stage_file(k));
     EXPECT_NO_THROW(onnx::checker::check_model(stage));
     // Strict inference fails on a declared dim that contradicts the nodes (as tests/models does for the zoo).
     onnx::ShapeInferenceOptions strict{/*check_type=*/true, /*error_mode=*/1, /*enable_data_propagation=*/false};
@@ -201,7 +196,7 @@ TEST_P(StageFilesOfGptTiny, ChainFromModelInputsToModelOutputs) {
   std::set<std::string> available;
   for (ValueId v : g.graph_inputs()) available.insert(g.value(v).name);
   for (size_t k = 0; k < staged_.plan.stages.size(); ++k) {
-    const onnx::ModelProto stage = read_proto(stage_file(k));
+    const onnx::ModelProto stage = testing::read_proto(stage_file(k));
     for (const auto& in : stage.graph().input())
       EXPECT_TRUE(available.count(in.name())) << "stage " << k << " input " << in.name() << " comes from nowhere";
     for (const auto& out : stage.graph().output()) available.insert(out.name());
@@ -241,7 +236,7 @@ OnnxBuilder mlp(Dim batch) {
 std::set<std::string> boundary_dims(const fs::path& plan) {
   std::set<std::string> dims;
   for (size_t k = 0; fs::exists(plan / ("stage_" + std::to_string(k) + ".onnx")); ++k) {
-    const onnx::ModelProto stage = read_proto(plan / ("stage_" + std::to_string(k) + ".onnx"));
+    const onnx::ModelProto stage = testing::read_proto(plan / ("stage_" + std::to_string(k) + ".onnx"));
     std::vector<onnx::ValueInfoProto> infos(stage.graph().input().begin(), stage.graph().input().end());
     infos.insert(infos.end(), stage.graph().output().begin(), stage.graph().output().end());
     for (const auto& info : infos)

@@ -8,18 +8,12 @@
 
 #include "importer/importer.h"
 #include "profiler/op_work.h"
+#include "tests/support/read_model.h"
 
 namespace apart {
 namespace {
 
 namespace fs = std::filesystem;
-
-onnx::ModelProto read_proto(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  onnx::ModelProto m;
-  EXPECT_TRUE(m.ParseFromIstream(&in));
-  return m;
-}
 
 class ARealModel : public ::testing::TestWithParam<std::string> {
  protected:
@@ -42,7 +36,7 @@ TEST_P(ARealModel, ImportsWithEveryShapeKnownOnceTheBatchIsBound) {
 }
 
 TEST_P(ARealModel, CountsParamsAsTheSumOfInitializerElements) {
-  const auto proto = read_proto(path());
+  const auto proto = testing::read_proto(path());
   int64_t expected = 0;
   for (const auto& t : proto.graph().initializer()) {
     int64_t n = 1;
@@ -57,7 +51,7 @@ TEST_P(ARealModel, CountsParamsAsTheSumOfInitializerElements) {
 }
 
 TEST_P(ARealModel, HasOneTaskPerOnnxNodeAndAnOpHistogramThatSumsToIt) {
-  const auto proto = read_proto(path());
+  const auto proto = testing::read_proto(path());
   std::map<std::string, int> expected;
   for (const auto& n : proto.graph().node()) ++expected[n.op_type()];
   auto m = import_at_batch(1);

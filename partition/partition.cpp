@@ -60,7 +60,6 @@ std::vector<StageSolution> solve_all(const StageEvaluator& evaluator, const std:
                                      const std::vector<RecomputeMode>& recomputes, const PartitionOptions& o,
                                      SearchStatistics& stats, const std::chrono::steady_clock::time_point start,
                                      const ProgressFn& progress) {
-  (void)stats;
   std::vector<StageSolution> found;
   for (Schedule schedule : schedules)
     for (RecomputeMode recompute : recomputes)

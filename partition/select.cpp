@@ -110,13 +110,13 @@ double lower_bound(const sim::SimPlan& plan) {
   const double bottom = first_forward[stages - 1] + f[stages - 1];  // micro-batch 0 leaves the last forward
   const bool gpipe = plan.training.schedule == "gpipe";
   double returning = 0;  // Σ_{i>s} (b_i + d_i): micro-batch 0's gradient from the last stage back to s
+  std::vector<double> back_to_first(stages, 0.0);  // Σ_{i<s} (b_i + d_{i+1}): the last gradient from s to stage 0
+  for (size_t s = 1; s < stages; ++s) back_to_first[s] = back_to_first[s - 1] + b[s - 1] + d[s];
   for (size_t s = stages; s-- > 0;) {
     const double w = gpipe ? static_cast<double>(m) : static_cast<double>(std::min<int64_t>(m, static_cast<int64_t>(stages - s)));
     const double first_backward = std::max(bottom + returning, first_forward[s] + w * f[s]);
     const double last_backward_end = first_backward + static_cast<double>(m) * b[s] + (static_cast<double>(m) - w) * f[s];
-    double back_to_first = 0;  // the last micro-batch's gradient from s back through stage 0
-    for (size_t i = 0; i < s; ++i) back_to_first += b[i] + d[i + 1];
-    bound = std::max(bound, last_backward_end + std::max(exposed[s], back_to_first + exposed[0]));
+    bound = std::max(bound, last_backward_end + std::max(exposed[s], back_to_first[s] + exposed[0]));
     returning += b[s] + d[s];
   }
   return bound;

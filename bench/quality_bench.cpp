@@ -118,11 +118,7 @@ int main(int argc, char** argv) {
     ImportOptions io;
     io.dims["batch"] = 1;
     const ImportedModel model = import_model(path, io);
-    ModelInfo info;
-    info.path = path;
-    double param_bytes = 0;
-    for (uint32_t v = 0; v < model.graph.num_values(); ++v)
-      if (model.graph.value(ValueId(v)).kind == ValueKind::kParam) param_bytes += static_cast<double>(model.graph.value(ValueId(v)).bytes);
+    const ModelInfo info = describe_model(model.graph, path);
     for (const int devices : c.devices) {
       if (!only_devices.empty() && only_devices.find("," + std::to_string(devices) + ",") == std::string::npos) continue;
       PartitionOptions o;
@@ -186,17 +182,17 @@ int main(int argc, char** argv) {
       // must hold its stage's weights, gradients and optimizer state) and R = ⌊devices/S⌋ replicas, perfectly
       // balanced, without communication: each of its S devices runs (W·B/R + F·m)/S per iteration, where W is the
       // per-sample forward+backward time and F the per-kernel fixed time of the whole model (from the two cost
-      // tables, affine in the micro-batch), idle (S−1)/m of the time under 1F1B; minimised over S and the m that
-      // give every replica ≥ 1 sample. No plan under this cost model can be faster.
-      const double state = param_bytes * state_bytes_per_param_byte(o.training.optimizer, precision);
+      // tables, fitted per component exactly as the planner fits them), idle (S−1)/m of the time under 1F1B;
+      // minimised over S and the m that give every replica ≥ 1 sample. No plan under this cost model can be faster.
+      const double state = static_cast<double>(info.param_bytes) *
+                           state_bytes_per_param_byte(o.training.optimizer, precision);
       const int s_min = static_cast<int>(std::max(1.0, std::ceil(state / static_cast<double>(device.memory_bytes))));
-      double t1 = 0, t4 = 0;
-      for (size_t t = 0; t < c1.tasks.size(); ++t) {
-        t1 += c1.tasks[t].forward_s + c1.tasks[t].backward_s;
-        t4 += c2.tasks[t].forward_s + c2.tasks[t].backward_s;
+      double per_sample = 0, fixed = 0;
+      const AtomicGraph atomic = build_atomic_graph(model.graph, c1, o.atomic, &c2);
+      for (const AtomicComponent& component : atomic.components) {
+        per_sample += component.cost.forward.per_sample_s + component.cost.backward.per_sample_s;
+        fixed += component.cost.forward.fixed_s + component.cost.backward.fixed_s;
       }
-      const double u1 = static_cast<double>(c1.microbatch_size);
-      const double per_sample = (t4 - t1) / (3 * u1), fixed = std::max(0.0, (4 * t1 - t4) / 3);
       double attainable = std::numeric_limits<double>::infinity();
       for (int stages = s_min; stages <= devices; ++stages) {
         const int replicas = devices / stages;

@@ -218,11 +218,10 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
     if (o.method == Method::kApart && !plan.search.stopped_by_time_limit)
       if (auto refined = refine_best_candidates(atomic, *assignment, solutions, o.cluster, o.training)) {
         auto runs = std::make_shared<const BlockAssignment>(std::move(refined->assignment));
-        auto run_seq = std::make_shared<const BlockSequence>(make_block_sequence(atomic, *runs));
         std::shared_ptr<const StageEvaluator> run_evaluator(std::move(refined->evaluator));
         std::vector<StageSolution> one;
         one.push_back(std::move(refined->solution));
-        add_candidates(std::move(one), run_seq, runs, run_evaluator, source + " refined");
+        add_candidates(std::move(one), refined->sequence, runs, run_evaluator, source + " refined");
       }
     add_candidates(std::move(solutions), seq, assignment, evaluator, source);
     // Pipeline-major: one pipeline replica per node (or several per node), stages talking over NVLink and every

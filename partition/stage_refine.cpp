@@ -98,8 +98,8 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
     for (size_t r = 0; r < runs; ++r)
       for (size_t p = positions[r]; p < positions[r + 1]; ++p)
         candidate.assignment.block_of[order[p]] = static_cast<uint32_t>(r);
-    candidate.evaluator =
-        std::make_unique<StageEvaluator>(make_block_sequence(atomic, candidate.assignment), cluster, training);
+    candidate.sequence = std::make_shared<const BlockSequence>(make_block_sequence(atomic, candidate.assignment));
+    candidate.evaluator = std::make_unique<StageEvaluator>(*candidate.sequence, cluster, training);
 
     // The window DP: stage s = runs [t_s, t_{s+1}) with the coarse replica count, every stage within device
     // memory; least bottleneck, then least Σ steps (ties: the earliest cut).

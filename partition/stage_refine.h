@@ -14,7 +14,8 @@ namespace apart {
 
 struct RefinedCandidate {
   BlockAssignment assignment;                 // runs of components; solution.boundaries index these runs
-  std::unique_ptr<StageEvaluator> evaluator;  // over make_block_sequence(atomic, assignment)
+  std::shared_ptr<const BlockSequence> sequence;  // make_block_sequence(atomic, assignment)
+  std::unique_ptr<StageEvaluator> evaluator;  // over `sequence`
   StageSolution solution;
 };
 

@@ -89,7 +89,7 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
       bool inputs_ready = true;
       for (ValueId in : task.inputs) inputs_ready = inputs_ready && (!in.valid() || persistent_[in.value()].defined());
       if (inputs_ready) {
-        execute(t, persistent_, false);
+        execute(t, persistent_, false, RandomKey{});
         run_each_step_[t] = false;
       }
     }
@@ -117,7 +117,7 @@ Tensor* Executor::param(const std::string& name) {
   return &persistent_[id->value()];
 }
 
-void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned) {
+void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const RandomKey& random) {
   const TaskGraph& g = model_.graph;
   const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
   std::vector<const Tensor*> inputs;
@@ -146,7 +146,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned) {
     }
     return Tensor(dtype, shape);  // unplanned (unknown shape, or a shape inference disagreed with)
   };
-  KernelContext ctx(task, opset_, std::move(inputs), tensor_attrs_[t], outputs, allocate);
+  KernelContext ctx(task, opset_, std::move(inputs), tensor_attrs_[t], outputs, allocate, random_stream(random, node_random_id(task.name.data(), task.name.size())));
   const auto start = std::chrono::steady_clock::now();
   kernels_[t](ctx);
   if (options_.time_tasks && planned)
@@ -159,7 +159,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned) {
   }
 }
 
-NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs) {
+NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const RandomKey& random) {
   const TaskGraph& g = model_.graph;
   std::vector<Tensor> slots = persistent_;  // shares storage: params and constants are not copied
   for (ValueId v : g.graph_inputs()) {
@@ -183,7 +183,7 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs) {
   if (options_.time_tasks) task_seconds_.assign(g.num_tasks(), 0.0);
   for (size_t t = 0; t < g.num_tasks(); ++t) {
     if (!run_each_step_[t]) continue;
-    execute(t, slots, true);
+    execute(t, slots, true, random);
     // Release what no later task reads (heap fallbacks; arena slices are just references).
     for (ValueId in : g.task(TaskId(static_cast<uint32_t>(t))).inputs)
       if (in.valid() && last_use_[in.value()] == static_cast<int64_t>(t) && !persistent_[in.value()].defined())

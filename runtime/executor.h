@@ -12,6 +12,7 @@
 #include "importer/importer.h"
 #include "runtime/kernel.h"
 #include "runtime/memory_plan.h"
+#include "runtime/random.h"
 #include "runtime/tensor.h"
 
 namespace onnx {
@@ -46,7 +47,8 @@ class Executor {
 
   // Runs one forward step. `inputs` by graph-input name (graph inputs with an initializer may be
   // omitted). Returns the graph outputs in graph order, in storage of their own. Not reentrant.
-  NamedTensors run(const std::map<std::string, Tensor>& inputs);
+  // `random` is the draw random kernels (Dropout) make: the same key gives the same masks.
+  NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random = {});
 
   const MemoryPlan& memory_plan() const { return plan_; }
   int64_t param_bytes() const { return param_bytes_; }
@@ -58,7 +60,7 @@ class Executor {
   const ImportedModel& model() const { return model_; }
 
  private:
-  void execute(size_t task_index, std::vector<Tensor>& slots, bool planned);
+  void execute(size_t task_index, std::vector<Tensor>& slots, bool planned, const RandomKey& random);
   void load(const onnx::ModelProto& proto, const std::filesystem::path& base_dir);
 
   std::unique_ptr<ImportedModel> owned_model_;  // set by the in-memory constructor; before model_

@@ -10,6 +10,7 @@
 
 #include "graph/error.h"
 #include "graph/task_graph.h"
+#include "runtime/random.h"
 #include "runtime/tensor.h"
 
 namespace apart {
@@ -21,9 +22,9 @@ class KernelContext {
  public:
   KernelContext(const Task& task, int64_t opset, std::vector<const Tensor*> inputs,
                 const std::vector<std::pair<std::string, Tensor>>& tensor_attributes, std::vector<Tensor>& outputs,
-                OutputAllocator allocate)
+                OutputAllocator allocate, uint64_t random_stream = 0)
       : task_(task), opset_(opset), inputs_(std::move(inputs)), tensor_attributes_(tensor_attributes),
-        outputs_(outputs), allocate_(std::move(allocate)) {}
+        outputs_(outputs), allocate_(std::move(allocate)), random_stream_(random_stream) {}
 
   const Task& task() const { return task_; }
   int64_t opset() const { return opset_; }
@@ -44,6 +45,8 @@ class KernelContext {
     return task_.attr_ints(n, std::move(fallback));
   }
   bool has_attr(std::string_view n) const { return task_.attr(n) != nullptr; }
+  // This execution's random stream (random.h): a function of the run's RandomKey and the node only.
+  uint64_t random_stream() const { return random_stream_; }
 
   // Errors naming the task and op.
   [[noreturn]] void unsupported(const std::string& what) const;
@@ -56,6 +59,7 @@ class KernelContext {
   const std::vector<std::pair<std::string, Tensor>>& tensor_attributes_;
   std::vector<Tensor>& outputs_;
   OutputAllocator allocate_;
+  uint64_t random_stream_;
 };
 
 using KernelFn = void (*)(KernelContext&);

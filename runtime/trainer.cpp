@@ -216,7 +216,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   for (; step < options.steps; ++step) {
     const auto step_start = Clock::now();
     const std::map<std::string, Tensor> batch = data->batch(step);
-    NamedTensors outputs = executor.run(batch);
+    NamedTensors outputs = executor.run(batch, RandomKey{options.seed, static_cast<uint64_t>(step), 0});
     const double loss = output_named(outputs, tg.loss_output).scalar_as_double();
     if (!std::isfinite(loss))
       throw Infeasible("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +

@@ -1,8 +1,6 @@
 // Elementwise kernels: unary math, broadcasting binary arithmetic/comparison/logic, variadic
-// Min/Max/Sum/Mean, Where, Clip, Cast, Identity, Dropout (inference).
-#include <atomic>
+// Min/Max/Sum/Mean, Where, Clip, Cast, Identity, Dropout.
 #include <cmath>
-#include <random>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -312,16 +310,16 @@ void dropout_k(KernelContext& ctx) {
     if (ctx.has_input(2)) training = ctx.input(2).scalar_as_double() != 0;
   }
   if (training && ratio > 0) {
-    // Training: keep each element with probability 1 − ratio, scaled by 1 / (1 − ratio). Masks come
-    // from mt19937_64 seeded with the `seed` attribute (default 0) plus a per-process call counter, so
-    // a run's sequence of masks is reproducible and successive steps differ.
+    // Training: keep each element with probability 1 − ratio, scaled by 1 / (1 − ratio). Element i's draw is
+    // counter-based (runtime/random.h): a function of (seed, step, micro-batch, node, i) and of the node's own
+    // `seed` attribute, so a recomputed forward, a replica or a resumed run draws the same mask.
     if (ratio >= 1) ctx.invalid("ratio must be < 1 in training mode");
-    static std::atomic<uint64_t> calls{0};
-    std::mt19937_64 rng(static_cast<uint64_t>(ctx.attr_int("seed", 0)) * 0x9E3779B97F4A7C15ull + calls++);
-    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    const uint64_t stream = mix64(ctx.random_stream() ^ static_cast<uint64_t>(ctx.attr_int("seed", 0)));
     Tensor keep = ctx.num_outputs() > 1 && ctx.wants_output(1) ? ctx.output(1, DType::kBool, x.shape())
                                                                 : Tensor(DType::kBool, x.shape());  // shares storage
-    for (auto& m : keep.span<bool>()) m = uniform(rng) >= ratio;
+    bool* mask = keep.data<bool>();
+    for (int64_t i = 0; i < x.elements(); ++i)
+      mask[i] = random_uniform(random_bits(stream, static_cast<uint64_t>(i))) >= ratio;
     dispatch_float(ctx, x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       Tensor& y = ctx.output(0, x.dtype(), x.shape());

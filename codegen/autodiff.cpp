@@ -282,6 +282,16 @@ void prepare_forward_node(onnx::NodeProto& n, int index, const TrainingGraphOpti
 
 }  // namespace
 
+bool has_gradient_rule(std::string_view op_type) { return autodiff::registered_rules().count(op_type) > 0; }
+
+const std::vector<std::string>& forward_only_ops() {
+  // No gradient flows through these: their outputs are integers, booleans or shapes, or constants of the graph.
+  static const std::vector<std::string> ops = {"And",  "Constant", "ConstantOfShape", "Equal", "Greater",
+                                               "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Or",
+                                               "Range", "Shape", "Size", "Xor"};
+  return ops;
+}
+
 TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options) {
   if (options.recompute)
     throw Unsupported("autodiff: recompute is not implemented yet; training graphs save forward activations");

@@ -47,6 +47,11 @@ struct TrainingGraph {
   std::vector<std::pair<std::string, std::string>> state_updates;
 };
 
+// Whether a default-domain op has a gradient rule; forward_only_ops() lists the ops the runtime runs that need
+// none, because no gradient flows through them (integer, boolean or shape results, constants, argmax-like ops).
+bool has_gradient_rule(std::string_view op_type);
+const std::vector<std::string>& forward_only_ops();
+
 // Throws Unsupported naming the node whose op has no gradient rule, InvalidArgument for a bad loss/param.
 TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options = {});
 

@@ -286,6 +286,8 @@ OpClass op_class(const Task& task) {
   return it == table.end() ? OpClass::kOpaque : it->second;
 }
 
+bool has_cost_rule(std::string_view op_type) { return class_table().count(std::string(op_type)) > 0; }
+
 OpWork forward_work(const TaskGraph& g, TaskId t) {
   const Task& task = g.task(t);
   const Operands o{g, task};

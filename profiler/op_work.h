@@ -21,6 +21,8 @@ enum class OpClass : uint8_t {
 };
 std::string_view op_class_name(OpClass c);
 OpClass op_class(const Task& task);
+// Whether a default-domain op has a cost rule of its own (anything else is costed as opaque).
+bool has_cost_rule(std::string_view op_type);
 
 struct OpWork {
   double flops = 0;          // forward FLOPs; a multiply-add counts 2

@@ -1,5 +1,5 @@
 // Gradient rules of Conv and pools (ai.apart.ConvGrad/MaxPoolGrad/AveragePoolGrad: docs/autodiff.md),
-// GlobalAveragePool and BatchNormalization (standard ops, training and inference mode).
+// GlobalAveragePool, GlobalMaxPool and BatchNormalization (standard ops, training and inference mode).
 #include "codegen/gradients/gradient.h"
 
 namespace apart::autodiff {
@@ -73,6 +73,13 @@ void global_average_pool_rule(GradNode& n) {
   n.give(0, n.e.expand(n.e.mul(n.gy(), n.e.scalar(1.0 / static_cast<double>(count), n.out(0).dtype)), xs));
 }
 
+// GlobalMaxPool: ReduceMax over the spatial axes (keepdims): g to the maxima, split evenly among ties.
+void global_max_pool_rule(GradNode& n) {
+  std::vector<int64_t> axes;
+  for (size_t i = 2; i < n.in(0).shape.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  n.give(0, extreme_reduction_grad(n, n.x(0), n.y(0), n.gy(), axes));
+}
+
 // BatchNormalization. Training mode: batch statistics recomputed from x (standard ops);
 // dx = scale·σ⁻¹ · (g − mean(g) − x̂ · mean(g·x̂)). Inference mode: running statistics are constants.
 void batch_norm_rule(GradNode& n) {
@@ -119,6 +126,7 @@ void register_conv_rules() {
   r["MaxPool"] = max_pool_rule;
   r["AveragePool"] = average_pool_rule;
   r["GlobalAveragePool"] = global_average_pool_rule;
+  r["GlobalMaxPool"] = global_max_pool_rule;
   r["BatchNormalization"] = batch_norm_rule;
 }
 

@@ -1,4 +1,5 @@
-// Gradient rules of elementwise ops: arithmetic (broadcast undone by ReduceSum), unary math, activations.
+// Gradient rules of elementwise ops: arithmetic (broadcast undone by ReduceSum), variadic Sum/Mean/Max/Min,
+// unary math, activations.
 #include <cmath>
 
 #include "codegen/gradients/gradient.h"
@@ -69,6 +70,12 @@ void sigmoid_rule(GradNode& n) {  // g · y · (1 - y)
   auto& e = n.e;
   n.give(0, e.mul(n.gy(), e.mul(n.y(0), e.sub(e.scalar(1, dt(n)), n.y(0)))));
 }
+void abs_rule(GradNode& n) {  // g · sign(x), 0 at 0 (torch)
+  auto& e = n.e;
+  const std::string zero = e.scalar(0, n.in(0).dtype);
+  const std::string negative = e.op("Where", {e.op("Less", {n.x(0), zero}), e.neg(n.gy()), e.scalar(0, dt(n))});
+  n.give(0, e.op("Where", {e.op("Greater", {n.x(0), zero}), n.gy(), negative}));
+}
 void relu_rule(GradNode& n) {  // Where(x > 0, g, 0)
   auto& e = n.e;
   const std::string positive = e.op("Greater", {n.x(0), e.scalar(0, n.in(0).dtype)});
@@ -97,6 +104,26 @@ void cast_rule(GradNode& n) {  // back to the input's float type; nothing flows 
 
 void sum_rule(GradNode& n) {  // variadic, broadcasting
   for (size_t i = 0; i < n.num_inputs(); ++i) give_unbroadcast(n, i, n.gy());
+}
+
+void mean_rule(GradNode& n) {  // variadic, broadcasting: g / n to each input
+  const std::string share = n.e.mul(n.gy(), n.e.scalar(1.0 / static_cast<double>(n.num_inputs()), dt(n)));
+  for (size_t i = 0; i < n.num_inputs(); ++i) give_unbroadcast(n, i, share);
+}
+
+// Max / Min (variadic, broadcasting): g goes to the inputs equal to the result, split evenly among ties
+// (torch's maximum/minimum: half each for two; central differences at a two-way tie agree).
+void extreme_rule(GradNode& n) {
+  auto& e = n.e;
+  if (n.num_inputs() == 1) return n.give(0, n.gy());
+  std::vector<std::string> masks;
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    masks.push_back(e.op("Cast", {e.op("Equal", {n.x(i), n.y(0)})}));
+    set_attr(e.last(), "to", static_cast<int64_t>(dt(n)));
+  }
+  const std::string share = e.div(n.gy(), e.op("Sum", masks));  // output-shaped: every mask is
+  for (size_t i = 0; i < n.num_inputs(); ++i)
+    if (n.wants(i)) give_unbroadcast(n, i, e.mul(share, masks[i]));
 }
 
 void clip_rule(GradNode& n) {  // g where min ≤ x ≤ max (bounds from inputs ≥ opset 11)
@@ -166,6 +193,10 @@ void register_elementwise_rules() {
   r["Sign"] = zero_rule;
   r["Cast"] = cast_rule;
   r["Sum"] = sum_rule;
+  r["Mean"] = mean_rule;
+  r["Max"] = extreme_rule;
+  r["Min"] = extreme_rule;
+  r["Abs"] = abs_rule;
   r["Clip"] = clip_rule;
   r["Where"] = where_rule;
   r["Dropout"] = dropout_rule;

@@ -123,6 +123,12 @@ void register_reduce_rules();       // reduce.cpp: reductions, Softmax, LogSoftm
 void register_shape_rules();        // shape.cpp: Reshape…Gather, Concat, Split, Slice, Where, Expand
 void register_conv_rules();         // conv.cpp: Conv, pools, BatchNormalization
 
+// The gradient of a max/min reduction (ReduceMax/ReduceMin over `axes`, GlobalMaxPool): `g_kept` (the
+// output gradient with the reduced axes kept as 1s) goes to the positions of x equal to `y_kept`, split
+// evenly among ties (torch's amax/amin). reduce.cpp.
+std::string extreme_reduction_grad(GradNode& n, const std::string& x, const std::string& y_kept,
+                                   const std::string& g_kept, const std::vector<int64_t>& axes);
+
 // Normalizes a possibly negative axis.
 inline int64_t norm_axis(int64_t axis, size_t rank) { return axis < 0 ? axis + static_cast<int64_t>(rank) : axis; }
 

@@ -1,4 +1,5 @@
-// Gradient rules of reductions, Softmax/LogSoftmax, LayerNormalization and SoftmaxCrossEntropyLoss.
+// Gradient rules of reductions (Sum, Mean, Max, Min, Prod), Softmax/LogSoftmax, LayerNormalization and the
+// losses SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss.
 #include <numeric>
 
 #include "codegen/gradients/gradient.h"
@@ -17,30 +18,86 @@ int64_t prod(const std::vector<int64_t>& s, size_t begin = 0) {
   return p;
 }
 
+// The axes a Reduce* node reduces (attribute up to its opset's switch, input after), normalized; `kept` is
+// the input's shape with those axes as 1s. `noop`: empty axes with noop_with_empty_axes (the identity).
+struct Reduced {
+  std::vector<int64_t> axes, kept;
+  int64_t count = 1;  // elements per output value
+  bool noop = false;
+};
+Reduced reduced(GradNode& n) {
+  const auto& xs = n.in(0).shape;
+  Reduced r;
+  if (auto a = n.attr_ints("axes")) r.axes = *a;
+  else if (n.has_input(1)) r.axes = n.known_ints(1);
+  if (r.axes.empty()) {
+    if (n.attr_int("noop_with_empty_axes", 0) != 0) {
+      r.noop = true;
+      return r;
+    }
+    r.axes = range(0, static_cast<int64_t>(xs.size()));
+  }
+  r.kept = xs;
+  for (int64_t& a : r.axes) {
+    a = norm_axis(a, xs.size());
+    r.count *= xs[static_cast<size_t>(a)];
+    r.kept[static_cast<size_t>(a)] = 1;
+  }
+  return r;
+}
+
+// `v` (an output-shaped value) with the reduced axes kept as 1s.
+std::string kept(GradNode& n, const Reduced& r, const std::string& v) {
+  return n.out(0).shape == r.kept ? v : n.e.reshape(v, r.kept);
+}
+
 // ReduceSum / ReduceMean: the gradient spread back over the reduced axes.
 void reduce_rule(GradNode& n, bool mean) {
   auto& e = n.e;
   const auto& xs = n.in(0).shape;
-  std::vector<int64_t> axes;
-  if (auto a = n.attr_ints("axes")) axes = *a;
-  else if (n.has_input(1)) axes = n.known_ints(1);
-  if (axes.empty()) {
-    if (n.attr_int("noop_with_empty_axes", 0) != 0) return n.give(0, n.gy());
-    axes = range(0, static_cast<int64_t>(xs.size()));
-  }
-  std::vector<int64_t> keep = xs;
-  int64_t count = 1;
-  for (int64_t a : axes) {
-    const int64_t axis = norm_axis(a, xs.size());
-    count *= xs[static_cast<size_t>(axis)];
-    keep[static_cast<size_t>(axis)] = 1;
-  }
-  std::string g = n.out(0).shape == keep ? n.gy() : e.reshape(n.gy(), keep);
-  if (mean && count != 1) g = e.mul(g, e.scalar(1.0 / static_cast<double>(count), n.out(0).dtype));
-  n.give(0, keep == xs ? g : e.expand(g, xs));
+  const Reduced r = reduced(n);
+  if (r.noop) return n.give(0, n.gy());
+  std::string g = kept(n, r, n.gy());
+  if (mean && r.count != 1) g = e.mul(g, e.scalar(1.0 / static_cast<double>(r.count), n.out(0).dtype));
+  n.give(0, r.kept == xs ? g : e.expand(g, xs));
 }
 void reduce_sum_rule(GradNode& n) { reduce_rule(n, false); }
 void reduce_mean_rule(GradNode& n) { reduce_rule(n, true); }
+
+// ReduceMax / ReduceMin: g to the positions equal to the result, split evenly among ties.
+void reduce_extreme_rule(GradNode& n) {
+  const Reduced r = reduced(n);
+  if (r.noop) return n.give(0, n.gy());
+  n.give(0, extreme_reduction_grad(n, n.x(0), kept(n, r, n.y(0)), kept(n, r, n.gy()), r.axes));
+}
+
+// ReduceProd: g · ∏(others). With no zero in a group that is g · y / x; with one zero, the zero's entry
+// gets g · ∏(nonzeros) and the rest 0; with two or more, all 0. As one expression:
+// g · P / x' · [zeros = 0 ∨ (x = 0 ∧ zeros = 1)], x' = x with zeros replaced by 1, P = ∏ x' per group.
+void reduce_prod_rule(GradNode& n) {
+  auto& e = n.e;
+  const Reduced r = reduced(n);
+  if (r.noop) return n.give(0, n.gy());
+  const DType dt = n.in(0).dtype;
+  const std::string zero = e.scalar(0, dt), one = e.scalar(1, dt);
+  const std::string is_zero = e.op("Equal", {n.x(0), zero});
+  const std::string nonzero = e.op("Where", {is_zero, one, n.x(0)});
+  std::string product;
+  if (e.opset() >= 18) {
+    product = e.op("ReduceProd", {nonzero, e.ints(r.axes)});
+  } else {
+    product = e.op("ReduceProd", {nonzero});
+    set_attr(e.last(), "axes", r.axes);
+  }
+  set_attr(e.last(), "keepdims", int64_t{1});
+  std::string zeros = e.op("Cast", {is_zero});
+  set_attr(e.last(), "to", static_cast<int64_t>(dt));
+  zeros = e.reduce_sum(zeros, r.axes, true);
+  const std::string pass = e.op("Or", {e.op("Equal", {zeros, zero}),
+                                       e.op("And", {is_zero, e.op("Equal", {zeros, one})})});
+  const std::string others = e.div(product, nonzero);  // ∏ over the group but this entry (when it passes)
+  n.give(0, e.op("Where", {pass, e.mul(kept(n, r, n.gy()), others), zero}));
+}
 
 // The axes a softmax normalizes over: one axis from opset 13, the coerced 2-D tail before.
 std::vector<int64_t> softmax_axes(GradNode& n) {
@@ -89,14 +146,18 @@ void layer_norm_rule(GradNode& n) {
   }
 }
 
-// SoftmaxCrossEntropyLoss from its log_prob output (the training graph adds it), in standard ops:
-// d scores = (softmax − onehot) · w_label · coefficient, coefficient by reduction.
-void softmax_cross_entropy_rule(GradNode& n) {
-  if (!n.wants(0)) return;
+// The targets of SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss (scores or log-probabilities input 0
+// [N, C, d…], labels input 1 [N, d…], class weights input 2): the one-hot of the labels over axis 1 and, per
+// position [N, 1, d…], the label's weight times the reduction's coefficient of the output gradient
+// (0 where the label is ignore_index). d loss / d logp = −onehot · scale.
+struct Targets {
+  std::string onehot, scale;
+};
+Targets loss_targets(GradNode& n) {
   auto& e = n.e;
   const auto& ss = n.in(0).shape;
   const DType dt = n.in(0).dtype;
-  if (ss.size() < 2) n.unsupported("scores of rank < 2");
+  if (ss.size() < 2) n.unsupported("an input of rank < 2");
   const int64_t classes = ss[1];
   std::vector<int64_t> label_shape = ss;  // [N, 1, d…]
   label_shape[1] = 1;
@@ -128,20 +189,48 @@ void softmax_cross_entropy_rule(GradNode& n) {
   else if (reduction == "sum") coefficient = n.gy();
   else if (reduction == "none") coefficient = e.reshape(n.gy(), label_shape);
   else n.unsupported("reduction '" + reduction + "'");
-  const std::string softmax = e.op("Exp", {n.y(1)});
-  n.give(0, e.mul(e.sub(softmax, onehot), e.mul(weight, coefficient)));
+  return {onehot, e.mul(weight, coefficient)};
+}
+
+// SoftmaxCrossEntropyLoss from its log_prob output (the training graph adds it), in standard ops:
+// d scores = (softmax − onehot) · w_label · coefficient, coefficient by reduction.
+void softmax_cross_entropy_rule(GradNode& n) {
+  if (!n.wants(0)) return;
+  const Targets t = loss_targets(n);
+  const std::string softmax = n.e.op("Exp", {n.y(1)});
+  n.give(0, n.e.mul(n.e.sub(softmax, t.onehot), t.scale));
+}
+
+// NegativeLogLikelihoodLoss: d input = −onehot · w_label · coefficient (no gradient to class weights).
+void nll_loss_rule(GradNode& n) {
+  if (!n.wants(0)) return;
+  const Targets t = loss_targets(n);
+  n.give(0, n.e.neg(n.e.mul(t.onehot, t.scale)));
 }
 
 }  // namespace
+
+std::string extreme_reduction_grad(GradNode& n, const std::string& x, const std::string& y_kept,
+                                   const std::string& g_kept, const std::vector<int64_t>& axes) {
+  auto& e = n.e;
+  std::string mask = e.op("Cast", {e.op("Equal", {x, y_kept})});
+  set_attr(e.last(), "to", static_cast<int64_t>(n.meta(x).dtype));
+  const std::string ties = e.reduce_sum(mask, axes, true);
+  return e.mul(e.div(g_kept, ties), mask);
+}
 
 void register_reduce_rules() {
   auto& r = rules();
   r["ReduceSum"] = reduce_sum_rule;
   r["ReduceMean"] = reduce_mean_rule;
+  r["ReduceMax"] = reduce_extreme_rule;
+  r["ReduceMin"] = reduce_extreme_rule;
+  r["ReduceProd"] = reduce_prod_rule;
   r["Softmax"] = softmax_rule;
   r["LogSoftmax"] = log_softmax_rule;
   r["LayerNormalization"] = layer_norm_rule;
   r["SoftmaxCrossEntropyLoss"] = softmax_cross_entropy_rule;
+  r["NegativeLogLikelihoodLoss"] = nll_loss_rule;
 }
 
 }  // namespace apart::autodiff

@@ -1,4 +1,5 @@
-// Gradient rules of data-movement ops: reshapes, Transpose, Expand, Concat/Split, Slice, Gather.
+// Gradient rules of data-movement ops: reshapes, Transpose, Expand, Concat/Split, Slice, Gather, Trilu,
+// ScatterND.
 #include <numeric>
 
 #include "codegen/gradients/gradient.h"
@@ -121,6 +122,55 @@ void gather_rule(GradNode& n) {
   n.give(0, scattered);
 }
 
+// Trilu: the same triangle of g (same `upper`, same k).
+void trilu_rule(GradNode& n) {
+  std::vector<std::string> inputs{n.gy()};
+  if (n.has_input(1)) inputs.push_back(n.x(1));
+  std::string g = n.e.op("Trilu", inputs);
+  n.copy_attrs(n.e.last(), {"upper"});
+  n.give(0, g);
+}
+
+// GatherND(g, indices) (batch_dims 0) without a GatherND kernel: g's first k dims flattened, each index
+// tuple turned into a row of that (negatives wrapped), one Gather on axis 0.
+std::string gather_nd(GradNode& n, const std::string& g, const std::vector<int64_t>& gs, const std::string& index,
+                      const std::vector<int64_t>& is) {
+  auto& e = n.e;
+  const size_t k = static_cast<size_t>(is.back());
+  std::vector<int64_t> dims(gs.begin(), gs.begin() + static_cast<int64_t>(k)), strides(k, 1), flat{1};
+  for (size_t i = k; i-- > 1;) strides[i - 1] = strides[i] * dims[i];
+  for (int64_t d : dims) flat[0] *= d;
+  flat.insert(flat.end(), gs.begin() + static_cast<int64_t>(k), gs.end());
+  std::string indices = index;
+  if (n.meta(index).dtype != DType::kInt64) {
+    indices = e.op("Cast", {indices});
+    set_attr(e.last(), "to", static_cast<int64_t>(DType::kInt64));
+  }
+  const std::string dims_c = e.ints(dims);
+  indices = e.op("Where", {e.op("Less", {indices, e.filled(0, DType::kInt64, {})}), e.add(indices, dims_c), indices});
+  const std::string rows = e.reduce_sum(e.mul(indices, e.ints(strides)), {static_cast<int64_t>(is.size()) - 1}, false);
+  std::string out = e.op("Gather", {e.reshape(g, flat), rows});
+  set_attr(e.last(), "axis", int64_t{0});
+  return out;
+}
+
+// ScatterND (reduction none or add): data gets g with the scattered positions zeroed (none) or all of g (add);
+// updates get GatherND(g, indices). With duplicate indices under none (the result is then unspecified),
+// every duplicate's update gets the gradient of the position.
+void scatter_nd_rule(GradNode& n) {
+  auto& e = n.e;
+  const std::string reduction = n.attr_string("reduction", "none");
+  if (reduction != "none" && reduction != "add") n.unsupported("reduction '" + reduction + "' (none and add have a gradient rule)");
+  if (n.wants(0)) {
+    if (reduction == "add") {
+      n.give(0, n.gy());
+    } else {
+      n.give(0, e.op("ScatterND", {n.gy(), n.x(1), e.filled(0, n.out(0).dtype, n.in(2).shape)}));
+    }
+  }
+  if (n.wants(2)) n.give(2, gather_nd(n, n.gy(), n.out(0).shape, n.x(1), n.in(1).shape));
+}
+
 }  // namespace
 
 void register_shape_rules() {
@@ -132,6 +182,8 @@ void register_shape_rules() {
   r["Split"] = split_rule;
   r["Slice"] = slice_rule;
   r["Gather"] = gather_rule;
+  r["Trilu"] = trilu_rule;
+  r["ScatterND"] = scatter_nd_rule;
 }
 
 }  // namespace apart::autodiff

@@ -199,13 +199,14 @@ void run_partition(const PartitionArgs& a) {
             << (outputs.stage_models ? ", stage_K.onnx" : "") << ", costs.json" << (baselines ? ", baselines.json" : "")
             << ")\n";
   if (baselines) {
-    std::cout << "\nmethod           iteration ms  × apart  stages  devices\n";
+    std::cout << "\nmethod              iteration  × apart  stages  devices\n";
     for (const MethodResult& r : comparison) {
       if (!r.feasible) {
         std::printf("%-15s  infeasible\n", std::string(method_name(r.method)).c_str());
         continue;
       }
-      std::printf("%-15s  %12.3f  %7.3f  %6d  %7d\n", std::string(method_name(r.method)).c_str(), r.iteration_s * 1e3,
+      std::printf("%-15s  %12s  %7.3f  %6d  %7d\n", std::string(method_name(r.method)).c_str(),
+                  format_seconds(r.iteration_s).c_str(),
                   r.iteration_s / plan.simulated.iteration_s, r.stages, r.devices_used);
     }
   }

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <system_error>
+#include <vector>
 
 #include "codegen/plan_writer.h"
 #include "graph/error.h"
@@ -38,29 +39,27 @@ void set_value_info(onnx::ValueInfoProto* info, const TaskGraph& graph, ValueId 
 constexpr const char* kStageWeightsDir = "weights";
 constexpr uintmax_t kMaxCopyBytes = uintmax_t{1} << 30;  // 1 GiB
 
-void place_external_data(const std::filesystem::path& model_dir, const std::string& location,
+// False when the model's file is not there (a graph-only export); the caller notes those once.
+bool place_external_data(const std::filesystem::path& model_dir, const std::string& location,
                          const std::filesystem::path& directory) {
   namespace fs = std::filesystem;
   const fs::path source = model_dir / location;
   const fs::path target = directory / kStageWeightsDir / location;
   std::error_code ec;
-  if (fs::exists(target, ec)) return;
-  if (!fs::is_regular_file(source, ec)) {
-    std::fprintf(stderr, "apart: note: stage files: external data %s is not present beside the model; put it at %s to run "
-                 "the stages\n", location.c_str(), (fs::path(kStageWeightsDir) / location).string().c_str());
-    return;
-  }
+  if (fs::exists(target, ec)) return true;
+  if (!fs::is_regular_file(source, ec)) return false;
   fs::create_directories(target.parent_path(), ec);
   if (ec) throw SystemError("cannot create " + target.parent_path().string() + ": " + ec.message());
   fs::create_hard_link(source, target, ec);
-  if (!ec) return;
+  if (!ec) return true;
   const uintmax_t size = fs::file_size(source, ec);
   if (!ec && size <= kMaxCopyBytes) {
     fs::copy_file(source, target, ec);
-    if (!ec) return;
+    if (!ec) return true;
   }
   std::fprintf(stderr, "apart: note: stage files: cannot hard-link %s into the plan (another filesystem?); link or copy it "
                "to PLAN/%s to run the stages\n", source.string().c_str(), (fs::path(kStageWeightsDir) / location).string().c_str());
+  return true;
 }
 
 }  // namespace
@@ -72,6 +71,8 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
   std::map<std::string, int> initializer_index;
   for (int i = 0; i < g.initializer_size(); ++i) initializer_index[g.initializer(i).name()] = i;
   std::set<ValueId> model_outputs(graph.graph_outputs().begin(), graph.graph_outputs().end());
+  std::set<std::string> placed;  // external-data locations already linked into weights/ (or noted)
+  std::vector<std::string> missing;
 
   // Which stages compute (produce) and read each value; constant tasks are replicated, so a value can be
   // produced by several stages, and a stage that produces a value never receives it.
@@ -114,7 +115,8 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
         if (init->data_location() == onnx::TensorProto::EXTERNAL)
           for (auto& kv : *init->mutable_external_data())
             if (kv.key() == "location") {
-              place_external_data(model_path.parent_path(), kv.value(), directory);
+              if (placed.insert(kv.value()).second && !place_external_data(model_path.parent_path(), kv.value(), directory))
+                missing.push_back(kv.value());
               kv.set_value(std::string(kStageWeightsDir) + "/" + kv.value());
             }
         continue;
@@ -130,6 +132,10 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
     if (!model.SerializeToString(&bytes)) throw SystemError("cannot serialize stage " + std::to_string(k));
     write_file_atomically(directory / ("stage_" + std::to_string(k) + ".onnx"), bytes);
   }
+  if (!missing.empty())
+    std::fprintf(stderr, "apart: note: stage files: %zu external-data file%s (%s%s) not present beside the model; put %s under "
+                 "PLAN/%s/ to run the stages\n", missing.size(), missing.size() == 1 ? " is" : "s are", missing.front().c_str(),
+                 missing.size() > 1 ? ", …" : "", missing.size() == 1 ? "it" : "them", kStageWeightsDir);
 }
 
 }  // namespace apart

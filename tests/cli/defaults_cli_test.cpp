@@ -137,6 +137,24 @@ TEST(PartitionProfile, RefusesCostsMeasuredOnAnotherDeviceUnlessToldOk) {
   EXPECT_NE(ok.find("warning"), std::string::npos) << ok;
 }
 
+// --- progress ----------------------------------------------------------------------------------------------
+
+TEST(ApartProfile, WarnsAboutAMissingLossBeforeTheRunsAndShowsProgress) {
+  TempDir dir;
+  OnnxBuilder b;
+  b.input("x", {"batch", 3}).output("y");
+  b.weight("w", {3, 4});
+  b.node("MatMul", {"x", "w"}, {"y"});
+  b.save(dir / "m.onnx");
+  auto r = run_apart("profile " + (dir / "m.onnx").string() + " --warmup 1 --repeats 1 -q -o " + (dir / "p.json").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t warning = r.out.find("warning: backward_s not measured");
+  const size_t first_run = r.out.find("apart profile: run 1 of 2 (warmup)");
+  ASSERT_NE(warning, std::string::npos) << r.out;
+  ASSERT_NE(first_run, std::string::npos) << r.out;
+  EXPECT_LT(warning, first_run) << r.out;
+}
+
 // --- output that agrees with itself ------------------------------------------------------------------------
 
 TEST(PlanOutputs, DotHasRealLineBreaksAndLabelsTimesPerMicroBatch) {

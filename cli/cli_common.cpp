@@ -4,13 +4,17 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "graph/error.h"
 
 namespace apart::cli {
 
-void add_model_flags(CLI::App& cmd, ModelFlags& flags) {
+void add_model_flags(CLI::App& cmd, ModelFlags& flags, int64_t default_batch) {
   cmd.add_option("--shape", flags.shapes,
                  "Static shape of a graph input, trtexec style: NAME:D0xD1x… (e.g. input:8x3x224x224); repeatable")
       ->take_last()
@@ -19,6 +23,13 @@ void add_model_flags(CLI::App& cmd, ModelFlags& flags) {
   cmd.add_option("--dim", flags.dims, "Bind a symbolic dim everywhere it appears: NAME=N (e.g. batch=8); repeatable")
       ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  if (default_batch > 0) {
+    flags.batch = default_batch;
+    flags.batch_option = cmd.add_option("--batch", flags.batch,
+                                        "Batch size the model is read at: binds its batch dim (a dim named batch, "
+                                        "batch_size or N, else the first input's leading dim); --dim/--shape override")
+                             ->capture_default_str();
+  }
 }
 
 ImportOptions import_options(const ModelFlags& flags) {
@@ -34,7 +45,32 @@ ImportOptions import_options(const ModelFlags& flags) {
     auto [it, inserted] = o.dims.emplace(name, value);
     if (!inserted && it->second != value) throw InvalidArgument("--dim " + name + " is given twice with different values");
   }
+  if (flags.batch_option) {
+    if (flags.batch < 1) throw InvalidArgument("--batch must be at least 1 (got " + std::to_string(flags.batch) + ")");
+    o.batch = flags.batch;
+    o.batch_explicit = flags.batch_option->count() > 0;
+  }
   return o;
+}
+
+Progress::Progress(std::string command, double interval_s)
+    : prefix_("apart " + std::move(command) + ": "), interval_s_(interval_s), tty_(::isatty(STDERR_FILENO) != 0) {}
+
+void Progress::operator()(const std::string& line) {
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s%s", prefix_.c_str(), line.c_str());
+    shown_ = true;
+  } else if (now - last_ >= interval_s_) {
+    std::fprintf(stderr, "%s%s\n", prefix_.c_str(), line.c_str());
+    last_ = now;
+  }
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (tty_ && shown_) std::fprintf(stderr, "\r\033[K");
+  shown_ = false;
 }
 
 namespace {
@@ -48,14 +84,6 @@ std::string scaled(double v, const char* const* units, int n, double step, const
 }
 }  // namespace
 
-std::string human_count(double n) {
-  static const char* const units[] = {"", "K", "M", "B", "T"};
-  return scaled(n, units, 5, 1000.0, "");
-}
-std::string human_bytes(double bytes) {
-  static const char* const units[] = {" B", " KB", " MB", " GB", " TB", " PB"};
-  return scaled(bytes, units, 6, 1000.0, "");
-}
 std::string human_flops(double flops) {
   static const char* const units[] = {" ", " K", " M", " G", " T", " P", " E"};
   return scaled(flops, units, 7, 1000.0, "FLOP");

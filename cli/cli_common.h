@@ -5,25 +5,48 @@
 #include <string>
 #include <vector>
 
+#include "graph/units.h"
 #include "importer/importer.h"
 
 namespace CLI {
 class App;
+class Option;
 }
 
 namespace apart::cli {
 
-// --shape NAME:D0xD1x… (repeatable) and --dim NAME=N (repeatable).
+// --shape NAME:D0xD1x… (repeatable), --dim NAME=N (repeatable) and, where the command has no batch flag
+// of its own, --batch N (binds the model's batch dim by the importer's rule, kBatchDimNames).
 struct ModelFlags {
   std::vector<std::string> shapes;
   std::vector<std::string> dims;
+  int64_t batch = 0;                 // 0: the command adds no --batch (partition and train have their own)
+  const CLI::Option* batch_option = nullptr;
 };
-void add_model_flags(CLI::App& cmd, ModelFlags& flags);
+// default_batch > 0 adds --batch with that default.
+void add_model_flags(CLI::App& cmd, ModelFlags& flags, int64_t default_batch = 0);
 // Parses the flags; throws InvalidArgument naming the bad flag.
 ImportOptions import_options(const ModelFlags& flags);
 
-std::string human_count(double n);     // 124.4M
-std::string human_bytes(double bytes);  // 497.6 MB (decimal units, like the frameworks' summaries)
+// Progress of long work on stderr, prefixed "apart <command>: ". On a terminal one line rewritten in place
+// (cleared by finish()); otherwise a plain line, at most one per `interval_s` (the first at once), so logs
+// of CI jobs show the work is alive without one line per step.
+class Progress {
+ public:
+  explicit Progress(std::string command, double interval_s = 10);
+  void operator()(const std::string& line);
+  void finish();
+  ~Progress() { finish(); }
+
+ private:
+  std::string prefix_;
+  double interval_s_;
+  bool tty_;
+  bool shown_ = false;
+  double last_ = -1e300;
+};
+
+// Counts, bytes and times: graph/units.h (format_count, format_bytes, format_seconds).
 std::string human_flops(double flops);  // 1.23 GFLOP
 
 }  // namespace apart::cli

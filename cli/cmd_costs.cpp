@@ -20,7 +20,7 @@ struct CostsArgs {
   ModelFlags model_flags;
   std::string device = "a100-80gb";
   std::string cluster;
-  std::string precision = "fp32";
+  std::string precision = "auto";
   int64_t microbatch = 0;
   std::string output;
 };
@@ -28,12 +28,11 @@ struct CostsArgs {
 void run_costs(const CostsArgs& a) {
   const Device device = a.cluster.empty() ? device_preset(a.device) : load_cluster_json(a.cluster).device;
   CostOptions options;
-  options.precision = profiler::parse_precision(a.precision);
+  options.precision = resolve_precision(a.precision, device);
   options.microbatch_size = a.microbatch;
   if (a.microbatch < 0) throw InvalidArgument("--microbatch-size must be positive");
   const ImportedModel m = import_model(a.model, import_options(a.model_flags));
-  for (const auto& b : m.bindings)
-    if (b.dim == "batch" || b.dim == "batch_size" || b.dim == "N") options.reference_batch = b.value;
+  options.reference_batch = m.batch;
   const CostTable table = estimate_costs(m.graph, device, options);
   for (const auto& w : table.warnings) std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
   if (a.output.empty()) {
@@ -48,11 +47,11 @@ const bool kRegistered = register_command({"costs", 40, [](CLI::App& app) {
   auto args = std::make_shared<CostsArgs>();
   CLI::App* cmd = app.add_subcommand("costs", "Per-task forward/backward time, FLOPs and memory on a device (apart.costs/1 JSON)");
   cmd->add_option("model", args->model, "ONNX model file")->required();
-  add_model_flags(*cmd, args->model_flags);
+  add_model_flags(*cmd, args->model_flags, /*default_batch=*/1);
   cmd->add_option("--device", args->device, "Device preset: v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu")
       ->capture_default_str();
   cmd->add_option("--cluster", args->cluster, "Cluster JSON (apart.cluster/1, docs/cost-model.md); its device wins over --device");
-  cmd->add_option("--precision", args->precision, "fp32, tf32 or mixed (fp16/bf16 math, fp32 master weights)")
+  cmd->add_option("--precision", args->precision, kPrecisionHelp)
       ->capture_default_str();
   cmd->add_option("--microbatch-size", args->microbatch, "Costs at this micro-batch size (default: the bound batch)");
   cmd->add_option("-o,--output", args->output, "Write the JSON here (temp file + rename); default stdout");

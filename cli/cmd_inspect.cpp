@@ -38,25 +38,13 @@ struct Summary {
   std::map<std::string, double> flops_by_op;
 };
 
-// The batch size of the bound shapes: a dim named "batch" if one was bound, else the leading dim
-// of the first graph input (the convention of every exporter).
-int64_t bound_batch(const ImportedModel& m) {
-  for (const auto& b : m.bindings)
-    if (b.dim == "batch" || b.dim == "batch_size" || b.dim == "N") return b.value;
-  for (ValueId in : m.graph.graph_inputs()) {
-    const Value& v = m.graph.value(in);
-    if (v.shape_known && !v.shape.empty()) return v.shape[0];
-  }
-  return 0;
-}
-
 Summary summarize(const ImportedModel& m) {
   const TaskGraph& g = m.graph;
   Summary s;
   s.tasks = g.num_tasks();
   s.constant_tasks = g.num_constant_tasks();
   s.batch_tasks = s.tasks - s.constant_tasks;
-  s.batch = bound_batch(m);
+  s.batch = m.batch;
   for (const Value& v : g.values()) {
     if (v.kind == ValueKind::kParam) {
       s.params += v.elements;
@@ -131,14 +119,14 @@ void print_text(const ImportedModel& m, const Summary& s, int top) {
   fmt::print("model       {}  (ir {}, {}{})\n", m.path, m.ir_version, opsets, m.producer.empty() ? "" : ", from " + m.producer);
   fmt::print("tasks       {} ({} batch, {} constant{})\n", s.tasks, s.batch_tasks, s.constant_tasks,
              s.opaque_tasks ? fmt::format(", {} opaque", s.opaque_tasks) : "");
-  fmt::print("params      {} ({}){}\n", human_count(s.params), human_bytes(s.param_bytes),
+  fmt::print("params      {} ({}){}\n", format_count(s.params), format_bytes(s.param_bytes),
              m.external_data_present ? "" : "  [external data not present]");
   for (ValueId in : m.graph.graph_inputs()) fmt::print("input       {}\n", value_line(m.graph, in));
   for (ValueId out : m.graph.graph_outputs()) fmt::print("output      {}\n", value_line(m.graph, out));
   for (const auto& b : m.bindings) fmt::print("dim         {} = {}  ({})\n", b.dim, b.value, b.source);
   const double per = s.batch > 0 ? static_cast<double>(s.batch) : 1.0;
   fmt::print("batch       {}\n", s.batch > 0 ? std::to_string(s.batch) : "unknown (figures below are for the whole graph)");
-  fmt::print("activations {} per sample ({} in all)\n", human_bytes(static_cast<int64_t>(s.activation_bytes / per)), human_bytes(s.activation_bytes));
+  fmt::print("activations {} per sample ({} in all)\n", format_bytes(static_cast<int64_t>(s.activation_bytes / per)), format_bytes(s.activation_bytes));
   fmt::print("flops       {} forward per sample ({} in all{})\n", human_flops(s.flops / per), human_flops(s.flops),
              s.flops_complete ? "" : "; some ops could not be counted");
   std::vector<std::pair<std::string, double>> by_flops(s.flops_by_op.begin(), s.flops_by_op.end());
@@ -162,20 +150,23 @@ static const bool kRegistered = register_command({"inspect", 10, [](CLI::App& ap
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "Summarize an ONNX model: tasks, ops, params, shapes, activations, FLOPs");
   cmd->add_option("model", args->model, "Path of the .onnx model")->required();
-  add_model_flags(*cmd, args->model_flags);
+  add_model_flags(*cmd, args->model_flags, /*default_batch=*/1);
   cmd->add_flag("--json", args->json, "Print one JSON object instead of the text summary");
   cmd->add_option("--top", args->top, "How many ops to list by FLOPs")->default_val(5);
   cmd->add_option("--device", args->device,
                   "Add forward/backward time, saved activations and training memory on this device "
-                  "(v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu)");
+                  "(v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu), at its default precision "
+                  "(mixed on GPUs, fp32 on cpu)");
   cmd->callback([args] {
     const ImportedModel m = import_model(args->model, import_options(args->model_flags));
     const Summary s = summarize(m);
     std::optional<CostSummary> costs;
     if (!args->device.empty()) {
+      const Device device = device_preset(args->device);
       CostOptions options;
       options.reference_batch = s.batch;
-      costs = cost_summary(m.graph, device_preset(args->device), options);
+      options.precision = default_precision(device);
+      costs = cost_summary(m.graph, device, options);
     }
     if (args->json) {
       nlohmann::json j = to_json(m, s);

@@ -29,9 +29,10 @@ struct PartitionArgs {
   std::string device = "a100-80gb";
   std::string cluster;
   int devices_per_node = 8;
+  std::string memory_reserve;  // "" = the cluster file's, else default_memory_reserve()
   int64_t batch = 0;
   std::string optimizer = "adam";
-  std::string precision = "fp32";
+  std::string precision = "auto";
   std::string schedule = "auto";
   std::string microbatches = "auto";
   std::string stages = "auto";
@@ -39,6 +40,7 @@ struct PartitionArgs {
   std::string recompute = "auto";
   std::string overlap_allreduce = "on";
   std::string profile;
+  std::string profile_device_mismatch = "error";
   double time_limit = 0;
   std::string method = "apart";
   int blocks = 0;
@@ -48,29 +50,24 @@ struct PartitionArgs {
   std::string output;
 };
 
-// Names a batch dim goes by; with no --dim/--shape, partition binds the first one the model declares to 1.
-constexpr const char* kBatchSymbols[] = {"batch", "batch_size", "N"};
-
-// stage_K.onnx keeps a batch dim that partition bound itself symbolic: the model imported again with it bound
-// to another size shows which dims scale with it. Static when the user pinned the shapes, the model has no
-// symbolic batch, or it does not import at another batch size (then a note says so).
-StageShapes stage_shapes(const std::string& model_path, const ModelFlags& flags, const ImportedModel& model,
-                         const std::string& batch_symbol) {
-  if (batch_symbol.empty()) return {};
-  int64_t batch = 0;
-  for (const auto& b : model.bindings)
-    if (b.dim == batch_symbol) batch = b.value;
+// stage_K.onnx keeps the batch dim symbolic when partition bound it itself (the batch rule, not --dim/--shape):
+// the model imported again at another batch size shows which dims scale with it. Static when the user pinned
+// the shapes, the model has no dynamic batch, or it does not import at another batch size (a note says so).
+StageShapes stage_shapes(const std::string& model_path, const ModelFlags& flags, const ImportedModel& model) {
+  if (!model.batch_from_flag || model.batch < 1) return {};
+  // An unnamed batch dim gets the conventional name in the stage files.
+  const std::string symbol = model.batch_dim.ends_with("[0]") ? std::string(kBatchDimNames[0]) : model.batch_dim;
   ImportOptions probe = import_options(flags);
-  const int64_t probe_batch = 2 * batch + 1;
-  probe.dims[batch_symbol] = probe_batch;
+  const int64_t probe_batch = 2 * model.batch + 1;
+  probe.batch = probe_batch;
   try {
-    StageShapes shapes = symbolic_batch_shapes(model.graph, batch, import_model(model_path, probe).graph, probe_batch,
-                                               batch_symbol);
+    StageShapes shapes = symbolic_batch_shapes(model.graph, model.batch, import_model(model_path, probe).graph,
+                                               probe_batch, symbol);
     for (const auto& note : shapes.notes) std::fprintf(stderr, "apart: note: stage files: %s\n", note.c_str());
     return shapes;
   } catch (const Error& e) {
     std::fprintf(stderr, "apart: note: stage files keep static shapes: the model does not import at %s=%lld: %s\n",
-                 batch_symbol.c_str(), static_cast<long long>(probe_batch), e.what());
+                 symbol.c_str(), static_cast<long long>(probe_batch), e.what());
     return {};
   }
 }
@@ -88,11 +85,12 @@ std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& t
 
 void run_partition(const PartitionArgs& a) {
   if (a.batch < 1) throw InvalidArgument("--batch is required and must be positive");
+  if (a.profile_device_mismatch != "error" && a.profile_device_mismatch != "ok")
+    throw InvalidArgument("--profile-device-mismatch " + a.profile_device_mismatch + ": expected error or ok");
   PartitionOptions o;
   o.method = parse_method(a.method);
   o.training.global_batch = a.batch;
   o.training.optimizer = parse_optimizer(a.optimizer);
-  o.training.precision = parse_precision(a.precision);
   if (a.schedule != "auto") o.stage.schedule = parse_schedule(a.schedule);
   if (auto m = auto_or_int("--microbatches", a.microbatches)) o.stage.microbatches = *m;
   if (auto s = auto_or_int("--stages", a.stages)) o.stage.stages = static_cast<int>(*s);
@@ -104,41 +102,34 @@ void run_partition(const PartitionArgs& a) {
   o.stage.time_limit_s = a.time_limit;
   o.block.blocks = a.blocks;
 
-  const Cluster cluster = a.cluster.empty() ? make_cluster(device_preset(a.device), a.devices, a.devices_per_node)
-                                            : load_cluster_json(a.cluster);
+  Cluster cluster = a.cluster.empty() ? make_cluster(device_preset(a.device), a.devices, a.devices_per_node)
+                                      : load_cluster_json(a.cluster);
+  if (!a.memory_reserve.empty()) {
+    cluster.reserve = parse_memory_reserve(a.memory_reserve);
+    cluster.validate();
+  }
+  o.training.precision = resolve_precision(a.precision, cluster.device);
   o.cluster.device = cluster.device.name;
   o.cluster.devices = cluster.devices;
   o.cluster.devices_per_node = cluster.devices_per_node;
-  o.cluster.memory_bytes = cluster.device.memory_bytes;
+  o.cluster.memory_bytes = cluster.usable_memory_bytes();
+  o.cluster.device_memory_bytes = cluster.device.memory_bytes;
+  o.cluster.memory_reserve_bytes = cluster.reserve.bytes(cluster.device.memory_bytes);
+  o.cluster.memory_reserve = cluster.reserve.text();
   o.cluster.intra_node_bandwidth = cluster.intra_node.bandwidth;
   o.cluster.inter_node_bandwidth = cluster.inter_node.bandwidth;
   o.cluster.intra_node_latency_s = cluster.intra_node.latency_s;
   o.cluster.inter_node_latency_s = cluster.inter_node.latency_s;
   o.validate();
 
-  // The plan scales every cost with the micro-batch, so a model with a symbolic batch dim needs no flag:
-  // it is bound to 1 unless --dim/--shape say otherwise. `batch_symbol` is the dim bound here, if any.
-  std::string batch_symbol;
-  ImportedModel model = [&] {
-    if (a.model_flags.dims.empty() && a.model_flags.shapes.empty())
-      for (const char* symbol : kBatchSymbols) {
-        ImportOptions import = import_options(a.model_flags);
-        import.dims[symbol] = 1;
-        try {
-          ImportedModel m = import_model(a.model, import);
-          batch_symbol = symbol;
-          return m;
-        } catch (const InvalidArgument&) {
-        }
-      }
-    return import_model(a.model, import_options(a.model_flags));  // as given, or report the model's own complaint
-  }();
+  // The plan scales every cost with the micro-batch, so the model is read at batch 1 (the importer's batch
+  // rule) unless --dim/--shape bind its batch dim; the global batch (--batch) is the plan's, not the import's.
+  ImportOptions import = import_options(a.model_flags);
+  import.batch = 1;
+  const ImportedModel model = import_model(a.model, import);
   CostOptions cost_options;
   cost_options.precision = o.training.precision;
-  cost_options.reference_batch = bound_batch_size(model.graph);
-  for (const auto& b : model.bindings)
-    if (std::find(std::begin(kBatchSymbols), std::end(kBatchSymbols), b.dim) != std::end(kBatchSymbols))
-      cost_options.reference_batch = b.value;
+  cost_options.reference_batch = model.batch > 0 ? model.batch : bound_batch_size(model.graph);
   o.atomic.graph_batch = cost_options.reference_batch;
 
   // Costs at two micro-batch sizes around the plausible ones, so per-kernel overheads stay fixed (affine fit);
@@ -147,6 +138,15 @@ void run_partition(const PartitionArgs& a) {
   const CostTable* other = nullptr;
   if (!a.profile.empty()) {
     primary = read_costs_json(a.profile, model.graph);
+    if (primary.device != cluster.device.name) {
+      if (a.profile_device_mismatch == "error")
+        throw InvalidArgument("--profile " + a.profile + " was measured on device '" + primary.device +
+                              "', but the cluster's device is '" + cluster.device.name + "': its times do not hold there; "
+                              "measure on '" + cluster.device.name + "' (apart costs/profile --device), or pass "
+                              "--profile-device-mismatch ok to use them anyway");
+      std::fprintf(stderr, "apart: warning: --profile %s is from device '%s', the cluster's is '%s' (--profile-device-mismatch ok)\n",
+                   a.profile.c_str(), primary.device.c_str(), cluster.device.name.c_str());
+    }
   } else {
     const int64_t u1 = std::max<int64_t>(1, a.batch / std::max(1, o.cluster.devices));
     cost_options.microbatch_size = u1;
@@ -180,7 +180,7 @@ void run_partition(const PartitionArgs& a) {
   PlanOutputs outputs;
   outputs.dot_detail = a.dot_detail;
   outputs.stage_models = !a.no_stage_models;
-  if (outputs.stage_models) outputs.stage_shapes = stage_shapes(a.model, a.model_flags, model, batch_symbol);
+  if (outputs.stage_models) outputs.stage_shapes = stage_shapes(a.model, a.model_flags, model);
   outputs.extra = [&](const std::filesystem::path& dir) {
     // costs.json at the plan's micro-batch size, as the plan's stages see it.
     if (!a.profile.empty()) {
@@ -199,13 +199,14 @@ void run_partition(const PartitionArgs& a) {
             << (outputs.stage_models ? ", stage_K.onnx" : "") << ", costs.json" << (baselines ? ", baselines.json" : "")
             << ")\n";
   if (baselines) {
-    std::cout << "\nmethod           iteration ms  × apart  stages  devices\n";
+    std::cout << "\nmethod              iteration  × apart  stages  devices\n";
     for (const MethodResult& r : comparison) {
       if (!r.feasible) {
         std::printf("%-15s  infeasible\n", std::string(method_name(r.method)).c_str());
         continue;
       }
-      std::printf("%-15s  %12.3f  %7.3f  %6d  %7d\n", std::string(method_name(r.method)).c_str(), r.iteration_s * 1e3,
+      std::printf("%-15s  %12s  %7.3f  %6d  %7d\n", std::string(method_name(r.method)).c_str(),
+                  format_seconds(r.iteration_s).c_str(),
                   r.iteration_s / plan.simulated.iteration_s, r.stages, r.devices_used);
     }
   }
@@ -221,10 +222,16 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("--device", a->device, "Device preset: v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu")
       ->capture_default_str();
   cmd->add_option("--devices-per-node", a->devices_per_node, "Devices per node")->capture_default_str();
+  cmd->add_option("--memory-reserve", a->memory_reserve,
+                  "Memory kept free on every device for the CUDA context, NCCL buffers and fragmentation: a size, a "
+                  "percentage of the device or both (0, 4GiB, 10%, 2GiB+5%); default 2GiB+5% (or the --cluster file's)");
   cmd->add_option("--cluster", a->cluster, "Cluster JSON (apart.cluster/1); replaces --device/--devices/--devices-per-node");
-  cmd->add_option("--batch", a->batch, "Global batch size (samples per iteration)")->required();
+  cmd->add_option("--batch", a->batch,
+                  "Global batch size (samples per iteration); the model itself is read at batch 1 (its batch dim: "
+                  "a dim named batch, batch_size or N, else the first input's leading dim) unless --dim/--shape bind it")
+      ->required();
   cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
-  cmd->add_option("--precision", a->precision, "fp32, tf32 or mixed (fp16/bf16 math, fp32 master weights)")->capture_default_str();
+  cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
   cmd->add_option("--schedule", a->schedule, "1f1b, gpipe or auto")->capture_default_str();
   cmd->add_option("--microbatches", a->microbatches, "Micro-batches per iteration, or auto")->capture_default_str();
   cmd->add_option("--stages", a->stages, "Pipeline stages, or auto")->capture_default_str();
@@ -234,6 +241,9 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "on: gradients all-reduce in 25 MB buckets during the last backward (as PyTorch DDP); off: after it")
       ->capture_default_str();
   cmd->add_option("--profile", a->profile, "Per-task costs from apart.costs/1 JSON (apart costs/profile) instead of the analytic model");
+  cmd->add_option("--profile-device-mismatch", a->profile_device_mismatch,
+                  "error: refuse a --profile measured on another device than the cluster's; ok: use it with a warning")
+      ->capture_default_str();
   cmd->add_option("--time-limit", a->time_limit, "Stop searching after this many seconds and keep the best plan so far");
   cmd->add_option("--method", a->method,
                   "apart, or a baseline on the same cost model: uniform (even task split), params (parameter-balanced), "

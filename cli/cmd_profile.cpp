@@ -62,8 +62,15 @@ void run_profile(const ProfileArgs& a) {
   options.validate();
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
+  Progress progress("profile");
+  options.on_progress = [&](const std::string& line) { progress(line); };
+  // Warnings as soon as they are known (no loss: before minutes of runs, not after them).
+  options.on_warning = [&](const std::string& w) {
+    progress.finish();
+    std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
+  };
   const ProfileResult result = profile_model(m, import, options);
-  for (const auto& w : result.table.warnings) std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
+  progress.finish();
   if (!a.quiet) print_summary(m, result);
   if (a.output.empty()) {
     std::cout << profile_to_json(m.graph, result).dump(1) << "\n";
@@ -79,7 +86,7 @@ const bool kRegistered = register_command({"profile", 45, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "profile", "Per-task forward/backward time measured on the CPU kernels (apart.costs/1 JSON, source measured)");
   cmd->add_option("model", args->model, "ONNX model file")->required();
-  add_model_flags(*cmd, args->model_flags);
+  add_model_flags(*cmd, args->model_flags, /*default_batch=*/1);
   cmd->add_option("--backend", args->backend, "Kernels to time: cpu")->capture_default_str();
   cmd->add_option("--warmup", args->options.warmup, "Untimed runs first")->capture_default_str();
   cmd->add_option("--repeats", args->options.repeats, "Timed runs; each task's time is their median")->capture_default_str();

@@ -78,8 +78,8 @@ void run_train(const TrainArgs& a) {
 
   const TrainResult r = train(o, [&](const StepRecord& s) {
     if (!a.quiet)
-      std::printf("step=%lld loss=%.6f samples/s=%.1f lr=%.3g grad_norm=%.4g\n", static_cast<long long>(s.step), s.loss,
-                  s.samples_per_s, s.lr, s.grad_norm);
+      std::printf("step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g\n", static_cast<long long>(s.step), s.loss,
+                  format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm);
     std::fflush(stdout);
   });
   if (r.steps.empty()) {
@@ -91,11 +91,11 @@ void run_train(const TrainArgs& a) {
   const size_t k = std::min<size_t>(5, r.steps.size());
   for (size_t i = r.steps.size() - k; i < r.steps.size(); ++i) tail += r.steps[i].loss;
   std::printf("trained %s params (%lld tensors) for steps %lld..%lld at batch %lld: loss %.4f -> %.4f (mean of last %zu: %.4f), "
-              "%.1f samples/s, %.2f s (+%.2f s setup); data: %s\n",
-              human_count(static_cast<double>(r.params)).c_str(), static_cast<long long>(r.param_tensors),
+              "%s samples/s, %.2f s (+%.2f s setup); data: %s\n",
+              format_count(static_cast<double>(r.params)).c_str(), static_cast<long long>(r.param_tensors),
               static_cast<long long>(r.first_step + 1), static_cast<long long>(r.steps.back().step),
               static_cast<long long>(a.batch), r.steps.front().loss, r.steps.back().loss, k, tail / static_cast<double>(k),
-              r.samples_per_s, r.seconds, r.setup_seconds, r.data_description.c_str());
+              format_significant(r.samples_per_s).c_str(), r.seconds, r.setup_seconds, r.data_description.c_str());
   if (!a.checkpoint_dir.empty()) std::printf("checkpoint: %s\n", a.checkpoint_dir.c_str());
   if (!a.save_model.empty()) std::printf("trained model: %s\n", a.save_model.c_str());
 }
@@ -106,7 +106,8 @@ const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
   cmd->add_option("model", args->model, "ONNX model with a scalar loss output")->required();
   add_model_flags(*cmd, args->model_flags);
   cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--batch", args->batch, "Samples per step (binds every input's first dim)")->capture_default_str();
+  cmd->add_option("--batch", args->batch, "Samples per step: binds the model's batch dim (a dim named batch, batch_size or N, else the first "
+                  "input's leading dim; unnamed leading dims of other inputs too); a --dim/--shape of another size is an error")->capture_default_str();
   cmd->add_option("--optimizer", args->optimizer, "sgd, momentum, adam or adamw (torch.optim semantics)")->capture_default_str();
   cmd->add_option("--lr", args->lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--weight-decay", args->weight_decay, "L2 for sgd/momentum/adam, decoupled for adamw")->capture_default_str();

@@ -116,14 +116,14 @@ void run_zoo(const CLI::App& cmd, const ZooArgs& a) {
   if (r.weights_location.empty()) {
     weights = fmt::format("weights inline (random, seed {})", o.seed);
   } else if (r.weights_written) {
-    weights = fmt::format("weights in {} ({}, random, seed {})", r.weights_location, human_bytes(r.weight_bytes), o.seed);
+    weights = fmt::format("weights in {} ({}, random, seed {})", r.weights_location, format_bytes(r.weight_bytes), o.seed);
   } else {
     weights = fmt::format("weights none (shapes only; {} not written)", r.weights_location);
   }
   std::printf("apart zoo: wrote %s: %s (%s, %s), %s params, %lld nodes, %s; %s; %.2f s\n", a.output.c_str(),
               o.name.c_str(), std::string(models::family_name(o.family)).c_str(),
               std::string(models::float_type_name(o.dtype)).c_str(), models::format_count(r.params).c_str(),
-              static_cast<long long>(r.nodes), human_bytes(static_cast<double>(r.model_bytes)).c_str(),
+              static_cast<long long>(r.nodes), format_bytes(static_cast<double>(r.model_bytes)).c_str(),
               weights.c_str(), seconds);
 }
 

@@ -10,6 +10,7 @@
 
 #include "codegen/sha256.h"
 #include "graph/error.h"
+#include "graph/units.h"
 
 namespace apart {
 namespace {
@@ -32,6 +33,10 @@ std::string fixed(double v, int decimals) {
 std::string dot_quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
+    if (c == '\n') {  // a label's line break: DOT's \n escape
+      out += "\\n";
+      continue;
+    }
     if (c == '"' || c == '\\') out += '\\';
     out += c;
   }
@@ -68,6 +73,8 @@ nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, co
                 {"params", model.params}, {"param_bytes", model.param_bytes}};
   j["cluster"] = {{"devices", o.cluster.devices}, {"device", o.cluster.device},
                   {"devices_per_node", o.cluster.devices_per_node}, {"memory_bytes", o.cluster.memory_bytes},
+                  {"device_memory_bytes", o.cluster.device_memory_bytes > 0 ? o.cluster.device_memory_bytes : o.cluster.memory_bytes},
+                  {"memory_reserve_bytes", o.cluster.memory_reserve_bytes}, {"memory_reserve", o.cluster.memory_reserve},
                   {"intra_node_bandwidth", o.cluster.intra_node_bandwidth},
                   {"inter_node_bandwidth", o.cluster.inter_node_bandwidth},
                   {"layout", layout_name(plan.layout)}};
@@ -154,14 +161,15 @@ std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail) {
   for (const PlanStage& s : plan.stages) {
     out << "  subgraph " << dot_quote("cluster_stage_" + std::to_string(s.id)) << " {\n";
     out << "    label=" << dot_quote("stage " + std::to_string(s.id) + " ×" + std::to_string(s.replicas) + "  " +
-                                     fixed((s.cost.step_s) * 1e3, 2) + " ms/step") << ";\n";
+                                     format_seconds(s.cost.step_s) + " per micro-batch") << ";\n";
     if (detail) {
       for (TaskId t : s.tasks)
         if (!graph.task(t).constant)
-          out << "    " << dot_quote(graph.task(t).name) << " [label=" << dot_quote(graph.task(t).name + "\\n" + graph.task(t).op_type) << "];\n";
+          out << "    " << dot_quote(graph.task(t).name) << " [label=" << dot_quote(graph.task(t).name + "\n" + graph.task(t).op_type) << "];\n";
     } else {
       out << "    " << dot_quote("stage " + std::to_string(s.id)) << " [label="
-          << dot_quote(std::to_string(s.batch_tasks) + " tasks\\n" + fixed(s.cost.memory_bytes / 1e9, 1) + " GB") << "];\n";
+          << dot_quote("stage " + std::to_string(s.id) + "\n" + format_task_counts(s.tasks.size(), s.batch_tasks) + "\n" +
+                       format_bytes(static_cast<double>(s.cost.memory_bytes))) << "];\n";
     }
     out << "  }\n";
   }
@@ -203,41 +211,47 @@ std::string device_range(const std::vector<int>& d) {
 std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInfo& model) {
   const PartitionOptions& o = plan.options;
   std::ostringstream r;
-  r << "apart plan for " << model.path << " (" << graph.num_tasks() << " tasks, " << human_params(model.params)
-    << " params)\n";
-  r << o.cluster.devices << " × " << o.cluster.device << " (" << o.cluster.devices_per_node << " per node), batch "
-    << o.training.global_batch << " = " << plan.microbatches << " micro-batches of " << plan.microbatch_size << ", "
-    << schedule_name(plan.schedule) << ", " << optimizer_name(o.training.optimizer) << ", "
-    << precision_name(o.training.precision) << ", recompute " << recompute_summary(plan) << ", method "
-    << method_name(o.method) << "\n\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "%5s %6s %9s %10s %8s %12s %17s %8s %s\n", "stage", "tasks", "params",
-                "compute ms", "comm ms", "allreduce ms", "memory GB", "replicas", "devices");
+  r << "apart plan for " << model.path << " (" << format_task_counts(graph.num_tasks(), graph.num_tasks() - graph.num_constant_tasks())
+    << ", " << human_params(model.params) << " params)\n";
+  const int64_t device_memory = o.cluster.device_memory_bytes > 0 ? o.cluster.device_memory_bytes : o.cluster.memory_bytes;
+  r << o.cluster.devices << " × " << o.cluster.device << " (" << o.cluster.devices_per_node << " per node, "
+    << format_bytes(static_cast<double>(device_memory)) << " each, " << format_bytes(static_cast<double>(o.cluster.memory_bytes))
+    << " usable: --memory-reserve " << o.cluster.memory_reserve << "), precision " << precision_name(o.training.precision)
+    << ", batch " << o.training.global_batch << " = " << plan.microbatches << " micro-batch"
+    << (plan.microbatches == 1 ? "" : "es") << " of " << plan.microbatch_size << " (split among a stage's replicas), "
+    << schedule_name(plan.schedule) << ", " << optimizer_name(o.training.optimizer) << ", recompute "
+    << recompute_summary(plan) << ", method " << method_name(o.method) << "\n\n";
+  char line[320];
+  std::snprintf(line, sizeof line, "%5s  %-32s %9s %10s %10s %10s  %-22s %8s %s\n", "stage", "tasks", "params",
+                "compute", "comm", "allreduce", "memory / usable", "replicas", "devices");
   r << line;
-  const double limit_gb = static_cast<double>(o.cluster.memory_bytes) / 1e9;
+  const std::string limit = format_bytes(static_cast<double>(o.cluster.memory_bytes));
   for (const PlanStage& s : plan.stages) {
-    const std::string mem = fixed(s.cost.memory_bytes / 1e9, 1) + " / " + fixed(limit_gb, 0);
+    const std::string mem = format_bytes(static_cast<double>(s.cost.memory_bytes)) + " / " + limit;
     const std::string devices = device_range(s.devices);
-    std::snprintf(line, sizeof line, "%5d %6zu %9s %10.3f %8.3f %12.3f %17s %8d %s%s\n", s.id, s.batch_tasks,
-                  human_params(static_cast<double>(s.cost.param_bytes) / 4).c_str(), s.cost.compute_s * 1e3,
-                  s.cost.comm_s * 1e3, s.cost.allreduce_s * 1e3, mem.c_str(), s.replicas, devices.c_str(),
-                  s.id == plan.simulated.bottleneck_stage ? "  ← bottleneck" : "");
+    std::snprintf(line, sizeof line, "%5d  %-32s %9s %10s %10s %10s  %-22s %8d %s%s\n", s.id,
+                  format_task_counts(s.tasks.size(), s.batch_tasks).c_str(),
+                  human_params(static_cast<double>(s.cost.param_bytes) / 4).c_str(), format_seconds(s.cost.compute_s).c_str(),
+                  format_seconds(s.cost.comm_s).c_str(), format_seconds(s.cost.allreduce_s).c_str(), mem.c_str(), s.replicas,
+                  devices.c_str(), s.id == plan.simulated.bottleneck_stage ? "  ← bottleneck" : "");
     r << line;
   }
   int used = 0;
   for (const PlanStage& s : plan.stages) used += s.replicas;
   r << "\n";
-  r << "predicted iteration  " << fixed(plan.simulated.iteration_s * 1e3, 3) << " ms   (simulated: pipeline "
-    << fixed(plan.simulated.pipeline_s * 1e3, 3) << " ms, then all-reduce; analytic estimate "
-    << fixed(plan.estimate.iteration_s * 1e3, 3) << " ms)\n";
-  r << "samples/s            " << fixed(plan.samples_per_s, 1) << "\n";
+  r << "predicted iteration  " << format_seconds(plan.simulated.iteration_s) << "   (simulated: pipeline "
+    << format_seconds(plan.simulated.pipeline_s) << ", then all-reduce; analytic estimate "
+    << format_seconds(plan.estimate.iteration_s) << ")\n";
+  r << "samples/s            " << format_significant(plan.samples_per_s, 4) << "\n";
   r << "bubble fraction      " << fixed(plan.simulated.bubble_fraction, 3) << "\n";
-  r << "compute lower bound  " << fixed(plan.compute_lower_bound_s * 1e3, 3)
-    << " ms   (total forward+backward work / " << o.cluster.devices << " devices); plan is "
+  r << "compute lower bound  " << format_seconds(plan.compute_lower_bound_s)
+    << "   (total forward+backward work / " << o.cluster.devices << " devices); plan is "
     << fixed(plan.compute_lower_bound_s > 0 ? plan.simulated.iteration_s / plan.compute_lower_bound_s : 0, 2)
     << "× the bound\n";
   r << "devices used         " << used << " of " << o.cluster.devices << ", " << layout_name(plan.layout) << "\n";
-  r << "peak memory          " << fixed(plan.peak_memory_bytes / 1e9, 2) << " GB of " << fixed(limit_gb, 0) << " GB\n";
+  r << "peak memory          " << format_bytes(static_cast<double>(plan.peak_memory_bytes)) << " of " << limit
+    << " usable (" << format_bytes(static_cast<double>(device_memory)) << " less "
+    << format_bytes(static_cast<double>(o.cluster.memory_reserve_bytes)) << " reserved)\n";
   r << "search               " << plan.search.atomic_components << " atomic components → " << plan.search.blocks
     << " blocks, " << plan.search.candidates << " (S, m) candidates, " << plan.search.simulated << " of "
     << plan.search.candidates_placed << " placed plans simulated (" << plan.search.pruned

@@ -31,7 +31,8 @@ std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail);
 std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInfo& model);
 
 // Writes stage_K.onnx for every stage: the stage's nodes, its boundary values as inputs/outputs, its
-// initializers (external-data entries copied verbatim; inline ones copied). Boundary dims are declared as
+// initializers (inline ones copied; external-data ones point at weights/<location>, where the model's file is
+// hard-linked, or copied when small: docs/runtime.md). Boundary dims are declared as
 // `shapes` says: static by default, or with the batch as a dim_param. Throws InvalidModel/SystemError.
 void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
                         const std::filesystem::path& directory, const StageShapes& shapes = {});

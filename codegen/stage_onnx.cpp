@@ -1,8 +1,11 @@
 // stage_K.onnx: each stage's forward subgraph as a standalone ONNX model (DESIGN.md "The plan").
 #include <onnx/onnx_pb.h>
 
+#include <cstdio>
 #include <map>
 #include <set>
+#include <system_error>
+#include <vector>
 
 #include "codegen/plan_writer.h"
 #include "graph/error.h"
@@ -28,6 +31,37 @@ void set_value_info(onnx::ValueInfoProto* info, const TaskGraph& graph, ValueId 
   }
 }
 
+// Stage files read external data from `weights/<the model's location>` inside the plan directory (see
+// docs/runtime.md, "Stage files and external data"). There, each file is a hard link to the model's own
+// file (same inode: no copy, no second 100 GB), or a copy when a link is impossible (another filesystem)
+// and the file is small; a larger one is left for the user to link, with a note. A symlink would do for
+// Netron but not for the runtime, whose external-data rule refuses links out of the model's folder.
+constexpr const char* kStageWeightsDir = "weights";
+constexpr uintmax_t kMaxCopyBytes = uintmax_t{1} << 30;  // 1 GiB
+
+// False when the model's file is not there (a graph-only export); the caller notes those once.
+bool place_external_data(const std::filesystem::path& model_dir, const std::string& location,
+                         const std::filesystem::path& directory) {
+  namespace fs = std::filesystem;
+  const fs::path source = model_dir / location;
+  const fs::path target = directory / kStageWeightsDir / location;
+  std::error_code ec;
+  if (fs::exists(target, ec)) return true;
+  if (!fs::is_regular_file(source, ec)) return false;
+  fs::create_directories(target.parent_path(), ec);
+  if (ec) throw SystemError("cannot create " + target.parent_path().string() + ": " + ec.message());
+  fs::create_hard_link(source, target, ec);
+  if (!ec) return true;
+  const uintmax_t size = fs::file_size(source, ec);
+  if (!ec && size <= kMaxCopyBytes) {
+    fs::copy_file(source, target, ec);
+    if (!ec) return true;
+  }
+  std::fprintf(stderr, "apart: note: stage files: cannot hard-link %s into the plan (another filesystem?); link or copy it "
+               "to PLAN/%s to run the stages\n", source.string().c_str(), (fs::path(kStageWeightsDir) / location).string().c_str());
+  return true;
+}
+
 }  // namespace
 
 void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
@@ -37,6 +71,8 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
   std::map<std::string, int> initializer_index;
   for (int i = 0; i < g.initializer_size(); ++i) initializer_index[g.initializer(i).name()] = i;
   std::set<ValueId> model_outputs(graph.graph_outputs().begin(), graph.graph_outputs().end());
+  std::set<std::string> placed;  // external-data locations already linked into weights/ (or noted)
+  std::vector<std::string> missing;
 
   // Which stages compute (produce) and read each value; constant tasks are replicated, so a value can be
   // produced by several stages, and a stage that produces a value never receives it.
@@ -74,7 +110,15 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
       const Value& value = graph.value(v);
       auto it = initializer_index.find(value.name);
       if (it != initializer_index.end()) {
-        *out->add_initializer() = g.initializer(it->second);  // external_data entries copied verbatim
+        onnx::TensorProto* init = out->add_initializer();
+        *init = g.initializer(it->second);
+        if (init->data_location() == onnx::TensorProto::EXTERNAL)
+          for (auto& kv : *init->mutable_external_data())
+            if (kv.key() == "location") {
+              if (placed.insert(kv.value()).second && !place_external_data(model_path.parent_path(), kv.value(), directory))
+                missing.push_back(kv.value());
+              kv.set_value(std::string(kStageWeightsDir) + "/" + kv.value());
+            }
         continue;
       }
       set_value_info(out->add_input(), graph, v, shapes);
@@ -88,6 +132,10 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
     if (!model.SerializeToString(&bytes)) throw SystemError("cannot serialize stage " + std::to_string(k));
     write_file_atomically(directory / ("stage_" + std::to_string(k) + ".onnx"), bytes);
   }
+  if (!missing.empty())
+    std::fprintf(stderr, "apart: note: stage files: %zu external-data file%s (%s%s) not present beside the model; put %s under "
+                 "PLAN/%s/ to run the stages\n", missing.size(), missing.size() == 1 ? " is" : "s are", missing.front().c_str(),
+                 missing.size() > 1 ? ", …" : "", missing.size() == 1 ? "it" : "them", kStageWeightsDir);
 }
 
 }  // namespace apart

@@ -386,11 +386,84 @@ class Importer {
     }
   }
 
-  // Binds --dim/--shape into the graph inputs' dims, in place, so shape inference sees static shapes.
+  // The batch dim by the kBatchDimNames rule (importer.h), among the graph inputs that are not initializers.
+  struct BatchRule {
+    std::string input;         // "" = no input with a leading dim
+    std::string symbol;        // its dim_param; "" when unnamed or static
+    int64_t fixed = -1;        // the model's own size, -1 when dynamic
+  };
+  BatchRule find_batch_dim(const onnx::GraphProto& g) {
+    std::vector<const onnx::ValueInfoProto*> inputs;
+    for (const auto& in : g.input())
+      if (!graph().find_value(in.name()) && in.type().has_tensor_type() && in.type().tensor_type().has_shape())
+        inputs.push_back(&in);
+    for (const char* name : kBatchDimNames)
+      for (const auto* in : inputs)
+        for (const auto& d : in->type().tensor_type().shape().dim())
+          if (d.has_dim_param() && d.dim_param() == name) return {in->name(), name, -1};
+    for (const auto* in : inputs) {
+      const auto& shape = in->type().tensor_type().shape();
+      if (shape.dim_size() == 0) continue;
+      const auto& d0 = shape.dim(0);
+      if (d0.has_dim_param() && !d0.dim_param().empty()) return {in->name(), d0.dim_param(), -1};
+      return {in->name(), "", d0.has_dim_value() ? d0.dim_value() : -1};
+    }
+    return {};
+  }
+
+  // ImportOptions::batch: puts the batch dim into dims_ unless --dim/--shape bind it (an explicit --batch
+  // must then agree with them) or the model fixes it.
+  void apply_batch_flag(const onnx::GraphProto& g, const BatchRule& rule) {
+    const int64_t batch = options_.batch;
+    if (batch <= 0 || rule.input.empty()) return;
+    const std::string flag = "--batch " + std::to_string(batch);
+    auto disagree = [&](const std::string& other) {
+      if (options_.batch_explicit)
+        throw InvalidArgument(flag + " and " + other + " disagree on the batch size; give one of them");
+    };
+    if (rule.fixed >= 0) {
+      if (rule.fixed != batch && options_.batch_explicit)
+        throw InvalidArgument("input " + quote(rule.input) + " has a static batch of " + std::to_string(rule.fixed) +
+                              "; run with --batch " + std::to_string(rule.fixed) + " (or export the model with a dynamic batch)");
+      return;
+    }
+    if (!rule.symbol.empty()) {
+      if (auto d = options_.dims.find(rule.symbol); d != options_.dims.end()) {
+        if (d->second != batch) disagree("--dim " + rule.symbol + "=" + std::to_string(d->second));
+        return;
+      }
+      // A --shape of an input that carries the symbol binds it.
+      for (const auto& in : g.input())
+        for (const auto& [name, dims] : options_.input_shapes) {
+          if (name != in.name() || !in.type().has_tensor_type()) continue;
+          const auto& shape = in.type().tensor_type().shape();
+          for (int i = 0; i < shape.dim_size() && static_cast<size_t>(i) < dims.size(); ++i)
+            if (shape.dim(i).dim_param() == rule.symbol) {
+              if (dims[i] != batch) disagree("--shape " + name + ":" + shape_string(dims));
+              return;
+            }
+        }
+      dims_[rule.symbol] = batch;
+      batch_flag_dim_ = rule.symbol;
+      return;
+    }
+    for (const auto& [name, dims] : options_.input_shapes)
+      if (name == rule.input) {
+        if (!dims.empty() && dims[0] != batch) disagree("--shape " + name + ":" + shape_string(dims));
+        return;
+      }
+    unnamed_batch_ = true;  // add_graph_inputs binds the unnamed leading dims
+  }
+
+  // Binds --dim/--shape (and --batch, by the batch rule) into the graph inputs' dims, in place, so shape
+  // inference sees static shapes.
   void add_graph_inputs(onnx::GraphProto& g) {
     std::set<std::string> used_dims;
     std::set<std::string> used_shapes;
     std::set<std::string> all_dim_params;
+    const BatchRule rule = find_batch_dim(g);
+    dims_ = options_.dims;
+    apply_batch_flag(g, rule);
     for (auto& in : *g.mutable_input()) {
       if (in.name().empty()) throw InvalidModel("a graph input has an empty name");
       const DeclaredType declared = declared_type(in);
@@ -453,20 +526,25 @@ class Importer {
           if (dim->has_dim_param()) {
             // "<k>*<name>" (as stage_K.onnx writes a dim that is k times the batch) follows from --dim name=…,
             // unless the flags bind it by its full name.
-            const auto scaled = options_.dims.count(dim->dim_param()) ? std::nullopt : parse_scaled_dim(dim->dim_param());
+            const auto scaled = dims_.count(dim->dim_param()) ? std::nullopt : parse_scaled_dim(dim->dim_param());
             const std::string& name = scaled ? scaled->second : dim->dim_param();
             all_dim_params.insert(name);
-            auto bound = options_.dims.find(name);
-            if (bound == options_.dims.end())
+            auto bound = dims_.find(name);
+            if (bound == dims_.end())
               throw InvalidArgument("dynamic dim " + quote(dim->dim_param()) + " of input " + quote(in.name()) + " (axis " +
                                     std::to_string(i) + ") is not bound: pass --dim " + name +
                                     "=<size> or --shape " + in.name() + ":" + example_shape(*shape, i));
             used_dims.insert(name);
-            const std::string source = "--dim " + name + "=" + std::to_string(bound->second);
+            const std::string source = name == batch_flag_dim_ ? "--batch " + std::to_string(bound->second)
+                                                               : "--dim " + name + "=" + std::to_string(bound->second);
             bind(name, bound->second, source);
             const int64_t value = scaled ? checked_scaled_dim(scaled->first, bound->second, source) : bound->second;
             if (scaled) bind(dim->dim_param(), value, source);
             dim->set_dim_value(value);
+          } else if (i == 0 && unnamed_batch_) {
+            const std::string source = "--batch " + std::to_string(options_.batch);
+            result_.bindings.push_back({in.name() + "[0]", options_.batch, source});
+            dim->set_dim_value(options_.batch);
           } else {
             throw InvalidArgument("input " + quote(in.name()) + " has an unnamed dynamic dim at axis " + std::to_string(i) +
                                   ": pass --shape " + in.name() + ":" + example_shape(*shape, i));
@@ -495,6 +573,13 @@ class Importer {
       for (const auto& p : all_dim_params) names += (names.empty() ? "" : ", ") + p;
       throw InvalidArgument("--dim " + name + "=" + std::to_string(value) + " names no dynamic dim of the model's inputs" +
                             (names.empty() ? std::string(" (it has none)") : "; its dims are: " + names));
+    }
+    if (!rule.input.empty()) {
+      const Value& first = graph().value(*graph().find_value(rule.input));
+      if (!rule.symbol.empty()) result_.batch = bound_.count(rule.symbol) ? bound_.at(rule.symbol) : 0;
+      else if (first.shape_known && !first.shape.empty()) result_.batch = first.shape[0];
+      result_.batch_dim = !rule.symbol.empty() ? rule.symbol : rule.fixed < 0 ? rule.input + "[0]" : "";
+      result_.batch_from_flag = !batch_flag_dim_.empty() || unnamed_batch_;
     }
     // Bind the same dim_params in graph outputs and value_info so declarations agree with inference.
     auto substitute = [&](onnx::ValueInfoProto& vi) {
@@ -741,6 +826,9 @@ class Importer {
   onnx::ModelProto& model_;
   fs::path base_dir_;
   const ImportOptions& options_;
+  std::map<std::string, int64_t> dims_;  // --dim, plus the batch dim when --batch binds it
+  std::string batch_flag_dim_;           // the dim_param --batch bound, if any
+  bool unnamed_batch_ = false;           // --batch binds the inputs' unnamed leading dims
   ImportedModel result_;
   std::map<std::string, int64_t> bound_;
 };

@@ -19,7 +19,17 @@ struct ImportOptions {
   std::map<std::string, int64_t> dims;
   // Fail when an external-data file is missing (run needs weights; inspect/partition do not).
   bool require_external_data = false;
+  // --batch N: binds the model's batch dim (the kBatchDimNames rule below) when it is dynamic and
+  // --dim/--shape leave it free; 0 binds nothing. With batch_explicit (the user typed --batch), a --dim,
+  // --shape or static batch dim of another size is an error; without it (a command's default) they win.
+  int64_t batch = 0;
+  bool batch_explicit = false;
 };
+
+// The one rule for "which dim is the batch", used by every command: a dim_param named batch,
+// batch_size or N (in this order) on a graph input; else the leading dim of the first graph input
+// (named, unnamed or static), as exporters write it. Unnamed leading dims of the other inputs follow it.
+inline constexpr const char* kBatchDimNames[] = {"batch", "batch_size", "N"};
 
 // How one dynamic dim got its value.
 struct DimBinding {
@@ -35,6 +45,11 @@ struct ImportedModel {
   std::map<std::string, int64_t> opsets;  // domain ("" = ai.onnx) → version
   std::string producer;                   // producer_name and version
   std::vector<DimBinding> bindings;
+  // The batch dim (kBatchDimNames rule) and the size the shapes are bound at; batch 0: the model has
+  // no input with a leading dim. batch_dim is its dim_param, "<input>[0]" when unnamed, "" when static.
+  int64_t batch = 0;
+  std::string batch_dim;
+  bool batch_from_flag = false;  // bound by ImportOptions::batch, not by --dim/--shape or the model
   std::vector<std::string> notes;     // informational, e.g. external-data file not present
   std::vector<std::string> warnings;  // e.g. opaque ops whose cost is unknown
   int64_t node_count = 0;             // nodes in the ONNX graph (= tasks)

@@ -36,7 +36,10 @@ struct ClusterSpec {
   std::string device = "a100-80gb";
   int devices = 1;
   int devices_per_node = 8;
-  int64_t memory_bytes = 80'000'000'000;  // usable bytes of one device
+  int64_t memory_bytes = 80'000'000'000;  // usable bytes of one device: its memory less the reserve
+  int64_t device_memory_bytes = 0;         // the device's memory (0: memory_bytes, no reserve known)
+  int64_t memory_reserve_bytes = 0;        // kept free (profiler/device.h MemoryReserve)
+  std::string memory_reserve = "0";        // as given: "2GiB+5%"
   double intra_node_bandwidth = 300e9;     // bytes/s one device can send inside a node (NVLink)
   double inter_node_bandwidth = 25e9;      // bytes/s one device can send across nodes (IB HDR)
   double intra_node_latency_s = 5e-6;

@@ -7,17 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/dtype.h"
+#include "graph/units.h"
 
 namespace apart {
 namespace {
 
-std::string fmt_time(double s) {
-  char buf[32];
-  if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
-  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
-  return buf;
-}
 std::string fmt_scaled(double x, const char* unit) {
   const char* prefixes[] = {"", "K", "M", "G", "T", "P", "E"};
   int i = 0;
@@ -46,6 +40,7 @@ CostSummary summarize_costs(const TaskGraph& g, const CostTable& table, const De
   CostSummary s;
   s.device = table.device;
   s.device_memory_bytes = device.memory_bytes;
+  s.usable_memory_bytes = device.memory_bytes - default_memory_reserve().bytes(device.memory_bytes);
   s.microbatch_size = table.microbatch_size;
   s.precision = table.precision;
   s.tasks = static_cast<int64_t>(g.num_tasks());
@@ -85,7 +80,7 @@ CostSummary summarize_costs(const TaskGraph& g, const CostTable& table, const De
     in.optimizer = opt;
     in.precision = precision;
     TrainingMemoryRow row{opt, precision, stage_memory(in), false};
-    row.fits = row.memory.total <= device.memory_bytes;
+    row.fits = row.memory.total <= s.usable_memory_bytes;
     s.memory.push_back(row);
   }
   return s;
@@ -101,10 +96,10 @@ std::string format_cost_summary(const CostSummary& s, int top_ops) {
   std::snprintf(line, sizeof line, "Costs on %s, micro-batch %lld, %s (analytic roofline, docs/cost-model.md)\n",
                 s.device.c_str(), static_cast<long long>(s.microbatch_size), s.precision.c_str());
   out += line;
-  out += "  forward   " + fmt_time(s.forward_s) + "   " + fmt_scaled(s.flops, "FLOP") + "\n";
-  out += "  backward  " + fmt_time(s.backward_s) + "   " + fmt_scaled(s.backward_flops, "FLOP") + "\n";
-  out += "  saved activations " + fmt_scaled(static_cast<double>(s.saved_bytes), "B") + ", largest working set " +
-         fmt_scaled(static_cast<double>(s.max_workspace_bytes), "B") + "\n";
+  out += "  forward   " + format_seconds(s.forward_s) + "   " + fmt_scaled(s.flops, "FLOP") + "\n";
+  out += "  backward  " + format_seconds(s.backward_s) + "   " + fmt_scaled(s.backward_flops, "FLOP") + "\n";
+  out += "  saved activations " + format_bytes(static_cast<double>(s.saved_bytes)) + ", largest working set " +
+         format_bytes(static_cast<double>(s.max_workspace_bytes)) + "\n";
   std::snprintf(line, sizeof line, "  %-22s %6s %11s %11s %13s %12s\n", "op", "tasks", "forward", "backward", "FLOPs",
                 "saved");
   out += line;
@@ -112,20 +107,22 @@ std::string format_cost_summary(const CostSummary& s, int top_ops) {
   for (const auto& o : s.by_op) {
     if (shown++ >= top_ops) break;
     std::snprintf(line, sizeof line, "  %-22s %6lld %11s %11s %13s %12s\n", o.op.substr(0, 22).c_str(),
-                  static_cast<long long>(o.tasks), fmt_time(o.forward_s).c_str(), fmt_time(o.backward_s).c_str(),
-                  fmt_scaled(o.flops, "").c_str(), fmt_scaled(static_cast<double>(o.saved_bytes), "B").c_str());
+                  static_cast<long long>(o.tasks), format_seconds(o.forward_s).c_str(), format_seconds(o.backward_s).c_str(),
+                  fmt_scaled(o.flops, "").c_str(), format_bytes(static_cast<double>(o.saved_bytes)).c_str());
     out += line;
   }
   if (static_cast<int>(s.by_op.size()) > top_ops)
     out += "  … " + std::to_string(s.by_op.size() - static_cast<size_t>(top_ops)) + " more op types\n";
-  out += "  training memory on one device (" + fmt_scaled(static_cast<double>(s.device_memory_bytes), "B") + "):\n";
+  out += "  training memory on one device (" + format_bytes(static_cast<double>(s.device_memory_bytes)) + ", " +
+         format_bytes(static_cast<double>(s.usable_memory_bytes)) + " usable after the default --memory-reserve " +
+         default_memory_reserve().text() + "):\n";
   for (const auto& r : s.memory) {
     std::snprintf(line, sizeof line, "    %-9s %-6s %12s  (weights+grads+state %s, activations %s)%s\n",
                   std::string(profiler::optimizer_name(r.optimizer)).c_str(),
                   std::string(profiler::precision_name(r.precision)).c_str(),
-                  fmt_scaled(static_cast<double>(r.memory.total), "B").c_str(),
-                  fmt_scaled(static_cast<double>(r.memory.weights + r.memory.gradients + r.memory.optimizer_state), "B").c_str(),
-                  fmt_scaled(static_cast<double>(r.memory.activations), "B").c_str(), r.fits ? "" : "  does not fit");
+                  format_bytes(static_cast<double>(r.memory.total)).c_str(),
+                  format_bytes(static_cast<double>(r.memory.weights + r.memory.gradients + r.memory.optimizer_state)).c_str(),
+                  format_bytes(static_cast<double>(r.memory.activations)).c_str(), r.fits ? "" : "  does not fit");
     out += line;
   }
   for (const auto& w : s.warnings) out += "  warning: " + w + "\n";
@@ -150,6 +147,7 @@ nlohmann::json cost_summary_json(const CostSummary& s) {
                    {"fits", r.fits}});
   return {{"device", s.device},
           {"device_memory_bytes", s.device_memory_bytes},
+          {"usable_memory_bytes", s.usable_memory_bytes},
           {"microbatch_size", s.microbatch_size},
           {"precision", s.precision},
           {"params", s.params},

@@ -31,6 +31,7 @@ struct TrainingMemoryRow {
 struct CostSummary {
   std::string device;
   int64_t device_memory_bytes = 0;
+  int64_t usable_memory_bytes = 0;  // less the default memory reserve (profiler/device.h), what `fits` compares with
   int64_t microbatch_size = 0;
   std::string precision;
   int64_t tasks = 0, constant_tasks = 0;

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -22,8 +24,9 @@ constexpr double kT = 1e12;  // TFLOP/s
 constexpr double kG = 1e9;   // GB/s
 constexpr int64_t kMiB = 1024 * 1024;
 
-// GPU figures are dense (no sparsity) peaks from NVIDIA's datasheets; memory is the usable
-// capacity nvidia-smi reports (memory.total); link bandwidths are per direction per device.
+// GPU figures are dense (no sparsity) peaks from NVIDIA's datasheets; memory is the capacity nvidia-smi
+// reports (memory.total, in MiB: the "80GB" of an A100-80GB is 80 GiB = 81920 MiB); link bandwidths are
+// per direction per device. What a plan may fill is that minus the memory reserve (MemoryReserve).
 std::vector<Device> gpu_presets() {
   std::vector<Device> d;
   // NVIDIA Tesla V100 datasheet (SXM2 32 GB): FP32 15.7 TFLOPS, Tensor (FP16) 125 TFLOPS, no TF32
@@ -102,6 +105,14 @@ double Device::matmul_peak(profiler::Precision p) const {
   return peak_fp32_flops;
 }
 
+profiler::Precision default_precision(const Device& device) {
+  return device.measured || device.name == "cpu" ? profiler::Precision::kFp32 : profiler::Precision::kMixed;
+}
+
+profiler::Precision resolve_precision(std::string_view flag, const Device& device) {
+  return flag == "auto" ? default_precision(device) : profiler::parse_precision(flag);
+}
+
 std::vector<std::string> device_preset_names() {
   std::vector<std::string> names;
   for (const auto& d : gpu_presets()) names.push_back(d.name);
@@ -160,6 +171,83 @@ Device cpu_device(bool refresh) {
   return cpu_from_probe(p);
 }
 
+// The default reserve, 2 GiB + 5 %:
+// - fixed 2 GiB: a CUDA 12 context with PyTorch's kernels loaded takes 0.3-1 GiB per GPU (PyTorch's
+//   "CUDA semantics" notes; lazy module loading keeps it near the low end), NCCL allocates
+//   NCCL_BUFFSIZE = 4 MiB per channel and peer for send and receive (NCCL environment docs; with 16-32
+//   channels that is a few hundred MiB per communicator), and cuBLAS keeps a workspace per stream
+//   (CUBLAS_WORKSPACE_CONFIG, up to tens of MiB); 2 GiB covers them with room for a second communicator.
+// - 5 %: the caching allocator's fragmentation (memory reserved but not allocated); PyTorch's memory
+//   snapshots of transformer training typically show 3-10 %, and Megatron/DeepSpeed users tune to
+//   about 90-95 % of the device. --memory-reserve 0 plans to the last byte, as before.
+MemoryReserve default_memory_reserve() { return {2 * 1024 * kMiB, 0.05}; }
+
+int64_t MemoryReserve::bytes(int64_t device_memory_bytes) const {
+  return fixed_bytes + static_cast<int64_t>(std::llround(fraction * static_cast<double>(device_memory_bytes)));
+}
+
+std::string MemoryReserve::text() const {
+  std::string out;
+  if (fixed_bytes > 0) {
+    constexpr int64_t kGiB = 1024 * kMiB;
+    out = fixed_bytes % kGiB == 0   ? std::to_string(fixed_bytes / kGiB) + "GiB"
+          : fixed_bytes % kMiB == 0 ? std::to_string(fixed_bytes / kMiB) + "MiB"
+                                    : std::to_string(fixed_bytes) + "B";
+  }
+  if (fraction > 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g%%", fraction * 100);
+    out += (out.empty() ? "" : "+") + std::string(buf);
+  }
+  return out.empty() ? "0" : out;
+}
+
+MemoryReserve parse_memory_reserve(std::string_view text) {
+  const std::string all(text);
+  auto fail = [&](const std::string& why) -> MemoryReserve {
+    throw InvalidArgument("--memory-reserve " + all + ": " + why +
+                          "; expected a size (0, 512MiB, 4GiB, 3GB), a percentage of the device (10%) or both (2GiB+5%)");
+  };
+  MemoryReserve r;
+  bool have_fixed = false, have_fraction = false;
+  size_t start = 0;
+  while (start <= all.size()) {
+    const size_t plus = all.find('+', start);
+    const std::string part = all.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
+    if (part.empty()) return fail("empty term");
+    size_t used = 0;
+    double value = 0;
+    try {
+      value = std::stod(part, &used);
+    } catch (const std::exception&) {
+      return fail("'" + part + "' does not start with a number");
+    }
+    if (!std::isfinite(value) || value < 0) return fail("'" + part + "' must be a finite non-negative number");
+    const std::string unit = part.substr(used);
+    if (unit == "%") {
+      if (have_fraction) return fail("two percentages");
+      if (value >= 100) return fail("the percentage must be below 100");
+      r.fraction = value / 100;
+      have_fraction = true;
+    } else {
+      static const std::pair<const char*, double> units[] = {
+          {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024},
+          {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+      const auto* u = std::find_if(std::begin(units), std::end(units), [&](const auto& p) { return unit == p.first; });
+      if (u == std::end(units)) return fail("unknown unit '" + unit + "'");
+      if (have_fixed) return fail("two sizes");
+      const double bytes = value * u->second;
+      if (bytes > static_cast<double>(int64_t{1} << 50)) return fail("more than 1 PiB");
+      r.fixed_bytes = static_cast<int64_t>(std::llround(bytes));
+      have_fixed = true;
+    }
+    if (plus == std::string::npos) break;
+    start = plus + 1;
+    if (start == all.size()) return fail("empty term");
+  }
+  return r;
+}
+
 void Cluster::validate() const {
   if (devices < 1) throw InvalidArgument("--devices must be at least 1 (got " + std::to_string(devices) + ")");
   if (devices_per_node < 1)
@@ -169,6 +257,10 @@ void Cluster::validate() const {
       throw InvalidArgument("cluster links need a positive bandwidth and a non-negative latency");
   if (!finite_positive(device.peak_fp32_flops) || !finite_positive(device.memory_bandwidth) || device.memory_bytes <= 0)
     throw InvalidArgument("device '" + device.name + "' needs positive memory, peak FLOP/s and bandwidth");
+  if (usable_memory_bytes() <= 0)
+    throw InvalidArgument("--memory-reserve " + reserve.text() + " (" + std::to_string(reserve.bytes(device.memory_bytes)) +
+                          " bytes) leaves no memory on device '" + device.name + "' (" +
+                          std::to_string(device.memory_bytes) + " bytes); give a smaller reserve");
 }
 
 const Link& Cluster::link_between(int a, int b) const { return node_of(a) == node_of(b) ? intra_node : inter_node; }
@@ -220,6 +312,11 @@ Cluster cluster_from_json(const nlohmann::json& j) {
   c.devices_per_node = static_cast<int>(number(j, "devices_per_node", c.devices));
   c.intra_node = link_from_json(j, "intra_node", dev.intra_node);
   c.inter_node = link_from_json(j, "inter_node", dev.inter_node);
+  if (j.contains("memory_reserve")) {
+    if (!j["memory_reserve"].is_string())
+      throw InvalidArgument("cluster JSON: 'memory_reserve' must be a string like \"2GiB+5%\"");
+    c.reserve = parse_memory_reserve(j["memory_reserve"].get<std::string>());
+  }
   c.validate();
   return c;
 }
@@ -243,6 +340,7 @@ nlohmann::json cluster_to_json(const Cluster& c) {
           {"device", device_to_json(c.device)},
           {"devices", c.devices},
           {"devices_per_node", c.devices_per_node},
+          {"memory_reserve", c.reserve.text()},
           {"intra_node", link_to_json(c.intra_node)},
           {"inter_node", link_to_json(c.inter_node)}};
 }

@@ -36,6 +36,14 @@ struct Device {
   double matmul_peak(profiler::Precision p) const;
 };
 
+// --precision's default on a device: mixed (bf16 math, fp32 master weights, how every GPU model of a
+// billion parameters trains) on GPUs, fp32 on the cpu device (its kernels are fp32).
+profiler::Precision default_precision(const Device& device);
+// "auto" → default_precision(device); anything else → profiler::parse_precision.
+profiler::Precision resolve_precision(std::string_view flag, const Device& device);
+inline constexpr const char* kPrecisionHelp =
+    "auto, fp32, tf32 or mixed (bf16/fp16 math, fp32 master weights); auto: mixed on GPU devices, fp32 on cpu";
+
 std::vector<std::string> device_preset_names();  // v100-32gb … h200-141gb, cpu
 // A preset by name; "cpu" runs (or reads the cache of) the CPU probe. Throws InvalidArgument.
 Device device_preset(std::string_view name);
@@ -53,12 +61,32 @@ std::filesystem::path cpu_cache_path();
 // The cpu device: from the cache when present and valid, else probed now and cached (best effort).
 Device cpu_device(bool refresh = false);
 
+// Memory a plan leaves free on every device: a fixed part for what the framework holds outside the
+// tensors the cost model counts (CUDA context and kernel images, NCCL buffers, cuBLAS/cuDNN workspaces)
+// plus a fraction of the device for the caching allocator's fragmentation. --memory-reserve; sources and
+// the default's reasoning in device.cpp and docs/cost-model.md.
+struct MemoryReserve {
+  int64_t fixed_bytes = 0;
+  double fraction = 0;  // of the device's memory, in [0, 1)
+
+  int64_t bytes(int64_t device_memory_bytes) const;  // fixed + fraction × device
+  std::string text() const;                         // "2GiB+5%", "0"
+};
+MemoryReserve default_memory_reserve();  // 2 GiB + 5 %
+// "0", "4GiB", "512MiB", "3GB" (decimal), "10%", "2GiB+5%"; a bare number is bytes. Throws InvalidArgument
+// naming --memory-reserve and the accepted forms (fraction below 100 %, fixed part at most 2^50 bytes).
+MemoryReserve parse_memory_reserve(std::string_view text);
+
 struct Cluster {
   Device device;
   int devices = 1;
   int devices_per_node = 1;
   Link intra_node;
   Link inter_node;
+  MemoryReserve reserve = default_memory_reserve();
+
+  // What a plan may fill on one device: device.memory_bytes − reserve; validate() keeps it positive.
+  int64_t usable_memory_bytes() const { return device.memory_bytes - reserve.bytes(device.memory_bytes); }
 
   void validate() const;  // throws InvalidArgument
   int node_of(int device_index) const { return device_index / devices_per_node; }

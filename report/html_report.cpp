@@ -122,8 +122,9 @@ const char* kScript = R"JS(
   }
   window.onerror=function(msg,src,line,col){fail(msg+' (line '+line+')');return false;};
   var data=JSON.parse(document.getElementById('apart-data').textContent);
-  function fmtS(s){return s>=1?s.toFixed(3)+' s':s>=1e-3?(s*1e3).toFixed(3)+' ms':(s*1e6).toFixed(1)+' \u00b5s';}
-  function fmtB(b){var u=[' B',' KB',' MB',' GB',' TB'],i=0;while(b>=1000&&i<u.length-1){b/=1000;i++;}return (i?b.toFixed(2):b.toFixed(0))+u[i];}
+  function fmt4(v,u){var a=Math.abs(v);return v.toFixed(a>=100?1:a>=10?2:3)+' '+u;}
+  function fmtS(s){var a=Math.abs(s);if(a===0)return '0 s';if(a<1e-3)return fmt4(s*1e6,'\u00b5s');if(a<1)return fmt4(s*1e3,'ms');if(a<60)return fmt4(s,'s');if(a<3600)return fmt4(s/60,'min');return fmt4(s/3600,'h');}
+  function fmtB(b){var u=[' B',' KiB',' MiB',' GiB',' TiB',' PiB'],i=0;while(Math.abs(b)>=1024&&i<u.length-1){b/=1024;i++;}return (i||Math.floor(b)!==b?b.toFixed(2):b.toFixed(0))+u[i];}
 
   // Tooltips for everything with data-tip (timeline boxes, layer strip, bars).
   var tip=document.getElementById('tip');
@@ -222,10 +223,10 @@ void summary_section(std::ostringstream& out, const ReportPlan& p, const sim::Si
   int devices_used = 0;
   for (const ReportStage& s : p.stages) devices_used += s.replicas;
   card(out, "predicted iteration", p.iteration_s > 0 ? format_seconds(p.iteration_s) : "not recorded",
-       "partition's estimate" + (p.pipeline_s ? " (pipeline " + format_seconds(*p.pipeline_s) + ")" : std::string()),
+       "partition's prediction (simulated)" + (p.pipeline_s ? " (pipeline " + format_seconds(*p.pipeline_s) + ")" : std::string()),
        "sum-iteration");
   std::string sim_note = "event-level replay, " + std::string(sim::schedule_name(r.schedule));
-  if (p.iteration_s > 0) sim_note += ", " + num((r.iteration_s / p.iteration_s - 1) * 100, 1) + "% vs estimate";
+  if (p.iteration_s > 0) sim_note += ", " + num((r.iteration_s / p.iteration_s - 1) * 100, 1) + "% vs partition's prediction";
   card(out, "simulated iteration", format_seconds(r.iteration_s), sim_note, "sum-simulated");
   const double sim_samples = p.global_batch > 0 && r.iteration_s > 0 ? static_cast<double>(p.global_batch) / r.iteration_s : 0;
   card(out, "samples / s", p.samples_per_s > 0 ? num(p.samples_per_s, 1) : "not recorded",
@@ -238,14 +239,19 @@ void summary_section(std::ostringstream& out, const ReportPlan& p, const sim::Si
   else
     card(out, "compute lower bound", "not recorded", "", "sum-bound");
   card(out, "peak memory", format_bytes(static_cast<double>(p.peak_memory_bytes)),
-       p.device_memory_bytes > 0 ? "of " + format_bytes(static_cast<double>(p.device_memory_bytes)) + " per device ("
-                                       + percent(static_cast<double>(p.peak_memory_bytes) / p.device_memory_bytes) + ")"
-                                 : "device limit not recorded",
+       p.device_memory_bytes > 0
+           ? "of " + format_bytes(static_cast<double>(p.device_memory_bytes)) + " usable per device (" +
+                 percent(static_cast<double>(p.peak_memory_bytes) / p.device_memory_bytes) + ")" +
+                 (p.device_total_bytes && !p.memory_reserve.empty()
+                      ? "; device " + format_bytes(static_cast<double>(*p.device_total_bytes)) + ", --memory-reserve " + p.memory_reserve
+                      : std::string())
+           : "device limit not recorded",
        "sum-memory");
   card(out, "devices", std::to_string(devices_used) + " of " + std::to_string(p.devices),
        std::to_string(p.stages.size()) + " stages × replicas", "sum-devices");
   card(out, "micro-batches", std::to_string(p.microbatches),
-       p.microbatch_size > 0 ? "of " + std::to_string(p.microbatch_size) + " samples per replica" : "", "sum-mb");
+       p.microbatch_size > 0 ? "of " + std::to_string(p.microbatch_size) + " samples, split among a stage's replicas" : "",
+       "sum-mb");
   out << "</div></section>\n";
 }
 
@@ -287,6 +293,9 @@ void layer_strip(std::ostringstream& out, const ReportPlan& p) {
     if (sw > 50)
       out << "<text x=\"" << num(stage_x + sw / 2, 2) << "\" y=\"12\" text-anchor=\"middle\" font-size=\"12\" font-weight=\"600\">stage "
           << s.id << "</text>\n";
+    else if (sw > 8.0 * static_cast<double>(std::to_string(s.id).size()) + 2)  // the palette repeats after 10: number every stage that fits
+      out << "<text x=\"" << num(stage_x + sw / 2, 2) << "\" y=\"12\" text-anchor=\"middle\" font-size=\"10\">" << s.id
+          << "</text>\n";
   }
   out << "<text x=\"0\" y=\"90\" font-size=\"11\" fill=\"#59636e\">model input</text>"
       << "<text x=\"" << width << "\" y=\"90\" font-size=\"11\" fill=\"#59636e\" text-anchor=\"end\">loss</text>"

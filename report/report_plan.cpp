@@ -52,6 +52,8 @@ void read_plan_fields(const json& j, const Reader& r, ReportPlan& p) {
   p.device = r.optional_string(c, "cluster.", "device").value_or("");
   p.devices_per_node = static_cast<int>(r.optional_integer(c, "cluster.", "devices_per_node", 0).value_or(p.devices));
   p.device_memory_bytes = r.optional_integer(c, "cluster.", "memory_bytes", 0).value_or(0);
+  p.device_total_bytes = r.optional_integer(c, "cluster.", "device_memory_bytes", 0);
+  p.memory_reserve = r.optional_string(c, "cluster.", "memory_reserve").value_or("");
 
   const json& t = r.object(j, "", "training");
   p.global_batch = r.optional_integer(t, "training.", "global_batch", 0).value_or(0);

@@ -56,7 +56,9 @@ struct ReportPlan {
   int devices = 0;
   std::string device;
   int devices_per_node = 1;
-  int64_t device_memory_bytes = 0;  // 0: unknown
+  int64_t device_memory_bytes = 0;  // what a plan may fill per device (cluster.memory_bytes); 0: unknown
+  std::optional<int64_t> device_total_bytes;  // the device's memory before the reserve (cluster.device_memory_bytes)
+  std::string memory_reserve;                 // cluster.memory_reserve, e.g. "2GiB+5%"; "" in older plans
   int64_t global_batch = 0;
   int64_t microbatches = 1;
   int64_t microbatch_size = 0;

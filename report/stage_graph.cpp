@@ -9,17 +9,6 @@
 namespace apart::report {
 namespace {
 
-std::string scaled(double v, const char* const* units, int n, const char* suffix) {
-  int u = 0;
-  while (u + 1 < n && std::fabs(v) >= 1000.0) {
-    v /= 1000.0;
-    ++u;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, u == 0 && std::floor(v) == v ? "%.0f%s%s" : "%.2f%s%s", v, units[u], suffix);
-  return buf;
-}
-
 // A DOT double-quoted string: backslash and quote escaped, newlines as \n (DOT's centred line break).
 std::string dot_quote(const std::string& s) {
   std::string out = "\"";
@@ -43,22 +32,6 @@ std::string devices_text(const std::vector<int>& d) {
 std::string node_id(int stage) { return stage < 0 ? "inputs" : "stage " + std::to_string(stage); }
 
 }  // namespace
-
-std::string format_bytes(double bytes) {
-  static const char* const units[] = {" B", " KB", " MB", " GB", " TB", " PB"};
-  return scaled(bytes, units, 6, "");
-}
-std::string format_count(double n) {
-  static const char* const units[] = {"", "K", "M", "B", "T"};
-  return scaled(n, units, 5, "");
-}
-std::string format_seconds(double s) {
-  char buf[64];
-  if (s >= 1.0) std::snprintf(buf, sizeof buf, "%.3f s", s);
-  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f µs", s * 1e6);
-  return buf;
-}
 
 StageGraph stage_graph(const ReportPlan& plan) {
   StageGraph g;
@@ -88,6 +61,7 @@ StageGraph stage_graph(const ReportPlan& plan) {
     n.kind = "stage";
     n.stage = s.id;
     n.tasks = static_cast<int64_t>(s.tasks.size());
+    n.batch_tasks = s.batch_tasks;
     n.param_bytes = s.param_bytes.value_or(0);
     n.replicas = s.replicas;
     n.devices = s.devices;
@@ -135,9 +109,11 @@ std::string stage_graph_dot(const StageGraph& g) {
   for (const StageNode& n : g.nodes) {
     std::string label;
     if (n.kind == "stage") {
-      label = n.id + "\n" + std::to_string(n.tasks) + " tasks, " + format_bytes(static_cast<double>(n.param_bytes)) +
-              " params\n×" + std::to_string(n.replicas) + " (devices " + devices_text(n.devices) + ")\nF+B " +
-              format_seconds(n.forward_s + n.backward_s);
+      label = n.id + "\n" +
+              (n.batch_tasks ? format_task_counts(static_cast<size_t>(n.tasks), static_cast<size_t>(*n.batch_tasks))
+                             : std::to_string(n.tasks) + " tasks") +
+              ", " + format_bytes(static_cast<double>(n.param_bytes)) + " params\n×" + std::to_string(n.replicas) + " (devices " + devices_text(n.devices) + ")\nF+B " +
+              format_seconds(n.forward_s + n.backward_s) + " per micro-batch";
       if (!n.first_layer.empty())
         label += "\n" + (n.first_layer == n.last_layer ? n.first_layer : n.first_layer + " … " + n.last_layer);
       out << "  " << dot_quote(n.id) << " [label=" << dot_quote(label) << "];\n";
@@ -166,6 +142,7 @@ nlohmann::ordered_json stage_graph_json(const StageGraph& g) {
     if (n.kind == "stage") {
       node["stage"] = n.stage;
       node["tasks"] = n.tasks;
+      if (n.batch_tasks) node["batch_tasks"] = *n.batch_tasks;
       node["param_bytes"] = n.param_bytes;
       node["replicas"] = n.replicas;
       node["devices"] = n.devices;

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "graph/units.h"
 
 #include "report/report_plan.h"
 
@@ -17,6 +20,7 @@ struct StageNode {
   std::string kind;   // "stage", "input" or "output"
   int stage = -1;     // plan stage id; -1 for inputs/outputs
   int64_t tasks = 0;
+  std::optional<int64_t> batch_tasks;  // when plan.json records it
   int64_t param_bytes = 0;
   int replicas = 0;
   std::vector<int> devices;
@@ -45,9 +49,9 @@ StageGraph stage_graph(const ReportPlan& plan);
 std::string stage_graph_dot(const StageGraph& graph);
 nlohmann::ordered_json stage_graph_json(const StageGraph& graph);
 
-// Shared formatting (decimal units): "1.23 MB", "167.7K", "1.212 ms".
-std::string format_bytes(double bytes);
-std::string format_count(double n);
-std::string format_seconds(double s);
+// Formatting: graph/units.h (format_bytes, format_count, format_seconds).
+using apart::format_bytes;
+using apart::format_count;
+using apart::format_seconds;
 
 }  // namespace apart::report

@@ -92,6 +92,9 @@ struct Runs {
 Runs time_runs(Executor& executor, const std::map<std::string, Tensor>& inputs, const ProfileOptions& options) {
   Runs runs;
   for (int r = 0; r < options.warmup + options.repeats; ++r) {
+    if (options.on_progress)
+      options.on_progress("run " + std::to_string(r + 1) + " of " + std::to_string(options.warmup + options.repeats) +
+                          (r < options.warmup ? " (warmup)" : " (timed)"));
     const auto start = Clock::now();
     executor.run(inputs);
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
@@ -121,11 +124,11 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
 
   // Analytic costs on the measured CPU: FLOPs, bytes, saved/param bytes, and the backward ratio.
   CostOptions cost_options;
-  cost_options.reference_batch = bound_batch_size(fg);
-  for (const auto& b : model.bindings)
-    if (b.dim == "batch" || b.dim == "batch_size" || b.dim == "N") cost_options.reference_batch = b.value;
+  cost_options.reference_batch = model.batch > 0 ? model.batch : bound_batch_size(fg);
   const CostTable analytic = estimate_costs(fg, cpu_device(), cost_options);
   result.table = analytic;
+  if (options.on_warning)
+    for (const auto& w : analytic.warnings) options.on_warning(w);
   result.table.source = "measured";
   result.table.device = "cpu";
   result.table.microbatch_size = cost_options.reference_batch;
@@ -143,6 +146,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     TrainingGraphOptions tg_options;
     tg_options.loss = options.loss;
     tg_options.import = import;
+    if (options.on_progress) options.on_progress("building the training graph");
     try {
       training = build_training_graph(forward, tg_options);
     } catch (const Unsupported& e) {
@@ -151,6 +155,11 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   } else {
     result.backward_note = "the model has no scalar float output (loss)";
   }
+
+  // Known now: say it before the runs, not after them.
+  const std::string backward_warning = "backward_s not measured: " + result.backward_note +
+                                       "; estimated as measured forward × the analytic backward/forward ratio";
+  if (!result.backward_note.empty() && options.on_warning) options.on_warning(backward_warning);
 
   std::vector<std::vector<double>> fwd(num_tasks), bwd(num_tasks);  // [task][repeat]
   std::vector<double> constant_per_run, unattributed_per_run, tasks_per_run;
@@ -252,9 +261,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   result.constant_s = median(constant_per_run);
   result.unattributed_s = median(unattributed_per_run);
   result.tasks_s = median(tasks_per_run);
-  if (!result.backward_measured)
-    result.table.warnings.push_back("backward_s not measured: " + result.backward_note +
-                                    "; estimated as measured forward × the analytic backward/forward ratio");
+  if (!result.backward_measured) result.table.warnings.push_back(backward_warning);
   return result;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,10 @@ struct ProfileOptions {
   std::string loss;  // scalar output to differentiate; empty: the graph's only scalar float output
   bool random_params = false;  // fill float initializers with random values (models saved without weights)
   uint64_t seed = 0;           // synthetic inputs and random params
+  // Called as soon as a phase starts ("building the training graph", "run 3 of 7 (timed)") and as soon as a
+  // warning is known (the same text also lands in the table's warnings); both may be empty.
+  std::function<void(const std::string&)> on_progress;
+  std::function<void(const std::string&)> on_warning;
   void validate() const;       // InvalidArgument
 };
 

@@ -42,35 +42,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Binds dim 0 of every graph input to the batch size (a symbolic dim gets --dim NAME=batch unless the
-// user bound it; a static one must equal it).
-ImportOptions bind_batch(const onnx::ModelProto& proto, ImportOptions import, int64_t batch) {
-  std::set<std::string> initializers;
-  for (const auto& init : proto.graph().initializer()) initializers.insert(init.name());
-  for (const auto& input : proto.graph().input()) {
-    if (initializers.count(input.name()) || !input.type().has_tensor_type()) continue;
-    const auto& shape = input.type().tensor_type().shape();
-    if (shape.dim_size() == 0) continue;
-    const bool given_shape = std::any_of(import.input_shapes.begin(), import.input_shapes.end(),
-                                         [&](const auto& s) { return s.first == input.name(); });
-    const auto& d0 = shape.dim(0);
-    if (given_shape) {
-      for (const auto& [name, dims] : import.input_shapes)
-        if (name == input.name() && (dims.empty() || dims[0] != batch))
-          throw InvalidArgument("--shape " + name + ": its first dim must be the batch (--batch " + std::to_string(batch) + ")");
-    } else if (d0.has_dim_param() && !d0.dim_param().empty()) {
-      auto [it, fresh] = import.dims.emplace(d0.dim_param(), batch);
-      if (!fresh && it->second != batch)
-        throw InvalidArgument("--dim " + d0.dim_param() + "=" + std::to_string(it->second) + " contradicts --batch " +
-                              std::to_string(batch) + " (input '" + input.name() + "' is batch-first)");
-    } else if (d0.has_dim_value() && d0.dim_value() != batch) {
-      throw InvalidArgument("input '" + input.name() + "' has a static batch of " + std::to_string(d0.dim_value()) +
-                            "; run with --batch " + std::to_string(d0.dim_value()) + " (or export the model with a dynamic batch)");
-    }
-  }
-  return import;
-}
-
 bool looks_like_norm_scale(const std::string& name) {
   auto ends_with = [&](std::string_view s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
   return ends_with("weight") || ends_with("scale") || ends_with("gamma");
@@ -117,7 +88,11 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   TrainResult result;
   const fs::path model_path(options.model);
   onnx::ModelProto forward = load_model_proto(model_path);
-  ImportOptions import = bind_batch(forward, options.import, options.batch);
+  // --batch binds the batch dim by the importer's rule (importer.h kBatchDimNames); it was typed or is
+  // train's documented default, so a --dim/--shape/static batch of another size is an error.
+  ImportOptions import = options.import;
+  import.batch = options.batch;
+  import.batch_explicit = true;
   if (options.init == ParamInit::kModel) {
     // Fail early, before autodiff, when the weights are not there.
     ImportOptions check = import;

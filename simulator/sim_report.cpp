@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "graph/error.h"
+#include "graph/units.h"
 
 namespace apart::sim {
 namespace {
@@ -38,21 +39,23 @@ std::string simulation_report(const SimPlan& plan, const SimResult& r) {
   if (r.schedule == Schedule::kInterleaved) out << " (" << r.virtual_stages << " virtual stages per device)";
   out << ", recompute " << (r.recompute ? "on" : "off") << "\nlinks: " << r.links_source << "\n\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%5s %8s %9s %9s %10s %10s %12s %9s %9s %10s %10s\n", "stage", "devices", "fwd ms",
-                "bwd ms", "busy ms", "idle ms", "allreduce ms", "send ms", "recv ms", "in-flight", "peak GB");
+  std::snprintf(line, sizeof line, "%5s %8s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "stage", "devices", "forward",
+                "backward", "busy", "idle", "allreduce", "send", "recv", "in-flight", "peak memory");
   out << line;
+  auto t = [](double seconds) { return format_seconds(seconds); };
   for (const StageStats& s : r.stages) {
-    std::snprintf(line, sizeof line, "%5d %8s %9.3f %9.3f %10.3f %10.3f %12.3f %9.3f %9.3f %10lld %10.3f\n", s.stage,
-                  devices_text(s.devices).c_str(), s.forward_s * 1e3, s.backward_s * 1e3, s.busy_s * 1e3,
-                  s.idle_s * 1e3, s.allreduce_s * 1e3, s.send_s * 1e3, s.recv_s * 1e3,
-                  static_cast<long long>(s.peak_in_flight), s.peak_memory_bytes / 1e9);
+    std::snprintf(line, sizeof line, "%5d %8s %10s %10s %10s %10s %10s %10s %10s %10lld %12s\n", s.stage,
+                  devices_text(s.devices).c_str(), t(s.forward_s).c_str(), t(s.backward_s).c_str(), t(s.busy_s).c_str(),
+                  t(s.idle_s).c_str(), t(s.allreduce_s).c_str(), t(s.send_s).c_str(), t(s.recv_s).c_str(),
+                  static_cast<long long>(s.peak_in_flight), format_bytes(static_cast<double>(s.peak_memory_bytes)).c_str());
     out << line;
   }
-  out << "\niteration        " << fixed(r.iteration_s * 1e3, 3) << " ms  (pipeline " << fixed(r.pipeline_s * 1e3, 3)
-      << " ms + all-reduce + step)\n";
+  out << "\niteration        " << format_seconds(r.iteration_s) << "  (pipeline " << format_seconds(r.pipeline_s)
+      << " + all-reduce + step)\n";
   out << "bubble fraction  " << fixed(r.bubble_fraction, 4) << "\n";
+  // plan.json's predicted.iteration_s is partition's own event-level replay (predicted.source "simulated").
   if (plan.predicted_iteration_s && *plan.predicted_iteration_s > 0)
-    out << "plan predicted   " << fixed(*plan.predicted_iteration_s * 1e3, 3) << " ms  (partition's analytic estimate; "
+    out << "plan predicted   " << format_seconds(*plan.predicted_iteration_s) << "  (partition's simulated prediction; "
         << fixed((r.iteration_s / *plan.predicted_iteration_s - 1) * 100, 1) << "% difference)\n";
   out << "memory           " << r.memory_note << "\n";
   out << "critical path    " << r.critical_path.size() << " events: ";

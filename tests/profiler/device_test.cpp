@@ -128,3 +128,47 @@ TEST(ClusterJson, RejectsMalformedClusters) {
 
 }  // namespace
 }  // namespace apart
+
+namespace memory_reserve_tests {
+
+using apart::parse_memory_reserve;
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+TEST(DevicePresets, CarryTheMemoryTheCardIsSoldWith) {
+  // NVIDIA's "80GB" is 80 GiB of HBM (nvidia-smi: 81920 MiB).
+  EXPECT_EQ(apart::device_preset("a100-80gb").memory_bytes, 80 * kGiB);
+}
+
+TEST(MemoryReserve, ParsesSizesPercentagesAndBoth) {
+  EXPECT_EQ(parse_memory_reserve("0").bytes(80 * kGiB), 0);
+  EXPECT_EQ(parse_memory_reserve("4GiB").fixed_bytes, 4 * kGiB);
+  EXPECT_EQ(parse_memory_reserve("3GB").fixed_bytes, 3'000'000'000);
+  EXPECT_DOUBLE_EQ(parse_memory_reserve("10%").fraction, 0.10);
+  const auto both = parse_memory_reserve("2GiB+5%");
+  EXPECT_EQ(both.bytes(80 * kGiB), 2 * kGiB + 4 * kGiB);
+  EXPECT_EQ(both.text(), "2GiB+5%");
+}
+
+TEST(MemoryReserve, RejectsMalformedAndOutOfRangeValues) {
+  for (const char* bad : {"", "abc", "-1GiB", "4XB", "100%", "5%+6%", "1GiB+2GiB", "2GiB+", "nan", "2e30"})
+    EXPECT_THROW(parse_memory_reserve(bad), apart::InvalidArgument) << bad;
+}
+
+TEST(MemoryReserve, DefaultsTo2GiBPlus5PercentAndMustLeaveMemory) {
+  apart::Cluster c = apart::make_cluster(apart::device_preset("a100-80gb"), 8, 8);
+  EXPECT_EQ(c.reserve.text(), "2GiB+5%");
+  EXPECT_EQ(c.usable_memory_bytes(), 80 * kGiB - 2 * kGiB - 4 * kGiB);
+  c.reserve = parse_memory_reserve("80GiB");
+  EXPECT_THROW(c.validate(), apart::InvalidArgument);
+}
+
+TEST(DefaultPrecision, IsMixedOnGpusAndFp32OnTheCpu) {
+  EXPECT_EQ(apart::default_precision(apart::device_preset("a100-80gb")), apart::profiler::Precision::kMixed);
+  apart::Device cpu;
+  cpu.name = "cpu";
+  cpu.measured = true;
+  EXPECT_EQ(apart::default_precision(cpu), apart::profiler::Precision::kFp32);
+  EXPECT_EQ(apart::resolve_precision("fp32", apart::device_preset("a100-80gb")), apart::profiler::Precision::kFp32);
+}
+
+}  // namespace memory_reserve_tests

@@ -46,7 +46,7 @@ class ASimulateCommand : public ::testing::Test {
 TEST_F(ASimulateCommand, PrintsTheTableWithIterationBubbleAndCriticalPath) {
   const CommandRun r = run("simulate " + (dir_ / "plan").string());
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const char* s : {"iteration", "bubble fraction", "critical path", "0F0", "peak GB"})
+  for (const char* s : {"iteration", "bubble fraction", "critical path", "0F0", "peak memory"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }
 

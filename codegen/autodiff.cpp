@@ -9,6 +9,7 @@
 
 #include "codegen/gradients/gradient.h"
 #include "graph/error.h"
+#include "graph/text.h"
 
 namespace apart {
 
@@ -230,8 +231,6 @@ const std::map<std::string, GradRule, std::less<>>& registered_rules() {
 }  // namespace autodiff
 
 namespace {
-
-std::string quote(const std::string& s) { return "'" + s + "'"; }
 
 void set_value_info(onnx::ValueInfoProto& info, std::string name, const ValueMeta& m) {  // name by value: may alias info
   info.Clear();

@@ -10,6 +10,7 @@
 
 #include "codegen/sha256.h"
 #include "graph/error.h"
+#include "graph/text.h"
 
 namespace apart {
 namespace {
@@ -27,15 +28,6 @@ std::string fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
-}
-
-std::string dot_quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
 }
 
 std::string human_params(double n) {
@@ -158,10 +150,10 @@ std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail) {
     if (detail) {
       for (TaskId t : s.tasks)
         if (!graph.task(t).constant)
-          out << "    " << dot_quote(graph.task(t).name) << " [label=" << dot_quote(graph.task(t).name + "\\n" + graph.task(t).op_type) << "];\n";
+          out << "    " << dot_quote(graph.task(t).name) << " [label=" << dot_quote(graph.task(t).name + "\n" + graph.task(t).op_type) << "];\n";
     } else {
       out << "    " << dot_quote("stage " + std::to_string(s.id)) << " [label="
-          << dot_quote(std::to_string(s.batch_tasks) + " tasks\\n" + fixed(s.cost.memory_bytes / 1e9, 1) + " GB") << "];\n";
+          << dot_quote(std::to_string(s.batch_tasks) + " tasks\n" + fixed(s.cost.memory_bytes / 1e9, 1) + " GB") << "];\n";
     }
     out << "  }\n";
   }

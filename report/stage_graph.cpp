@@ -6,6 +6,8 @@
 #include <map>
 #include <sstream>
 
+#include "graph/text.h"
+
 namespace apart::report {
 namespace {
 
@@ -18,20 +20,6 @@ std::string scaled(double v, const char* const* units, int n, const char* suffix
   char buf[64];
   std::snprintf(buf, sizeof buf, u == 0 && std::floor(v) == v ? "%.0f%s%s" : "%.2f%s%s", v, units[u], suffix);
   return buf;
-}
-
-// A DOT double-quoted string: backslash and quote escaped, newlines as \n (DOT's centred line break).
-std::string dot_quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
 }
 
 std::string devices_text(const std::vector<int>& d) {

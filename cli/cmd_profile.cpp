@@ -9,6 +9,7 @@
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "importer/importer.h"
 #include "runtime/profile.h"
 
@@ -63,7 +64,7 @@ void run_profile(const ProfileArgs& a) {
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
   const ProfileResult result = profile_model(m, import, options);
-  for (const auto& w : result.table.warnings) std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
+  for (const auto& w : result.table.warnings) std::fprintf(stderr, "apart: warning: %s\n", printable(w).c_str());
   if (!a.quiet) print_summary(m, result);
   if (a.output.empty()) {
     std::cout << profile_to_json(m.graph, result).dump(1) << "\n";

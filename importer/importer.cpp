@@ -427,6 +427,7 @@ class Importer {
       graph().add_value(std::move(v));
     }
     result_.external_data_present = missing_files.empty();
+    result_.missing_external_files.assign(missing_files.begin(), missing_files.end());
     for (const auto& f : missing_files) {
       if (options_.require_external_data)
         throw InvalidModel("the weights of " + result_.path + " are external data in " + quote(f) +
@@ -794,8 +795,12 @@ class Importer {
       onnx::shape_inference::InferShapes(model_, onnx::OpSchemaRegistry::Instance(), opts);
     } catch (const std::exception& e) {
       // Declared shapes disagree with inferred ones, or an op's inference rejected its input.
-      std::string what = e.what();
-      if (what.size() > 400) what = what.substr(0, 400) + "…";
+      std::string what = printable(e.what());  // quotes node names raw
+      if (what.size() > 400) {
+        size_t cut = 400;
+        while (cut > 0 && (static_cast<unsigned char>(what[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+        what = what.substr(0, cut) + "…";
+      }
       result_.warnings.push_back("ONNX shape inference stopped: " + what + "; using declared shapes where inference did not finish");
     }
   }

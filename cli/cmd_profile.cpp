@@ -44,7 +44,7 @@ void print_summary(const ImportedModel& m, const ProfileResult& r) {
   const double total = std::max(1e-30, fwd + bwd);
   for (const auto& [op, t] : rows) {
     if (t.first + t.second <= 0) continue;
-    std::fprintf(stderr, "%-28s %12.3f %12.3f %6.1f%%\n", op.c_str(), 1e3 * t.first, 1e3 * t.second,
+    std::fprintf(stderr, "%-28s %12.3f %12.3f %6.1f%%\n", printable(op).c_str(), 1e3 * t.first, 1e3 * t.second,
                  100 * (t.first + t.second) / total);
   }
   std::fprintf(stderr, "%-28s %12.3f %12.3f\n", "total (tasks)", 1e3 * fwd, 1e3 * bwd);

@@ -276,41 +276,45 @@ Attribute convert_attribute(const onnx::AttributeProto& a) {
 // ONNX strings are UTF-8, and plan.json/costs.json/profile.json carry these names: one that is not
 // would fail deep inside JSON output, so it is refused here, naming where it is.
 
-void require_utf8(const std::string& s, const std::string& what) {
+// `what` (a callable, so names are built only for the message) says where `s` is.
+template <class What>
+void require_utf8(const std::string& s, const What& what) {
   if (!is_utf8(s))
-    throw InvalidModel(what + " is not valid UTF-8: " + quote(s) + " (the bytes that are not are shown as \\xNN); ONNX "
+    throw InvalidModel(what() + " is not valid UTF-8: " + quote(s) + " (the bytes that are not are shown as \\xNN); ONNX "
                        "names must be UTF-8: rename it in the exporter, or with the onnx Python package, and save again");
 }
 
 void require_utf8_value_info(const onnx::ValueInfoProto& vi, const std::string& what, const std::string& where) {
-  require_utf8(vi.name(), "the name of " + what + where);
+  require_utf8(vi.name(), [&] { return "the name of " + what + where; });
   if (!vi.has_type() || !vi.type().has_tensor_type() || !vi.type().tensor_type().has_shape()) return;
   for (const auto& d : vi.type().tensor_type().shape().dim())
-    if (d.has_dim_param()) require_utf8(d.dim_param(), "a dim_param of " + what + " " + quote(vi.name()) + where);
+    if (d.has_dim_param()) require_utf8(d.dim_param(), [&] { return "a dim_param of " + what + " " + quote(vi.name()) + where; });
 }
 
-// `where` is "" for the main graph, " in the body of node N" for a subgraph.
+// `where` is "" for the main graph, " in the body of node N (If)" for a subgraph.
 void require_utf8_names(const onnx::GraphProto& g, const std::string& where) {
-  for (int i = 0; i < g.input_size(); ++i) require_utf8_value_info(g.input(i), "graph input " + std::to_string(i), where);
-  for (int i = 0; i < g.output_size(); ++i) require_utf8_value_info(g.output(i), "graph output " + std::to_string(i), where);
-  for (int i = 0; i < g.value_info_size(); ++i) require_utf8_value_info(g.value_info(i), "value_info " + std::to_string(i), where);
+  const auto nth = [](const char* what, int i) { return std::string(what) + " " + std::to_string(i); };
+  for (int i = 0; i < g.input_size(); ++i) require_utf8_value_info(g.input(i), nth("graph input", i), where);
+  for (int i = 0; i < g.output_size(); ++i) require_utf8_value_info(g.output(i), nth("graph output", i), where);
+  for (int i = 0; i < g.value_info_size(); ++i) require_utf8_value_info(g.value_info(i), nth("value_info", i), where);
   for (int i = 0; i < g.initializer_size(); ++i)
-    require_utf8(g.initializer(i).name(), "the name of initializer " + std::to_string(i) + where);
+    require_utf8(g.initializer(i).name(), [&] { return "the name of " + nth("initializer", i) + where; });
   for (int i = 0; i < g.sparse_initializer_size(); ++i)
-    require_utf8(g.sparse_initializer(i).values().name(), "the name of sparse initializer " + std::to_string(i) + where);
+    require_utf8(g.sparse_initializer(i).values().name(), [&] { return "the name of " + nth("sparse initializer", i) + where; });
   for (int i = 0; i < g.node_size(); ++i) {
     const auto& n = g.node(i);
-    const std::string node = "node " + std::to_string(i);
-    require_utf8(n.op_type(), "the op_type of " + node + where);
-    require_utf8(n.domain(), "the domain of " + node + where);
-    const std::string named = node + " (" + printable(n.op_type()) + ")" + where;
-    require_utf8(n.name(), "the name of " + named);
-    for (int k = 0; k < n.input_size(); ++k) require_utf8(n.input(k), "the value name of input " + std::to_string(k) + " of " + named);
-    for (int k = 0; k < n.output_size(); ++k) require_utf8(n.output(k), "the value name of output " + std::to_string(k) + " of " + named);
+    require_utf8(n.op_type(), [&] { return "the op_type of " + nth("node", i) + where; });
+    require_utf8(n.domain(), [&] { return "the domain of " + nth("node", i) + where; });
+    const auto named = [&] { return nth("node", i) + " (" + printable(n.op_type()) + ")" + where; };
+    require_utf8(n.name(), [&] { return "the name of " + named(); });
+    for (int k = 0; k < n.input_size(); ++k)
+      require_utf8(n.input(k), [&] { return "the value name of " + nth("input", k) + " of " + named(); });
+    for (int k = 0; k < n.output_size(); ++k)
+      require_utf8(n.output(k), [&] { return "the value name of " + nth("output", k) + " of " + named(); });
     for (const auto& a : n.attribute()) {
-      require_utf8(a.name(), "an attribute name of " + named);
-      if (a.has_g()) require_utf8_names(a.g(), " in the body of " + named);
-      for (const auto& sg : a.graphs()) require_utf8_names(sg, " in a body of " + named);
+      require_utf8(a.name(), [&] { return "an attribute name of " + named(); });
+      if (a.has_g()) require_utf8_names(a.g(), " in the body of " + named());
+      for (const auto& sg : a.graphs()) require_utf8_names(sg, " in a body of " + named());
     }
   }
 }
@@ -354,9 +358,9 @@ class Importer {
     if (model_.ir_version() <= 0)
       throw InvalidModel(result_.path + " has no ir_version: is it an ONNX model?");
     result_.ir_version = model_.ir_version();
-    require_utf8(model_.producer_name(), "producer_name");
-    require_utf8(model_.producer_version(), "producer_version");
-    for (const auto& os : model_.opset_import()) require_utf8(os.domain(), "opset_import domain");
+    require_utf8(model_.producer_name(), [] { return std::string("producer_name"); });
+    require_utf8(model_.producer_version(), [] { return std::string("producer_version"); });
+    for (const auto& os : model_.opset_import()) require_utf8(os.domain(), [] { return std::string("an opset_import domain"); });
     result_.producer = model_.producer_name() + (model_.producer_version().empty() ? "" : " " + model_.producer_version());
     for (const auto& os : model_.opset_import()) {
       const std::string domain = os.domain() == "ai.onnx" ? "" : os.domain();

@@ -7,6 +7,7 @@
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "importer/importer.h"
 #include "profiler/cost_model.h"
 #include "profiler/costs_json.h"
@@ -34,7 +35,7 @@ void run_costs(const CostsArgs& a) {
   const ImportedModel m = import_model(a.model, import_options(a.model_flags));
   options.reference_batch = m.batch;
   const CostTable table = estimate_costs(m.graph, device, options);
-  for (const auto& w : table.warnings) std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
+  for (const auto& w : table.warnings) std::fprintf(stderr, "apart: warning: %s\n", printable(w).c_str());
   if (a.output.empty()) {
     std::cout << costs_to_json(m.graph, table).dump(1) << "\n";
   } else {

@@ -10,6 +10,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
+#include "graph/text.h"
 #include "importer/importer.h"
 #include "profiler/cost_summary.h"
 #include "profiler/device.h"
@@ -110,20 +111,21 @@ nlohmann::json to_json(const ImportedModel& m, const Summary& s) {
 
 std::string value_line(const TaskGraph& g, ValueId id) {
   const Value& v = g.value(id);
-  return fmt::format("{} {} [{}]", v.name, dtype_name(v.dtype), v.shape_known ? shape_string(v.shape) : "?");
+  return fmt::format("{} {} [{}]", printable(v.name), dtype_name(v.dtype), v.shape_known ? shape_string(v.shape) : "?");
 }
 
 void print_text(const ImportedModel& m, const Summary& s, int top) {
   std::string opsets;
   for (const auto& [domain, version] : m.opsets) opsets += fmt::format("{}{}={}", opsets.empty() ? "" : " ", domain.empty() ? "ai.onnx" : domain, version);
-  fmt::print("model       {}  (ir {}, {}{})\n", m.path, m.ir_version, opsets, m.producer.empty() ? "" : ", from " + m.producer);
+  fmt::print("model       {}  (ir {}, {}{})\n", printable(m.path), m.ir_version, printable(opsets),
+             m.producer.empty() ? "" : ", from " + printable(m.producer));
   fmt::print("tasks       {} ({} batch, {} constant{})\n", s.tasks, s.batch_tasks, s.constant_tasks,
              s.opaque_tasks ? fmt::format(", {} opaque", s.opaque_tasks) : "");
   fmt::print("params      {} ({}){}\n", format_count(s.params), format_bytes(s.param_bytes),
              m.external_data_present ? "" : "  [external data not present]");
   for (ValueId in : m.graph.graph_inputs()) fmt::print("input       {}\n", value_line(m.graph, in));
   for (ValueId out : m.graph.graph_outputs()) fmt::print("output      {}\n", value_line(m.graph, out));
-  for (const auto& b : m.bindings) fmt::print("dim         {} = {}  ({})\n", b.dim, b.value, b.source);
+  for (const auto& b : m.bindings) fmt::print("dim         {} = {}  ({})\n", printable(b.dim), b.value, printable(b.source));
   const double per = s.batch > 0 ? static_cast<double>(s.batch) : 1.0;
   fmt::print("batch       {}\n", s.batch > 0 ? std::to_string(s.batch) : "unknown (figures below are for the whole graph)");
   fmt::print("activations {} per sample ({} in all)\n", format_bytes(static_cast<int64_t>(s.activation_bytes / per)), format_bytes(s.activation_bytes));
@@ -133,15 +135,15 @@ void print_text(const ImportedModel& m, const Summary& s, int top) {
   std::stable_sort(by_flops.begin(), by_flops.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   std::string top_ops;
   for (int i = 0; i < top && i < static_cast<int>(by_flops.size()) && by_flops[i].second > 0; ++i)
-    top_ops += fmt::format("{}{} {:.1f}%", i ? ", " : "", by_flops[i].first, s.flops > 0 ? 100.0 * by_flops[i].second / s.flops : 0.0);
+    top_ops += fmt::format("{}{} {:.1f}%", i ? ", " : "", printable(by_flops[i].first), s.flops > 0 ? 100.0 * by_flops[i].second / s.flops : 0.0);
   if (!top_ops.empty()) fmt::print("top ops     {}\n", top_ops);
   std::vector<std::pair<std::string, size_t>> by_count(s.ops.begin(), s.ops.end());
   std::stable_sort(by_count.begin(), by_count.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   std::string hist;
-  for (const auto& [op, n] : by_count) hist += fmt::format("{}{} {}", hist.empty() ? "" : ", ", op, n);
+  for (const auto& [op, n] : by_count) hist += fmt::format("{}{} {}", hist.empty() ? "" : ", ", printable(op), n);
   fmt::print("ops         {}\n", hist);
-  for (const auto& n : m.notes) fmt::print("note        {}\n", n);
-  for (const auto& w : m.warnings) fmt::print(stderr, "warning: {}\n", w);
+  for (const auto& n : m.notes) fmt::print("note        {}\n", printable(n));
+  for (const auto& w : m.warnings) fmt::print(stderr, "warning: {}\n", printable(w));
 }
 
 }  // namespace

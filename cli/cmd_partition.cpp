@@ -12,6 +12,7 @@
 #include "cli/command_registry.h"
 #include "codegen/plan_writer.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "importer/importer.h"
 #include "partition/baselines.h"
 #include "partition/partition.h"
@@ -63,11 +64,11 @@ StageShapes stage_shapes(const std::string& model_path, const ModelFlags& flags,
   try {
     StageShapes shapes = symbolic_batch_shapes(model.graph, model.batch, import_model(model_path, probe).graph,
                                                probe_batch, symbol);
-    for (const auto& note : shapes.notes) std::fprintf(stderr, "apart: note: stage files: %s\n", note.c_str());
+    for (const auto& note : shapes.notes) std::fprintf(stderr, "apart: note: stage files: %s\n", printable(note).c_str());
     return shapes;
   } catch (const Error& e) {
     std::fprintf(stderr, "apart: note: stage files keep static shapes: the model does not import at %s=%lld: %s\n",
-                 symbol.c_str(), static_cast<long long>(probe_batch), e.what());
+                 printable(symbol).c_str(), static_cast<long long>(probe_batch), printable(e.what()).c_str());
     return {};
   }
 }
@@ -154,7 +155,7 @@ void run_partition(const PartitionArgs& a) {
     cost_options.microbatch_size = 4 * u1;
     secondary = estimate_costs(model.graph, cluster.device, cost_options);
     other = &secondary;
-    for (const auto& w : primary.warnings) std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
+    for (const auto& w : primary.warnings) std::fprintf(stderr, "apart: warning: %s\n", printable(w).c_str());
   }
 
   const bool tty = ::isatty(STDERR_FILENO);

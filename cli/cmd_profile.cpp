@@ -9,6 +9,7 @@
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "importer/importer.h"
 #include "runtime/profile.h"
 
@@ -43,7 +44,7 @@ void print_summary(const ImportedModel& m, const ProfileResult& r) {
   const double total = std::max(1e-30, fwd + bwd);
   for (const auto& [op, t] : rows) {
     if (t.first + t.second <= 0) continue;
-    std::fprintf(stderr, "%-28s %12.3f %12.3f %6.1f%%\n", op.c_str(), 1e3 * t.first, 1e3 * t.second,
+    std::fprintf(stderr, "%-28s %12.3f %12.3f %6.1f%%\n", printable(op).c_str(), 1e3 * t.first, 1e3 * t.second,
                  100 * (t.first + t.second) / total);
   }
   std::fprintf(stderr, "%-28s %12.3f %12.3f\n", "total (tasks)", 1e3 * fwd, 1e3 * bwd);
@@ -67,7 +68,7 @@ void run_profile(const ProfileArgs& a) {
   // Warnings as soon as they are known (no loss: before minutes of runs, not after them).
   options.on_warning = [&](const std::string& w) {
     progress.finish();
-    std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
+    std::fprintf(stderr, "apart: warning: %s\n", printable(w).c_str());
   };
   const ProfileResult result = profile_model(m, import, options);
   progress.finish();

@@ -7,6 +7,7 @@
 #include "apart_version.h"
 #include "cli/command_registry.h"
 #include "graph/error.h"
+#include "graph/text.h"
 
 namespace apart::cli {
 std::vector<CommandSpec>& command_registry() {
@@ -37,11 +38,23 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : apart::exit_code(apart::ErrorKind::kInvalidArgument);
-  } catch (const apart::Error& e) {
+    // --help and --version are "errors" that succeed: CLI11 prints them as it documents.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    // Flag errors take the documented form and exit code, with the command whose --help lists the flags.
+    std::string command = "apart";
+    for (const CLI::App* sub = &app; !sub->get_subcommands().empty();) {
+      sub = sub->get_subcommands().front();
+      command += " " + sub->get_name();
+    }
     std::fflush(stdout);
-    std::fprintf(stderr, "apart: error [%s]: %s\n", apart::error_kind_name(e.kind()), e.what());
+    std::fprintf(stderr, "apart: error [InvalidArgument]: %s; run `%s --help` for the options\n",
+                 apart::printable(e.what()).c_str(), command.c_str());
+    return apart::exit_code(apart::ErrorKind::kInvalidArgument);
+  } catch (const apart::Error& e) {
+    // Messages quote model-controlled names already; escaping here too keeps any that slipped through
+    // from reaching the terminal raw (an ANSI escape, a newline that fakes a line).
+    std::fflush(stdout);
+    std::fprintf(stderr, "apart: error [%s]: %s\n", apart::error_kind_name(e.kind()), apart::printable(e.what()).c_str());
     return apart::exit_code(e.kind());
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
@@ -49,7 +62,8 @@ int main(int argc, char** argv) {
     return apart::exit_code(apart::ErrorKind::kSystemError);
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "apart: error [Internal]: %s (this is a bug in apart; please report it)\n", e.what());
+    std::fprintf(stderr, "apart: error [Internal]: %s (this is a bug in apart; please report it)\n",
+                 apart::printable(e.what()).c_str());
     return apart::exit_code(apart::ErrorKind::kInternal);
   }
   return 0;

@@ -9,6 +9,7 @@
 
 #include "codegen/gradients/gradient.h"
 #include "graph/error.h"
+#include "graph/text.h"
 
 namespace apart {
 
@@ -231,8 +232,6 @@ const std::map<std::string, GradRule, std::less<>>& registered_rules() {
 
 namespace {
 
-std::string quote(const std::string& s) { return "'" + s + "'"; }
-
 void set_value_info(onnx::ValueInfoProto& info, std::string name, const ValueMeta& m) {  // name by value: may alias info
   info.Clear();
   info.set_name(name);
@@ -321,25 +320,38 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
   for (const auto& init : fg.initializer()) initializer_names.insert(init.name());
 
   // --- Loss, params, inputs to differentiate ---
+  const auto output_names = [&] {
+    std::string names;
+    for (const auto& o : fg.output()) names += (names.empty() ? "" : ", ") + quote(o.name());
+    return names;
+  };
   std::string loss = options.loss;
   if (loss.empty() && options.output_gradients.empty()) {
     for (const auto& o : fg.output()) {
       const ValueMeta& m = meta(o.name());
       if (is_float(m.dtype) && m.shape_known && product_of(m.shape) == 1) {
-        if (!loss.empty()) throw InvalidArgument("autodiff: the model has several scalar float outputs ('" + loss + "', '" + o.name() + "'); name the loss");
+        if (!loss.empty())
+          throw InvalidArgument("the model has several scalar float outputs (" + quote(loss) + ", " + quote(o.name()) +
+                                "): name the one to minimise with --loss NAME");
         loss = o.name();
       }
     }
-    if (loss.empty()) throw InvalidArgument("autodiff: the model has no scalar float output to use as the loss; name one");
+    if (loss.empty())
+      throw InvalidArgument("the model has no scalar float output to minimise (its outputs: " + output_names() +
+                            "): add a loss to the model as a graph output (e.g. a ReduceMean of the error), and name "
+                            "it with --loss NAME if it is not the only scalar float output");
   }
   auto is_output = [&](const std::string& name) {
     return std::any_of(fg.output().begin(), fg.output().end(), [&](const auto& o) { return o.name() == name; });
   };
   if (!loss.empty()) {
     const ValueMeta& m = meta(loss);
-    if (!is_output(loss)) throw InvalidArgument("autodiff: the loss " + quote(loss) + " is not a graph output");
+    if (!is_output(loss))
+      throw InvalidArgument("--loss " + quote(loss) + " is not a graph output; the model's outputs are: " + output_names());
     if (!is_float(m.dtype) || !m.shape_known || product_of(m.shape) != 1)
-      throw InvalidArgument("autodiff: the loss " + quote(loss) + " is not a scalar float value");
+      throw InvalidArgument("the loss " + quote(loss) + " is " + std::string(dtype_name(m.dtype)) + " [" +
+                            (m.shape_known ? shape_string(m.shape) : "?") + "], not a scalar float value: reduce it to "
+                            "one in the model (e.g. ReduceMean) or name a scalar float output with --loss NAME");
   }
   for (const auto& o : options.output_gradients)
     if (!is_output(o) || !is_float(meta(o).dtype) || !meta(o).shape_known)

@@ -11,6 +11,7 @@
 #include "codegen/sha256.h"
 #include "graph/error.h"
 #include "graph/units.h"
+#include "graph/text.h"
 
 namespace apart {
 namespace {
@@ -28,19 +29,6 @@ std::string fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
-}
-
-std::string dot_quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '\n') {  // a label's line break: DOT's \n escape
-      out += "\\n";
-      continue;
-    }
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
 }
 
 std::string human_params(double n) {

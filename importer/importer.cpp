@@ -21,6 +21,7 @@
 #include <unordered_set>
 
 #include "graph/error.h"
+#include "graph/text.h"
 #include "importer/fold.h"
 #include "importer/model_proto.h"
 
@@ -39,8 +40,10 @@ constexpr int64_t kKnownIntsLimit = 4096;
 // Inline initializer data above this size is dropped after validation: planning needs shapes only.
 constexpr int64_t kKeepInlineBytes = 1 << 16;
 constexpr int kMaxInferenceRounds = 4;
-
-std::string quote(const std::string& s) { return "'" + s + "'"; }
+// Protobuf recursion limit for parsing (a GraphProto inside an If inside a graph is 3 levels), and
+// the deeper one used only to tell "nested too deeply" from "not a model" once parsing has failed.
+constexpr int kMaxMessageNesting = 64;
+constexpr int kDiagnosticMessageNesting = 1024;
 
 std::string node_label(const onnx::NodeProto& node, int index) {
   return node.name().empty() ? node.op_type() + "_" + std::to_string(index) : node.name();
@@ -269,6 +272,53 @@ Attribute convert_attribute(const onnx::AttributeProto& a) {
   return out;
 }
 
+// --- Names must be UTF-8 -----------------------------------------------------------
+// ONNX strings are UTF-8, and plan.json/costs.json/profile.json carry these names: one that is not
+// would fail deep inside JSON output, so it is refused here, naming where it is.
+
+// `what` (a callable, so names are built only for the message) says where `s` is.
+template <class What>
+void require_utf8(const std::string& s, const What& what) {
+  if (!is_utf8(s))
+    throw InvalidModel(what() + " is not valid UTF-8: " + quote(s) + " (the bytes that are not are shown as \\xNN); ONNX "
+                       "names must be UTF-8: rename it in the exporter, or with the onnx Python package, and save again");
+}
+
+void require_utf8_value_info(const onnx::ValueInfoProto& vi, const std::string& what, const std::string& where) {
+  require_utf8(vi.name(), [&] { return "the name of " + what + where; });
+  if (!vi.has_type() || !vi.type().has_tensor_type() || !vi.type().tensor_type().has_shape()) return;
+  for (const auto& d : vi.type().tensor_type().shape().dim())
+    if (d.has_dim_param()) require_utf8(d.dim_param(), [&] { return "a dim_param of " + what + " " + quote(vi.name()) + where; });
+}
+
+// `where` is "" for the main graph, " in the body of node N (If)" for a subgraph.
+void require_utf8_names(const onnx::GraphProto& g, const std::string& where) {
+  const auto nth = [](const char* what, int i) { return std::string(what) + " " + std::to_string(i); };
+  for (int i = 0; i < g.input_size(); ++i) require_utf8_value_info(g.input(i), nth("graph input", i), where);
+  for (int i = 0; i < g.output_size(); ++i) require_utf8_value_info(g.output(i), nth("graph output", i), where);
+  for (int i = 0; i < g.value_info_size(); ++i) require_utf8_value_info(g.value_info(i), nth("value_info", i), where);
+  for (int i = 0; i < g.initializer_size(); ++i)
+    require_utf8(g.initializer(i).name(), [&] { return "the name of " + nth("initializer", i) + where; });
+  for (int i = 0; i < g.sparse_initializer_size(); ++i)
+    require_utf8(g.sparse_initializer(i).values().name(), [&] { return "the name of " + nth("sparse initializer", i) + where; });
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& n = g.node(i);
+    require_utf8(n.op_type(), [&] { return "the op_type of " + nth("node", i) + where; });
+    require_utf8(n.domain(), [&] { return "the domain of " + nth("node", i) + where; });
+    const auto named = [&] { return nth("node", i) + " (" + printable(n.op_type()) + ")" + where; };
+    require_utf8(n.name(), [&] { return "the name of " + named(); });
+    for (int k = 0; k < n.input_size(); ++k)
+      require_utf8(n.input(k), [&] { return "the value name of " + nth("input", k) + " of " + named(); });
+    for (int k = 0; k < n.output_size(); ++k)
+      require_utf8(n.output(k), [&] { return "the value name of " + nth("output", k) + " of " + named(); });
+    for (const auto& a : n.attribute()) {
+      require_utf8(a.name(), [&] { return "an attribute name of " + named(); });
+      if (a.has_g()) require_utf8_names(a.g(), " in the body of " + named());
+      for (const auto& sg : a.graphs()) require_utf8_names(sg, " in a body of " + named());
+    }
+  }
+}
+
 // --- The importer -------------------------------------------------------------------
 
 class Importer {
@@ -280,6 +330,7 @@ class Importer {
 
   ImportedModel run() {
     read_header();
+    require_utf8_names(model_.graph(), "");
     onnx::GraphProto& g = *model_.mutable_graph();
     result_.node_count = g.node_size();
     add_initializers(g);
@@ -307,6 +358,9 @@ class Importer {
     if (model_.ir_version() <= 0)
       throw InvalidModel(result_.path + " has no ir_version: is it an ONNX model?");
     result_.ir_version = model_.ir_version();
+    require_utf8(model_.producer_name(), [] { return std::string("producer_name"); });
+    require_utf8(model_.producer_version(), [] { return std::string("producer_version"); });
+    for (const auto& os : model_.opset_import()) require_utf8(os.domain(), [] { return std::string("an opset_import domain"); });
     result_.producer = model_.producer_name() + (model_.producer_version().empty() ? "" : " " + model_.producer_version());
     for (const auto& os : model_.opset_import()) {
       const std::string domain = os.domain() == "ai.onnx" ? "" : os.domain();
@@ -377,6 +431,7 @@ class Importer {
       graph().add_value(std::move(v));
     }
     result_.external_data_present = missing_files.empty();
+    result_.missing_external_files.assign(missing_files.begin(), missing_files.end());
     for (const auto& f : missing_files) {
       if (options_.require_external_data)
         throw InvalidModel("the weights of " + result_.path + " are external data in " + quote(f) +
@@ -460,7 +515,7 @@ class Importer {
   void add_graph_inputs(onnx::GraphProto& g) {
     std::set<std::string> used_dims;
     std::set<std::string> used_shapes;
-    std::set<std::string> all_dim_params;
+    check_dim_flags_name_model_dims(g);
     const BatchRule rule = find_batch_dim(g);
     dims_ = options_.dims;
     apply_batch_flag(g, rule);
@@ -508,7 +563,6 @@ class Importer {
             throw InvalidArgument(flag + " sets dim " + std::to_string(i) + " of " + quote(in.name()) + " to " +
                                   std::to_string(dims[i]) + ", but the model fixes it at " + std::to_string(dim->dim_value()));
           if (dim->has_dim_param()) {
-            all_dim_params.insert(dim->dim_param());
             bind(dim->dim_param(), dims[i], flag);
           } else if (!dim->has_dim_value()) {
             result_.bindings.push_back({in.name() + "[" + std::to_string(i) + "]", dims[i], flag});
@@ -528,12 +582,11 @@ class Importer {
             // unless the flags bind it by its full name.
             const auto scaled = dims_.count(dim->dim_param()) ? std::nullopt : parse_scaled_dim(dim->dim_param());
             const std::string& name = scaled ? scaled->second : dim->dim_param();
-            all_dim_params.insert(name);
             auto bound = dims_.find(name);
             if (bound == dims_.end())
               throw InvalidArgument("dynamic dim " + quote(dim->dim_param()) + " of input " + quote(in.name()) + " (axis " +
-                                    std::to_string(i) + ") is not bound: pass --dim " + name +
-                                    "=<size> or --shape " + in.name() + ":" + example_shape(*shape, i));
+                                    std::to_string(i) + ") is not bound: pass " + dim_flags_needed(*shape) +
+                                    ", or the input's whole shape, --shape " + printable(in.name()) + ":" + example_shape(*shape));
             used_dims.insert(name);
             const std::string source = name == batch_flag_dim_ ? "--batch " + std::to_string(bound->second)
                                                                : "--dim " + name + "=" + std::to_string(bound->second);
@@ -547,7 +600,7 @@ class Importer {
             dim->set_dim_value(options_.batch);
           } else {
             throw InvalidArgument("input " + quote(in.name()) + " has an unnamed dynamic dim at axis " + std::to_string(i) +
-                                  ": pass --shape " + in.name() + ":" + example_shape(*shape, i));
+                                  ": pass its whole shape, --shape " + printable(in.name()) + ":" + example_shape(*shape));
           }
         }
       } else {
@@ -566,13 +619,6 @@ class Importer {
         if (!graph().find_value(in.name()) || graph().value(*graph().find_value(in.name())).kind == ValueKind::kInput)
           names += (names.empty() ? "" : ", ") + in.name();
       throw InvalidArgument("--shape names " + quote(name) + ", which is not an input of the model; its inputs are: " + names);
-    }
-    for (const auto& [name, value] : options_.dims) {
-      if (all_dim_params.count(name)) continue;
-      std::string names;
-      for (const auto& p : all_dim_params) names += (names.empty() ? "" : ", ") + p;
-      throw InvalidArgument("--dim " + name + "=" + std::to_string(value) + " names no dynamic dim of the model's inputs" +
-                            (names.empty() ? std::string(" (it has none)") : "; its dims are: " + names));
     }
     if (!rule.input.empty()) {
       const Value& first = graph().value(*graph().find_value(rule.input));
@@ -620,12 +666,68 @@ class Importer {
     return k * value;
   }
 
-  static std::string example_shape(const onnx::TensorShapeProto& shape, int axis) {
+  // The --dim name that binds `param`: itself, or for "<k>*<name>" the base name unless the flags name it in full.
+  std::string dim_flag_name(const std::string& param) const {
+    if (options_.dims.count(param)) return param;
+    const auto scaled = parse_scaled_dim(param);
+    return scaled ? scaled->second : param;
+  }
+
+  // The value the --dim flags give `param`, if any.
+  std::optional<int64_t> dim_flag_value(const std::string& param) const {
+    auto it = options_.dims.find(dim_flag_name(param));
+    if (it == options_.dims.end()) return std::nullopt;
+    const auto scaled = options_.dims.count(param) ? std::nullopt : parse_scaled_dim(param);
+    if (!scaled) return it->second;
+    if (it->second > 0 && scaled->first > INT64_MAX / it->second) return std::nullopt;
+    return scaled->first * it->second;
+  }
+
+  // Every dim of the model's inputs a --dim flag may name; a --dim naming anything else is refused
+  // before any other check, so the message is about that flag, not about a dim left unbound.
+  void check_dim_flags_name_model_dims(const onnx::GraphProto& g) const {
+    std::set<std::string> names;
+    for (const auto& in : g.input()) {
+      if (!in.has_type() || !in.type().has_tensor_type() || !in.type().tensor_type().has_shape()) continue;
+      for (const auto& dim : in.type().tensor_type().shape().dim()) {
+        if (!dim.has_dim_param()) continue;
+        names.insert(dim.dim_param());
+        if (const auto scaled = parse_scaled_dim(dim.dim_param())) names.insert(scaled->second);
+      }
+    }
+    for (const auto& [name, value] : options_.dims) {
+      if (names.count(name)) continue;
+      std::string list;
+      for (const auto& p : names) list += (list.empty() ? "" : ", ") + printable(p);
+      throw InvalidArgument("--dim " + printable(name) + "=" + std::to_string(value) + ": the model has no dim " + quote(name) +
+                            (list.empty() ? std::string(" (its inputs have no named dynamic dims; use --shape NAME:D0xD1x…)")
+                                          : "; its dims are: " + list));
+    }
+  }
+
+  // "--dim batch=<size> --dim feat=<size>": the flags that bind every named dim of `shape` still unbound.
+  std::string dim_flags_needed(const onnx::TensorShapeProto& shape) const {
+    std::vector<std::string> flags;
+    for (const auto& d : shape.dim()) {
+      if (!d.has_dim_param() || d.has_dim_value() || dim_flag_value(d.dim_param())) continue;
+      const std::string flag = "--dim " + printable(dim_flag_name(d.dim_param())) + "=<size>";
+      if (std::find(flags.begin(), flags.end(), flag) == flags.end()) flags.push_back(flag);
+    }
+    std::string out;
+    for (const auto& f : flags) out += (out.empty() ? "" : " ") + f;
+    return out;
+  }
+
+  // "4x<feat>x<axis2>" for --shape: fixed and flag-bound dims as numbers, the rest as placeholders.
+  std::string example_shape(const onnx::TensorShapeProto& shape) const {
     std::string s;
     for (int i = 0; i < shape.dim_size(); ++i) {
       if (i) s += 'x';
       const auto& d = shape.dim(i);
-      s += d.has_dim_value() ? std::to_string(d.dim_value()) : (i == axis ? "<size>" : (d.has_dim_param() ? d.dim_param() : "?"));
+      if (d.has_dim_value()) s += std::to_string(d.dim_value());
+      else if (!d.has_dim_param()) s += "<axis" + std::to_string(i) + ">";
+      else if (const auto v = dim_flag_value(d.dim_param())) s += std::to_string(*v);
+      else s += "<" + printable(d.dim_param()) + ">";
     }
     return s;
   }
@@ -782,8 +884,12 @@ class Importer {
       onnx::shape_inference::InferShapes(model_, onnx::OpSchemaRegistry::Instance(), opts);
     } catch (const std::exception& e) {
       // Declared shapes disagree with inferred ones, or an op's inference rejected its input.
-      std::string what = e.what();
-      if (what.size() > 400) what = what.substr(0, 400) + "…";
+      std::string what = printable(e.what());  // quotes node names raw
+      if (what.size() > 400) {
+        size_t cut = 400;
+        while (cut > 0 && (static_cast<unsigned char>(what[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+        what = what.substr(0, cut) + "…";
+      }
       result_.warnings.push_back("ONNX shape inference stopped: " + what + "; using declared shapes where inference did not finish");
     }
   }
@@ -838,12 +944,24 @@ void parse_model_bytes(const std::string& bytes, const std::string& display_name
   if (bytes.size() > static_cast<size_t>(INT_MAX))
     throw Unsupported(display_name + " is over 2 GiB: a protobuf message cannot be that large; save the model with "
                                      "its weights as external data (onnx.save(..., save_as_external_data=True))");
-  google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
-  google::protobuf::io::CodedInputStream coded(&raw);
-  coded.SetTotalBytesLimit(INT_MAX);
-  coded.SetRecursionLimit(64);
-  if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
-    throw InvalidModel(display_name + " is not a valid ONNX protobuf (truncated or not an .onnx file)");
+  const auto parse = [&](onnx::ModelProto& into, int recursion_limit) {
+    google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
+    google::protobuf::io::CodedInputStream coded(&raw);
+    coded.SetTotalBytesLimit(INT_MAX);
+    coded.SetRecursionLimit(recursion_limit);
+    return into.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage();
+  };
+  if (parse(model, kMaxMessageNesting)) return;
+  // Protobuf gives one failure for every cause; a second parse with a deeper limit (only to diagnose:
+  // the model is refused either way) tells nesting that is too deep from bytes that are not a model.
+  onnx::ModelProto probe;
+  if (parse(probe, kDiagnosticMessageNesting))
+    throw Unsupported(display_name + " nests messages deeper than the " + std::to_string(kMaxMessageNesting) +
+                      " levels apart reads (protobuf's recursion limit): every If/Loop/Scan body inside another "
+                      "takes 3 levels, so about " + std::to_string((kMaxMessageNesting - 4) / 3) +
+                      " nested bodies fit; flatten the nested control flow (e.g. fold constant If conditions with "
+                      "onnxsim) and export again");
+  throw InvalidModel(display_name + " is not a valid ONNX protobuf (truncated or not an .onnx file)");
 }
 
 // The bytes of an .onnx file, after the checks that give each way of naming a wrong file its own error.

@@ -54,6 +54,7 @@ struct ImportedModel {
   std::vector<std::string> warnings;  // e.g. opaque ops whose cost is unknown
   int64_t node_count = 0;             // nodes in the ONNX graph (= tasks)
   bool external_data_present = true;  // every referenced external-data file exists
+  std::vector<std::string> missing_external_files;  // the locations that do not, as the model names them
   std::vector<std::string> unknown_shape_values;  // produced values whose shape stayed unknown
 };
 

@@ -4,13 +4,16 @@
 #include "partition/baselines.h"
 
 #include <metis.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -223,6 +226,78 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& clus
 
 // ---------------- METIS k-way + cycle repair ----------------
 
+namespace {
+
+// METIS printf()s its complaints ("***Cannot bisect a graph with 0 vertices!") to stdout, where they would
+// mix with apart's output. While one of these lives, stdout goes to a temporary file; text() returns what
+// was written. Not thread-safe (nothing else prints during planning).
+class StdoutCapture {
+ public:
+  StdoutCapture() {
+    std::fflush(stdout);
+    file_ = std::tmpfile();
+    saved_ = file_ ? ::dup(STDOUT_FILENO) : -1;
+    if (saved_ >= 0 && ::dup2(::fileno(file_), STDOUT_FILENO) < 0) {
+      ::close(saved_);
+      saved_ = -1;
+    }
+  }
+  StdoutCapture(const StdoutCapture&) = delete;
+  StdoutCapture& operator=(const StdoutCapture&) = delete;
+  ~StdoutCapture() {
+    restore();
+    if (file_) std::fclose(file_);
+  }
+  // Restores stdout and returns what was printed meanwhile.
+  std::string text() {
+    restore();
+    std::string out;
+    if (!file_) return out;
+    std::rewind(file_);
+    char buf[1024];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, file_)) > 0 && out.size() < 4096) out.append(buf, n);
+    return out;
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stdout);
+    ::dup2(saved_, STDOUT_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::FILE* file_ = nullptr;
+  int saved_ = -1;
+};
+
+// METIS's messages in one line: "***" markers, tabs and newlines dropped.
+std::string metis_said(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '*' || c == '\t') continue;
+    if (c == '\n' || c == '\r') {
+      if (!out.empty() && out.back() != ' ') out += ' ';
+      continue;
+    }
+    out += c;
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+const char* metis_status_name(int rc) {
+  switch (rc) {
+    case METIS_ERROR_INPUT: return "METIS_ERROR_INPUT";
+    case METIS_ERROR_MEMORY: return "METIS_ERROR_MEMORY";
+    default: return "METIS_ERROR";
+  }
+}
+
+}  // namespace
+
 BlockAssignment repair_part_order(size_t nodes, const std::vector<std::pair<uint32_t, uint32_t>>& edges,
                                   const std::vector<uint32_t>& part_of) {
   APART_CHECK(part_of.size() == nodes, "one part per node");
@@ -315,9 +390,16 @@ BlockAssignment metis_blocks(const AtomicGraph& atomic, int parts, double microb
   options[METIS_OPTION_NUMBERING] = 0;
   idx_t nvtxs = static_cast<idx_t>(n), ncon = 1, nparts = parts, objval = 0;
   std::vector<idx_t> part(n, 0);
+  StdoutCapture capture;
   const int rc = METIS_PartGraphKway(&nvtxs, &ncon, xadj.data(), adjncy.data(), vwgt.data(), nullptr, adjwgt.data(),
                                      &nparts, nullptr, nullptr, options, &objval, part.data());
-  if (rc != METIS_OK) throw SystemError("METIS_PartGraphKway failed (code " + std::to_string(rc) + ")");
+  // With rc OK, what METIS printed ("Cannot bisect a graph with 0 vertices": more parts than it could
+  // fill) only means some parts are empty, which the repair below drops.
+  const std::string said = metis_said(capture.text());
+  if (rc != METIS_OK)
+    throw SystemError("--method metis: METIS could not split " + std::to_string(n) + " components into " +
+                      std::to_string(parts) + " parts (" + metis_status_name(rc) + (said.empty() ? "" : ": " + said) +
+                      "); choose another --method (apart, uniform, params, gpipe-balance, pipedream)");
   std::vector<uint32_t> part_of(n);
   for (size_t v = 0; v < n; ++v) part_of[v] = static_cast<uint32_t>(part[v]);
   return repair_part_order(n, edges, part_of);

@@ -6,22 +6,10 @@
 #include <map>
 #include <sstream>
 
+#include "graph/text.h"
+
 namespace apart::report {
 namespace {
-
-// A DOT double-quoted string: backslash and quote escaped, newlines as \n (DOT's centred line break).
-std::string dot_quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
 
 std::string devices_text(const std::vector<int>& d) {
   if (d.empty()) return "-";

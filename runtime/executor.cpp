@@ -7,18 +7,13 @@
 #include <cstring>
 
 #include "graph/error.h"
+#include "graph/text.h"
 #include "importer/model_proto.h"
 #include "runtime/kernel.h"
 
 namespace apart {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-std::string quote(const std::string& s) { return "'" + s + "'"; }
-
-}  // namespace
 
 std::vector<std::string> runtime_supported_ops() { return supported_ops(); }
 

@@ -11,6 +11,7 @@
 
 #include "graph/atomic_file.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "graph/task_graph.h"
 
 namespace apart {
@@ -31,7 +32,6 @@ int64_t count_of(const std::vector<int64_t>& shape) {
   return *n;
 }
 
-std::string quote(const std::string& s) { return "'" + s + "'"; }
 
 // external_data location → path under base_dir; refuses absolute paths, '..' and symlink escapes.
 fs::path resolve_location(const fs::path& base_dir, const std::string& tensor, const std::string& location) {

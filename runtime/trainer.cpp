@@ -12,6 +12,7 @@
 
 #include "codegen/autodiff.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "importer/model_proto.h"
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
@@ -94,15 +95,19 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   import.batch = options.batch;
   import.batch_explicit = true;
   if (options.init == ParamInit::kModel) {
-    // Fail early, before autodiff, when the weights are not there.
-    ImportOptions check = import;
-    check.require_external_data = true;
-    import_model_bytes(forward.SerializeAsString(), model_path.parent_path(), model_path.string(), check);
+    // Fail early, before autodiff, when the weights are not there (a graph-only export).
+    const ImportedModel m = import_model_bytes(forward.SerializeAsString(), model_path.parent_path(), model_path.string(), import);
+    if (!m.missing_external_files.empty())
+      throw InvalidModel("the weights of " + options.model + " are external data in " + quote(m.missing_external_files.front()) +
+                         (m.missing_external_files.size() > 1 ? " (and " + std::to_string(m.missing_external_files.size() - 1) + " more files)" : "") +
+                         ", which is not present beside the model: copy it there to train from the model's weights, "
+                         "or pass --init random to train from freshly initialized ones");
   } else {
     randomize_params(forward, options.seed);
   }
 
   TrainingGraphOptions tg_options;
+  tg_options.loss = options.loss;
   tg_options.import = import;
   const TrainingGraph tg = build_training_graph(forward, tg_options);
   forward.Clear();
@@ -117,7 +122,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     Tensor* p = executor.param(param);
     APART_CHECK(p != nullptr, "executor has no param " + param);
     if (p->dtype() != DType::kFloat32)
-      throw Unsupported("param '" + param + "' is " + std::string(dtype_name(p->dtype())) + "; apart train updates float32 params only");
+      throw Unsupported("param " + quote(param) + " is " + std::string(dtype_name(p->dtype())) + "; apart train updates float32 params only");
     names.push_back(param);
     params.push_back(p);
     result.params += p->elements();

@@ -18,6 +18,7 @@ ParamInit parse_param_init(std::string_view text);  // "model" | "random"
 
 struct TrainOptions {
   std::string model;              // forward ONNX file with a scalar loss output
+  std::string loss;               // --loss: the graph output to minimise; "" = the only scalar float output
   ImportOptions import;           // --dim/--shape; the batch dim of every input is bound to `batch`
   int64_t batch = 8;
   int64_t steps = 100;            // total steps (a resumed run continues to this count)

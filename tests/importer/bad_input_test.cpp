@@ -271,5 +271,157 @@ TEST(ShapeAndDimFlags, RejectMalformedText) {
   EXPECT_EQ(parse_dim_flag("batch=8"), (std::pair<std::string, int64_t>{"batch", 8}));
 }
 
+// ---------------- Messages a person can act on (issue 11) ----------------
+
+
+TEST(TheImporter, RefusesANodeNameThatIsNotUtf8NamingTheNode) {
+  OnnxBuilder b;
+  b.input("x", {2, 3}).output("y");
+  b.node("Relu", {"x"}, {"y"}, "relu\xff\xfe");
+  const std::string msg = import_error(b);
+  EXPECT_NE(msg.find("node 0 (Relu)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'relu\\xff\\xfe'"), std::string::npos) << msg;  // escaped, never raw
+  EXPECT_NE(msg.find("UTF-8"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\xff'), std::string::npos);
+}
+
+TEST(TheImporter, RefusesAValueNameThatIsNotUtf8NamingWhereItIs) {
+  OnnxBuilder b;
+  b.input("x", {2, 3}).output("y\xc0");
+  b.node("Relu", {"x"}, {"y\xc0"}, "relu");
+  const std::string msg = import_error(b);
+  EXPECT_NE(msg.find("graph output 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'y\\xc0'"), std::string::npos) << msg;
+
+  OnnxBuilder in_body;  // a value inside an If body: stage files and JSON would carry it too
+  in_body.input("c", {}, onnx::TensorProto::BOOL).output("y");
+  auto& node = in_body.node("If", {"c"}, {"y"}, "if");
+  for (const char* branch : {"then_branch", "else_branch"}) {
+    auto* a = node.add_attribute();
+    a->set_name(branch);
+    a->set_type(onnx::AttributeProto::GRAPH);
+    auto* g = a->mutable_g();
+    g->set_name(branch);
+    auto* k = g->add_node();
+    k->set_op_type("Constant");
+    k->add_output("k\xff");
+    auto* v = k->add_attribute();
+    v->set_name("value");
+    v->set_type(onnx::AttributeProto::TENSOR);
+    v->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+    v->mutable_t()->add_float_data(1);
+    g->add_output()->set_name("k\xff");
+  }
+  const std::string body_msg = import_error(in_body);
+  EXPECT_NE(body_msg.find("in the body of node 0 (If)"), std::string::npos) << body_msg;
+}
+
+// An If whose then_branch holds an If, `depth` deep: valid ONNX, 3 protobuf levels per If.
+OnnxBuilder nested_if_model(int depth) {
+  auto body = [](onnx::GraphProto& g, const std::string& out, int levels, auto& self) -> void {
+    g.set_name("body" + std::to_string(levels));
+    auto* n = g.add_node();
+    n->add_output(out);
+    if (levels == 0) {
+      n->set_op_type("Constant");
+      auto* v = n->add_attribute();
+      v->set_name("value");
+      v->set_type(onnx::AttributeProto::TENSOR);
+      v->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+      v->mutable_t()->add_float_data(1);
+    } else {
+      n->set_op_type("If");
+      n->add_input("c");
+      for (const char* branch : {"then_branch", "else_branch"}) {  // only then_branch nests: linear size
+        auto* a = n->add_attribute();
+        a->set_name(branch);
+        a->set_type(onnx::AttributeProto::GRAPH);
+        self(*a->mutable_g(), out + "_", branch[0] == 't' ? levels - 1 : 0, self);
+      }
+    }
+    auto* o = g.add_output();
+    o->set_name(out);
+    o->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    o->mutable_type()->mutable_tensor_type()->mutable_shape();
+  };
+  OnnxBuilder b;
+  b.input("c", {}, onnx::TensorProto::BOOL);
+  body(b.graph(), "y", depth, body);
+  b.graph().set_name("test");
+  return b;
+}
+
+TEST(TheImporter, SaysAModelNestedDeeperThanProtobufsLimitIsTooDeepNotTruncated) {
+  EXPECT_NO_THROW(import_model_bytes(nested_if_model(4).bytes(), ".", "shallow.onnx"));  // the same model, shallower
+  const std::string msg =
+      error_of<Unsupported>([&] { import_model_bytes(nested_if_model(25).bytes(), ".", "deep.onnx"); });
+  EXPECT_NE(msg.find("nests messages deeper than the 64 levels"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("recursion limit"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("truncated"), std::string::npos) << msg;
+  // Bytes that are not a model still get "truncated or not an .onnx file".
+  std::string cut = nested_if_model(4).bytes();
+  cut.resize(cut.size() / 2);
+  EXPECT_NE(error_of<InvalidModel>([&] { import_model_bytes(cut, ".", "cut.onnx"); }).find("truncated"), std::string::npos);
+}
+
+TEST(TheImporter, BlamesADimFlagNamingNoDimOfTheModelAndListsTheDimsItHas) {
+  OnnxBuilder b;
+  b.input("x", {"batch", "feat"}).output("y");
+  b.node("Relu", {"x"}, {"y"});
+  ImportOptions o;
+  o.dims = {{"nosuch", 3}};
+  const std::string msg = error_of<InvalidArgument>([&] { import_model_bytes(b.bytes(), ".", "m.onnx", o); });
+  EXPECT_NE(msg.find("--dim nosuch=3: the model has no dim 'nosuch'; its dims are: batch, feat"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("not bound"), std::string::npos) << msg;
+}
+
+// Every "<...>" placeholder of a suggested flag replaced by 2.
+std::string fill_in(std::string flag) {
+  for (size_t at; (at = flag.find('<')) != std::string::npos;) flag.replace(at, flag.find('>', at) - at + 1, "2");
+  return flag;
+}
+
+// The flags a message suggests: each "--dim …" and "--shape …" word, placeholders filled in.
+ImportOptions suggested_options(const std::string& msg, const std::string& which) {
+  ImportOptions o;
+  for (size_t at = 0; (at = msg.find(which, at)) != std::string::npos; at += which.size()) {
+    size_t end = msg.find_first_of(" ,;", at + which.size());
+    const std::string arg = fill_in(msg.substr(at + which.size(), end == std::string::npos ? std::string::npos : end - at - which.size()));
+    if (which == "--dim ") o.dims.insert(parse_dim_flag(arg));
+    else o.input_shapes.push_back(parse_shape_flag(arg));
+  }
+  return o;
+}
+
+TEST(TheImporter, SuggestsForAnUnboundDimFlagsThatImportOnceTheirNumbersAreFilledIn) {
+  OnnxBuilder b;
+  b.input("x", {"batch", "feat"}).output("y");
+  b.node("Relu", {"x"}, {"y"});
+  const std::string msg = error_of<InvalidArgument>([&] { import_model_bytes(b.bytes(), ".", "m.onnx", {}); });
+  EXPECT_NE(msg.find("--dim batch=<size> --dim feat=<size>"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--shape x:<batch>x<feat>"), std::string::npos) << msg;
+  for (const char* which : {"--dim ", "--shape "}) {
+    const ImportOptions o = suggested_options(msg, which);
+    const ImportedModel m = import_model_bytes(b.bytes(), ".", "m.onnx", o);
+    EXPECT_EQ(m.graph.value(*m.graph.find_value("x")).shape, (std::vector<int64_t>{2, 2})) << which;
+  }
+
+  // With batch bound, the suggestion keeps it and asks only for feat.
+  ImportOptions half;
+  half.dims = {{"batch", 4}};
+  const std::string rest = error_of<InvalidArgument>([&] { import_model_bytes(b.bytes(), ".", "m.onnx", half); });
+  EXPECT_NE(rest.find("pass --dim feat=<size>, or the input's whole shape, --shape x:4x<feat>"), std::string::npos) << rest;
+
+  // An anonymous dynamic dim can only be given by --shape: the suggestion is one that imports.
+  OnnxBuilder anon;
+  anon.input("x", {"batch", "feat"}).output("y");
+  anon.graph().mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->clear_dim_param();
+  anon.node("Relu", {"x"}, {"y"});
+  const std::string anon_msg = error_of<InvalidArgument>([&] { import_model_bytes(anon.bytes(), ".", "m.onnx", half); });
+  EXPECT_NE(anon_msg.find("--shape x:4x<axis1>"), std::string::npos) << anon_msg;
+  EXPECT_NO_THROW(import_model_bytes(anon.bytes(), ".", "m.onnx", suggested_options(anon_msg, "--shape ")));
+}
+
+
 }  // namespace
 }  // namespace apart

@@ -1,7 +1,9 @@
 // The baselines (gpipe-balance, pipedream, metis) against hand-computed splits and brute force, apart against
 // all of them, and baselines.json.
 #include <gtest/gtest.h>
+#include <metis.h>
 
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -216,6 +218,48 @@ TEST(TheMetisBlocks, AreAcyclicOnRandomDagsAndCoverEveryComponentOnce) {
       EXPECT_NO_THROW(make_block_sequence(atomic, a));
     }
   }
+}
+
+// A chain of six components, the first holding all the work: METIS's recursive bisection runs out of
+// vertices for four parts and printf()s "***Cannot bisect a graph with 0 vertices!" to stdout.
+AtomicGraph one_heavy_component_chain() {
+  AtomicGraph atomic;
+  for (int c = 0; c < 6; ++c) {
+    AtomicComponent component;
+    component.cost.forward.per_sample_s = c == 0 ? 1.0 : 1e-9;
+    atomic.components.push_back(component);
+    if (c > 0) atomic.transfers.push_back(Transfer{static_cast<uint32_t>(c - 1), {static_cast<uint32_t>(c)}, 64});
+  }
+  return atomic;
+}
+
+TEST(TheMetisBlocks, KeepWhatMetisPrintsOffStdout) {
+  // The same weights metis_blocks passes (times scaled to sum to 10⁷, equal edges at 10⁶), straight to
+  // METIS: it does print, so the input reproduces the message.
+  std::vector<idx_t> xadj{0}, adjncy, adjwgt, vwgt{10'000'000, 1, 1, 1, 1, 1};
+  for (idx_t v = 0; v < 6; ++v) {
+    for (idx_t u : {v - 1, v + 1})
+      if (u >= 0 && u < 6) adjncy.push_back(u), adjwgt.push_back(1'000'000);
+    xadj.push_back(static_cast<idx_t>(adjncy.size()));
+  }
+  idx_t options[METIS_NOPTIONS];
+  METIS_SetDefaultOptions(options);
+  options[METIS_OPTION_SEED] = 1;
+  idx_t nvtxs = 6, ncon = 1, nparts = 4, objval = 0;
+  std::vector<idx_t> part(6);
+  ::testing::internal::CaptureStdout();
+  METIS_PartGraphKway(&nvtxs, &ncon, xadj.data(), adjncy.data(), vwgt.data(), nullptr, adjwgt.data(), &nparts, nullptr,
+                      nullptr, options, &objval, part.data());
+  ASSERT_NE(::testing::internal::GetCapturedStdout().find("***"), std::string::npos) << "METIS no longer prints here";
+
+  const AtomicGraph atomic = one_heavy_component_chain();
+  ::testing::internal::CaptureStdout();
+  const BlockAssignment a = metis_blocks(atomic, 4, 1.0);
+  std::printf("after\n");  // stdout works again afterwards
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "after\n");
+  ASSERT_EQ(a.block_of.size(), atomic.size());
+  EXPECT_LE(a.blocks, 4u);
+  EXPECT_NO_THROW(make_block_sequence(atomic, a));
 }
 
 TEST(TheMetisMethod, GivesTheSamePlanTwice) {

@@ -62,6 +62,7 @@ void run_profile(const ProfileArgs& a) {
   options.validate();
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
+  if (!a.output.empty()) check_output_file(a.output, model_inputs(a.model, m), "-o");
   const ProfileResult result = profile_model(m, import, options);
   for (const auto& w : result.table.warnings) std::fprintf(stderr, "apart: warning: %s\n", w.c_str());
   if (!a.quiet) print_summary(m, result);

@@ -39,6 +39,7 @@ struct ImportedModel {
   std::vector<std::string> warnings;  // e.g. opaque ops whose cost is unknown
   int64_t node_count = 0;             // nodes in the ONNX graph (= tasks)
   bool external_data_present = true;  // every referenced external-data file exists
+  std::vector<std::filesystem::path> external_data_files;  // each referenced once, resolved (present or not)
   std::vector<std::string> unknown_shape_values;  // produced values whose shape stayed unknown
 };
 

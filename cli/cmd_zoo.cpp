@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "cli/cli_common.h"
@@ -23,6 +25,7 @@ struct ZooArgs {
   int64_t width = 0, classes = 0, image = 0, batch = 0;
   uint64_t seed = 0;
   std::string loss, dtype, weights, layernorm;
+  bool force = false;
 };
 
 template <typename E>
@@ -33,6 +36,62 @@ E parse_choice(const std::string& flag, const std::string& value, std::initializ
     names += names.empty() ? name : std::string(", ") + name;
   }
   throw InvalidArgument(flag + ": '" + value + "' is not one of " + names);
+}
+
+// Whether `path` is an ONNX model that `apart zoo` wrote: its producer_name (field 2 of ModelProto, written before
+// the graph) is "apart-zoo". Reads the first KiB only, so a multi-GB model costs nothing.
+bool written_by_zoo(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(1024, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  size_t pos = 0;
+  auto varint = [&](uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64 && pos < head.size(); shift += 7) {
+      const auto byte = static_cast<unsigned char>(head[pos++]);
+      v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if (!(byte & 0x80)) return true;
+    }
+    return false;
+  };
+  uint64_t tag = 0, value = 0;
+  while (varint(tag)) {
+    const uint64_t field = tag >> 3, wire = tag & 7;
+    if (field >= 7) return false;  // the graph: producer_name comes before it
+    if (wire == 0) {
+      if (!varint(value)) return false;
+    } else if (wire == 2) {
+      if (!varint(value) || value > head.size() - pos) return false;
+      if (field == 2) return head.compare(pos, value, "apart-zoo") == 0 && value == 9;
+      pos += value;
+    } else {
+      return false;
+    }
+  }
+  return false;
+}
+
+// -o and the weights file beside it: apart zoo replaces only files it wrote, unless --force; never a symlink,
+// folder, device or read-only file (check_output_writable).
+void check_zoo_outputs(const std::string& output, bool force) {
+  namespace fs = std::filesystem;
+  check_output_writable(output, "-o");
+  std::error_code ec;
+  const fs::path out(output);
+  const bool model_exists = fs::exists(out, ec);
+  const bool ours = model_exists && written_by_zoo(out);
+  if (model_exists && !ours && !force)
+    throw InvalidArgument("-o '" + output + "' exists and is not a model apart zoo wrote; apart will not replace it: "
+                          "choose another -o, or add --force to replace it");
+  const fs::path weights = (out.has_parent_path() ? out.parent_path() : fs::path(".")) / (out.stem().string() + ".weights");
+  if (fs::exists(fs::symlink_status(weights, ec))) {
+    check_output_writable(weights, "-o (its weights file)");
+    if (!ours && !force)
+      throw InvalidArgument("-o '" + output + "': the weights file beside it, '" + weights.string() +
+                            "', exists and belongs to no model apart zoo wrote there; apart will not replace it: "
+                            "choose another -o, or add --force to replace it");
+  }
 }
 
 void print_list() {
@@ -108,6 +167,7 @@ void run_zoo(const CLI::App& cmd, const ZooArgs& a) {
       }
     };
   }
+  check_zoo_outputs(a.output, a.force);
   const auto start = std::chrono::steady_clock::now();
   const models::ZooResult r = models::write_zoo_model(o, a.output, progress);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -153,6 +213,8 @@ const bool kRegistered = register_command({"zoo", 20, [](CLI::App& app) {
   cmd->add_option("--seed", args->seed, "seed for --weights random (same seed, same bytes)");
   cmd->add_option("--layernorm", args->layernorm, "decomposed (torch opset < 17) | fused (LayerNormalization)");
   cmd->add_flag("-q,--quiet", args->quiet, "no progress lines");
+  cmd->add_flag("--force", args->force,
+                "replace an existing -o (or its .weights file) that is not a model apart zoo wrote");
   cmd->callback([cmd, args] { run_zoo(*cmd, *args); });
 }});
 

@@ -312,7 +312,6 @@ void check_plan_directory(const fs::path& directory, const std::vector<InputFile
   const fs::path target = plan_target(directory);
   const std::string where = "-o " + quoted(directory);
   if (target.empty()) throw InvalidArgument("-o: empty path; give a new folder for the plan, e.g. -o plan");
-  if (target.filename() == "..") throw InvalidArgument(where + " ends in '..'; name the plan folder itself, e.g. -o plan");
   std::error_code ec;
   const fs::file_status status = fs::symlink_status(target, ec);
   if (fs::is_symlink(status)) {
@@ -324,6 +323,8 @@ void check_plan_directory(const fs::path& directory, const std::vector<InputFile
   if (fs::exists(parent, ec) && !writable_directory(parent))
     throw SystemError(where + ": its folder " + quoted(parent) + " is not writable (the plan is written beside it "
                       "first, then renamed into place): choose another -o");
+  const bool dot_dot = target.filename() == "..";
+  if (dot_dot && !fs::exists(status)) throw InvalidArgument(where + " ends in '..'; name the plan folder itself, e.g. -o plan");
   if (!fs::exists(status)) return;
   if (!fs::is_directory(status)) throw InvalidArgument(where + " exists and is not a folder: remove it or choose another -o");
   if (contains_path(target, fs::current_path(ec)))
@@ -334,6 +335,7 @@ void check_plan_directory(const fs::path& directory, const std::vector<InputFile
       throw InvalidArgument(where + " holds " + in.role + " this command reads (" + quoted(in.path) +
                             "); apart never replaces a folder holding its own input, even with --force: choose "
                             "another -o");
+  if (dot_dot) throw InvalidArgument(where + " ends in '..'; name the plan folder itself, e.g. -o plan");
   if (!writable_directory(target))
     throw SystemError(where + " is read-only; apart will not replace it: make it writable (chmod u+w) or choose "
                       "another -o");

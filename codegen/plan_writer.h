@@ -47,11 +47,12 @@ struct PlanOutputs {
   bool force = false;             // --force: replace an existing folder apart did not write
 };
 
-// The names apart writes into a plan folder: partition's files, and what other commands write there by default
-// (`apart report` writes report.html). A folder holding these (stage_K.onnx for any K) and a plan.json of schema
-// apart.plan/… is one apart wrote. A new file in a plan folder must be added here.
-inline constexpr const char* kPlanFolderFiles[] = {"plan.json", "plan.dot",       "report.txt", "costs.json",
-                                                   "baselines.json", "report.html"};
+// The names apart writes into a plan folder: partition's files, and what other commands write there by default or
+// in the documented workflow (`apart report` writes report.html; the quickstart runs `apart simulate plan/ --trace
+// plan/trace.json`). A folder holding only these (stage_K.onnx for any K) and a plan.json of schema apart.plan/…
+// is one apart wrote. A new file in a plan folder must be added here.
+inline constexpr const char* kPlanFolderFiles[] = {"plan.json",      "plan.dot",    "report.txt", "costs.json",
+                                                   "baselines.json", "report.html", "trace.json"};
 bool is_plan_folder_file(const std::string& name);  // one of the above, or stage_K.onnx
 
 // Whether `directory` (the -o of `apart partition`) may be replaced, checked before the search and again before

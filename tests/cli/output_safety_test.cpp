@@ -62,7 +62,7 @@ TEST(PartitionOutput, RefusesTheFolderThatHoldsTheModelAndKeepsIt) {
   TempDir dir;
   const fs::path model = write_model(dir / "proj" / "m.onnx");
   std::ofstream(dir / "proj" / "notes.txt") << "mine";
-  for (const std::string force : {"", " --force"}) {
+  for (const char* force : {"", " --force"}) {
     const CommandRun r = partition(model, (dir / "proj").string(), force);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_TRUE(contains(r.out, "the model")) << r.out;
@@ -77,7 +77,7 @@ TEST(PartitionOutput, RefusesTheWorkingFolderByAnotherNameEvenWithForce) {
   const fs::path model = write_model(dir / "m.onnx");
   fs::create_directories(dir / "cwd");
   std::ofstream(dir / "cwd" / "work.txt") << "mine";
-  for (const std::string out : {"../cwd", ".", "..", "./"}) {
+  for (const char* out : {"../cwd", ".", "..", "./"}) {
     const CommandRun r = run_command("cd " + (dir / "cwd").string() + " && " + APART_BINARY + " partition " +
                                      model.string() + kPlanFlags + " --force -o " + out + " 2>&1");
     EXPECT_EQ(r.code, 2) << out << ": " << r.out;
@@ -128,7 +128,7 @@ TEST(PartitionOutput, RefusesASymlinkNamingItsTargetAndLeavesBoth) {
   TempDir dir;
   const fs::path plan = write_plan(dir);
   fs::create_directory_symlink(plan, dir / "link");
-  for (const std::string force : {"", " --force"}) {
+  for (const char* force : {"", " --force"}) {
     const CommandRun r = partition(dir / "m.onnx", (dir / "link").string(), force);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_TRUE(contains(r.out, "symlink")) << r.out;
@@ -207,9 +207,9 @@ TEST(AnOutputPath, ThatIsTheModelIsRefusedByCostsAndProfile) {
   const std::string bytes = read_file(model);
   fs::create_symlink(model, dir / "link.onnx");
   fs::create_hard_link(model, dir / "hard.onnx");
-  for (const std::string cmd : {"costs", "profile"})
-    for (const fs::path out : {model, dir.path() / "." / "m.onnx", dir / "link.onnx", dir / "hard.onnx"}) {
-      const CommandRun r = run_apart(cmd + " " + model.string() + " --dim batch=2 -o " + out.string());
+  for (const char* cmd : {"costs", "profile"})
+    for (const fs::path& out : {model, dir.path() / "." / "m.onnx", dir / "link.onnx", dir / "hard.onnx"}) {
+      const CommandRun r = run_apart(std::string(cmd) + " " + model.string() + " --dim batch=2 -o " + out.string());
       EXPECT_EQ(r.code, 2) << cmd << " -o " << out << ": " << r.out;
       EXPECT_TRUE(contains(r.out, "the model")) << r.out;
       EXPECT_EQ(read_file(model), bytes);
@@ -272,7 +272,7 @@ TEST_F(TrainOutput, RefusesAFileAsCheckpointDirBeforeStepOne) {
 TEST_F(TrainOutput, RefusesAnUnwritableCheckpointFolderBeforeStepOne) {
   fs::create_directories(dir_ / "ro");
   fs::permissions(dir_ / "ro", fs::perms(0555));
-  for (const fs::path ck : {dir_ / "ro", dir_ / "ro" / "ck"}) {
+  for (const fs::path& ck : {dir_ / "ro", dir_ / "ro" / "ck"}) {
     const CommandRun r = train("--checkpoint-dir " + ck.string());
     EXPECT_EQ(r.code, 6) << r.out;
     EXPECT_FALSE(contains(r.out, "step=")) << r.out;
@@ -295,7 +295,7 @@ TEST_F(TrainOutput, RefusesSaveModelIntoAMissingFolderOrOntoItsInputsBeforeStepO
   EXPECT_EQ(r.code, 6) << r.out;
   EXPECT_FALSE(contains(r.out, "step=")) << r.out;
   fs::create_hard_link(model(), dir_ / "hard.onnx");
-  for (const fs::path out : {model(), dir_.path() / "." / "mlp.onnx", dir_ / "hard.onnx"}) {
+  for (const fs::path& out : {model(), dir_.path() / "." / "mlp.onnx", dir_ / "hard.onnx"}) {
     r = train("--save-model " + out.string());
     EXPECT_EQ(r.code, 2) << out << ": " << r.out;
     EXPECT_TRUE(contains(r.out, "the model")) << r.out;

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include "cli/cli_common.h"
@@ -38,40 +37,6 @@ E parse_choice(const std::string& flag, const std::string& value, std::initializ
   throw InvalidArgument(flag + ": '" + value + "' is not one of " + names);
 }
 
-// Whether `path` is an ONNX model that `apart zoo` wrote: its producer_name (field 2 of ModelProto, written before
-// the graph) is "apart-zoo". Reads the first KiB only, so a multi-GB model costs nothing.
-bool written_by_zoo(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string head(1024, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(in.gcount()));
-  size_t pos = 0;
-  auto varint = [&](uint64_t& v) {
-    v = 0;
-    for (int shift = 0; shift < 64 && pos < head.size(); shift += 7) {
-      const auto byte = static_cast<unsigned char>(head[pos++]);
-      v |= static_cast<uint64_t>(byte & 0x7f) << shift;
-      if (!(byte & 0x80)) return true;
-    }
-    return false;
-  };
-  uint64_t tag = 0, value = 0;
-  while (varint(tag)) {
-    const uint64_t field = tag >> 3, wire = tag & 7;
-    if (field >= 7) return false;  // the graph: producer_name comes before it
-    if (wire == 0) {
-      if (!varint(value)) return false;
-    } else if (wire == 2) {
-      if (!varint(value) || value > head.size() - pos) return false;
-      if (field == 2) return head.compare(pos, value, "apart-zoo") == 0 && value == 9;
-      pos += value;
-    } else {
-      return false;
-    }
-  }
-  return false;
-}
-
 // -o and the weights file beside it: apart zoo replaces only files it wrote, unless --force; never a symlink,
 // folder, device or read-only file (check_output_writable).
 void check_zoo_outputs(const std::string& output, bool force) {
@@ -80,7 +45,7 @@ void check_zoo_outputs(const std::string& output, bool force) {
   std::error_code ec;
   const fs::path out(output);
   const bool model_exists = fs::exists(out, ec);
-  const bool ours = model_exists && written_by_zoo(out);
+  const bool ours = model_exists && models::written_by_zoo(out);
   if (model_exists && !ours && !force)
     throw InvalidArgument("-o '" + output + "' exists and is not a model apart zoo wrote; apart will not replace it: "
                           "choose another -o, or add --force to replace it");

@@ -84,6 +84,20 @@ std::string scaled(double v, const char* const* units, int n, double step, const
 }
 }  // namespace
 
+std::vector<InputFile> model_inputs(const std::string& path, const ImportedModel& model) {
+  std::vector<InputFile> inputs{{"the model", path}};
+  for (const auto& file : model.external_data_files) inputs.push_back({"an external-data file of the model", file});
+  return inputs;
+}
+
+std::vector<InputFile> plan_inputs(const std::string& plan) {
+  std::error_code ec;
+  const std::filesystem::path file =
+      std::filesystem::is_directory(plan, ec) ? std::filesystem::path(plan) / "plan.json" : std::filesystem::path(plan);
+  const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  return {{"the plan", file}, {"the plan's costs", dir / "costs.json"}, {"the plan's baselines", dir / "baselines.json"}};
+}
+
 std::string human_flops(double flops) {
   static const char* const units[] = {" ", " K", " M", " G", " T", " P", " E"};
   return scaled(flops, units, 7, 1000.0, "FLOP");

@@ -34,6 +34,11 @@ void run_costs(const CostsArgs& a) {
   if (a.microbatch < 0) throw InvalidArgument("--microbatch-size must be positive");
   const ImportedModel m = import_model(a.model, import_options(a.model_flags));
   options.reference_batch = m.batch;
+  if (!a.output.empty()) {
+    std::vector<InputFile> inputs = model_inputs(a.model, m);
+    if (!a.cluster.empty()) inputs.push_back({"the cluster file", a.cluster});
+    check_output_file(a.output, inputs, "-o");
+  }
   const CostTable table = estimate_costs(m.graph, device, options);
   for (const auto& w : table.warnings) std::fprintf(stderr, "apart: warning: %s\n", printable(w).c_str());
   if (a.output.empty()) {

@@ -49,6 +49,7 @@ struct PartitionArgs {
   bool no_stage_models = false;
   bool no_baselines = false;
   std::string output;
+  bool force = false;
 };
 
 // stage_K.onnx keeps the batch dim symbolic when partition bound it itself (the batch rule, not --dim/--shape):
@@ -128,6 +129,10 @@ void run_partition(const PartitionArgs& a) {
   ImportOptions import = import_options(a.model_flags);
   import.batch = 1;
   const ImportedModel model = import_model(a.model, import);
+  std::vector<InputFile> inputs = model_inputs(a.model, model);
+  if (!a.profile.empty()) inputs.push_back({"the --profile costs file", a.profile});
+  if (!a.cluster.empty()) inputs.push_back({"the cluster file", a.cluster});
+  check_plan_directory(a.output, inputs, a.force);  // before the search: a refused -o costs nothing
   CostOptions cost_options;
   cost_options.precision = o.training.precision;
   cost_options.reference_batch = model.batch > 0 ? model.batch : bound_batch_size(model.graph);
@@ -179,6 +184,8 @@ void run_partition(const PartitionArgs& a) {
 
   const ModelInfo info = describe_model(model.graph, a.model);
   PlanOutputs outputs;
+  outputs.inputs = inputs;
+  outputs.force = a.force;
   outputs.dot_detail = a.dot_detail;
   outputs.stage_models = !a.no_stage_models;
   if (outputs.stage_models) outputs.stage_shapes = stage_shapes(a.model, a.model_flags, model);
@@ -254,7 +261,12 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("--blocks", a->blocks, "Blocks k for the stage DP (default automatic)");
   cmd->add_flag("--dot-detail", a->dot_detail, "plan.dot with every task instead of one node per stage");
   cmd->add_flag("--no-stage-models", a->no_stage_models, "Skip writing stage_K.onnx");
-  cmd->add_option("-o,--output", a->output, "Plan directory (written as a whole or not at all)")->required();
+  cmd->add_option("-o,--output", a->output,
+                  "Plan directory (written as a whole or not at all); an existing one is replaced only when apart "
+                  "wrote it, or is empty")->required();
+  cmd->add_flag("--force", a->force,
+                "Replace an existing -o folder apart did not write (never the working folder, one above it, one "
+                "holding an input, or a symlink)");
   cmd->callback([a] { run_partition(*a); });
 }});
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "report/html_report.h"
 
@@ -23,6 +24,9 @@ void run_report(const ReportArgs& a) {
     out = std::filesystem::is_directory(a.plan, ec) ? std::filesystem::path(a.plan) / "report.html"
                                                     : std::filesystem::path(a.plan).parent_path() / "report.html";
   }
+  // A missing plan gets load_report_plan's own message; otherwise the output is checked before the work.
+  std::error_code ec;
+  if (std::filesystem::exists(a.plan, ec)) check_output_file(out, plan_inputs(a.plan), "-o");
   report::write_html_report(a.plan, out);
   std::fprintf(stderr, "apart: wrote %s (open it in a browser; it needs no network)\n", out.string().c_str());
 }

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "graph/error.h"
 #include "profiler/device.h"
@@ -29,6 +30,11 @@ struct SimulateArgs {
 
 void run_simulate(const SimulateArgs& a) {
   sim::SimPlan plan = sim::load_plan(a.plan);
+  if (!a.trace.empty()) {
+    std::vector<InputFile> inputs = plan_inputs(a.plan);
+    if (!a.cluster.empty()) inputs.push_back({"the cluster file", a.cluster});
+    check_output_file(a.trace, inputs, "--trace");
+  }
   if (!a.cluster.empty()) {
     const Cluster c = load_cluster_json(a.cluster);
     plan.cluster.intra_node = c.intra_node;

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "graph/error.h"
 #include "report/stage_graph.h"
@@ -21,8 +22,10 @@ struct VizArgs {
 void run_viz(const VizArgs& a) {
   if (a.format != "dot" && a.format != "json") throw InvalidArgument("--format " + a.format + ": expected dot or json");
   const report::StageGraph graph = report::stage_graph(report::load_report_plan(a.plan));
+  const bool to_file = !a.out.empty() && a.out != "-";
+  if (to_file) check_output_file(a.out, plan_inputs(a.plan), "-o");
   const std::string text = a.format == "dot" ? report::stage_graph_dot(graph) : report::stage_graph_json(graph).dump(1) + "\n";
-  if (a.out.empty() || a.out == "-") {
+  if (!to_file) {
     std::cout << text;
     std::cout.flush();
   } else {

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "cli/cli_common.h"
@@ -23,6 +24,7 @@ struct ZooArgs {
   int64_t width = 0, classes = 0, image = 0, batch = 0;
   uint64_t seed = 0;
   std::string loss, dtype, weights, layernorm;
+  bool force = false;
 };
 
 template <typename E>
@@ -33,6 +35,28 @@ E parse_choice(const std::string& flag, const std::string& value, std::initializ
     names += names.empty() ? name : std::string(", ") + name;
   }
   throw InvalidArgument(flag + ": '" + value + "' is not one of " + names);
+}
+
+// -o and the weights file beside it: apart zoo replaces only files it wrote, unless --force; never a symlink,
+// folder, device or read-only file (check_output_writable).
+void check_zoo_outputs(const std::string& output, bool force) {
+  namespace fs = std::filesystem;
+  check_output_writable(output, "-o");
+  std::error_code ec;
+  const fs::path out(output);
+  const bool model_exists = fs::exists(out, ec);
+  const bool ours = model_exists && models::written_by_zoo(out);
+  if (model_exists && !ours && !force)
+    throw InvalidArgument("-o '" + output + "' exists and is not a model apart zoo wrote; apart will not replace it: "
+                          "choose another -o, or add --force to replace it");
+  const fs::path weights = (out.has_parent_path() ? out.parent_path() : fs::path(".")) / (out.stem().string() + ".weights");
+  if (fs::exists(fs::symlink_status(weights, ec))) {
+    check_output_writable(weights, "-o (its weights file)");
+    if (!ours && !force)
+      throw InvalidArgument("-o '" + output + "': the weights file beside it, '" + weights.string() +
+                            "', exists and belongs to no model apart zoo wrote there; apart will not replace it: "
+                            "choose another -o, or add --force to replace it");
+  }
 }
 
 void print_list() {
@@ -108,6 +132,7 @@ void run_zoo(const CLI::App& cmd, const ZooArgs& a) {
       }
     };
   }
+  check_zoo_outputs(a.output, a.force);
   const auto start = std::chrono::steady_clock::now();
   const models::ZooResult r = models::write_zoo_model(o, a.output, progress);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -153,6 +178,8 @@ const bool kRegistered = register_command({"zoo", 20, [](CLI::App& app) {
   cmd->add_option("--seed", args->seed, "seed for --weights random (same seed, same bytes)");
   cmd->add_option("--layernorm", args->layernorm, "decomposed (torch opset < 17) | fused (LayerNormalization)");
   cmd->add_flag("-q,--quiet", args->quiet, "no progress lines");
+  cmd->add_flag("--force", args->force,
+                "replace an existing -o (or its .weights file) that is not a model apart zoo wrote");
   cmd->callback([cmd, args] { run_zoo(*cmd, *args); });
 }});
 

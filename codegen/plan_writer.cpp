@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -250,46 +251,167 @@ std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInf
 }
 
 
-void write_plan_directory(const std::filesystem::path& directory, const Plan& plan, const TaskGraph& graph,
-                          const std::filesystem::path& model_path, const ModelInfo& model, const PlanOutputs& outputs) {
-  namespace fs = std::filesystem;
-  const fs::path target = directory.has_filename() ? directory : directory.parent_path();
-  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+namespace {
+namespace fs = std::filesystem;
+
+// `-o plan/` and `-o plan/.` name the folder plan.
+fs::path plan_target(const fs::path& directory) {
+  fs::path t = directory;
+  while ((t.filename().empty() || t.filename() == ".") && t.has_parent_path() && t.parent_path() != t)
+    t = t.parent_path();
+  return t;
+}
+
+fs::path parent_of(const fs::path& target) { return target.has_parent_path() ? target.parent_path() : fs::path("."); }
+
+std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
+
+// A plan.json that apart wrote: a JSON object whose schema is apart.plan/….
+bool is_our_plan_json(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return false;
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  const auto schema = j.find("schema");
+  return schema != j.end() && schema->is_string() && schema->get<std::string>().starts_with("apart.plan/");
+}
+
+// "'a', 'b/', 'c' and 4 more".
+std::string name_list(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 5;
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) out += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > kShown) out += " and " + std::to_string(names.size() - kShown) + " more";
+  return out;
+}
+
+// A new hidden folder beside the target (".plan.tmp.<random>"), never one that exists already.
+fs::path make_sibling_dir(const fs::path& parent, const std::string& prefix) {
+  std::random_device seed;
+  std::mt19937_64 rng((static_cast<uint64_t>(seed()) << 32) ^ static_cast<uint64_t>(::getpid()));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    char suffix[17];
+    std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
+    const fs::path dir = parent / (prefix + suffix);
+    std::error_code ec;
+    if (fs::create_directory(dir, ec)) return dir;
+    if (ec) throw SystemError("cannot create " + quoted(dir) + ": " + ec.message());
+  }
+  throw SystemError("cannot create a temporary folder in " + quoted(parent));
+}
+
+}  // namespace
+
+bool is_plan_folder_file(const std::string& name) {
+  for (const char* known : kPlanFolderFiles)
+    if (name == known) return true;
+  if (!name.starts_with("stage_") || !name.ends_with(".onnx")) return false;
+  const std::string k = name.substr(6, name.size() - 6 - 5);
+  return !k.empty() && k.find_first_not_of("0123456789") == std::string::npos;
+}
+
+void check_plan_directory(const fs::path& directory, const std::vector<InputFile>& inputs, bool force) {
+  const fs::path target = plan_target(directory);
+  const std::string where = "-o " + quoted(directory);
+  if (target.empty()) throw InvalidArgument("-o: empty path; give a new folder for the plan, e.g. -o plan");
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(target, ec);
+  if (fs::is_symlink(status)) {
+    const fs::path to = fs::read_symlink(target, ec);
+    throw InvalidArgument(where + " is a symlink to " + quoted(to) +
+                          "; apart does not replace a symlink or write through one: give its target or a new folder");
+  }
+  const fs::path parent = parent_of(target);
+  if (fs::exists(parent, ec) && !writable_directory(parent))
+    throw SystemError(where + ": its folder " + quoted(parent) + " is not writable (the plan is written beside it "
+                      "first, then renamed into place): choose another -o");
+  const bool dot_dot = target.filename() == "..";
+  if (dot_dot && !fs::exists(status)) throw InvalidArgument(where + " ends in '..'; name the plan folder itself, e.g. -o plan");
+  if (!fs::exists(status)) return;
+  if (!fs::is_directory(status)) throw InvalidArgument(where + " exists and is not a folder: remove it or choose another -o");
+  if (contains_path(target, fs::current_path(ec)))
+    throw InvalidArgument(where + " is the working folder or a folder above it; apart never replaces that, even with "
+                          "--force: choose a new folder, e.g. -o plan");
+  for (const InputFile& in : inputs)
+    if (!in.path.empty() && contains_path(target, in.path))
+      throw InvalidArgument(where + " holds " + in.role + " this command reads (" + quoted(in.path) +
+                            "); apart never replaces a folder holding its own input, even with --force: choose "
+                            "another -o");
+  if (dot_dot) throw InvalidArgument(where + " ends in '..'; name the plan folder itself, e.g. -o plan");
+  if (!writable_directory(target))
+    throw SystemError(where + " is read-only; apart will not replace it: make it writable (chmod u+w) or choose "
+                      "another -o");
+
+  std::vector<std::string> foreign;
+  bool empty = true;
+  for (const fs::directory_entry& e : fs::directory_iterator(target, ec)) {
+    empty = false;
+    const std::string name = e.path().filename().string();
+    const bool folder = fs::is_directory(e.symlink_status(ec));
+    if (folder ? name != kPlanWeightsFolder : !is_plan_folder_file(name)) foreign.push_back(name + (folder ? "/" : ""));
+  }
+  if (ec) throw SystemError(where + ": cannot list it: " + ec.message());
+  if (empty) return;
+  std::sort(foreign.begin(), foreign.end());
+  if (foreign.empty() && !is_our_plan_json(target / "plan.json")) foreign.push_back("plan.json (not an apart plan)");
+  if (foreign.empty()) return;  // a plan apart wrote: replaced
+  if (!force)
+    throw InvalidArgument(where + " is a folder apart did not write (it holds " + name_list(foreign) +
+                          "); apart replaces only a plan folder it wrote: choose another -o, or add --force to replace "
+                          "it and everything in it");
+  // --force: every folder inside must be writable, or the old tree could only be removed in part.
+  for (auto it = fs::recursive_directory_iterator(target, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (fs::is_directory(it->symlink_status(ec)) && !writable_directory(it->path()))
+      throw SystemError(where + ": " + quoted(it->path()) + " inside it is read-only, so it could not be removed "
+                        "completely: make it writable or choose another -o");
+  if (ec) throw SystemError(where + ": cannot list it: " + ec.message());
+}
+
+void write_plan_directory(const fs::path& directory, const Plan& plan, const TaskGraph& graph,
+                          const fs::path& model_path, const ModelInfo& model, const PlanOutputs& outputs) {
+  check_plan_directory(directory, outputs.inputs, outputs.force);
+  const fs::path target = plan_target(directory);
+  const fs::path parent = parent_of(target);
+  const std::string name = target.filename().string();
   std::error_code ec;
   fs::create_directories(parent, ec);
-  if (fs::exists(target) && !fs::is_directory(target))
-    throw SystemError(target.string() + " exists and is not a directory");
-  const std::string suffix = std::to_string(::getpid());
-  const fs::path tmp = parent / ("." + target.filename().string() + ".tmp" + suffix);
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directory(tmp, ec) || ec) throw SystemError("cannot create " + tmp.string());
+  if (ec) throw SystemError("-o " + quoted(directory) + ": cannot create " + quoted(parent) + ": " + ec.message());
+  const fs::path tmp = make_sibling_dir(parent, "." + name + ".tmp.");
+  fs::path old;
   try {
     write_file_atomically(tmp / "plan.json", plan_to_json(plan, graph, model).dump(2) + "\n");
     write_file_atomically(tmp / "plan.dot", plan_to_dot(plan, graph, outputs.dot_detail));
     write_file_atomically(tmp / "report.txt", plan_report(plan, graph, model));
     if (outputs.stage_models) write_stage_models(plan, graph, model_path, tmp, outputs.stage_shapes);
     if (outputs.extra) outputs.extra(tmp);
+    // Publish: again the checks (the folder may have changed while the plan was written), move an older plan
+    // aside onto an empty folder of ours, rename the new one in, then drop the old one.
+    check_plan_directory(directory, outputs.inputs, outputs.force);
+    if (fs::exists(fs::symlink_status(target, ec))) {
+      old = make_sibling_dir(parent, "." + name + ".old.");
+      fs::rename(target, old, ec);
+      if (ec) throw SystemError("cannot replace " + quoted(target) + ": " + ec.message());
+    }
+    fs::rename(tmp, target, ec);
+    if (ec) {
+      std::string why = ec.message();
+      if (!old.empty()) {
+        fs::rename(old, target, ec);
+        if (ec) why += "; the previous plan is kept in " + quoted(old);
+        else old.clear();
+      }
+      throw SystemError("cannot rename " + quoted(tmp) + " to " + quoted(target) + ": " + why);
+    }
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    std::error_code ignore;
+    fs::remove_all(tmp, ignore);
+    if (!old.empty()) fs::remove(old, ignore);  // only when still the empty folder made for the rename
     throw;
   }
-  // Publish: move an older plan aside, rename the new one in, then drop the old one.
-  const fs::path old = parent / ("." + target.filename().string() + ".old" + suffix);
-  if (fs::exists(target)) {
-    fs::rename(target, old, ec);
-    if (ec) {
-      fs::remove_all(tmp, ec);
-      throw SystemError("cannot replace " + target.string() + ": " + ec.message());
-    }
-  }
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    std::error_code ignore;
-    if (fs::exists(old)) fs::rename(old, target, ignore);
-    fs::remove_all(tmp, ignore);
-    throw SystemError("cannot rename " + tmp.string() + " to " + target.string() + ": " + ec.message());
-  }
-  fs::remove_all(old, ec);
+  if (!old.empty() && (fs::remove_all(old, ec), ec))
+    std::fprintf(stderr, "apart: warning: the old %s was moved to %s and could not be removed: %s\n",
+                 quoted(target).c_str(), quoted(old).c_str(), ec.message().c_str());
 }
 
 }  // namespace apart

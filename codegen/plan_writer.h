@@ -11,6 +11,7 @@
 
 #include "codegen/stage_shapes.h"
 #include "graph/atomic_file.h"
+#include "graph/output_path.h"
 #include "graph/task_graph.h"
 #include "partition/partition.h"
 
@@ -43,9 +44,30 @@ struct PlanOutputs {
   StageShapes stage_shapes;  // how stage_K.onnx declares boundary dims; static by default
   // Called with the temporary directory to add more files (costs.json) before the directory is published.
   std::function<void(const std::filesystem::path& directory)> extra;
+  std::vector<InputFile> inputs;  // the files this run reads: a folder holding one is never replaced
+  bool force = false;             // --force: replace an existing folder apart did not write
 };
+
+// The names apart writes into a plan folder: partition's files, and what other commands write there by default or
+// in the documented workflow (`apart report` writes report.html; the quickstart runs `apart simulate plan/ --trace
+// plan/trace.json`). A folder holding only these (stage_K.onnx for any K) and a plan.json of schema apart.plan/…
+// is one apart wrote. A new file in a plan folder must be added here.
+inline constexpr const char* kPlanFolderFiles[] = {"plan.json",      "plan.dot",    "report.txt", "costs.json",
+                                                   "baselines.json", "report.html", "trace.json"};
+bool is_plan_folder_file(const std::string& name);  // one of the above, or stage_K.onnx
+// The folder of a plan where stage_K.onnx finds the model's external data (hard links; stage_onnx.cpp).
+inline constexpr const char* kPlanWeightsFolder = "weights";
+
+// Whether `directory` (the -o of `apart partition`) may be replaced, checked before the search and again before
+// publishing. Refused, even with `force`: a symlink (named with its target), something that is not a folder, the
+// working folder or a folder above it, a folder holding one of `inputs` (by file identity) — InvalidArgument;
+// a read-only folder or parent — SystemError. Refused without `force`: a folder with anything but an apart plan
+// in it (the message lists what is there) — InvalidArgument. A missing or empty folder is fine.
+void check_plan_directory(const std::filesystem::path& directory, const std::vector<InputFile>& inputs, bool force);
+
 // Writes everything into a temporary sibling directory, then renames it to `directory` (replacing an older plan
-// there), so a reader never sees a half-written plan. Throws SystemError.
+// there, as check_plan_directory allows), so a reader never sees a half-written plan, and no temporary is left
+// behind on failure. Throws InvalidArgument/SystemError.
 void write_plan_directory(const std::filesystem::path& directory, const Plan& plan, const TaskGraph& graph,
                           const std::filesystem::path& model_path, const ModelInfo& model, const PlanOutputs& outputs);
 

@@ -36,7 +36,6 @@ void set_value_info(onnx::ValueInfoProto* info, const TaskGraph& graph, ValueId 
 // file (same inode: no copy, no second 100 GB), or a copy when a link is impossible (another filesystem)
 // and the file is small; a larger one is left for the user to link, with a note. A symlink would do for
 // Netron but not for the runtime, whose external-data rule refuses links out of the model's folder.
-constexpr const char* kStageWeightsDir = "weights";
 constexpr uintmax_t kMaxCopyBytes = uintmax_t{1} << 30;  // 1 GiB
 
 // False when the model's file is not there (a graph-only export); the caller notes those once.
@@ -44,7 +43,7 @@ bool place_external_data(const std::filesystem::path& model_dir, const std::stri
                          const std::filesystem::path& directory) {
   namespace fs = std::filesystem;
   const fs::path source = model_dir / location;
-  const fs::path target = directory / kStageWeightsDir / location;
+  const fs::path target = directory / kPlanWeightsFolder / location;
   std::error_code ec;
   if (fs::exists(target, ec)) return true;
   if (!fs::is_regular_file(source, ec)) return false;
@@ -58,7 +57,7 @@ bool place_external_data(const std::filesystem::path& model_dir, const std::stri
     if (!ec) return true;
   }
   std::fprintf(stderr, "apart: note: stage files: cannot hard-link %s into the plan (another filesystem?); link or copy it "
-               "to PLAN/%s to run the stages\n", source.string().c_str(), (fs::path(kStageWeightsDir) / location).string().c_str());
+               "to PLAN/%s to run the stages\n", source.string().c_str(), (fs::path(kPlanWeightsFolder) / location).string().c_str());
   return true;
 }
 
@@ -117,7 +116,7 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
             if (kv.key() == "location") {
               if (placed.insert(kv.value()).second && !place_external_data(model_path.parent_path(), kv.value(), directory))
                 missing.push_back(kv.value());
-              kv.set_value(std::string(kStageWeightsDir) + "/" + kv.value());
+              kv.set_value(std::string(kPlanWeightsFolder) + "/" + kv.value());
             }
         continue;
       }
@@ -135,7 +134,7 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
   if (!missing.empty())
     std::fprintf(stderr, "apart: note: stage files: %zu external-data file%s (%s%s) not present beside the model; put %s under "
                  "PLAN/%s/ to run the stages\n", missing.size(), missing.size() == 1 ? " is" : "s are", missing.front().c_str(),
-                 missing.size() > 1 ? ", …" : "", missing.size() == 1 ? "it" : "them", kStageWeightsDir);
+                 missing.size() > 1 ? ", …" : "", missing.size() == 1 ? "it" : "them", kPlanWeightsFolder);
 }
 
 }  // namespace apart

@@ -380,6 +380,7 @@ class Importer {
 
   void add_initializers(onnx::GraphProto& g) {
     std::set<std::string> missing_files;
+    std::set<fs::path> external_files;
     for (auto& t : *g.mutable_initializer()) {
       if (t.name().empty()) throw InvalidModel("an initializer has an empty name");
       if (graph().find_value(t.name())) throw InvalidModel("two initializers are named " + quote(t.name()));
@@ -396,6 +397,7 @@ class Importer {
         v.external_data = true;
         ExternalRef ref = parse_external_ref(t);
         fs::path file = resolve_external_location(base_dir_, t.name(), ref.location);
+        external_files.insert(file);
         if (ref.length >= 0 && info.bytes > 0 && ref.length != info.bytes)
           throw InvalidModel("initializer " + quote(t.name()) + ": external_data length " + std::to_string(ref.length) +
                              " does not match its shape [" + shape_string(info.dims) + "] (" + std::to_string(info.bytes) + " bytes)");
@@ -432,6 +434,7 @@ class Importer {
     }
     result_.external_data_present = missing_files.empty();
     result_.missing_external_files.assign(missing_files.begin(), missing_files.end());
+    result_.external_data_files.assign(external_files.begin(), external_files.end());
     for (const auto& f : missing_files) {
       if (options_.require_external_data)
         throw InvalidModel("the weights of " + result_.path + " are external data in " + quote(f) +

@@ -55,6 +55,7 @@ struct ImportedModel {
   int64_t node_count = 0;             // nodes in the ONNX graph (= tasks)
   bool external_data_present = true;  // every referenced external-data file exists
   std::vector<std::string> missing_external_files;  // the locations that do not, as the model names them
+  std::vector<std::filesystem::path> external_data_files;  // each referenced once, resolved (present or not)
   std::vector<std::string> unknown_shape_values;  // produced values whose shape stayed unknown
 };
 

@@ -1,10 +1,12 @@
 // Assembles a zoo model (graph + initializers) and writes it: inline weights, streamed external data, or shapes only.
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/wire_format_lite.h>
 #include <onnx/onnx_pb.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "graph/atomic_file.h"
@@ -117,13 +119,15 @@ struct Built {
   int64_t weight_bytes = 0;
 };
 
+constexpr const char* kProducer = "apart-zoo";
+
 // The graph with one initializer per parameter, carrying dims and dtype but no data yet.
 Built build_graph(const ZooOptions& o) {
   o.validate();
   Built out;
   onnx::ModelProto& m = out.model;
   m.set_ir_version(kIrVersion);
-  m.set_producer_name("apart-zoo");
+  m.set_producer_name(kProducer);
   m.set_producer_version("1");  // the zoo's output format; not the apart version, so bundled models do not drift
   m.set_model_version(1);
   auto* opset = m.add_opset_import();
@@ -242,6 +246,26 @@ onnx::ModelProto build_zoo_model(const ZooOptions& options, std::string_view wei
     fill_inline(b, options, {});
   }
   return std::move(b.model);
+}
+
+bool written_by_zoo(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(1024, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  google::protobuf::io::CodedInputStream s(reinterpret_cast<const uint8_t*>(head.data()), static_cast<int>(head.size()));
+  while (const uint32_t tag = s.ReadTag()) {
+    const uint32_t field = tag >> 3;
+    if (field == onnx::ModelProto::kProducerNameFieldNumber) {
+      uint32_t length = 0;
+      std::string producer;
+      return (tag & 7) == 2 && s.ReadVarint32(&length) && s.ReadString(&producer, static_cast<int>(length)) &&
+             producer == kProducer;
+    }
+    if (field >= onnx::ModelProto::kGraphFieldNumber) return false;  // producer_name comes before the graph
+    if (!google::protobuf::internal::WireFormatLite::SkipField(&s, tag)) return false;
+  }
+  return false;
 }
 
 ZooResult write_zoo_model(const ZooOptions& options, const std::string& path, const ZooProgress& progress) {

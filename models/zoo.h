@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -99,6 +100,10 @@ struct ZooResult {
 // Builds the model graph in memory. Weights are inline for --weights random (only allowed below 2 GiB)
 // and declared as external data for --weights none. Used by tests; the CLI uses write_zoo_model.
 onnx::ModelProto build_zoo_model(const ZooOptions& options, std::string_view weights_location = "model.weights");
+
+// Whether `path` is an ONNX model apart zoo wrote (its producer_name, stored before the graph, is the zoo's).
+// Reads the first KiB only, so a multi-GB model costs nothing; false for anything else or an unreadable file.
+bool written_by_zoo(const std::filesystem::path& path);
 
 // Writes the model to `path` through a temporary file and rename; random weights above 2 GiB are streamed
 // into `<stem>.weights` beside it (offsets aligned to 4096). Throws InvalidArgument / SystemError.

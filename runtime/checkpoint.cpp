@@ -92,6 +92,12 @@ void write_checkpoint(const fs::path& dir, int64_t step, const nlohmann::json& m
   file.commit();
 }
 
+bool is_checkpoint_file(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  char magic[8] = {};
+  return in.read(magic, sizeof magic) && std::memcmp(magic, kMagic, sizeof magic) == 0;
+}
+
 Checkpoint read_checkpoint(const fs::path& dir_or_file) {
   const fs::path path = fs::is_directory(dir_or_file) ? dir_or_file / kCheckpointFile : dir_or_file;
   const std::string where = "checkpoint " + path.string();

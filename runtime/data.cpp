@@ -596,27 +596,35 @@ std::unique_ptr<DataSource> make_npy_data(const std::vector<std::pair<std::strin
   return std::make_unique<NpyData>(files, inputs);
 }
 
+std::vector<std::pair<std::string, fs::path>> data_files(const std::string& spec) {
+  if (spec.empty() || spec == "synthetic") return {};
+  if (spec.find('=') == std::string::npos) {
+    if (fs::path(spec).extension() == ".npy")
+      throw InvalidArgument("--data " + spec + ": name the input it feeds, e.g. --data input=" + spec + ",target=y.npy");
+    return {{"", spec}};
+  }
+  std::vector<std::pair<std::string, fs::path>> files;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    const size_t comma = spec.find(',', pos);
+    const std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+      throw InvalidArgument("--data: '" + item + "' is not NAME=FILE.npy");
+    files.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return files;
+}
+
 std::unique_ptr<DataSource> make_data_source(const DataOptions& options, const std::vector<ModelInput>& inputs) {
   const std::string& spec = options.spec;
   if (spec.empty() || spec == "synthetic") return make_synthetic_data(inputs, options.seed);
-  if (spec.find('=') != std::string::npos) {
-    std::vector<std::pair<std::string, fs::path>> files;
-    size_t pos = 0;
-    while (pos <= spec.size()) {
-      const size_t comma = spec.find(',', pos);
-      const std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      const size_t eq = item.find('=');
-      if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
-        throw InvalidArgument("--data: '" + item + "' is not NAME=FILE.npy");
-      files.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-    }
-    return make_npy_data(files, inputs);
-  }
-  if (fs::path(spec).extension() == ".npy")
-    throw InvalidArgument("--data " + spec + ": name the input it feeds, e.g. --data input=" + spec + ",target=y.npy");
-  return make_token_file_data(spec, options.token_dtype, inputs, options.seed);
+  auto files = data_files(spec);
+  if (files.size() == 1 && files.front().first.empty())
+    return make_token_file_data(files.front().second, options.token_dtype, inputs, options.seed);
+  return make_npy_data(files, inputs);
 }
 
 }  // namespace apart

@@ -52,6 +52,10 @@ struct DataOptions {
   uint64_t seed = 0;
 };
 
+// The files a --data spec names: {"", FILE.bin} or {NAME, FILE.npy}…; none for synthetic. Throws InvalidArgument
+// for a malformed spec.
+std::vector<std::pair<std::string, std::filesystem::path>> data_files(const std::string& spec);
+
 // Picks the source from options.spec. Throws InvalidArgument for a spec that does not fit the model
 // (a .bin for a model without token inputs, a missing .npy for some input) and InvalidArgument /
 // InvalidModel naming the file and what is wrong for bad files.

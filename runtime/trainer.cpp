@@ -13,6 +13,7 @@
 #include "codegen/autodiff.h"
 #include "graph/error.h"
 #include "graph/text.h"
+#include "graph/output_path.h"
 #include "importer/model_proto.h"
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
@@ -74,6 +75,42 @@ void randomize_params(onnx::ModelProto& proto, uint64_t seed) {
   }
 }
 
+// Every path train writes, checked before setup and step 1 (a run of hours must not fail at its end): the
+// checkpoint folder is a writable folder whose checkpoint.apart, if any, is one of ours; --save-model (and the
+// ".data" beside it) is a writable file path that is none of the run's inputs.
+void check_outputs(const TrainOptions& options, const onnx::ModelProto& forward) {
+  std::vector<InputFile> inputs{{"the model", options.model}};
+  const fs::path model_dir = fs::path(options.model).parent_path();
+  std::set<std::string> locations;
+  for (const auto& init : forward.graph().initializer())
+    if (init.data_location() == onnx::TensorProto::EXTERNAL)
+      for (const auto& kv : init.external_data())
+        if (kv.key() == "location" && locations.insert(kv.value()).second)
+          inputs.push_back({"an external-data file of the model", model_dir / kv.value()});
+  for (const auto& [name, file] : data_files(options.data.spec)) inputs.push_back({"a --data file", file});
+  if (!options.checkpoint_dir.empty()) {
+    check_output_directory_writable(options.checkpoint_dir, "--checkpoint-dir");
+    const fs::path file = fs::path(options.checkpoint_dir) / kCheckpointFile;
+    check_output_not_input(file, inputs, "--checkpoint-dir");  // the --resume checkpoint is meant to be replaced
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(file, ec))) {
+      check_output_writable(file, "--checkpoint-dir");
+      if (!is_checkpoint_file(file))
+        throw InvalidArgument("--checkpoint-dir '" + options.checkpoint_dir + "' holds a " + kCheckpointFile +
+                              " that apart did not write; apart will not replace it: choose another folder");
+    }
+  }
+  if (!options.resume.empty()) {
+    std::error_code ec;
+    const fs::path resume = options.resume;
+    inputs.push_back({"the --resume checkpoint", fs::is_directory(resume, ec) ? resume / kCheckpointFile : resume});
+  }
+  if (!options.save_model.empty()) {
+    check_output_file(options.save_model, inputs, "--save-model");
+    check_output_not_input(options.save_model + ".data", inputs, "--save-model (its external data)");
+  }
+}
+
 const Tensor& output_named(NamedTensors& outputs, const std::string& name) {
   for (auto& [n, t] : outputs)
     if (n == name) return t;
@@ -89,6 +126,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   TrainResult result;
   const fs::path model_path(options.model);
   onnx::ModelProto forward = load_model_proto(model_path);
+  check_outputs(options, forward);
   // --batch binds the batch dim by the importer's rule (importer.h kBatchDimNames); it was typed or is
   // train's documented default, so a --dim/--shape/static batch of another size is an error.
   ImportOptions import = options.import;

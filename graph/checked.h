@@ -57,6 +57,10 @@ inline int64_t checked_integer(int value, int64_t lo, int64_t hi, const std::str
 int checked_int(int64_t value, int64_t lo, int64_t hi, const std::string& name,
                 ErrorKind kind = ErrorKind::kInvalidArgument);
 
+// `value` rounded up to an int64, saturating at limits::kMaxByteCount × 4 (NaN too): for sizes a model computes in
+// doubles, where "more than any device holds" is the only thing a caller compares.
+int64_t saturated_bytes(double value);
+
 // a × b and a + b, or nullopt on int64 overflow.
 std::optional<int64_t> checked_mul(int64_t a, int64_t b);
 std::optional<int64_t> checked_add(int64_t a, int64_t b);

@@ -55,6 +55,12 @@ std::optional<double> JsonReader::optional_number(const json& obj, const std::st
   return number(obj, path, key, max);
 }
 
+double JsonReader::positive(const json& obj, const std::string& path, const char* key, double max) const {
+  const double d = number(obj, path, key, max);
+  if (d <= 0) fail(path + key, "must be a finite number in (0, " + range_text(0, max).substr(4) + " (got 0)");
+  return d;
+}
+
 double JsonReader::seconds(const json& obj, const std::string& path, const char* key) const {
   return number(obj, path, key, limits::kMaxSeconds);
 }

@@ -38,6 +38,8 @@ class JsonReader {
   // A finite number in [0, max]; the optional_ forms give nullopt for an absent field.
   double number(const json& obj, const std::string& path, const char* key, double max) const;
   std::optional<double> optional_number(const json& obj, const std::string& path, const char* key, double max) const;
+  // A finite number in (0, max]: a rate, a capacity.
+  double positive(const json& obj, const std::string& path, const char* key, double max) const;
   // A time in seconds, [0, limits::kMaxSeconds]; a size in bytes, [0, limits::kMaxBytes].
   double seconds(const json& obj, const std::string& path, const char* key) const;
   std::optional<double> optional_seconds(const json& obj, const std::string& path, const char* key) const;

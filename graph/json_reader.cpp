@@ -71,7 +71,7 @@ std::optional<double> JsonReader::optional_bytes(const json& obj, const std::str
   return optional_number(obj, path, key, limits::kMaxBytes);
 }
 
-int64_t JsonReader::integer(const json& value, const std::string& field, int64_t min, int64_t max) const {
+int64_t JsonReader::integer_at(const json& value, const std::string& field, int64_t min, int64_t max) const {
   std::string e;
   if (value.is_number_unsigned()) {
     const uint64_t u = value.get<uint64_t>();
@@ -93,13 +93,13 @@ int64_t JsonReader::integer(const json& value, const std::string& field, int64_t
 
 int64_t JsonReader::integer(const json& obj, const std::string& path, const char* key, int64_t min, int64_t max) const {
   if (!has(obj, key)) fail(path + key, "is missing");
-  return integer(obj[key], path + key, min, max);
+  return integer_at(obj[key], path + key, min, max);
 }
 
 std::optional<int64_t> JsonReader::optional_integer(const json& obj, const std::string& path, const char* key,
                                                     int64_t min, int64_t max) const {
   if (!has(obj, key)) return std::nullopt;
-  return integer(obj[key], path + key, min, max);
+  return integer_at(obj[key], path + key, min, max);
 }
 
 std::string JsonReader::string(const json& obj, const std::string& path, const char* key) const {

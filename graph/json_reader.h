@@ -45,7 +45,7 @@ class JsonReader {
   std::optional<double> optional_seconds(const json& obj, const std::string& path, const char* key) const;
   std::optional<double> optional_bytes(const json& obj, const std::string& path, const char* key) const;
   // An integer (an integral float counts) in [min, max].
-  int64_t integer(const json& value, const std::string& field, int64_t min, int64_t max = kMaxInteger) const;
+  int64_t integer_at(const json& value, const std::string& field, int64_t min, int64_t max = kMaxInteger) const;
   int64_t integer(const json& obj, const std::string& path, const char* key, int64_t min,
                   int64_t max = kMaxInteger) const;
   std::optional<int64_t> optional_integer(const json& obj, const std::string& path, const char* key, int64_t min,

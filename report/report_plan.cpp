@@ -74,7 +74,7 @@ void read_plan_fields(const json& j, const Reader& r, ReportPlan& p) {
     st.replicas = static_cast<int>(r.integer(s, path, "replicas", 0, limits::kMaxDevices));
     for (size_t d = 0; d < r.array(s, path, "devices").size(); ++d)
       st.devices.push_back(static_cast<int>(
-          r.integer(s["devices"][d], path + "devices[" + std::to_string(d) + "]", 0, limits::kMaxDevices - 1)));
+          r.integer_at(s["devices"][d], path + "devices[" + std::to_string(d) + "]", 0, limits::kMaxDevices - 1)));
     const json& tasks = r.array(s, path, "tasks");
     for (size_t k = 0; k < tasks.size(); ++k) {
       if (!tasks[k].is_string()) r.fail(path + "tasks[" + std::to_string(k) + "]", "must be a string");

@@ -133,7 +133,7 @@ Checkpoint read_checkpoint(const fs::path& dir_or_file) {
     std::vector<int64_t> shape;
     const nlohmann::json& dims = r.array(e, path, "shape");
     for (size_t d = 0; d < dims.size(); ++d)
-      shape.push_back(r.integer(dims[d], path + "shape[" + std::to_string(d) + "]", 0, limits::kMaxByteCount));
+      shape.push_back(r.integer_at(dims[d], path + "shape[" + std::to_string(d) + "]", 0, limits::kMaxByteCount));
     const int64_t offset = r.integer(e, path, "offset", 0, limits::kMaxByteCount);
     const int64_t nbytes = r.integer(e, path, "bytes", 0, limits::kMaxByteCount);
     const auto elements = checked_element_count(shape);

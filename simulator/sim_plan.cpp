@@ -101,7 +101,7 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
       r.fail(p + "devices", "has " + std::to_string(dj.size()) + " entries, expected replicas = " + std::to_string(stage.replicas));
     for (size_t d = 0; d < dj.size(); ++d) {
       const std::string f = p + "devices[" + std::to_string(d) + "]";
-      const int dev = static_cast<int>(r.integer(dj[d], f, 0, limits::kMaxDevices));
+      const int dev = static_cast<int>(r.integer_at(dj[d], f, 0, limits::kMaxDevices));
       if (dev >= devices) r.fail(f, "is " + std::to_string(dev) + ", but cluster.devices is " + std::to_string(devices));
       if (owner[static_cast<size_t>(dev)] >= 0)
         r.fail(f, "device " + std::to_string(dev) + " is also used by stage " + std::to_string(owner[static_cast<size_t>(dev)]));
@@ -148,7 +148,7 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
       const json& to = oj[o].contains("to_stages") ? r.array(oj[o], f, "to_stages") : json::array();
       for (size_t t = 0; t < to.size(); ++t) {
         const std::string tf = f + "to_stages[" + std::to_string(t) + "]";
-        const int target = static_cast<int>(r.integer(to[t], tf, 0, limits::kMaxDevices));
+        const int target = static_cast<int>(r.integer_at(to[t], tf, 0, limits::kMaxDevices));
         if (target <= s || target >= num_stages)
           r.fail(tf, "is " + std::to_string(target) + ": must name a later stage (" + std::to_string(s + 1) + ".." +
                          std::to_string(num_stages - 1) + ")");

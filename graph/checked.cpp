@@ -7,7 +7,16 @@
 
 namespace apart {
 namespace {
+std::optional<int64_t> integral(double value) {
+  // 2^63 is exactly representable; every double below it (and ≥ −2^63) converts without UB.
+  if (!std::isfinite(value) || std::floor(value) != value) return std::nullopt;
+  if (value < -9223372036854775808.0 || value >= 9223372036854775808.0) return std::nullopt;
+  return static_cast<int64_t>(value);
+}
+
+// Integral values exactly (2^60 as 1152921504606846976), others as %g ("1e+308", "7.5", "nan").
 std::string show(double v) {
+  if (const auto i = integral(v)) return std::to_string(*i);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.15g", v);
   return buf;
@@ -16,12 +25,7 @@ std::string show(double v) {
 
 std::string range_text(double lo, double hi) { return "[" + show(lo) + ", " + show(hi) + "]"; }
 
-std::optional<int64_t> to_int64(double value) {
-  // 2^63 is exactly representable; every double below it (and ≥ −2^63) converts without UB.
-  if (!std::isfinite(value) || std::floor(value) != value) return std::nullopt;
-  if (value < -9223372036854775808.0 || value >= 9223372036854775808.0) return std::nullopt;
-  return static_cast<int64_t>(value);
-}
+std::optional<int64_t> to_int64(double value) { return integral(value); }
 
 std::string number_range_error(double value, double lo, double hi) {
   if (std::isfinite(value) && value >= lo && value <= hi) return "";

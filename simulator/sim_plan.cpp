@@ -57,9 +57,7 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
   for (auto [key, link] : {std::pair{"intra_node_bandwidth", &plan.cluster.intra_node},
                            std::pair{"inter_node_bandwidth", &plan.cluster.inter_node}}) {
     if (!cj.contains(key)) continue;
-    const double bw = r.number(cj, "cluster.", key, limits::kMaxRate);
-    if (bw <= 0) r.fail(std::string("cluster.") + key, "must be positive");
-    link->bandwidth = bw;
+    link->bandwidth = r.positive(cj, "cluster.", key, limits::kMaxRate);
     plan_bandwidths = true;
   }
   if (plan_bandwidths) plan.cluster.links_source = "plan.json bandwidths, latencies from " + plan.cluster.links_source;

@@ -121,8 +121,7 @@ Checkpoint read_checkpoint(const fs::path& dir_or_file) {
   if (!header.is_object()) r.fail("the header", "must be a JSON object");
   if (r.string(header, "", "format") != "apart.checkpoint/1") r.fail("format", "is unknown");
   ck.step = r.integer(header, "", "step", 0, limits::kMaxSteps);
-  if (header.contains("meta")) ck.meta = r.object(header, "", "meta");
-  else ck.meta = nlohmann::json::object();
+  ck.meta = header.contains("meta") ? header["meta"] : nlohmann::json::object();  // the writer's own, any JSON
   const nlohmann::json& list = r.array(header, "", "tensors");
   for (size_t i = 0; i < list.size(); ++i) {
     const nlohmann::json& e = list[i];

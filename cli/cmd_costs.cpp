@@ -6,6 +6,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/importer.h"
@@ -30,8 +31,7 @@ void run_costs(const CostsArgs& a) {
   const Device device = a.cluster.empty() ? device_preset(a.device) : load_cluster_json(a.cluster).device;
   CostOptions options;
   options.precision = resolve_precision(a.precision, device);
-  options.microbatch_size = a.microbatch;
-  if (a.microbatch < 0) throw InvalidArgument("--microbatch-size must be positive");
+  options.microbatch_size = checked_integer(a.microbatch, 0, limits::kMaxBatch, "--microbatch-size (0: the bound batch)");
   const ImportedModel m = import_model(a.model, import_options(a.model_flags));
   options.reference_batch = m.batch;
   if (!a.output.empty()) {

@@ -11,6 +11,7 @@
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "codegen/plan_writer.h"
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/importer.h"
@@ -26,10 +27,10 @@ namespace {
 struct PartitionArgs {
   std::string model;
   ModelFlags model_flags;
-  int devices = 1;
+  int64_t devices = 1;
   std::string device = "a100-80gb";
   std::string cluster;
-  int devices_per_node = 8;
+  int64_t devices_per_node = 8;
   std::string memory_reserve;  // "" = the cluster file's, else default_memory_reserve()
   int64_t batch = 0;
   std::string optimizer = "adam";
@@ -44,7 +45,7 @@ struct PartitionArgs {
   std::string profile_device_mismatch = "error";
   double time_limit = 0;
   std::string method = "apart";
-  int blocks = 0;
+  int64_t blocks = 0;
   bool dot_detail = false;
   bool no_stage_models = false;
   bool no_baselines = false;
@@ -74,19 +75,19 @@ StageShapes stage_shapes(const std::string& model_path, const ModelFlags& flags,
   }
 }
 
-std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& text) {
+std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& text, int64_t max) {
   if (text == "auto") return std::nullopt;
   try {
     size_t used = 0;
     const long long v = std::stoll(text, &used);
-    if (used == text.size() && v > 0) return v;
-  } catch (const std::exception&) {
+    if (used == text.size()) return checked_integer(static_cast<int64_t>(v), 1, max, flag + " (or auto)");
+  } catch (const std::logic_error&) {  // not a number, or past int64
   }
-  throw InvalidArgument(flag + " " + text + ": expected a positive integer or auto");
+  throw InvalidArgument(flag + " " + text + ": expected an integer in [1, " + std::to_string(max) + "] or auto");
 }
 
 void run_partition(const PartitionArgs& a) {
-  if (a.batch < 1) throw InvalidArgument("--batch is required and must be positive");
+  checked_integer(a.batch, 1, limits::kMaxBatch, "--batch");
   if (a.profile_device_mismatch != "error" && a.profile_device_mismatch != "ok")
     throw InvalidArgument("--profile-device-mismatch " + a.profile_device_mismatch + ": expected error or ok");
   PartitionOptions o;
@@ -94,18 +95,20 @@ void run_partition(const PartitionArgs& a) {
   o.training.global_batch = a.batch;
   o.training.optimizer = parse_optimizer(a.optimizer);
   if (a.schedule != "auto") o.stage.schedule = parse_schedule(a.schedule);
-  if (auto m = auto_or_int("--microbatches", a.microbatches)) o.stage.microbatches = *m;
-  if (auto s = auto_or_int("--stages", a.stages)) o.stage.stages = static_cast<int>(*s);
-  if (auto r = auto_or_int("--replicas", a.replicas)) o.stage.replicas = static_cast<int>(*r);
+  if (auto m = auto_or_int("--microbatches", a.microbatches, a.batch)) o.stage.microbatches = *m;
+  if (auto s = auto_or_int("--stages", a.stages, limits::kMaxDevices)) o.stage.stages = static_cast<int>(*s);
+  if (auto r = auto_or_int("--replicas", a.replicas, limits::kMaxDevices)) o.stage.replicas = static_cast<int>(*r);
   o.stage.recompute = parse_recompute(a.recompute);
   if (a.overlap_allreduce != "on" && a.overlap_allreduce != "off")
     throw InvalidArgument("--overlap-allreduce must be on or off, not '" + a.overlap_allreduce + "'");
   o.training.overlap_allreduce = a.overlap_allreduce == "on";
-  o.stage.time_limit_s = a.time_limit;
-  o.block.blocks = a.blocks;
+  o.stage.time_limit_s = checked_number(a.time_limit, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
+  o.block.blocks = checked_int(a.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
 
-  Cluster cluster = a.cluster.empty() ? make_cluster(device_preset(a.device), a.devices, a.devices_per_node)
-                                      : load_cluster_json(a.cluster);
+  Cluster cluster = a.cluster.empty()
+                              ? make_cluster(device_preset(a.device), checked_int(a.devices, 1, limits::kMaxDevices, "--devices"),
+                                             checked_int(a.devices_per_node, 1, limits::kMaxDevices, "--devices-per-node"))
+                              : load_cluster_json(a.cluster);
   if (!a.memory_reserve.empty()) {
     cluster.reserve = parse_memory_reserve(a.memory_reserve);
     cluster.validate();

@@ -7,6 +7,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "profiler/device.h"
 #include "simulator/sim_plan.h"
@@ -19,7 +20,7 @@ namespace {
 struct SimulateArgs {
   std::string plan;
   std::string schedule = "plan";
-  int virtual_stages = 0;
+  int64_t virtual_stages = 0;
   std::string recompute = "plan";
   double optimizer_step_ms = 0;
   std::string cluster;
@@ -44,12 +45,12 @@ void run_simulate(const SimulateArgs& a) {
   }
   sim::SimOptions options;
   if (a.schedule != "plan") options.schedule = sim::parse_schedule(a.schedule);
-  if (a.virtual_stages < 0) throw InvalidArgument("--virtual-stages must be at least 1");
-  options.virtual_stages = a.virtual_stages;
+  options.virtual_stages =
+      checked_int(a.virtual_stages, 0, limits::kMaxVirtualStages, "--virtual-stages (chunks per device; 0: default)");
   if (a.recompute == "on") options.recompute = true;
   else if (a.recompute == "off") options.recompute = false;
   else if (a.recompute != "plan") throw InvalidArgument("--recompute " + a.recompute + ": expected plan, on or off");
-  if (!(a.optimizer_step_ms >= 0)) throw InvalidArgument("--optimizer-step-ms must be non-negative");
+  checked_number(a.optimizer_step_ms, 0, limits::kMaxSeconds * 1e3, "--optimizer-step-ms");
   options.optimizer_step_s = a.optimizer_step_ms / 1e3;
   options.communication = !a.no_comm;
   const sim::SimResult result = sim::simulate(plan, options);

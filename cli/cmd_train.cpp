@@ -66,7 +66,6 @@ void run_train(const TrainArgs& a) {
   o.schedule.kind = parse_lr_schedule(a.lr_schedule);
   o.schedule.warmup_steps = a.warmup_steps;
   o.schedule.min_lr_ratio = a.min_lr_ratio;
-  if (a.min_lr_ratio < 0 || a.min_lr_ratio > 1) throw InvalidArgument("--min-lr-ratio must be in [0, 1]");
   o.data.spec = a.data;
   if (a.data_dtype == "uint16") o.data.token_dtype = DType::kUInt16;
   else if (a.data_dtype == "uint32") o.data.token_dtype = DType::kUInt32;

@@ -27,6 +27,18 @@ const char* error_kind_name(ErrorKind kind) {
   return "Internal";
 }
 
+void throw_error(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: throw InvalidArgument(message);
+    case ErrorKind::kInvalidModel: throw InvalidModel(message);
+    case ErrorKind::kUnsupported: throw Unsupported(message);
+    case ErrorKind::kInfeasible: throw Infeasible(message);
+    case ErrorKind::kSystemError: throw SystemError(message);
+    case ErrorKind::kInternal: break;
+  }
+  throw Error(ErrorKind::kInternal, message);
+}
+
 void check_failed(const char* expr, const char* file, int line, const std::string& detail) {
   std::string msg = std::string("internal check failed: ") + expr + " at " + file + ":" + std::to_string(line);
   if (!detail.empty()) msg += ": " + detail;

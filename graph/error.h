@@ -45,6 +45,9 @@ struct SystemError : Error {
   explicit SystemError(const std::string& m) : Error(ErrorKind::kSystemError, m) {}
 };
 
+// Throws the Error subclass of `kind` (InvalidArgument for kInvalidArgument, …), so callers can catch it by type.
+[[noreturn]] void throw_error(ErrorKind kind, const std::string& message);
+
 [[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& detail);
 
 }  // namespace apart

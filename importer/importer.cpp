@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/fold.h"
@@ -402,13 +403,19 @@ class Importer {
           throw InvalidModel("initializer " + quote(t.name()) + ": external_data length " + std::to_string(ref.length) +
                              " does not match its shape [" + shape_string(info.dims) + "] (" + std::to_string(info.bytes) + " bytes)");
         std::error_code ec;
-        if (!fs::exists(file, ec)) {
+        const fs::file_status status = fs::status(file, ec);  // stat only: a FIFO is never opened
+        if (!fs::exists(status)) {
           missing_files.insert(ref.location);
+        } else if (!fs::is_regular_file(status)) {
+          throw InvalidModel("initializer " + quote(t.name()) + ": external-data location " + quote(ref.location) +
+                             " is not a regular file (a FIFO, device or directory); weights must be in a plain file");
         } else {
           const auto size = fs::file_size(file, ec);
-          if (!ec && static_cast<int64_t>(size) < ref.offset + info.bytes)
+          const auto end = checked_add(ref.offset, info.bytes);
+          if (!end) throw InvalidModel("initializer " + quote(t.name()) + ": external_data offset " + std::to_string(ref.offset) + " overflows");
+          if (!ec && static_cast<int64_t>(size) < *end)
             throw InvalidModel("initializer " + quote(t.name()) + " reads bytes " + std::to_string(ref.offset) + "…" +
-                               std::to_string(ref.offset + info.bytes) + " of " + quote(ref.location) + ", which has only " +
+                               std::to_string(*end) + " of " + quote(ref.location) + ", which has only " +
                                std::to_string(size) + " bytes");
         }
       } else {
@@ -1026,6 +1033,7 @@ std::pair<std::string, std::vector<int64_t>> parse_shape_flag(const std::string&
     long long v = std::strtoll(part.c_str(), &end, 10);
     if (part.empty() || *end != '\0' || errno == ERANGE || v < 0)
       throw InvalidArgument("--shape " + quote(text) + ": dim " + quote(part) + " is not a non-negative integer");
+    checked_integer(static_cast<int64_t>(v), 0, limits::kMaxDim, "--shape " + quote(text) + ": dim " + quote(part));
     dims.push_back(v);
   }
   if (!dims_text.empty() && dims_text.back() == 'x') throw InvalidArgument("--shape " + quote(text) + ": trailing 'x'");
@@ -1041,7 +1049,9 @@ std::pair<std::string, int64_t> parse_dim_flag(const std::string& text) {
   errno = 0;
   long long v = std::strtoll(value.c_str(), &end, 10);
   if (*end != '\0' || errno == ERANGE || v < 0)
-    throw InvalidArgument("--dim " + quote(text) + ": " + quote(value) + " is not a non-negative integer");
+    throw InvalidArgument("--dim " + quote(text) + ": " + quote(value) + " is not a positive integer");
+  // A dim bound to 0 makes every tensor that carries it empty: nothing to plan or train.
+  checked_integer(static_cast<int64_t>(v), 1, limits::kMaxDim, "--dim " + quote(text) + ": the value");
   return {text.substr(0, eq), v};
 }
 

@@ -1,6 +1,7 @@
 // Names, parsers and validation of the partition options.
 #include "partition/options.h"
 
+#include "graph/checked.h"
 #include "graph/error.h"
 
 namespace apart {
@@ -38,18 +39,22 @@ Recompute parse_recompute(std::string_view t) {
 }
 
 void PartitionOptions::validate() const {
-  if (cluster.devices < 1) throw InvalidArgument("--devices must be at least 1");
-  if (cluster.devices_per_node < 1) throw InvalidArgument("--devices-per-node must be at least 1");
-  if (cluster.memory_bytes <= 0) throw InvalidArgument("the device's memory must be positive");
-  if (cluster.intra_node_bandwidth <= 0 || cluster.inter_node_bandwidth <= 0)
-    throw InvalidArgument("the cluster's bandwidths must be positive");
-  if (training.global_batch < 1) throw InvalidArgument("--batch must be at least 1");
-  if (stage.stages && *stage.stages < 1) throw InvalidArgument("--stages must be at least 1 or auto");
-  if (stage.replicas && *stage.replicas < 1) throw InvalidArgument("--replicas must be at least 1 or auto");
-  if (stage.microbatches && *stage.microbatches < 1) throw InvalidArgument("--microbatches must be at least 1 or auto");
-  if (stage.time_limit_s < 0) throw InvalidArgument("--time-limit must not be negative");
-  if (block.blocks < 0) throw InvalidArgument("--blocks must not be negative");
-  if (block.balance_cap < 1) throw InvalidArgument("the block balance cap must be at least 1");
+  // The documented limits (graph/checked.h, README "Limits"): every count, time, size and rate in range.
+  checked_integer(cluster.devices, 1, limits::kMaxDevices, "--devices");
+  checked_integer(cluster.devices_per_node, 1, limits::kMaxDevices, "--devices-per-node");
+  checked_integer(cluster.memory_bytes, 1, limits::kMaxByteCount, "the device's memory (bytes)");
+  checked_number(cluster.intra_node_bandwidth, 1, limits::kMaxRate, "the intra-node bandwidth (bytes/s)");
+  checked_number(cluster.inter_node_bandwidth, 1, limits::kMaxRate, "the inter-node bandwidth (bytes/s)");
+  checked_number(cluster.intra_node_latency_s, 0, limits::kMaxSeconds, "the intra-node latency (s)");
+  checked_number(cluster.inter_node_latency_s, 0, limits::kMaxSeconds, "the inter-node latency (s)");
+  checked_integer(training.global_batch, 1, limits::kMaxBatch, "--batch");
+  if (stage.stages) checked_integer(*stage.stages, 1, limits::kMaxDevices, "--stages (or auto)");
+  if (stage.replicas) checked_integer(*stage.replicas, 1, limits::kMaxDevices, "--replicas (or auto)");
+  // A micro-batch holds at least one sample.
+  if (stage.microbatches) checked_integer(*stage.microbatches, 1, training.global_batch, "--microbatches (at most --batch, or auto)");
+  checked_number(stage.time_limit_s, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
+  checked_integer(block.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
+  if (!(block.balance_cap >= 1 && block.balance_cap <= 1e6)) throw InvalidArgument("the block balance cap must be in [1, 1e6]");
 }
 
 }  // namespace apart

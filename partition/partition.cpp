@@ -97,10 +97,25 @@ std::vector<StageSolution> solve_all(const StageEvaluator& evaluator, const std:
 
 std::vector<int64_t> microbatch_candidates(int64_t global_batch, const StageOptions& options) {
   if (options.microbatches) return {*options.microbatches};
-  std::vector<int64_t> ms;
-  for (int64_t m = 1; m <= global_batch; ++m)
-    if (global_batch % m == 0) ms.push_back(m);
-  return ms;
+  // Divisors in O(√B): a batch up to limits::kMaxBatch enumerates in microseconds.
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d * d <= global_batch; ++d)
+    if (global_batch % d == 0) {
+      low.push_back(d);
+      if (d * d != global_batch) high.push_back(global_batch / d);
+    }
+  std::vector<int64_t> ms(low.begin(), low.end());
+  ms.insert(ms.end(), high.rbegin(), high.rend());
+  // Every divisor while there are few (every batch with at most kAllDivisors, all powers of two among them); a
+  // highly composite batch keeps divisors about 8 % apart, as stage_candidates does past 24, so the search stays
+  // within a few times that of a power-of-two batch.
+  constexpr size_t kAllDivisors = 64;
+  if (ms.size() <= kAllDivisors) return ms;
+  std::vector<int64_t> thinned;
+  for (int64_t m : ms)
+    if (thinned.empty() || m == ms.back() || static_cast<double>(m) >= 1.08 * static_cast<double>(thinned.back()))
+      thinned.push_back(m);
+  return thinned;
 }
 
 std::vector<int> stage_candidates(int max_stages, const StageOptions& options) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 
+#include "graph/checked.h"
 #include "graph/error.h"
 
 namespace apart {
@@ -144,7 +145,9 @@ Selection select_by_simulation(const std::vector<Candidate>& candidates, int max
       continue;
     }
     const bool capped = max_simulations > 0 && best.stats.simulated >= max_simulations;
-    if (best.stats.simulated > 0 && (capped || std::chrono::steady_clock::now() > deadline)) {
+    // A candidate too big to replay (simulate.h) keeps its analytic estimate once another one was replayed.
+    const bool too_big = sim::simulated_operations(plan, 1) > limits::kMaxSimulatedOps;
+    if (best.stats.simulated > 0 && (capped || too_big || std::chrono::steady_clock::now() > deadline)) {
       ++best.stats.not_simulated;
       continue;
     }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "graph/checked.h"
 #include "graph/error.h"
 
 namespace apart {
@@ -165,7 +166,7 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
   // With recomputation only the stage's inputs stay per micro-batch; one micro-batch is rebuilt at a time.
   c.memory_static = state + workspace + (recompute ? saved : 0.0);
   c.memory_per_in_flight = recompute ? c.in_bytes : saved;
-  c.memory_bytes = static_cast<int64_t>(std::ceil(c.memory_static + static_cast<double>(in_flight) * c.memory_per_in_flight));
+  c.memory_bytes = saturated_bytes(c.memory_static + static_cast<double>(in_flight) * c.memory_per_in_flight);
   return c;
 }
 

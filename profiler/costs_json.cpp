@@ -1,13 +1,14 @@
 // apart.costs/1 writer and reader.
 #include "profiler/costs_json.h"
 
-
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "graph/atomic_file.h"
+#include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/json_reader.h"
 
 namespace apart {
 
@@ -43,51 +44,55 @@ void write_costs_json(const std::filesystem::path& path, const TaskGraph& g, con
   write_file_atomically(path, text);
 }
 
-namespace {
-double num(const nlohmann::json& row, const char* key, const std::string& task) {
-  if (!row.contains(key)) return 0;
-  const auto& v = row[key];
-  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
-    throw InvalidArgument("costs file: task '" + task + "': '" + key + "' must be a finite non-negative number");
-  return v.get<double>();
-}
-}  // namespace
-
-CostTable costs_from_json(const nlohmann::json& j, const TaskGraph& g) {
-  if (!j.is_object() || j.value("schema", "") != "apart.costs/1")
-    throw InvalidArgument("costs file: schema must be \"apart.costs/1\"");
-  if (!j.contains("tasks") || !j["tasks"].is_array()) throw InvalidArgument("costs file: 'tasks' must be an array");
+CostTable costs_from_json(const nlohmann::json& j, const TaskGraph& g, const std::string& source) {
+  const JsonReader r(source, "apart.costs/1", "docs/cost-model.md", JsonReader::Null::kInvalid,
+                     ErrorKind::kInvalidArgument, "write it again with `apart costs` or `apart profile`");
+  if (!j.is_object()) r.fail("the document", "must be a JSON object");
+  if (r.string(j, "", "schema") != "apart.costs/1") r.fail("schema", "must be \"apart.costs/1\"");
+  const nlohmann::json& rows = r.array(j, "", "tasks");
   CostTable table;
-  table.device = j.value("device", "");
-  table.microbatch_size = j.value("microbatch_size", int64_t{0});
-  table.source = j.value("source", "analytic");
-  table.precision = j.value("precision", "fp32");
-  if (table.microbatch_size <= 0) throw InvalidArgument("costs file: 'microbatch_size' must be positive");
+  table.device = r.optional_string(j, "", "device").value_or("");
+  table.microbatch_size = r.integer(j, "", "microbatch_size", 1, limits::kMaxBatch);
+  table.source = r.optional_string(j, "", "source").value_or("analytic");
+  table.precision = r.optional_string(j, "", "precision").value_or("fp32");
   table.tasks.resize(g.num_tasks());
   std::vector<bool> seen(g.num_tasks(), false);
-  for (const auto& row : j["tasks"]) {
-    if (!row.is_object() || !row.contains("name") || !row["name"].is_string())
-      throw InvalidArgument("costs file: every task needs a string 'name'");
-    const std::string name = row["name"].get<std::string>();
+  // Stages sum these over their tasks: each total stays within 2^60 bytes, so no sum overflows an int64.
+  int64_t totals[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const nlohmann::json& row = rows[i];
+    if (!row.is_object()) r.fail("tasks[" + std::to_string(i) + "]", "must be an object");
+    const std::string name = r.string(row, "tasks[" + std::to_string(i) + "].", "name");
+    const std::string path = "tasks[" + std::to_string(i) + "] ('" + name + "').";
     const auto id = g.find_task(name);
-    if (!id) throw InvalidArgument("costs file: task '" + name + "' is not in the model (a costs file from another model?)");
-    if (seen[id->value()]) throw InvalidArgument("costs file: task '" + name + "' appears twice");
+    if (!id) throw InvalidArgument(source + ": task '" + name + "' is not in the model (a costs file from another model?)");
+    if (seen[id->value()]) throw InvalidArgument(source + ": task '" + name + "' appears twice");
     seen[id->value()] = true;
     TaskCost& c = table.tasks[id->value()];
-    c.flops = num(row, "flops", name);
-    c.forward_s = num(row, "forward_s", name);
-    c.backward_s = num(row, "backward_s", name);
-    c.param_bytes = std::llround(num(row, "param_bytes", name));
-    c.saved_bytes = std::llround(num(row, "saved_bytes", name));
-    c.output_bytes = std::llround(num(row, "output_bytes", name));
-    c.bytes_accessed = num(row, "bytes_accessed", name);
-    c.backward_flops = num(row, "backward_flops", name);
-    c.backward_bytes = num(row, "backward_bytes", name);
-    c.workspace_bytes = std::llround(num(row, "workspace_bytes", name));
-    c.known = row.value("known", true);
+    auto seconds = [&](const char* key) { return r.optional_seconds(row, path, key).value_or(0.0); };
+    auto flops = [&](const char* key) { return r.optional_number(row, path, key, limits::kMaxFlops).value_or(0.0); };
+    auto bytes = [&](const char* key) { return r.optional_bytes(row, path, key).value_or(0.0); };
+    // Whole bytes; a measured file may carry fractions. ≤ 2^60, so llround is exact and defined.
+    auto byte_count = [&](const char* key, int64_t& total) {
+      const int64_t b = std::llround(bytes(key));
+      total += b;
+      if (total > limits::kMaxByteCount) r.fail(path + key, "brings the tasks' total past 2^60 bytes");
+      return b;
+    };
+    c.flops = flops("flops");
+    c.forward_s = seconds("forward_s");
+    c.backward_s = seconds("backward_s");
+    c.param_bytes = byte_count("param_bytes", totals[0]);
+    c.saved_bytes = byte_count("saved_bytes", totals[1]);
+    c.output_bytes = byte_count("output_bytes", totals[2]);
+    c.bytes_accessed = bytes("bytes_accessed");
+    c.backward_flops = flops("backward_flops");
+    c.backward_bytes = bytes("backward_bytes");
+    c.workspace_bytes = byte_count("workspace_bytes", totals[3]);
+    c.known = r.boolean(row, path, "known", true);
   }
   for (uint32_t i = 0; i < g.num_tasks(); ++i)
-    if (!seen[i]) throw InvalidArgument("costs file: no row for task '" + g.task(TaskId(i)).name + "'");
+    if (!seen[i]) throw InvalidArgument(source + ": no row for task '" + g.task(TaskId(i)).name + "'");
   return table;
 }
 
@@ -96,11 +101,7 @@ CostTable read_costs_json(const std::filesystem::path& path, const TaskGraph& g)
   if (!in) throw SystemError("cannot read costs file '" + path.string() + "'");
   const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw InvalidArgument("costs file '" + path.string() + "' is not valid JSON");
-  try {
-    return costs_from_json(j, g);
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument("costs file '" + path.string() + "': " + e.what());
-  }
+  return costs_from_json(j, g, "costs file '" + path.string() + "'");
 }
 
 }  // namespace apart

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -15,8 +16,10 @@ nlohmann::json costs_to_json(const TaskGraph& g, const CostTable& table);
 void write_costs_json(const std::filesystem::path& path, const TaskGraph& g, const CostTable& table);
 
 // Reads a costs file for graph `g`: rows are matched to tasks by name, every task must have one.
-// Throws InvalidArgument (wrong schema, unknown or missing task, bad numbers) or SystemError.
-CostTable costs_from_json(const nlohmann::json& j, const TaskGraph& g);
+// Throws InvalidArgument (wrong schema, unknown or missing task, a field of the wrong type or out of its range:
+// times in [0, a year], bytes in [0, 2^60], each byte field's total over tasks ≤ 2^60) naming `source` and the field,
+// or SystemError.
+CostTable costs_from_json(const nlohmann::json& j, const TaskGraph& g, const std::string& source = "costs file");
 CostTable read_costs_json(const std::filesystem::path& path, const TaskGraph& g);
 
 }  // namespace apart

@@ -14,7 +14,9 @@
 #include <thread>
 
 #include "graph/atomic_file.h"
+#include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/json_reader.h"
 #include "profiler/cpu_probe.h"
 
 namespace apart {
@@ -77,18 +79,23 @@ Device cpu_from_probe(const CpuProbe& p) {
 
 bool finite_positive(double x) { return std::isfinite(x) && x > 0; }
 
-double number(const nlohmann::json& j, const char* key, double fallback) {
-  if (!j.contains(key)) return fallback;
-  if (!j[key].is_number()) throw InvalidArgument(std::string("cluster JSON: '") + key + "' must be a number");
-  return j[key].get<double>();
+// Reads an apart.cluster/1 object; every field is optional except the device and falls back to `fallback`.
+JsonReader cluster_reader(const std::string& source) {
+  return JsonReader(source, "apart.cluster/1", "docs/cost-model.md", JsonReader::Null::kInvalid,
+                    ErrorKind::kInvalidArgument, "");
 }
 
-Link link_from_json(const nlohmann::json& j, const char* key, Link fallback) {
+double positive_or(const JsonReader& r, const nlohmann::json& j, const std::string& path, const char* key,
+                   double max, double fallback) {
+  return j.contains(key) ? r.positive(j, path, key, max) : fallback;
+}
+
+Link link_from_json(const JsonReader& r, const nlohmann::json& j, const char* key, Link fallback) {
   if (!j.contains(key)) return fallback;
-  const auto& l = j[key];
-  if (!l.is_object()) throw InvalidArgument(std::string("cluster JSON: '") + key + "' must be an object");
-  Link out{number(l, "bandwidth_bytes_per_s", fallback.bandwidth), number(l, "latency_s", fallback.latency_s)};
-  return out;
+  const nlohmann::json& l = r.object(j, "", key);
+  const std::string path = std::string(key) + ".";
+  return {positive_or(r, l, path, "bandwidth_bytes_per_s", limits::kMaxRate, fallback.bandwidth),
+          r.optional_seconds(l, path, "latency_s").value_or(fallback.latency_s)};
 }
 
 nlohmann::json link_to_json(const Link& l) { return {{"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency_s}}; }
@@ -249,14 +256,16 @@ MemoryReserve parse_memory_reserve(std::string_view text) {
 }
 
 void Cluster::validate() const {
-  if (devices < 1) throw InvalidArgument("--devices must be at least 1 (got " + std::to_string(devices) + ")");
-  if (devices_per_node < 1)
-    throw InvalidArgument("--devices-per-node must be at least 1 (got " + std::to_string(devices_per_node) + ")");
+  checked_integer(devices, 1, limits::kMaxDevices, "--devices");
+  checked_integer(devices_per_node, 1, limits::kMaxDevices, "--devices-per-node");
   for (const auto* l : {&intra_node, &inter_node})
-    if (!finite_positive(l->bandwidth) || !std::isfinite(l->latency_s) || l->latency_s < 0)
-      throw InvalidArgument("cluster links need a positive bandwidth and a non-negative latency");
-  if (!finite_positive(device.peak_fp32_flops) || !finite_positive(device.memory_bandwidth) || device.memory_bytes <= 0)
-    throw InvalidArgument("device '" + device.name + "' needs positive memory, peak FLOP/s and bandwidth");
+    if (!finite_positive(l->bandwidth) || l->bandwidth > limits::kMaxRate || !std::isfinite(l->latency_s) ||
+        l->latency_s < 0 || l->latency_s > limits::kMaxSeconds)
+      throw InvalidArgument("cluster links need a bandwidth in (0, 1e18] bytes/s and a latency in [0, 3.2e7] s");
+  if (!finite_positive(device.peak_fp32_flops) || !finite_positive(device.memory_bandwidth) || device.memory_bytes <= 0 ||
+      !std::isfinite(device.kernel_overhead_s) || device.kernel_overhead_s < 0)
+    throw InvalidArgument("device '" + device.name +
+                          "' needs positive memory, peak FLOP/s and bandwidth, and a non-negative kernel overhead");
   if (usable_memory_bytes() <= 0)
     throw InvalidArgument("--memory-reserve " + reserve.text() + " (" + std::to_string(reserve.bytes(device.memory_bytes)) +
                           " bytes) leaves no memory on device '" + device.name + "' (" +
@@ -281,37 +290,42 @@ nlohmann::json device_to_json(const Device& d) {
           {"measured", d.measured}};
 }
 
-Cluster cluster_from_json(const nlohmann::json& j) {
-  if (!j.is_object()) throw InvalidArgument("cluster JSON must be an object");
-  if (j.contains("schema") && j["schema"] != "apart.cluster/1")
-    throw InvalidArgument("cluster JSON: schema must be \"apart.cluster/1\"");
+Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
+  const JsonReader r = cluster_reader(source);
+  if (!j.is_object()) r.fail("the document", "must be a JSON object");
+  if (j.contains("schema") && r.string(j, "", "schema") != "apart.cluster/1") r.fail("schema", "must be \"apart.cluster/1\"");
   Device dev;
-  if (!j.contains("device")) throw InvalidArgument("cluster JSON: 'device' is required (a preset name or an object)");
-  const auto& dj = j["device"];
+  const nlohmann::json& dj = r.member(j, "", "device");
   if (dj.is_string()) {
     dev = device_preset(dj.get<std::string>());
   } else if (dj.is_object()) {
     // A custom device: start from "base" (a preset) when given, then override any figure.
-    if (dj.contains("base")) dev = device_preset(dj.at("base").get<std::string>());
-    dev.name = dj.value("name", dev.name.empty() ? std::string("custom") : dev.name);
-    dev.memory_bytes = static_cast<int64_t>(number(dj, "memory_bytes", static_cast<double>(dev.memory_bytes)));
+    if (const auto base = r.optional_string(dj, "device.", "base")) dev = device_preset(*base);
+    dev.name = r.optional_string(dj, "device.", "name").value_or(dev.name.empty() ? std::string("custom") : dev.name);
+    if (dj.contains("memory_bytes"))
+      dev.memory_bytes = std::llround(r.positive(dj, "device.", "memory_bytes", limits::kMaxBytes));  // ≤ 2^60: exact
     if (dj.contains("peak_flops")) {
-      const auto& p = dj["peak_flops"];
-      dev.peak_fp32_flops = number(p, "fp32", dev.peak_fp32_flops);
-      dev.peak_tf32_flops = number(p, "tf32", dev.peak_tf32_flops > 0 ? dev.peak_tf32_flops : dev.peak_fp32_flops);
-      dev.peak_fp16_flops = number(p, "fp16", dev.peak_fp16_flops > 0 ? dev.peak_fp16_flops : dev.peak_fp32_flops);
+      const nlohmann::json& p = r.object(dj, "device.", "peak_flops");
+      const std::string path = "device.peak_flops.";
+      dev.peak_fp32_flops = positive_or(r, p, path, "fp32", limits::kMaxRate, dev.peak_fp32_flops);
+      dev.peak_tf32_flops = positive_or(r, p, path, "tf32", limits::kMaxRate,
+                                        dev.peak_tf32_flops > 0 ? dev.peak_tf32_flops : dev.peak_fp32_flops);
+      dev.peak_fp16_flops = positive_or(r, p, path, "fp16", limits::kMaxRate,
+                                        dev.peak_fp16_flops > 0 ? dev.peak_fp16_flops : dev.peak_fp32_flops);
     }
-    dev.memory_bandwidth = number(dj, "memory_bandwidth_bytes_per_s", dev.memory_bandwidth);
-    dev.kernel_overhead_s = number(dj, "kernel_overhead_s", dev.kernel_overhead_s);
+    dev.memory_bandwidth =
+        positive_or(r, dj, "device.", "memory_bandwidth_bytes_per_s", limits::kMaxRate, dev.memory_bandwidth);
+    dev.kernel_overhead_s = r.optional_seconds(dj, "device.", "kernel_overhead_s").value_or(dev.kernel_overhead_s);
   } else {
-    throw InvalidArgument("cluster JSON: 'device' must be a preset name or an object");
+    r.fail("device", "must be a preset name or an object");
   }
   Cluster c;
   c.device = dev;
-  c.devices = static_cast<int>(number(j, "devices", 1));
-  c.devices_per_node = static_cast<int>(number(j, "devices_per_node", c.devices));
-  c.intra_node = link_from_json(j, "intra_node", dev.intra_node);
-  c.inter_node = link_from_json(j, "inter_node", dev.inter_node);
+  c.devices = static_cast<int>(r.optional_integer(j, "", "devices", 1, limits::kMaxDevices).value_or(1));
+  c.devices_per_node =
+      static_cast<int>(r.optional_integer(j, "", "devices_per_node", 1, limits::kMaxDevices).value_or(c.devices));
+  c.intra_node = link_from_json(r, j, "intra_node", dev.intra_node);
+  c.inter_node = link_from_json(r, j, "inter_node", dev.inter_node);
   if (j.contains("memory_reserve")) {
     if (!j["memory_reserve"].is_string())
       throw InvalidArgument("cluster JSON: 'memory_reserve' must be a string like \"2GiB+5%\"");
@@ -327,11 +341,11 @@ Cluster load_cluster_json(const std::filesystem::path& path) {
   const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw InvalidArgument("cluster file '" + path.string() + "' is not valid JSON");
   try {
-    return cluster_from_json(j);
+    return cluster_from_json(j, "cluster file '" + path.string() + "'");
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument("cluster file '" + path.string() + "': " + e.what());
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument("cluster file '" + path.string() + "': " + e.what());
+    const std::string what = e.what();
+    if (what.rfind("cluster file", 0) == 0) throw;
+    throw InvalidArgument("cluster file '" + path.string() + "': " + what);  // a preset name or validate()
   }
 }
 

@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "apart_version.h"
+#include "graph/checked.h"
+#include "graph/error.h"
 #include "report/stage_graph.h"
 #include "simulator/sim_report.h"
 
@@ -576,6 +578,12 @@ std::string html_report(const ReportPlan& p, const sim::SimResult& r, const Html
 
 void write_html_report(const std::filesystem::path& plan_path, const std::filesystem::path& out, const HtmlOptions& options) {
   const ReportPlan plan = load_report_plan(plan_path);
+  // Every stage is a row of the layout and of the timeline: past this many the page grows by megabytes per
+  // thousand stages and no browser draws it usefully.
+  if (plan.stages.size() > static_cast<size_t>(limits::kMaxReportStages))
+    throw Unsupported(plan.source + " has " + std::to_string(plan.stages.size()) + " stages; apart report draws at most " +
+                      std::to_string(limits::kMaxReportStages) + " (README, Limits): read its report.txt, or "
+                      "`apart simulate --json` / `apart viz --format json` for the figures");
   const sim::SimResult result = sim::simulate(plan.sim);
   sim::write_file_atomically(out, html_report(plan, result, options));
 }

@@ -7,7 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/error.h"
-#include "simulator/json_reader.h"
+#include "graph/checked.h"
+#include "graph/json_reader.h"
 
 namespace apart::report {
 namespace {
@@ -17,7 +18,7 @@ namespace fs = std::filesystem;
 
 // Field access with errors that name the file and the field ("stages[1].tasks[3] must be a string"). Figures that
 // partition could not compute are written as null: they read as absent.
-using Reader = sim::JsonReader;
+using Reader = JsonReader;
 Reader reader(const fs::path& file, const std::string& schema) {
   return Reader(file.string(), schema, "docs/report.md", Reader::Null::kAbsent);
 }
@@ -44,21 +45,21 @@ void read_plan_fields(const json& j, const Reader& r, ReportPlan& p) {
     const json& m = r.object(j, "", "model");
     p.model_path = r.optional_string(m, "model.", "path").value_or("");
     p.model_tasks = r.optional_integer(m, "model.", "tasks", 0).value_or(0);
-    p.model_params = r.optional_integer(m, "model.", "params", 0).value_or(0);
-    p.model_param_bytes = r.optional_integer(m, "model.", "param_bytes", 0).value_or(0);
+    p.model_params = r.optional_integer(m, "model.", "params", 0, limits::kMaxByteCount).value_or(0);
+    p.model_param_bytes = r.optional_integer(m, "model.", "param_bytes", 0, limits::kMaxByteCount).value_or(0);
   }
   const json& c = r.object(j, "", "cluster");
-  p.devices = static_cast<int>(r.integer(c, "cluster.", "devices", 0));
+  p.devices = static_cast<int>(r.integer(c, "cluster.", "devices", 0, limits::kMaxDevices));
   p.device = r.optional_string(c, "cluster.", "device").value_or("");
-  p.devices_per_node = static_cast<int>(r.optional_integer(c, "cluster.", "devices_per_node", 0).value_or(p.devices));
-  p.device_memory_bytes = r.optional_integer(c, "cluster.", "memory_bytes", 0).value_or(0);
-  p.device_total_bytes = r.optional_integer(c, "cluster.", "device_memory_bytes", 0);
+  p.devices_per_node = static_cast<int>(r.optional_integer(c, "cluster.", "devices_per_node", 0, limits::kMaxDevices).value_or(p.devices));
+  p.device_memory_bytes = r.optional_integer(c, "cluster.", "memory_bytes", 0, limits::kMaxByteCount).value_or(0);
+  p.device_total_bytes = r.optional_integer(c, "cluster.", "device_memory_bytes", 0, limits::kMaxByteCount);
   p.memory_reserve = r.optional_string(c, "cluster.", "memory_reserve").value_or("");
 
   const json& t = r.object(j, "", "training");
-  p.global_batch = r.optional_integer(t, "training.", "global_batch", 0).value_or(0);
-  p.microbatches = r.integer(t, "training.", "microbatches", 0);
-  p.microbatch_size = r.optional_integer(t, "training.", "microbatch_size", 0).value_or(0);
+  p.global_batch = r.optional_integer(t, "training.", "global_batch", 0, limits::kMaxBatch).value_or(0);
+  p.microbatches = r.integer(t, "training.", "microbatches", 0, limits::kMaxBatch);
+  p.microbatch_size = r.optional_integer(t, "training.", "microbatch_size", 0, limits::kMaxBatch).value_or(0);
   p.schedule = r.optional_string(t, "training.", "schedule").value_or("1f1b");
   p.optimizer = r.optional_string(t, "training.", "optimizer").value_or("");
   p.precision = r.optional_string(t, "training.", "precision").value_or("");
@@ -71,40 +72,39 @@ void read_plan_fields(const json& j, const Reader& r, ReportPlan& p) {
     const json& s = stages[i];
     if (!s.is_object()) r.fail("stages[" + std::to_string(i) + "]", "must be an object");
     ReportStage st;
-    st.id = static_cast<int>(r.integer(s, path, "id", 0));
-    st.replicas = static_cast<int>(r.integer(s, path, "replicas", 0));
-    for (size_t d = 0; d < r.array(s, path, "devices").size(); ++d) {
-      const json& v = s["devices"][d];
-      if (!v.is_number_integer() || v.get<int64_t>() < 0) r.fail(path + "devices[" + std::to_string(d) + "]", "must be a device index");
-      st.devices.push_back(v.get<int>());
-    }
+    st.id = static_cast<int>(r.integer(s, path, "id", 0, limits::kMaxDevices));
+    st.replicas = static_cast<int>(r.integer(s, path, "replicas", 0, limits::kMaxDevices));
+    for (size_t d = 0; d < r.array(s, path, "devices").size(); ++d)
+      st.devices.push_back(static_cast<int>(
+          r.integer_at(s["devices"][d], path + "devices[" + std::to_string(d) + "]", 0, limits::kMaxDevices - 1)));
     const json& tasks = r.array(s, path, "tasks");
     for (size_t k = 0; k < tasks.size(); ++k) {
       if (!tasks[k].is_string()) r.fail(path + "tasks[" + std::to_string(k) + "]", "must be a string");
       st.tasks.push_back(tasks[k].get<std::string>());
     }
     st.batch_tasks = r.optional_integer(s, path, "batch_tasks", 0);
-    st.param_bytes = r.optional_integer(s, path, "param_bytes", 0);
-    st.forward_s = r.number(s, path, "forward_s");
-    st.backward_s = r.number(s, path, "backward_s");
-    st.allreduce_s = r.optional_number(s, path, "allreduce_s").value_or(0);
-    st.comm_s = r.optional_number(s, path, "comm_s");
+    st.param_bytes = r.optional_integer(s, path, "param_bytes", 0, limits::kMaxByteCount);
+    st.forward_s = r.seconds(s, path, "forward_s");
+    st.backward_s = r.seconds(s, path, "backward_s");
+    st.allreduce_s = r.optional_seconds(s, path, "allreduce_s").value_or(0);
+    st.comm_s = r.optional_seconds(s, path, "comm_s");
     st.recompute = r.boolean(s, path, "recompute", false);
-    st.memory_bytes = r.optional_integer(s, path, "memory_bytes", 0).value_or(0);
+    st.memory_bytes = r.optional_integer(s, path, "memory_bytes", 0, limits::kMaxByteCount).value_or(0);
     p.stages.push_back(std::move(st));
   }
 
   if (j.contains("predicted")) {
     const json& pr = r.object(j, "", "predicted");
-    p.iteration_s = r.optional_number(pr, "predicted.", "iteration_s").value_or(0);
-    p.samples_per_s = r.optional_number(pr, "predicted.", "samples_per_s").value_or(0);
-    p.bubble_fraction = r.optional_number(pr, "predicted.", "bubble_fraction").value_or(0);
-    p.bottleneck_stage = static_cast<int>(r.optional_integer(pr, "predicted.", "bottleneck_stage", 0).value_or(-1));
-    p.peak_memory_bytes = r.optional_integer(pr, "predicted.", "peak_memory_bytes", 0).value_or(0);
-    p.pipeline_s = r.optional_number(pr, "predicted.", "pipeline_s");
-    p.compute_lower_bound_s = r.optional_number(pr, "predicted.", "compute_lower_bound_s");
+    p.iteration_s = r.optional_seconds(pr, "predicted.", "iteration_s").value_or(0);
+    p.samples_per_s = r.optional_number(pr, "predicted.", "samples_per_s", limits::kMaxRate).value_or(0);
+    p.bubble_fraction = r.optional_number(pr, "predicted.", "bubble_fraction", 1.0).value_or(0);
+    p.bottleneck_stage =
+        static_cast<int>(r.optional_integer(pr, "predicted.", "bottleneck_stage", 0, limits::kMaxDevices).value_or(-1));
+    p.peak_memory_bytes = r.optional_integer(pr, "predicted.", "peak_memory_bytes", 0, limits::kMaxByteCount).value_or(0);
+    p.pipeline_s = r.optional_seconds(pr, "predicted.", "pipeline_s");
+    p.compute_lower_bound_s = r.optional_seconds(pr, "predicted.", "compute_lower_bound_s");
   }
-  if (j.contains("search") && j["search"].is_object()) p.search_s = r.optional_number(j["search"], "search.", "seconds");
+  if (j.contains("search") && j["search"].is_object()) p.search_s = r.optional_seconds(j["search"], "search.", "seconds");
 }
 
 std::vector<Baseline> read_baselines(const fs::path& file) {
@@ -121,10 +121,10 @@ std::vector<Baseline> read_baselines(const fs::path& file) {
     Baseline b;
     b.method = r.string(m, path, "method");
     b.feasible = r.boolean(m, path, "feasible", true);
-    b.iteration_s = r.optional_number(m, path, "iteration_s");
-    b.samples_per_s = r.optional_number(m, path, "samples_per_s");
-    b.planning_s = r.optional_number(m, path, "planning_s");
-    b.peak_memory_bytes = r.optional_number(m, path, "peak_memory_bytes");
+    b.iteration_s = r.optional_seconds(m, path, "iteration_s");
+    b.samples_per_s = r.optional_number(m, path, "samples_per_s", limits::kMaxRate);
+    b.planning_s = r.optional_seconds(m, path, "planning_s");
+    b.peak_memory_bytes = r.optional_bytes(m, path, "peak_memory_bytes");
     out.push_back(std::move(b));
   }
   return out;
@@ -142,13 +142,16 @@ std::map<std::string, TaskCost> read_costs(const fs::path& file) {
   if (!j.is_object()) r.fail("(top level)", "must be an object");
   std::map<std::string, TaskCost> out;
   const json& tasks = r.array(j, "", "tasks");
+  int64_t total_param_bytes = 0;  // layers sum them: the total stays within limits::kMaxByteCount, so no overflow
   for (size_t i = 0; i < tasks.size(); ++i) {
     const std::string path = "tasks[" + std::to_string(i) + "].";
     const json& t = tasks[i];
     if (!t.is_object()) r.fail("tasks[" + std::to_string(i) + "]", "must be an object");
     TaskCost c;
-    c.forward_s = r.optional_number(t, path, "forward_s").value_or(0);
-    c.param_bytes = r.optional_integer(t, path, "param_bytes", 0).value_or(0);
+    c.forward_s = r.optional_seconds(t, path, "forward_s").value_or(0);
+    c.param_bytes = r.optional_integer(t, path, "param_bytes", 0, limits::kMaxByteCount).value_or(0);
+    total_param_bytes += c.param_bytes;
+    if (total_param_bytes > limits::kMaxByteCount) r.fail(path + "param_bytes", "brings the tasks' total past 2^60 bytes");
     c.constant = r.boolean(t, path, "constant", false);
     out.emplace(r.string(t, path, "name"), c);
   }

@@ -11,7 +11,9 @@
 #include <system_error>
 
 #include "graph/atomic_file.h"
+#include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/json_reader.h"
 #include "graph/task_graph.h"
 #include "importer/model_proto.h"
 
@@ -120,27 +122,34 @@ Checkpoint read_checkpoint(const fs::path& dir_or_file) {
   }
   const int64_t data_start = align_up(24 + static_cast<int64_t>(header_len), kAlign);
   Checkpoint ck;
-  try {
-    if (header.at("format") != "apart.checkpoint/1") throw InvalidArgument(where + ": unknown format");
-    ck.step = header.at("step").get<int64_t>();
-    ck.meta = header.value("meta", nlohmann::json::object());
-    for (const auto& e : header.at("tensors")) {
-      const std::string name = e.at("name").get<std::string>();
-      const auto dtype = dtype_from_onnx(e.at("dtype").get<int32_t>());
-      const auto shape = e.at("shape").get<std::vector<int64_t>>();
-      const int64_t offset = e.at("offset").get<int64_t>();
-      const int64_t nbytes = e.at("bytes").get<int64_t>();
-      const auto elements = checked_element_count(shape);
-      if (!dtype || dtype_size(*dtype) == 0 || !elements || *elements * dtype_size(*dtype) != nbytes || offset < 0)
-        throw InvalidArgument(where + ": tensor '" + name + "' has an inconsistent dtype/shape/size");
-      if (offset > size - data_start || nbytes > size - data_start - offset)
-        throw InvalidArgument(where + " is truncated: tensor '" + name + "' lies past the end of the file");
-      Tensor t(*dtype, shape);
-      std::memcpy(t.raw(), bytes.data() + data_start + offset, static_cast<size_t>(nbytes));
-      ck.tensors.emplace_back(name, std::move(t));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(where + ": malformed header: " + e.what());
+  const JsonReader r(where, "apart.checkpoint/1", "docs/training.md", JsonReader::Null::kInvalid,
+                     ErrorKind::kInvalidArgument, "write it again with apart train --checkpoint-dir");
+  if (!header.is_object()) r.fail("the header", "must be a JSON object");
+  if (r.string(header, "", "format") != "apart.checkpoint/1") r.fail("format", "is unknown");
+  ck.step = r.integer(header, "", "step", 0, limits::kMaxSteps);
+  ck.meta = header.contains("meta") ? header["meta"] : nlohmann::json::object();  // the writer's own, any JSON
+  const nlohmann::json& list = r.array(header, "", "tensors");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& e = list[i];
+    if (!e.is_object()) r.fail("tensors[" + std::to_string(i) + "]", "must be an object");
+    const std::string path = "tensors[" + std::to_string(i) + "].";
+    const std::string name = r.string(e, path, "name");
+    const auto dtype = dtype_from_onnx(static_cast<int32_t>(r.integer(e, path, "dtype", 0, 1 << 20)));
+    std::vector<int64_t> shape;
+    const nlohmann::json& dims = r.array(e, path, "shape");
+    for (size_t d = 0; d < dims.size(); ++d)
+      shape.push_back(r.integer_at(dims[d], path + "shape[" + std::to_string(d) + "]", 0, limits::kMaxByteCount));
+    const int64_t offset = r.integer(e, path, "offset", 0, limits::kMaxByteCount);
+    const int64_t nbytes = r.integer(e, path, "bytes", 0, limits::kMaxByteCount);
+    const auto elements = checked_element_count(shape);
+    const auto expected = elements && dtype ? checked_mul(*elements, static_cast<int64_t>(dtype_size(*dtype))) : std::nullopt;
+    if (!dtype || dtype_size(*dtype) == 0 || !expected || *expected != nbytes)
+      throw InvalidArgument(where + ": tensor '" + name + "' has an inconsistent dtype/shape/size");
+    if (offset > size - data_start || nbytes > size - data_start - offset)
+      throw InvalidArgument(where + " is truncated: tensor '" + name + "' lies past the end of the file");
+    Tensor t(*dtype, shape);
+    std::memcpy(t.raw(), bytes.data() + data_start + offset, static_cast<size_t>(nbytes));
+    ck.tensors.emplace_back(name, std::move(t));
   }
   if (ck.step < 0) throw InvalidArgument(where + ": negative step");
   return ck;

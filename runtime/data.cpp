@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "graph/checked.h"
 #include "graph/error.h"
 
 namespace apart {
@@ -488,10 +489,18 @@ class NpyData : public DataSource {
                             std::string(dtype_name(to)) + ")");
     a.rows = shape[0];
     a.row_bytes = dtype_size(from);
-    for (size_t i = 1; i < shape.size(); ++i) a.row_bytes *= shape[i];
+    for (size_t i = 1; i < shape.size(); ++i) {
+      const auto bytes = checked_mul(a.row_bytes, shape[i]);
+      if (!bytes) throw InvalidArgument(where + ": a row of shape " + shape_string(shape) + " is past 2^63 bytes");
+      a.row_bytes = *bytes;
+    }
     std::error_code ec;
     const int64_t size = static_cast<int64_t>(fs::file_size(a.path, ec));
-    if (ec || a.header.data_offset + a.rows * a.row_bytes > size)
+    // The shape's element count fits an int64 (read_npy_header); its bytes and end may not.
+    const auto data_bytes = checked_mul(a.rows, a.row_bytes);
+    const auto end = data_bytes ? checked_add(a.header.data_offset, *data_bytes) : std::nullopt;
+    if (!end) throw InvalidArgument(where + ": shape " + shape_string(shape) + " is past 2^63 bytes");
+    if (ec || *end > size)
       throw InvalidArgument(where + " is truncated: the header promises " + std::to_string(a.rows * a.row_bytes) +
                             " bytes of data, the file has " + std::to_string(size - a.header.data_offset));
   }
@@ -503,6 +512,10 @@ class NpyData : public DataSource {
 
 NpyHeader read_npy_header(const fs::path& path) {
   const std::string where = path.string();
+  // stat before open: opening a FIFO would block for ever.
+  std::error_code ec;
+  if (const fs::file_status status = fs::status(path, ec); fs::exists(status) && !fs::is_regular_file(status))
+    throw InvalidArgument(where + " is not a regular file (a FIFO, device or directory); give a .npy file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InvalidArgument(where + ": cannot open .npy file: " + std::strerror(errno));
   unsigned char pre[12] = {};

@@ -17,6 +17,7 @@
 
 #include "codegen/autodiff.h"
 #include "graph/atomic_file.h"
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "importer/model_proto.h"
 #include "profiler/cost_model.h"
@@ -29,8 +30,8 @@ namespace apart {
 namespace fs = std::filesystem;
 
 void ProfileOptions::validate() const {
-  if (warmup < 0) throw InvalidArgument("--warmup must be >= 0");
-  if (repeats < 1) throw InvalidArgument("--repeats must be at least 1");
+  checked_integer(warmup, 0, 1000000, "--warmup");
+  checked_integer(repeats, 1, 1000000, "--repeats");
 }
 
 std::string forward_scope_of(const std::string& name) {

@@ -74,6 +74,12 @@ void read_external(const onnx::TensorProto& proto, const fs::path& base_dir, std
   if (length >= 0 && length != bytes)
     throw InvalidModel("tensor " + quote(proto.name()) + ": external_data length " + std::to_string(length) +
                        " differs from its shape's " + std::to_string(bytes) + " bytes");
+  // stat before open: opening a FIFO or a device would block or read forever.
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (fs::exists(status) && !fs::is_regular_file(status))
+    throw InvalidModel("tensor " + quote(proto.name()) + ": external-data location " + quote(location) +
+                       " is not a regular file (a FIFO, device or directory); weights must be in a plain file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw SystemError("cannot open external-data file " + path.string() + " of tensor " + quote(proto.name()));
   in.seekg(offset);

@@ -3,18 +3,24 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
 
 #include "codegen/autodiff.h"
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
 #include "graph/output_path.h"
 #include "importer/model_proto.h"
+#include "profiler/memory_model.h"
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
 
@@ -29,11 +35,12 @@ ParamInit parse_param_init(std::string_view text) {
 
 void TrainOptions::validate() const {
   if (model.empty()) throw InvalidArgument("no model given");
-  if (batch < 1) throw InvalidArgument("--batch must be at least 1");
-  if (steps < 1) throw InvalidArgument("--steps must be at least 1");
-  if (save_every < 0) throw InvalidArgument("--save-every must be >= 0");
+  checked_integer(batch, 1, limits::kMaxBatch, "--batch");
+  checked_integer(steps, 1, limits::kMaxSteps, "--steps");
+  checked_integer(save_every, 0, limits::kMaxSteps, "--save-every (0: only at the end)");
   if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
-  if (schedule.warmup_steps < 0) throw InvalidArgument("--warmup-steps must be >= 0");
+  checked_integer(schedule.warmup_steps, 0, limits::kMaxSteps, "--warmup-steps");
+  checked_number(schedule.min_lr_ratio, 0, 1, "--min-lr-ratio");
   if (schedule.kind == LrScheduleKind::kConstant && schedule.warmup_steps > 0)
     throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
   optimizer.validate();
@@ -120,6 +127,47 @@ const Tensor& output_named(NamedTensors& outputs, const std::string& name) {
 
 }  // namespace
 
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  const long pages = sysconf(_SC_AVPHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+void check_training_memory(const TaskGraph& graph, const TrainOptions& options, int64_t available_bytes) {
+  // Every float param is fp32 here: weights, gradients and the optimizer's state per param (the profiler's memory
+  // model), plus each activation of the forward at this batch, kept for the backward.
+  double params = 0, activations = 0;
+  for (uint32_t v = 0; v < graph.num_values(); ++v) {
+    const Value& value = graph.value(ValueId(v));
+    if (value.kind == ValueKind::kParam && is_floating(value.dtype)) params += static_cast<double>(value.elements);
+    if (value.kind == ValueKind::kActivation) activations += static_cast<double>(value.bytes);
+  }
+  const profiler::Optimizer kind = options.optimizer.kind == OptimizerKind::kSgd        ? profiler::Optimizer::kSgd
+                                   : options.optimizer.kind == OptimizerKind::kMomentum ? profiler::Optimizer::kMomentum
+                                                                                        : profiler::Optimizer::kAdam;
+  const double per_param = bytes_per_param(kind, profiler::Precision::kFp32);
+  const double needed = params * per_param + activations;
+  if (available_bytes <= 0 || needed <= static_cast<double>(available_bytes)) return;
+  auto gb = [](double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+    return std::string(buf);
+  };
+  throw Infeasible("training " + options.model + " needs about " + gb(needed) + " of memory (" +
+                   std::to_string(static_cast<int64_t>(params)) + " params × " + std::to_string(static_cast<int>(per_param)) +
+                   " bytes for fp32 weights, gradients and optimizer state, + " + gb(activations) +
+                   " of activations at --batch " + std::to_string(options.batch) + "); this machine has " +
+                   gb(static_cast<double>(available_bytes)) +
+                   " available (MemAvailable): train a smaller model (apart zoo … --layers/--hidden), a smaller --batch, "
+                   "or plan it for a cluster with `apart partition`");
+}
+
 TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   options.validate();
   const auto setup_start = Clock::now();
@@ -132,17 +180,19 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   ImportOptions import = options.import;
   import.batch = options.batch;
   import.batch_explicit = true;
-  if (options.init == ParamInit::kModel) {
-    // Fail early, before autodiff, when the weights are not there (a graph-only export).
-    const ImportedModel m = import_model_bytes(forward.SerializeAsString(), model_path.parent_path(), model_path.string(), import);
-    if (!m.missing_external_files.empty())
-      throw InvalidModel("the weights of " + options.model + " are external data in " + quote(m.missing_external_files.front()) +
-                         (m.missing_external_files.size() > 1 ? " (and " + std::to_string(m.missing_external_files.size() - 1) + " more files)" : "") +
+  {
+    // Fail early, before autodiff and before a byte of weights is drawn: when the weights are not there (a
+    // graph-only export), or when training would need more memory than the machine has.
+    const ImportedModel imported =
+        import_model_bytes(forward.SerializeAsString(), model_path.parent_path(), model_path.string(), import);
+    if (options.init == ParamInit::kModel && !imported.missing_external_files.empty())
+      throw InvalidModel("the weights of " + options.model + " are external data in " + quote(imported.missing_external_files.front()) +
+                         (imported.missing_external_files.size() > 1 ? " (and " + std::to_string(imported.missing_external_files.size() - 1) + " more files)" : "") +
                          ", which is not present beside the model: copy it there to train from the model's weights, "
                          "or pass --init random to train from freshly initialized ones");
-  } else {
-    randomize_params(forward, options.seed);
+    check_training_memory(imported.graph, options, available_memory_bytes());
   }
+  if (options.init == ParamInit::kRandom) randomize_params(forward, options.seed);
 
   TrainingGraphOptions tg_options;
   tg_options.loss = options.loss;

@@ -59,6 +59,12 @@ using StepCallback = std::function<void(const StepRecord&)>;
 
 // Trains; calls `on_step` after every step. Throws InvalidArgument (flags, data, checkpoint mismatch),
 // InvalidModel, Unsupported (ops without gradient rules or kernels), Infeasible (loss became NaN/inf).
+// Refuses (Infeasible, saying what it needs) before any weight is allocated when fp32 weights + gradients +
+// optimizer state of `graph`'s float params and its activations exceed `available_bytes` (0: unknown, no check).
+void check_training_memory(const TaskGraph& graph, const TrainOptions& options, int64_t available_bytes);
+// MemAvailable from /proc/meminfo (else the free physical pages), in bytes; 0 when unknown.
+int64_t available_memory_bytes();
+
 TrainResult train(const TrainOptions& options, const StepCallback& on_step = {});
 
 }  // namespace apart

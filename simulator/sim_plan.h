@@ -37,6 +37,7 @@ struct SimStage {
   // The part of the all-reduce not hidden behind the last backward (overlapped bucketed all-reduce); absent: all.
   std::optional<double> allreduce_exposed_s;
   int64_t memory_bytes = 0;  // the plan's peak estimate for one device of this stage
+  int64_t tasks = 0;         // tasks the plan lists for this stage (0: it lists none); caps virtual stages
   std::optional<int64_t> param_bytes;
   // Optional finer memory fields; when absent the simulator derives them (docs/simulator.md §Memory).
   std::optional<double> memory_static_bytes;

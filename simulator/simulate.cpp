@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <queue>
 
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "profiler/memory_model.h"
 #include "profiler/training.h"
@@ -378,6 +380,25 @@ class Engine {
 
 }  // namespace
 
+int64_t simulated_operations(const SimPlan& plan, int chunks) {
+  // Each factor is capped where the plan is read (micro-batches ≤ 2^24, stages ≤ 2^20, chunks ≤ 64): no overflow.
+  return 2 * plan.training.microbatches * static_cast<int64_t>(plan.stages.size()) * std::max(chunks, 1);
+}
+
+void check_simulation_size(const SimPlan& plan, int chunks) {
+  const int64_t ops = simulated_operations(plan, chunks);
+  if (ops <= limits::kMaxSimulatedOps) return;
+  // About three events per operation (compute, send, receive) of ~150 bytes each, with the queue and orders.
+  const double gb = static_cast<double>(ops) * 500 / 1e9;
+  char need[64];
+  std::snprintf(need, sizeof need, "%.3g GB", gb);
+  throw Infeasible(plan.source + ": replaying " + std::to_string(plan.training.microbatches) + " micro-batches × " +
+                   std::to_string(plan.stages.size()) + " stages × " + std::to_string(chunks) + " chunk(s) is " +
+                   std::to_string(ops) + " forward/backward operations, about " + need +
+                   " of memory; apart replays at most " + std::to_string(limits::kMaxSimulatedOps) +
+                   " (README, Limits): plan fewer micro-batches or stages");
+}
+
 SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
   SimPlan plan = plan_in;
   const Schedule plan_schedule = parse_schedule(plan.training.schedule);
@@ -391,8 +412,17 @@ SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
     throw InvalidArgument("--virtual-stages " + std::to_string(options.virtual_stages) +
                           " needs --schedule interleaved (GPipe and 1F1B run one chunk per device)");
   }
-  if (!std::isfinite(options.optimizer_step_s) || options.optimizer_step_s < 0)
-    throw InvalidArgument("the optimizer step time must be a finite non-negative number");
+  if (chunks > 1) {
+    // A chunk runs at least one task of every stage, and more chunks than kMaxVirtualStages only add bubbles.
+    int64_t fewest = limits::kMaxVirtualStages;
+    for (const SimStage& st : plan.stages)
+      if (st.tasks > 0) fewest = std::min(fewest, st.tasks);
+    checked_integer(chunks, 1, fewest,
+                    "--virtual-stages (chunks per device; at most " + std::to_string(limits::kMaxVirtualStages) +
+                        " and at most the tasks of the smallest stage)");
+  }
+  check_simulation_size(plan, chunks);
+  checked_number(options.optimizer_step_s, 0, limits::kMaxSeconds, "the optimizer step time (s)");
   if (options.recompute)
     for (SimStage& st : plan.stages) st.recompute = *options.recompute;
 

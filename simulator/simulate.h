@@ -76,6 +76,11 @@ struct SimResult {
   std::string links_source;
 };
 
+// Forward and backward operations one replay runs (2 × micro-batches × stages × chunks); simulate() refuses a plan
+// above limits::kMaxSimulatedOps with Infeasible, saying what it would need, before it allocates anything.
+int64_t simulated_operations(const SimPlan& plan, int chunks);
+void check_simulation_size(const SimPlan& plan, int chunks);
+
 SimResult simulate(const SimPlan& plan, const SimOptions& options = {});
 
 }  // namespace apart::sim

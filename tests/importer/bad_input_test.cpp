@@ -265,6 +265,10 @@ TEST(ShapeAndDimFlags, RejectMalformedText) {
   EXPECT_THROW(parse_dim_flag("batch"), InvalidArgument);
   EXPECT_THROW(parse_dim_flag("batch=eight"), InvalidArgument);
   EXPECT_THROW(parse_dim_flag("=8"), InvalidArgument);
+  // Issue 11: a dim bound to 0 empties every tensor that carries it; past 2^40 no shape is meaningful.
+  EXPECT_THROW(parse_dim_flag("batch=0"), InvalidArgument);
+  EXPECT_THROW(parse_dim_flag("batch=4611686018427387904"), InvalidArgument);
+  EXPECT_THROW(parse_shape_flag("x:8x4611686018427387904"), InvalidArgument);
   auto [name, dims] = parse_shape_flag("encoder:input:8x3x224x224");
   EXPECT_EQ(name, "encoder:input");
   EXPECT_EQ(dims, (std::vector<int64_t>{8, 3, 224, 224}));

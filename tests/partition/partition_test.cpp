@@ -181,6 +181,26 @@ TEST(ThePartitionPipeline, SaysHowManyDevicesItWouldNeedWhenMemoryIsShort) {
   }
 }
 
+TEST(TheMicrobatchCandidates, AreEveryDivisorOfAnOrdinaryBatch) {
+  EXPECT_EQ(microbatch_candidates(64, {}), (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64}));
+  EXPECT_EQ(microbatch_candidates(12, {}), (std::vector<int64_t>{1, 2, 3, 4, 6, 12}));
+  EXPECT_EQ(microbatch_candidates(16777216, {}).size(), 25u);  // 2^24, the largest batch: all 25 divisors
+}
+
+// Issue 11: a batch of 2^40 ran > 30 s with no progress (trial division up to B, then every divisor searched).
+// Now B is capped at 2^24, divisors come in O(√B), and a highly composite batch keeps them ~8 % apart.
+TEST(TheMicrobatchCandidates, StayFewAndSortedForAHighlyCompositeBatch) {
+  const int64_t batch = 14414400;  // 504 divisors
+  const std::vector<int64_t> ms = microbatch_candidates(batch, {});
+  EXPECT_LT(ms.size(), 250u);
+  EXPECT_EQ(ms.front(), 1);
+  EXPECT_EQ(ms.back(), batch);
+  for (size_t i = 0; i < ms.size(); ++i) {
+    EXPECT_EQ(batch % ms[i], 0) << ms[i];
+    if (i > 0) EXPECT_LT(ms[i - 1], ms[i]);
+  }
+}
+
 TEST(TheBlockLevel, ReachesTheRequestedBlockCountWithForwardEdgesOnly) {
   for (uint32_t seed = 60; seed < 70; ++seed) {
     const auto model = random_model(seed, 14, false);

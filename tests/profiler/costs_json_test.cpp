@@ -69,6 +69,44 @@ TEST(CostsJson, RejectsFilesOfAnotherModelOrSchema) {
   EXPECT_THROW(read_costs_json("/nonexistent/costs.json", g), SystemError);
 }
 
+std::string error_of(const nlohmann::json& j, const TaskGraph& g) {
+  try {
+    costs_from_json(j, g, "c.json");
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Issue 11: forward_s = 1e308 reached partition as a finite cost; saved_bytes = 1e300 went through an undefined
+// double → int64 conversion to a negative stage memory that "fit"; a wrong type gave nlohmann's message.
+TEST(CostsJson, RefusesFiguresPastTheDocumentedLimitsNamingTaskFieldAndRange) {
+  testing::GraphBuilder b;
+  TaskGraph& g = two_layer(b);
+  const auto j = costs_to_json(g, estimate_costs(g, device_preset("a100-40gb")));
+  const std::string task = j["tasks"][0]["name"];
+  auto huge_time = j;
+  huge_time["tasks"][0]["forward_s"] = 1e308;
+  EXPECT_NE(error_of(huge_time, g).find("c.json: tasks[0] ('" + task + "').forward_s must be a finite number in [0, 32000000] (got 1e+308)"),
+            std::string::npos) << error_of(huge_time, g);
+  auto huge_bytes = j;
+  huge_bytes["tasks"][0]["saved_bytes"] = 1e300;
+  EXPECT_NE(error_of(huge_bytes, g).find("saved_bytes must be a finite number in [0, 1152921504606846976]"), std::string::npos)
+      << error_of(huge_bytes, g);
+  auto summed = j;  // each under 2^60, together past it: stage sums would overflow
+  summed["tasks"][0]["saved_bytes"] = 1e18;
+  summed["tasks"][1]["saved_bytes"] = 1e18;
+  EXPECT_NE(error_of(summed, g).find("past 2^60 bytes"), std::string::npos) << error_of(summed, g);
+  auto wrong_type = j;
+  wrong_type["device"] = 5;
+  EXPECT_NE(error_of(wrong_type, g).find("c.json: device must be a string (got a number)"), std::string::npos)
+      << error_of(wrong_type, g);
+  auto fraction = j;
+  fraction["microbatch_size"] = 7.5;
+  EXPECT_NE(error_of(fraction, g).find("microbatch_size must be an integer in [1, 16777216] (got 7.5)"), std::string::npos)
+      << error_of(fraction, g);
+}
+
 TEST(CostsJson, LeavesNoPartialFileWhenTheDirectoryIsMissing) {
   testing::GraphBuilder b;
   TaskGraph& g = two_layer(b);

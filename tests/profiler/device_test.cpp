@@ -116,6 +116,32 @@ TEST(ClusterJson, ReadsPresetAndCustomDevicesWithLinks) {
   EXPECT_DOUBLE_EQ(round.intra_node.latency_s, 2e-6);
 }
 
+std::string cluster_error(const char* text) {
+  try {
+    cluster_from_json(nlohmann::json::parse(text), "k.json");
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Issue 11: devices 7.5 was truncated to 7, a huge count reported "got -2147483648" (undefined conversion), and a
+// negative kernel overhead or latency was accepted.
+TEST(ClusterJson, RefusesFiguresOutsideTheDocumentedRangesNamingTheField) {
+  EXPECT_NE(cluster_error(R"({"device": "a100-80gb", "devices": 7.5})").find("k.json: devices must be an integer in [1, 1048576] (got 7.5)"),
+            std::string::npos) << cluster_error(R"({"device": "a100-80gb", "devices": 7.5})");
+  EXPECT_NE(cluster_error(R"({"device": "a100-80gb", "devices": 99999999999})").find("(got 99999999999)"), std::string::npos);
+  EXPECT_NE(cluster_error(R"({"device": {"base": "a100-80gb", "kernel_overhead_s": -1e-6}})")
+                .find("device.kernel_overhead_s must be a finite number in [0, 32000000]"),
+            std::string::npos);
+  EXPECT_NE(cluster_error(R"({"device": "a100-80gb", "inter_node": {"latency_s": -1}})").find("inter_node.latency_s"),
+            std::string::npos);
+  EXPECT_NE(cluster_error(R"({"device": {"base": "a100-80gb", "memory_bytes": 1e300}})").find("device.memory_bytes"),
+            std::string::npos);
+  EXPECT_NE(cluster_error(R"({"device": {"base": 5}})").find("device.base must be a string (got a number)"), std::string::npos)
+      << cluster_error(R"({"device": {"base": 5}})");
+}
+
 TEST(ClusterJson, RejectsMalformedClusters) {
   EXPECT_THROW(cluster_from_json(nlohmann::json::parse(R"({"devices": 4})")), InvalidArgument);
   EXPECT_THROW(cluster_from_json(nlohmann::json::parse(R"({"device": "a100-80gb", "devices": 0})")), InvalidArgument);

@@ -110,6 +110,24 @@ TEST(ACheckpoint, RefusesDamagedFilesNamingThem) {
   EXPECT_NE(error_of([&] { read_checkpoint(truncated); }).find(truncated.string()), std::string::npos);
 }
 
+// Issue 11: a header field of the wrong type gave nlohmann's "[json.exception.type_error.302]" without its name.
+TEST(ACheckpoint, NamesAHeaderFieldOfTheWrongType) {
+  TempDir dir;
+  Tensor w = ramp(DType::kFloat32, {64}, 0);
+  write_checkpoint(dir.path() / "ck", 30, {}, {{"param/w", &w}});
+  std::string bytes;
+  {
+    std::ifstream in(dir.path() / "ck" / kCheckpointFile, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = bytes.find("\"step\":30");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 9, "\"step\":\"\"");  // same length: the header stays in place
+  std::ofstream(dir.path() / "ck" / kCheckpointFile, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string message = error_of([&] { read_checkpoint(dir.path() / "ck"); });
+  EXPECT_NE(message.find("step must be an integer in [0, 1099511627776] (got a string)"), std::string::npos) << message;
+}
+
 // mlp-tiny at batch 2 with inline weights, in `dir`.
 fs::path write_mlp(const fs::path& dir) {
   auto o = models::options_for("mlp-tiny");

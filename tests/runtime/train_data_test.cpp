@@ -1,6 +1,7 @@
 // Training data: input roles read off real models, the synthetic task, .bin token files and .npy arrays,
 // each with malformed files that must give typed errors naming the file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -245,6 +246,13 @@ TEST(NpyData, RejectsMalformedFilesNamingThemAndTheProblem) {
   std::vector<ModelInput> two{inputs[0], {"y", DType::kFloat32, {2, 1}, InputRole::kTargets, 0}};
   npy("ok.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), }", 48);
   EXPECT_NE(error_of([&] { make_data_source(spec("ok.npy"), two); }).find("no .npy for model input 'y'"), std::string::npos);
+}
+
+// Issue 11: a FIFO named as data blocked `apart train` for ever in open(); it is refused from its stat.
+TEST(NpyHeader, RefusesAFifoWithoutOpeningIt) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo((dir / "x.npy").c_str(), 0600), 0);
+  EXPECT_THROW(read_npy_header(dir / "x.npy"), InvalidArgument);
 }
 
 }  // namespace

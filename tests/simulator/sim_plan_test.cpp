@@ -123,6 +123,36 @@ TEST(APlanReader, ReportsUnreadableAndNonJsonFiles) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 11: finite but absurd figures ran the report out of memory and printed inf/-nan from simulate, exit 0.
+TEST(APlanReader, RefusesFiguresPastTheDocumentedLimitsNamingTheFieldAndTheRange) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j["stages"][0]["forward_s"] = 1e308; }, "stages[0].forward_s must be a finite number in [0, 32000000]"},
+      {[](json& j) { j["stages"][1]["allreduce_s"] = 1e9; }, "stages[1].allreduce_s must be a finite number in [0, 32000000]"},
+      {[](json& j) { j["stages"][0]["inputs"][0]["bytes"] = 1e300; }, "stages[0].inputs[0].bytes"},
+      {[](json& j) { j["stages"][0]["memory_bytes"] = 1e300; }, "stages[0].memory_bytes must be an integer in [0, 1152921504606846976]"},
+      {[](json& j) { j["training"]["microbatches"] = 1e9; }, "training.microbatches must be an integer in [1, 16777216]"},
+      {[](json& j) { j["training"]["microbatches"] = 64; }, "more than training.global_batch 32"},
+      {[](json& j) { j["training"]["virtual_stages"] = 1000000; }, "training.virtual_stages must be an integer in [1, 64]"},
+      // 2^62 was "must be at least 1"; now the message gives the range and the value.
+      {[](json& j) { j["cluster"]["devices"] = int64_t{1} << 62; },
+       "cluster.devices must be an integer in [1, 1048576] (got 4611686018427387904)"},
+      {[](json& j) { j["cluster"]["devices"] = 7.5; }, "cluster.devices must be an integer in [1, 1048576] (got 7.5)"},
+      {[](json& j) { j["cluster"]["inter_node_bandwidth"] = 0; }, "cluster.inter_node_bandwidth must be a finite number in (0,"},
+      {[](json& j) { j["stages"][0]["forward_s"] = "fast"; }, "stages[0].forward_s must be a finite number in [0, 32000000] (got a string)"},
+      {[](json& j) { j["training"]["schedule"] = 3; }, "training.schedule must be a string (got a number)"},
+  };
+  for (const Case& c : cases) {
+    json j = valid_plan();
+    c.edit(j);
+    const std::string message = error_of(j);
+    EXPECT_NE(message.find(c.message), std::string::npos) << "expected '" << c.message << "' in: " << message;
+  }
+}
+
 TEST(APlanReader, FallsBackToDocumentedLinksForAnUnknownDevice) {
   json j = valid_plan();
   j["cluster"]["device"] = "tpu-v9";

@@ -110,6 +110,35 @@ void expect_simulation_agrees(const fs::path& dir, const fs::path& model, const 
   EXPECT_GE(simulated, serial * (1 - 1e-9)) << simulated << " vs " << serial;
 }
 
+// Issue 11: --virtual-stages 1000000 grew to 5.3 GB; a plan of 1e9 micro-batches (with no global batch to compare
+// against) would replay for ever. Both are refused before any work, saying what they would need.
+TEST_F(ASimulateCommand, RefusesWorkPastTheDocumentedLimitsBeforeStarting) {
+  auto chunks = run("simulate " + (dir_ / "plan").string() + " --schedule interleaved --virtual-stages 1000000");
+  EXPECT_EQ(chunks.code, 2) << chunks.out;
+  EXPECT_NE(chunks.out.find("--virtual-stages"), std::string::npos) << chunks.out;
+  EXPECT_NE(chunks.out.find("[0, 64]"), std::string::npos) << chunks.out;
+  // The plan's stages list no tasks here; listing two per stage caps the chunks at 2 (a chunk runs at least one).
+  json plan;
+  std::ifstream(dir_ / "plan" / "plan.json") >> plan;
+  for (auto& st : plan["stages"]) st["tasks"] = json::array({"a", "b"});
+  plan["training"]["microbatches"] = 8;
+  std::ofstream(dir_ / "plan" / "plan.json", std::ios::trunc) << plan.dump();
+  auto few_tasks = run("simulate " + (dir_ / "plan").string() + " --schedule interleaved --virtual-stages 4");
+  EXPECT_EQ(few_tasks.code, 2) << few_tasks.out;
+  EXPECT_NE(few_tasks.out.find("must be an integer in [1, 2] (got 4)"), std::string::npos) << few_tasks.out;
+
+  plan["training"]["microbatches"] = 16000000;  // under the 2^24 cap, but 2 × 16M × 4 operations to replay
+  std::ofstream(dir_ / "plan" / "plan.json", std::ios::trunc) << plan.dump();
+  auto huge = run("simulate " + (dir_ / "plan").string());
+  EXPECT_EQ(huge.code, 5) << huge.out;
+  EXPECT_NE(huge.out.find("GB of memory"), std::string::npos) << huge.out;
+  EXPECT_NE(huge.out.find("fewer micro-batches"), std::string::npos) << huge.out;
+
+  auto nan_step = run("simulate " + (dir_ / "plan").string() + " --optimizer-step-ms nan");
+  EXPECT_EQ(nan_step.code, 2) << nan_step.out;
+  EXPECT_NE(nan_step.out.find("--optimizer-step-ms must be a finite number"), std::string::npos) << nan_step.out;
+}
+
 TEST_F(ASimulateCommand, AgreesWithPartitionsEstimateOnARealPlan) {
   const fs::path model = fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx";
   ASSERT_TRUE(fs::exists(model));

@@ -216,6 +216,11 @@ TEST(StageFiles, ReachTheModelsExternalWeights) {
     auto r = run_apart("profile " + (plan / stage).string() + " --warmup 0 --repeats 1 -q", false);
     EXPECT_EQ(r.code, 0) << stage << r.out;
   }
+  // The plan folder with its weights/ links is apart's own: partition replaces it again without --force, and
+  // the model's weights survive the old links being removed.
+  partition((model_dir / "m.onnx").string(), "--devices 2 --batch 4 --stages 2 --device cpu", plan);
+  EXPECT_TRUE(fs::is_regular_file(plan / "weights" / "m.weights"));
+  EXPECT_EQ(fs::file_size(model_dir / "m.weights"), 32 * sizeof(float));
 }
 
 }  // namespace

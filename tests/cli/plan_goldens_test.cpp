@@ -1,0 +1,86 @@
+// The plans apart writes do not drift: plan.json, report.txt and plan.dot of gpt-tiny and of every model in
+// ../shared/models on 8, 64 and 1024 A100s equal goldens byte for byte (apart from the search's wall-clock
+// seconds). A refactor of the compile path must keep them; an intended change regenerates them with
+// APART_UPDATE_GOLDENS=1, and the diff is read in review.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/support/onnx_builder.h"
+#include "tests/support/run_apart.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using apart::testing::read_file;
+using apart::testing::run_command;
+using apart::testing::TempDir;
+
+struct Case {
+  std::string model;  // relative to the source directory, as the plan names it
+  int devices = 8;
+  std::string name() const {
+    std::string n = fs::path(model).stem().string() + "_" + std::to_string(devices) + "dev";
+    for (char& c : n)
+      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    return n;
+  }
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " on " << c.devices << " devices"; }
+
+std::vector<Case> cases() {
+  std::vector<std::string> models = {"models/gpt-tiny.onnx"};
+  for (const char* m : {"resnet50.onnx", "densenet121.onnx", "inception_v3.onnx", "gpt2_small.onnx"})
+    models.push_back(std::string("../shared/models/") + m);
+  std::vector<Case> out;
+  for (const auto& m : models)
+    for (int devices : {8, 64, 1024}) out.push_back({m, devices});
+  return out;
+}
+
+// The wall-clock parts: plan.json's search.seconds and report.txt's search line end.
+std::string without_wall_clock(const std::string& file, const std::string& text) {
+  if (file == "plan.json") return std::regex_replace(text, std::regex(R"("seconds": [-0-9.e+]+)"), "\"seconds\": 0");
+  if (file == "report.txt")
+    return std::regex_replace(text, std::regex(R"(, [0-9.]+ s( \(stopped by --time-limit\))?\n)"), ", <seconds>$1\n");
+  return text;
+}
+
+class APlan : public ::testing::TestWithParam<Case> {};
+
+TEST_P(APlan, EqualsItsGoldenByteForByte) {
+  const Case& c = GetParam();
+  const fs::path source(APART_SOURCE_DIR);
+  if (!fs::exists(source / c.model)) GTEST_SKIP() << c.model << " is not present";
+  TempDir dir;
+  // Eight samples per device: enough micro-batches to pipeline at every size.
+  const std::string args = " partition " + c.model + " --devices " + std::to_string(c.devices) +
+                           " --device a100-80gb --devices-per-node 8 --batch " + std::to_string(8 * c.devices) +
+                           " --no-baselines --no-stage-models -o " + (dir / "plan").string();
+  const auto run = run_command("cd " + source.string() + " && " + APART_BINARY + args + " 2>&1");
+  ASSERT_EQ(run.code, 0) << run.out;
+  const fs::path golden = source / "tests" / "data" / "golden" / "plans" / c.name();
+  for (const char* file : {"plan.json", "report.txt", "plan.dot"}) {
+    const std::string actual = without_wall_clock(file, read_file(dir / "plan" / file));
+    if (std::getenv("APART_UPDATE_GOLDENS")) {
+      fs::create_directories(golden);
+      std::ofstream(golden / file, std::ios::binary) << actual;
+      continue;
+    }
+    ASSERT_TRUE(fs::exists(golden / file)) << "missing golden " << (golden / file);
+    EXPECT_TRUE(actual == read_file(golden / file))
+        << c.name() << "/" << file << " differs from its golden; diff it against " << (golden / file)
+        << " and, if the change is intended, rerun with APART_UPDATE_GOLDENS=1";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GptTinyAndTheSharedModels, APlan, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+
+}  // namespace

@@ -23,15 +23,7 @@ CommandRun run(const std::string& args) {
   return apart::testing::run_command("timeout 120 " + std::string(APART_BINARY) + " " + args + " 2>&1");
 }
 
-std::string mlp(const TempDir& dir) {
-  OnnxBuilder b;
-  b.input("x", {"batch", 3}).output("y");
-  b.weight("w", {3, 4});
-  b.node("MatMul", {"x", "w"}, {"h"});
-  b.node("Relu", {"h"}, {"y"});
-  b.save(dir / "m.onnx");
-  return (dir / "m.onnx").string();
-}
+std::string mlp(const TempDir& dir) { return apart::testing::write_tiny_mlp(dir.path()); }
 
 void expect_refused(const CommandRun& r, int code, const std::string& message) {
   EXPECT_EQ(r.code, code) << r.out;

@@ -17,15 +17,7 @@ using apart::testing::CommandRun;
 
 CommandRun run(const std::string& args, bool with_stderr = true) { return apart::testing::run_apart(args, with_stderr); }
 
-std::string fixture(const TempDir& dir) {
-  OnnxBuilder b;
-  b.input("x", {"batch", 3}).output("y");
-  b.weight("w", {3, 4});
-  b.node("MatMul", {"x", "w"}, {"h"});
-  b.node("Relu", {"h"}, {"y"});
-  b.save(dir / "m.onnx");
-  return (dir / "m.onnx").string();
-}
+std::string fixture(const TempDir& dir) { return apart::testing::write_tiny_mlp(dir.path()); }
 
 TEST(TheApartCommand, PrintsItsVersion) {
   auto r = run("--version");

@@ -126,6 +126,17 @@ class OnnxBuilder {
   onnx::ModelProto model_;
 };
 
+// The tiny model the CLI tests run on: y = Relu(x · w), x [batch, 3], w [3, 4]. Writes DIR/m.onnx, returns its path.
+inline std::string write_tiny_mlp(const std::filesystem::path& dir) {
+  OnnxBuilder b;
+  b.input("x", {"batch", 3}).output("y");
+  b.weight("w", {3, 4});
+  b.node("MatMul", {"x", "w"}, {"h"});
+  b.node("Relu", {"h"}, {"y"});
+  b.save(dir / "m.onnx");
+  return (dir / "m.onnx").string();
+}
+
 // A file's bytes ("" when it cannot be read): goldens, stage files, plan.json.
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

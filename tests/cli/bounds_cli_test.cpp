@@ -23,7 +23,7 @@ CommandRun run(const std::string& args) {
   return apart::testing::run_command("timeout 120 " + std::string(APART_BINARY) + " " + args + " 2>&1");
 }
 
-std::string mlp(const TempDir& dir) { return apart::testing::write_tiny_mlp(dir.path()); }
+std::string mlp(const TempDir& dir) { return apart::testing::write_tiny_mlp(dir / "m.onnx"); }
 
 void expect_refused(const CommandRun& r, int code, const std::string& message) {
   EXPECT_EQ(r.code, code) << r.out;

@@ -17,7 +17,7 @@ using apart::testing::CommandRun;
 
 CommandRun run(const std::string& args, bool with_stderr = true) { return apart::testing::run_apart(args, with_stderr); }
 
-std::string fixture(const TempDir& dir) { return apart::testing::write_tiny_mlp(dir.path()); }
+std::string fixture(const TempDir& dir) { return apart::testing::write_tiny_mlp(dir / "m.onnx"); }
 
 TEST(TheApartCommand, PrintsItsVersion) {
   auto r = run("--version");

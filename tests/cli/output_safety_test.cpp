@@ -25,13 +25,7 @@ const std::string kPlanFlags = " --devices 2 --batch 4 --no-baselines --no-stage
 // A tiny model with a symbolic batch (partition binds it; the other commands get --dim batch=2).
 fs::path write_model(const fs::path& file) {
   fs::create_directories(file.parent_path());
-  OnnxBuilder b;
-  b.input("x", {"batch", 3}).output("y");
-  b.weight("w", {3, 4});
-  b.node("MatMul", {"x", "w"}, {"h"});
-  b.node("Relu", {"h"}, {"y"});
-  b.save(file);
-  return file;
+  return apart::testing::write_tiny_mlp(file);
 }
 
 CommandRun partition(const fs::path& model, const std::string& out, const std::string& extra = "") {

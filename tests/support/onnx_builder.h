@@ -126,15 +126,15 @@ class OnnxBuilder {
   onnx::ModelProto model_;
 };
 
-// The tiny model the CLI tests run on: y = Relu(x · w), x [batch, 3], w [3, 4]. Writes DIR/m.onnx, returns its path.
-inline std::string write_tiny_mlp(const std::filesystem::path& dir) {
+// The tiny model the CLI tests run on: y = Relu(x · w), x [batch, 3], w [3, 4]. Writes `file`, returns its path.
+inline std::string write_tiny_mlp(const std::filesystem::path& file) {
   OnnxBuilder b;
   b.input("x", {"batch", 3}).output("y");
   b.weight("w", {3, 4});
   b.node("MatMul", {"x", "w"}, {"h"});
   b.node("Relu", {"h"}, {"y"});
-  b.save(dir / "m.onnx");
-  return (dir / "m.onnx").string();
+  b.save(file);
+  return file.string();
 }
 
 // A file's bytes ("" when it cannot be read): goldens, stage files, plan.json.

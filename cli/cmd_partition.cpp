@@ -2,11 +2,11 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <iterator>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"

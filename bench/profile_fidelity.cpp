@@ -49,7 +49,8 @@ double blas_sgemm_flops(int n = 1024, int reps = 5) {
 
 void report(const Case& c, const apart::Device& cpu, const apart::Device& calibrated_cpu, int repeats) {
   apart::ImportOptions import;
-  import.dims["batch"] = c.batch;
+  import.batch = c.batch;  // the importer's batch rule (importer.h kBatchDimNames) picks the dim
+  import.batch_explicit = true;
   const apart::ImportedModel m = apart::import_model(c.model, import);
   apart::ProfileOptions po;
   po.repeats = repeats;

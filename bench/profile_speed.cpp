@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
       label = "gpt2-small seq " + std::to_string(seq);
     }
     apart::ImportOptions import;
-    import.dims["batch"] = batch;
+    import.batch = batch;  // the importer's batch rule (importer.h kBatchDimNames) picks the dim
+    import.batch_explicit = true;
     const apart::ImportedModel m = apart::import_model(model, import);
     apart::ProfileOptions po;
     po.repeats = repeats;

@@ -3,5 +3,5 @@
 # Run: build/<dir>/bench/quality_bench --out bench/RESULTS.table.md
 add_executable(quality_bench ${CMAKE_CURRENT_LIST_DIR}/quality_bench.cpp)
 target_compile_definitions(quality_bench PRIVATE APART_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
-target_link_libraries(quality_bench PRIVATE apart_partition apart_codegen apart_simulator apart_importer apart_profiler
-                      apart_models apart_graph nlohmann_json::nlohmann_json)
+target_link_libraries(quality_bench PRIVATE apart_driver apart_simulator apart_models apart_graph
+                      nlohmann_json::nlohmann_json)

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <ctime>
 #include <cstdio>
 #include <cstring>
@@ -17,14 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "codegen/plan_writer.h"
+#include "driver/compile.h"
 #include "graph/error.h"
-#include "importer/importer.h"
 #include "models/zoo.h"
-#include "partition/baselines.h"
-#include "partition/partition.h"
-#include "profiler/cost_model.h"
-#include "profiler/device.h"
 #include "simulator/simulate.h"
 
 using namespace apart;
@@ -90,7 +86,6 @@ int main(int argc, char** argv) {
       {"densenet121", false, 2048, {8, 64, 512}},    {"inception_v3", false, 2048, {8, 64, 512}}};
   const auto dir = std::filesystem::temp_directory_path() / "apart_quality_bench";
   std::filesystem::create_directories(dir);
-  const Device device = device_preset("a100-80gb");
   const Precision precision = Precision::kMixed;
 
   std::ostringstream md;
@@ -115,46 +110,33 @@ int main(int argc, char** argv) {
         continue;
       }
     }
-    ImportOptions io;
-    io.dims["batch"] = 1;
-    const ImportedModel model = import_model(path, io);
-    const ModelInfo info = describe_model(model.graph, path);
     for (const int devices : c.devices) {
       if (!only_devices.empty() && only_devices.find("," + std::to_string(devices) + ",") == std::string::npos) continue;
-      PartitionOptions o;
-      const Cluster cl = make_cluster(device, devices, 8);
-      o.cluster.device = device.name;
+      // What `apart partition <model> --devices N --batch B --method M --no-baselines --time-limit S` plans.
+      CompileOptions o;
+      o.model = path;
+      o.cluster.device = "a100-80gb";
       o.cluster.devices = devices;
       o.cluster.devices_per_node = 8;
-      o.cluster.memory_bytes = device.memory_bytes;
-      o.cluster.intra_node_bandwidth = cl.intra_node.bandwidth;
-      o.cluster.inter_node_bandwidth = cl.inter_node.bandwidth;
-      o.cluster.intra_node_latency_s = cl.intra_node.latency_s;
-      o.cluster.inter_node_latency_s = cl.inter_node.latency_s;
-      o.training.global_batch = c.batch;
-      o.training.precision = precision;
-      o.atomic.graph_batch = 1;
-      o.stage.time_limit_s = time_limit;
-      CostOptions co;
-      co.precision = precision;
-      co.reference_batch = 1;
-      co.microbatch_size = std::max<int64_t>(1, c.batch / devices);
-      const CostTable c1 = estimate_costs(model.graph, device, co);
-      co.microbatch_size *= 4;
-      const CostTable c2 = estimate_costs(model.graph, device, co);
+      o.precision = precision;
+      o.partition.training.global_batch = c.batch;
+      o.partition.stage.time_limit_s = time_limit;
+      o.baselines = false;
       std::vector<Row> rows;
+      std::optional<CompileResult> any;  // one compile's inputs (model, costs, options) for the attainable bound
       for (Method method : kAllMethods) {
         if (!only_methods.empty() && only_methods.find("," + std::string(method_name(method)) + ",") == std::string::npos)
           continue;
-        o.method = method;
+        o.partition.method = method;
         Row r;
         r.method = std::string(method_name(method));
-        // Planning time as process CPU seconds (single-threaded), so a shared machine does not inflate it.
+        // Planning time as process CPU seconds of the partition phase (single-threaded), so a shared machine does
+        // not inflate it; an infeasible request has no result to read it from, so its row counts all of compile().
         const std::clock_t start = std::clock();
-        auto cpu_seconds = [&] { return static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC; };
         try {
-          const Plan plan = partition_graph(model.graph, c1, o, &c2);
-          r.planning_s = cpu_seconds();
+          CompileResult result = compile(o);
+          const Plan& plan = result.plan;
+          r.planning_s = result.times.partition.cpu_s;
           r.feasible = true;
           r.estimate_s = plan.estimate.iteration_s;
           r.iteration_s = plan.simulated.iteration_s;
@@ -166,14 +148,15 @@ int main(int argc, char** argv) {
                     " dev=" + std::to_string(used) + (plan.recompute ? " rc" : "") +
                     (plan.layout == Layout::kPipelineMajor ? " pm" : "");
           // The same simulator as `apart simulate`, through plan.json.
-          const auto j = nlohmann::json::parse(plan_to_json(plan, model.graph, info).dump());
+          const auto j = nlohmann::json::parse(plan_to_json(plan, result.model.graph, result.info).dump());
           r.replayed_s = sim::simulate(sim::plan_from_json(j, c.model)).iteration_s;
           if (plan.search.not_simulated > 0) ++capped_plans;
           simulated_total += plan.search.simulated;
           placed_total += plan.search.candidates_placed;
           if (std::abs(r.replayed_s - r.iteration_s) > 1e-9 * r.iteration_s) ++replay_mismatches;
+          if (!any) any = std::move(result);
         } catch (const Infeasible& e) {
-          r.planning_s = cpu_seconds();
+          r.planning_s = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
           r.reason = e.what();
         }
         rows.push_back(std::move(r));
@@ -184,14 +167,20 @@ int main(int argc, char** argv) {
       // per-sample forward+backward time and F the per-kernel fixed time of the whole model (from the two cost
       // tables, fitted per component exactly as the planner fits them), idle (S−1)/m of the time under 1F1B;
       // minimised over S and the m that give every replica ≥ 1 sample. No plan under this cost model can be faster.
-      const double state = static_cast<double>(info.param_bytes) *
-                           state_bytes_per_param_byte(o.training.optimizer, precision);
-      const int s_min = static_cast<int>(std::max(1.0, std::ceil(state / static_cast<double>(device.memory_bytes))));
+      // From one feasible plan's inputs (every method's are the same); when none fits, no row prints the column.
       double per_sample = 0, fixed = 0;
-      const AtomicGraph atomic = build_atomic_graph(model.graph, c1, o.atomic, &c2);
-      for (const AtomicComponent& component : atomic.components) {
-        per_sample += component.cost.forward.per_sample_s + component.cost.backward.per_sample_s;
-        fixed += component.cost.forward.fixed_s + component.cost.backward.fixed_s;
+      int s_min = devices + 1;
+      if (any) {
+        const PartitionOptions& po = any->plan.options;
+        const double state = static_cast<double>(any->info.param_bytes) *
+                             state_bytes_per_param_byte(po.training.optimizer, po.training.precision);
+        s_min = static_cast<int>(std::max(1.0, std::ceil(state / static_cast<double>(po.cluster.memory_bytes))));
+        const CostTable* other = any->costs.at_other_size ? &*any->costs.at_other_size : nullptr;
+        const AtomicGraph atomic = build_atomic_graph(any->model.graph, any->costs.table, po.atomic, other);
+        for (const AtomicComponent& component : atomic.components) {
+          per_sample += component.cost.forward.per_sample_s + component.cost.backward.per_sample_s;
+          fixed += component.cost.forward.fixed_s + component.cost.backward.fixed_s;
+        }
       }
       double attainable = std::numeric_limits<double>::infinity();
       for (int stages = s_min; stages <= devices; ++stages) {

@@ -32,7 +32,8 @@ apart::Tensor random_ids(std::mt19937& rng, std::vector<int64_t> shape, int64_t 
 
 void bench_model(const std::string& label, const fs::path& path, int64_t vocab, int reps, double peak_gflops) {
   apart::ImportOptions options;
-  options.dims["batch"] = 1;
+  options.batch = 1;  // the importer's batch rule (importer.h kBatchDimNames) picks the dim
+  options.batch_explicit = true;
   auto t0 = Clock::now();
   apart::ImportedModel model = apart::import_model(path, options);
   apart::Executor exec(model);

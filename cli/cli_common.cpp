@@ -84,12 +84,6 @@ std::string scaled(double v, const char* const* units, int n, double step, const
 }
 }  // namespace
 
-std::vector<InputFile> model_inputs(const std::string& path, const ImportedModel& model) {
-  std::vector<InputFile> inputs{{"the model", path}};
-  for (const auto& file : model.external_data_files) inputs.push_back({"an external-data file of the model", file});
-  return inputs;
-}
-
 std::vector<InputFile> plan_inputs(const std::string& plan) {
   std::error_code ec;
   const std::filesystem::path file =

@@ -49,8 +49,7 @@ class Progress {
 
 // Counts, bytes and times: graph/units.h (format_count, format_bytes, format_seconds).
 
-// What a command that read this model must not overwrite: the model file and its external-data files.
-std::vector<InputFile> model_inputs(const std::string& path, const ImportedModel& model);
+// What a command that read this model must not overwrite: driver/compile.h model_files.
 // What a command that reads a plan (a plan folder or its plan.json) must not overwrite: plan.json and the
 // costs.json and baselines.json beside it.
 std::vector<InputFile> plan_inputs(const std::string& plan);

@@ -6,6 +6,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
+#include "driver/compile.h"
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
@@ -35,7 +36,7 @@ void run_costs(const CostsArgs& a) {
   const ImportedModel m = import_model(a.model, import_options(a.model_flags));
   options.reference_batch = m.batch;
   if (!a.output.empty()) {
-    std::vector<InputFile> inputs = model_inputs(a.model, m);
+    std::vector<InputFile> inputs = model_files(a.model, m);
     if (!a.cluster.empty()) inputs.push_back({"the cluster file", a.cluster});
     check_output_file(a.output, inputs, "-o");
   }

@@ -2,24 +2,18 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <iterator>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
-#include "codegen/plan_writer.h"
+#include "driver/compile.h"
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
-#include "importer/importer.h"
-#include "partition/baselines.h"
-#include "partition/partition.h"
-#include "profiler/cost_model.h"
-#include "profiler/costs_json.h"
-#include "profiler/device.h"
 
 namespace apart::cli {
 namespace {
@@ -53,28 +47,6 @@ struct PartitionArgs {
   bool force = false;
 };
 
-// stage_K.onnx keeps the batch dim symbolic when partition bound it itself (the batch rule, not --dim/--shape):
-// the model imported again at another batch size shows which dims scale with it. Static when the user pinned
-// the shapes, the model has no dynamic batch, or it does not import at another batch size (a note says so).
-StageShapes stage_shapes(const std::string& model_path, const ModelFlags& flags, const ImportedModel& model) {
-  if (!model.batch_from_flag || model.batch < 1) return {};
-  // An unnamed batch dim gets the conventional name in the stage files.
-  const std::string symbol = model.batch_dim.ends_with("[0]") ? std::string(kBatchDimNames[0]) : model.batch_dim;
-  ImportOptions probe = import_options(flags);
-  const int64_t probe_batch = 2 * model.batch + 1;
-  probe.batch = probe_batch;
-  try {
-    StageShapes shapes = symbolic_batch_shapes(model.graph, model.batch, import_model(model_path, probe).graph,
-                                               probe_batch, symbol);
-    for (const auto& note : shapes.notes) std::fprintf(stderr, "apart: note: stage files: %s\n", printable(note).c_str());
-    return shapes;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "apart: note: stage files keep static shapes: the model does not import at %s=%lld: %s\n",
-                 printable(symbol).c_str(), static_cast<long long>(probe_batch), printable(e.what()).c_str());
-    return {};
-  }
-}
-
 std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& text, int64_t max) {
   if (text == "auto") return std::nullopt;
   try {
@@ -86,11 +58,13 @@ std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& t
   throw InvalidArgument(flag + " " + text + ": expected an integer in [1, " + std::to_string(max) + "] or auto");
 }
 
-void run_partition(const PartitionArgs& a) {
+// Flags → CompileOptions (every parse error names its flag, every number is range-checked).
+CompileOptions compile_options(const PartitionArgs& a) {
   checked_integer(a.batch, 1, limits::kMaxBatch, "--batch");
   if (a.profile_device_mismatch != "error" && a.profile_device_mismatch != "ok")
     throw InvalidArgument("--profile-device-mismatch " + a.profile_device_mismatch + ": expected error or ok");
-  PartitionOptions o;
+  CompileOptions c;
+  PartitionOptions& o = c.partition;
   o.method = parse_method(a.method);
   o.training.global_batch = a.batch;
   o.training.optimizer = parse_optimizer(a.optimizer);
@@ -105,120 +79,55 @@ void run_partition(const PartitionArgs& a) {
   o.stage.time_limit_s = checked_number(a.time_limit, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
   o.block.blocks = checked_int(a.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
 
-  Cluster cluster = a.cluster.empty()
-                              ? make_cluster(device_preset(a.device), checked_int(a.devices, 1, limits::kMaxDevices, "--devices"),
-                                             checked_int(a.devices_per_node, 1, limits::kMaxDevices, "--devices-per-node"))
-                              : load_cluster_json(a.cluster);
-  if (!a.memory_reserve.empty()) {
-    cluster.reserve = parse_memory_reserve(a.memory_reserve);
-    cluster.validate();
-  }
-  o.training.precision = resolve_precision(a.precision, cluster.device);
-  o.cluster.device = cluster.device.name;
-  o.cluster.devices = cluster.devices;
-  o.cluster.devices_per_node = cluster.devices_per_node;
-  o.cluster.memory_bytes = cluster.usable_memory_bytes();
-  o.cluster.device_memory_bytes = cluster.device.memory_bytes;
-  o.cluster.memory_reserve_bytes = cluster.reserve.bytes(cluster.device.memory_bytes);
-  o.cluster.memory_reserve = cluster.reserve.text();
-  o.cluster.intra_node_bandwidth = cluster.intra_node.bandwidth;
-  o.cluster.inter_node_bandwidth = cluster.inter_node.bandwidth;
-  o.cluster.intra_node_latency_s = cluster.intra_node.latency_s;
-  o.cluster.inter_node_latency_s = cluster.inter_node.latency_s;
-  o.validate();
+  c.model = a.model;
+  c.import = import_options(a.model_flags);
+  c.cluster.device = a.device;
+  c.cluster.devices = checked_int(a.devices, 1, limits::kMaxDevices, "--devices");
+  c.cluster.devices_per_node = checked_int(a.devices_per_node, 1, limits::kMaxDevices, "--devices-per-node");
+  c.cluster.file = a.cluster;
+  if (!a.memory_reserve.empty()) c.cluster.memory_reserve = parse_memory_reserve(a.memory_reserve);
+  if (a.precision != "auto") c.precision = parse_precision(a.precision);
+  c.profile = a.profile;
+  c.profile_device_mismatch = a.profile_device_mismatch == "ok" ? ProfileDeviceMismatch::kWarn : ProfileDeviceMismatch::kError;
+  c.baselines = !a.no_baselines;
+  c.output = PlanFiles{a.output, a.force, !a.no_stage_models, a.dot_detail};
+  return c;
+}
 
-  // The plan scales every cost with the micro-batch, so the model is read at batch 1 (the importer's batch
-  // rule) unless --dim/--shape bind its batch dim; the global batch (--batch) is the plan's, not the import's.
-  ImportOptions import = import_options(a.model_flags);
-  import.batch = 1;
-  const ImportedModel model = import_model(a.model, import);
-  std::vector<InputFile> inputs = model_inputs(a.model, model);
-  if (!a.profile.empty()) inputs.push_back({"the --profile costs file", a.profile});
-  if (!a.cluster.empty()) inputs.push_back({"the cluster file", a.cluster});
-  check_plan_directory(a.output, inputs, a.force);  // before the search: a refused -o costs nothing
-  CostOptions cost_options;
-  cost_options.precision = o.training.precision;
-  cost_options.reference_batch = model.batch > 0 ? model.batch : bound_batch_size(model.graph);
-  o.atomic.graph_batch = cost_options.reference_batch;
-
-  // Costs at two micro-batch sizes around the plausible ones, so per-kernel overheads stay fixed (affine fit);
-  // a measured profile is used as given (times ∝ micro-batch size).
-  CostTable primary, secondary;
-  const CostTable* other = nullptr;
-  if (!a.profile.empty()) {
-    primary = read_costs_json(a.profile, model.graph);
-    if (primary.device != cluster.device.name) {
-      if (a.profile_device_mismatch == "error")
-        throw InvalidArgument("--profile " + a.profile + " was measured on device '" + primary.device +
-                              "', but the cluster's device is '" + cluster.device.name + "': its times do not hold there; "
-                              "measure on '" + cluster.device.name + "' (apart costs/profile --device), or pass "
-                              "--profile-device-mismatch ok to use them anyway");
-      std::fprintf(stderr, "apart: warning: --profile %s is from device '%s', the cluster's is '%s' (--profile-device-mismatch ok)\n",
-                   a.profile.c_str(), primary.device.c_str(), cluster.device.name.c_str());
-    }
-  } else {
-    const int64_t u1 = std::max<int64_t>(1, a.batch / std::max(1, o.cluster.devices));
-    cost_options.microbatch_size = u1;
-    primary = estimate_costs(model.graph, cluster.device, cost_options);
-    cost_options.microbatch_size = 4 * u1;
-    secondary = estimate_costs(model.graph, cluster.device, cost_options);
-    other = &secondary;
-    for (const auto& w : primary.warnings) std::fprintf(stderr, "apart: warning: %s\n", printable(w).c_str());
-  }
-
+void run_partition(const PartitionArgs& a) {
+  CompileOptions options = compile_options(a);
+  // Warnings and notes as they come; progress lines only on a terminal, one line rewritten in place.
   const bool tty = ::isatty(STDERR_FILENO);
-  ProgressFn progress;
-  if (tty)
-    progress = [](const std::string& line) {
-      std::fprintf(stderr, "\r\033[K%s", line.c_str());
+  bool progress_shown = false;
+  options.on_message = [&](CompileMessage kind, const std::string& text) {
+    if (kind == CompileMessage::kProgress) {
+      if (!tty) return;
+      std::fprintf(stderr, "\r\033[K%s", text.c_str());
       std::fflush(stderr);
-    };
-  const Plan plan = partition_graph(model.graph, primary, o, other, progress);
-  if (tty) std::fprintf(stderr, "\r\033[K");
-
-  // --method apart: every method on the same inputs, for plan/baselines.json (apart's own row is this plan).
-  std::vector<MethodResult> comparison;
-  const bool baselines = o.method == Method::kApart && !a.no_baselines;
-  if (baselines) {
-    if (tty) std::fprintf(stderr, "partition: running the baselines for baselines.json (--no-baselines skips)");
-    comparison = compare_methods(model.graph, primary, o, other, &plan);
-    if (tty) std::fprintf(stderr, "\r\033[K");
-  }
-
-  const ModelInfo info = describe_model(model.graph, a.model);
-  PlanOutputs outputs;
-  outputs.inputs = inputs;
-  outputs.force = a.force;
-  outputs.dot_detail = a.dot_detail;
-  outputs.stage_models = !a.no_stage_models;
-  if (outputs.stage_models) outputs.stage_shapes = stage_shapes(a.model, a.model_flags, model);
-  outputs.extra = [&](const std::filesystem::path& dir) {
-    // costs.json at the plan's micro-batch size, as the plan's stages see it.
-    if (!a.profile.empty()) {
-      write_costs_json(dir / "costs.json", model.graph, rescale_costs(primary, model.graph, plan.microbatch_size));
-    } else {
-      CostOptions at_plan = cost_options;
-      at_plan.microbatch_size = plan.microbatch_size;
-      write_costs_json(dir / "costs.json", model.graph, estimate_costs(model.graph, cluster.device, at_plan));
+      progress_shown = true;
+      return;
     }
-    if (baselines)
-      write_file_atomically(dir / "baselines.json", baselines_json(comparison, o.training.global_batch,
-                                                                   o.cluster.devices));
+    if (progress_shown) std::fprintf(stderr, "\r\033[K");
+    progress_shown = false;
+    std::fprintf(stderr, "apart: %s: %s\n", kind == CompileMessage::kWarning ? "warning" : "note", printable(text).c_str());
   };
-  write_plan_directory(a.output, plan, model.graph, a.model, info, outputs);
-  std::cout << plan_report(plan, model.graph, info) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/") << " (plan.json, plan.dot, report.txt"
-            << (outputs.stage_models ? ", stage_K.onnx" : "") << ", costs.json" << (baselines ? ", baselines.json" : "")
-            << ")\n";
+  const CompileResult r = compile(options);
+  if (progress_shown) std::fprintf(stderr, "\r\033[K");
+
+  const bool baselines = !r.baselines.empty();
+  std::cout << plan_report(r.plan, r.model.graph, r.info) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/")
+            << " (plan.json, plan.dot, report.txt" << (options.output->stage_models ? ", stage_K.onnx" : "")
+            << ", costs.json" << (baselines ? ", baselines.json" : "") << ")\n";
   if (baselines) {
     std::cout << "\nmethod              iteration  × apart  stages  devices\n";
-    for (const MethodResult& r : comparison) {
-      if (!r.feasible) {
-        std::printf("%-15s  infeasible\n", std::string(method_name(r.method)).c_str());
+    for (const MethodResult& m : r.baselines) {
+      if (!m.feasible) {
+        std::printf("%-15s  infeasible\n", std::string(method_name(m.method)).c_str());
         continue;
       }
-      std::printf("%-15s  %12s  %7.3f  %6d  %7d\n", std::string(method_name(r.method)).c_str(),
-                  format_seconds(r.iteration_s).c_str(),
-                  r.iteration_s / plan.simulated.iteration_s, r.stages, r.devices_used);
+      std::printf("%-15s  %12s  %7.3f  %6d  %7d\n", std::string(method_name(m.method)).c_str(),
+                  format_seconds(m.iteration_s).c_str(), m.iteration_s / r.plan.simulated.iteration_s, m.stages,
+                  m.devices_used);
     }
   }
 }

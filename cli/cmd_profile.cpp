@@ -8,6 +8,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
+#include "driver/compile.h"
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/importer.h"
@@ -63,7 +64,7 @@ void run_profile(const ProfileArgs& a) {
   options.validate();
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
-  if (!a.output.empty()) check_output_file(a.output, model_inputs(a.model, m), "-o");
+  if (!a.output.empty()) check_output_file(a.output, model_files(a.model, m), "-o");
   Progress progress("profile");
   options.on_progress = [&](const std::string& line) { progress(line); };
   // Warnings as soon as they are known (no loss: before minutes of runs, not after them).

@@ -3,15 +3,12 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
 #include <set>
 
-#include "codegen/plan_writer.h"
-#include "importer/importer.h"
-#include "partition/partition.h"
-#include "profiler/cost_model.h"
-#include "profiler/device.h"
+#include "driver/compile.h"
 #include "tests/support/onnx_builder.h"
 
 namespace apart {
@@ -31,26 +28,16 @@ std::vector<fs::path> real_models() {
   return out;
 }
 
-struct Planned {
-  ImportedModel model;
-  Plan plan;
-};
-
-Planned plan_model(const fs::path& path, int devices, int64_t batch) {
-  ImportOptions import;
-  import.dims["batch"] = 1;
-  ImportedModel model = import_model(path, import);
-  const Device device = device_preset("a100-80gb");
-  CostOptions co;
-  co.microbatch_size = std::max<int64_t>(1, batch / devices);
-  const CostTable costs = estimate_costs(model.graph, device, co);
-  PartitionOptions o;
+// What `apart partition <model> --devices N --batch B --device a100-80gb --no-baselines [-o output]` plans.
+CompileResult plan_model(const fs::path& path, int devices, int64_t batch, std::optional<fs::path> output = {}) {
+  CompileOptions o;
+  o.model = path;
+  o.cluster.device = "a100-80gb";
   o.cluster.devices = devices;
-  o.cluster.memory_bytes = device.memory_bytes;
-  o.training.global_batch = batch;
-  o.atomic.graph_batch = bound_batch_size(model.graph);
-  Plan plan = partition_graph(model.graph, costs, o);
-  return {std::move(model), std::move(plan)};
+  o.partition.training.global_batch = batch;
+  o.baselines = false;
+  if (output) o.output = PlanFiles{.directory = *output};
+  return compile(o);
 }
 
 TEST(PlansOfRealModels, KeepEveryInvariant) {
@@ -59,7 +46,7 @@ TEST(PlansOfRealModels, KeepEveryInvariant) {
   for (const fs::path& path : models) {
     SCOPED_TRACE(path.string());
     for (int devices : {1, 4, 16}) {
-      const Planned p = plan_model(path, devices, 64);
+      const CompileResult p = plan_model(path, devices, 64);
       const TaskGraph& g = p.model.graph;
       std::vector<int> stage_of(g.num_tasks(), -1);
       int replicas = 0;
@@ -105,9 +92,8 @@ TEST(StageModels, ChainFromModelInputsToModelOutputs) {
   if (models.empty()) GTEST_SKIP() << "no models";
   for (const fs::path& path : models) {
     SCOPED_TRACE(path.string());
-    const Planned p = plan_model(path, 16, 64);
     const fs::path dir = fs::temp_directory_path() / ("apart_codegen_test_" + path.stem().string());
-    write_plan_directory(dir, p.plan, p.model.graph, path, describe_model(p.model.graph, path), {});
+    const CompileResult p = plan_model(path, 16, 64, dir);
     std::set<std::string> available;
     for (ValueId v : p.model.graph.graph_inputs()) available.insert(p.model.graph.value(v).name);
     std::set<std::string> outputs_seen;
@@ -135,8 +121,8 @@ TEST(PlanJson, IsByteIdenticalForTheSameInputsApartFromSearchTime) {
   if (models.empty()) GTEST_SKIP() << "no models";
   const fs::path path = models.front();
   auto dump = [&] {
-    const Planned p = plan_model(path, 8, 32);
-    auto j = plan_to_json(p.plan, p.model.graph, describe_model(p.model.graph, path));
+    const CompileResult p = plan_model(path, 8, 32);
+    auto j = plan_to_json(p.plan, p.model.graph, p.info);
     j["search"]["seconds"] = 0;
     return j.dump(2);
   };
@@ -146,8 +132,8 @@ TEST(PlanJson, IsByteIdenticalForTheSameInputsApartFromSearchTime) {
 TEST(PlanJson, FollowsTheApartPlanSchema) {
   const auto models = real_models();
   if (models.empty()) GTEST_SKIP() << "no models";
-  const Planned p = plan_model(models.front(), 4, 16);
-  const auto j = plan_to_json(p.plan, p.model.graph, describe_model(p.model.graph, models.front()));
+  const CompileResult p = plan_model(models.front(), 4, 16);
+  const auto j = plan_to_json(p.plan, p.model.graph, p.info);
   EXPECT_EQ(j["schema"], "apart.plan/1");
   for (const char* key : {"model", "cluster", "training", "stages", "predicted", "search"}) EXPECT_TRUE(j.contains(key)) << key;
   for (const auto& s : j["stages"])

@@ -9,11 +9,8 @@
 #include <map>
 #include <random>
 
-#include "codegen/plan_writer.h"
+#include "driver/compile.h"
 #include "importer/importer.h"
-#include "partition/partition.h"
-#include "profiler/cost_model.h"
-#include "profiler/device.h"
 #include "runtime/executor.h"
 #include "tests/support/onnx_builder.h"
 #include "tests/support/read_model.h"
@@ -35,35 +32,25 @@ std::map<std::string, Tensor> token_inputs(int64_t batch, int64_t seq, uint32_t 
   return inputs;
 }
 
-// gpt-tiny planned at batch 2 into GetParam() stages; stage files keep the batch symbolic (as `apart partition`
-// writes them), so they run at any batch size.
+// gpt-tiny planned for a global batch of 2 into GetParam() stages, as `apart partition` plans and writes it: the
+// stage files keep the batch symbolic, so they run at any batch size.
 class AStagedModel : public ::testing::TestWithParam<int> {
  protected:
-  static constexpr int64_t kImportBatch = 2;
+  static constexpr int64_t kPlanBatch = 2;
 
   void SetUp() override {
-    ImportOptions import;
-    import.dims["batch"] = kImportBatch;
-    const ImportedModel model = import_model(model_path_, import);
-    import.dims["batch"] = 5;
-    const StageShapes shapes = symbolic_batch_shapes(model.graph, kImportBatch, import_model(model_path_, import).graph,
-                                                     5, "batch");
-
-    const Device device = device_preset("a100-80gb");
-    CostOptions co;
-    co.microbatch_size = kImportBatch;
-    const CostTable costs = estimate_costs(model.graph, device, co);
-    PartitionOptions o;
+    CompileOptions o;
+    o.model = model_path_;
+    o.cluster.device = "a100-80gb";
     o.cluster.devices = GetParam();
-    o.cluster.memory_bytes = device.memory_bytes;
-    o.training.global_batch = kImportBatch;
-    o.atomic.graph_batch = kImportBatch;
-    o.stage.stages = GetParam();
-    o.stage.replicas = 1;
-    o.stage.microbatches = 1;
-    const Plan plan = partition_graph(model.graph, costs, o);
-    ASSERT_EQ(plan.stages.size(), static_cast<size_t>(GetParam()));
-    write_stage_models(plan, model.graph, model_path_, dir_.path(), shapes);
+    o.partition.training.global_batch = kPlanBatch;
+    o.partition.stage.stages = GetParam();
+    o.partition.stage.replicas = 1;
+    o.partition.stage.microbatches = 1;
+    o.baselines = false;
+    o.output = PlanFiles{.directory = dir_.path()};
+    const CompileResult r = compile(o);
+    ASSERT_EQ(r.plan.stages.size(), static_cast<size_t>(GetParam()));
   }
 
   // The whole model's loss at `batch`.
@@ -111,8 +98,8 @@ class AStagedModel : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(AStagedModel, ComputesTheWholeModelsLossStageByStage) {
-  const auto inputs = token_inputs(kImportBatch, 32, 7);
-  EXPECT_NEAR(staged_loss(inputs, kImportBatch), whole_loss(inputs, kImportBatch), 1e-5);
+  const auto inputs = token_inputs(kPlanBatch, 32, 7);
+  EXPECT_NEAR(staged_loss(inputs, kPlanBatch), whole_loss(inputs, kPlanBatch), 1e-5);
 }
 
 // The symbolic batch dims of the stage files are right: they run at a batch size the plan was not imported at.

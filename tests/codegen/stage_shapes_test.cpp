@@ -11,11 +11,9 @@
 #include <set>
 
 #include "codegen/plan_writer.h"
+#include "driver/compile.h"
 #include "graph/error.h"
 #include "importer/importer.h"
-#include "partition/partition.h"
-#include "profiler/cost_model.h"
-#include "profiler/device.h"
 #include "tests/support/onnx_builder.h"
 #include "tests/support/read_model.h"
 #include "tests/support/run_apart.h"
@@ -112,26 +110,17 @@ struct StagedGptTiny {
 };
 
 StagedGptTiny stage_gpt_tiny(int stages) {
-  ImportOptions import;
-  import.dims["batch"] = 1;
-  ImportedModel model = import_model(kGptTiny, import);
-  import.dims["batch"] = 3;
-  const ImportedModel probe = import_model(kGptTiny, import);
-  StageShapes shapes = symbolic_batch_shapes(model.graph, 1, probe.graph, 3, "batch");
-
-  const Device device = device_preset("a100-80gb");
-  CostOptions co;
-  co.microbatch_size = 4;
-  const CostTable costs = estimate_costs(model.graph, device, co);
-  PartitionOptions o;
+  CompileOptions o;
+  o.model = kGptTiny;
+  o.cluster.device = "a100-80gb";
   o.cluster.devices = stages;
-  o.cluster.memory_bytes = device.memory_bytes;
-  o.training.global_batch = 4;
-  o.atomic.graph_batch = 1;
-  o.stage.stages = stages;
-  o.stage.replicas = 1;
-  Plan plan = partition_graph(model.graph, costs, o);
-  return {std::move(model), std::move(plan), std::move(shapes)};
+  o.partition.training.global_batch = 4;
+  o.partition.stage.stages = stages;
+  o.partition.stage.replicas = 1;
+  o.baselines = false;
+  CompileResult r = compile(o);
+  StageShapes shapes = stage_shapes(o, r.model);
+  return {std::move(r.model), std::move(r.plan), std::move(shapes)};
 }
 
 class StageFilesOfGptTiny : public ::testing::TestWithParam<int> {

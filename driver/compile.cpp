@@ -1,0 +1,196 @@
+// apart::compile: the whole compile path (import → bind batch → costs → partition → baselines → plan files).
+#include "driver/compile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+
+#include "graph/atomic_file.h"
+#include "graph/error.h"
+#include "profiler/costs_json.h"
+
+namespace apart {
+namespace {
+
+// Runs `phase`, adding its wall-clock and CPU seconds to `time`.
+template <class Phase>
+void timed(PhaseTime& time, Phase&& phase) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  const std::clock_t cpu_start = std::clock();
+  phase();
+  time.cpu_s += static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
+  time.wall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+}
+
+void tell(const CompileOptions& options, CompileMessage kind, const std::string& text) {
+  if (options.on_message) options.on_message(kind, text);
+}
+
+}  // namespace
+
+CompileResult compile(const CompileOptions& options) {
+  CompileResult r;
+  // ---- Options: the cluster and the search's options, checked before anything is read ----
+  r.cluster = resolve_cluster(options.cluster);
+  PartitionOptions partition = resolve_partition_options(options, r.cluster);
+
+  // ---- Import: the model at batch 1 by the importer's batch rule; a refused -o costs no search ----
+  timed(r.times.import, [&] { r.model = import_for_plan(options.model, options.import); });
+  if (options.output) check_plan_directory(options.output->directory, compile_inputs(options, r.model), options.output->force);
+
+  // ---- Costs: analytic at two micro-batch sizes, or the measured profile ----
+  timed(r.times.costs, [&] { r.costs = plan_costs(options, partition, r.model, r.cluster); });
+  partition.atomic.graph_batch = r.costs.options.reference_batch;
+
+  // ---- Partition: atomic → blocks → stage DP → the candidate the simulator finds fastest (partition/) ----
+  ProgressFn progress;
+  if (options.on_message) progress = [&](const std::string& line) { tell(options, CompileMessage::kProgress, line); };
+  timed(r.times.partition, [&] {
+    r.plan = partition_graph(r.model.graph, r.costs.table, partition,
+                             r.costs.at_other_size ? &*r.costs.at_other_size : nullptr, progress);
+  });
+
+  // ---- Baselines: every method on the same inputs (apart's row is this plan) ----
+  if (partition.method == Method::kApart && options.baselines) {
+    tell(options, CompileMessage::kProgress, "partition: running the baselines for baselines.json (--no-baselines skips)");
+    timed(r.times.baselines, [&] {
+      r.baselines = compare_methods(r.model.graph, r.costs.table, partition,
+                                    r.costs.at_other_size ? &*r.costs.at_other_size : nullptr, &r.plan);
+    });
+  }
+
+  // ---- Plan files: written as one folder or not at all ----
+  r.info = describe_model(r.model.graph, options.model);
+  if (options.output) timed(r.times.files, [&] { write_plan_files(r, options, *options.output); });
+  return r;
+}
+
+Cluster resolve_cluster(const ClusterChoice& choice) {
+  Cluster cluster = choice.file.empty() ? make_cluster(device_preset(choice.device), choice.devices, choice.devices_per_node)
+                                        : load_cluster_json(choice.file);
+  if (choice.memory_reserve) {
+    cluster.reserve = *choice.memory_reserve;
+    cluster.validate();
+  }
+  return cluster;
+}
+
+PartitionOptions resolve_partition_options(const CompileOptions& options, const Cluster& cluster) {
+  PartitionOptions o = options.partition;
+  o.training.precision = options.precision ? *options.precision : default_precision(cluster.device);
+  o.cluster.device = cluster.device.name;
+  o.cluster.devices = cluster.devices;
+  o.cluster.devices_per_node = cluster.devices_per_node;
+  o.cluster.memory_bytes = cluster.usable_memory_bytes();
+  o.cluster.device_memory_bytes = cluster.device.memory_bytes;
+  o.cluster.memory_reserve_bytes = cluster.reserve.bytes(cluster.device.memory_bytes);
+  o.cluster.memory_reserve = cluster.reserve.text();
+  o.cluster.intra_node_bandwidth = cluster.intra_node.bandwidth;
+  o.cluster.inter_node_bandwidth = cluster.inter_node.bandwidth;
+  o.cluster.intra_node_latency_s = cluster.intra_node.latency_s;
+  o.cluster.inter_node_latency_s = cluster.inter_node.latency_s;
+  o.validate();
+  return o;
+}
+
+ImportedModel import_for_plan(const std::filesystem::path& model, const ImportOptions& import) {
+  // The plan scales every cost with the micro-batch, so batch 1 suffices unless --dim/--shape bind the batch dim.
+  ImportOptions at_batch = import;
+  if (at_batch.batch == 0) at_batch.batch = 1;
+  return import_model(model, at_batch);
+}
+
+PlanCosts plan_costs(const CompileOptions& options, const PartitionOptions& partition, const ImportedModel& model,
+                     const Cluster& cluster) {
+  PlanCosts costs;
+  costs.options.precision = partition.training.precision;
+  // The importer's batch rule says what batch the shapes are bound at; a model without a batch dim is one sample.
+  costs.options.reference_batch = model.batch > 0 ? model.batch : 1;
+  if (!options.profile.empty()) {
+    // A measured profile is used as given (times ∝ micro-batch size).
+    costs.table = read_costs_json(options.profile, model.graph);
+    if (costs.table.device != cluster.device.name) {
+      const std::string profile = options.profile.string();
+      if (options.profile_device_mismatch == ProfileDeviceMismatch::kError)
+        throw InvalidArgument("--profile " + profile + " was measured on device '" + costs.table.device +
+                              "', but the cluster's device is '" + cluster.device.name + "': its times do not hold there; "
+                              "measure on '" + cluster.device.name + "' (apart costs/profile --device), or pass "
+                              "--profile-device-mismatch ok to use them anyway");
+      tell(options, CompileMessage::kWarning,
+           "--profile " + profile + " is from device '" + costs.table.device + "', the cluster's is '" +
+               cluster.device.name + "' (--profile-device-mismatch ok)");
+    }
+    return costs;
+  }
+  // Two micro-batch sizes around the plausible ones, so per-kernel overheads stay fixed (an affine fit).
+  const int64_t u1 = std::max<int64_t>(1, partition.training.global_batch / std::max(1, partition.cluster.devices));
+  CostOptions at_u1 = costs.options;
+  at_u1.microbatch_size = u1;
+  costs.table = estimate_costs(model.graph, cluster.device, at_u1);
+  CostOptions at_4u1 = costs.options;
+  at_4u1.microbatch_size = 4 * u1;
+  costs.at_other_size = estimate_costs(model.graph, cluster.device, at_4u1);
+  for (const auto& warning : costs.table.warnings) tell(options, CompileMessage::kWarning, warning);
+  return costs;
+}
+
+CostTable costs_at_plan_size(const CompileResult& result) {
+  if (!result.costs.at_other_size)
+    return rescale_costs(result.costs.table, result.model.graph, result.plan.microbatch_size);
+  CostOptions at_plan = result.costs.options;
+  at_plan.microbatch_size = result.plan.microbatch_size;
+  return estimate_costs(result.model.graph, result.cluster.device, at_plan);
+}
+
+StageShapes stage_shapes(const CompileOptions& options, const ImportedModel& model) {
+  // Static when the user pinned the shapes, the model has no dynamic batch, or it does not import at another batch
+  // size (a note says so). Otherwise the model imported again at another batch shows which dims scale with it.
+  if (!model.batch_from_flag || model.batch < 1) return {};
+  // An unnamed batch dim gets the conventional name in the stage files.
+  const std::string symbol = model.batch_dim.ends_with("[0]") ? std::string(kBatchDimNames[0]) : model.batch_dim;
+  ImportOptions probe = options.import;
+  const int64_t probe_batch = 2 * model.batch + 1;
+  probe.batch = probe_batch;
+  try {
+    StageShapes shapes = symbolic_batch_shapes(model.graph, model.batch, import_model(options.model, probe).graph,
+                                               probe_batch, symbol);
+    for (const auto& note : shapes.notes) tell(options, CompileMessage::kNote, "stage files: " + note);
+    return shapes;
+  } catch (const Error& e) {
+    tell(options, CompileMessage::kNote,
+         "stage files keep static shapes: the model does not import at " + symbol + "=" + std::to_string(probe_batch) +
+             ": " + e.what());
+    return {};
+  }
+}
+
+std::vector<InputFile> model_files(const std::filesystem::path& path, const ImportedModel& model) {
+  std::vector<InputFile> inputs{{"the model", path}};
+  for (const auto& file : model.external_data_files) inputs.push_back({"an external-data file of the model", file});
+  return inputs;
+}
+
+std::vector<InputFile> compile_inputs(const CompileOptions& options, const ImportedModel& model) {
+  std::vector<InputFile> inputs = model_files(options.model, model);
+  if (!options.profile.empty()) inputs.push_back({"the --profile costs file", options.profile});
+  if (!options.cluster.file.empty()) inputs.push_back({"the cluster file", options.cluster.file});
+  return inputs;
+}
+
+void write_plan_files(const CompileResult& result, const CompileOptions& options, const PlanFiles& output) {
+  PlanOutputs outputs;
+  outputs.inputs = compile_inputs(options, result.model);
+  outputs.force = output.force;
+  outputs.dot_detail = output.dot_detail;
+  outputs.stage_models = output.stage_models;
+  if (outputs.stage_models) outputs.stage_shapes = stage_shapes(options, result.model);
+  outputs.extra = [&](const std::filesystem::path& dir) {
+    write_costs_json(dir / "costs.json", result.model.graph, costs_at_plan_size(result));
+    if (!result.baselines.empty())
+      write_file_atomically(dir / "baselines.json", baselines_json(result.baselines, result.plan.options.training.global_batch,
+                                                                   result.plan.options.cluster.devices));
+  };
+  write_plan_directory(output.directory, result.plan, result.model.graph, options.model, result.info, outputs);
+}
+
+}  // namespace apart

@@ -1,0 +1,168 @@
+// apart::compile: it plans what `apart partition` plans, the same twice, refuses bad options with typed errors, and
+// writes nothing without an output folder.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "driver/compile.h"
+#include "graph/error.h"
+#include "tests/support/onnx_builder.h"
+#include "tests/support/run_apart.h"
+
+namespace apart {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::read_file;
+using testing::TempDir;
+
+const fs::path kGptTiny = fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx";
+
+// `apart partition models/gpt-tiny.onnx --devices N --devices-per-node 4 --batch B --device a100-80gb`: on 8 devices
+// where the CLI is compared, on 4 (a shorter search) elsewhere.
+CompileOptions gpt_tiny_options(int devices = 4, int64_t batch = 16) {
+  CompileOptions o;
+  o.model = kGptTiny;
+  o.cluster.device = "a100-80gb";
+  o.cluster.devices = devices;
+  o.cluster.devices_per_node = 4;
+  o.partition.training.global_batch = batch;
+  return o;
+}
+const char* const kGptTinyFlags = " --devices 8 --devices-per-node 4 --batch 64 --device a100-80gb";
+
+// Drops what differs between identical runs: the report's search line, plan.json's search.seconds and
+// baselines.json's planning_s.
+std::string without_timing(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.rfind("search ", 0) != 0) out += line + "\n";
+  return out;
+}
+nlohmann::json plan_json_without_seconds(const fs::path& file) {
+  auto j = nlohmann::json::parse(read_file(file));
+  j["search"].erase("seconds");
+  return j;
+}
+nlohmann::json baselines_without_seconds(const fs::path& file) {
+  auto j = nlohmann::json::parse(read_file(file));
+  for (auto& method : j["methods"]) method.erase("planning_s");
+  return j;
+}
+
+TEST(ACompile, WritesThePlanFolderTheCliWrites) {
+  TempDir dir;
+  const auto cli = testing::run_apart("partition " + kGptTiny.string() + kGptTinyFlags + " -o " + (dir / "cli").string());
+  ASSERT_EQ(cli.code, 0) << cli.out;
+
+  CompileOptions o = gpt_tiny_options(8, 64);
+  o.output = PlanFiles{.directory = dir / "compiled"};
+  const CompileResult r = compile(o);
+  EXPECT_EQ(r.baselines.size(), kAllMethods.size());
+
+  EXPECT_EQ(plan_json_without_seconds(dir / "compiled" / "plan.json"), plan_json_without_seconds(dir / "cli" / "plan.json"));
+  EXPECT_EQ(baselines_without_seconds(dir / "compiled" / "baselines.json"),
+            baselines_without_seconds(dir / "cli" / "baselines.json"));
+  EXPECT_EQ(without_timing(read_file(dir / "compiled" / "report.txt")), without_timing(read_file(dir / "cli" / "report.txt")));
+  for (const std::string file : {"plan.dot", "costs.json", "stage_0.onnx"})
+    EXPECT_EQ(read_file(dir / "compiled" / file), read_file(dir / "cli" / file)) << file;
+}
+
+TEST(ACompile, ReturnsThePlanItWrites) {
+  TempDir dir;
+  CompileOptions o = gpt_tiny_options();
+  o.baselines = false;
+  o.output = PlanFiles{.directory = dir / "plan", .stage_models = false};
+  const CompileResult r = compile(o);
+  auto returned = nlohmann::json::parse(plan_to_json(r.plan, r.model.graph, r.info).dump());
+  returned["search"].erase("seconds");
+  EXPECT_EQ(returned, plan_json_without_seconds(dir / "plan" / "plan.json"));
+  EXPECT_FALSE(fs::exists(dir / "plan" / "baselines.json"));
+  EXPECT_FALSE(fs::exists(dir / "plan" / "stage_0.onnx"));
+  EXPECT_TRUE(r.baselines.empty());
+  ASSERT_TRUE(r.costs.at_other_size.has_value());
+  EXPECT_EQ(r.costs.at_other_size->microbatch_size, 4 * r.costs.table.microbatch_size);
+  EXPECT_EQ(r.model.batch, 1) << "read at batch 1 by the importer's batch rule";
+}
+
+TEST(ACompile, PlansTheSameTwiceApartFromSearchTime) {
+  CompileOptions o = gpt_tiny_options();
+  o.baselines = false;
+  auto plan = [&] {
+    const CompileResult r = compile(o);
+    auto j = plan_to_json(r.plan, r.model.graph, r.info);
+    j["search"]["seconds"] = 0;
+    return j.dump(2);
+  };
+  EXPECT_EQ(plan(), plan());
+}
+
+TEST(ACompile, WritesNothingWithoutAnOutputFolder) {
+  TempDir dir;
+  const fs::path before = fs::current_path();
+  fs::current_path(dir.path());  // a plan written to a relative default would land here
+  CompileOptions o = gpt_tiny_options();
+  const CompileResult r = compile(o);
+  fs::current_path(before);
+  EXPECT_FALSE(r.plan.stages.empty());
+  EXPECT_FALSE(r.baselines.empty()) << "the comparison is computed even when not written";
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+TEST(ACompile, RefusesBadOptionsWithTypedErrorsNamingThem) {
+  auto message = [](const CompileOptions& o) -> std::string {
+    try {
+      compile(o);
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "no InvalidArgument";
+  };
+  CompileOptions no_batch = gpt_tiny_options();
+  no_batch.partition.training.global_batch = 0;
+  EXPECT_NE(message(no_batch).find("--batch"), std::string::npos) << message(no_batch);
+
+  CompileOptions no_devices = gpt_tiny_options();
+  no_devices.cluster.devices = 0;
+  EXPECT_NE(message(no_devices).find("--devices"), std::string::npos) << message(no_devices);
+
+  CompileOptions unknown_device = gpt_tiny_options();
+  unknown_device.cluster.device = "tpu-v9";
+  EXPECT_NE(message(unknown_device).find("tpu-v9"), std::string::npos) << message(unknown_device);
+
+  CompileOptions missing_model = gpt_tiny_options();
+  missing_model.model = fs::path(APART_TEST_DATA_DIR) / "no-such-model.onnx";
+  EXPECT_THROW(compile(missing_model), Error);
+}
+
+TEST(ACompile, RefusesAProfileFromAnotherDeviceUnlessToldToWarn) {
+  TempDir dir;
+  const auto costs = testing::run_apart("costs " + kGptTiny.string() + " --device h100-80gb -o " + (dir / "costs.json").string());
+  ASSERT_EQ(costs.code, 0) << costs.out;
+  CompileOptions o = gpt_tiny_options();
+  o.profile = dir / "costs.json";
+  o.baselines = false;
+  try {
+    compile(o);
+    ADD_FAILURE() << "a profile from h100-80gb was used on a100-80gb";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--profile-device-mismatch ok"), std::string::npos) << e.what();
+  }
+  o.profile_device_mismatch = ProfileDeviceMismatch::kWarn;
+  std::vector<std::string> warnings;
+  o.on_message = [&](CompileMessage kind, const std::string& text) {
+    if (kind == CompileMessage::kWarning) warnings.push_back(text);
+  };
+  const CompileResult r = compile(o);
+  EXPECT_FALSE(r.costs.at_other_size.has_value()) << "a measured profile is used as given";
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("h100-80gb"), std::string::npos) << warnings[0];
+}
+
+}  // namespace
+}  // namespace apart

@@ -92,7 +92,7 @@ void run_partition(const PartitionArgs& a) {
   PartitionOptions o;
   o.method = parse_method(a.method);
   o.training.global_batch = a.batch;
-  o.training.optimizer = parse_optimizer(a.optimizer);
+  o.training.optimizer = profiler::parse_optimizer(a.optimizer);
   if (a.schedule != "auto") o.stage.schedule = parse_schedule(a.schedule);
   if (auto m = auto_or_int("--microbatches", a.microbatches)) o.stage.microbatches = *m;
   if (auto s = auto_or_int("--stages", a.stages)) o.stage.stages = static_cast<int>(*s);

@@ -1,0 +1,25 @@
+// One translation unit that includes the plan, runtime and partition headers compiles (the pipelined runtime is
+// such a unit): no library's names clash with another's in namespace apart.
+#include <gtest/gtest.h>
+
+#include "codegen/plan_writer.h"
+#include "partition/partition.h"
+#include "report/report_plan.h"
+#include "runtime/executor.h"
+#include "runtime/optimizer.h"
+#include "simulator/sim_plan.h"
+
+namespace apart {
+namespace {
+
+TEST(OneTranslationUnit, SeesThePlannersTrainingChoicesAndTheRuntimesOptimizerApart) {
+  TrainingSpec planned;  // partition/: what the planner assumed
+  planned.optimizer = profiler::Optimizer::kMomentum;
+  OptimizerOptions run;  // runtime/: what the optimizer step does
+  run.kind = OptimizerKind::kMomentum;
+  EXPECT_EQ(profiler::optimizer_name(planned.optimizer), optimizer_name(run.kind));
+  EXPECT_EQ(Optimizer::slots(OptimizerKind::kMomentum), 1);
+}
+
+}  // namespace
+}  // namespace apart

@@ -23,6 +23,7 @@
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
+#include "importer/external_data.h"
 #include "importer/fold.h"
 #include "importer/model_proto.h"
 
@@ -48,56 +49,6 @@ constexpr int kDiagnosticMessageNesting = 1024;
 
 std::string node_label(const onnx::NodeProto& node, int index) {
   return node.name().empty() ? node.op_type() + "_" + std::to_string(index) : node.name();
-}
-
-// --- External data ------------------------------------------------------------
-
-struct ExternalRef {
-  std::string location;
-  int64_t offset = 0;
-  int64_t length = -1;
-};
-
-ExternalRef parse_external_ref(const onnx::TensorProto& t) {
-  ExternalRef ref;
-  for (const auto& kv : t.external_data()) {
-    auto parse_int = [&](const std::string& text) -> int64_t {
-      char* end = nullptr;
-      errno = 0;
-      long long v = std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || errno == ERANGE || v < 0)
-        throw InvalidModel("initializer " + quote(t.name()) + " has external_data " + kv.key() + "=" + quote(text) +
-                           ", which is not a non-negative integer");
-      return v;
-    };
-    if (kv.key() == "location") ref.location = kv.value();
-    else if (kv.key() == "offset") ref.offset = parse_int(kv.value());
-    else if (kv.key() == "length") ref.length = parse_int(kv.value());
-  }
-  if (ref.location.empty())
-    throw InvalidModel("initializer " + quote(t.name()) + " is marked as external data but has no 'location' entry");
-  return ref;
-}
-
-// Refuses locations that could read outside the model's folder (absolute, '..', symlink escape).
-fs::path resolve_external_location(const fs::path& base_dir, const std::string& tensor, const std::string& location) {
-  const fs::path loc(location);
-  if (loc.is_absolute() || (!location.empty() && (location[0] == '/' || location[0] == '\\')))
-    throw InvalidModel("initializer " + quote(tensor) + ": external-data location " + quote(location) +
-                       " is an absolute path; locations must be relative to the model's folder");
-  for (const auto& part : loc)
-    if (part == "..")
-      throw InvalidModel("initializer " + quote(tensor) + ": external-data location " + quote(location) +
-                         " contains '..'; locations must stay inside the model's folder");
-  std::error_code ec;
-  const fs::path root = fs::weakly_canonical(base_dir.empty() ? fs::current_path() : base_dir, ec);
-  const fs::path full = fs::weakly_canonical(root / loc, ec);
-  if (ec) throw SystemError("cannot resolve external-data location " + quote(location) + ": " + ec.message());
-  auto [root_end, full_it] = std::mismatch(root.begin(), root.end(), full.begin(), full.end());
-  if (root_end != root.end())
-    throw InvalidModel("initializer " + quote(tensor) + ": external-data location " + quote(location) + " resolves to " +
-                       full.string() + ", outside the model's folder " + root.string() + " (through a symlink?)");
-  return full;
 }
 
 // --- Tensor metadata --------------------------------------------------------------
@@ -396,19 +347,15 @@ class Importer {
       v.bytes = info.bytes;
       if (t.data_location() == onnx::TensorProto::EXTERNAL) {
         v.external_data = true;
-        ExternalRef ref = parse_external_ref(t);
-        fs::path file = resolve_external_location(base_dir_, t.name(), ref.location);
+        const ExternalData ref = external_data(t, base_dir_);
+        const fs::path& file = ref.file;
         external_files.insert(file);
         if (ref.length >= 0 && info.bytes > 0 && ref.length != info.bytes)
           throw InvalidModel("initializer " + quote(t.name()) + ": external_data length " + std::to_string(ref.length) +
                              " does not match its shape [" + shape_string(info.dims) + "] (" + std::to_string(info.bytes) + " bytes)");
         std::error_code ec;
-        const fs::file_status status = fs::status(file, ec);  // stat only: a FIFO is never opened
-        if (!fs::exists(status)) {
+        if (!external_file_exists(ref, t.name())) {
           missing_files.insert(ref.location);
-        } else if (!fs::is_regular_file(status)) {
-          throw InvalidModel("initializer " + quote(t.name()) + ": external-data location " + quote(ref.location) +
-                             " is not a regular file (a FIFO, device or directory); weights must be in a plain file");
         } else {
           const auto size = fs::file_size(file, ec);
           const auto end = checked_add(ref.offset, info.bytes);

@@ -13,6 +13,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "graph/task_graph.h"
+#include "importer/external_data.h"
 
 namespace apart {
 
@@ -33,53 +34,15 @@ int64_t count_of(const std::vector<int64_t>& shape) {
 }
 
 
-// external_data location → path under base_dir; refuses absolute paths, '..' and symlink escapes.
-fs::path resolve_location(const fs::path& base_dir, const std::string& tensor, const std::string& location) {
-  const fs::path loc(location);
-  if (location.empty() || loc.is_absolute() || location[0] == '/' || location[0] == '\\')
-    throw InvalidModel("tensor " + quote(tensor) + ": external-data location " + quote(location) +
-                       " must be a relative path inside the model's folder");
-  for (const auto& part : loc)
-    if (part == "..")
-      throw InvalidModel("tensor " + quote(tensor) + ": external-data location " + quote(location) + " contains '..'");
-  std::error_code ec;
-  const fs::path root = fs::weakly_canonical(base_dir.empty() ? fs::current_path() : base_dir, ec);
-  const fs::path full = fs::weakly_canonical(root / loc, ec);
-  if (ec) throw SystemError("cannot resolve external-data location " + quote(location) + ": " + ec.message());
-  auto [root_end, unused] = std::mismatch(root.begin(), root.end(), full.begin(), full.end());
-  if (root_end != root.end())
-    throw InvalidModel("tensor " + quote(tensor) + ": external-data location " + quote(location) +
-                       " resolves outside the model's folder " + root.string());
-  return full;
-}
-
 void read_external(const onnx::TensorProto& proto, const fs::path& base_dir, std::byte* dst, int64_t bytes) {
-  std::string location;
-  int64_t offset = 0, length = -1;
-  for (const auto& kv : proto.external_data()) {
-    auto parse = [&](const std::string& text) {
-      char* end = nullptr;
-      errno = 0;
-      long long v = std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || errno == ERANGE || v < 0)
-        throw InvalidModel("tensor " + quote(proto.name()) + ": external_data " + kv.key() + "=" + quote(text) +
-                           " is not a non-negative integer");
-      return static_cast<int64_t>(v);
-    };
-    if (kv.key() == "location") location = kv.value();
-    else if (kv.key() == "offset") offset = parse(kv.value());
-    else if (kv.key() == "length") length = parse(kv.value());
-  }
-  const fs::path path = resolve_location(base_dir, proto.name(), location);
-  if (length >= 0 && length != bytes)
-    throw InvalidModel("tensor " + quote(proto.name()) + ": external_data length " + std::to_string(length) +
+  const ExternalData ref = external_data(proto, base_dir);
+  const fs::path& path = ref.file;
+  const int64_t offset = ref.offset;
+  if (ref.length >= 0 && ref.length != bytes)
+    throw InvalidModel("tensor " + quote(proto.name()) + ": external_data length " + std::to_string(ref.length) +
                        " differs from its shape's " + std::to_string(bytes) + " bytes");
-  // stat before open: opening a FIFO or a device would block or read forever.
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (fs::exists(status) && !fs::is_regular_file(status))
-    throw InvalidModel("tensor " + quote(proto.name()) + ": external-data location " + quote(location) +
-                       " is not a regular file (a FIFO, device or directory); weights must be in a plain file");
+  if (!external_file_exists(ref, proto.name()))
+    throw SystemError("external-data file " + path.string() + " of tensor " + quote(proto.name()) + " does not exist");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw SystemError("cannot open external-data file " + path.string() + " of tensor " + quote(proto.name()));
   in.seekg(offset);

@@ -15,14 +15,14 @@
 #include "graph/error.h"
 #include "models/zoo.h"
 #include "runtime/executor.h"
-#include "tests/runtime/model_builder.h"
+#include "tests/support/onnx_builder.h"
 #include "tests/support/read_model.h"
 
 namespace apart {
 namespace {
 
 using testing::Io;
-using testing::ModelBuilder;
+using testing::OnnxBuilder;
 
 Tensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double lo = -1, double hi = 1) {
   Tensor t(dt, std::move(shape));
@@ -91,7 +91,7 @@ struct OpCase {
 void check_op(const OpCase& c) {
   SCOPED_TRACE(c.op);
   std::mt19937 rng(3);
-  ModelBuilder b;
+  OnnxBuilder b;
   for (const auto& [name, t] : c.params) b.initializer(t, name);
   for (const auto& [name, t] : c.fixed) b.initializer(t, name);
   std::vector<std::string> outs;
@@ -117,15 +117,15 @@ void check_op(const OpCase& c) {
   b.output({"loss", c.dtype, {}});
   TrainingGraphOptions options;
   for (const auto& [name, t] : c.params) options.params.push_back(name);
-  const TrainingGraph tg = build_training_graph(b.proto(), options);
+  const TrainingGraph tg = build_training_graph(b.model(), options);
   expect_gradients_match(tg, {}, c.tol, 8);
 }
 
 std::function<void(onnx::NodeProto&)> ints_attr(const std::string& name, std::vector<int64_t> v) {
-  return [name, v](onnx::NodeProto& n) { ModelBuilder::attr_ints(n, name, v); };
+  return [name, v](onnx::NodeProto& n) { OnnxBuilder::set_ints(n, name, v); };
 }
 std::function<void(onnx::NodeProto&)> int_attr(const std::string& name, int64_t v) {
-  return [name, v](onnx::NodeProto& n) { ModelBuilder::attr_int(n, name, v); };
+  return [name, v](onnx::NodeProto& n) { OnnxBuilder::set_int(n, name, v); };
 }
 Tensor ints(std::vector<int64_t> shape, std::vector<int64_t> values) {
   Tensor t(DType::kInt64, std::move(shape));
@@ -168,8 +168,8 @@ TEST_F(AGradientRule, OfMatMulAndGemm) {
                  {"b", r(tb ? std::vector<int64_t>{5, 4} : std::vector<int64_t>{4, 5})},
                  {"c", r({5})}},
                 {}, {"a", "b", "c"}, {{3, 5}}, [ta, tb](onnx::NodeProto& n) {
-                  ModelBuilder::attr_int(n, "transA", ta);
-                  ModelBuilder::attr_int(n, "transB", tb);
+                  OnnxBuilder::set_int(n, "transA", ta);
+                  OnnxBuilder::set_int(n, "transB", tb);
                   auto* a = n.add_attribute();
                   a->set_name("alpha"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(0.5f);
                 }});
@@ -210,7 +210,7 @@ TEST_F(AGradientRule, OfSoftmaxCrossEntropyLoss) {
               [reduction](onnx::NodeProto& n) {
                 auto* a = n.add_attribute();
                 a->set_name("reduction"), a->set_type(onnx::AttributeProto::STRING), a->set_s(reduction);
-                ModelBuilder::attr_int(n, "ignore_index", -100);
+                OnnxBuilder::set_int(n, "ignore_index", -100);
               }});
   check_op({"SoftmaxCrossEntropyLoss", {{"s", r({2, 3, 2})}}, {{"l", ints({2, 2}, {1, 0, 2, 2})}, {"w", r({3}, 0.5, 1.5)}},
             {"s", "l", "w"}, {{}}});
@@ -238,8 +238,8 @@ TEST_F(AGradientRule, OfMaxAndMinSplitsATieEvenlyAsCentralDifferencesDo) {
 
 TEST_F(AGradientRule, OfReduceMaxAndReduceMinGoesToTheExtremesSplittingTiesEvenly) {
   check_op({"ReduceMax", {{"x", r({2, 2, 2})}}, {}, {"x"}, {{2, 2}}, [](onnx::NodeProto& n) {
-              ModelBuilder::attr_ints(n, "axes", {1});
-              ModelBuilder::attr_int(n, "keepdims", 0);
+              OnnxBuilder::set_ints(n, "axes", {1});
+              OnnxBuilder::set_int(n, "keepdims", 0);
             }});
   check_op({"ReduceMin", {{"x", r({2, 2, 2})}}, {}, {"x"}, {{2, 2, 1}}, ints_attr("axes", {-1})});
   check_op({"ReduceMax", {{"x", r({2, 3})}}, {}, {"x"}, {{1, 1}}});
@@ -263,8 +263,8 @@ TEST_F(AGradientRule, OfReduceProdIsTheProductOfTheOthersAlsoWithZeros) {
   set(x, 2, 0.0);                // row 1 has one zero: its entry gets the other's value, the other 0
   set(x, 4, 0.0), set(x, 5, 0.0);  // row 2 has two: all 0
   check_op({"ReduceProd", {{"x", x}}, {}, {"x"}, {{3}}, [](onnx::NodeProto& n) {
-              ModelBuilder::attr_ints(n, "axes", {1});
-              ModelBuilder::attr_int(n, "keepdims", 0);
+              OnnxBuilder::set_ints(n, "axes", {1});
+              OnnxBuilder::set_int(n, "keepdims", 0);
             }});
 }
 
@@ -275,7 +275,7 @@ TEST_F(AGradientRule, OfNegativeLogLikelihoodLossScattersTheWeightsIntoTheTarget
               [reduction](onnx::NodeProto& n) {
                 auto* a = n.add_attribute();
                 a->set_name("reduction"), a->set_type(onnx::AttributeProto::STRING), a->set_s(reduction);
-                ModelBuilder::attr_int(n, "ignore_index", -100);
+                OnnxBuilder::set_int(n, "ignore_index", -100);
               }});
   check_op({"NegativeLogLikelihoodLoss", {{"p", r({2, 3, 2})}}, {{"l", ints({2, 2}, {1, 0, 2, 2})}, {"w", r({3}, 0.5, 1.5)}},
             {"p", "l", "w"}, {{}}});
@@ -307,17 +307,17 @@ TEST_F(AGradientRule, OfConvPoolsAndBatchNorm) {
   };
   conv({}, {3, 4, 3, 3}, {2, 3, 3, 3});
   conv([](onnx::NodeProto& n) {
-    ModelBuilder::attr_ints(n, "strides", {2, 2});
-    ModelBuilder::attr_ints(n, "pads", {1, 1, 1, 1});
-    ModelBuilder::attr_ints(n, "dilations", {1, 2});
-    ModelBuilder::attr_int(n, "group", 2);
+    OnnxBuilder::set_ints(n, "strides", {2, 2});
+    OnnxBuilder::set_ints(n, "pads", {1, 1, 1, 1});
+    OnnxBuilder::set_ints(n, "dilations", {1, 2});
+    OnnxBuilder::set_int(n, "group", 2);
   }, {4, 2, 3, 2}, {2, 4, 3, 3});
   check_op({"MaxPool", {{"x", r({1, 2, 4, 4}, -1, 1, f)}}, {}, {"x"}, {{1, 2, 3, 3}}, ints_attr("kernel_shape", {2, 2}),
             f, kFloat});
   check_op({"AveragePool", {{"x", r({1, 2, 4, 4}, -1, 1, f)}}, {}, {"x"}, {{1, 2, 2, 2}}, [](onnx::NodeProto& n) {
-              ModelBuilder::attr_ints(n, "kernel_shape", {3, 3});
-              ModelBuilder::attr_ints(n, "strides", {2, 2});
-              ModelBuilder::attr_ints(n, "pads", {1, 1, 0, 0});
+              OnnxBuilder::set_ints(n, "kernel_shape", {3, 3});
+              OnnxBuilder::set_ints(n, "strides", {2, 2});
+              OnnxBuilder::set_ints(n, "pads", {1, 1, 0, 0});
             }, f, kFloat});
   check_op({"GlobalAveragePool", {{"x", r({2, 3, 2, 2})}}, {}, {"x"}, {{2, 3, 1, 1}}});
   check_op({"BatchNormalization", {{"x", r({3, 2, 2, 2})}, {"s", r({2})}, {"b", r({2})}},
@@ -334,23 +334,23 @@ TEST_F(AGradientRule, OfConvInFloat64MatchesTightly) {
   };
   conv({}, {2, 4, 5, 5}, {3, 4, 3, 3}, {2, 3, 3, 3});
   conv([](onnx::NodeProto& n) {  // groups, strides, asymmetric pads, dilations
-    ModelBuilder::attr_ints(n, "strides", {2, 1});
-    ModelBuilder::attr_ints(n, "pads", {1, 0, 0, 2});
-    ModelBuilder::attr_ints(n, "dilations", {1, 2});
-    ModelBuilder::attr_int(n, "group", 2);
+    OnnxBuilder::set_ints(n, "strides", {2, 1});
+    OnnxBuilder::set_ints(n, "pads", {1, 0, 0, 2});
+    OnnxBuilder::set_ints(n, "dilations", {1, 2});
+    OnnxBuilder::set_int(n, "group", 2);
   }, {2, 4, 5, 5}, {4, 2, 3, 2}, {2, 4, 2, 5});
   conv(ints_attr("strides", {2, 2}), {2, 4, 5, 5}, {6, 4, 1, 1}, {2, 6, 3, 3});  // ResNet's downsample
   conv(ints_attr("pads", {1, 1}), {2, 3, 6}, {2, 3, 3}, {2, 2, 6});               // 1-D
 }
 
 TEST(ATrainingGraph, RefusesAnOpWithoutAGradientRule) {
-  ModelBuilder b;
+  OnnxBuilder b;
   Tensor x(DType::kFloat32, {2});
   b.initializer(x, "x").output({"y", DType::kFloat32, {}});
   b.node("Sin", {"x"}, {"p"});
   b.node("ReduceSum", {"p"}, {"y"});
   try {
-    build_training_graph(b.proto());
+    build_training_graph(b.model());
     ADD_FAILURE() << "no error";
   } catch (const Unsupported& e) {
     EXPECT_NE(std::string(e.what()).find("Sin has no gradient rule"), std::string::npos) << e.what();
@@ -492,7 +492,7 @@ TEST(ATrainingGraph, OfResNet50MatchesADirectionalFiniteDifferenceInFloat64) {
   EXPECT_EQ(tg.gradients.size(), static_cast<size_t>(forward.graph().initializer_size()));
   onnx::ModelProto training_forward = forward;  // the loss as the training graph computes it
   for (auto& n : *training_forward.mutable_graph()->mutable_node())
-    if (n.op_type() == "BatchNormalization") ModelBuilder::attr_int(n, "training_mode", 1);
+    if (n.op_type() == "BatchNormalization") OnnxBuilder::set_int(n, "training_mode", 1);
   std::mt19937 rng(9);
   std::map<std::string, Tensor> inputs{{"input", random_tensor(DType::kFloat64, {8, 3, 32, 32}, rng)},
                                        {"labels", ints({8}, {3, 7, 0, 9, 1, 1, 4, 6})}};

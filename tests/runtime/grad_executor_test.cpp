@@ -4,21 +4,21 @@
 #include "graph/error.h"
 #include "runtime/executor.h"
 #include "tests/runtime/compare.h"
-#include "tests/runtime/model_builder.h"
+#include "tests/support/onnx_builder.h"
 
 namespace apart {
 namespace {
 
 using testing::Io;
-using testing::ModelBuilder;
+using testing::OnnxBuilder;
 
 TEST(AnInMemoryExecutor, RunsAModelProtoWithInlineInitializers) {
-  ModelBuilder b;
+  OnnxBuilder b;
   Tensor w(DType::kFloat32, {2, 3});
   for (int64_t i = 0; i < 6; ++i) w.data<float>()[i] = static_cast<float>(i + 1);
   b.input({"x", DType::kFloat32, {1, 2}}).output({"y", DType::kFloat32, {1, 3}}).initializer(w, "w");
   b.node("MatMul", {"x", "w"}, {"y"});
-  Executor exec(b.proto(), std::filesystem::temp_directory_path());
+  Executor exec(b.model(), std::filesystem::temp_directory_path());
   Tensor x(DType::kFloat32, {1, 2});
   x.data<float>()[0] = 1;
   x.data<float>()[1] = 2;
@@ -32,8 +32,8 @@ TEST(AnInMemoryExecutor, RunsAModelProtoWithInlineInitializers) {
 }
 
 TEST(AnInMemoryExecutor, BindsDimsThroughImportOptions) {
-  ModelBuilder b;
-  auto* in = b.proto().mutable_graph()->add_input();
+  OnnxBuilder b;
+  auto* in = b.model().mutable_graph()->add_input();
   in->set_name("x");
   in->mutable_type()->mutable_tensor_type()->set_elem_type(static_cast<int32_t>(DType::kFloat32));
   in->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_param("batch");
@@ -41,7 +41,7 @@ TEST(AnInMemoryExecutor, BindsDimsThroughImportOptions) {
   b.node("Relu", {"x"}, {"y"});
   ImportOptions import;
   import.dims["batch"] = 4;
-  Executor exec(b.proto(), {}, {}, import);
+  Executor exec(b.model(), {}, {}, import);
   Tensor x(DType::kFloat32, {4});
   x.data<float>()[0] = -1, x.data<float>()[1] = 2, x.data<float>()[2] = -3, x.data<float>()[3] = 4;
   auto out = exec.run({{"x", x}});
@@ -50,14 +50,14 @@ TEST(AnInMemoryExecutor, BindsDimsThroughImportOptions) {
 }
 
 TEST(AnInMemoryExecutor, RefusesAnOpWithoutAKernel) {
-  ModelBuilder b;
+  OnnxBuilder b;
   b.input({"x", DType::kFloat32, {2}}).output({"y", DType::kFloat32, {2}});
   auto& n = b.node("NoSuchGrad", {"x"}, {"y"});
   n.set_domain("ai.apart");
-  auto* op = b.proto().add_opset_import();
+  auto* op = b.model().add_opset_import();
   op->set_domain("ai.apart");
   op->set_version(1);
-  EXPECT_THROW(Executor(b.proto(), {}), Unsupported);
+  EXPECT_THROW(Executor(b.model(), {}), Unsupported);
 }
 
 }  // namespace

@@ -6,13 +6,13 @@
 #include "graph/error.h"
 #include "importer/importer.h"
 #include "runtime/executor.h"
-#include "tests/runtime/model_builder.h"
+#include "tests/support/onnx_builder.h"
 
 namespace apart {
 namespace {
 
 using testing::Io;
-using testing::ModelBuilder;
+using testing::OnnxBuilder;
 
 Tensor iota(DType dtype, std::vector<int64_t> shape, float scale = 1.f) {
   Tensor t(dtype, std::move(shape));
@@ -20,14 +20,14 @@ Tensor iota(DType dtype, std::vector<int64_t> shape, float scale = 1.f) {
   return t;
 }
 
-Tensor run_one(ModelBuilder& b, const std::string& file, const std::map<std::string, Tensor>& inputs) {
+Tensor run_one(OnnxBuilder& b, const std::string& file, const std::map<std::string, Tensor>& inputs) {
   ImportedModel m = import_model(b.write(file));
   Executor exec(m);
   return exec.run(inputs).at(0).second;
 }
 
 TEST(TheExecutor, NamesTheNodeAndOpItHasNoKernelFor) {
-  ModelBuilder b;
+  OnnxBuilder b;
   b.input({"x", DType::kFloat32, {2}}).output({"y", DType::kFloat32, {2}});
   b.node("Acosh", {"x"}, {"y"}, "my_node");
   ImportedModel m = import_model(b.write("unsupported.onnx"));
@@ -41,7 +41,7 @@ TEST(TheExecutor, NamesTheNodeAndOpItHasNoKernelFor) {
 }
 
 TEST(TheExecutor, RefusesInputsOfTheWrongShape) {
-  ModelBuilder b;
+  OnnxBuilder b;
   b.input({"x", DType::kFloat32, {2}}).output({"y", DType::kFloat32, {2}});
   b.node("Relu", {"x"}, {"y"});
   ImportedModel m = import_model(b.write("relu.onnx"));
@@ -52,9 +52,9 @@ TEST(TheExecutor, RefusesInputsOfTheWrongShape) {
 
 TEST(Softmax, CoercesTo2DBeforeOpset13AndNormalisesOneAxisFrom13) {
   for (int64_t opset : {11, 13}) {
-    ModelBuilder b(opset);
+    OnnxBuilder b(opset);
     b.input({"x", DType::kFloat32, {2, 3, 4}}).output({"y", DType::kFloat32, {2, 3, 4}});
-    ModelBuilder::attr_int(b.node("Softmax", {"x"}, {"y"}), "axis", 1);
+    OnnxBuilder::set_int(b.node("Softmax", {"x"}, {"y"}), "axis", 1);
     Tensor y = run_one(b, "softmax" + std::to_string(opset) + ".onnx", {{"x", iota(DType::kFloat32, {2, 3, 4})}});
     double first_block = 0, column = 0;
     for (int i = 0; i < 12; ++i) first_block += y.data<float>()[i];
@@ -65,7 +65,7 @@ TEST(Softmax, CoercesTo2DBeforeOpset13AndNormalisesOneAxisFrom13) {
 }
 
 TEST(MatMul, BroadcastsBatchDimsLikeNumpy) {
-  ModelBuilder b;
+  OnnxBuilder b;
   b.input({"a", DType::kFloat32, {2, 1, 3, 4}}).input({"b", DType::kFloat32, {3, 4, 5}}).output({"y", DType::kFloat32, {2, 3, 3, 5}});
   b.node("MatMul", {"a", "b"}, {"y"});
   Tensor a = iota(DType::kFloat32, {2, 1, 3, 4}), bt = iota(DType::kFloat32, {3, 4, 5}, 0.5f);
@@ -82,14 +82,14 @@ TEST(MatMul, BroadcastsBatchDimsLikeNumpy) {
 }
 
 TEST(Conv, MatchesADirectConvolutionWithGroupsStridesPadsAndDilation) {
-  ModelBuilder b;
+  OnnxBuilder b;
   b.input({"x", DType::kFloat32, {1, 4, 7, 6}}).input({"w", DType::kFloat32, {6, 2, 3, 2}}).output({"y", DType::kFloat32, {}});
-  b.proto().mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  b.model().mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
   auto& n = b.node("Conv", {"x", "w"}, {"y"});
-  ModelBuilder::attr_int(n, "group", 2);
-  ModelBuilder::attr_ints(n, "strides", {2, 1});
-  ModelBuilder::attr_ints(n, "pads", {1, 0, 2, 1});
-  ModelBuilder::attr_ints(n, "dilations", {1, 2});
+  OnnxBuilder::set_int(n, "group", 2);
+  OnnxBuilder::set_ints(n, "strides", {2, 1});
+  OnnxBuilder::set_ints(n, "pads", {1, 0, 2, 1});
+  OnnxBuilder::set_ints(n, "dilations", {1, 2});
   Tensor x = iota(DType::kFloat32, {1, 4, 7, 6}), w = iota(DType::kFloat32, {6, 2, 3, 2}, 0.25f);
   Tensor y = run_one(b, "conv.onnx", {{"x", x}, {"w", w}});
   const int64_t oh = (7 + 3 - 3) / 2 + 1, ow = (6 + 1 - 3) / 1 + 1;
@@ -111,7 +111,7 @@ TEST(Conv, MatchesADirectConvolutionWithGroupsStridesPadsAndDilation) {
 }
 
 TEST(Reshape, CopiesZeroDimsAndInfersMinusOne) {
-  ModelBuilder b;
+  OnnxBuilder b;
   b.input({"x", DType::kFloat32, {2, 3, 4}}).output({"y", DType::kFloat32, {2, 4, 3}});
   Tensor shape(DType::kInt64, {3});
   shape.data<int64_t>()[0] = 0;

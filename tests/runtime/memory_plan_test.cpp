@@ -7,7 +7,7 @@
 #include "importer/importer.h"
 #include "runtime/executor.h"
 #include "runtime/memory_plan.h"
-#include "tests/runtime/model_builder.h"
+#include "tests/support/onnx_builder.h"
 
 namespace apart {
 namespace {
@@ -86,7 +86,7 @@ TEST(TheMemoryPlanner, PlansGptTinyBelowTheSumOfItsActivationsAndIsDeterministic
 }
 
 TEST(TheExecutor, RunsAChainInsideTheArenaAndReportsThePlanBeforeTheFirstStep) {
-  testing::ModelBuilder b;
+  testing::OnnxBuilder b;
   b.input({"x", DType::kFloat32, {256}}).output({"y", DType::kFloat32, {256}});
   std::string prev = "x";
   for (int i = 0; i < 8; ++i) {

@@ -6,21 +6,21 @@
 #include <vector>
 
 #include "importer/importer.h"
-#include "model_builder.h"
+#include "tests/support/onnx_builder.h"
 #include "runtime/executor.h"
 #include "runtime/random.h"
 
 namespace apart {
 namespace {
 
-using testing::ModelBuilder;
+using testing::OnnxBuilder;
 
 constexpr int64_t kRows = 64, kCols = 64;
 
 // y = Dropout(x · prefix, ratio 0.25, training), its mask an output; `extra_nodes` Identity nodes run before it,
 // so the Dropout node sits at another index (as in a stage file cut from a bigger model).
 std::filesystem::path dropout_model(const std::string& file, int extra_nodes, int64_t seed_attr = -1) {
-  ModelBuilder b;
+  OnnxBuilder b;
   b.input({"x", DType::kFloat32, {kRows, kCols}});
   Tensor ratio(DType::kFloat32, {});
   ratio.data<float>()[0] = 0.25f;
@@ -34,7 +34,7 @@ std::filesystem::path dropout_model(const std::string& file, int extra_nodes, in
     in = out;
   }
   onnx::NodeProto& d = b.node("Dropout", {in, "ratio", "training"}, {"y", "mask"}, "/drop/Dropout");
-  if (seed_attr >= 0) ModelBuilder::attr_int(d, "seed", seed_attr);
+  if (seed_attr >= 0) OnnxBuilder::set_int(d, "seed", seed_attr);
   b.output({"y", DType::kFloat32, {kRows, kCols}}).output({"mask", DType::kBool, {kRows, kCols}});
   return b.write(file);
 }

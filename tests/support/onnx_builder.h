@@ -12,6 +12,8 @@
 #include <vector>
 #include <unistd.h>
 
+#include "graph/dtype.h"
+
 namespace apart::testing {
 
 // A dim is a number, or a symbolic name when `param` is non-empty.
@@ -20,6 +22,13 @@ struct Dim {
   std::string param;
   Dim(int64_t v) : value(v) {}  // NOLINT: implicit on purpose, reads as a shape literal
   Dim(const char* p) : param(p) {}  // NOLINT
+};
+
+// A graph input or output with a static shape.
+struct Io {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
 };
 
 class OnnxBuilder {
@@ -38,6 +47,14 @@ class OnnxBuilder {
 
   OnnxBuilder& input(const std::string& name, std::initializer_list<Dim> dims, int elem = onnx::TensorProto::FLOAT) {
     fill(*graph().add_input(), name, dims, elem);
+    return *this;
+  }
+  OnnxBuilder& input(const Io& io) {
+    fill(*graph().add_input(), io);
+    return *this;
+  }
+  OnnxBuilder& output(const Io& io) {
+    fill(*graph().add_output(), io);
     return *this;
   }
   OnnxBuilder& output(const std::string& name, int elem = onnx::TensorProto::FLOAT) {
@@ -65,6 +82,13 @@ class OnnxBuilder {
     t->set_data_type(onnx::TensorProto::INT64);
     t->add_dims(static_cast<int64_t>(values.size()));
     for (int64_t v : values) t->add_int64_data(v);
+    return *this;
+  }
+  // An initializer holding a tensor's values: any type with a `tensor_to_proto(tensor, name, TensorProto&)` found
+  // by argument-dependent lookup (runtime/tensor.h's Tensor), so this header needs no runtime/ header.
+  template <class Tensor>
+  OnnxBuilder& initializer(const Tensor& tensor, const std::string& name) {
+    tensor_to_proto(tensor, name, *graph().add_initializer());
     return *this;
   }
   // A float initializer declared as external data.
@@ -110,6 +134,13 @@ class OnnxBuilder {
     std::ofstream out(path, std::ios::binary);
     out << bytes();
   }
+  // Saves as `file` in this process's folder under the system temp dir; returns the path.
+  std::filesystem::path write(const std::string& file) const {
+    const auto dir = std::filesystem::temp_directory_path() / ("apart_test_models_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    save(dir / file);
+    return dir / file;
+  }
 
  private:
   static void fill(onnx::ValueInfoProto& vi, const std::string& name, std::initializer_list<Dim> dims, int elem) {
@@ -122,6 +153,13 @@ class OnnxBuilder {
       if (!d.param.empty()) dim->set_dim_param(d.param);
       else if (d.value >= 0) dim->set_dim_value(d.value);
     }
+  }
+  static void fill(onnx::ValueInfoProto& vi, const Io& io) {
+    vi.set_name(io.name);
+    auto* tt = vi.mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(static_cast<int32_t>(io.dtype));
+    auto* shape = tt->mutable_shape();
+    for (int64_t d : io.shape) shape->add_dim()->set_dim_value(d);
   }
   onnx::ModelProto model_;
 };

@@ -13,6 +13,7 @@
 
 #include "graph/error.h"
 #include "partition/baselines.h"
+#include "partition/methods.h"
 #include "partition/partition.h"
 #include "random_models.h"
 
@@ -63,7 +64,7 @@ TEST(TheGpipeBalanceSplit, RunsThroughPartitionWithTheSameCostModel) {
   const auto model = random_model(11, 12, true);
   PartitionOptions o = small_options(4, 16, 1'000'000'000);
   o.method = Method::kGpipeBalance;
-  const Plan plan = partition_graph(model.graph, model.costs, o);
+  const Plan plan = partition_by_method(model.graph, model.costs, o);
   EXPECT_GT(plan.estimate.iteration_s, 0);
   EXPECT_EQ(plan.options.method, Method::kGpipeBalance);
 }
@@ -162,7 +163,7 @@ TEST(ThePipeDreamMethod, PlansRandomGraphsWithinTheDevices) {
     const auto model = random_model(seed, 12, seed % 2 == 0);
     PartitionOptions o = small_options(4, 16, 1'000'000'000);
     o.method = Method::kPipeDream;
-    const Plan plan = partition_graph(model.graph, model.costs, o);
+    const Plan plan = partition_by_method(model.graph, model.costs, o);
     int devices = 0;
     for (const PlanStage& s : plan.stages) devices += s.replicas;
     EXPECT_LE(devices, 4) << "seed " << seed;
@@ -267,8 +268,8 @@ TEST(TheMetisMethod, GivesTheSamePlanTwice) {
   PartitionOptions o = small_options(4, 16, 1'000'000'000);
   o.method = Method::kMetis;
   o.block.blocks = 5;
-  const Plan a = partition_graph(model.graph, model.costs, o);
-  const Plan b = partition_graph(model.graph, model.costs, o);
+  const Plan a = partition_by_method(model.graph, model.costs, o);
+  const Plan b = partition_by_method(model.graph, model.costs, o);
   ASSERT_EQ(a.stages.size(), b.stages.size());
   for (size_t s = 0; s < a.stages.size(); ++s) EXPECT_EQ(a.stages[s].tasks, b.stages[s].tasks);
   EXPECT_EQ(a.estimate.iteration_s, b.estimate.iteration_s);

@@ -286,7 +286,7 @@ TEST(TheStageCutRefinement, FindsTheBestCutsNearTheBlockEdgesAndNeverRaisesTheBo
     training.global_batch = 12;
     const StageEvaluator coarse_ev(make_block_sequence(atomic, blocks), cluster, training);
     for (int stages : {2, 3}) {
-      const StageDp dp(coarse_ev, 2, Schedule::k1F1B, false, std::nullopt);
+      const StageDp dp(coarse_ev, {.microbatches = 2});
       const auto coarse = dp.solve(stages);
       if (!coarse) continue;
       // The component order refinement works in: by block, then by index.
@@ -348,7 +348,7 @@ TEST(TheStageCutRefinement, ReturnsACandidateOnlyWhenItBeatsEveryGivenOne) {
     std::vector<StageSolution> found;
     for (int64_t m : {1, 2, 4})
       for (int stages = 1; stages <= 4; ++stages)
-        if (auto s = StageDp(ev, m, Schedule::k1F1B, false, std::nullopt).solve(stages)) found.push_back(*s);
+        if (auto s = StageDp(ev, {.microbatches = m}).solve(stages)) found.push_back(*s);
     if (found.empty()) continue;
     double best = std::numeric_limits<double>::infinity();
     for (const StageSolution& s : found) best = std::min(best, s.estimate.iteration_s);

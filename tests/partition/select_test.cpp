@@ -120,7 +120,9 @@ std::vector<Candidate> random_candidates(uint32_t seed) {
     for (int64_t m : {1, 2, 4, 8})
       for (bool recompute : {false, true}) {
         const std::optional<int> pinned = layout == Layout::kPipelineMajor ? std::optional<int>(2) : std::nullopt;
-        const StageDp dp(*ev, m, Schedule::k1F1B, recompute, pinned);
+        const StageDp dp(*ev, {.microbatches = m,
+                          .recompute = recompute ? StageRecompute::kAll : StageRecompute::kOff,
+                          .pinned_replicas = pinned});
         for (int s = 1; s <= 4; ++s)
           if (auto sol = dp.solve(s)) {
             if (!pinned) dp.spend_leftover_devices(*sol);

@@ -39,9 +39,9 @@ BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int sta
     }
     bounds.push_back(n);
     for (int s = 0; s < stages; ++s)
-      for (size_t c = bounds[s]; c < bounds[s + 1]; ++c) a.block_of[c] = static_cast<uint32_t>(s);
+      for (size_t c = bounds[s]; c < bounds[s + 1]; ++c) a.block_of[c] = BlockId(static_cast<uint32_t>(s));
   } else {
-    for (size_t c = 0; c < n; ++c) a.block_of[c] = static_cast<uint32_t>(c * stages / n);
+    for (size_t c = 0; c < n; ++c) a.block_of[c] = BlockId(static_cast<uint32_t>(c * stages / n));
   }
   return a;
 }
@@ -117,7 +117,7 @@ BlockAssignment gpipe_balance_split(const AtomicGraph& atomic, int stages, doubl
   BlockAssignment a;
   a.blocks = static_cast<uint32_t>(stages);
   a.block_of.reserve(atomic.size());
-  for (size_t s = 0; s < sizes.size(); ++s) a.block_of.insert(a.block_of.end(), sizes[s], static_cast<uint32_t>(s));
+  for (size_t s = 0; s < sizes.size(); ++s) a.block_of.insert(a.block_of.end(), sizes[s], BlockId(static_cast<uint32_t>(s)));
   return a;
 }
 
@@ -188,7 +188,7 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& clus
   // Layers: contiguous groups by cumulative time (a group never empty, order kept).
   plan.layers.block_of.resize(n);
   if (n <= static_cast<size_t>(max_layers)) {
-    std::iota(plan.layers.block_of.begin(), plan.layers.block_of.end(), 0u);
+    for (size_t c = 0; c < n; ++c) plan.layers.block_of[c] = BlockId(static_cast<uint32_t>(c));
     plan.layers.blocks = static_cast<uint32_t>(n);
   } else {
     const double total = std::accumulate(times.begin(), times.end(), 0.0);
@@ -199,7 +199,7 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& clus
                                                           : static_cast<double>(c * max_layers / n));
       if (last_bucket != UINT32_MAX && bucket != last_bucket) ++layer;
       last_bucket = bucket;
-      plan.layers.block_of[c] = layer;
+      plan.layers.block_of[c] = BlockId(layer);
       before += times[c];
     }
     plan.layers.blocks = layer + 1;
@@ -357,7 +357,7 @@ BlockAssignment repair_part_order(size_t nodes, const std::vector<std::pair<uint
   for (uint32_t& u : used)
     if (u == 0) u = a.blocks++;
   a.block_of.resize(nodes);
-  for (size_t v = 0; v < nodes; ++v) a.block_of[v] = used[label[v]];
+  for (size_t v = 0; v < nodes; ++v) a.block_of[v] = BlockId(used[label[v]]);
   return a;
 }
 
@@ -375,7 +375,7 @@ BlockAssignment metis_blocks(const AtomicGraph& atomic, int parts, double microb
   if (parts == 1) {
     BlockAssignment a;
     a.blocks = 1;
-    a.block_of.assign(n, 0);
+    a.block_of.assign(n, BlockId(0));
     return a;
   }
   // Integer weights: times scaled so they sum to ≤ 10⁷, bytes so the largest edge is 10⁶; both ≥ 1.

@@ -26,17 +26,17 @@ std::string gb(double bytes) {
   const double state_factor = state_bytes_per_param_byte(o.training.optimizer, o.training.precision);
   const double act = 1.0;  // saved bytes are at the run's precision already
   double total = 0;
-  size_t worst = 0;
+  ComponentId worst(0);
   double worst_bytes = 0;
-  for (size_t c = 0; c < atomic.size(); ++c) {
-    const BlockCost& b = atomic.components[c].cost;
+  for (uint32_t c = 0; c < atomic.size(); ++c) {
+    const BlockCost& b = atomic.component(ComponentId(c)).cost;
     const double one = static_cast<double>(b.param_bytes) * state_factor + b.workspace_per_sample + b.workspace_fixed;
     total += static_cast<double>(b.param_bytes) * state_factor + b.saved_per_sample * act;
-    if (one > worst_bytes) { worst_bytes = one; worst = c; }
+    if (one > worst_bytes) { worst_bytes = one; worst = ComponentId(c); }
   }
   const std::string device = std::to_string(o.cluster.memory_bytes / 1'000'000'000) + " GB";
   if (worst_bytes > limit)
-    throw Infeasible("task " + graph.task(atomic.components[worst].batch_task).name + " alone needs " +
+    throw Infeasible("task " + graph.task(atomic.component(worst).batch_task).name + " alone needs " +
                      gb(worst_bytes) + " (weights, gradients and " + std::string(optimizer_name(o.training.optimizer)) +
                      " state) but a device has " + device +
                      "; apart does not split a single operator: use devices with more memory, --precision mixed, or "
@@ -386,16 +386,17 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
   plan.compute_lower_bound_s = chosen.evaluator->total_per_sample_s() * static_cast<double>(batch) / o.cluster.devices;
 
   const BlockAssignment& assignment = *chosen.assignment;
-  std::vector<int> stage_of_block(assignment.blocks, 0);
-  for (int s = 0; s < best.stages; ++s)
-    for (uint32_t b = best.boundaries[s]; b < best.boundaries[s + 1]; ++b) stage_of_block[b] = s;
+  std::vector<StageId> stage_of_block(assignment.blocks);
+  for (uint32_t s = 0; s < static_cast<uint32_t>(best.stages); ++s)
+    for (uint32_t b = best.boundaries[s]; b < best.boundaries[s + 1]; ++b) stage_of_block[b] = StageId(s);
   std::vector<int> stage_of_task(graph.num_tasks(), -1);  // batch tasks only
   std::vector<std::set<uint32_t>> tasks_of(best.stages);
-  for (size_t c = 0; c < atomic.size(); ++c) {
-    const int s = stage_of_block[assignment.block_of[c]];
-    stage_of_task[atomic.components[c].batch_task.value()] = s;
-    tasks_of[s].insert(atomic.components[c].batch_task.value());
-    for (TaskId t : atomic.components[c].constant_tasks) tasks_of[s].insert(t.value());
+  for (uint32_t c = 0; c < atomic.size(); ++c) {
+    const AtomicComponent& component = atomic.component(ComponentId(c));
+    const StageId s = stage_of_block[assignment.block_of_component(ComponentId(c)).value()];
+    stage_of_task[component.batch_task.value()] = static_cast<int>(s.value());
+    tasks_of[s.value()].insert(component.batch_task.value());
+    for (TaskId t : component.constant_tasks) tasks_of[s.value()].insert(t.value());
   }
   for (int s = 0; s < best.stages; ++s) {
     PlanStage st;

@@ -178,7 +178,7 @@ TEST(TheCycleRepair, MovesANodeAfterItsLatePredecessor) {
   // node 1 stays in part 1 (rank 1), node 2 must follow its predecessor 1 into rank 1, node 3 too.
   const BlockAssignment a = repair_part_order(4, {{0, 1}, {1, 2}, {2, 3}}, {0, 1, 0, 1});
   EXPECT_EQ(a.blocks, 2u);
-  EXPECT_EQ(a.block_of, (std::vector<uint32_t>{0, 1, 1, 1}));
+  EXPECT_EQ(a.block_of, (std::vector<BlockId>{BlockId(0), BlockId(1), BlockId(1), BlockId(1)}));
 }
 
 TEST(TheCycleRepair, LeavesEveryEdgeForwardAndEveryNodeInOnePartOnRandomDags) {
@@ -195,9 +195,9 @@ TEST(TheCycleRepair, LeavesEveryEdgeForwardAndEveryNodeInOnePartOnRandomDags) {
     const BlockAssignment a = repair_part_order(n, edges, part);
     ASSERT_EQ(a.block_of.size(), n);
     std::vector<int> used(a.blocks, 0);
-    for (uint32_t b : a.block_of) {
-      ASSERT_LT(b, a.blocks);
-      used[b] = 1;
+    for (BlockId b : a.block_of) {
+      ASSERT_LT(b.value(), a.blocks);
+      used[b.value()] = 1;
     }
     for (int u : used) EXPECT_EQ(u, 1) << "empty part " << trial;
     for (const auto& [from, to] : edges) EXPECT_LE(a.block_of[from], a.block_of[to]) << "trial " << trial;
@@ -213,7 +213,7 @@ TEST(TheMetisBlocks, AreAcyclicOnRandomDagsAndCoverEveryComponentOnce) {
       ASSERT_EQ(a.block_of.size(), atomic.size());
       EXPECT_GE(a.blocks, 1u);
       EXPECT_LE(a.blocks, static_cast<uint32_t>(k));
-      for (uint32_t b : a.block_of) EXPECT_LT(b, a.blocks);
+      for (BlockId b : a.block_of) EXPECT_LT(b.value(), a.blocks);
       for (const Transfer& t : atomic.transfers)
         for (uint32_t c : t.consumers) EXPECT_LE(a.block_of[t.producer], a.block_of[c]) << "seed " << seed;
       EXPECT_NO_THROW(make_block_sequence(atomic, a));

@@ -51,7 +51,7 @@ TEST(ThePartitionPipeline, MatchesBruteForceOnRandomDagsAndChains) {
     BlockAssignment identity;
     identity.blocks = static_cast<uint32_t>(atomic.size());
     identity.block_of.resize(atomic.size());
-    std::iota(identity.block_of.begin(), identity.block_of.end(), 0u);
+    for (uint32_t c = 0; c < atomic.size(); ++c) identity.block_of[c] = BlockId(c);
     const StageEvaluator ev(make_block_sequence(atomic, identity), o.cluster, o.training);
     for (int stages = 1; stages <= std::min<int>(devices, atomic.size()); ++stages)
       for (int64_t m : {1, 2, 4, 8}) {

@@ -108,7 +108,7 @@ std::vector<Candidate> random_candidates(uint32_t seed) {
   auto seq = std::make_shared<const BlockSequence>(testing::random_sequence(rng, 7));
   auto assignment = std::make_shared<BlockAssignment>();
   assignment->blocks = 7;
-  for (uint32_t b = 0; b < 7; ++b) assignment->block_of.push_back(b);
+  for (uint32_t b = 0; b < 7; ++b) assignment->block_of.push_back(BlockId(b));
   ClusterSpec c = cluster(12, 4);
   c.memory_bytes = 40'000'000'000;
   TrainingSpec t;

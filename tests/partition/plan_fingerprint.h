@@ -59,6 +59,8 @@ inline std::vector<MethodCase> method_cases() {
       {.seed = 95, .tasks = 11, .chain = true, .devices = 8, .devices_per_node = 4, .batch = 16, .stages = 2,
        .microbatches = 4},
       {.seed = 96, .tasks = 9, .chain = false, .devices = 2, .devices_per_node = 2, .batch = 4, .memory = 10},
+      {.seed = 97, .tasks = 12, .chain = false, .devices = 8, .devices_per_node = 2, .batch = 32, .memory = 2'200'000},
+      {.seed = 98, .tasks = 14, .chain = true, .devices = 12, .devices_per_node = 4, .batch = 24, .memory = 1'900'000},
   };
 }
 

@@ -46,8 +46,8 @@ CompileResult compile(const CompileOptions& options) {
   ProgressFn progress;
   if (options.on_message) progress = [&](const std::string& line) { tell(options, CompileMessage::kProgress, line); };
   timed(r.times.partition, [&] {
-    r.plan = partition_graph(r.model.graph, r.costs.table, partition,
-                             r.costs.at_other_size ? &*r.costs.at_other_size : nullptr, progress);
+    r.plan = partition_by_method(r.model.graph, r.costs.table, partition,
+                                 r.costs.at_other_size ? &*r.costs.at_other_size : nullptr, progress);
   });
 
   // ---- Baselines: every method on the same inputs (apart's row is this plan) ----

@@ -9,7 +9,7 @@
 
 #include "codegen/plan_writer.h"
 #include "importer/importer.h"
-#include "partition/baselines.h"
+#include "partition/methods.h"
 #include "partition/options.h"
 #include "partition/partition.h"
 #include "profiler/cost_model.h"

@@ -116,7 +116,7 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
   BlockSequence seq;
   seq.blocks.resize(assignment.blocks);
   for (size_t c = 0; c < atomic.size(); ++c) {
-    BlockCost& b = seq.blocks[assignment.block_of[c]];
+    BlockCost& b = seq.blocks[assignment.block_of_component(ComponentId(static_cast<uint32_t>(c))).value()];
     const BlockCost& a = atomic.components[c].cost;
     b.forward += a.forward;
     b.backward += a.backward;
@@ -128,10 +128,10 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
   // Identical (producer, consumers) transfers are summed: the evaluator's setup is linear in their number.
   std::map<std::pair<uint32_t, std::vector<uint32_t>>, double> merged;
   for (const Transfer& t : atomic.transfers) {
-    const uint32_t producer = assignment.block_of[t.producer];
+    const uint32_t producer = assignment.block_of_component(ComponentId(t.producer)).value();
     std::vector<uint32_t> consumers;
     for (uint32_t c : t.consumers) {
-      const uint32_t b = assignment.block_of[c];
+      const uint32_t b = assignment.block_of_component(ComponentId(c)).value();
       APART_CHECK(b >= producer, "a transfer goes backward between blocks: the block order is not topological");
       if (b != producer) consumers.push_back(b);
     }
@@ -145,7 +145,7 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
   for (BlockCost& b : seq.blocks) b.param_bytes = 0;
   for (const ParamUse& p : atomic.params) {
     std::vector<uint32_t> readers;
-    for (uint32_t c : p.readers) readers.push_back(assignment.block_of[c]);
+    for (uint32_t c : p.readers) readers.push_back(assignment.block_of_component(ComponentId(c)).value());
     std::sort(readers.begin(), readers.end());
     readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
     for (uint32_t b : readers) seq.blocks[b].param_bytes += p.bytes;

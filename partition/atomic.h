@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "graph/task_graph.h"
+#include "partition/ids.h"
 #include "partition/block_sequence.h"
 #include "partition/options.h"
 #include "profiler/cost_table.h"
@@ -24,6 +25,7 @@ struct AtomicGraph {
   std::vector<ParamUse> params;               // every weight, with the components that read it
   int64_t graph_batch = 1;                    // batch size the graph's value bytes were bound at
   size_t size() const { return components.size(); }
+  const AtomicComponent& component(ComponentId c) const { return components[c.value()]; }
 };
 
 // Per-sample costs come from `costs` at its micro-batch size u0 (time ∝ u); when `costs_at_other_size` is
@@ -33,11 +35,12 @@ struct AtomicGraph {
 AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, const AtomicOptions& options,
                                const CostTable* costs_at_other_size = nullptr);
 
-// Blocks made of components: block_of[c] is the block of component c; blocks are numbered in topological order
+// Blocks made of components: block_of[c] is the block of component c (block_of_component); blocks are numbered in topological order
 // (every transfer goes from a block to the same or a later one).
 struct BlockAssignment {
-  std::vector<uint32_t> block_of;
+  std::vector<BlockId> block_of;  // indexed by ComponentId::value()
   uint32_t blocks = 0;
+  BlockId block_of_component(ComponentId c) const { return block_of[c.value()]; }
 };
 
 // Aggregates components into the DP's block sequence. CHECKs that transfers only go forward.

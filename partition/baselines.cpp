@@ -1,13 +1,12 @@
-// Baseline partitioners (torchgpipe balance_by_time, PipeDream's DP, METIS + cycle repair) and the comparison
-// of every method on the same inputs. Each baseline only chooses a split; costs, memory and the estimate are
-// apart's own (stage_cost.cpp), so the numbers compare splits, not cost models.
+// Baseline partitioners (uniform, params, torchgpipe balance_by_time, PipeDream's DP, METIS + cycle repair). Each
+// baseline only chooses a split; costs, memory and the estimate are apart's own (stage_cost.cpp), so the numbers
+// compare splits, not cost models.
 #include "partition/baselines.h"
 
 #include <metis.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -15,15 +14,37 @@
 #include <numeric>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "graph/error.h"
-#include "partition/partition.h"
 
 namespace apart {
 
-const std::vector<Method> kAllMethods = {Method::kApart,        Method::kUniform,   Method::kParams,
-                                         Method::kGpipeBalance, Method::kPipeDream, Method::kMetis};
+BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages, double microbatch) {
+  const size_t n = atomic.size();
+  APART_CHECK(stages >= 1 && static_cast<size_t>(stages) <= n, "baseline stage count");
+  if (method == Method::kGpipeBalance) return gpipe_balance_split(atomic, stages, microbatch);
+  BlockAssignment a;
+  a.blocks = static_cast<uint32_t>(stages);
+  a.block_of.resize(n);
+  if (method == Method::kParams) {
+    std::vector<double> prefix(n + 1, 0);
+    for (size_t c = 0; c < n; ++c) prefix[c + 1] = prefix[c] + static_cast<double>(atomic.components[c].cost.param_bytes);
+    // Boundary s at the first component where the running sum reaches s/S of the total, keeping ≥ 1 per stage.
+    std::vector<size_t> bounds{0};
+    for (int s = 1; s < stages; ++s) {
+      const double target = prefix[n] * s / stages;
+      size_t b = static_cast<size_t>(std::lower_bound(prefix.begin(), prefix.end(), target) - prefix.begin());
+      b = std::max(b, bounds.back() + 1);
+      b = std::min(b, n - static_cast<size_t>(stages - s));
+      bounds.push_back(b);
+    }
+    bounds.push_back(n);
+    for (int s = 0; s < stages; ++s)
+      for (size_t c = bounds[s]; c < bounds[s + 1]; ++c) a.block_of[c] = BlockId(static_cast<uint32_t>(s));
+  } else {
+    for (size_t c = 0; c < n; ++c) a.block_of[c] = BlockId(static_cast<uint32_t>(c * stages / n));
+  }
+  return a;
+}
 
 std::vector<double> component_times(const AtomicGraph& atomic, double microbatch) {
   std::vector<double> t(atomic.size());
@@ -96,7 +117,7 @@ BlockAssignment gpipe_balance_split(const AtomicGraph& atomic, int stages, doubl
   BlockAssignment a;
   a.blocks = static_cast<uint32_t>(stages);
   a.block_of.reserve(atomic.size());
-  for (size_t s = 0; s < sizes.size(); ++s) a.block_of.insert(a.block_of.end(), sizes[s], static_cast<uint32_t>(s));
+  for (size_t s = 0; s < sizes.size(); ++s) a.block_of.insert(a.block_of.end(), sizes[s], BlockId(static_cast<uint32_t>(s)));
   return a;
 }
 
@@ -167,7 +188,7 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& clus
   // Layers: contiguous groups by cumulative time (a group never empty, order kept).
   plan.layers.block_of.resize(n);
   if (n <= static_cast<size_t>(max_layers)) {
-    std::iota(plan.layers.block_of.begin(), plan.layers.block_of.end(), 0u);
+    for (size_t c = 0; c < n; ++c) plan.layers.block_of[c] = BlockId(static_cast<uint32_t>(c));
     plan.layers.blocks = static_cast<uint32_t>(n);
   } else {
     const double total = std::accumulate(times.begin(), times.end(), 0.0);
@@ -178,7 +199,7 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& clus
                                                           : static_cast<double>(c * max_layers / n));
       if (last_bucket != UINT32_MAX && bucket != last_bucket) ++layer;
       last_bucket = bucket;
-      plan.layers.block_of[c] = layer;
+      plan.layers.block_of[c] = BlockId(layer);
       before += times[c];
     }
     plan.layers.blocks = layer + 1;
@@ -336,7 +357,7 @@ BlockAssignment repair_part_order(size_t nodes, const std::vector<std::pair<uint
   for (uint32_t& u : used)
     if (u == 0) u = a.blocks++;
   a.block_of.resize(nodes);
-  for (size_t v = 0; v < nodes; ++v) a.block_of[v] = used[label[v]];
+  for (size_t v = 0; v < nodes; ++v) a.block_of[v] = BlockId(used[label[v]]);
   return a;
 }
 
@@ -354,7 +375,7 @@ BlockAssignment metis_blocks(const AtomicGraph& atomic, int parts, double microb
   if (parts == 1) {
     BlockAssignment a;
     a.blocks = 1;
-    a.block_of.assign(n, 0);
+    a.block_of.assign(n, BlockId(0));
     return a;
   }
   // Integer weights: times scaled so they sum to ≤ 10⁷, bytes so the largest edge is 10⁶; both ≥ 1.
@@ -403,87 +424,6 @@ BlockAssignment metis_blocks(const AtomicGraph& atomic, int parts, double microb
   std::vector<uint32_t> part_of(n);
   for (size_t v = 0; v < n; ++v) part_of[v] = static_cast<uint32_t>(part[v]);
   return repair_part_order(n, edges, part_of);
-}
-
-// ---------------- The comparison ----------------
-
-MethodResult method_result(const Plan& plan, Method method, double planning_s) {
-  MethodResult r;
-  r.method = method;
-  r.feasible = true;
-  r.planning_s = planning_s;
-  r.iteration_s = plan.simulated.iteration_s;
-  r.samples_per_s = plan.samples_per_s;
-  r.peak_memory_bytes = plan.peak_memory_bytes;
-  r.stages = static_cast<int>(plan.stages.size());
-  r.microbatches = plan.microbatches;
-  r.recompute = plan.recompute;
-  for (const PlanStage& s : plan.stages) {
-    r.replicas.push_back(s.replicas);
-    r.devices_used += s.replicas;
-  }
-  r.compute_lower_bound_s = plan.compute_lower_bound_s;
-  return r;
-}
-
-std::vector<MethodResult> compare_methods(const TaskGraph& graph, const CostTable& costs,
-                                          const PartitionOptions& options, const CostTable* other,
-                                          const Plan* apart_plan) {
-  std::vector<MethodResult> results;
-  for (Method method : kAllMethods) {
-    if (method == Method::kApart && apart_plan) {
-      results.push_back(method_result(*apart_plan, method, apart_plan->search.seconds));
-      continue;
-    }
-    PartitionOptions o = options;
-    o.method = method;
-    const auto start = std::chrono::steady_clock::now();
-    auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-    try {
-      const Plan plan = partition_graph(graph, costs, o, other);
-      results.push_back(method_result(plan, method, seconds()));
-    } catch (const Infeasible& e) {
-      MethodResult r;
-      r.method = method;
-      r.reason = e.what();
-      r.planning_s = seconds();
-      results.push_back(std::move(r));
-    }
-  }
-  return results;
-}
-
-std::string baselines_json(const std::vector<MethodResult>& results, int64_t global_batch, int devices) {
-  using json = nlohmann::ordered_json;
-  json methods = json::array();
-  for (const MethodResult& r : results) {
-    json m = {{"method", method_name(r.method)}};
-    if (r.feasible) {
-      m["iteration_s"] = r.iteration_s;
-      m["samples_per_s"] = r.samples_per_s;
-      m["feasible"] = true;
-      m["planning_s"] = r.planning_s;
-      m["peak_memory_bytes"] = r.peak_memory_bytes;
-      m["stages"] = r.stages;
-      m["replicas"] = r.replicas;
-      m["devices_used"] = r.devices_used;
-      m["microbatches"] = r.microbatches;
-      m["recompute"] = r.recompute;
-      m["compute_lower_bound_s"] = r.compute_lower_bound_s;
-    } else {
-      m["iteration_s"] = nullptr;
-      m["samples_per_s"] = nullptr;
-      m["feasible"] = false;
-      m["reason"] = r.reason;
-      m["planning_s"] = r.planning_s;
-    }
-    methods.push_back(std::move(m));
-  }
-  const json doc = {{"schema", "apart.baselines/1"},
-                    {"global_batch", global_batch},
-                    {"devices", devices},
-                    {"methods", std::move(methods)}};
-  return doc.dump(2) + "\n";
 }
 
 }  // namespace apart

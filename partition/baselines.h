@@ -1,18 +1,23 @@
-// Published partitioners as baselines on apart's own cost model: torchgpipe's balance_by_time, PipeDream's
-// replication DP, METIS k-way with cycle repair; and the side-by-side comparison written as baselines.json.
+// Published partitioners as baselines on apart's own cost model, as splits of the component chain: uniform,
+// params, torchgpipe's balance_by_time, PipeDream's replication DP, METIS k-way with cycle repair. Leaves of
+// partition/: the phases (phases.h) run them; the method dispatch and the comparison are in methods.h.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "partition/atomic.h"
 #include "partition/options.h"
-#include "partition/partition.h"
 #include "partition/stage_cost.h"
 
 namespace apart {
+
+// Baseline splits of the component sequence into S stages (same cost model and memory check afterwards):
+// uniform: equal numbers of components (Megatron's even layer split); params: equal parameter bytes
+// (DeepSpeed's partition_method="parameters"); gpipe-balance: torchgpipe's balance_by_time of the components'
+// times at `microbatch`. Returns a block assignment with S blocks.
+BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages, double microbatch = 1);
 
 // Forward + backward seconds of every component at micro-batch size u (the chain's "layer times").
 std::vector<double> component_times(const AtomicGraph& atomic, double microbatch);
@@ -77,33 +82,5 @@ BlockAssignment metis_blocks(const AtomicGraph& atomic, int parts, double microb
 // Every edge then goes to an equal or later part. `edges` are (from, to) with from < to.
 BlockAssignment repair_part_order(size_t nodes, const std::vector<std::pair<uint32_t, uint32_t>>& edges,
                                   const std::vector<uint32_t>& part_of);
-
-// ---------------- The comparison (plan/baselines.json) ----------------
-struct MethodResult {
-  Method method = Method::kApart;
-  bool feasible = false;
-  std::string reason;  // why not, when infeasible
-  double iteration_s = 0;
-  double samples_per_s = 0;
-  double planning_s = 0;
-  int64_t peak_memory_bytes = 0;
-  int stages = 0;
-  int devices_used = 0;
-  int64_t microbatches = 0;
-  bool recompute = false;
-  std::vector<int> replicas;
-  double compute_lower_bound_s = 0;
-};
-
-// Every method in kAllMethods order on the same inputs (the options' method is ignored). `apart_plan`: apart's
-// plan for these inputs when the caller already has it (its row then reuses it and its search.seconds).
-extern const std::vector<Method> kAllMethods;
-std::vector<MethodResult> compare_methods(const TaskGraph& graph, const CostTable& costs,
-                                          const PartitionOptions& options,
-                                          const CostTable* costs_at_other_size = nullptr,
-                                          const Plan* apart_plan = nullptr);
-MethodResult method_result(const Plan& plan, Method method, double planning_s);
-// {"schema":"apart.baselines/1","methods":[…]} as text (2-space indented JSON, trailing newline).
-std::string baselines_json(const std::vector<MethodResult>& results, int64_t global_batch, int devices);
 
 }  // namespace apart

@@ -81,7 +81,7 @@ BlockWeight weight_of_components(const ComponentWeights& cw, const std::vector<u
 
 std::vector<BlockWeight> weights_of_blocks(const ComponentWeights& cw, const BlockAssignment& assignment) {
   std::vector<std::vector<uint32_t>> members(assignment.blocks);
-  for (uint32_t c = 0; c < assignment.block_of.size(); ++c) members[assignment.block_of[c]].push_back(c);
+  for (uint32_t c = 0; c < assignment.block_of.size(); ++c) members[assignment.block_of[c].value()].push_back(c);
   std::vector<BlockWeight> weights;
   weights.reserve(members.size());
   for (const auto& m : members) weights.push_back(weight_of_components(cw, m));
@@ -530,8 +530,8 @@ BlockAssignment build_blocks(const AtomicGraph& atomic, int k, const BlockOption
     block_of_node = blocks.labels();
     node_of = std::move(comp_to_finer);
   }
-  std::vector<uint32_t> block_of(n);
-  for (size_t c = 0; c < n; ++c) block_of[c] = block_of_node[node_of[c]];
+  std::vector<BlockId> block_of(n);
+  for (size_t c = 0; c < n; ++c) block_of[c] = BlockId(block_of_node[node_of[c]]);
 
   BlockAssignment assignment;
   assignment.block_of = std::move(block_of);
@@ -544,7 +544,7 @@ BlockAssignment build_blocks(const AtomicGraph& atomic, int k, const BlockOption
   if (max_load > 1) {
     std::vector<uint32_t> runs = contiguous_split(atomic, cw, caps, block_count);
     if (!runs.empty()) {
-      assignment.block_of = std::move(runs);
+      for (size_t c = 0; c < n; ++c) assignment.block_of[c] = BlockId(runs[c]);
       rebalanced = true;
       max_load = 0;
       for (const BlockWeight& w : weights_of_blocks(cw, assignment)) max_load = std::max(max_load, caps.load(w));

@@ -1,4 +1,4 @@
-// apart::partition_graph: atomic → block → stage DP → Plan (paper §IV), and the baselines (uniform, params).
+// apart::partition_graph, --method apart's search: atomic → block → stage DP → Plan (paper §IV); and the Plan.
 #pragma once
 
 #include <cstdint>
@@ -70,21 +70,13 @@ struct Plan {
 
 using ProgressFn = std::function<void(const std::string& line)>;
 
-// The whole partition path: atomic → block → stage DP → placement → the candidate with the least simulated
-// iteration time (select.h). Throws Infeasible with what would make the request fit, InvalidArgument on bad
-// options. `costs` are at one micro-batch size; `costs_at_other_size` (optional) makes times affine in it.
+// --method apart as a script of the phases in phases.h: atomic → blocks → stage DP (with cut refinement and
+// pipeline-major) → placed candidates, with the baseline splits among them (StageOptions::include_baselines) →
+// the candidate with the least simulated iteration time (select.h) → Plan. Throws Infeasible with what would make
+// the request fit, InvalidArgument on bad options. `costs` are at one micro-batch size; `costs_at_other_size`
+// (optional) makes times affine in it. options.method must be Method::kApart: partition_by_method (methods.h)
+// runs the others.
 Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& options,
                      const CostTable* costs_at_other_size = nullptr, const ProgressFn& progress = {});
-
-// Candidate micro-batch counts (the divisors of B, about 8 % apart when B has more than 64; or the pinned one) and
-// stage counts.
-std::vector<int64_t> microbatch_candidates(int64_t global_batch, const StageOptions& options);
-std::vector<int> stage_candidates(int max_stages, const StageOptions& options);
-
-// Baseline splits of the component sequence into S stages (same cost model and memory check afterwards):
-// uniform: equal numbers of components (Megatron's even layer split); params: equal parameter bytes
-// (DeepSpeed's partition_method="parameters"); gpipe-balance: torchgpipe's balance_by_time of the components'
-// times at `microbatch`. Returns a block assignment with S blocks.
-BlockAssignment baseline_split(const AtomicGraph& atomic, Method method, int stages, double microbatch = 1);
 
 }  // namespace apart

@@ -69,17 +69,28 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
   return fits;
 }
 
-StageDp::StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
-                 std::optional<int> pinned_replicas, bool fixed_split, bool recompute_where_needed)
+std::string_view stage_recompute_name(StageRecompute mode) {
+  switch (mode) {
+    case StageRecompute::kOff: return "off";
+    case StageRecompute::kAll: return "on";
+    case StageRecompute::kWhereNeeded: return "where needed";
+  }
+  return "?";
+}
+
+StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     : evaluator_(evaluator),
-      microbatches_(microbatches),
-      schedule_(schedule),
-      recompute_(recompute && !recompute_where_needed),
-      fixed_split_(fixed_split),
-      where_needed_(recompute_where_needed),
+      microbatches_(options.microbatches),
+      schedule_(options.schedule),
+      recompute_(options.recompute == StageRecompute::kAll),
+      fixed_split_(options.fixed_split),
+      where_needed_(options.recompute == StageRecompute::kWhereNeeded),
       k_(evaluator.blocks()),
       devices_(evaluator.cluster().devices),
       memory_limit_(evaluator.cluster().memory_bytes) {
+  const int64_t microbatches = options.microbatches;
+  const bool fixed_split = options.fixed_split;
+  const std::optional<int>& pinned_replicas = options.pinned_replicas;
   const int64_t per_microbatch = evaluator.training().global_batch / microbatches;
   if (pinned_replicas) {
     if (*pinned_replicas <= per_microbatch && *pinned_replicas <= devices_) candidates_.push_back(*pinned_replicas);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "partition/stage_cost.h"
@@ -52,16 +53,30 @@ struct StageSolution {
 bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
                        std::span<const StageLinks> links = {});
 
+// How a DP run treats activation recomputation.
+enum class StageRecompute : uint8_t {
+  kOff,           // no stage recomputes
+  kAll,           // every stage recomputes
+  kWhereNeeded,   // a stage recomputes only if it does not fit (or needs more replicas to fit) without; the DP is
+                  // exact over that per-stage choice too
+};
+std::string_view stage_recompute_name(StageRecompute mode);  // "off", "on", "where needed"
+
+// What one StageDp solves for: everything but the stage count, which solve() takes.
+struct StageDpOptions {
+  int64_t microbatches = 1;
+  Schedule schedule = Schedule::k1F1B;
+  StageRecompute recompute = StageRecompute::kOff;
+  std::optional<int> pinned_replicas = std::nullopt;  // every stage gets exactly this many replicas (--replicas)
+  bool fixed_split = false;  // every block is a stage (baselines): only single-block ranges are tabulated
+};
+
 // The DP for one (m, schedule, recompute), reusable across stage counts S. Replica candidates are, for each
 // distinct per-replica micro-batch size ceil(B/(m·sd)), the least sd giving it (more replicas at the same
 // size only add all-reduce time and devices), so any sd ≤ devices is reachable, not only powers of two.
 class StageDp {
  public:
-  // `fixed_split`: every block is a stage (baselines); only single-block ranges are tabulated.
-  // `recompute_where_needed`: each stage recomputes only if it does not fit (or needs more replicas to fit)
-  // without; `recompute` is then ignored. The DP is exact over that per-stage choice too.
-  StageDp(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, bool recompute,
-          std::optional<int> pinned_replicas, bool fixed_split = false, bool recompute_where_needed = false);
+  StageDp(const StageEvaluator& evaluator, const StageDpOptions& options);
   StageDp(const StageDp&) = delete;  // the range-min tables point into this object's vectors
   StageDp& operator=(const StageDp&) = delete;
   // The split into exactly `stages` stages minimising the bottleneck (ties: fewer devices); nullopt when no

@@ -59,7 +59,7 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) { return blocks.block_of[a] < blocks.block_of[b]; });
   std::vector<size_t> block_start(blocks.blocks + 1, n);  // position of each block's first component in `order`
-  for (size_t p = n; p-- > 0;) block_start[blocks.block_of[order[p]]] = p;
+  for (size_t p = n; p-- > 0;) block_start[blocks.block_of[order[p]].value()] = p;
   for (size_t b = blocks.blocks; b-- > 0;) block_start[b] = std::min(block_start[b], block_start[b + 1]);
 
   // Cut s sits at position cut[s] of `order`; its window reaches `before[s]` components back and `after[s]`
@@ -97,7 +97,7 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
     candidate.assignment.block_of.resize(n);
     for (size_t r = 0; r < runs; ++r)
       for (size_t p = positions[r]; p < positions[r + 1]; ++p)
-        candidate.assignment.block_of[order[p]] = static_cast<uint32_t>(r);
+        candidate.assignment.block_of[order[p]] = BlockId(static_cast<uint32_t>(r));
     candidate.sequence = std::make_shared<const BlockSequence>(make_block_sequence(atomic, candidate.assignment));
     candidate.evaluator = std::make_unique<StageEvaluator>(*candidate.sequence, cluster, training);
 

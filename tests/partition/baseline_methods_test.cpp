@@ -13,6 +13,7 @@
 
 #include "graph/error.h"
 #include "partition/baselines.h"
+#include "partition/methods.h"
 #include "partition/partition.h"
 #include "random_models.h"
 
@@ -63,7 +64,7 @@ TEST(TheGpipeBalanceSplit, RunsThroughPartitionWithTheSameCostModel) {
   const auto model = random_model(11, 12, true);
   PartitionOptions o = small_options(4, 16, 1'000'000'000);
   o.method = Method::kGpipeBalance;
-  const Plan plan = partition_graph(model.graph, model.costs, o);
+  const Plan plan = partition_by_method(model.graph, model.costs, o);
   EXPECT_GT(plan.estimate.iteration_s, 0);
   EXPECT_EQ(plan.options.method, Method::kGpipeBalance);
 }
@@ -162,7 +163,7 @@ TEST(ThePipeDreamMethod, PlansRandomGraphsWithinTheDevices) {
     const auto model = random_model(seed, 12, seed % 2 == 0);
     PartitionOptions o = small_options(4, 16, 1'000'000'000);
     o.method = Method::kPipeDream;
-    const Plan plan = partition_graph(model.graph, model.costs, o);
+    const Plan plan = partition_by_method(model.graph, model.costs, o);
     int devices = 0;
     for (const PlanStage& s : plan.stages) devices += s.replicas;
     EXPECT_LE(devices, 4) << "seed " << seed;
@@ -177,7 +178,7 @@ TEST(TheCycleRepair, MovesANodeAfterItsLatePredecessor) {
   // node 1 stays in part 1 (rank 1), node 2 must follow its predecessor 1 into rank 1, node 3 too.
   const BlockAssignment a = repair_part_order(4, {{0, 1}, {1, 2}, {2, 3}}, {0, 1, 0, 1});
   EXPECT_EQ(a.blocks, 2u);
-  EXPECT_EQ(a.block_of, (std::vector<uint32_t>{0, 1, 1, 1}));
+  EXPECT_EQ(a.block_of, (std::vector<BlockId>{BlockId(0), BlockId(1), BlockId(1), BlockId(1)}));
 }
 
 TEST(TheCycleRepair, LeavesEveryEdgeForwardAndEveryNodeInOnePartOnRandomDags) {
@@ -194,9 +195,9 @@ TEST(TheCycleRepair, LeavesEveryEdgeForwardAndEveryNodeInOnePartOnRandomDags) {
     const BlockAssignment a = repair_part_order(n, edges, part);
     ASSERT_EQ(a.block_of.size(), n);
     std::vector<int> used(a.blocks, 0);
-    for (uint32_t b : a.block_of) {
-      ASSERT_LT(b, a.blocks);
-      used[b] = 1;
+    for (BlockId b : a.block_of) {
+      ASSERT_LT(b.value(), a.blocks);
+      used[b.value()] = 1;
     }
     for (int u : used) EXPECT_EQ(u, 1) << "empty part " << trial;
     for (const auto& [from, to] : edges) EXPECT_LE(a.block_of[from], a.block_of[to]) << "trial " << trial;
@@ -212,7 +213,7 @@ TEST(TheMetisBlocks, AreAcyclicOnRandomDagsAndCoverEveryComponentOnce) {
       ASSERT_EQ(a.block_of.size(), atomic.size());
       EXPECT_GE(a.blocks, 1u);
       EXPECT_LE(a.blocks, static_cast<uint32_t>(k));
-      for (uint32_t b : a.block_of) EXPECT_LT(b, a.blocks);
+      for (BlockId b : a.block_of) EXPECT_LT(b.value(), a.blocks);
       for (const Transfer& t : atomic.transfers)
         for (uint32_t c : t.consumers) EXPECT_LE(a.block_of[t.producer], a.block_of[c]) << "seed " << seed;
       EXPECT_NO_THROW(make_block_sequence(atomic, a));
@@ -267,8 +268,8 @@ TEST(TheMetisMethod, GivesTheSamePlanTwice) {
   PartitionOptions o = small_options(4, 16, 1'000'000'000);
   o.method = Method::kMetis;
   o.block.blocks = 5;
-  const Plan a = partition_graph(model.graph, model.costs, o);
-  const Plan b = partition_graph(model.graph, model.costs, o);
+  const Plan a = partition_by_method(model.graph, model.costs, o);
+  const Plan b = partition_by_method(model.graph, model.costs, o);
   ASSERT_EQ(a.stages.size(), b.stages.size());
   for (size_t s = 0; s < a.stages.size(); ++s) EXPECT_EQ(a.stages[s].tasks, b.stages[s].tasks);
   EXPECT_EQ(a.estimate.iteration_s, b.estimate.iteration_s);

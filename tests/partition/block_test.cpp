@@ -55,7 +55,7 @@ struct Weights {
 
 std::vector<std::vector<uint32_t>> members_of(const BlockAssignment& a) {
   std::vector<std::vector<uint32_t>> m(a.blocks);
-  for (uint32_t c = 0; c < a.block_of.size(); ++c) m[a.block_of[c]].push_back(c);
+  for (uint32_t c = 0; c < a.block_of.size(); ++c) m[a.block_of[c].value()].push_back(c);
   return m;
 }
 
@@ -243,7 +243,7 @@ double brute_force_cuts(const AtomicGraph& atomic, const std::vector<uint32_t>& 
   BlockAssignment singles;
   singles.blocks = static_cast<uint32_t>(n);
   singles.block_of.resize(n);
-  for (size_t p = 0; p < n; ++p) singles.block_of[order[p]] = static_cast<uint32_t>(p);
+  for (size_t p = 0; p < n; ++p) singles.block_of[order[p]] = BlockId(static_cast<uint32_t>(p));
   const StageEvaluator ev(make_block_sequence(atomic, singles), cluster, training);
   const int stages = base.stages;
   double best = std::numeric_limits<double>::infinity();
@@ -286,7 +286,7 @@ TEST(TheStageCutRefinement, FindsTheBestCutsNearTheBlockEdgesAndNeverRaisesTheBo
     training.global_batch = 12;
     const StageEvaluator coarse_ev(make_block_sequence(atomic, blocks), cluster, training);
     for (int stages : {2, 3}) {
-      const StageDp dp(coarse_ev, 2, Schedule::k1F1B, false, std::nullopt);
+      const StageDp dp(coarse_ev, {.microbatches = 2});
       const auto coarse = dp.solve(stages);
       if (!coarse) continue;
       // The component order refinement works in: by block, then by index.
@@ -295,7 +295,7 @@ TEST(TheStageCutRefinement, FindsTheBestCutsNearTheBlockEdgesAndNeverRaisesTheBo
       std::stable_sort(order.begin(), order.end(),
                        [&](uint32_t a, uint32_t b) { return blocks.block_of[a] < blocks.block_of[b]; });
       std::vector<size_t> start(k + 1, atomic.size());
-      for (size_t p = atomic.size(); p-- > 0;) start[blocks.block_of[order[p]]] = p;
+      for (size_t p = atomic.size(); p-- > 0;) start[blocks.block_of[order[p]].value()] = p;
       // Oracle 1: every cut anywhere (the best any refinement could reach with these replicas).
       std::vector<std::pair<size_t, size_t>> anywhere(stages, {1, atomic.size() - 1});
       const double global = brute_force_cuts(atomic, order, *coarse, anywhere, cluster, training);
@@ -348,7 +348,7 @@ TEST(TheStageCutRefinement, ReturnsACandidateOnlyWhenItBeatsEveryGivenOne) {
     std::vector<StageSolution> found;
     for (int64_t m : {1, 2, 4})
       for (int stages = 1; stages <= 4; ++stages)
-        if (auto s = StageDp(ev, m, Schedule::k1F1B, false, std::nullopt).solve(stages)) found.push_back(*s);
+        if (auto s = StageDp(ev, {.microbatches = m}).solve(stages)) found.push_back(*s);
     if (found.empty()) continue;
     double best = std::numeric_limits<double>::infinity();
     for (const StageSolution& s : found) best = std::min(best, s.estimate.iteration_s);

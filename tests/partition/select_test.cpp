@@ -108,7 +108,7 @@ std::vector<Candidate> random_candidates(uint32_t seed) {
   auto seq = std::make_shared<const BlockSequence>(testing::random_sequence(rng, 7));
   auto assignment = std::make_shared<BlockAssignment>();
   assignment->blocks = 7;
-  for (uint32_t b = 0; b < 7; ++b) assignment->block_of.push_back(b);
+  for (uint32_t b = 0; b < 7; ++b) assignment->block_of.push_back(BlockId(b));
   ClusterSpec c = cluster(12, 4);
   c.memory_bytes = 40'000'000'000;
   TrainingSpec t;
@@ -120,7 +120,9 @@ std::vector<Candidate> random_candidates(uint32_t seed) {
     for (int64_t m : {1, 2, 4, 8})
       for (bool recompute : {false, true}) {
         const std::optional<int> pinned = layout == Layout::kPipelineMajor ? std::optional<int>(2) : std::nullopt;
-        const StageDp dp(*ev, m, Schedule::k1F1B, recompute, pinned);
+        const StageDp dp(*ev, {.microbatches = m,
+                          .recompute = recompute ? StageRecompute::kAll : StageRecompute::kOff,
+                          .pinned_replicas = pinned});
         for (int s = 1; s <= 4; ++s)
           if (auto sol = dp.solve(s)) {
             if (!pinned) dp.spend_leftover_devices(*sol);

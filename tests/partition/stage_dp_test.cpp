@@ -49,7 +49,9 @@ TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
     for (int64_t m : {1, 2, 3, 4, 6, 12})
       for (Schedule schedule : {Schedule::k1F1B, Schedule::kGPipe})
         for (bool recompute : {false, true}) {
-          const StageDp dp(ev, m, schedule, recompute, std::nullopt);
+          const StageDp dp(ev, {.microbatches = m,
+                                .schedule = schedule,
+                                .recompute = recompute ? StageRecompute::kAll : StageRecompute::kOff});
           for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) {
             const double expected = brute_force_bottleneck(ev, stages, m, schedule, recompute);
             const auto got = dp.solve(stages);
@@ -81,7 +83,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeOnItsOwn) {
     const BlockSequence seq = testing::random_sequence(rng, k);
     const StageEvaluator ev(seq, cluster, training);
     for (int64_t m : {1, 2, 4, 12}) {
-      const StageDp dp(ev, m, Schedule::k1F1B, false, std::nullopt, false, /*recompute_where_needed=*/true);
+      const StageDp dp(ev, {.microbatches = m, .recompute = StageRecompute::kWhereNeeded});
       for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) {
         const double expected = brute_force_bottleneck(ev, stages, m, Schedule::k1F1B, false, true);
         const auto got = dp.solve(stages);
@@ -113,7 +115,7 @@ TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {
   training.global_batch = 64;
   const BlockSequence seq = testing::random_sequence(rng, 5);
   const StageEvaluator ev(seq, cluster, training);
-  const StageDp dp(ev, 4, Schedule::k1F1B, false, std::nullopt);
+  const StageDp dp(ev, {.microbatches = 4});
   auto solution = dp.solve(3);
   ASSERT_TRUE(solution);
   const double before = solution->estimate.iteration_s;
@@ -131,7 +133,7 @@ TEST(AStageDp, UsesReplicaCountsThatAreNotPowersOfTwo) {
   training.global_batch = 120;
   const BlockSequence seq = testing::random_sequence(rng, 4);
   const StageEvaluator ev(seq, cluster, training);
-  const StageDp dp(ev, 1, Schedule::k1F1B, false, std::nullopt);
+  const StageDp dp(ev, {.microbatches = 1});
   bool has_three = false;
   for (int c : dp.replica_candidates()) has_three |= c == 3;
   EXPECT_TRUE(has_three);

@@ -1,0 +1,442 @@
+// The phases of a partition search (phases.h): each takes and returns plain data, so a script of them reads as the
+// algorithm and each can be tested alone.
+#include "partition/phases.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "graph/error.h"
+#include "partition/baselines.h"
+#include "partition/stage_refine.h"
+
+namespace apart {
+namespace {
+
+std::string gb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+  return buf;
+}
+
+// Why nothing fits, and what would (DESIGN.md: errors say what to do next).
+[[noreturn]] void throw_infeasible(const TaskGraph& graph, const AtomicGraph& atomic, const PartitionOptions& o) {
+  const double limit = static_cast<double>(o.cluster.memory_bytes);
+  const double state_factor = state_bytes_per_param_byte(o.training.optimizer, o.training.precision);
+  const double act = 1.0;  // saved bytes are at the run's precision already
+  double total = 0;
+  ComponentId worst(0);
+  double worst_bytes = 0;
+  for (uint32_t c = 0; c < atomic.size(); ++c) {
+    const BlockCost& b = atomic.component(ComponentId(c)).cost;
+    const double one = static_cast<double>(b.param_bytes) * state_factor + b.workspace_per_sample + b.workspace_fixed;
+    total += static_cast<double>(b.param_bytes) * state_factor + b.saved_per_sample * act;
+    if (one > worst_bytes) { worst_bytes = one; worst = ComponentId(c); }
+  }
+  const std::string device = std::to_string(o.cluster.memory_bytes / 1'000'000'000) + " GB";
+  if (worst_bytes > limit)
+    throw Infeasible("task " + graph.task(atomic.component(worst).batch_task).name + " alone needs " +
+                     gb(worst_bytes) + " (weights, gradients and " + std::string(optimizer_name(o.training.optimizer)) +
+                     " state) but a device has " + device +
+                     "; apart does not split a single operator: use devices with more memory, --precision mixed, or "
+                     "a lighter --optimizer");
+  const int64_t needed = static_cast<int64_t>(std::ceil(total / limit));
+  throw Infeasible("no split of the model fits " + std::to_string(o.cluster.devices) + " devices of " + device +
+                   " at global batch " + std::to_string(o.training.global_batch) + " with these pins; it needs ≥ " +
+                   std::to_string(std::max<int64_t>(needed, o.cluster.devices + 1)) + " devices of " + device +
+                   ", or recomputation (--recompute on/auto), or a smaller micro-batch (more --microbatches)");
+}
+
+// The most stages a split into `parts` blocks offers on this cluster (--max-stages, else `otherwise`).
+int max_stage_count(int parts, const PartitionOptions& o, int otherwise) {
+  return std::min<int>({parts, o.cluster.devices, o.stage.max_stages > 0 ? o.stage.max_stages : otherwise});
+}
+
+}  // namespace
+
+// ---------------- The clock ----------------
+
+double SearchClock::elapsed_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::chrono::steady_clock::time_point SearchClock::deadline() const {
+  if (!limited()) return std::chrono::steady_clock::time_point::max();
+  return start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(time_limit_s));
+}
+
+SearchClock SearchClock::silent() const {
+  SearchClock quiet = *this;
+  quiet.progress = {};
+  return quiet;
+}
+
+// ---------------- The request ----------------
+
+void check_request(const PartitionOptions& o) {
+  o.validate();
+  const int64_t batch = o.training.global_batch;
+  if (o.stage.microbatches && batch % *o.stage.microbatches != 0)
+    throw Infeasible("--batch " + std::to_string(batch) + " is not divisible by --microbatches " +
+                     std::to_string(*o.stage.microbatches) + "; use a divisor of the batch or --microbatches auto");
+  if (o.stage.replicas && *o.stage.replicas > o.cluster.devices)
+    throw Infeasible("--replicas " + std::to_string(*o.stage.replicas) + " exceeds --devices " +
+                     std::to_string(o.cluster.devices));
+  if (o.stage.replicas && o.stage.microbatches && *o.stage.replicas > batch / *o.stage.microbatches)
+    throw Infeasible("--replicas " + std::to_string(*o.stage.replicas) + " is more than the " +
+                     std::to_string(batch / *o.stage.microbatches) + " samples of a micro-batch; use fewer replicas "
+                     "or fewer micro-batches");
+}
+
+SearchGrid search_grid(const PartitionOptions& o) {
+  SearchGrid grid;
+  grid.schedules = {o.stage.schedule.value_or(Schedule::k1F1B)};  // auto: 1F1B never loses here
+  // auto: none, or per stage where a stage needs it (which the DP chooses exactly; it subsumes "every stage").
+  if (o.stage.recompute != Recompute::kOn) grid.recomputes.push_back(StageRecompute::kOff);
+  if (o.stage.recompute == Recompute::kOn) grid.recomputes.push_back(StageRecompute::kAll);
+  if (o.stage.recompute == Recompute::kAuto) grid.recomputes.push_back(StageRecompute::kWhereNeeded);
+  grid.microbatches = microbatch_candidates(o.training.global_batch, o.stage);
+  grid.reference_microbatch = std::max<double>(1.0, static_cast<double>(o.training.global_batch) / o.cluster.devices);
+  return grid;
+}
+
+std::vector<int64_t> microbatch_candidates(int64_t global_batch, const StageOptions& options) {
+  if (options.microbatches) return {*options.microbatches};
+  // Divisors in O(√B): a batch up to limits::kMaxBatch enumerates in microseconds.
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d * d <= global_batch; ++d)
+    if (global_batch % d == 0) {
+      low.push_back(d);
+      if (d * d != global_batch) high.push_back(global_batch / d);
+    }
+  std::vector<int64_t> ms(low.begin(), low.end());
+  ms.insert(ms.end(), high.rbegin(), high.rend());
+  // Every divisor while there are few (every batch with at most kAllDivisors, all powers of two among them); a
+  // highly composite batch keeps divisors about 8 % apart, as stage_candidates does past 24, so the search stays
+  // within a few times that of a power-of-two batch.
+  constexpr size_t kAllDivisors = 64;
+  if (ms.size() <= kAllDivisors) return ms;
+  std::vector<int64_t> thinned;
+  for (int64_t m : ms)
+    if (thinned.empty() || m == ms.back() || static_cast<double>(m) >= 1.08 * static_cast<double>(thinned.back()))
+      thinned.push_back(m);
+  return thinned;
+}
+
+std::vector<int> stage_candidates(int max_stages, const StageOptions& options) {
+  if (options.stages) return {*options.stages};
+  std::vector<int> s;
+  // Every count up to 24; beyond, steps of about 8 % (the estimate changes slowly there).
+  for (int x = 1; x <= max_stages; x = x < 24 ? x + 1 : std::max(x + 1, static_cast<int>(x * 1.08))) s.push_back(x);
+  if (s.empty() || s.back() != max_stages) s.push_back(max_stages);
+  return s;
+}
+
+// ---------------- Atomic level ----------------
+
+AtomicGraph atomic_level(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& o,
+                         const CostTable* costs_at_other_size) {
+  AtomicGraph atomic = build_atomic_graph(graph, costs, o.atomic, costs_at_other_size);
+  const int components = static_cast<int>(atomic.size());
+  if (o.stage.stages && *o.stage.stages > components)
+    throw Infeasible("--stages " + std::to_string(*o.stage.stages) + " is more than the model's " +
+                     std::to_string(components) + " batch tasks; use at most " + std::to_string(components));
+  if (o.stage.stages && *o.stage.stages * o.stage.replicas.value_or(1) > o.cluster.devices)
+    throw Infeasible("--stages " + std::to_string(*o.stage.stages) + " × " +
+                     std::to_string(o.stage.replicas.value_or(1)) + " replicas needs more than --devices " +
+                     std::to_string(o.cluster.devices));
+  return atomic;
+}
+
+// ---------------- Block level ----------------
+
+int block_count(const AtomicGraph& atomic, const PartitionOptions& o) {
+  int k = o.block.blocks > 0 ? o.block.blocks : automatic_block_count(atomic.size(), o.cluster.devices);
+  if (o.stage.stages) k = std::max(k, *o.stage.stages);
+  return std::min(k, static_cast<int>(atomic.size()));
+}
+
+BlockLevel block_level(const AtomicGraph& atomic, const PartitionOptions& o, const SearchGrid& grid) {
+  BlockLevel level;
+  level.assignment = build_blocks(atomic, block_count(atomic, o), o.block, o.training, grid.reference_microbatch,
+                                  &level.stats);
+  return level;
+}
+
+BlockLevel metis_block_level(const AtomicGraph& atomic, const PartitionOptions& o, const SearchGrid& grid) {
+  BlockLevel level;
+  level.assignment = metis_blocks(atomic, block_count(atomic, o), grid.reference_microbatch);
+  return level;
+}
+
+// ---------------- Stage DP ----------------
+
+Split make_split(const AtomicGraph& atomic, BlockAssignment assignment, const PartitionOptions& o, std::string source) {
+  Split split;
+  auto owned = std::make_shared<const BlockAssignment>(std::move(assignment));
+  split.sequence = std::make_shared<const BlockSequence>(make_block_sequence(atomic, *owned));
+  split.assignment = std::move(owned);
+  split.evaluator = std::make_shared<const StageEvaluator>(*split.sequence, o.cluster, o.training);
+  split.source = std::move(source);
+  return split;
+}
+
+Split with_layout(const Split& split, Layout layout, std::string source) {
+  Split other = split;
+  other.evaluator = std::make_shared<const StageEvaluator>(*split.sequence, split.evaluator->cluster(),
+                                                           split.evaluator->training(), layout);
+  other.source = std::move(source);
+  return other;
+}
+
+StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid& grid,
+                              const std::vector<int>& stage_counts, const StageOptions& o, const SearchClock& clock) {
+  StageSolutions found;
+  const bool fixed_split = stage_counts.size() == 1 && static_cast<size_t>(stage_counts[0]) == evaluator.blocks();
+  std::vector<int> counts;
+  for (int s : stage_counts)
+    if (static_cast<size_t>(s) <= evaluator.blocks()) counts.push_back(s);
+  for (Schedule schedule : grid.schedules)
+    for (StageRecompute recompute : grid.recomputes)
+      for (int64_t m : grid.microbatches) {
+        const StageDp dp(evaluator, {.microbatches = m,
+                                     .schedule = schedule,
+                                     .recompute = recompute,
+                                     .pinned_replicas = o.replicas,
+                                     .fixed_split = fixed_split});
+        found.solved += static_cast<int>(counts.size());
+        for (auto& solution : dp.solve_many(counts)) {
+          if (!solution) continue;
+          if (!o.replicas && o.spend_leftover_devices) dp.spend_leftover_devices(*solution);
+          found.solutions.push_back(std::move(*solution));
+        }
+        const double elapsed = clock.elapsed_s();
+        if (clock.progress) {
+          char line[160];
+          std::snprintf(line, sizeof line, "partition: %s recompute %s m=%lld  %zu plans  %.1f s",
+                        std::string(schedule_name(schedule)).c_str(), std::string(stage_recompute_name(recompute)).c_str(),
+                        static_cast<long long>(m), found.solutions.size(), elapsed);
+          clock.progress(line);
+        }
+        if (clock.limited() && elapsed > clock.time_limit_s && !found.solutions.empty()) {
+          found.stopped_by_time_limit = true;
+          return found;
+        }
+      }
+  return found;
+}
+
+StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const SearchGrid& grid, int max_stages,
+                                    const PartitionOptions& o) {
+  StageSolutions found;
+  const int64_t batch = o.training.global_batch;
+  for (Schedule schedule : grid.schedules)
+    for (StageRecompute recompute : grid.recomputes)
+      for (int64_t m : grid.microbatches)
+        for (int s : stage_candidates(max_stages, o.stage)) {
+          if (s < 2 || s > max_stages) continue;
+          const int replicas = o.stage.replicas ? *o.stage.replicas
+                                                : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
+          if (replicas < 1 || replicas * s > o.cluster.devices) continue;
+          ++found.solved;
+          const StageDp dp(pipeline,
+                           {.microbatches = m, .schedule = schedule, .recompute = recompute, .pinned_replicas = replicas});
+          if (auto solution = dp.solve(s)) found.solutions.push_back(std::move(*solution));
+        }
+  return found;
+}
+
+// ---------------- Candidates ----------------
+
+void CandidateSet::add(StageSolutions found, const Split& split) {
+  for (StageSolution& s : found.solutions)
+    candidates.push_back(place_candidate(std::move(s), split.sequence, split.assignment, split.evaluator, split.source));
+  solved += found.solved;
+  stopped_by_time_limit |= found.stopped_by_time_limit;
+}
+
+void CandidateSet::add(CandidateSet other) {
+  for (Candidate& c : other.candidates) candidates.push_back(std::move(c));
+  solved += other.solved;
+  stopped_by_time_limit |= other.stopped_by_time_limit;
+}
+
+CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks, const PartitionOptions& o,
+                              const SearchGrid& grid, const SearchClock& clock, CutRefinement refinement) {
+  const Split split = make_split(atomic, blocks, o, std::string(method_name(o.method)));
+  const int max_stages = max_stage_count(static_cast<int>(blocks.blocks), o, INT32_MAX);
+  StageSolutions stage_major =
+      solve_stage_dp(*split.evaluator, grid, stage_candidates(max_stages, o.stage), o.stage, clock);
+  CandidateSet found;
+  // Stage-cut refinement (stage_refine.h): the best split of each S with its cuts moved off block edges, one more
+  // candidate over its own finer runs of components.
+  if (refinement == CutRefinement::kOn && !stage_major.stopped_by_time_limit)
+    if (auto refined = refine_best_candidates(atomic, blocks, stage_major.solutions, o.cluster, o.training)) {
+      Split runs;
+      runs.assignment = std::make_shared<const BlockAssignment>(std::move(refined->assignment));
+      runs.sequence = refined->sequence;
+      runs.evaluator = std::shared_ptr<const StageEvaluator>(std::move(refined->evaluator));
+      runs.source = split.source + " refined";
+      StageSolutions one;
+      one.solutions.push_back(std::move(refined->solution));
+      found.add(std::move(one), runs);
+    }
+  found.add(std::move(stage_major), split);
+  // Pipeline-major: one pipeline replica per node (or several per node), stages talking over NVLink and every
+  // stage's replicas all-reducing across nodes. Only for S ≤ devices per node, with equal replica counts.
+  const bool multi_node = o.cluster.devices > o.cluster.devices_per_node;
+  if (multi_node && (!clock.limited() || clock.elapsed_s() < clock.time_limit_s)) {
+    const Split pipeline = with_layout(split, Layout::kPipelineMajor, split.source + " pipeline-major");
+    found.add(solve_pipeline_major(*pipeline.evaluator, grid, std::min(max_stages, o.cluster.devices_per_node), o),
+              pipeline);
+  }
+  return found;
+}
+
+CandidateSet fixed_split_candidates(const AtomicGraph& atomic, Method method, const PartitionOptions& o,
+                                    const SearchGrid& grid, const SearchClock& clock) {
+  CandidateSet found;
+  const int components = static_cast<int>(atomic.size());
+  for (int s : stage_candidates(max_stage_count(components, o, 128), o.stage)) {
+    if (s > components) continue;
+    const Split split =
+        make_split(atomic, baseline_split(atomic, method, s, grid.reference_microbatch), o, std::string(method_name(method)));
+    found.add(solve_stage_dp(*split.evaluator, grid, {s}, o.stage, clock.silent()), split);
+  }
+  return found;
+}
+
+CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOptions& o, const SearchGrid& grid) {
+  CandidateSet found;
+  PipeDreamPlan pd = pipedream_split(atomic, o.cluster, o.training, grid.reference_microbatch);
+  if (pd.split.replicas.empty()) return found;
+  const int stages = static_cast<int>(pd.split.replicas.size());
+  if (o.stage.stages && *o.stage.stages != stages) return found;
+  const Split split = make_split(atomic, std::move(pd.layers), o, "pipedream");
+  StageSolutions evaluated;
+  for (Schedule schedule : grid.schedules)
+    for (StageRecompute mode : grid.recomputes)
+      for (int64_t m : grid.microbatches) {
+        StageSolution sol;
+        sol.stages = stages;
+        sol.microbatches = m;
+        sol.schedule = schedule;
+        sol.recompute = mode != StageRecompute::kOff;  // PipeDream's split: all stages or none
+        sol.boundaries.assign(pd.split.boundaries.begin(), pd.split.boundaries.end());
+        sol.replicas = pd.split.replicas;
+        if (*std::max_element(sol.replicas.begin(), sol.replicas.end()) > o.training.global_batch / m) continue;
+        ++evaluated.solved;
+        if (evaluate_solution(*split.evaluator, sol)) evaluated.solutions.push_back(std::move(sol));
+      }
+  found.add(std::move(evaluated), split);
+  return found;
+}
+
+// ---------------- Simulated selection → the Plan ----------------
+
+Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const CandidateSet& found,
+                 const BlockLevel& blocks, const PartitionOptions& o, const SearchClock& clock) {
+  if (found.candidates.empty()) throw_infeasible(graph, atomic, o);
+  if (clock.progress)
+    clock.progress("partition: simulating the best of " + std::to_string(found.candidates.size()) + " candidates");
+  const Selection selection = select_by_simulation(found.candidates, o.stage.max_simulations, clock.deadline());
+  const Candidate& chosen = found.candidates[selection.index];
+  Plan plan = assemble_plan(graph, atomic, chosen, selection.result, o);
+  SearchStatistics& search = plan.search;
+  search.atomic_components = atomic.size();
+  search.blocks = blocks.assignment.blocks;
+  search.coarsening_levels = blocks.stats.levels;
+  search.refinement_moves = blocks.stats.moves;
+  search.candidates = found.solved;
+  search.chosen_split = chosen.source;
+  search.candidates_placed = static_cast<int>(found.candidates.size());
+  search.simulated = selection.stats.simulated;
+  search.pruned = selection.stats.pruned;
+  search.not_simulated = selection.stats.not_simulated;
+  search.stopped_by_time_limit = found.stopped_by_time_limit || (selection.stats.not_simulated > 0 && clock.limited());
+  search.seconds = clock.elapsed_s();
+  return plan;
+}
+
+Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candidate& chosen,
+                   const sim::SimResult& replay, const PartitionOptions& o) {
+  const int64_t batch = o.training.global_batch;
+  const StageSolution& best = chosen.solution;
+  Plan plan;
+  plan.options = o;
+  plan.layout = chosen.placement.layout;
+  plan.microbatches = best.microbatches;
+  plan.microbatch_size = batch / best.microbatches;
+  plan.schedule = best.schedule;
+  plan.recompute = best.recompute;
+  plan.estimate = best.estimate;
+  plan.simulated.iteration_s = replay.iteration_s;
+  plan.simulated.pipeline_s = replay.pipeline_s;
+  plan.simulated.bubble_fraction = replay.bubble_fraction;
+  for (const sim::StageStats& st : replay.stages)
+    if (st.busy_s > replay.stages[plan.simulated.bottleneck_stage].busy_s) plan.simulated.bottleneck_stage = st.stage;
+  plan.options.stage.stages = best.stages;
+  plan.options.stage.microbatches = best.microbatches;
+  plan.options.stage.schedule = best.schedule;
+  plan.options.stage.recompute = !best.any_recompute() ? Recompute::kOff
+                                 : best.stage_recompute.empty() ? Recompute::kOn
+                                                                : o.stage.recompute;
+  plan.samples_per_s = plan.simulated.iteration_s > 0 ? static_cast<double>(batch) / plan.simulated.iteration_s : 0;
+  plan.compute_lower_bound_s = chosen.evaluator->total_per_sample_s() * static_cast<double>(batch) / o.cluster.devices;
+
+  const BlockAssignment& assignment = *chosen.assignment;
+  std::vector<StageId> stage_of_block(assignment.blocks);
+  for (uint32_t s = 0; s < static_cast<uint32_t>(best.stages); ++s)
+    for (uint32_t b = best.boundaries[s]; b < best.boundaries[s + 1]; ++b) stage_of_block[b] = StageId(s);
+  std::vector<int> stage_of_task(graph.num_tasks(), -1);  // batch tasks only
+  std::vector<std::set<uint32_t>> tasks_of(best.stages);
+  for (uint32_t c = 0; c < atomic.size(); ++c) {
+    const AtomicComponent& component = atomic.component(ComponentId(c));
+    const StageId s = stage_of_block[assignment.block_of_component(ComponentId(c)).value()];
+    stage_of_task[component.batch_task.value()] = static_cast<int>(s.value());
+    tasks_of[s.value()].insert(component.batch_task.value());
+    for (TaskId t : component.constant_tasks) tasks_of[s.value()].insert(t.value());
+  }
+  for (int s = 0; s < best.stages; ++s) {
+    PlanStage st;
+    st.id = s;
+    st.replicas = best.replicas[s];
+    st.devices = chosen.placement.devices[s];
+    for (uint32_t t : tasks_of[s]) {
+      st.tasks.push_back(TaskId(t));
+      if (!graph.task(TaskId(t)).constant) ++st.batch_tasks;
+    }
+    st.cost = best.costs[s];
+    st.recompute = best.recomputes(s);
+    plan.peak_memory_bytes = std::max(plan.peak_memory_bytes, st.cost.memory_bytes);
+    plan.stages.push_back(std::move(st));
+  }
+  // Boundary values: produced by a batch task of one stage (or a model input), read by batch tasks of others.
+  for (uint32_t v = 0; v < graph.num_values(); ++v) {
+    const Value& value = graph.value(ValueId(v));
+    int from;
+    if (value.kind == ValueKind::kInput) from = -1;
+    else if (value.producer.valid() && stage_of_task[value.producer.value()] >= 0) from = stage_of_task[value.producer.value()];
+    else continue;  // params, constants
+    std::set<int> to;
+    for (TaskId t : graph.consumers(ValueId(v)))
+      if (stage_of_task[t.value()] >= 0 && stage_of_task[t.value()] != from) to.insert(stage_of_task[t.value()]);
+    // At the run's activation precision (mixed: half of the graph's fp32 bytes), as the cost model sends them.
+    const double per_sample = static_cast<double>(value.bytes) / static_cast<double>(atomic.graph_batch) *
+                              activation_bytes_factor(o.training.precision);
+    for (int s : to) {
+      APART_CHECK(s > from, "a value flows backward between stages: " + value.name);
+      plan.stages[s].inputs.push_back({ValueId(v), from, per_sample * static_cast<double>(plan.stages[s].cost.microbatch)});
+    }
+    const bool model_output = value.kind == ValueKind::kOutput ||
+                              std::find(graph.graph_outputs().begin(), graph.graph_outputs().end(), ValueId(v)) !=
+                                  graph.graph_outputs().end();
+    if (from >= 0 && (!to.empty() || model_output))
+      plan.stages[from].outputs.push_back({ValueId(v), std::vector<int>(to.begin(), to.end()),
+                                           per_sample * static_cast<double>(plan.stages[from].cost.microbatch)});
+  }
+  return plan;
+}
+
+}  // namespace apart

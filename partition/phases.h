@@ -1,0 +1,134 @@
+// The phases of a partition search, each a free function over plain data: the request → atomic level → block
+// level → stage DP → placed candidates → simulated selection → the Plan. partition_graph (partition.h) runs them
+// for --method apart, partition_by_method (methods.h) for the baselines.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/task_graph.h"
+#include "partition/atomic.h"
+#include "partition/block.h"
+#include "partition/options.h"
+#include "partition/partition.h"
+#include "partition/select.h"
+#include "partition/stage_dp.h"
+#include "profiler/cost_table.h"
+
+namespace apart {
+
+// When the search started, what it may spend (--time-limit) and where its progress lines go.
+struct SearchClock {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double time_limit_s = 0;  // 0: no limit
+  ProgressFn progress;      // may be empty
+  double elapsed_s() const;
+  bool limited() const { return time_limit_s > 0; }
+  // No simulation starts after it once one has run (select.h); time_point::max() without a limit.
+  std::chrono::steady_clock::time_point deadline() const;
+  SearchClock silent() const;  // the same clock without progress lines (the baseline splits print none)
+};
+
+// ---------------- The request ----------------
+// Validates the options and throws Infeasible for pins that cannot hold for any model: --microbatches not dividing
+// --batch, --replicas beyond --devices or beyond the samples of a micro-batch.
+void check_request(const PartitionOptions& options);
+
+// The (schedule, recomputation, micro-batch count) combinations every stage DP runs for, fixed by the options.
+struct SearchGrid {
+  std::vector<Schedule> schedules;          // the pinned one, else 1F1B (GPipe never beats it here)
+  std::vector<StageRecompute> recomputes;   // off and/or where needed; on when pinned
+  std::vector<int64_t> microbatches;        // microbatch_candidates
+  double reference_microbatch = 1;          // per-replica micro-batch the block level and baselines weigh tasks at
+};
+SearchGrid search_grid(const PartitionOptions& options);
+
+// Candidate micro-batch counts (the divisors of B, about 8 % apart when B has more than 64; or the pinned one) and
+// stage counts (every count up to 24, then steps of about 8 %, and max_stages; or the pinned one).
+std::vector<int64_t> microbatch_candidates(int64_t global_batch, const StageOptions& options);
+std::vector<int> stage_candidates(int max_stages, const StageOptions& options);
+
+// ---------------- Atomic level (§IV-A) ----------------
+// build_atomic_graph, then the pins that need the model's size: --stages beyond its batch tasks or the devices.
+AtomicGraph atomic_level(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& options,
+                         const CostTable* costs_at_other_size = nullptr);
+
+// ---------------- Block level (§IV-B) ----------------
+struct BlockLevel {
+  BlockAssignment assignment;  // blocks == 0: the method has no block level (baselines, pipedream)
+  BlockStatistics stats;       // coarsening levels and refinement moves (zero for METIS)
+};
+// k: --blocks, else automatic_block_count; at least --stages, at most the components.
+int block_count(const AtomicGraph& atomic, const PartitionOptions& options);
+// apart's multilevel blocks (build_blocks), and METIS k-way with cycle repair (--method metis).
+BlockLevel block_level(const AtomicGraph& atomic, const PartitionOptions& options, const SearchGrid& grid);
+BlockLevel metis_block_level(const AtomicGraph& atomic, const PartitionOptions& options, const SearchGrid& grid);
+
+// ---------------- Stage DP (§IV-C) ----------------
+// A split of the components into blocks, with the block sequence and the evaluator the stage DP runs on; the
+// candidates of one split share them.
+struct Split {
+  std::shared_ptr<const BlockAssignment> assignment;
+  std::shared_ptr<const BlockSequence> sequence;
+  std::shared_ptr<const StageEvaluator> evaluator;
+  std::string source;  // what the candidates' Plan::search.chosen_split says: "apart", "uniform", …
+};
+Split make_split(const AtomicGraph& atomic, BlockAssignment assignment, const PartitionOptions& options,
+                 std::string source);
+// The same blocks costed for another layout (pipeline-major: stages of one pipeline inside a node).
+Split with_layout(const Split& split, Layout layout, std::string source);
+
+// The DP's solutions, in the order found, and what it took.
+struct StageSolutions {
+  std::vector<StageSolution> solutions;
+  int solved = 0;                      // (S, m, schedule, recompute, layout) combinations solved
+  bool stopped_by_time_limit = false;  // a grid point ended past --time-limit with something found
+};
+// Stage-major: every grid point × every stage count ≤ the blocks, leftover devices spent unless --replicas pins
+// them; a split of S blocks into S stages runs the fixed-split DP. Stops after the grid point that ends past the
+// time limit once something was found, with a progress line per grid point.
+StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid& grid,
+                              const std::vector<int>& stage_counts, const StageOptions& options,
+                              const SearchClock& clock);
+// Pipeline-major (multi-node jobs): 2 ≤ S ≤ max_stages, every stage min(devices / S, B / m) replicas (or --replicas).
+StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const SearchGrid& grid, int max_stages,
+                                    const PartitionOptions& options);
+
+// ---------------- Candidates: solutions placed on devices ----------------
+struct CandidateSet {
+  std::vector<Candidate> candidates;  // in the order found: the selection's ties go to the earlier
+  int solved = 0;                     // SearchStatistics::candidates
+  bool stopped_by_time_limit = false;
+  void add(StageSolutions found, const Split& split);
+  void add(CandidateSet other);
+};
+
+// The stage DP over apart's (or METIS's) blocks: stage-major, then (CutRefinement::kOn, within the time limit) the
+// best split with its cuts moved off block edges (stage_refine.h), then pipeline-major for multi-node jobs within
+// the time limit. The refined candidate comes first, as it always has (the selection's ties go to it).
+enum class CutRefinement : uint8_t { kOff, kOn };
+CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
+                              const PartitionOptions& options, const SearchGrid& grid, const SearchClock& clock,
+                              CutRefinement refinement);
+// A baseline split (uniform, params, gpipe-balance; baselines.h baseline_split) for every stage count; the DP
+// over its S blocks only chooses replicas, m and recomputation.
+CandidateSet fixed_split_candidates(const AtomicGraph& atomic, Method method, const PartitionOptions& options,
+                                    const SearchGrid& grid, const SearchClock& clock);
+// PipeDream's DP fixes the split and the replicas; apart's estimate then picks m and recomputation (all stages or
+// none). Empty when PipeDream finds nothing that fits, or its stage count differs from --stages.
+CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOptions& options, const SearchGrid& grid);
+
+// ---------------- Simulated selection → the Plan ----------------
+// Throws Infeasible (with what would fit) when there is no candidate; else simulates them (select_by_simulation
+// under --time-limit and the simulation cap) and assembles the plan of the fastest, with the search statistics.
+Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const CandidateSet& found,
+                 const BlockLevel& blocks, const PartitionOptions& options, const SearchClock& clock);
+// The Plan of one candidate and its replay: chosen options, stages with their tasks and boundary values.
+// Leaves Plan::search to the caller.
+Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candidate& chosen,
+                   const sim::SimResult& replay, const PartitionOptions& options);
+
+}  // namespace apart

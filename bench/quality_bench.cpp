@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
         const PartitionOptions& po = any->plan.options;
         const double state = static_cast<double>(any->info.param_bytes) *
                              state_bytes_per_param_byte(po.training.optimizer, po.training.precision);
-        s_min = static_cast<int>(std::max(1.0, std::ceil(state / static_cast<double>(po.cluster.memory_bytes))));
+        s_min = static_cast<int>(std::max(1.0, std::ceil(state / static_cast<double>(po.cluster.usable_memory_bytes()))));
         const CostTable* other = any->costs.at_other_size ? &*any->costs.at_other_size : nullptr;
         const AtomicGraph atomic = build_atomic_graph(any->model.graph, any->costs.table, po.atomic, other);
         for (const AtomicComponent& component : atomic.components) {

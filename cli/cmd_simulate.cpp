@@ -41,7 +41,7 @@ void run_simulate(const SimulateArgs& a) {
     plan.cluster.intra_node = c.intra_node;
     plan.cluster.inter_node = c.inter_node;
     plan.cluster.devices_per_node = c.devices_per_node;
-    plan.cluster.links_source = "cluster file " + a.cluster;
+    plan.links_source = "cluster file " + a.cluster;
   }
   sim::SimOptions options;
   if (a.schedule != "plan") options.schedule = sim::parse_schedule(a.schedule);

@@ -60,12 +60,12 @@ nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, co
   j["schema"] = "apart.plan/1";
   j["model"] = {{"path", model.path}, {"sha256", model.sha256}, {"tasks", graph.num_tasks()},
                 {"params", model.params}, {"param_bytes", model.param_bytes}};
-  j["cluster"] = {{"devices", o.cluster.devices}, {"device", o.cluster.device},
-                  {"devices_per_node", o.cluster.devices_per_node}, {"memory_bytes", o.cluster.memory_bytes},
-                  {"device_memory_bytes", o.cluster.device_memory_bytes > 0 ? o.cluster.device_memory_bytes : o.cluster.memory_bytes},
-                  {"memory_reserve_bytes", o.cluster.memory_reserve_bytes}, {"memory_reserve", o.cluster.memory_reserve},
-                  {"intra_node_bandwidth", o.cluster.intra_node_bandwidth},
-                  {"inter_node_bandwidth", o.cluster.inter_node_bandwidth},
+  j["cluster"] = {{"devices", o.cluster.devices}, {"device", o.cluster.device.name},
+                  {"devices_per_node", o.cluster.devices_per_node}, {"memory_bytes", o.cluster.usable_memory_bytes()},
+                  {"device_memory_bytes", o.cluster.device.memory_bytes},
+                  {"memory_reserve_bytes", o.cluster.reserved_bytes()}, {"memory_reserve", o.cluster.reserve.text()},
+                  {"intra_node_bandwidth", o.cluster.intra_node.bandwidth},
+                  {"inter_node_bandwidth", o.cluster.inter_node.bandwidth},
                   {"layout", layout_name(plan.layout)}};
   j["training"] = {{"global_batch", o.training.global_batch}, {"microbatches", plan.microbatches},
                    {"microbatch_size", plan.microbatch_size}, {"schedule", schedule_name(plan.schedule)},
@@ -202,10 +202,10 @@ std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInf
   std::ostringstream r;
   r << "apart plan for " << model.path << " (" << format_task_counts(graph.num_tasks(), graph.num_tasks() - graph.num_constant_tasks())
     << ", " << human_params(model.params) << " params)\n";
-  const int64_t device_memory = o.cluster.device_memory_bytes > 0 ? o.cluster.device_memory_bytes : o.cluster.memory_bytes;
-  r << o.cluster.devices << " × " << o.cluster.device << " (" << o.cluster.devices_per_node << " per node, "
-    << format_bytes(static_cast<double>(device_memory)) << " each, " << format_bytes(static_cast<double>(o.cluster.memory_bytes))
-    << " usable: --memory-reserve " << o.cluster.memory_reserve << "), precision " << precision_name(o.training.precision)
+  const int64_t device_memory = o.cluster.device.memory_bytes;
+  r << o.cluster.devices << " × " << o.cluster.device.name << " (" << o.cluster.devices_per_node << " per node, "
+    << format_bytes(static_cast<double>(device_memory)) << " each, " << format_bytes(static_cast<double>(o.cluster.usable_memory_bytes()))
+    << " usable: --memory-reserve " << o.cluster.reserve.text() << "), precision " << precision_name(o.training.precision)
     << ", batch " << o.training.global_batch << " = " << plan.microbatches << " micro-batch"
     << (plan.microbatches == 1 ? "" : "es") << " of " << plan.microbatch_size << " (split among a stage's replicas), "
     << schedule_name(plan.schedule) << ", " << optimizer_name(o.training.optimizer) << ", recompute "
@@ -214,7 +214,7 @@ std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInf
   std::snprintf(line, sizeof line, "%5s  %-32s %9s %10s %10s %10s  %-22s %8s %s\n", "stage", "tasks", "params",
                 "compute", "comm", "allreduce", "memory / usable", "replicas", "devices");
   r << line;
-  const std::string limit = format_bytes(static_cast<double>(o.cluster.memory_bytes));
+  const std::string limit = format_bytes(static_cast<double>(o.cluster.usable_memory_bytes()));
   for (const PlanStage& s : plan.stages) {
     const std::string mem = format_bytes(static_cast<double>(s.cost.memory_bytes)) + " / " + limit;
     const std::string devices = device_range(s.devices);
@@ -240,7 +240,7 @@ std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInf
   r << "devices used         " << used << " of " << o.cluster.devices << ", " << layout_name(plan.layout) << "\n";
   r << "peak memory          " << format_bytes(static_cast<double>(plan.peak_memory_bytes)) << " of " << limit
     << " usable (" << format_bytes(static_cast<double>(device_memory)) << " less "
-    << format_bytes(static_cast<double>(o.cluster.memory_reserve_bytes)) << " reserved)\n";
+    << format_bytes(static_cast<double>(o.cluster.reserved_bytes())) << " reserved)\n";
   r << "search               " << plan.search.atomic_components << " atomic components → " << plan.search.blocks
     << " blocks, " << plan.search.candidates << " (S, m) candidates, " << plan.search.simulated << " of "
     << plan.search.candidates_placed << " placed plans simulated (" << plan.search.pruned

@@ -78,17 +78,7 @@ Cluster resolve_cluster(const ClusterChoice& choice) {
 PartitionOptions resolve_partition_options(const CompileOptions& options, const Cluster& cluster) {
   PartitionOptions o = options.partition;
   o.training.precision = options.precision ? *options.precision : default_precision(cluster.device);
-  o.cluster.device = cluster.device.name;
-  o.cluster.devices = cluster.devices;
-  o.cluster.devices_per_node = cluster.devices_per_node;
-  o.cluster.memory_bytes = cluster.usable_memory_bytes();
-  o.cluster.device_memory_bytes = cluster.device.memory_bytes;
-  o.cluster.memory_reserve_bytes = cluster.reserve.bytes(cluster.device.memory_bytes);
-  o.cluster.memory_reserve = cluster.reserve.text();
-  o.cluster.intra_node_bandwidth = cluster.intra_node.bandwidth;
-  o.cluster.inter_node_bandwidth = cluster.inter_node.bandwidth;
-  o.cluster.intra_node_latency_s = cluster.intra_node.latency_s;
-  o.cluster.inter_node_latency_s = cluster.inter_node.latency_s;
+  o.cluster = cluster;
   o.validate();
   return o;
 }

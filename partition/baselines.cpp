@@ -15,6 +15,7 @@
 #include <string>
 
 #include "graph/error.h"
+#include "profiler/collectives.h"
 
 namespace apart {
 
@@ -180,7 +181,7 @@ PipeDreamSplit pipedream_dp(const PipeDreamCosts& c) {
   return out;
 }
 
-PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& cluster, const TrainingSpec& training,
+PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const Cluster& cluster, const TrainingSpec& training,
                               double microbatch, int max_layers, int max_units) {
   PipeDreamPlan plan;
   const size_t n = atomic.size();
@@ -213,9 +214,7 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& clus
   for (size_t l = 0; l < layers; ++l)
     t_prefix[l + 1] = t_prefix[l] + seq.blocks[l].forward.at(microbatch) + seq.blocks[l].backward.at(microbatch);
   const double act = activation_bytes_factor(training.precision);
-  const bool one_node = cluster.devices <= cluster.devices_per_node;
-  const double p2p_bw = one_node ? cluster.intra_node_bandwidth : cluster.inter_node_bandwidth;
-  const double p2p_lat = one_node ? cluster.intra_node_latency_s : cluster.inter_node_latency_s;
+  const Link& p2p = cluster.fits_one_node() ? cluster.intra_node : cluster.inter_node;
   const double batch = static_cast<double>(training.global_batch);
   // Micro-batch count whose per-replica size at one replica is `microbatch` (for the memory check).
   const int64_t m_ref = std::max<int64_t>(1, static_cast<int64_t>(batch / std::max(1.0, microbatch)));
@@ -231,14 +230,14 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& clus
   };
   costs.comm_s = [&](size_t i) {
     const double bytes = ev.out_bytes_per_sample(0, static_cast<uint32_t>(i)) * microbatch * act;
-    return 2 * (bytes / p2p_bw + p2p_lat);
+    return 2 * transfer_time(p2p, bytes);
   };
   std::vector<char> fits((layers + 1) * (layers + 1), 0);
   for (size_t i = 0; i < layers; ++i)
     for (size_t j = i + 1; j <= layers; ++j)
       fits[i * (layers + 1) + j] =
           ev.evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j), 1, m_ref, 1, false).memory_bytes <=
-          cluster.memory_bytes;
+          cluster.usable_memory_bytes();
   costs.fits = [&](size_t i, size_t j, int) { return fits[i * (layers + 1) + j] != 0; };
   plan.split = pipedream_dp(costs);
   for (int& r : plan.split.replicas) r *= plan.unit;

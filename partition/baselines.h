@@ -66,7 +66,7 @@ struct PipeDreamPlan {
   PipeDreamSplit split;    // over layers; replicas in devices (units × unit)
   int unit = 1;
 };
-PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const ClusterSpec& cluster, const TrainingSpec& training,
+PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const Cluster& cluster, const TrainingSpec& training,
                               double microbatch, int max_layers = 128, int max_units = 64);
 
 // ---------------- METIS k-way + cycle repair ----------------

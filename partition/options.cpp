@@ -40,13 +40,7 @@ Recompute parse_recompute(std::string_view t) {
 
 void PartitionOptions::validate() const {
   // The documented limits (graph/checked.h, README "Limits"): every count, time, size and rate in range.
-  checked_integer(cluster.devices, 1, limits::kMaxDevices, "--devices");
-  checked_integer(cluster.devices_per_node, 1, limits::kMaxDevices, "--devices-per-node");
-  checked_integer(cluster.memory_bytes, 1, limits::kMaxByteCount, "the device's memory (bytes)");
-  checked_number(cluster.intra_node_bandwidth, 1, limits::kMaxRate, "the intra-node bandwidth (bytes/s)");
-  checked_number(cluster.inter_node_bandwidth, 1, limits::kMaxRate, "the inter-node bandwidth (bytes/s)");
-  checked_number(cluster.intra_node_latency_s, 0, limits::kMaxSeconds, "the intra-node latency (s)");
-  checked_number(cluster.inter_node_latency_s, 0, limits::kMaxSeconds, "the inter-node latency (s)");
+  cluster.validate();
   checked_integer(training.global_batch, 1, limits::kMaxBatch, "--batch");
   if (stage.stages) checked_integer(*stage.stages, 1, limits::kMaxDevices, "--stages (or auto)");
   if (stage.replicas) checked_integer(*stage.replicas, 1, limits::kMaxDevices, "--replicas (or auto)");

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "profiler/device.h"
 #include "profiler/training.h"
 
 namespace apart {
@@ -30,21 +31,6 @@ std::string_view recompute_name(Recompute r);
 // Parsers throw InvalidArgument naming the accepted spellings.
 Method parse_method(std::string_view text);
 Recompute parse_recompute(std::string_view text);
-
-// The machines: what the profiler's device and cluster presets describe, as plain numbers.
-struct ClusterSpec {
-  std::string device = "a100-80gb";
-  int devices = 1;
-  int devices_per_node = 8;
-  int64_t memory_bytes = 80'000'000'000;  // usable bytes of one device: its memory less the reserve
-  int64_t device_memory_bytes = 0;         // the device's memory (0: memory_bytes, no reserve known)
-  int64_t memory_reserve_bytes = 0;        // kept free (profiler/device.h MemoryReserve)
-  std::string memory_reserve = "0";        // as given: "2GiB+5%"
-  double intra_node_bandwidth = 300e9;     // bytes/s one device can send inside a node (NVLink)
-  double inter_node_bandwidth = 25e9;      // bytes/s one device can send across nodes (IB HDR)
-  double intra_node_latency_s = 5e-6;
-  double inter_node_latency_s = 10e-6;
-};
 
 struct TrainingSpec {
   int64_t global_batch = 1;
@@ -85,7 +71,9 @@ struct StageOptions {
 
 struct PartitionOptions {
   Method method = Method::kApart;
-  ClusterSpec cluster;
+  // The machines, the profiler's own type (no copy of its fields): the DP fills usable_memory_bytes() of a device
+  // and prices links by its rules; plan.json's cluster section prints it.
+  Cluster cluster;
   TrainingSpec training;
   AtomicOptions atomic;
   BlockOptions block;

@@ -22,7 +22,7 @@ std::string gb(double bytes) {
 
 // Why nothing fits, and what would (DESIGN.md: errors say what to do next).
 [[noreturn]] void throw_infeasible(const TaskGraph& graph, const AtomicGraph& atomic, const PartitionOptions& o) {
-  const double limit = static_cast<double>(o.cluster.memory_bytes);
+  const double limit = static_cast<double>(o.cluster.usable_memory_bytes());
   const double state_factor = state_bytes_per_param_byte(o.training.optimizer, o.training.precision);
   const double act = 1.0;  // saved bytes are at the run's precision already
   double total = 0;
@@ -34,7 +34,7 @@ std::string gb(double bytes) {
     total += static_cast<double>(b.param_bytes) * state_factor + b.saved_per_sample * act;
     if (one > worst_bytes) { worst_bytes = one; worst = ComponentId(c); }
   }
-  const std::string device = std::to_string(o.cluster.memory_bytes / 1'000'000'000) + " GB";
+  const std::string device = std::to_string(o.cluster.usable_memory_bytes() / 1'000'000'000) + " GB";
   if (worst_bytes > limit)
     throw Infeasible("task " + graph.task(atomic.component(worst).batch_task).name + " alone needs " +
                      gb(worst_bytes) + " (weights, gradients and " + std::string(optimizer_name(o.training.optimizer)) +

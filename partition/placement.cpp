@@ -9,7 +9,7 @@
 namespace apart {
 namespace {
 
-Placement stage_major(std::span<const int> replicas, const ClusterSpec& cluster) {
+Placement stage_major(std::span<const int> replicas, const Cluster& cluster) {
   const int per_node = cluster.devices_per_node;
   Placement p;
   p.layout = Layout::kStageMajor;
@@ -32,7 +32,7 @@ Placement stage_major(std::span<const int> replicas, const ClusterSpec& cluster)
   return p;
 }
 
-Placement pipeline_major(int stages, int replicas, const ClusterSpec& cluster) {
+Placement pipeline_major(int stages, int replicas, const Cluster& cluster) {
   const int per_node = cluster.devices_per_node;
   Placement p;
   p.layout = Layout::kPipelineMajor;
@@ -52,7 +52,7 @@ Placement pipeline_major(int stages, int replicas, const ClusterSpec& cluster) {
 
 }  // namespace
 
-Placement place_stages(std::span<const int> replicas, const ClusterSpec& cluster, Layout layout) {
+Placement place_stages(std::span<const int> replicas, const Cluster& cluster, Layout layout) {
   APART_CHECK(!replicas.empty() && cluster.devices_per_node > 0, "placement needs stages and a node size");
   const bool equal = std::all_of(replicas.begin(), replicas.end(), [&](int r) { return r == replicas.front(); });
   if (layout == Layout::kPipelineMajor && equal && replicas.size() > 1)
@@ -60,28 +60,15 @@ Placement place_stages(std::span<const int> replicas, const ClusterSpec& cluster
   return stage_major(replicas, cluster);
 }
 
-sim::SimCluster sim_cluster(const ClusterSpec& cluster) {
-  sim::SimCluster c;
-  c.devices = cluster.devices;
-  c.devices_per_node = cluster.devices_per_node;
-  c.device = cluster.device;
-  c.intra_node = {cluster.intra_node_bandwidth, cluster.intra_node_latency_s};
-  c.inter_node = {cluster.inter_node_bandwidth, cluster.inter_node_latency_s};
-  c.links_source = "partition's cluster";
-  return c;
-}
-
-std::vector<StageLinks> placed_links(const Placement& placement, const ClusterSpec& cluster) {
-  const sim::SimCluster c = sim_cluster(cluster);
-  auto spec = [](const Link& l) { return LinkSpec{l.bandwidth, l.latency_s}; };
+std::vector<StageLinks> placed_links(const Placement& placement, const Cluster& cluster) {
   const size_t stages = placement.devices.size();
   std::vector<StageLinks> links(stages);
   for (size_t s = 0; s < stages; ++s) {
     const std::vector<int>& d = placement.devices[s];
-    links[s].replicas = spec(c.link_between_groups(d, {d.front()}));
+    links[s].replicas = cluster.link_among(d);
     // The first and last stage have no neighbour on one side; the link there carries nothing.
-    links[s].previous = spec(c.link_between_groups(placement.devices[s > 0 ? s - 1 : s], d));
-    links[s].next = spec(c.link_between_groups(d, placement.devices[s + 1 < stages ? s + 1 : s]));
+    links[s].previous = cluster.link_between_groups(placement.devices[s > 0 ? s - 1 : s], d);
+    links[s].next = cluster.link_between_groups(d, placement.devices[s + 1 < stages ? s + 1 : s]);
   }
   return links;
 }

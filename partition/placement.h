@@ -1,6 +1,6 @@
 // Device placement: which devices run each stage's replicas, aligned to nodes (DESIGN.md "Partitioning"), and the
-// links each placed stage then uses. The simulator's SimCluster decides what is inside a node, so partition's
-// estimate and `apart simulate` agree on every link.
+// links each placed stage then uses. The profiler's Cluster decides what is inside a node, for partition's estimate
+// and `apart simulate` alike, so both agree on every link.
 #pragma once
 
 #include <span>
@@ -8,7 +8,6 @@
 
 #include "partition/options.h"
 #include "partition/stage_cost.h"
-#include "simulator/sim_plan.h"
 
 namespace apart {
 
@@ -21,13 +20,10 @@ struct Placement {
 // straddle two, and a larger one starts on a node boundary, as long as the remaining stages still fit.
 // Pipeline-major (all replica counts equal, else stage-major): pipeline replica j holds device d_j + s for stage s,
 // with as many whole pipelines per node as fit, so boundary transfers stay inside a node.
-Placement place_stages(std::span<const int> replicas, const ClusterSpec& cluster, Layout layout);
+Placement place_stages(std::span<const int> replicas, const Cluster& cluster, Layout layout);
 
-// The cluster as the simulator sees it (devices per node, intra/inter-node links).
-sim::SimCluster sim_cluster(const ClusterSpec& cluster);
-
-// Per stage: the link to the previous and next stage (the simulator's rule for two device groups) and the
-// all-reduce ring's link (inside a node only if all the stage's devices are).
-std::vector<StageLinks> placed_links(const Placement& placement, const ClusterSpec& cluster);
+// Per stage: the link to the previous and next stage (Cluster::link_between_groups) and the all-reduce ring's link
+// (Cluster::link_among: inside a node only if all the stage's devices are).
+std::vector<StageLinks> placed_links(const Placement& placement, const Cluster& cluster);
 
 }  // namespace apart

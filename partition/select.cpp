@@ -8,6 +8,7 @@
 
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "profiler/collectives.h"
 
 namespace apart {
 
@@ -32,7 +33,8 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
   const TrainingSpec& training = ev.training();
   sim::SimPlan plan;
   plan.source = "candidate (" + candidate.source + ")";
-  plan.cluster = sim_cluster(ev.cluster());
+  plan.cluster = ev.cluster();
+  plan.links_source = "partition's cluster";
   plan.training.microbatches = sol.microbatches;
   plan.training.schedule = sol.schedule == Schedule::kGPipe ? "gpipe" : "1f1b";
   plan.training.optimizer = std::string(optimizer_name(training.optimizer));
@@ -104,7 +106,7 @@ double lower_bound(const sim::SimPlan& plan) {
       if (in.from_stage == static_cast<int>(s) - 1) from_previous = &in;
     if (!from_previous) return bound;
     const Link& link = plan.cluster.link_between_groups(plan.stages[s - 1].devices, plan.stages[s].devices);
-    d[s] = link.latency_s + from_previous->bytes / link.bandwidth;
+    d[s] = transfer_time(link, from_previous->bytes);
   }
   std::vector<double> first_forward(stages, 0.0);  // earliest start of micro-batch 0's forward at s
   for (size_t s = 1; s < stages; ++s) first_forward[s] = first_forward[s - 1] + f[s - 1] + d[s];

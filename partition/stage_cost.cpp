@@ -6,28 +6,15 @@
 
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "profiler/collectives.h"
 
 namespace apart {
-
-double state_bytes_per_param_byte(profiler::Optimizer optimizer, Precision precision) {
-  // Relative to fp32 parameter bytes as stored in the model. fp32: weights + grads (+ momentum) (+ Adam's
-  // two moments). Mixed (Micikevicius et al.): fp16 weights and grads (0.5 + 0.5) + fp32 master copy (1)
-  // + fp32 optimizer state.
-  // Both come to 2 + state per fp32 parameter byte.
-  (void)precision;
-  using profiler::Optimizer;
-  const double state = optimizer == Optimizer::kAdam ? 2.0 : optimizer == Optimizer::kMomentum ? 1.0 : 0.0;
-  return 2.0 + state;
-}
-// tf32 stores fp32; only mixed precision halves gradients and activations.
-double grad_bytes_per_param_byte(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
-double activation_bytes_factor(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
 
 std::string_view layout_name(Layout layout) {
   return layout == Layout::kPipelineMajor ? "pipeline-major" : "stage-major";
 }
 
-StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training,
+StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster, const TrainingSpec& training,
                                Layout layout)
     : k_(seq.size()), cluster_(cluster), training_(training), layout_(layout) {
   const size_t n = k_ + 1;
@@ -103,9 +90,9 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const ClusterSpec& clus
 }
 
 StageLinks StageEvaluator::assumed_links(int replicas) const {
-  const LinkSpec intra{cluster_.intra_node_bandwidth, cluster_.intra_node_latency_s};
-  const LinkSpec inter{cluster_.inter_node_bandwidth, cluster_.inter_node_latency_s};
-  const bool one_node = cluster_.devices <= cluster_.devices_per_node;
+  const Link& intra = cluster_.intra_node;
+  const Link& inter = cluster_.inter_node;
+  const bool one_node = cluster_.fits_one_node();
   StageLinks l;
   if (layout_ == Layout::kPipelineMajor) {
     l.previous = l.next = intra;
@@ -140,20 +127,18 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
   c.in_bytes = in_[first * n + last] * static_cast<double>(u) * act;
   c.out_bytes = out_[first * n + last] * static_cast<double>(u) * act;
   // Forward receives inputs and sends outputs; backward sends and receives their gradients.
-  if (c.in_bytes > 0) c.comm_s += 2 * (c.in_bytes / links.previous.bandwidth + links.previous.latency_s);
-  if (c.out_bytes > 0) c.comm_s += 2 * (c.out_bytes / links.next.bandwidth + links.next.latency_s);
+  if (c.in_bytes > 0) c.comm_s += 2 * transfer_time(links.previous, c.in_bytes);
+  if (c.out_bytes > 0) c.comm_s += 2 * transfer_time(links.next, c.out_bytes);
   c.param_bytes = params_[first * n + last];
   if (replicas > 1 && c.param_bytes > 0) {
-    // Ring all-reduce: 2(sd−1)/sd of the gradient bytes over the slowest link of the ring.
-    const double bw = links.replicas.bandwidth, lat = links.replicas.latency_s;
-    const double grad_bytes = static_cast<double>(c.param_bytes) * grad_bytes_per_param_byte(training_.precision);
-    c.allreduce_s = 2.0 * (replicas - 1) / replicas * grad_bytes / bw + 2.0 * (replicas - 1) * lat;
+    // The replicas' ring all-reduce of the gradients, over the ring's link.
+    const double grad_bytes = static_cast<double>(c.param_bytes) * gradient_bytes_per_param_byte(training_.precision);
+    c.allreduce_s = ring_allreduce_time(replicas, grad_bytes, links.replicas);
     c.allreduce_exposed_s = c.allreduce_s;
     if (training_.overlap_allreduce) {
-      // Buckets go out as the last backward produces them; the last bucket can only start when it ends.
-      const double last_bucket = c.allreduce_s * std::min(1.0, kAllreduceBucketBytes / grad_bytes);
+      // Buckets go out as the last backward (without its recomputed forward) produces them.
       const double backward_only = c.backward_s - (recompute ? c.forward_s : 0.0);
-      c.allreduce_exposed_s = std::max(last_bucket, c.allreduce_s - backward_only);
+      c.allreduce_exposed_s = exposed_allreduce_time(c.allreduce_s, grad_bytes, backward_only);
     }
   }
   c.step_s = c.compute_s + c.comm_s;
@@ -169,11 +154,6 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
   c.memory_per_in_flight = recompute ? c.in_bytes : saved;
   c.memory_bytes = saturated_bytes(c.memory_static + static_cast<double>(in_flight) * c.memory_per_in_flight);
   return c;
-}
-
-int64_t in_flight_microbatches(Schedule schedule, int64_t microbatches, int stage, int stages) {
-  if (schedule == Schedule::kGPipe) return microbatches;
-  return std::min<int64_t>(microbatches, stages - stage);
 }
 
 PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches,

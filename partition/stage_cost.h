@@ -9,6 +9,7 @@
 
 #include "partition/block_sequence.h"
 #include "partition/options.h"
+#include "profiler/memory_model.h"
 
 namespace apart {
 
@@ -31,15 +32,10 @@ struct StageCost {
   double out_bytes = 0;     // boundary bytes sent per micro-batch
 };
 
-// A link's figures: what a stage's traffic to one peer (or its replicas' all-reduce ring) runs over.
-struct LinkSpec {
-  double bandwidth = 0;  // bytes/s
-  double latency_s = 0;
-};
 // The links of one placed stage: to the previous and next stage (activations forward, their gradients back)
 // and among its replicas (the gradient all-reduce ring).
 struct StageLinks {
-  LinkSpec previous, next, replicas;
+  Link previous, next, replicas;
 };
 
 // How stages and replicas map onto nodes (partition/placement.h places devices by it). Before placement the
@@ -51,23 +47,15 @@ struct StageLinks {
 enum class Layout : uint8_t { kStageMajor, kPipelineMajor };
 std::string_view layout_name(Layout layout);
 
-// Bytes of weights + gradients + optimizer state per byte of stored parameter, and of gradients
-// all-reduced, for an optimizer and precision (mixed: fp16 weights/grads + fp32 master and state).
-double state_bytes_per_param_byte(profiler::Optimizer optimizer, Precision precision);
-double grad_bytes_per_param_byte(Precision precision);
-double activation_bytes_factor(Precision precision);
-// Gradient bucket of the overlapped all-reduce (PyTorch DDP's bucket_cap_mb default, 25 MB).
-inline constexpr double kAllreduceBucketBytes = 25e6;
-
 // Evaluates stage costs over a block sequence in O(1) per call after O(k² + transfers·k) setup.
 class StageEvaluator {
  public:
-  StageEvaluator(const BlockSequence& seq, const ClusterSpec& cluster, const TrainingSpec& training,
+  StageEvaluator(const BlockSequence& seq, const Cluster& cluster, const TrainingSpec& training,
                  Layout layout = Layout::kStageMajor);
 
   size_t blocks() const { return k_; }
   // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches whose
-  // activations the stage keeps (GPipe: m; 1F1B: min(m, stages after + 1)).
+  // activations the stage keeps (profiler's stage_in_flight_microbatches).
   // `links`: the placed stage's links; without, the ones the layout assumes (see Layout).
   StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, int64_t in_flight,
                      bool recompute, const StageLinks* links = nullptr) const;
@@ -79,13 +67,13 @@ class StageEvaluator {
   double out_bytes_per_sample(uint32_t first, uint32_t last) const { return out_[first * (k_ + 1) + last]; }
   // Sum over all blocks of per-sample forward+backward seconds: the compute lower bound's numerator.
   double total_per_sample_s() const;
-  const ClusterSpec& cluster() const { return cluster_; }
+  const Cluster& cluster() const { return cluster_; }
   const TrainingSpec& training() const { return training_; }
   Layout layout() const { return layout_; }
 
  private:
   size_t k_;
-  ClusterSpec cluster_;
+  Cluster cluster_;
   TrainingSpec training_;
   Layout layout_;
   // Prefix sums over blocks (index 0..k).
@@ -104,8 +92,5 @@ struct PipelineEstimate {
   int bottleneck_stage = 0;
 };
 PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule);
-
-// Micro-batches a stage keeps activations for (1F1B: S − s; GPipe: m), stage s of S (0-based).
-int64_t in_flight_microbatches(Schedule schedule, int64_t microbatches, int stage, int stages);
 
 }  // namespace apart

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "graph/error.h"
+#include "profiler/memory_model.h"
 
 namespace apart {
 
@@ -57,11 +58,11 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
   solution.bottleneck_h = 0;
   bool fits = true;
   for (int s = 0; s < stages; ++s) {
-    const int64_t flight = in_flight_microbatches(solution.schedule, solution.microbatches, s, stages);
+    const int64_t flight = stage_in_flight_microbatches(solution.schedule, s, stages, solution.microbatches);
     StageCost c = evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
                                      solution.microbatches, flight, solution.recomputes(s),
                                      links.empty() ? nullptr : &links[static_cast<size_t>(s)]);
-    if (c.memory_bytes > evaluator.cluster().memory_bytes) fits = false;
+    if (c.memory_bytes > evaluator.cluster().usable_memory_bytes()) fits = false;
     solution.bottleneck_h = std::max(solution.bottleneck_h, c.h);
     solution.costs.push_back(c);
   }
@@ -87,7 +88,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       where_needed_(options.recompute == StageRecompute::kWhereNeeded),
       k_(evaluator.blocks()),
       devices_(evaluator.cluster().devices),
-      memory_limit_(evaluator.cluster().memory_bytes) {
+      memory_limit_(evaluator.cluster().usable_memory_bytes()) {
   const int64_t microbatches = options.microbatches;
   const bool fixed_split = options.fixed_split;
   const std::optional<int>& pinned_replicas = options.pinned_replicas;
@@ -138,7 +139,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
 }
 
 int64_t StageDp::in_flight(int stage, int stages) const {
-  return in_flight_microbatches(schedule_, microbatches_, stage, stages);
+  return stage_in_flight_microbatches(schedule_, stage, stages, microbatches_);
 }
 
 int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double>& mem_base,

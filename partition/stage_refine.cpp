@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "graph/error.h"
+#include "profiler/memory_model.h"
 
 namespace apart {
 namespace {
@@ -44,7 +45,7 @@ struct WindowDpState {
 }  // namespace
 
 std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, const BlockAssignment& blocks,
-                                                  const StageSolution& coarse, const ClusterSpec& cluster,
+                                                  const StageSolution& coarse, const Cluster& cluster,
                                                   const TrainingSpec& training, size_t max_runs) {
   const size_t n = atomic.size();
   const int stages = coarse.stages;
@@ -111,7 +112,7 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
     std::vector<std::map<size_t, WindowDpState>> state(stages + 1);
     state[0][0] = WindowDpState{0, 0, 0, true};
     for (int s = 0; s < stages; ++s) {
-      const int64_t flight = in_flight_microbatches(coarse.schedule, coarse.microbatches, s, stages);
+      const int64_t flight = stage_in_flight_microbatches(coarse.schedule, s, stages, coarse.microbatches);
       for (size_t j : allowed[s + 1]) {
         WindowDpState best;
         for (const auto& [i, from] : state[s]) {
@@ -119,7 +120,7 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
           const StageCost c = candidate.evaluator->evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j),
                                                            coarse.replicas[s], coarse.microbatches, flight,
                                                            coarse.recompute);
-          if (c.memory_bytes > cluster.memory_bytes) continue;
+          if (c.memory_bytes > cluster.usable_memory_bytes()) continue;
           const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
           if (!best.reached || max_h < best.max_h || (max_h == best.max_h && sum_step < best.sum_step))
             best = WindowDpState{max_h, sum_step, i, true};
@@ -157,7 +158,7 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
 
 std::optional<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                                                        const std::vector<StageSolution>& candidates,
-                                                       const ClusterSpec& cluster, const TrainingSpec& training) {
+                                                       const Cluster& cluster, const TrainingSpec& training) {
   // The best candidate of each stage count (the first of equals, as the final choice does), fastest first.
   std::map<int, const StageSolution*> best_per_count;
   for (const StageSolution& s : candidates) {

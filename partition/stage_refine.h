@@ -27,13 +27,13 @@ struct RefinedCandidate {
 // over the windows), then re-centres the windows on the new cuts until none moves. The bottleneck never rises
 // above the coarse one. nullopt when no cut moved, or for more than max_runs / 4 stages.
 std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, const BlockAssignment& blocks,
-                                                  const StageSolution& coarse, const ClusterSpec& cluster,
+                                                  const StageSolution& coarse, const Cluster& cluster,
                                                   const TrainingSpec& training, size_t max_runs = 512);
 
 // Refines the best candidate of every stage count among `candidates` (solutions over `blocks`) and returns the
 // refined one with the least estimated iteration time if it beats every candidate; nullopt otherwise.
 std::optional<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                                                        const std::vector<StageSolution>& candidates,
-                                                       const ClusterSpec& cluster, const TrainingSpec& training);
+                                                       const Cluster& cluster, const TrainingSpec& training);
 
 }  // namespace apart

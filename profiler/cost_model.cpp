@@ -8,6 +8,7 @@
 
 #include "graph/dtype.h"
 #include "graph/error.h"
+#include "profiler/memory_model.h"
 
 namespace apart {
 namespace {
@@ -373,12 +374,11 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
   const int64_t microbatch = options.microbatch_size > 0 ? options.microbatch_size : reference;
   const double scale = static_cast<double>(microbatch) / static_cast<double>(reference);
   // Mixed precision keeps fp32 activations in fp16/bf16: half the bytes moved and saved.
-  const bool mixed = options.precision == Precision::kMixed;
+  const double byte_factor = activation_bytes_factor(options.precision);  // also applied to whole-kernel traffic
   auto act_bytes = [&](const Value& v) {
     const double b = v.shape_known ? static_cast<double>(v.bytes) : 0.0;
-    return mixed && v.dtype == DType::kFloat32 ? b / 2 : b;
+    return v.dtype == DType::kFloat32 ? b * byte_factor : b;
   };
-  const double byte_factor = mixed ? 0.5 : 1.0;  // applied to whole-kernel traffic
 
   CostTable table;
   table.device = device.name;

@@ -1,4 +1,4 @@
-// Device presets with their datasheet sources, the cluster description and communication times.
+// Device presets with their datasheet sources and the cluster description with its link rules.
 #include "profiler/device.h"
 
 #include <unistd.h>
@@ -263,16 +263,27 @@ void Cluster::validate() const {
         l->latency_s < 0 || l->latency_s > limits::kMaxSeconds)
       throw InvalidArgument("cluster links need a bandwidth in (0, 1e18] bytes/s and a latency in [0, 3.2e7] s");
   if (!finite_positive(device.peak_fp32_flops) || !finite_positive(device.memory_bandwidth) || device.memory_bytes <= 0 ||
+      device.memory_bytes > limits::kMaxByteCount ||
       !std::isfinite(device.kernel_overhead_s) || device.kernel_overhead_s < 0)
     throw InvalidArgument("device '" + device.name +
-                          "' needs positive memory, peak FLOP/s and bandwidth, and a non-negative kernel overhead");
+                          "' needs positive memory (at most 2^60 bytes), peak FLOP/s and bandwidth, and a non-negative kernel overhead");
   if (usable_memory_bytes() <= 0)
-    throw InvalidArgument("--memory-reserve " + reserve.text() + " (" + std::to_string(reserve.bytes(device.memory_bytes)) +
+    throw InvalidArgument("--memory-reserve " + reserve.text() + " (" + std::to_string(reserved_bytes()) +
                           " bytes) leaves no memory on device '" + device.name + "' (" +
                           std::to_string(device.memory_bytes) + " bytes); give a smaller reserve");
 }
 
-const Link& Cluster::link_between(int a, int b) const { return node_of(a) == node_of(b) ? intra_node : inter_node; }
+const Link& Cluster::link_between_groups(std::span<const int> a, std::span<const int> b) const {
+  if (a.empty() || b.empty()) return inter_node;
+  const size_t pairs = std::max(a.size(), b.size());
+  for (size_t i = 0; i < pairs; ++i)
+    if (!same_node(a[i % a.size()], b[i % b.size()])) return inter_node;
+  return intra_node;
+}
+
+const Link& Cluster::link_among(std::span<const int> group) const {
+  return group.empty() ? inter_node : link_between_groups(group, group.first(1));
+}
 
 Cluster make_cluster(const Device& device, int devices, int devices_per_node) {
   Cluster c{device, devices, std::min(devices_per_node, std::max(devices, 1)), device.intra_node, device.inter_node};
@@ -359,34 +370,28 @@ nlohmann::json cluster_to_json(const Cluster& c) {
           {"inter_node", link_to_json(c.inter_node)}};
 }
 
-double p2p_time(const Cluster& c, int a, int b, double bytes) {
-  if (a == b) return 0;
-  const Link& l = c.link_between(a, b);
-  return l.latency_s + bytes / l.bandwidth;
-}
-
-double ring_allreduce_time(int ranks, double bytes, const Link& link) {
-  if (ranks <= 1) return 0;
-  const double r = ranks;
-  return 2.0 * (r - 1) / r * bytes / link.bandwidth + 2.0 * (r - 1) * link.latency_s;
-}
-
-// A ring that crosses nodes is as slow as its slowest hop (normally the inter-node link).
-static Link slowest(const Cluster& c) {
-  return {std::min(c.intra_node.bandwidth, c.inter_node.bandwidth), std::max(c.intra_node.latency_s, c.inter_node.latency_s)};
-}
-
-double allreduce_time(const Cluster& c, std::span<const int> devices, double bytes) {
-  if (devices.size() <= 1) return 0;
-  bool crosses_nodes = false;
-  for (int d : devices) crosses_nodes |= c.node_of(d) != c.node_of(devices[0]);
-  return ring_allreduce_time(static_cast<int>(devices.size()), bytes, crosses_nodes ? slowest(c) : c.intra_node);
-}
-
-double allreduce_time(const Cluster& c, int first, int count, double bytes) {
-  if (count <= 1) return 0;
-  const bool crosses_nodes = c.node_of(first) != c.node_of(first + count - 1);
-  return ring_allreduce_time(count, bytes, crosses_nodes ? slowest(c) : c.intra_node);
+NamedCluster cluster_for_device_name(const std::string& device, int devices, int devices_per_node) {
+  NamedCluster named;
+  Cluster& c = named.cluster;
+  c.devices = devices;
+  c.devices_per_node = devices_per_node;
+  const auto names = device_preset_names();
+  if (device == "cpu") {
+    c.device = cpu_device();
+    named.links_source = "profiler cpu device (probe cache)";
+  } else if (std::find(names.begin(), names.end(), device) != names.end()) {
+    c.device = device_preset(device);
+    named.links_source = "profiler preset " + device;
+  } else {
+    c.device.name = device;
+    c.device.intra_node = {300e9, 3e-6};
+    c.device.inter_node = {25e9, 10e-6};
+    named.links_source =
+        "defaults for unknown device '" + device + "' (300 GB/s + 3 us in a node, 25 GB/s + 10 us between)";
+  }
+  c.intra_node = c.device.intra_node;
+  c.inter_node = c.device.inter_node;
+  return named;
 }
 
 }  // namespace apart

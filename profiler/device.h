@@ -1,4 +1,4 @@
-// Devices (presets and the measured CPU) and clusters: links, point-to-point and all-reduce times.
+// Devices (presets and the measured CPU) and the one cluster type with its link rules.
 #pragma once
 
 #include <cstdint>
@@ -77,6 +77,9 @@ MemoryReserve default_memory_reserve();  // 2 GiB + 5 %
 // naming --memory-reserve and the accepted forms (fraction below 100 %, fixed part at most 2^50 bytes).
 MemoryReserve parse_memory_reserve(std::string_view text);
 
+// The machines a plan runs on: one device type, how many, how they group into nodes, and the two links between
+// them. The one cluster type of the tree: partition plans with it, the simulator replays over it, and every rule
+// that asks which link two devices share asks it (DESIGN.md: "the one Cluster with its link rules").
 struct Cluster {
   Device device;
   int devices = 1;
@@ -85,12 +88,21 @@ struct Cluster {
   Link inter_node;
   MemoryReserve reserve = default_memory_reserve();
 
+  int64_t reserved_bytes() const { return reserve.bytes(device.memory_bytes); }
   // What a plan may fill on one device: device.memory_bytes − reserve; validate() keeps it positive.
-  int64_t usable_memory_bytes() const { return device.memory_bytes - reserve.bytes(device.memory_bytes); }
+  int64_t usable_memory_bytes() const { return device.memory_bytes - reserved_bytes(); }
 
   void validate() const;  // throws InvalidArgument
   int node_of(int device_index) const { return device_index / devices_per_node; }
-  const Link& link_between(int a, int b) const;
+  bool same_node(int a, int b) const { return node_of(a) == node_of(b); }
+  // Every device of the cluster inside one node: no transfer or ring ever leaves it.
+  bool fits_one_node() const { return devices <= devices_per_node; }
+  const Link& link_between(int a, int b) const { return same_node(a, b) ? intra_node : inter_node; }
+  // Between two stages' device groups: replica i of one talks to replica i of the other (indices modulo each
+  // group's size), so the transfer stays inside a node only if every such pair does; an empty group: inter-node.
+  const Link& link_between_groups(std::span<const int> a, std::span<const int> b) const;
+  // The link a ring among `group` (a stage's replicas all-reducing) runs over: inside a node only if all of them are.
+  const Link& link_among(std::span<const int> group) const;
 };
 
 // `--devices N --device NAME --devices-per-node K`; the links are the device's defaults.
@@ -103,13 +115,13 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source = "
 nlohmann::json cluster_to_json(const Cluster& c);
 nlohmann::json device_to_json(const Device& d);
 
-// latency + bytes / bandwidth over the link a and b share; 0 when a == b.
-double p2p_time(const Cluster& c, int a, int b, double bytes);
-// Ring all-reduce among `ranks` over one link: 2(r−1)/r · bytes / bw + 2(r−1) · latency.
-double ring_allreduce_time(int ranks, double bytes, const Link& link);
-// Ring all-reduce among the given devices, over the slowest link the ring crosses.
-double allreduce_time(const Cluster& c, std::span<const int> devices, double bytes);
-// Same for the contiguous devices first .. first+count−1.
-double allreduce_time(const Cluster& c, int first, int count, double bytes);
+// The cluster a plan names by its device: `devices` devices of the preset (the cpu device from its probe cache)
+// with its links; for a name no preset has, a device of that name only, with documented default links (A100/DGX:
+// 300 GB/s + 3 µs inside a node, 25 GB/s + 10 µs between nodes). Not validated: a plan reader checks what it uses.
+struct NamedCluster {
+  Cluster cluster;
+  std::string links_source;  // where the link figures came from, for reports ("profiler preset a100-80gb", …)
+};
+NamedCluster cluster_for_device_name(const std::string& device, int devices, int devices_per_node);
 
 }  // namespace apart

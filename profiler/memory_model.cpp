@@ -1,4 +1,4 @@
-// The stage memory formula of docs/cost-model.md §4.
+// The memory rules of docs/cost-model.md §4: state per parameter, in-flight micro-batches, a stage's peak.
 #include "profiler/memory_model.h"
 
 #include <algorithm>
@@ -64,32 +64,40 @@ int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, i
   return std::min<int64_t>(stages - stage, microbatches);
 }
 
-namespace {
-double state_bytes(Optimizer o) {
-  switch (o) {
+double weight_bytes_per_param(Precision precision) { return precision == Precision::kMixed ? 2 + 4 : 4; }
+double gradient_bytes_per_param(Precision precision) { return precision == Precision::kMixed ? 2 : 4; }
+
+double optimizer_state_bytes_per_param(Optimizer optimizer) {
+  switch (optimizer) {
     case Optimizer::kSgd: return 0;
     case Optimizer::kMomentum: return 4;  // fp32 velocity
     case Optimizer::kAdam: return 8;      // fp32 first and second moments
   }
   return 8;
 }
-}  // namespace
 
 double bytes_per_param(Optimizer optimizer, Precision precision) {
-  const bool mixed = precision == Precision::kMixed;
-  const double weights = mixed ? 2 + 4 : 4;  // fp16 working copy + fp32 master
-  const double grads = mixed ? 2 : 4;
-  return weights + grads + state_bytes(optimizer);
+  return weight_bytes_per_param(precision) + gradient_bytes_per_param(precision) +
+         optimizer_state_bytes_per_param(optimizer);
 }
+
+double state_bytes_per_param_byte(Optimizer optimizer, Precision precision) {
+  return bytes_per_param(optimizer, precision) / kParamStorageBytes;
+}
+
+double gradient_bytes_per_param_byte(Precision precision) {
+  return gradient_bytes_per_param(precision) / kParamStorageBytes;
+}
+
+double activation_bytes_factor(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
 
 StageMemory stage_memory(const StageMemoryInput& in) {
   APART_CHECK(in.param_dtype_bytes > 0 && in.in_flight >= 0, "bad StageMemoryInput");
   const double params = static_cast<double>(in.param_bytes) / in.param_dtype_bytes;
-  const bool mixed = in.precision == Precision::kMixed;
   StageMemory m;
-  m.weights = std::llround(params * (mixed ? 6.0 : 4.0));
-  m.gradients = std::llround(params * (mixed ? 2.0 : 4.0));
-  m.optimizer_state = std::llround(params * state_bytes(in.optimizer));
+  m.weights = std::llround(params * weight_bytes_per_param(in.precision));
+  m.gradients = std::llround(params * gradient_bytes_per_param(in.precision));
+  m.optimizer_state = std::llround(params * optimizer_state_bytes_per_param(in.optimizer));
   if (in.recompute) {
     // Only each in-flight micro-batch's stage inputs stay; one micro-batch is recomputed at a time.
     m.activations = in.stage_input_bytes_per_microbatch * in.in_flight + in.saved_bytes_per_microbatch;

@@ -1,4 +1,5 @@
-// Memory of one device running one pipeline stage in training (docs/cost-model.md §4).
+// Memory rules (docs/cost-model.md §4): state bytes per parameter, activation precision, in-flight micro-batches,
+// and the memory of one device running one pipeline stage. Partition and the simulator call these.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,23 @@ int64_t stage_in_flight_microbatches(profiler::Schedule schedule, int stage, int
 // Persistent bytes per parameter: weights + gradients + optimizer state.
 //   fp32/tf32: 4 + 4 + {SGD 0, momentum 4, Adam 8}        → 8, 12, 16
 //   mixed:     2 + 2 + 4 (fp32 master) + {0, 4, 8}          → 8, 12, 16
-double bytes_per_param(profiler::Optimizer optimizer, profiler::Precision precision);
+double weight_bytes_per_param(profiler::Precision precision);       // 4; mixed: 2 + 4 (fp16 copy + fp32 master)
+double gradient_bytes_per_param(profiler::Precision precision);     // 4; mixed: 2
+double optimizer_state_bytes_per_param(profiler::Optimizer optimizer);  // fp32 state: 0, 4 (velocity), 8 (moments)
+double bytes_per_param(profiler::Optimizer optimizer, profiler::Precision precision);  // the three together
+
+// The stage rules below take a stage's parameters as bytes the way the model stores them (the cost table's
+// param_bytes, plan.json's stages[].param_bytes) and count elements as fp32, 4 bytes each: how training models
+// are exported. A model stored in another dtype is costed as if its parameters were fp32.
+inline constexpr int kParamStorageBytes = 4;
+// Weights + gradients + optimizer state per stored parameter byte: bytes_per_param / kParamStorageBytes
+// (fp32 and mixed alike: 2, 3, 4 for sgd, momentum, adam).
+double state_bytes_per_param_byte(profiler::Optimizer optimizer, profiler::Precision precision);
+// Gradient bytes all-reduced per stored parameter byte: gradient_bytes_per_param / kParamStorageBytes (mixed: 0.5).
+double gradient_bytes_per_param_byte(profiler::Precision precision);
+// Activation bytes per fp32 byte the graph stores: mixed precision keeps activations (and moves whole-kernel
+// traffic) in fp16/bf16, half; fp32 and tf32 keep fp32.
+double activation_bytes_factor(profiler::Precision precision);
 
 struct StageMemoryInput {
   int64_t param_bytes = 0;                       // the stage's distinct params as stored in the model

@@ -13,30 +13,6 @@ namespace apart::sim {
 
 using json = nlohmann::json;
 
-SimCluster cluster_links(const std::string& device, int devices, int devices_per_node) {
-  SimCluster c;
-  c.device = device;
-  c.devices = devices;
-  c.devices_per_node = devices_per_node;
-  const auto names = device_preset_names();
-  if (device != "cpu" && std::find(names.begin(), names.end(), device) != names.end()) {
-    const Device d = device_preset(device);
-    c.intra_node = d.intra_node;
-    c.inter_node = d.inter_node;
-    c.links_source = "profiler preset " + device;
-  } else if (device == "cpu") {
-    const Device d = cpu_device();
-    c.intra_node = d.intra_node;
-    c.inter_node = d.inter_node;
-    c.links_source = "profiler cpu device (probe cache)";
-  } else {
-    c.intra_node = {300e9, 3e-6};
-    c.inter_node = {25e9, 10e-6};
-    c.links_source = "defaults for unknown device '" + device + "' (300 GB/s + 3 us in a node, 25 GB/s + 10 us between)";
-  }
-  return c;
-}
-
 SimPlan plan_from_json(const json& j, const std::string& source) {
   const JsonReader r(source, "apart.plan/1", "docs/simulator.md");
   SimPlan plan;
@@ -51,7 +27,9 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
   const int per_node =
       static_cast<int>(r.optional_integer(cj, "cluster.", "devices_per_node", 1, limits::kMaxDevices).value_or(devices));
   const std::string device = r.optional_string(cj, "cluster.", "device").value_or("unknown");
-  plan.cluster = cluster_links(device, devices, per_node);
+  NamedCluster named = cluster_for_device_name(device, devices, per_node);
+  plan.cluster = std::move(named.cluster);
+  plan.links_source = std::move(named.links_source);
   // partition/ writes the bandwidths it planned with; prefer them so both tools see the same links.
   bool plan_bandwidths = false;
   for (auto [key, link] : {std::pair{"intra_node_bandwidth", &plan.cluster.intra_node},
@@ -60,7 +38,7 @@ SimPlan plan_from_json(const json& j, const std::string& source) {
     link->bandwidth = r.positive(cj, "cluster.", key, limits::kMaxRate);
     plan_bandwidths = true;
   }
-  if (plan_bandwidths) plan.cluster.links_source = "plan.json bandwidths, latencies from " + plan.cluster.links_source;
+  if (plan_bandwidths) plan.links_source = "plan.json bandwidths, latencies from " + plan.links_source;
 
   // training
   const json& tj = r.object(j, "", "training");
@@ -174,14 +152,6 @@ SimPlan load_plan(const std::filesystem::path& path) {
   const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw InvalidModel(file.string() + ": not valid JSON (re-run `apart partition` to regenerate the plan)");
   return plan_from_json(j, file.string());
-}
-
-const Link& SimCluster::link_between_groups(const std::vector<int>& a, const std::vector<int>& b) const {
-  if (a.empty() || b.empty()) return inter_node;
-  const size_t pairs = std::max(a.size(), b.size());
-  for (size_t i = 0; i < pairs; ++i)
-    if (!same_node(a[i % a.size()], b[i % b.size()])) return inter_node;
-  return intra_node;
 }
 
 }  // namespace apart::sim

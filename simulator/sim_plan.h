@@ -46,21 +46,6 @@ struct SimStage {
   std::vector<SimOutput> outputs;
 };
 
-struct SimCluster {
-  int devices = 1;
-  int devices_per_node = 1;
-  std::string device;  // preset name as the plan wrote it
-  Link intra_node;
-  Link inter_node;
-  std::string links_source;  // where the link figures came from, for the report
-
-  bool same_node(int a, int b) const { return a / devices_per_node == b / devices_per_node; }
-  const Link& link_between(int a, int b) const { return same_node(a, b) ? intra_node : inter_node; }
-  // Between two stages' device groups: replica i of one talks to replica i of the other (indices modulo each
-  // group's size), so the transfer stays inside a node only if every such pair does.
-  const Link& link_between_groups(const std::vector<int>& a, const std::vector<int>& b) const;
-};
-
 struct SimTraining {
   int64_t microbatches = 1;
   std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved
@@ -71,16 +56,13 @@ struct SimTraining {
 
 struct SimPlan {
   std::string source;  // file it came from (for messages)
-  SimCluster cluster;
+  Cluster cluster;           // cluster.device.name: the device as the plan wrote it
+  std::string links_source;  // where the link figures came from, for the report
   SimTraining training;
   std::vector<SimStage> stages;
   std::optional<double> predicted_iteration_s;
   std::optional<double> predicted_bubble_fraction;
 };
-
-// Link figures for a device preset: the preset's intra/inter-node links, or documented defaults
-// (A100/DGX: 300 GB/s + 3 µs inside a node, 25 GB/s + 10 µs between nodes) for an unknown name.
-SimCluster cluster_links(const std::string& device, int devices, int devices_per_node);
 
 // Parses and validates; throws InvalidModel naming the field (e.g. "stages[2].forward_s").
 SimPlan plan_from_json(const nlohmann::json& j, const std::string& source = "plan.json");

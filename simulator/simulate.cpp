@@ -11,6 +11,7 @@
 
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "profiler/collectives.h"
 #include "profiler/memory_model.h"
 #include "profiler/training.h"
 
@@ -80,7 +81,7 @@ void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<St
       fixed = std::max(0.0, total - planned * per_mb);
       ++methods["recompute: stage inputs"];
     } else if (st.param_bytes) {
-      fixed = std::min(total, static_cast<double>(*st.param_bytes) / 4.0 * bytes_per_param(optimizer, precision));
+      fixed = std::min(total, static_cast<double>(*st.param_bytes) * state_bytes_per_param_byte(optimizer, precision));
       per_mb = std::max(0.0, total - fixed) / planned;
       ++methods["(memory_bytes - param state) / planned in-flight"];
     } else {
@@ -286,7 +287,7 @@ class Engine {
     }
     const Link& link = plan_.cluster.link_between_groups(plan_.stages[static_cast<size_t>(from)].devices,
                                                          plan_.stages[static_cast<size_t>(to)].devices);
-    const double duration = options_.communication ? link.latency_s + bytes / link.bandwidth : 0.0;
+    const double duration = options_.communication ? transfer_time(link, bytes) : 0.0;
     pending_.push_back({from_vs, to_vs, mb, gradient, bytes, duration, now, event, op});
   }
 
@@ -430,7 +431,7 @@ SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
   result.schedule = schedule;
   result.virtual_stages = chunks;
   result.microbatches = plan.training.microbatches;
-  result.links_source = plan.cluster.links_source;
+  result.links_source = plan.links_source;
   result.stages.resize(plan.stages.size());
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     StageStats& st = result.stages[s];

@@ -52,7 +52,7 @@ TEST(PlansOfRealModels, KeepEveryInvariant) {
       int replicas = 0;
       for (const PlanStage& s : p.plan.stages) {
         replicas += s.replicas;
-        EXPECT_LE(s.cost.memory_bytes, p.plan.options.cluster.memory_bytes);
+        EXPECT_LE(s.cost.memory_bytes, p.plan.options.cluster.usable_memory_bytes());
         for (TaskId t : s.tasks)
           if (!g.task(t).constant) {
             EXPECT_EQ(stage_of[t.value()], -1) << g.task(t).name << " in two stages";

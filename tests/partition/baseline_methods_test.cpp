@@ -16,6 +16,7 @@
 #include "partition/methods.h"
 #include "partition/partition.h"
 #include "random_models.h"
+#include "test_cluster.h"
 
 namespace apart {
 namespace {
@@ -24,9 +25,7 @@ using testing::random_model;
 
 PartitionOptions small_options(int devices, int64_t batch, int64_t memory) {
   PartitionOptions o;
-  o.cluster.devices = devices;
-  o.cluster.devices_per_node = 2;
-  o.cluster.memory_bytes = memory;
+  o.cluster = testing::test_cluster(devices, 2, memory);
   o.training.global_batch = batch;
   return o;
 }

@@ -11,6 +11,7 @@
 #include "partition/stage_cost.h"
 #include "partition/stage_refine.h"
 #include "random_models.h"
+#include "test_cluster.h"
 
 namespace apart {
 namespace {
@@ -224,19 +225,12 @@ TEST(TheBlockLevel, GivesTheSameBlocksOnEveryRun) {
 
 // ---------------- Stage-cut refinement ----------------
 
-ClusterSpec small_cluster(int devices, int64_t memory) {
-  ClusterSpec c;
-  c.device = "test";
-  c.devices = devices;
-  c.devices_per_node = 2;
-  c.memory_bytes = memory;
-  return c;
-}
+Cluster small_cluster(int devices, int64_t memory) { return testing::test_cluster(devices, 2, memory); }
 
 // Least bottleneck over every split of `order` (a topological order of the components) into S contiguous
 // stages whose cuts lie in the given ranges of positions, with the replica counts fixed.
 double brute_force_cuts(const AtomicGraph& atomic, const std::vector<uint32_t>& order, const StageSolution& base,
-                        const std::vector<std::pair<size_t, size_t>>& ranges, const ClusterSpec& cluster,
+                        const std::vector<std::pair<size_t, size_t>>& ranges, const Cluster& cluster,
                         const TrainingSpec& training) {
   const size_t n = order.size();
   // Every component its own block, in `order`.
@@ -255,9 +249,9 @@ double brute_force_cuts(const AtomicGraph& atomic, const std::vector<uint32_t>& 
       bool fits = true;
       for (int i = 0; i < stages && fits; ++i) {
         const StageCost c = ev.evaluate(cuts[i], cuts[i + 1], base.replicas[i], base.microbatches,
-                                        in_flight_microbatches(base.schedule, base.microbatches, i, stages),
+                                        stage_in_flight_microbatches(base.schedule, i, stages, base.microbatches),
                                         base.recompute);
-        fits = c.memory_bytes <= cluster.memory_bytes && cuts[i] < cuts[i + 1];
+        fits = c.memory_bytes <= cluster.usable_memory_bytes() && cuts[i] < cuts[i + 1];
         worst = std::max(worst, c.h);
       }
       if (fits) best = std::min(best, worst);
@@ -281,7 +275,7 @@ TEST(TheStageCutRefinement, FindsTheBestCutsNearTheBlockEdgesAndNeverRaisesTheBo
     const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
     const int k = 6;
     const BlockAssignment blocks = build_blocks(atomic, k, {}, TrainingSpec{}, kReferenceMicrobatch);
-    const ClusterSpec cluster = small_cluster(6, 4'000'000);
+    const Cluster cluster = small_cluster(6, 4'000'000);
     TrainingSpec training;
     training.global_batch = 12;
     const StageEvaluator coarse_ev(make_block_sequence(atomic, blocks), cluster, training);
@@ -341,7 +335,7 @@ TEST(TheStageCutRefinement, ReturnsACandidateOnlyWhenItBeatsEveryGivenOne) {
     const auto model = random_model(400 + seed, 30, false);
     const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
     const BlockAssignment blocks = build_blocks(atomic, 8, {}, TrainingSpec{}, kReferenceMicrobatch);
-    const ClusterSpec cluster = small_cluster(8, 8'000'000);
+    const Cluster cluster = small_cluster(8, 8'000'000);
     TrainingSpec training;
     training.global_batch = 16;
     const StageEvaluator ev(make_block_sequence(atomic, blocks), cluster, training);

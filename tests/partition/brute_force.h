@@ -14,7 +14,7 @@ namespace apart::testing {
 
 // A stage's h when it fits in device memory, else infinity.
 inline double fitting_h(const StageEvaluator& ev, const StageCost& cost) {
-  return cost.memory_bytes <= ev.cluster().memory_bytes ? cost.h : std::numeric_limits<double>::infinity();
+  return cost.memory_bytes <= ev.cluster().usable_memory_bytes() ? cost.h : std::numeric_limits<double>::infinity();
 }
 
 // h of stage `stage` as blocks [first, last) with `replicas` replicas; infinity when it fits in no variant.

@@ -11,6 +11,7 @@
 #include "partition/partition.h"
 #include "partition/phases.h"
 #include "random_models.h"
+#include "test_cluster.h"
 
 namespace apart {
 namespace {
@@ -21,15 +22,13 @@ using testing::random_model;
 double brute_force(const StageEvaluator& ev, int stages, int64_t m, bool recompute) {
   return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
     return testing::fitting_h(ev, ev.evaluate(first, last, replicas, m,
-                                              in_flight_microbatches(Schedule::k1F1B, m, s, stages), recompute));
+                                              stage_in_flight_microbatches(Schedule::k1F1B, s, stages, m), recompute));
   });
 }
 
 PartitionOptions small_options(int devices, int64_t batch, int64_t memory) {
   PartitionOptions o;
-  o.cluster.devices = devices;
-  o.cluster.devices_per_node = 2;
-  o.cluster.memory_bytes = memory;
+  o.cluster = testing::test_cluster(devices, 2, memory);
   o.training.global_batch = batch;
   o.block.blocks = 64;  // no coarsening: the DP sees every atomic component
   return o;

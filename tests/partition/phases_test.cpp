@@ -7,6 +7,7 @@
 #include "partition/baselines.h"
 #include "partition/phases.h"
 #include "random_models.h"
+#include "test_cluster.h"
 
 namespace apart {
 namespace {
@@ -15,9 +16,7 @@ using testing::random_model;
 
 PartitionOptions options_for(int devices, int devices_per_node, int64_t batch) {
   PartitionOptions o;
-  o.cluster.devices = devices;
-  o.cluster.devices_per_node = devices_per_node;
-  o.cluster.memory_bytes = 1'000'000'000;
+  o.cluster = testing::test_cluster(devices, devices_per_node, 1'000'000'000);
   o.training.global_batch = batch;
   return o;
 }

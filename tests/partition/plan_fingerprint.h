@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "partition/partition.h"
+#include "test_cluster.h"
 
 namespace apart::testing {
 
@@ -67,9 +68,7 @@ inline std::vector<MethodCase> method_cases() {
 inline PartitionOptions method_case_options(const MethodCase& c, Method method) {
   PartitionOptions o;
   o.method = method;
-  o.cluster.devices = c.devices;
-  o.cluster.devices_per_node = c.devices_per_node;
-  o.cluster.memory_bytes = c.memory;
+  o.cluster = test_cluster(c.devices, c.devices_per_node, c.memory);
   o.training.global_batch = c.batch;
   o.stage.recompute = c.recompute;
   o.block.blocks = c.blocks;

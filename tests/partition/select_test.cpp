@@ -8,18 +8,12 @@
 #include "partition/placement.h"
 #include "partition/select.h"
 #include "random_models.h"
+#include "test_cluster.h"
 
 namespace apart {
 namespace {
 
-ClusterSpec cluster(int devices, int per_node) {
-  ClusterSpec c;
-  c.devices = devices;
-  c.devices_per_node = per_node;
-  c.intra_node_bandwidth = 300e9;
-  c.inter_node_bandwidth = 25e9;
-  return c;
-}
+Cluster cluster(int devices, int per_node) { return testing::test_cluster(devices, per_node); }
 
 std::vector<int> range(int first, int count, int step = 1) {
   std::vector<int> r;
@@ -109,8 +103,7 @@ std::vector<Candidate> random_candidates(uint32_t seed) {
   auto assignment = std::make_shared<BlockAssignment>();
   assignment->blocks = 7;
   for (uint32_t b = 0; b < 7; ++b) assignment->block_of.push_back(BlockId(b));
-  ClusterSpec c = cluster(12, 4);
-  c.memory_bytes = 40'000'000'000;
+  const Cluster c = testing::test_cluster(12, 4, 40'000'000'000);
   TrainingSpec t;
   t.global_batch = 24;
   t.overlap_allreduce = seed % 2 == 0;

@@ -8,6 +8,7 @@
 #include "brute_force.h"
 #include "partition/stage_dp.h"
 #include "random_models.h"
+#include "test_cluster.h"
 
 namespace apart {
 namespace {
@@ -21,18 +22,14 @@ double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, S
     for (bool rc : {false, true})
       if (per_stage || rc == recompute)
         h = std::min(h, testing::fitting_h(ev, ev.evaluate(first, last, replicas, m,
-                                                            in_flight_microbatches(schedule, m, s, stages), rc)));
+                                                            stage_in_flight_microbatches(schedule, s, stages, m), rc)));
     return h;
   });
 }
 
 // 1–4 devices, two per node, memory drawn from [lo, hi) bytes.
-ClusterSpec small_cluster(int devices, std::mt19937& rng, double lo, double hi) {
-  ClusterSpec cluster;
-  cluster.devices = devices;
-  cluster.devices_per_node = 2;
-  cluster.memory_bytes = static_cast<int64_t>(std::uniform_real_distribution<double>(lo, hi)(rng));
-  return cluster;
+Cluster small_cluster(int devices, std::mt19937& rng, double lo, double hi) {
+  return testing::test_cluster(devices, 2, static_cast<int64_t>(std::uniform_real_distribution<double>(lo, hi)(rng)));
 }
 
 TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
@@ -40,7 +37,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
   int compared = 0, infeasible = 0;
   for (int trial = 0; trial < 40; ++trial) {
     const int k = 2 + trial % 6;
-    const ClusterSpec cluster = small_cluster(1 + trial % 4, rng, 2e9, 12e9);
+    const Cluster cluster = small_cluster(1 + trial % 4, rng, 2e9, 12e9);
     TrainingSpec training;
     training.global_batch = 12;
     training.precision = trial % 2 ? Precision::kMixed : Precision::kFp32;
@@ -77,7 +74,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeOnItsOwn) {
   int compared = 0, mixed = 0;
   for (int trial = 0; trial < 30; ++trial) {
     const int k = 2 + trial % 5;
-    const ClusterSpec cluster = small_cluster(1 + trial % 4, rng, 3e9, 12e9);
+    const Cluster cluster = small_cluster(1 + trial % 4, rng, 3e9, 12e9);
     TrainingSpec training;
     training.global_batch = 48;  // large micro-batches: activations, not weights, decide what fits
     const BlockSequence seq = testing::random_sequence(rng, k);
@@ -95,7 +92,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeOnItsOwn) {
         for (int s = 0; s < stages; ++s) {
           any |= got->recomputes(s);
           all &= got->recomputes(s);
-          EXPECT_LE(got->costs[s].memory_bytes, cluster.memory_bytes);
+          EXPECT_LE(got->costs[s].memory_bytes, cluster.usable_memory_bytes());
         }
         mixed += any && !all;
         ++compared;
@@ -108,9 +105,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeOnItsOwn) {
 
 TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {
   std::mt19937 rng(11);
-  ClusterSpec cluster;
-  cluster.devices = 7;
-  cluster.memory_bytes = 1e12;
+  const Cluster cluster = testing::test_cluster(7, 8, 1'000'000'000'000);
   TrainingSpec training;
   training.global_batch = 64;
   const BlockSequence seq = testing::random_sequence(rng, 5);
@@ -126,9 +121,7 @@ TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {
 
 TEST(AStageDp, UsesReplicaCountsThatAreNotPowersOfTwo) {
   std::mt19937 rng(3);
-  ClusterSpec cluster;
-  cluster.devices = 12;
-  cluster.memory_bytes = 1e12;
+  const Cluster cluster = testing::test_cluster(12, 8, 1'000'000'000'000);
   TrainingSpec training;
   training.global_batch = 120;
   const BlockSequence seq = testing::random_sequence(rng, 4);
@@ -144,7 +137,7 @@ TEST(AStageEvaluator, ChargesCommunicationOnlyForValuesCrossingTheStage) {
   seq.blocks.resize(3);
   seq.transfers.push_back({0, {1, 2}, 100});
   seq.transfers.push_back({1, {2}, 10});
-  ClusterSpec cluster;
+  const Cluster cluster = testing::test_cluster(1);
   TrainingSpec training;
   const StageEvaluator ev(seq, cluster, training);
   EXPECT_DOUBLE_EQ(ev.in_bytes_per_sample(1, 3), 100);   // value 0→{1,2} received once
@@ -162,7 +155,7 @@ TEST(AStageEvaluator, CountsAWeightSharedByBlocksOfOneStageOnce) {
   seq.params.push_back({7, {1}});
   for (const ParamUse& p : seq.params)
     for (uint32_t b : p.readers) seq.blocks[b].param_bytes += p.bytes;
-  ClusterSpec cluster;
+  const Cluster cluster = testing::test_cluster(1);
   TrainingSpec training;
   const StageEvaluator ev(seq, cluster, training);
   // Brute force: a range holds a weight when any of its readers lies inside it.

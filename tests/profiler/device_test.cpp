@@ -75,28 +75,6 @@ TEST_F(CpuDevice, ReprobesWhenTheCacheIsCorrupt) {
   EXPECT_GT(d.peak_fp32_flops, 1e8);
 }
 
-TEST(Communication, PointToPointIsLatencyPlusBytesOverTheSharedLink) {
-  Cluster c = make_cluster(device_preset("a100-80gb"), 16, 8);
-  c.intra_node = {100e9, 2e-6};
-  c.inter_node = {10e9, 10e-6};
-  EXPECT_DOUBLE_EQ(p2p_time(c, 0, 7, 1e9), 2e-6 + 0.01);
-  EXPECT_DOUBLE_EQ(p2p_time(c, 7, 8, 1e9), 10e-6 + 0.1);
-  EXPECT_DOUBLE_EQ(p2p_time(c, 3, 3, 1e9), 0);
-}
-
-TEST(Communication, RingAllReduceFollowsTheFormulaOverTheSlowestLink) {
-  const Link l{10e9, 5e-6};
-  EXPECT_DOUBLE_EQ(ring_allreduce_time(4, 1e9, l), 2.0 * 3 / 4 * 1e9 / 10e9 + 2.0 * 3 * 5e-6);
-  EXPECT_DOUBLE_EQ(ring_allreduce_time(1, 1e9, l), 0);
-  Cluster c = make_cluster(device_preset("a100-80gb"), 16, 8);
-  c.intra_node = {100e9, 2e-6};
-  c.inter_node = {10e9, 10e-6};
-  EXPECT_DOUBLE_EQ(allreduce_time(c, 0, 8, 1e9), ring_allreduce_time(8, 1e9, c.intra_node));
-  EXPECT_DOUBLE_EQ(allreduce_time(c, 4, 8, 1e9), ring_allreduce_time(8, 1e9, c.inter_node));
-  const std::vector<int> spread{0, 8};
-  EXPECT_DOUBLE_EQ(allreduce_time(c, spread, 1e9), ring_allreduce_time(2, 1e9, c.inter_node));
-}
-
 TEST(ClusterJson, ReadsPresetAndCustomDevicesWithLinks) {
   const auto j = nlohmann::json::parse(R"({
     "schema": "apart.cluster/1",

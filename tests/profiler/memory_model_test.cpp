@@ -54,6 +54,27 @@ TEST(StageMemory, KeepsOnlyStageInputsPerMicroBatchWithRecomputation) {
   EXPECT_EQ(stage_memory(in).activations, 4 * 100 + 1000);
 }
 
+TEST(StateBytesPerParamByte, IsBytesPerParamOverTheFourBytesOfAStoredFp32Param) {
+  // Weights + gradients + state per stored fp32 byte: sgd 8/4, momentum 12/4, adam 16/4, mixed alike.
+  for (auto prec : {Precision::kFp32, Precision::kTf32, Precision::kMixed}) {
+    EXPECT_EQ(state_bytes_per_param_byte(Optimizer::kSgd, prec), 2.0);
+    EXPECT_EQ(state_bytes_per_param_byte(Optimizer::kMomentum, prec), 3.0);
+    EXPECT_EQ(state_bytes_per_param_byte(Optimizer::kAdam, prec), 4.0);
+    EXPECT_EQ(state_bytes_per_param_byte(Optimizer::kAdam, prec) * kParamStorageBytes, bytes_per_param(Optimizer::kAdam, prec));
+  }
+  EXPECT_EQ(weight_bytes_per_param(Precision::kMixed), 6);  // fp16 copy + fp32 master
+  EXPECT_EQ(optimizer_state_bytes_per_param(Optimizer::kMomentum), 4);
+}
+
+TEST(GradientBytes, AreHalvedOnlyUnderMixedPrecision) {
+  EXPECT_EQ(gradient_bytes_per_param_byte(Precision::kFp32), 1.0);
+  EXPECT_EQ(gradient_bytes_per_param_byte(Precision::kTf32), 1.0);  // tf32 stores fp32
+  EXPECT_EQ(gradient_bytes_per_param_byte(Precision::kMixed), 0.5);
+  EXPECT_EQ(activation_bytes_factor(Precision::kFp32), 1.0);
+  EXPECT_EQ(activation_bytes_factor(Precision::kTf32), 1.0);
+  EXPECT_EQ(activation_bytes_factor(Precision::kMixed), 0.5);
+}
+
 TEST(InFlight, IsMForGPipeAndStagesAheadFor1F1B) {
   EXPECT_EQ(stage_in_flight_microbatches(Schedule::kGPipe, 0, 4, 16), 16);
   EXPECT_EQ(stage_in_flight_microbatches(Schedule::k1F1B, 0, 4, 16), 4);

@@ -159,7 +159,7 @@ TEST(APlanReader, FallsBackToDocumentedLinksForAnUnknownDevice) {
   const SimPlan p = plan_from_json(j);
   EXPECT_DOUBLE_EQ(p.cluster.intra_node.bandwidth, 300e9);
   EXPECT_DOUBLE_EQ(p.cluster.inter_node.bandwidth, 25e9);
-  EXPECT_NE(p.cluster.links_source.find("unknown device"), std::string::npos);
+  EXPECT_NE(p.links_source.find("unknown device"), std::string::npos);
 }
 
 }  // namespace

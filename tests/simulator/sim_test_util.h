@@ -16,7 +16,7 @@ inline SimPlan chain_plan(int stages, int64_t microbatches, double forward_s, do
   p.cluster.devices_per_node = stages;
   p.cluster.intra_node = {1e9, 0.0};
   p.cluster.inter_node = {1e8, 0.0};
-  p.cluster.links_source = "test";
+  p.links_source = "test";
   p.training.microbatches = microbatches;
   p.training.schedule = schedule;
   for (int s = 0; s < stages; ++s) {

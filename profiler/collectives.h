@@ -1,0 +1,29 @@
+// Communication-time rules: one message over a link, ring all-reduce among ranks, and the part of a bucketed
+// all-reduce that backward does not hide. Partition's stage costs and the simulator's replay both call these.
+#pragma once
+
+#include <span>
+
+#include "profiler/device.h"
+
+namespace apart {
+
+// One message of `bytes` over `link`: latency + bytes / bandwidth.
+double transfer_time(const Link& link, double bytes);
+// Between devices a and b of a cluster: transfer_time over the link they share; 0 when a == b.
+double p2p_time(const Cluster& c, int a, int b, double bytes);
+
+// Ring all-reduce of `bytes` among `ranks` over one link (reduce-scatter then all-gather, each r − 1 steps of
+// bytes / r): 2(r−1)/r · bytes / bandwidth + 2(r−1) · latency; 0 for one rank.
+double ring_allreduce_time(int ranks, double bytes, const Link& link);
+// Ring all-reduce among the given devices of a cluster, over Cluster::link_among(devices).
+double allreduce_time(const Cluster& c, std::span<const int> devices, double bytes);
+
+// Gradient bucket of the overlapped all-reduce (PyTorch DDP's bucket_cap_mb default, 25 MB).
+inline constexpr double kAllreduceBucketBytes = 25e6;
+// Gradients all-reduce in buckets while the last micro-batch's backward still runs (PyTorch DDP, Megatron's
+// --overlap-grad-reduce): the part of an all-reduce of `allreduce_s` over `gradient_bytes` that does not fit behind
+// `backward_s` of that backward, and at least the last bucket's share (it can only start when backward ends).
+double exposed_allreduce_time(double allreduce_s, double gradient_bytes, double backward_s);
+
+}  // namespace apart

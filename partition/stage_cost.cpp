@@ -9,14 +9,14 @@
 
 namespace apart {
 
-double state_bytes_per_param_byte(profiler::Optimizer optimizer, Precision precision) {
+double state_bytes_per_param_byte(Optimizer optimizer, Precision precision) {
   // Relative to fp32 parameter bytes as stored in the model. fp32: weights + grads (+ momentum) (+ Adam's
   // two moments). Mixed (Micikevicius et al.): fp16 weights and grads (0.5 + 0.5) + fp32 master copy (1)
   // + fp32 optimizer state.
   // Both come to 2 + state per fp32 parameter byte.
   (void)precision;
-  using profiler::Optimizer;
-  const double state = optimizer == Optimizer::kAdam ? 2.0 : optimizer == Optimizer::kMomentum ? 1.0 : 0.0;
+  const bool adam = optimizer == Optimizer::kAdam || optimizer == Optimizer::kAdamW;
+  const double state = adam ? 2.0 : optimizer == Optimizer::kMomentum ? 1.0 : 0.0;
   return 2.0 + state;
 }
 // tf32 stores fp32; only mixed precision halves gradients and activations.

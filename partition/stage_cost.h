@@ -53,7 +53,7 @@ std::string_view layout_name(Layout layout);
 
 // Bytes of weights + gradients + optimizer state per byte of stored parameter, and of gradients
 // all-reduced, for an optimizer and precision (mixed: fp16 weights/grads + fp32 master and state).
-double state_bytes_per_param_byte(profiler::Optimizer optimizer, Precision precision);
+double state_bytes_per_param_byte(Optimizer optimizer, Precision precision);
 double grad_bytes_per_param_byte(Precision precision);
 double activation_bytes_factor(Precision precision);
 // Gradient bucket of the overlapped all-reduce (PyTorch DDP's bucket_cap_mb default, 25 MB).

@@ -4,18 +4,18 @@
 #include <cstdint>
 #include <string_view>
 
-#include "profiler/training.h"
+#include "plan/training.h"
 
 namespace apart {
 
 // Micro-batches whose activations stage `stage` (0-based) of `stages` holds at its peak:
 // GPipe m; 1F1B min(S − s, m) (the first stage holds S).
-int64_t stage_in_flight_microbatches(profiler::Schedule schedule, int stage, int stages, int64_t microbatches);
+int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, int64_t microbatches);
 
 // Persistent bytes per parameter: weights + gradients + optimizer state.
 //   fp32/tf32: 4 + 4 + {SGD 0, momentum 4, Adam 8}        → 8, 12, 16
 //   mixed:     2 + 2 + 4 (fp32 master) + {0, 4, 8}          → 8, 12, 16
-double bytes_per_param(profiler::Optimizer optimizer, profiler::Precision precision);
+double bytes_per_param(Optimizer optimizer, Precision precision);
 
 struct StageMemoryInput {
   int64_t param_bytes = 0;                       // the stage's distinct params as stored in the model
@@ -24,8 +24,8 @@ struct StageMemoryInput {
   int64_t stage_input_bytes_per_microbatch = 0;  // activations the stage receives per micro-batch
   int64_t max_workspace_bytes = 0;               // max TaskCost::workspace_bytes in the stage
   int64_t in_flight = 1;                         // stage_in_flight_microbatches(...)
-  profiler::Optimizer optimizer = profiler::Optimizer::kAdam;
-  profiler::Precision precision = profiler::Precision::kFp32;
+  Optimizer optimizer = Optimizer::kAdam;
+  Precision precision = Precision::kFp32;
   bool recompute = false;
 };
 

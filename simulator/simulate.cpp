@@ -12,7 +12,7 @@
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "profiler/memory_model.h"
-#include "profiler/training.h"
+#include "plan/training.h"
 
 namespace apart::sim {
 
@@ -55,11 +55,11 @@ double cut_bytes(const SimPlan& plan, int k) {
 
 // Activation memory per stage: see docs/simulator.md §Memory for the approximation.
 void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<StageStats>& stats, std::string& note) {
-  profiler::Optimizer optimizer = profiler::Optimizer::kAdam;
-  profiler::Precision precision = profiler::Precision::kFp32;
+  Optimizer optimizer = Optimizer::kAdam;
+  Precision precision = Precision::kFp32;
   try {
-    optimizer = profiler::parse_optimizer(plan.training.optimizer);
-    precision = profiler::parse_precision(plan.training.precision);
+    optimizer = parse_optimizer(plan.training.optimizer);
+    precision = parse_precision(plan.training.precision);
   } catch (const Error&) {
   }
   const int stages = static_cast<int>(plan.stages.size());
@@ -67,7 +67,7 @@ void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<St
   for (int s = 0; s < stages; ++s) {
     const SimStage& st = plan.stages[static_cast<size_t>(s)];
     const double planned = static_cast<double>(stage_in_flight_microbatches(
-        plan_schedule == Schedule::kGPipe ? profiler::Schedule::kGPipe : profiler::Schedule::k1F1B, s, stages,
+        plan_schedule == Schedule::kGPipe ? Schedule::kGPipe : Schedule::k1F1B, s, stages,
         plan.training.microbatches));
     const double total = static_cast<double>(st.memory_bytes);
     double fixed = 0, per_mb = 0;

@@ -115,7 +115,7 @@ void run_partition(const PartitionArgs& a) {
   if (progress_shown) std::fprintf(stderr, "\r\033[K");
 
   const bool baselines = !r.baselines.empty();
-  std::cout << plan_report(r.plan, r.model.graph, r.info) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/")
+  std::cout << plan_report(r.document, r.model.graph) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/")
             << " (plan.json, plan.dot, report.txt" << (options.output->stage_models ? ", stage_K.onnx" : "")
             << ", costs.json" << (baselines ? ", baselines.json" : "") << ")\n";
   if (baselines) {

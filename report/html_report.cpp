@@ -560,9 +560,7 @@ std::string html_report(const ReportPlan& p, const sim::SimResult& r, const Html
   out << "<header><h1>apart plan report</h1><p class=\"sub\">" << esc(model);
   if (p.model_tasks > 0) out << " (" << p.model_tasks << " tasks, " << format_count(static_cast<double>(p.model_params)) << " params)";
   out << " · " << p.devices << " × " << esc(p.device.empty() ? "device" : p.device) << " (" << p.devices_per_node
-      << " per node) · batch " << p.global_batch << " = " << p.microbatches << " micro-batches · " << esc(p.schedule);
-  if (!p.optimizer.empty()) out << " · " << esc(p.optimizer);
-  if (!p.precision.empty()) out << " · " << esc(p.precision);
+      << " per node) · batch " << p.global_batch << " = " << p.microbatches << " micro-batches · " << schedule_name(p.schedule) << " · " << optimizer_name(p.optimizer) << " · " << precision_name(p.precision);
   if (!p.method.empty()) out << " · method " << esc(p.method);
   out << "</p></header>\n<div id=\"errors\" hidden></div>\n<main>\n";
   summary_section(out, p, r);

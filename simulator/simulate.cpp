@@ -55,13 +55,8 @@ double cut_bytes(const SimPlan& plan, int k) {
 
 // Activation memory per stage: see docs/simulator.md §Memory for the approximation.
 void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<StageStats>& stats, std::string& note) {
-  Optimizer optimizer = Optimizer::kAdam;
-  Precision precision = Precision::kFp32;
-  try {
-    optimizer = parse_optimizer(plan.training.optimizer);
-    precision = parse_precision(plan.training.precision);
-  } catch (const Error&) {
-  }
+  const Optimizer optimizer = plan.training.optimizer;
+  const Precision precision = plan.training.precision;
   const int stages = static_cast<int>(plan.stages.size());
   std::map<std::string, int> methods;
   for (int s = 0; s < stages; ++s) {
@@ -401,7 +396,7 @@ void check_simulation_size(const SimPlan& plan, int chunks) {
 
 SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
   SimPlan plan = plan_in;
-  const Schedule plan_schedule = parse_schedule(plan.training.schedule);
+  const Schedule plan_schedule = plan.training.schedule;
   const Schedule schedule = options.schedule.value_or(plan_schedule);
   if (options.virtual_stages < 0) throw InvalidArgument("--virtual-stages must be at least 1");
   int chunks = 1;

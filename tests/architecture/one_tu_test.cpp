@@ -4,6 +4,7 @@
 
 #include "codegen/plan_writer.h"
 #include "partition/partition.h"
+#include "plan/plan.h"
 #include "report/report_plan.h"
 #include "runtime/executor.h"
 #include "runtime/optimizer.h"

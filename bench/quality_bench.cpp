@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
                     " dev=" + std::to_string(used) + (plan.recompute ? " rc" : "") +
                     (plan.layout == Layout::kPipelineMajor ? " pm" : "");
           // The same simulator as `apart simulate`, through plan.json.
-          const auto j = nlohmann::json::parse(plan_to_json(plan, result.model.graph, result.info).dump());
+          const auto j = nlohmann::json::parse(plan_to_json(plan_document(plan, result.model.graph, result.info)).dump());
           r.replayed_s = sim::simulate(sim::plan_from_json(j, c.model)).iteration_s;
           if (plan.search.not_simulated > 0) ++capped_plans;
           simulated_total += plan.search.simulated;

@@ -12,7 +12,7 @@
 #include "graph/text.h"
 #include "importer/importer.h"
 #include "profiler/cost_model.h"
-#include "profiler/costs_json.h"
+#include "plan/costs_json.h"
 #include "profiler/device.h"
 
 namespace apart::cli {

@@ -67,7 +67,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
   PartitionOptions& o = c.partition;
   o.method = parse_method(a.method);
   o.training.global_batch = a.batch;
-  o.training.optimizer = profiler::parse_optimizer(a.optimizer);
+  o.training.optimizer = parse_optimizer(a.optimizer);
   if (a.schedule != "auto") o.stage.schedule = parse_schedule(a.schedule);
   if (auto m = auto_or_int("--microbatches", a.microbatches, a.batch)) o.stage.microbatches = *m;
   if (auto s = auto_or_int("--stages", a.stages, limits::kMaxDevices)) o.stage.stages = static_cast<int>(*s);
@@ -115,7 +115,7 @@ void run_partition(const PartitionArgs& a) {
   if (progress_shown) std::fprintf(stderr, "\r\033[K");
 
   const bool baselines = !r.baselines.empty();
-  std::cout << plan_report(r.plan, r.model.graph, r.info) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/")
+  std::cout << plan_report(r.document, r.model.graph) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/")
             << " (plan.json, plan.dot, report.txt" << (options.output->stage_models ? ", stage_K.onnx" : "")
             << ", costs.json" << (baselines ? ", baselines.json" : "") << ")\n";
   if (baselines) {

@@ -44,7 +44,7 @@ void run_simulate(const SimulateArgs& a) {
     plan.links_source = "cluster file " + a.cluster;
   }
   sim::SimOptions options;
-  if (a.schedule != "plan") options.schedule = sim::parse_schedule(a.schedule);
+  if (a.schedule != "plan") options.schedule = parse_schedule(a.schedule);
   options.virtual_stages =
       checked_int(a.virtual_stages, 0, limits::kMaxVirtualStages, "--virtual-stages (chunks per device; 0: default)");
   if (a.recompute == "on") options.recompute = true;

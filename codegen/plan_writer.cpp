@@ -1,4 +1,5 @@
-// plan.json, plan.dot and report.txt from a Plan, and the all-or-nothing plan directory.
+// plan.dot and report.txt from a plan document (plan.json through plan/'s writer), and the all-or-nothing plan
+// directory.
 #include "codegen/plan_writer.h"
 
 #include <unistd.h>
@@ -17,15 +18,6 @@
 namespace apart {
 namespace {
 
-// "off", "on" (every stage) or "3 of 8 stages" (recomputation where a stage needs it).
-std::string recompute_summary(const Plan& plan) {
-  size_t n = 0;
-  for (const PlanStage& s : plan.stages) n += s.recompute ? 1 : 0;
-  if (n == 0) return "off";
-  if (n == plan.stages.size()) return "on";
-  return std::to_string(n) + " of " + std::to_string(plan.stages.size()) + " stages";
-}
-
 std::string fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
@@ -41,10 +33,11 @@ std::string human_params(double n) {
 
 }  // namespace
 
-ModelInfo describe_model(const TaskGraph& graph, const std::filesystem::path& model_path) {
-  ModelInfo m;
+PlanModel describe_model(const TaskGraph& graph, const std::filesystem::path& model_path) {
+  PlanModel m;
   m.path = model_path.string();
   m.sha256 = sha256_file_hex(model_path);
+  m.tasks = graph.num_tasks();
   for (const Value& v : graph.values())
     if (v.kind == ValueKind::kParam) {
       m.params += v.elements;
@@ -53,112 +46,42 @@ ModelInfo describe_model(const TaskGraph& graph, const std::filesystem::path& mo
   return m;
 }
 
-nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, const ModelInfo& model) {
-  using json = nlohmann::ordered_json;
-  const PartitionOptions& o = plan.options;
-  json j;
-  j["schema"] = "apart.plan/1";
-  j["model"] = {{"path", model.path}, {"sha256", model.sha256}, {"tasks", graph.num_tasks()},
-                {"params", model.params}, {"param_bytes", model.param_bytes}};
-  j["cluster"] = {{"devices", o.cluster.devices}, {"device", o.cluster.device.name},
-                  {"devices_per_node", o.cluster.devices_per_node}, {"memory_bytes", o.cluster.usable_memory_bytes()},
-                  {"device_memory_bytes", o.cluster.device.memory_bytes},
-                  {"memory_reserve_bytes", o.cluster.reserved_bytes()}, {"memory_reserve", o.cluster.reserve.text()},
-                  {"intra_node_bandwidth", o.cluster.intra_node.bandwidth},
-                  {"inter_node_bandwidth", o.cluster.inter_node.bandwidth},
-                  {"layout", layout_name(plan.layout)}};
-  j["training"] = {{"global_batch", o.training.global_batch}, {"microbatches", plan.microbatches},
-                   {"microbatch_size", plan.microbatch_size}, {"schedule", schedule_name(plan.schedule)},
-                   {"optimizer", optimizer_name(o.training.optimizer)},
-                   {"precision", precision_name(o.training.precision)}, {"recompute", plan.recompute},
-                   {"overlap_allreduce", o.training.overlap_allreduce}};
-  json options = {{"method", method_name(o.method)},
-                  {"stages", plan.stages.size()},
-                  {"replicas", o.stage.replicas ? json(*o.stage.replicas) : json("auto")},
-                  {"microbatches", plan.microbatches},
-                  {"schedule", schedule_name(plan.schedule)},
-                  {"recompute", recompute_summary(plan)},
-                  {"blocks", o.block.blocks > 0 ? json(o.block.blocks) : json("auto")},
-                  {"balance_cap", o.block.balance_cap},
-                  {"time_limit_s", o.stage.time_limit_s}};
-  j["options"] = options;
-  json stages = json::array();
-  for (const PlanStage& s : plan.stages) {
-    json st;
-    st["id"] = s.id;
-    st["replicas"] = s.replicas;
-    st["devices"] = s.devices;
-    json tasks = json::array();
-    for (TaskId t : s.tasks) tasks.push_back(graph.task(t).name);
-    st["tasks"] = tasks;
-    st["batch_tasks"] = s.batch_tasks;
-    st["microbatch_size"] = s.cost.microbatch;
-    st["forward_s"] = s.cost.forward_s;
-    st["backward_s"] = s.cost.backward_s;
-    st["recompute"] = s.recompute;
-    st["comm_s"] = s.cost.comm_s;
-    st["allreduce_s"] = s.cost.allreduce_s;
-    st["allreduce_exposed_s"] = s.cost.allreduce_exposed_s;
-    st["step_s"] = s.cost.step_s;
-    st["param_bytes"] = s.cost.param_bytes;
-    st["memory_bytes"] = s.cost.memory_bytes;
-    json inputs = json::array();
-    for (const StageInput& in : s.inputs)
-      inputs.push_back({{"value", graph.value(in.value).name}, {"from_stage", in.from_stage},
-                        {"bytes", static_cast<int64_t>(in.bytes)}});
-    st["inputs"] = inputs;
-    json outputs = json::array();
-    for (const StageOutput& out : s.outputs)
-      outputs.push_back({{"value", graph.value(out.value).name}, {"to_stages", out.to_stages},
-                         {"bytes", static_cast<int64_t>(out.bytes)}});
-    st["outputs"] = outputs;
-    stages.push_back(st);
+std::vector<TaskId> stage_task_ids(const PlanStageRecord& stage, const TaskGraph& graph) {
+  std::vector<TaskId> ids;
+  ids.reserve(stage.tasks.size());
+  for (const std::string& name : stage.tasks) {
+    const auto id = graph.find_task(name);
+    if (!id)
+      throw InvalidModel("stage " + std::to_string(stage.id) + " lists task '" + name +
+                         "', which is not in the model (a plan of another model?)");
+    ids.push_back(*id);
   }
-  j["stages"] = stages;
-  // The prediction is the event-level replay of this plan (what chose it); the analytic estimate rides along.
-  j["predicted"] = {{"iteration_s", plan.simulated.iteration_s},
-                    {"bottleneck_stage", plan.simulated.bottleneck_stage},
-                    {"bubble_fraction", plan.simulated.bubble_fraction},
-                    {"samples_per_s", plan.samples_per_s},
-                    {"peak_memory_bytes", plan.peak_memory_bytes},
-                    {"pipeline_s", plan.simulated.pipeline_s},
-                    {"compute_lower_bound_s", plan.compute_lower_bound_s},
-                    {"source", "simulated"},
-                    {"estimate_iteration_s", plan.estimate.iteration_s}};
-  j["search"] = {{"seconds", plan.search.seconds},
-                 {"atomic_components", plan.search.atomic_components},
-                 {"blocks", plan.search.blocks},
-                 {"coarsening_levels", plan.search.coarsening_levels},
-                 {"refinement_moves", plan.search.refinement_moves},
-                 {"candidates", plan.search.candidates},
-                 {"candidates_placed", plan.search.candidates_placed},
-                 {"simulated", plan.search.simulated},
-                 {"pruned_by_bound", plan.search.pruned},
-                 {"not_simulated", plan.search.not_simulated},
-                 {"chosen_split", plan.search.chosen_split},
-                 {"stopped_by_time_limit", plan.search.stopped_by_time_limit}};
-  return j;
+  return ids;
 }
 
-std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail) {
+std::string plan_to_dot(const PlanDocument& plan, const TaskGraph& graph, bool detail) {
   std::ostringstream out;
   out << "digraph plan {\n  rankdir=TB;\n  node [shape=box, fontsize=10];\n";
   std::vector<int> stage_of(graph.num_tasks(), -1);
-  for (const PlanStage& s : plan.stages)
-    for (TaskId t : s.tasks)
-      if (!graph.task(t).constant) stage_of[t.value()] = s.id;
-  for (const PlanStage& s : plan.stages) {
+  std::vector<std::vector<TaskId>> tasks;
+  for (const PlanStageRecord& s : plan.stages) tasks.push_back(stage_task_ids(s, graph));
+  for (size_t k = 0; k < plan.stages.size(); ++k)
+    for (TaskId t : tasks[k])
+      if (!graph.task(t).constant) stage_of[t.value()] = plan.stages[k].id;
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const PlanStageRecord& s = plan.stages[k];
     out << "  subgraph " << dot_quote("cluster_stage_" + std::to_string(s.id)) << " {\n";
     out << "    label=" << dot_quote("stage " + std::to_string(s.id) + " ×" + std::to_string(s.replicas) + "  " +
-                                     format_seconds(s.cost.step_s) + " per micro-batch") << ";\n";
+                                     format_seconds(s.step_s.value_or(0)) + " per micro-batch") << ";\n";
     if (detail) {
-      for (TaskId t : s.tasks)
+      for (TaskId t : tasks[k])
         if (!graph.task(t).constant)
           out << "    " << dot_quote(graph.task(t).name) << " [label=" << dot_quote(graph.task(t).name + "\n" + graph.task(t).op_type) << "];\n";
     } else {
       out << "    " << dot_quote("stage " + std::to_string(s.id)) << " [label="
-          << dot_quote("stage " + std::to_string(s.id) + "\n" + format_task_counts(s.tasks.size(), s.batch_tasks) + "\n" +
-                       format_bytes(static_cast<double>(s.cost.memory_bytes))) << "];\n";
+          << dot_quote("stage " + std::to_string(s.id) + "\n" +
+                       format_task_counts(s.tasks.size(), static_cast<size_t>(s.batch_tasks.value_or(0))) + "\n" +
+                       format_bytes(static_cast<double>(s.memory_bytes.value_or(0)))) << "];\n";
     }
     out << "  }\n";
   }
@@ -171,11 +94,11 @@ std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail) {
               << (stage_of[succ.value()] != stage_of[t] ? " [color=red]" : "") << ";\n";
     }
   } else {
-    for (const PlanStage& s : plan.stages)
-      for (const StageOutput& o : s.outputs)
+    for (const PlanStageRecord& s : plan.stages)
+      for (const PlanOutput& o : s.outputs)
         for (int to : o.to_stages)
           out << "  " << dot_quote("stage " + std::to_string(s.id)) << " -> " << dot_quote("stage " + std::to_string(to))
-              << " [label=" << dot_quote(graph.value(o.value).name) << "];\n";
+              << " [label=" << dot_quote(o.value) << "];\n";
   }
   out << "}\n";
   return out.str();
@@ -197,59 +120,67 @@ std::string device_range(const std::vector<int>& d) {
 }
 }  // namespace
 
-std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInfo& model) {
-  const PartitionOptions& o = plan.options;
+std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
+  const PlanCluster& c = plan.cluster;
+  const PlanTraining& t = plan.training;
+  const PlanModel model = plan.model.value_or(PlanModel{});
+  const PlanPrediction predicted = plan.predicted.value_or(PlanPrediction{});
+  const PlanSearch search = plan.search.value_or(PlanSearch{});
+  const int64_t memory = c.memory_bytes.value_or(0);
+  const int64_t device_memory = c.device_memory_bytes.value_or(memory);
+  const int bottleneck = predicted.bottleneck_stage.value_or(-1);
+  const double iteration_s = predicted.iteration_s.value_or(0);
+  const double lower_bound_s = predicted.compute_lower_bound_s.value_or(0);
   std::ostringstream r;
   r << "apart plan for " << model.path << " (" << format_task_counts(graph.num_tasks(), graph.num_tasks() - graph.num_constant_tasks())
-    << ", " << human_params(model.params) << " params)\n";
-  const int64_t device_memory = o.cluster.device.memory_bytes;
-  r << o.cluster.devices << " × " << o.cluster.device.name << " (" << o.cluster.devices_per_node << " per node, "
-    << format_bytes(static_cast<double>(device_memory)) << " each, " << format_bytes(static_cast<double>(o.cluster.usable_memory_bytes()))
-    << " usable: --memory-reserve " << o.cluster.reserve.text() << "), precision " << precision_name(o.training.precision)
-    << ", batch " << o.training.global_batch << " = " << plan.microbatches << " micro-batch"
-    << (plan.microbatches == 1 ? "" : "es") << " of " << plan.microbatch_size << " (split among a stage's replicas), "
-    << schedule_name(plan.schedule) << ", " << optimizer_name(o.training.optimizer) << ", recompute "
-    << recompute_summary(plan) << ", method " << method_name(o.method) << "\n\n";
+    << ", " << human_params(static_cast<double>(model.params)) << " params)\n";
+  r << c.devices << " × " << c.device.value_or("") << " (" << c.devices_per_node.value_or(c.devices) << " per node, "
+    << format_bytes(static_cast<double>(device_memory)) << " each, " << format_bytes(static_cast<double>(memory))
+    << " usable: --memory-reserve " << c.memory_reserve.value_or("0") << "), precision " << precision_name(t.precision)
+    << ", batch " << t.global_batch.value_or(0) << " = " << t.microbatches << " micro-batch"
+    << (t.microbatches == 1 ? "" : "es") << " of " << t.microbatch_size.value_or(0) << " (split among a stage's replicas), "
+    << schedule_name(t.schedule) << ", " << optimizer_name(t.optimizer) << ", recompute "
+    << recompute_summary(plan) << ", method " << (plan.options ? plan.options->method : "") << "\n\n";
   char line[320];
   std::snprintf(line, sizeof line, "%5s  %-32s %9s %10s %10s %10s  %-22s %8s %s\n", "stage", "tasks", "params",
                 "compute", "comm", "allreduce", "memory / usable", "replicas", "devices");
   r << line;
-  const std::string limit = format_bytes(static_cast<double>(o.cluster.usable_memory_bytes()));
-  for (const PlanStage& s : plan.stages) {
-    const std::string mem = format_bytes(static_cast<double>(s.cost.memory_bytes)) + " / " + limit;
+  const std::string limit = format_bytes(static_cast<double>(memory));
+  for (const PlanStageRecord& s : plan.stages) {
+    const std::string mem = format_bytes(static_cast<double>(s.memory_bytes.value_or(0))) + " / " + limit;
     const std::string devices = device_range(s.devices);
+    // Compute is forward + backward (the backward includes a recomputed forward): partition/stage_cost.h.
     std::snprintf(line, sizeof line, "%5d  %-32s %9s %10s %10s %10s  %-22s %8d %s%s\n", s.id,
-                  format_task_counts(s.tasks.size(), s.batch_tasks).c_str(),
-                  human_params(static_cast<double>(s.cost.param_bytes) / 4).c_str(), format_seconds(s.cost.compute_s).c_str(),
-                  format_seconds(s.cost.comm_s).c_str(), format_seconds(s.cost.allreduce_s).c_str(), mem.c_str(), s.replicas,
-                  devices.c_str(), s.id == plan.simulated.bottleneck_stage ? "  ← bottleneck" : "");
+                  format_task_counts(s.tasks.size(), static_cast<size_t>(s.batch_tasks.value_or(0))).c_str(),
+                  human_params(static_cast<double>(s.param_bytes.value_or(0)) / 4).c_str(),
+                  format_seconds(s.forward_s + s.backward_s).c_str(), format_seconds(s.comm_s.value_or(0)).c_str(),
+                  format_seconds(s.allreduce_s.value_or(0)).c_str(), mem.c_str(), s.replicas, devices.c_str(),
+                  s.id == bottleneck ? "  ← bottleneck" : "");
     r << line;
   }
   int used = 0;
-  for (const PlanStage& s : plan.stages) used += s.replicas;
+  for (const PlanStageRecord& s : plan.stages) used += s.replicas;
   r << "\n";
-  r << "predicted iteration  " << format_seconds(plan.simulated.iteration_s) << "   (simulated: pipeline "
-    << format_seconds(plan.simulated.pipeline_s) << ", then all-reduce; analytic estimate "
-    << format_seconds(plan.estimate.iteration_s) << ")\n";
-  r << "samples/s            " << format_significant(plan.samples_per_s, 4) << "\n";
-  r << "bubble fraction      " << fixed(plan.simulated.bubble_fraction, 3) << "\n";
-  r << "compute lower bound  " << format_seconds(plan.compute_lower_bound_s)
-    << "   (total forward+backward work / " << o.cluster.devices << " devices); plan is "
-    << fixed(plan.compute_lower_bound_s > 0 ? plan.simulated.iteration_s / plan.compute_lower_bound_s : 0, 2)
-    << "× the bound\n";
-  r << "devices used         " << used << " of " << o.cluster.devices << ", " << layout_name(plan.layout) << "\n";
-  r << "peak memory          " << format_bytes(static_cast<double>(plan.peak_memory_bytes)) << " of " << limit
+  r << "predicted iteration  " << format_seconds(iteration_s) << "   (simulated: pipeline "
+    << format_seconds(predicted.pipeline_s.value_or(0)) << ", then all-reduce; analytic estimate "
+    << format_seconds(predicted.estimate_iteration_s.value_or(0)) << ")\n";
+  r << "samples/s            " << format_significant(predicted.samples_per_s.value_or(0), 4) << "\n";
+  r << "bubble fraction      " << fixed(predicted.bubble_fraction.value_or(0), 3) << "\n";
+  r << "compute lower bound  " << format_seconds(lower_bound_s)
+    << "   (total forward+backward work / " << c.devices << " devices); plan is "
+    << fixed(lower_bound_s > 0 ? iteration_s / lower_bound_s : 0, 2) << "× the bound\n";
+  r << "devices used         " << used << " of " << c.devices << ", " << c.layout.value_or("") << "\n";
+  r << "peak memory          " << format_bytes(static_cast<double>(predicted.peak_memory_bytes.value_or(0))) << " of " << limit
     << " usable (" << format_bytes(static_cast<double>(device_memory)) << " less "
-    << format_bytes(static_cast<double>(o.cluster.reserved_bytes())) << " reserved)\n";
-  r << "search               " << plan.search.atomic_components << " atomic components → " << plan.search.blocks
-    << " blocks, " << plan.search.candidates << " (S, m) candidates, " << plan.search.simulated << " of "
-    << plan.search.candidates_placed << " placed plans simulated (" << plan.search.pruned
-    << " ruled out by a lower bound), chosen split: " << plan.search.chosen_split << ", "
-    << fixed(plan.search.seconds, 2) << " s" << (plan.search.stopped_by_time_limit ? " (stopped by --time-limit)" : "")
+    << format_bytes(static_cast<double>(c.memory_reserve_bytes.value_or(0))) << " reserved)\n";
+  r << "search               " << search.atomic_components << " atomic components → " << search.blocks
+    << " blocks, " << search.candidates << " (S, m) candidates, " << search.simulated << " of "
+    << search.candidates_placed << " placed plans simulated (" << search.pruned_by_bound
+    << " ruled out by a lower bound), chosen split: " << search.chosen_split << ", "
+    << fixed(search.seconds, 2) << " s" << (search.stopped_by_time_limit ? " (stopped by --time-limit)" : "")
     << "\n";
   return r.str();
 }
-
 
 namespace {
 namespace fs = std::filesystem;
@@ -368,8 +299,8 @@ void check_plan_directory(const fs::path& directory, const std::vector<InputFile
   if (ec) throw SystemError(where + ": cannot list it: " + ec.message());
 }
 
-void write_plan_directory(const fs::path& directory, const Plan& plan, const TaskGraph& graph,
-                          const fs::path& model_path, const ModelInfo& model, const PlanOutputs& outputs) {
+void write_plan_directory(const fs::path& directory, const PlanDocument& plan, const TaskGraph& graph,
+                          const fs::path& model_path, const PlanOutputs& outputs) {
   check_plan_directory(directory, outputs.inputs, outputs.force);
   const fs::path target = plan_target(directory);
   const fs::path parent = parent_of(target);
@@ -380,9 +311,9 @@ void write_plan_directory(const fs::path& directory, const Plan& plan, const Tas
   const fs::path tmp = make_sibling_dir(parent, "." + name + ".tmp.");
   fs::path old;
   try {
-    write_file_atomically(tmp / "plan.json", plan_to_json(plan, graph, model).dump(2) + "\n");
+    write_file_atomically(tmp / "plan.json", plan_to_json(plan).dump(2) + "\n");
     write_file_atomically(tmp / "plan.dot", plan_to_dot(plan, graph, outputs.dot_detail));
-    write_file_atomically(tmp / "report.txt", plan_report(plan, graph, model));
+    write_file_atomically(tmp / "report.txt", plan_report(plan, graph));
     if (outputs.stage_models) write_stage_models(plan, graph, model_path, tmp, outputs.stage_shapes);
     if (outputs.extra) outputs.extra(tmp);
     // Publish: again the checks (the folder may have changed while the plan was written), move an older plan

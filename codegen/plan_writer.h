@@ -1,4 +1,5 @@
-// Plan → plan.json (apart.plan/1), plan.dot, report.txt, stage_K.onnx, written as one directory or not at all.
+// A plan document → plan.json (plan/'s writer), plan.dot, report.txt, stage_K.onnx, written as one directory or
+// not at all.
 #pragma once
 
 #include <cstdint>
@@ -13,29 +14,26 @@
 #include "graph/atomic_file.h"
 #include "graph/output_path.h"
 #include "graph/task_graph.h"
-#include "partition/partition.h"
+#include "plan/plan.h"
 
 namespace apart {
 
-struct ModelInfo {
-  std::string path;
-  std::string sha256;
-  int64_t params = 0;       // parameter elements
-  int64_t param_bytes = 0;
-};
-ModelInfo describe_model(const TaskGraph& graph, const std::filesystem::path& model_path);
+// The model file as plan.json records it: path, sha256, task count, parameter elements and bytes.
+PlanModel describe_model(const TaskGraph& graph, const std::filesystem::path& model_path);
 
-nlohmann::ordered_json plan_to_json(const Plan& plan, const TaskGraph& graph, const ModelInfo& model);
+// The plan's stage tasks, by name in the plan, as the graph's ids; InvalidModel for a name the graph lacks.
+std::vector<TaskId> stage_task_ids(const PlanStageRecord& stage, const TaskGraph& graph);
+
 // One cluster per stage; `detail` draws tasks and values, otherwise one node per stage and its transfers.
-std::string plan_to_dot(const Plan& plan, const TaskGraph& graph, bool detail);
+std::string plan_to_dot(const PlanDocument& plan, const TaskGraph& graph, bool detail);
 // The table a person reads first: per stage tasks, params, compute/comm/all-reduce ms, memory, replicas, devices.
-std::string plan_report(const Plan& plan, const TaskGraph& graph, const ModelInfo& model);
+std::string plan_report(const PlanDocument& plan, const TaskGraph& graph);
 
 // Writes stage_K.onnx for every stage: the stage's nodes, its boundary values as inputs/outputs, its
 // initializers (inline ones copied; external-data ones point at weights/<location>, where the model's file is
 // hard-linked, or copied when small: docs/runtime.md). Boundary dims are declared as
 // `shapes` says: static by default, or with the batch as a dim_param. Throws InvalidModel/SystemError.
-void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
+void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
                         const std::filesystem::path& directory, const StageShapes& shapes = {});
 
 struct PlanOutputs {
@@ -68,7 +66,7 @@ void check_plan_directory(const std::filesystem::path& directory, const std::vec
 // Writes everything into a temporary sibling directory, then renames it to `directory` (replacing an older plan
 // there, as check_plan_directory allows), so a reader never sees a half-written plan, and no temporary is left
 // behind on failure. Throws InvalidArgument/SystemError.
-void write_plan_directory(const std::filesystem::path& directory, const Plan& plan, const TaskGraph& graph,
-                          const std::filesystem::path& model_path, const ModelInfo& model, const PlanOutputs& outputs);
+void write_plan_directory(const std::filesystem::path& directory, const PlanDocument& plan, const TaskGraph& graph,
+                          const std::filesystem::path& model_path, const PlanOutputs& outputs);
 
 }  // namespace apart

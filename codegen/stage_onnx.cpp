@@ -63,7 +63,7 @@ bool place_external_data(const std::filesystem::path& model_dir, const std::stri
 
 }  // namespace
 
-void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
+void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
                         const std::filesystem::path& directory, const StageShapes& shapes) {
   const onnx::ModelProto original = load_model_proto(model_path);
   const auto& g = original.graph();
@@ -77,8 +77,11 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
   // produced by several stages, and a stage that produces a value never receives it.
   const size_t stages = plan.stages.size();
   std::vector<std::set<int>> producers(graph.num_values()), readers(graph.num_values());
-  for (const PlanStage& s : plan.stages)
-    for (TaskId t : s.tasks) {
+  std::vector<std::vector<TaskId>> stage_tasks;
+  for (const PlanStageRecord& s : plan.stages) stage_tasks.push_back(stage_task_ids(s, graph));
+  for (size_t k = 0; k < plan.stages.size(); ++k)
+    for (TaskId t : stage_tasks[k]) {
+      const PlanStageRecord& s = plan.stages[k];
       for (ValueId v : graph.task(t).outputs)
         if (v.valid()) producers[v.value()].insert(s.id);
       for (ValueId v : graph.task(t).inputs)
@@ -86,7 +89,7 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
     }
 
   for (size_t k = 0; k < stages; ++k) {
-    const PlanStage& s = plan.stages[k];
+    const PlanStageRecord& s = plan.stages[k];
     onnx::ModelProto model;
     model.set_ir_version(original.ir_version());
     model.set_producer_name("apart");
@@ -95,7 +98,7 @@ void write_stage_models(const Plan& plan, const TaskGraph& graph, const std::fil
     onnx::GraphProto* out = model.mutable_graph();
     out->set_name(g.name() + "_stage_" + std::to_string(k));
     std::set<ValueId> produced, read;
-    for (TaskId t : s.tasks) {
+    for (TaskId t : stage_tasks[k]) {
       const Task& task = graph.task(t);
       APART_CHECK(task.onnx_node_index >= 0 && task.onnx_node_index < g.node_size(), "task without ONNX node");
       *out->add_node() = g.node(task.onnx_node_index);

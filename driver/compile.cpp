@@ -7,7 +7,7 @@
 
 #include "graph/atomic_file.h"
 #include "graph/error.h"
-#include "profiler/costs_json.h"
+#include "plan/costs_json.h"
 
 namespace apart {
 namespace {
@@ -61,6 +61,7 @@ CompileResult compile(const CompileOptions& options) {
 
   // ---- Plan files: written as one folder or not at all ----
   r.info = describe_model(r.model.graph, options.model);
+  r.document = plan_document(r.plan, r.model.graph, r.info);
   if (options.output) timed(r.times.files, [&] { write_plan_files(r, options, *options.output); });
   return r;
 }
@@ -180,7 +181,7 @@ void write_plan_files(const CompileResult& result, const CompileOptions& options
       write_file_atomically(dir / "baselines.json", baselines_json(result.baselines, result.plan.options.training.global_batch,
                                                                    result.plan.options.cluster.devices));
   };
-  write_plan_directory(output.directory, result.plan, result.model.graph, options.model, result.info, outputs);
+  write_plan_directory(output.directory, result.document, result.model.graph, options.model, outputs);
 }
 
 }  // namespace apart

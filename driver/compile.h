@@ -12,6 +12,8 @@
 #include "partition/methods.h"
 #include "partition/options.h"
 #include "partition/partition.h"
+#include "partition/plan_document.h"
+#include "plan/plan.h"
 #include "profiler/cost_model.h"
 #include "profiler/cost_table.h"
 #include "profiler/device.h"
@@ -82,7 +84,8 @@ struct CompileResult {
   PlanCosts costs;
   Plan plan;
   std::vector<MethodResult> baselines;  // kAllMethods order; empty unless method apart and options.baselines
-  ModelInfo info;
+  PlanModel info;         // the model file as plan.json records it
+  PlanDocument document;  // the plan as plan.json holds it (what was written, when options.output is set)
   CompileTimes times;
 };
 

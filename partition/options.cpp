@@ -43,6 +43,10 @@ void PartitionOptions::validate() const {
   cluster.validate();
   checked_integer(training.global_batch, 1, limits::kMaxBatch, "--batch");
   if (stage.stages) checked_integer(*stage.stages, 1, limits::kMaxDevices, "--stages (or auto)");
+  // The DP's in-flight and memory rules are gpipe's and 1f1b's; the simulator replays a plan interleaved.
+  if (stage.schedule == Schedule::kInterleaved)
+    throw InvalidArgument("--schedule interleaved: apart partition plans gpipe or 1f1b (or auto); replay a plan "
+                          "interleaved with `apart simulate PLAN --schedule interleaved`");
   if (stage.replicas) checked_integer(*stage.replicas, 1, limits::kMaxDevices, "--replicas (or auto)");
   // A micro-batch holds at least one sample.
   if (stage.microbatches) checked_integer(*stage.microbatches, 1, training.global_batch, "--microbatches (at most --batch, or auto)");

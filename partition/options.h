@@ -7,18 +7,10 @@
 #include <string_view>
 #include <vector>
 
+#include "plan/training.h"
 #include "profiler/device.h"
-#include "profiler/training.h"
 
 namespace apart {
-
-// The training choices are the cost model's own (profiler/training.h): one definition for both. The optimizer stays
-// profiler::Optimizer: in namespace apart, Optimizer and parse_optimizer are the runtime's (runtime/optimizer.h),
-// and a unit may include both (tests/architecture/one_tu_test.cpp).
-using profiler::parse_precision;
-using profiler::parse_schedule;
-using profiler::Precision;
-using profiler::Schedule;
 
 // apart: the paper's algorithm. The rest are baselines on the same cost model (docs/partitioning.md):
 // uniform (Megatron even split), params (DeepSpeed parameter balance), gpipe-balance (torchgpipe
@@ -34,7 +26,7 @@ Recompute parse_recompute(std::string_view text);
 
 struct TrainingSpec {
   int64_t global_batch = 1;
-  profiler::Optimizer optimizer = profiler::Optimizer::kAdam;
+  Optimizer optimizer = Optimizer::kAdam;
   Precision precision = Precision::kFp32;
   // Gradients all-reduce in buckets while the last micro-batch's backward still runs (PyTorch DDP, Megatron's
   // --overlap-grad-reduce): only the part that does not fit behind that backward, and at least the last bucket's

@@ -36,9 +36,9 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
   plan.cluster = ev.cluster();
   plan.links_source = "partition's cluster";
   plan.training.microbatches = sol.microbatches;
-  plan.training.schedule = sol.schedule == Schedule::kGPipe ? "gpipe" : "1f1b";
-  plan.training.optimizer = std::string(optimizer_name(training.optimizer));
-  plan.training.precision = std::string(precision_name(training.precision));
+  plan.training.schedule = sol.schedule;
+  plan.training.optimizer = training.optimizer;
+  plan.training.precision = training.precision;
   std::vector<int> stage_of_block(ev.blocks(), 0);
   for (int s = 0; s < sol.stages; ++s)
     for (uint32_t b = sol.boundaries[s]; b < sol.boundaries[s + 1]; ++b) stage_of_block[b] = s;
@@ -111,7 +111,7 @@ double lower_bound(const sim::SimPlan& plan) {
   std::vector<double> first_forward(stages, 0.0);  // earliest start of micro-batch 0's forward at s
   for (size_t s = 1; s < stages; ++s) first_forward[s] = first_forward[s - 1] + f[s - 1] + d[s];
   const double bottom = first_forward[stages - 1] + f[stages - 1];  // micro-batch 0 leaves the last forward
-  const bool gpipe = plan.training.schedule == "gpipe";
+  const bool gpipe = plan.training.schedule == Schedule::kGPipe;
   double returning = 0;  // Σ_{i>s} (b_i + d_i): micro-batch 0's gradient from the last stage back to s
   std::vector<double> back_to_first(stages, 0.0);  // Σ_{i<s} (b_i + d_{i+1}): the last gradient from s to stage 0
   for (size_t s = 1; s < stages; ++s) back_to_first[s] = back_to_first[s - 1] + b[s - 1] + d[s];

@@ -13,7 +13,6 @@
 namespace apart {
 namespace {
 
-using profiler::Precision;
 
 bool is_batch_value(const Value& v) { return v.kind != ValueKind::kParam && v.kind != ValueKind::kConstant; }
 
@@ -384,7 +383,7 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
   table.device = device.name;
   table.microbatch_size = microbatch;
   table.source = "analytic";
-  table.precision = std::string(profiler::precision_name(options.precision));
+  table.precision = std::string(precision_name(options.precision));
   table.tasks.resize(g.num_tasks());
 
   const std::vector<bool> grad = values_requiring_grad(g);

@@ -19,7 +19,7 @@ struct OpEfficiency {
 OpEfficiency default_efficiency(OpClass c);
 
 struct CostOptions {
-  profiler::Precision precision = profiler::Precision::kFp32;
+  Precision precision = Precision::kFp32;
   // Micro-batch size u the costs are for; 0 = the graph's bound batch (no scaling).
   int64_t microbatch_size = 0;
   // Batch the graph's shapes were bound at; 0 = leading dim of the first batch graph input.

@@ -70,8 +70,8 @@ CostSummary summarize_costs(const TaskGraph& g, const CostTable& table, const De
   std::stable_sort(s.by_op.begin(), s.by_op.end(), [](const OpTypeCost& a, const OpTypeCost& b) {
     return a.forward_s + a.backward_s > b.forward_s + b.backward_s;
   });
-  const profiler::Precision precision = profiler::parse_precision(table.precision);
-  for (auto opt : {profiler::Optimizer::kSgd, profiler::Optimizer::kMomentum, profiler::Optimizer::kAdam}) {
+  const Precision precision = parse_precision(table.precision);
+  for (auto opt : {Optimizer::kSgd, Optimizer::kMomentum, Optimizer::kAdam}) {
     StageMemoryInput in;
     in.param_bytes = s.param_bytes;
     in.saved_bytes_per_microbatch = s.saved_bytes;
@@ -118,8 +118,8 @@ std::string format_cost_summary(const CostSummary& s, int top_ops) {
          default_memory_reserve().text() + "):\n";
   for (const auto& r : s.memory) {
     std::snprintf(line, sizeof line, "    %-9s %-6s %12s  (weights+grads+state %s, activations %s)%s\n",
-                  std::string(profiler::optimizer_name(r.optimizer)).c_str(),
-                  std::string(profiler::precision_name(r.precision)).c_str(),
+                  std::string(optimizer_name(r.optimizer)).c_str(),
+                  std::string(precision_name(r.precision)).c_str(),
                   format_bytes(static_cast<double>(r.memory.total)).c_str(),
                   format_bytes(static_cast<double>(r.memory.weights + r.memory.gradients + r.memory.optimizer_state)).c_str(),
                   format_bytes(static_cast<double>(r.memory.activations)).c_str(), r.fits ? "" : "  does not fit");
@@ -136,8 +136,8 @@ nlohmann::json cost_summary_json(const CostSummary& s) {
                    {"flops", o.flops}, {"backward_flops", o.backward_flops}, {"saved_bytes", o.saved_bytes}});
   nlohmann::json mem = nlohmann::json::array();
   for (const auto& r : s.memory)
-    mem.push_back({{"optimizer", profiler::optimizer_name(r.optimizer)},
-                   {"precision", profiler::precision_name(r.precision)},
+    mem.push_back({{"optimizer", optimizer_name(r.optimizer)},
+                   {"precision", precision_name(r.precision)},
                    {"total_bytes", r.memory.total},
                    {"weights_bytes", r.memory.weights},
                    {"gradients_bytes", r.memory.gradients},

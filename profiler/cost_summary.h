@@ -22,8 +22,8 @@ struct OpTypeCost {
 };
 
 struct TrainingMemoryRow {
-  profiler::Optimizer optimizer = profiler::Optimizer::kAdam;
-  profiler::Precision precision = profiler::Precision::kFp32;
+  Optimizer optimizer = Optimizer::kAdam;
+  Precision precision = Precision::kFp32;
   StageMemory memory;  // one device holding the whole model, one micro-batch in flight
   bool fits = false;   // total ≤ device memory
 };

@@ -102,8 +102,7 @@ nlohmann::json link_to_json(const Link& l) { return {{"bandwidth_bytes_per_s", l
 
 }  // namespace
 
-double Device::matmul_peak(profiler::Precision p) const {
-  using profiler::Precision;
+double Device::matmul_peak(Precision p) const {
   switch (p) {
     case Precision::kFp32: return peak_fp32_flops;
     case Precision::kTf32: return peak_tf32_flops;
@@ -112,12 +111,12 @@ double Device::matmul_peak(profiler::Precision p) const {
   return peak_fp32_flops;
 }
 
-profiler::Precision default_precision(const Device& device) {
-  return device.measured || device.name == "cpu" ? profiler::Precision::kFp32 : profiler::Precision::kMixed;
+Precision default_precision(const Device& device) {
+  return device.measured || device.name == "cpu" ? Precision::kFp32 : Precision::kMixed;
 }
 
-profiler::Precision resolve_precision(std::string_view flag, const Device& device) {
-  return flag == "auto" ? default_precision(device) : profiler::parse_precision(flag);
+Precision resolve_precision(std::string_view flag, const Device& device) {
+  return flag == "auto" ? default_precision(device) : parse_precision(flag);
 }
 
 std::vector<std::string> device_preset_names() {

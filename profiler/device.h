@@ -10,7 +10,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "profiler/training.h"
+#include "plan/training.h"
 
 namespace apart {
 
@@ -33,14 +33,14 @@ struct Device {
   bool measured = false;  // figures from the CPU probe, not a datasheet
 
   // Peak used for matrix products at this precision.
-  double matmul_peak(profiler::Precision p) const;
+  double matmul_peak(Precision p) const;
 };
 
 // --precision's default on a device: mixed (bf16 math, fp32 master weights, how every GPU model of a
 // billion parameters trains) on GPUs, fp32 on the cpu device (its kernels are fp32).
-profiler::Precision default_precision(const Device& device);
-// "auto" → default_precision(device); anything else → profiler::parse_precision.
-profiler::Precision resolve_precision(std::string_view flag, const Device& device);
+Precision default_precision(const Device& device);
+// "auto" → default_precision(device); anything else → parse_precision.
+Precision resolve_precision(std::string_view flag, const Device& device);
 inline constexpr const char* kPrecisionHelp =
     "auto, fp32, tf32 or mixed (bf16/fp16 math, fp32 master weights); auto: mixed on GPU devices, fp32 on cpu";
 

@@ -9,55 +9,6 @@
 
 namespace apart {
 
-namespace profiler {
-
-std::string_view precision_name(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
-    case Precision::kMixed: return "mixed";
-  }
-  return "fp32";
-}
-
-Precision parse_precision(std::string_view name) {
-  if (name == "fp32") return Precision::kFp32;
-  if (name == "tf32") return Precision::kTf32;
-  if (name == "mixed" || name == "fp16" || name == "bf16" || name == "amp") return Precision::kMixed;
-  throw InvalidArgument("--precision " + std::string(name) +
-                        ": expected fp32, tf32 or mixed (fp16/bf16 math, fp32 master weights)");
-}
-
-std::string_view optimizer_name(Optimizer o) {
-  switch (o) {
-    case Optimizer::kSgd: return "sgd";
-    case Optimizer::kMomentum: return "momentum";
-    case Optimizer::kAdam: return "adam";
-  }
-  return "adam";
-}
-
-Optimizer parse_optimizer(std::string_view name) {
-  if (name == "sgd") return Optimizer::kSgd;
-  if (name == "momentum") return Optimizer::kMomentum;
-  if (name == "adam" || name == "adamw") return Optimizer::kAdam;
-  throw InvalidArgument("--optimizer " + std::string(name) + ": expected adam, momentum or sgd");
-}
-
-std::string_view schedule_name(Schedule s) { return s == Schedule::kGPipe ? "gpipe" : "1f1b"; }
-
-Schedule parse_schedule(std::string_view name) {
-  if (name == "gpipe") return Schedule::kGPipe;
-  if (name == "1f1b") return Schedule::k1F1B;
-  throw InvalidArgument("--schedule " + std::string(name) + ": expected 1f1b, gpipe or auto");
-}
-
-}  // namespace profiler
-
-using profiler::Optimizer;
-using profiler::Precision;
-using profiler::Schedule;
-
 int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, int64_t microbatches) {
   APART_CHECK(stages >= 1 && stage >= 0 && stage < stages && microbatches >= 1, "bad stage/microbatch numbers");
   if (schedule == Schedule::kGPipe) return microbatches;
@@ -71,7 +22,8 @@ double optimizer_state_bytes_per_param(Optimizer optimizer) {
   switch (optimizer) {
     case Optimizer::kSgd: return 0;
     case Optimizer::kMomentum: return 4;  // fp32 velocity
-    case Optimizer::kAdam: return 8;      // fp32 first and second moments
+    case Optimizer::kAdam:
+    case Optimizer::kAdamW: return 8;     // fp32 first and second moments
   }
   return 8;
 }

@@ -5,21 +5,21 @@
 #include <cstdint>
 #include <string_view>
 
-#include "profiler/training.h"
+#include "plan/training.h"
 
 namespace apart {
 
 // Micro-batches whose activations stage `stage` (0-based) of `stages` holds at its peak:
 // GPipe m; 1F1B min(S − s, m) (the first stage holds S).
-int64_t stage_in_flight_microbatches(profiler::Schedule schedule, int stage, int stages, int64_t microbatches);
+int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, int64_t microbatches);
 
 // Persistent bytes per parameter: weights + gradients + optimizer state.
 //   fp32/tf32: 4 + 4 + {SGD 0, momentum 4, Adam 8}        → 8, 12, 16
 //   mixed:     2 + 2 + 4 (fp32 master) + {0, 4, 8}          → 8, 12, 16
-double weight_bytes_per_param(profiler::Precision precision);       // 4; mixed: 2 + 4 (fp16 copy + fp32 master)
-double gradient_bytes_per_param(profiler::Precision precision);     // 4; mixed: 2
-double optimizer_state_bytes_per_param(profiler::Optimizer optimizer);  // fp32 state: 0, 4 (velocity), 8 (moments)
-double bytes_per_param(profiler::Optimizer optimizer, profiler::Precision precision);  // the three together
+double weight_bytes_per_param(Precision precision);       // 4; mixed: 2 + 4 (fp16 copy + fp32 master)
+double gradient_bytes_per_param(Precision precision);     // 4; mixed: 2
+double optimizer_state_bytes_per_param(Optimizer optimizer);  // fp32 state: 0, 4 (velocity), 8 (moments)
+double bytes_per_param(Optimizer optimizer, Precision precision);  // the three together
 
 // The stage rules below take a stage's parameters as bytes the way the model stores them (the cost table's
 // param_bytes, plan.json's stages[].param_bytes) and count elements as fp32, 4 bytes each: how training models
@@ -27,12 +27,12 @@ double bytes_per_param(profiler::Optimizer optimizer, profiler::Precision precis
 inline constexpr int kParamStorageBytes = 4;
 // Weights + gradients + optimizer state per stored parameter byte: bytes_per_param / kParamStorageBytes
 // (fp32 and mixed alike: 2, 3, 4 for sgd, momentum, adam).
-double state_bytes_per_param_byte(profiler::Optimizer optimizer, profiler::Precision precision);
+double state_bytes_per_param_byte(Optimizer optimizer, Precision precision);
 // Gradient bytes all-reduced per stored parameter byte: gradient_bytes_per_param / kParamStorageBytes (mixed: 0.5).
-double gradient_bytes_per_param_byte(profiler::Precision precision);
+double gradient_bytes_per_param_byte(Precision precision);
 // Activation bytes per fp32 byte the graph stores: mixed precision keeps activations (and moves whole-kernel
 // traffic) in fp16/bf16, half; fp32 and tf32 keep fp32.
-double activation_bytes_factor(profiler::Precision precision);
+double activation_bytes_factor(Precision precision);
 
 struct StageMemoryInput {
   int64_t param_bytes = 0;                       // the stage's distinct params as stored in the model
@@ -41,8 +41,8 @@ struct StageMemoryInput {
   int64_t stage_input_bytes_per_microbatch = 0;  // activations the stage receives per micro-batch
   int64_t max_workspace_bytes = 0;               // max TaskCost::workspace_bytes in the stage
   int64_t in_flight = 1;                         // stage_in_flight_microbatches(...)
-  profiler::Optimizer optimizer = profiler::Optimizer::kAdam;
-  profiler::Precision precision = profiler::Precision::kFp32;
+  Optimizer optimizer = Optimizer::kAdam;
+  Precision precision = Precision::kFp32;
   bool recompute = false;
 };
 

@@ -227,7 +227,7 @@ void summary_section(std::ostringstream& out, const ReportPlan& p, const sim::Si
   card(out, "predicted iteration", p.iteration_s > 0 ? format_seconds(p.iteration_s) : "not recorded",
        "partition's prediction (simulated)" + (p.pipeline_s ? " (pipeline " + format_seconds(*p.pipeline_s) + ")" : std::string()),
        "sum-iteration");
-  std::string sim_note = "event-level replay, " + std::string(sim::schedule_name(r.schedule));
+  std::string sim_note = "event-level replay, " + std::string(schedule_name(r.schedule));
   if (p.iteration_s > 0) sim_note += ", " + num((r.iteration_s / p.iteration_s - 1) * 100, 1) + "% vs partition's prediction";
   card(out, "simulated iteration", format_seconds(r.iteration_s), sim_note, "sum-simulated");
   const double sim_samples = p.global_batch > 0 && r.iteration_s > 0 ? static_cast<double>(p.global_batch) / r.iteration_s : 0;
@@ -439,8 +439,8 @@ void timeline_section(std::ostringstream& out, const ReportPlan& p, const sim::S
           << (e.kind == sim::EventKind::kForward ? "#1f2328" : "#fff") << "\" pointer-events=\"none\">" << label << "</text>\n";
   }
   out << "</svg>\n<p class=\"note\">" << p.stages.size() << " stages, " << r.microbatches << " micro-batches, schedule "
-      << sim::schedule_name(r.schedule);
-  if (r.schedule == sim::Schedule::kInterleaved) out << " (" << r.virtual_stages << " virtual stages per device)";
+      << schedule_name(r.schedule);
+  if (r.schedule == Schedule::kInterleaved) out << " (" << r.virtual_stages << " virtual stages per device)";
   out << "; iteration " << format_seconds(r.iteration_s) << ", pipeline " << format_seconds(r.pipeline_s)
       << ", bubble " << percent(r.bubble_fraction) << " (idle share of all devices). Hover a box to highlight its micro-batch. "
       << "Links: " << esc(r.links_source) << ". The same replay as <code>apart simulate</code> (docs/simulator.md).";
@@ -560,9 +560,7 @@ std::string html_report(const ReportPlan& p, const sim::SimResult& r, const Html
   out << "<header><h1>apart plan report</h1><p class=\"sub\">" << esc(model);
   if (p.model_tasks > 0) out << " (" << p.model_tasks << " tasks, " << format_count(static_cast<double>(p.model_params)) << " params)";
   out << " · " << p.devices << " × " << esc(p.device.empty() ? "device" : p.device) << " (" << p.devices_per_node
-      << " per node) · batch " << p.global_batch << " = " << p.microbatches << " micro-batches · " << esc(p.schedule);
-  if (!p.optimizer.empty()) out << " · " << esc(p.optimizer);
-  if (!p.precision.empty()) out << " · " << esc(p.precision);
+      << " per node) · batch " << p.global_batch << " = " << p.microbatches << " micro-batches · " << schedule_name(p.schedule) << " · " << optimizer_name(p.optimizer) << " · " << precision_name(p.precision);
   if (!p.method.empty()) out << " · method " << esc(p.method);
   out << "</p></header>\n<div id=\"errors\" hidden></div>\n<main>\n";
   summary_section(out, p, r);

@@ -1,4 +1,4 @@
-// plan.json (+ baselines.json, costs.json) → ReportPlan: every field checked, every error names the file and field.
+// plan.json (through plan/'s reader) + baselines.json, costs.json → ReportPlan: errors name the file and the field.
 #include "report/report_plan.h"
 
 #include <cctype>
@@ -39,72 +39,54 @@ bool is_indexed(const std::string& component) {
   return i == 0 || component[i - 1] == '.' || component[i - 1] == '_';
 }
 
-void read_plan_fields(const json& j, const Reader& r, ReportPlan& p) {
-  if (r.string(j, "", "schema") != "apart.plan/1") r.fail("schema", "must be \"apart.plan/1\"");
-  if (j.contains("model")) {
-    const json& m = r.object(j, "", "model");
-    p.model_path = r.optional_string(m, "model.", "path").value_or("");
-    p.model_tasks = r.optional_integer(m, "model.", "tasks", 0).value_or(0);
-    p.model_params = r.optional_integer(m, "model.", "params", 0, limits::kMaxByteCount).value_or(0);
-    p.model_param_bytes = r.optional_integer(m, "model.", "param_bytes", 0, limits::kMaxByteCount).value_or(0);
+// The report's view of the plan document: the figures it shows, absent ones as their documented defaults.
+void fill_plan_fields(const PlanDocument& d, ReportPlan& p) {
+  if (d.model) {
+    p.model_path = d.model->path;
+    p.model_tasks = d.model->tasks;
+    p.model_params = d.model->params;
+    p.model_param_bytes = d.model->param_bytes;
   }
-  const json& c = r.object(j, "", "cluster");
-  p.devices = static_cast<int>(r.integer(c, "cluster.", "devices", 0, limits::kMaxDevices));
-  p.device = r.optional_string(c, "cluster.", "device").value_or("");
-  p.devices_per_node = static_cast<int>(r.optional_integer(c, "cluster.", "devices_per_node", 0, limits::kMaxDevices).value_or(p.devices));
-  p.device_memory_bytes = r.optional_integer(c, "cluster.", "memory_bytes", 0, limits::kMaxByteCount).value_or(0);
-  p.device_total_bytes = r.optional_integer(c, "cluster.", "device_memory_bytes", 0, limits::kMaxByteCount);
-  p.memory_reserve = r.optional_string(c, "cluster.", "memory_reserve").value_or("");
-
-  const json& t = r.object(j, "", "training");
-  p.global_batch = r.optional_integer(t, "training.", "global_batch", 0, limits::kMaxBatch).value_or(0);
-  p.microbatches = r.integer(t, "training.", "microbatches", 0, limits::kMaxBatch);
-  p.microbatch_size = r.optional_integer(t, "training.", "microbatch_size", 0, limits::kMaxBatch).value_or(0);
-  p.schedule = r.optional_string(t, "training.", "schedule").value_or("1f1b");
-  p.optimizer = r.optional_string(t, "training.", "optimizer").value_or("");
-  p.precision = r.optional_string(t, "training.", "precision").value_or("");
-  if (j.contains("options") && j["options"].is_object()) p.method = r.optional_string(j["options"], "options.", "method").value_or("");
-
-  const json& stages = r.array(j, "", "stages");
-  if (stages.empty()) r.fail("stages", "must hold at least one stage");
-  for (size_t i = 0; i < stages.size(); ++i) {
-    const std::string path = "stages[" + std::to_string(i) + "].";
-    const json& s = stages[i];
-    if (!s.is_object()) r.fail("stages[" + std::to_string(i) + "]", "must be an object");
+  p.devices = d.cluster.devices;
+  p.device = d.cluster.device.value_or("");
+  p.devices_per_node = d.cluster.devices_per_node.value_or(p.devices);
+  p.device_memory_bytes = d.cluster.memory_bytes.value_or(0);
+  p.device_total_bytes = d.cluster.device_memory_bytes;
+  p.memory_reserve = d.cluster.memory_reserve.value_or("");
+  p.global_batch = d.training.global_batch.value_or(0);
+  p.microbatches = d.training.microbatches;
+  p.microbatch_size = d.training.microbatch_size.value_or(0);
+  p.schedule = d.training.schedule;
+  p.optimizer = d.training.optimizer;
+  p.precision = d.training.precision;
+  if (d.options) p.method = d.options->method;
+  for (const PlanStageRecord& s : d.stages) {
     ReportStage st;
-    st.id = static_cast<int>(r.integer(s, path, "id", 0, limits::kMaxDevices));
-    st.replicas = static_cast<int>(r.integer(s, path, "replicas", 0, limits::kMaxDevices));
-    for (size_t d = 0; d < r.array(s, path, "devices").size(); ++d)
-      st.devices.push_back(static_cast<int>(
-          r.integer_at(s["devices"][d], path + "devices[" + std::to_string(d) + "]", 0, limits::kMaxDevices - 1)));
-    const json& tasks = r.array(s, path, "tasks");
-    for (size_t k = 0; k < tasks.size(); ++k) {
-      if (!tasks[k].is_string()) r.fail(path + "tasks[" + std::to_string(k) + "]", "must be a string");
-      st.tasks.push_back(tasks[k].get<std::string>());
-    }
-    st.batch_tasks = r.optional_integer(s, path, "batch_tasks", 0);
-    st.param_bytes = r.optional_integer(s, path, "param_bytes", 0, limits::kMaxByteCount);
-    st.forward_s = r.seconds(s, path, "forward_s");
-    st.backward_s = r.seconds(s, path, "backward_s");
-    st.allreduce_s = r.optional_seconds(s, path, "allreduce_s").value_or(0);
-    st.comm_s = r.optional_seconds(s, path, "comm_s");
-    st.recompute = r.boolean(s, path, "recompute", false);
-    st.memory_bytes = r.optional_integer(s, path, "memory_bytes", 0, limits::kMaxByteCount).value_or(0);
+    st.id = s.id;
+    st.replicas = s.replicas;
+    st.devices = s.devices;
+    st.tasks = s.tasks;
+    st.batch_tasks = s.batch_tasks;
+    st.param_bytes = s.param_bytes;
+    st.forward_s = s.forward_s;
+    st.backward_s = s.backward_s;
+    st.allreduce_s = s.allreduce_s.value_or(0);
+    st.comm_s = s.comm_s;
+    st.recompute = s.recompute;
+    st.memory_bytes = s.memory_bytes.value_or(0);
     p.stages.push_back(std::move(st));
   }
-
-  if (j.contains("predicted")) {
-    const json& pr = r.object(j, "", "predicted");
-    p.iteration_s = r.optional_seconds(pr, "predicted.", "iteration_s").value_or(0);
-    p.samples_per_s = r.optional_number(pr, "predicted.", "samples_per_s", limits::kMaxRate).value_or(0);
-    p.bubble_fraction = r.optional_number(pr, "predicted.", "bubble_fraction", 1.0).value_or(0);
-    p.bottleneck_stage =
-        static_cast<int>(r.optional_integer(pr, "predicted.", "bottleneck_stage", 0, limits::kMaxDevices).value_or(-1));
-    p.peak_memory_bytes = r.optional_integer(pr, "predicted.", "peak_memory_bytes", 0, limits::kMaxByteCount).value_or(0);
-    p.pipeline_s = r.optional_seconds(pr, "predicted.", "pipeline_s");
-    p.compute_lower_bound_s = r.optional_seconds(pr, "predicted.", "compute_lower_bound_s");
+  if (d.predicted) {
+    const PlanPrediction& pr = *d.predicted;
+    p.iteration_s = pr.iteration_s.value_or(0);
+    p.samples_per_s = pr.samples_per_s.value_or(0);
+    p.bubble_fraction = pr.bubble_fraction.value_or(0);
+    p.bottleneck_stage = pr.bottleneck_stage.value_or(-1);
+    p.peak_memory_bytes = pr.peak_memory_bytes.value_or(0);
+    p.pipeline_s = pr.pipeline_s;
+    p.compute_lower_bound_s = pr.compute_lower_bound_s;
   }
-  if (j.contains("search") && j["search"].is_object()) p.search_s = r.optional_seconds(j["search"], "search.", "seconds");
+  if (d.search) p.search_s = d.search->seconds;
 }
 
 std::vector<Baseline> read_baselines(const fs::path& file) {
@@ -212,28 +194,15 @@ std::string last_layer(const ReportStage& stage) {
 }
 
 ReportPlan load_report_plan(const fs::path& path) {
-  std::error_code ec;
-  fs::path file;
-  if (fs::is_directory(path, ec)) {
-    file = path / "plan.json";
-    if (!fs::exists(file, ec))
-      throw InvalidArgument("'" + path.string() + "' holds no plan.json: give a plan directory written by "
-                            "`apart partition MODEL ... -o DIR`, or its plan.json");
-  } else if (fs::is_regular_file(path, ec)) {
-    file = path;
-  } else {
-    throw InvalidArgument("'" + path.string() + "' does not exist: give a plan directory written by "
-                          "`apart partition MODEL ... -o DIR`, or its plan.json");
-  }
-  const json j = read_json(file, "plan");
+  const fs::path file = plan_json_path(path);
   ReportPlan p;
   p.dir = file.parent_path();
   p.source = file.string();
-  const Reader r = reader(file, "apart.plan/1");
-  if (!j.is_object()) r.fail("(top level)", "must be an object");
-  read_plan_fields(j, r, p);
-  p.sim = sim::plan_from_json(j, p.source);
+  p.document = read_plan(file);
+  fill_plan_fields(p.document, p);
+  p.sim = sim::sim_plan(p.document, p.source);
 
+  std::error_code ec;
   std::map<std::string, TaskCost> costs;
   if (fs::exists(p.dir / "costs.json", ec)) {
     costs = read_costs(p.dir / "costs.json");

@@ -1,5 +1,5 @@
 // The report's reading of a plan directory: plan.json (apart.plan/1), and baselines.json / costs.json when present.
-// Plain data, validated, typed errors naming the file and the field; the simulator's own reading rides along.
+// plan.json is read by plan/'s one reader; this adds what the report derives (layers, baselines, per-layer costs).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/plan.h"
 #include "simulator/sim_plan.h"
 
 namespace apart::report {
@@ -62,9 +63,9 @@ struct ReportPlan {
   int64_t global_batch = 0;
   int64_t microbatches = 1;
   int64_t microbatch_size = 0;
-  std::string schedule;
-  std::string optimizer;
-  std::string precision;
+  Schedule schedule = Schedule::k1F1B;
+  Optimizer optimizer = Optimizer::kAdam;
+  Precision precision = Precision::kFp32;
   std::string method;  // options.method, "" when absent
   std::vector<ReportStage> stages;
   // predicted.*
@@ -78,7 +79,8 @@ struct ReportPlan {
   std::optional<double> search_s;
   bool have_costs = false;                // costs.json was present and used for per-layer times
   std::optional<std::vector<Baseline>> baselines;  // nullopt: baselines.json not recorded
-  sim::SimPlan sim;                       // the simulator's reading of the same plan.json
+  PlanDocument document;                  // plan.json as plan/ reads it
+  sim::SimPlan sim;                       // what the simulator replays of it
 };
 
 // The layer a task belongs to, from its ONNX node name: the path up to and including the first indexed component

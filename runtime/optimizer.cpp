@@ -9,22 +9,6 @@
 
 namespace apart {
 
-std::string_view optimizer_name(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kMomentum: return "momentum";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kAdamW: return "adamw";
-  }
-  return "?";
-}
-
-OptimizerKind parse_optimizer(std::string_view text) {
-  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam, OptimizerKind::kAdamW})
-    if (text == optimizer_name(k)) return k;
-  throw InvalidArgument("--optimizer: unknown optimizer '" + std::string(text) + "' (use sgd, momentum, adam or adamw)");
-}
-
 LrScheduleKind parse_lr_schedule(std::string_view text) {
   if (text == "constant") return LrScheduleKind::kConstant;
   if (text == "cosine") return LrScheduleKind::kCosine;
@@ -68,29 +52,29 @@ double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm) {
   return norm;
 }
 
-int Optimizer::slots(OptimizerKind kind) {
+int ParamOptimizer::slots(Optimizer kind) {
   switch (kind) {
-    case OptimizerKind::kSgd: return 0;
-    case OptimizerKind::kMomentum: return 1;
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW: return 2;
+    case Optimizer::kSgd: return 0;
+    case Optimizer::kMomentum: return 1;
+    case Optimizer::kAdam:
+    case Optimizer::kAdamW: return 2;
   }
   return 0;
 }
 
 namespace {
-const char* slot_name(OptimizerKind kind, int slot) {
-  if (kind == OptimizerKind::kMomentum) return "momentum_buffer";
+const char* slot_name(Optimizer kind, int slot) {
+  if (kind == Optimizer::kMomentum) return "momentum_buffer";
   return slot == 0 ? "exp_avg" : "exp_avg_sq";
 }
 }  // namespace
 
-Optimizer::Optimizer(OptimizerOptions options, std::vector<std::string> param_names)
+ParamOptimizer::ParamOptimizer(OptimizerOptions options, std::vector<std::string> param_names)
     : options_(options), names_(std::move(param_names)), state_(names_.size()) {
   options_.validate();
 }
 
-double Optimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>& grads, double lr) {
+double ParamOptimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>& grads, double lr) {
   APART_CHECK(params.size() == names_.size() && grads.size() == names_.size(), "optimizer: param/grad count");
   for (size_t i = 0; i < params.size(); ++i) {
     APART_CHECK(params[i]->dtype() == DType::kFloat32 && grads[i]->dtype() == DType::kFloat32,
@@ -99,7 +83,7 @@ double Optimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>&
   }
   const double norm = clip_grad_norm(grads, options_.clip_grad_norm);
   ++step_;
-  const OptimizerKind kind = options_.kind;
+  const Optimizer kind = options_.kind;
   const float lr_f = static_cast<float>(lr);
   const float wd = static_cast<float>(options_.weight_decay);
   const int n_slots = slots(kind);
@@ -125,10 +109,10 @@ double Optimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>&
       for (int s = 0; s < n_slots; ++s) st.emplace_back(DType::kFloat32, params[i]->shape());
     }
     switch (kind) {
-      case OptimizerKind::kSgd:
+      case Optimizer::kSgd:
         for (int64_t j = 0; j < n; ++j) p[j] -= lr_f * (g[j] + wd * p[j]);
         break;
-      case OptimizerKind::kMomentum: {
+      case Optimizer::kMomentum: {
         float* buf = st[0].data<float>();
         const bool first = step_ == 1;
         for (int64_t j = 0; j < n; ++j) {
@@ -139,11 +123,11 @@ double Optimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>&
         }
         break;
       }
-      case OptimizerKind::kAdam:
-      case OptimizerKind::kAdamW: {
+      case Optimizer::kAdam:
+      case Optimizer::kAdamW: {
         float* m = st[0].data<float>();
         float* v = st[1].data<float>();
-        const bool decoupled = kind == OptimizerKind::kAdamW;
+        const bool decoupled = kind == Optimizer::kAdamW;
         const float decay = 1.0f - lr_f * wd;
         for (int64_t j = 0; j < n; ++j) {
           float d = g[j];
@@ -161,7 +145,7 @@ double Optimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>&
   return norm;
 }
 
-std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
+std::vector<std::pair<std::string, Tensor*>> ParamOptimizer::state() {
   std::vector<std::pair<std::string, Tensor*>> out;
   for (size_t i = 0; i < names_.size(); ++i)
     for (size_t s = 0; s < state_[i].size(); ++s)
@@ -169,7 +153,7 @@ std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
   return out;
 }
 
-void Optimizer::restore(int64_t steps_taken, std::vector<std::pair<std::string, Tensor>> state) {
+void ParamOptimizer::restore(int64_t steps_taken, std::vector<std::pair<std::string, Tensor>> state) {
   std::map<std::string, Tensor> by_name(std::make_move_iterator(state.begin()), std::make_move_iterator(state.end()));
   const int n_slots = slots(options_.kind);
   step_ = steps_taken;

@@ -8,17 +8,13 @@
 #include <utility>
 #include <vector>
 
+#include "plan/training.h"
 #include "runtime/tensor.h"
 
 namespace apart {
 
-enum class OptimizerKind { kSgd, kMomentum, kAdam, kAdamW };
-std::string_view optimizer_name(OptimizerKind kind);
-// "sgd", "momentum", "adam", "adamw"; throws InvalidArgument naming the flag otherwise.
-OptimizerKind parse_optimizer(std::string_view text);
-
 struct OptimizerOptions {
-  OptimizerKind kind = OptimizerKind::kAdamW;
+  Optimizer kind = Optimizer::kAdamW;  // the training vocabulary (plan/training.h)
   double lr = 3e-4;            // the peak rate; the schedule scales it per step
   double weight_decay = 0.0;   // SGD/momentum/Adam: L2 added to the gradient; AdamW: decoupled (p *= 1 − lr·wd)
   double momentum = 0.9;       // kMomentum (torch.optim.SGD momentum, dampening 0)
@@ -46,10 +42,11 @@ struct LrSchedule {
 // max_norm / (norm + 1e-6), applied only when below 1). Returns the norm before clipping.
 double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm);
 
-// State per param (exp_avg/exp_avg_sq or momentum_buffer), created zero on first use.
-class Optimizer {
+// The optimizer run on the params: state per param (exp_avg/exp_avg_sq or momentum_buffer), created zero on first
+// use. Not `Optimizer`: in namespace apart that is the vocabulary's enum of which optimizer (plan/training.h).
+class ParamOptimizer {
  public:
-  Optimizer(OptimizerOptions options, std::vector<std::string> param_names);
+  ParamOptimizer(OptimizerOptions options, std::vector<std::string> param_names);
 
   // One update of params[i] by grads[i] (float32 tensors of equal shapes, in param_names order) at
   // rate `lr`. Clips first when options.clip_grad_norm > 0 (grads are scaled in place).
@@ -63,7 +60,7 @@ class Optimizer {
   // Restores after construction: the step count and the state tensors by name (shapes checked by the caller).
   void restore(int64_t steps_taken, std::vector<std::pair<std::string, Tensor>> state);
   // Bytes of optimizer state per param byte (0, 1 or 2).
-  static int slots(OptimizerKind kind);
+  static int slots(Optimizer kind);
 
  private:
   OptimizerOptions options_;

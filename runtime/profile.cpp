@@ -21,7 +21,7 @@
 #include "graph/error.h"
 #include "importer/model_proto.h"
 #include "profiler/cost_model.h"
-#include "profiler/costs_json.h"
+#include "plan/costs_json.h"
 #include "profiler/device.h"
 #include "runtime/data.h"
 #include "runtime/executor.h"

@@ -51,7 +51,7 @@ struct ProfileResult {
 // autodiff and the executor throw (Unsupported for ops without a kernel).
 ProfileResult profile_model(const ImportedModel& model, const ImportOptions& import, const ProfileOptions& options);
 
-// apart.costs/1 (profiler/costs_json.h) plus a "measurement" object; read back by read_costs_json.
+// apart.costs/1 (plan/costs_json.h) plus a "measurement" object; read back by read_costs_json.
 nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& result);
 // Temporary file + rename: no partial file on failure. Throws SystemError.
 void write_profile_json(const std::filesystem::path& path, const TaskGraph& g, const ProfileResult& result);

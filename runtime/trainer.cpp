@@ -148,10 +148,7 @@ void check_training_memory(const TaskGraph& graph, const TrainOptions& options, 
     if (value.kind == ValueKind::kParam && is_floating(value.dtype)) params += static_cast<double>(value.elements);
     if (value.kind == ValueKind::kActivation) activations += static_cast<double>(value.bytes);
   }
-  const profiler::Optimizer kind = options.optimizer.kind == OptimizerKind::kSgd        ? profiler::Optimizer::kSgd
-                                   : options.optimizer.kind == OptimizerKind::kMomentum ? profiler::Optimizer::kMomentum
-                                                                                        : profiler::Optimizer::kAdam;
-  const double per_param = bytes_per_param(kind, profiler::Precision::kFp32);
+  const double per_param = bytes_per_param(options.optimizer.kind, Precision::kFp32);
   const double needed = params * per_param + activations;
   if (available_bytes <= 0 || needed <= static_cast<double>(available_bytes)) return;
   auto gb = [](double bytes) {
@@ -224,7 +221,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   std::unique_ptr<DataSource> data = make_data_source(data_options, inputs);
   result.data_description = data->describe();
 
-  Optimizer optimizer(options.optimizer, names);
+  ParamOptimizer optimizer(options.optimizer, names);
   LrSchedule schedule = options.schedule;
   schedule.total_steps = options.steps;
 

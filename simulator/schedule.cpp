@@ -8,22 +8,6 @@
 
 namespace apart::sim {
 
-std::string_view schedule_name(Schedule s) {
-  switch (s) {
-    case Schedule::kGPipe: return "gpipe";
-    case Schedule::k1F1B: return "1f1b";
-    case Schedule::kInterleaved: return "interleaved";
-  }
-  return "?";
-}
-
-Schedule parse_schedule(std::string_view name) {
-  if (name == "gpipe") return Schedule::kGPipe;
-  if (name == "1f1b") return Schedule::k1F1B;
-  if (name == "interleaved" || name == "interleaved-1f1b" || name == "interleaved1f1b") return Schedule::kInterleaved;
-  throw InvalidArgument("--schedule " + std::string(name) + ": expected gpipe, 1f1b or interleaved");
-}
-
 namespace {
 
 std::vector<ComputeOp> interleaved_order(int device, int devices, int chunks, int64_t microbatches) {

@@ -5,11 +5,9 @@
 #include <string_view>
 #include <vector>
 
-namespace apart::sim {
+#include "plan/training.h"
 
-enum class Schedule { kGPipe, k1F1B, kInterleaved };
-std::string_view schedule_name(Schedule s);  // "gpipe", "1f1b", "interleaved"
-Schedule parse_schedule(std::string_view name);  // throws InvalidArgument
+namespace apart::sim {
 
 enum class OpKind { kForward, kBackward };
 

@@ -1,5 +1,5 @@
-// The simulator's own reading of plan.json (schema apart.plan/1): plain data, validated, typed errors.
-// The JSON schema is the contract with partition/; this file never includes partition's headers.
+// What the simulator replays of a plan: plan/'s document (the one reader of plan.json) with the figures the replay
+// derives (link figures, backward without the recomputed forward). partition/ builds one per candidate.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "plan/plan.h"
+#include "plan/training.h"
 #include "profiler/device.h"
 
 namespace apart::sim {
@@ -48,10 +50,10 @@ struct SimStage {
 
 struct SimTraining {
   int64_t microbatches = 1;
-  std::string schedule = "1f1b";  // gpipe, 1f1b or interleaved
-  int virtual_stages = 1;         // optional training.virtual_stages
-  std::string optimizer = "adam";
-  std::string precision = "fp32";
+  Schedule schedule = Schedule::k1F1B;
+  int virtual_stages = 1;  // optional training.virtual_stages
+  Optimizer optimizer = Optimizer::kAdam;
+  Precision precision = Precision::kFp32;
 };
 
 struct SimPlan {
@@ -64,9 +66,12 @@ struct SimPlan {
   std::optional<double> predicted_bubble_fraction;
 };
 
-// Parses and validates; throws InvalidModel naming the field (e.g. "stages[2].forward_s").
+// The replay's view of a plan document (read and validated by plan/plan.h).
+SimPlan sim_plan(const PlanDocument& plan, const std::string& source = "plan.json");
+// sim_plan(apart::plan_from_json(j, source)): InvalidModel naming the field (e.g. "stages[2].forward_s").
 SimPlan plan_from_json(const nlohmann::json& j, const std::string& source = "plan.json");
-// A plan directory (reads DIR/plan.json) or a plan.json file. SystemError if unreadable, InvalidModel if malformed.
+// sim_plan(read_plan(path)): a plan directory (DIR/plan.json) or a plan.json file; InvalidArgument when it is
+// neither, SystemError if unreadable, InvalidModel if malformed.
 SimPlan load_plan(const std::filesystem::path& path);
 
 }  // namespace apart::sim

@@ -13,7 +13,7 @@
 #include "graph/error.h"
 #include "profiler/collectives.h"
 #include "profiler/memory_model.h"
-#include "profiler/training.h"
+#include "plan/training.h"
 
 namespace apart::sim {
 
@@ -56,19 +56,14 @@ double cut_bytes(const SimPlan& plan, int k) {
 
 // Activation memory per stage: see docs/simulator.md §Memory for the approximation.
 void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<StageStats>& stats, std::string& note) {
-  profiler::Optimizer optimizer = profiler::Optimizer::kAdam;
-  profiler::Precision precision = profiler::Precision::kFp32;
-  try {
-    optimizer = profiler::parse_optimizer(plan.training.optimizer);
-    precision = profiler::parse_precision(plan.training.precision);
-  } catch (const Error&) {
-  }
+  const Optimizer optimizer = plan.training.optimizer;
+  const Precision precision = plan.training.precision;
   const int stages = static_cast<int>(plan.stages.size());
   std::map<std::string, int> methods;
   for (int s = 0; s < stages; ++s) {
     const SimStage& st = plan.stages[static_cast<size_t>(s)];
     const double planned = static_cast<double>(stage_in_flight_microbatches(
-        plan_schedule == Schedule::kGPipe ? profiler::Schedule::kGPipe : profiler::Schedule::k1F1B, s, stages,
+        plan_schedule == Schedule::kGPipe ? Schedule::kGPipe : Schedule::k1F1B, s, stages,
         plan.training.microbatches));
     const double total = static_cast<double>(st.memory_bytes);
     double fixed = 0, per_mb = 0;
@@ -402,7 +397,7 @@ void check_simulation_size(const SimPlan& plan, int chunks) {
 
 SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
   SimPlan plan = plan_in;
-  const Schedule plan_schedule = parse_schedule(plan.training.schedule);
+  const Schedule plan_schedule = plan.training.schedule;
   const Schedule schedule = options.schedule.value_or(plan_schedule);
   if (options.virtual_stages < 0) throw InvalidArgument("--virtual-stages must be at least 1");
   int chunks = 1;

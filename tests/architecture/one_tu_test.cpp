@@ -4,6 +4,7 @@
 
 #include "codegen/plan_writer.h"
 #include "partition/partition.h"
+#include "plan/plan.h"
 #include "report/report_plan.h"
 #include "runtime/executor.h"
 #include "runtime/optimizer.h"
@@ -12,13 +13,13 @@
 namespace apart {
 namespace {
 
-TEST(OneTranslationUnit, SeesThePlannersTrainingChoicesAndTheRuntimesOptimizerApart) {
+TEST(OneTranslationUnit, SeesOneTrainingVocabularyForThePlannerAndTheRuntime) {
   TrainingSpec planned;  // partition/: what the planner assumed
-  planned.optimizer = profiler::Optimizer::kMomentum;
+  planned.optimizer = Optimizer::kMomentum;
   OptimizerOptions run;  // runtime/: what the optimizer step does
-  run.kind = OptimizerKind::kMomentum;
-  EXPECT_EQ(profiler::optimizer_name(planned.optimizer), optimizer_name(run.kind));
-  EXPECT_EQ(Optimizer::slots(OptimizerKind::kMomentum), 1);
+  run.kind = planned.optimizer;  // the same enum (plan/training.h): nothing to translate
+  EXPECT_EQ(optimizer_name(run.kind), "momentum");
+  EXPECT_EQ(ParamOptimizer::slots(run.kind), 1);
 }
 
 }  // namespace

@@ -122,7 +122,7 @@ TEST(PlanJson, IsByteIdenticalForTheSameInputsApartFromSearchTime) {
   const fs::path path = models.front();
   auto dump = [&] {
     const CompileResult p = plan_model(path, 8, 32);
-    auto j = plan_to_json(p.plan, p.model.graph, p.info);
+    auto j = plan_to_json(p.document);
     j["search"]["seconds"] = 0;
     return j.dump(2);
   };
@@ -133,7 +133,7 @@ TEST(PlanJson, FollowsTheApartPlanSchema) {
   const auto models = real_models();
   if (models.empty()) GTEST_SKIP() << "no models";
   const CompileResult p = plan_model(models.front(), 4, 16);
-  const auto j = plan_to_json(p.plan, p.model.graph, p.info);
+  const auto j = plan_to_json(p.document);
   EXPECT_EQ(j["schema"], "apart.plan/1");
   for (const char* key : {"model", "cluster", "training", "stages", "predicted", "search"}) EXPECT_TRUE(j.contains(key)) << key;
   for (const auto& s : j["stages"])

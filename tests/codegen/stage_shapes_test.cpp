@@ -105,7 +105,7 @@ TEST(SymbolicBatchShapes, AreStaticByDefault) {
 // gpt-tiny (input_ids and labels [batch, 32]) planned at batch 1, as `apart partition` does, into K stages.
 struct StagedGptTiny {
   ImportedModel model;
-  Plan plan;
+  PlanDocument plan;  // as plan.json holds it
   StageShapes shapes;
 };
 
@@ -120,7 +120,7 @@ StagedGptTiny stage_gpt_tiny(int stages) {
   o.baselines = false;
   CompileResult r = compile(o);
   StageShapes shapes = stage_shapes(o, r.model);
-  return {std::move(r.model), std::move(r.plan), std::move(shapes)};
+  return {std::move(r.model), std::move(r.document), std::move(shapes)};
 }
 
 class StageFilesOfGptTiny : public ::testing::TestWithParam<int> {

@@ -79,7 +79,7 @@ TEST(ACompile, ReturnsThePlanItWrites) {
   o.baselines = false;
   o.output = PlanFiles{.directory = dir / "plan", .stage_models = false};
   const CompileResult r = compile(o);
-  auto returned = nlohmann::json::parse(plan_to_json(r.plan, r.model.graph, r.info).dump());
+  auto returned = nlohmann::json::parse(plan_to_json(r.document).dump());
   returned["search"].erase("seconds");
   EXPECT_EQ(returned, plan_json_without_seconds(dir / "plan" / "plan.json"));
   EXPECT_FALSE(fs::exists(dir / "plan" / "baselines.json"));
@@ -95,7 +95,7 @@ TEST(ACompile, PlansTheSameTwiceApartFromSearchTime) {
   o.baselines = false;
   auto plan = [&] {
     const CompileResult r = compile(o);
-    auto j = plan_to_json(r.plan, r.model.graph, r.info);
+    auto j = plan_to_json(r.document);
     j["search"]["seconds"] = 0;
     return j.dump(2);
   };

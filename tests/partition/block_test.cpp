@@ -190,7 +190,7 @@ TEST(TheBlockLevel, CountsAWeightReadBySeveralComponentsOnceInABlock) {
   EXPECT_DOUBLE_EQ(block_weight_of(atomic, {0, 1, 2}, adam, u).memory_bytes, 3 * 10 * u + (100 + 7) * 4.0);
   EXPECT_DOUBLE_EQ(block_weight_of(atomic, {0, 2}, adam, u).memory_bytes, 2 * 10 * u + 100 * 4.0);
   TrainingSpec sgd;
-  sgd.optimizer = profiler::Optimizer::kSgd;  // weights + gradients: 2 per stored byte
+  sgd.optimizer = Optimizer::kSgd;  // weights + gradients: 2 per stored byte
   EXPECT_DOUBLE_EQ(block_weight_of(atomic, {1}, sgd, u).memory_bytes, 10 * u + 7 * 2.0);
 }
 

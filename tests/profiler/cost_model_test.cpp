@@ -153,7 +153,7 @@ TEST(EstimateCosts, ScalesBatchWorkLinearlyWithTheMicroBatch) {
 TEST(EstimateCosts, HalvesActivationBytesUnderMixedPrecisionAndUsesTensorPeak) {
   SmallMlp m;
   CostOptions o;
-  o.precision = profiler::Precision::kMixed;
+  o.precision = Precision::kMixed;
   const CostTable fp32 = estimate_costs(m.b.g, test_device());
   const CostTable mixed = estimate_costs(m.b.g, test_device(), o);
   EXPECT_EQ(mixed.tasks[m.relu.value()].saved_bytes * 2, fp32.tasks[m.relu.value()].saved_bytes);
@@ -171,7 +171,7 @@ TEST(EstimateCosts, RunsLargeGemmsNearPeakAndSmallKernelsAtTheOverhead) {
   auto& g = b.finish();
   const Device d = test_device();
   CostOptions o;
-  o.precision = profiler::Precision::kMixed;
+  o.precision = Precision::kMixed;
   const CostTable t = estimate_costs(g, d, o);
   const double achieved = t.tasks[big.value()].flops / t.tasks[big.value()].forward_s;
   EXPECT_GT(achieved, 0.6 * d.peak_fp16_flops);

@@ -167,12 +167,12 @@ TEST(MemoryReserve, DefaultsTo2GiBPlus5PercentAndMustLeaveMemory) {
 }
 
 TEST(DefaultPrecision, IsMixedOnGpusAndFp32OnTheCpu) {
-  EXPECT_EQ(apart::default_precision(apart::device_preset("a100-80gb")), apart::profiler::Precision::kMixed);
+  EXPECT_EQ(apart::default_precision(apart::device_preset("a100-80gb")), apart::Precision::kMixed);
   apart::Device cpu;
   cpu.name = "cpu";
   cpu.measured = true;
-  EXPECT_EQ(apart::default_precision(cpu), apart::profiler::Precision::kFp32);
-  EXPECT_EQ(apart::resolve_precision("fp32", apart::device_preset("a100-80gb")), apart::profiler::Precision::kFp32);
+  EXPECT_EQ(apart::default_precision(cpu), apart::Precision::kFp32);
+  EXPECT_EQ(apart::resolve_precision("fp32", apart::device_preset("a100-80gb")), apart::Precision::kFp32);
 }
 
 }  // namespace memory_reserve_tests

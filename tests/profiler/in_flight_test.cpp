@@ -10,7 +10,7 @@ namespace apart {
 namespace {
 
 // Most micro-batches whose forward has run and whose backward has not, walking device `stage`'s op order.
-int64_t counted_in_flight(sim::Schedule schedule, int stage, int stages, int64_t microbatches) {
+int64_t counted_in_flight(Schedule schedule, int stage, int stages, int64_t microbatches) {
   int64_t held = 0, peak = 0;
   for (const sim::ComputeOp& op : sim::device_op_order(schedule, stage, stages, 1, microbatches)) {
     held += op.kind == sim::OpKind::kForward ? 1 : -1;
@@ -24,11 +24,11 @@ TEST(TheInFlightRule, CountsWhatTheGPipeAnd1F1BOpOrdersHoldAtTheirPeak) {
   for (int stages = 1; stages <= 6; ++stages)
     for (int64_t m = 1; m <= 9; ++m)
       for (int s = 0; s < stages; ++s) {
-        EXPECT_EQ(stage_in_flight_microbatches(profiler::Schedule::kGPipe, s, stages, m),
-                  counted_in_flight(sim::Schedule::kGPipe, s, stages, m))
+        EXPECT_EQ(stage_in_flight_microbatches(Schedule::kGPipe, s, stages, m),
+                  counted_in_flight(Schedule::kGPipe, s, stages, m))
             << "gpipe, stage " << s << " of " << stages << ", m " << m;
-        EXPECT_EQ(stage_in_flight_microbatches(profiler::Schedule::k1F1B, s, stages, m),
-                  counted_in_flight(sim::Schedule::k1F1B, s, stages, m))
+        EXPECT_EQ(stage_in_flight_microbatches(Schedule::k1F1B, s, stages, m),
+                  counted_in_flight(Schedule::k1F1B, s, stages, m))
             << "1f1b, stage " << s << " of " << stages << ", m " << m;
         ++compared;
       }

@@ -81,7 +81,7 @@ TEST(KnownTotals, Gpt2SmallTrainingMemoryWithAdamIsSixteenBytesPerParamPlusActiv
   // GPT-2 small's 124.4M plus an untied LM head (768 × 50257) in this plain-PyTorch export.
   EXPECT_NEAR(static_cast<double>(s.params) / (124.44e6 + 768.0 * 50257), 1.0, 0.01) << s.params;
   const auto& adam = s.memory.back();
-  ASSERT_EQ(adam.optimizer, profiler::Optimizer::kAdam);
+  ASSERT_EQ(adam.optimizer, Optimizer::kAdam);
   EXPECT_EQ(adam.memory.weights + adam.memory.gradients + adam.memory.optimizer_state, 16 * s.params);
   EXPECT_EQ(adam.memory.activations, s.saved_bytes);
   // Activations at batch 1, seq 1024: Korthikanti et al. (2022) give s·h·L·(34 + 5·a·s/h) bytes in

@@ -6,9 +6,6 @@
 namespace apart {
 namespace {
 
-using profiler::Optimizer;
-using profiler::Precision;
-using profiler::Schedule;
 
 TEST(BytesPerParam, MatchesTheClosedFormForEachOptimizerAndPrecision) {
   EXPECT_EQ(bytes_per_param(Optimizer::kSgd, Precision::kFp32), 8);

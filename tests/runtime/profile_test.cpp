@@ -9,7 +9,7 @@
 
 #include "../support/run_apart.h"
 #include "importer/importer.h"
-#include "profiler/costs_json.h"
+#include "plan/costs_json.h"
 #include "runtime/profile.h"
 
 namespace fs = std::filesystem;

@@ -13,7 +13,7 @@ namespace {
 
 std::vector<float> run_three_steps(OptimizerOptions o) {
   o.lr = 0.1;
-  Optimizer opt(o, {"w"});
+  ParamOptimizer opt(o, {"w"});
   Tensor p(DType::kFloat32, {3});
   const float p0[3] = {1.0f, -2.0f, 0.5f};
   std::copy(p0, p0 + 3, p.data<float>());
@@ -33,7 +33,7 @@ void expect_near(const std::vector<float>& got, const std::vector<float>& want) 
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-6) << "element " << i;
 }
 
-OptimizerOptions with(OptimizerKind kind, double weight_decay = 0, bool nesterov = false) {
+OptimizerOptions with(Optimizer kind, double weight_decay = 0, bool nesterov = false) {
   OptimizerOptions o;
   o.kind = kind;
   o.weight_decay = weight_decay;
@@ -42,32 +42,32 @@ OptimizerOptions with(OptimizerKind kind, double weight_decay = 0, bool nesterov
 }
 
 TEST(AnSgdOptimizer, MatchesTorchSgd) {
-  expect_near(run_three_steps(with(OptimizerKind::kSgd)), {0.7f, -1.79f, 0.2f});
+  expect_near(run_three_steps(with(Optimizer::kSgd)), {0.7f, -1.79f, 0.2f});
 }
 
 TEST(AnSgdOptimizer, AddsWeightDecayToTheGradient) {
-  expect_near(run_three_steps(with(OptimizerKind::kSgd, 0.1)), {0.672294f, -1.733288f, 0.1901295f});
+  expect_near(run_three_steps(with(Optimizer::kSgd, 0.1)), {0.672294f, -1.733288f, 0.1901295f});
 }
 
 TEST(AMomentumOptimizer, MatchesTorchSgdWithMomentum) {
-  expect_near(run_three_steps(with(OptimizerKind::kMomentum)), {0.5245f, -1.556f, -0.232f});
-  expect_near(run_three_steps(with(OptimizerKind::kMomentum, 0.1)), {0.471774f, -1.449248f, -0.2512305f});
+  expect_near(run_three_steps(with(Optimizer::kMomentum)), {0.5245f, -1.556f, -0.232f});
+  expect_near(run_three_steps(with(Optimizer::kMomentum, 0.1)), {0.471774f, -1.449248f, -0.2512305f});
 }
 
 TEST(AMomentumOptimizer, MatchesTorchNesterov) {
-  expect_near(run_three_steps(with(OptimizerKind::kMomentum, 0, true)), {0.27205f, -1.3903999f, -0.4588f});
+  expect_near(run_three_steps(with(Optimizer::kMomentum, 0, true)), {0.27205f, -1.3903999f, -0.4588f});
 }
 
 TEST(AnAdamOptimizer, MatchesTorchAdamWithBiasCorrection) {
-  expect_near(run_three_steps(with(OptimizerKind::kAdam)), {0.7076817f, -1.7108527f, 0.2347243f});
+  expect_near(run_three_steps(with(Optimizer::kAdam)), {0.7076817f, -1.7108527f, 0.2347243f});
 }
 
 TEST(AnAdamOptimizer, AddsL2WeightDecayToTheGradient) {
-  expect_near(run_three_steps(with(OptimizerKind::kAdam, 0.1)), {0.7056953f, -1.7079867f, 0.2335023f});
+  expect_near(run_three_steps(with(Optimizer::kAdam, 0.1)), {0.7056953f, -1.7079867f, 0.2335023f});
 }
 
 TEST(AnAdamWOptimizer, DecaysWeightsDecoupledFromTheGradient) {
-  expect_near(run_three_steps(with(OptimizerKind::kAdamW, 0.1)), {0.6809359f, -1.6544164f, 0.222796f});
+  expect_near(run_three_steps(with(Optimizer::kAdamW, 0.1)), {0.6809359f, -1.6544164f, 0.222796f});
 }
 
 TEST(GradientClipping, ScalesAllGradientsToTheGlobalNormLikeTorch) {
@@ -93,10 +93,10 @@ TEST(GradientClipping, LeavesSmallGradientsAlone) {
 }
 
 TEST(AnOptimizerStep, ClipsBeforeUpdating) {
-  OptimizerOptions o = with(OptimizerKind::kSgd);
+  OptimizerOptions o = with(Optimizer::kSgd);
   o.lr = 1.0;
   o.clip_grad_norm = 1.0;
-  Optimizer opt(o, {"w"});
+  ParamOptimizer opt(o, {"w"});
   Tensor p(DType::kFloat32, {2}), g(DType::kFloat32, {2});
   g.data<float>()[0] = 30;
   g.data<float>()[1] = 40;
@@ -107,8 +107,8 @@ TEST(AnOptimizerStep, ClipsBeforeUpdating) {
 }
 
 TEST(AnOptimizer, RestoredStateContinuesExactlyWhereItStopped) {
-  OptimizerOptions o = with(OptimizerKind::kAdamW, 0.1);
-  Optimizer straight(o, {"w"});
+  OptimizerOptions o = with(Optimizer::kAdamW, 0.1);
+  ParamOptimizer straight(o, {"w"});
   Tensor p1(DType::kFloat32, {3}), p2(DType::kFloat32, {3});
   auto grad = [](int t) {
     Tensor g(DType::kFloat32, {3});
@@ -120,7 +120,7 @@ TEST(AnOptimizer, RestoredStateContinuesExactlyWhereItStopped) {
     std::vector<Tensor*> grads{&g};
     straight.step({&p1}, grads, 0.01);
   }
-  Optimizer first(o, {"w"});
+  ParamOptimizer first(o, {"w"});
   for (int t = 0; t < 2; ++t) {
     Tensor g = grad(t);
     std::vector<Tensor*> grads{&g};
@@ -130,7 +130,7 @@ TEST(AnOptimizer, RestoredStateContinuesExactlyWhereItStopped) {
   for (auto& [name, t] : first.state()) saved.emplace_back(name, t->clone());
   ASSERT_EQ(saved.size(), 2u);
   EXPECT_EQ(saved[0].first, "w/exp_avg");
-  Optimizer resumed(o, {"w"});
+  ParamOptimizer resumed(o, {"w"});
   resumed.restore(first.steps_taken(), std::move(saved));
   for (int t = 2; t < 4; ++t) {
     Tensor g = grad(t);
@@ -172,7 +172,7 @@ TEST(OptimizerOptions, RejectBadValuesNamingTheFlag) {
   EXPECT_THROW(o.validate(), InvalidArgument);
   EXPECT_THROW(parse_optimizer("lamb"), InvalidArgument);
   EXPECT_THROW(parse_lr_schedule("step"), InvalidArgument);
-  EXPECT_EQ(parse_optimizer("momentum"), OptimizerKind::kMomentum);
+  EXPECT_EQ(parse_optimizer("momentum"), Optimizer::kMomentum);
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ TEST(GptTiny, LearnsTheSyntheticTaskUntilItsLossHalves) {
   o.model = gpt_tiny();
   o.batch = 8;
   o.steps = 80;
-  o.optimizer.kind = OptimizerKind::kAdamW;
+  o.optimizer.kind = Optimizer::kAdamW;
   o.optimizer.lr = 2e-2;
   o.schedule.kind = LrScheduleKind::kCosine;
   o.schedule.warmup_steps = 5;
@@ -59,7 +59,7 @@ TEST(ATrainedMlp, SavedWithSaveModelReimportsWithTheTrainedLoss) {
   o.model = write_mlp(dir.file("")).string();
   o.batch = 4;
   o.steps = 20;
-  o.optimizer.kind = OptimizerKind::kAdam;
+  o.optimizer.kind = Optimizer::kAdam;
   o.optimizer.lr = 1e-2;
   o.init = ParamInit::kRandom;
   o.seed = 3;
@@ -95,7 +95,7 @@ TEST(AResumedRun, EqualsAnUninterruptedOne) {
   o.model = write_mlp(dir.file("")).string();
   o.batch = 2;
   o.steps = 6;
-  o.optimizer.kind = OptimizerKind::kAdamW;
+  o.optimizer.kind = Optimizer::kAdamW;
   o.optimizer.weight_decay = 0.01;
   o.optimizer.lr = 5e-3;
   o.schedule.kind = LrScheduleKind::kCosine;
@@ -141,10 +141,10 @@ TEST(Resume, RefusesACheckpointOfAnotherOptimizer) {
   o.model = write_mlp(dir.file("")).string();
   o.batch = 2;
   o.steps = 1;
-  o.optimizer.kind = OptimizerKind::kSgd;
+  o.optimizer.kind = Optimizer::kSgd;
   o.checkpoint_dir = dir.file("ck").string();
   train(o);
-  o.optimizer.kind = OptimizerKind::kAdam;
+  o.optimizer.kind = Optimizer::kAdam;
   o.steps = 2;
   o.resume = o.checkpoint_dir;
   EXPECT_THROW(train(o), InvalidArgument);

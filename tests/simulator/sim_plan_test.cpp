@@ -1,4 +1,5 @@
-// plan.json parsing: what partition writes is read back; malformed plans get InvalidModel naming the field.
+// plan.json → SimPlan through plan/'s reader: what partition writes is read back; malformed plans get InvalidModel
+// naming the field.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -48,7 +49,7 @@ TEST(APlanReader, ReadsWhatPartitionWrites) {
   const SimPlan p = plan_from_json(valid_plan(), "p.json");
   ASSERT_EQ(p.stages.size(), 2u);
   EXPECT_EQ(p.training.microbatches, 4);
-  EXPECT_EQ(p.training.schedule, "1f1b");
+  EXPECT_EQ(p.training.schedule, Schedule::k1F1B);
   EXPECT_EQ(p.stages[0].devices, (std::vector<int>{0, 1}));
   EXPECT_EQ(p.stages[1].inputs[0].from_stage, 0);
   EXPECT_DOUBLE_EQ(p.stages[1].inputs[0].bytes, 128);
@@ -80,7 +81,7 @@ TEST(APlanReader, NamesTheFieldOfAMalformedPlan) {
   const std::vector<Case> cases = {
       {[](json& j) { j["schema"] = "apart.plan/2"; }, "schema"},
       {[](json& j) { j.erase("stages"); }, "stages is missing"},
-      {[](json& j) { j["stages"] = json::array(); }, "stages must list"},
+      {[](json& j) { j["stages"] = json::array(); }, "stages must hold at least one stage"},
       {[](json& j) { j["stages"][1].erase("forward_s"); }, "stages[1].forward_s"},
       {[](json& j) { j["stages"][0]["backward_s"] = -1; }, "stages[0].backward_s"},
       {[](json& j) { j["stages"][0]["forward_s"] = "fast"; }, "stages[0].forward_s"},
@@ -113,8 +114,9 @@ TEST(APlanReader, NamesTheFieldOfAMalformedPlan) {
 TEST(APlanReader, ReportsUnreadableAndNonJsonFiles) {
   const auto dir = std::filesystem::temp_directory_path() / ("apart_sim_plan_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  EXPECT_THROW(load_plan(dir / "missing.json"), SystemError);
-  EXPECT_THROW(load_plan(dir), SystemError);  // a directory without plan.json
+  // plan/'s reader: a path that is neither a plan directory nor a file is a bad argument (it names what to run).
+  EXPECT_THROW(load_plan(dir / "missing.json"), InvalidArgument);
+  EXPECT_THROW(load_plan(dir), InvalidArgument);  // a directory without plan.json
   std::ofstream(dir / "plan.json") << "{ not json";
   EXPECT_THROW(load_plan(dir), InvalidModel);
   std::ofstream(dir / "plan.json", std::ios::trunc) << valid_plan().dump();

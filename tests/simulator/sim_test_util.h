@@ -9,7 +9,7 @@ namespace apart::sim::testing {
 
 // A chain of `stages` equal stages, one device each, `bytes` per boundary and micro-batch.
 inline SimPlan chain_plan(int stages, int64_t microbatches, double forward_s, double backward_s, double bytes = 0,
-                          const std::string& schedule = "1f1b") {
+                          Schedule schedule = Schedule::k1F1B) {
   SimPlan p;
   p.source = "test plan";
   p.cluster.devices = stages;

@@ -71,7 +71,7 @@ TEST_F(ASimulateCommand, GivesDocumentedExitCodesForBadInput) {
   CommandRun r = run("simulate " + (dir_ / "bad.json").string());
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("stages[0].forward_s"), std::string::npos) << r.out;
-  EXPECT_EQ(run("simulate " + (dir_ / "none").string()).code, 6);
+  EXPECT_EQ(run("simulate " + (dir_ / "none").string()).code, 2);  // not a plan: InvalidArgument (plan/plan.h)
   EXPECT_EQ(run("simulate " + (dir_ / "plan").string() + " --schedule zb").code, 2);
   EXPECT_EQ(run("simulate " + (dir_ / "plan").string() + " --virtual-stages 2").code, 2);
   EXPECT_EQ(run("simulate " + (dir_ / "plan").string() + " --schedule interleaved --virtual-stages 3 --json").code, 0);

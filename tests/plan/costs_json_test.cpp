@@ -1,5 +1,5 @@
 // apart.costs/1: round trip, and the errors a wrong file gets.
-#include "profiler/costs_json.h"
+#include "plan/costs_json.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

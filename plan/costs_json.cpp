@@ -1,5 +1,5 @@
 // apart.costs/1 writer and reader.
-#include "profiler/costs_json.h"
+#include "plan/costs_json.h"
 
 #include <cmath>
 #include <fstream>

@@ -1,0 +1,88 @@
+// Plan (TaskIds, ValueIds, StageCost) → PlanDocument (names and figures, as plan.json holds them).
+#include "partition/plan_document.h"
+
+namespace apart {
+
+PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanModel& model) {
+  const PartitionOptions& o = plan.options;
+  PlanDocument d;
+  d.model = model;
+  d.model->tasks = graph.num_tasks();
+
+  PlanCluster& c = d.cluster;
+  c.devices = o.cluster.devices;
+  c.device = o.cluster.device.name;
+  c.devices_per_node = o.cluster.devices_per_node;
+  c.memory_bytes = o.cluster.usable_memory_bytes();
+  c.device_memory_bytes = o.cluster.device.memory_bytes;
+  c.memory_reserve_bytes = o.cluster.reserved_bytes();
+  c.memory_reserve = o.cluster.reserve.text();
+  c.intra_node_bandwidth = o.cluster.intra_node.bandwidth;
+  c.inter_node_bandwidth = o.cluster.inter_node.bandwidth;
+  c.layout = std::string(layout_name(plan.layout));
+
+  PlanTraining& t = d.training;
+  t.global_batch = o.training.global_batch;
+  t.microbatches = plan.microbatches;
+  t.microbatch_size = plan.microbatch_size;
+  t.schedule = plan.schedule;
+  t.optimizer = o.training.optimizer;
+  t.precision = o.training.precision;
+  t.recompute = plan.recompute;
+  t.overlap_allreduce = o.training.overlap_allreduce;
+
+  for (const PlanStage& s : plan.stages) {
+    PlanStageRecord r;
+    r.id = s.id;
+    r.replicas = s.replicas;
+    r.devices = s.devices;
+    for (TaskId task : s.tasks) r.tasks.push_back(graph.task(task).name);
+    r.batch_tasks = static_cast<int64_t>(s.batch_tasks);
+    r.microbatch_size = s.cost.microbatch;
+    r.forward_s = s.cost.forward_s;
+    r.backward_s = s.cost.backward_s;
+    r.recompute = s.recompute;
+    r.comm_s = s.cost.comm_s;
+    r.allreduce_s = s.cost.allreduce_s;
+    r.allreduce_exposed_s = s.cost.allreduce_exposed_s;
+    r.step_s = s.cost.step_s;
+    r.param_bytes = s.cost.param_bytes;
+    r.memory_bytes = s.cost.memory_bytes;
+    for (const StageInput& in : s.inputs) r.inputs.push_back({graph.value(in.value).name, in.from_stage, in.bytes});
+    for (const StageOutput& out : s.outputs) r.outputs.push_back({graph.value(out.value).name, out.to_stages, out.bytes});
+    d.stages.push_back(std::move(r));
+  }
+
+  PlanOptions options;
+  options.method = std::string(method_name(o.method));
+  options.stages = static_cast<int64_t>(plan.stages.size());
+  if (o.stage.replicas) options.replicas = *o.stage.replicas;
+  options.microbatches = plan.microbatches;
+  options.schedule = plan.schedule;
+  options.recompute = recompute_summary(d);
+  if (o.block.blocks > 0) options.blocks = o.block.blocks;
+  options.balance_cap = o.block.balance_cap;
+  options.time_limit_s = o.stage.time_limit_s;
+  d.options = options;
+
+  // The prediction is the event-level replay of this plan (what chose it); the analytic estimate rides along.
+  PlanPrediction p;
+  p.iteration_s = plan.simulated.iteration_s;
+  p.bottleneck_stage = plan.simulated.bottleneck_stage;
+  p.bubble_fraction = plan.simulated.bubble_fraction;
+  p.samples_per_s = plan.samples_per_s;
+  p.peak_memory_bytes = plan.peak_memory_bytes;
+  p.pipeline_s = plan.simulated.pipeline_s;
+  p.compute_lower_bound_s = plan.compute_lower_bound_s;
+  p.source = "simulated";
+  p.estimate_iteration_s = plan.estimate.iteration_s;
+  d.predicted = p;
+
+  const SearchStatistics& s = plan.search;
+  d.search = PlanSearch{s.seconds,    static_cast<int64_t>(s.atomic_components), s.blocks,      s.coarsening_levels,
+                        s.refinement_moves, s.candidates,  s.candidates_placed,  s.simulated,   s.pruned,
+                        s.not_simulated,    s.chosen_split, s.stopped_by_time_limit};
+  return d;
+}
+
+}  // namespace apart

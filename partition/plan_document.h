@@ -1,0 +1,14 @@
+// The search's result as the plan document (plan/plan.h): what plan.json holds, with tasks and values by name.
+#pragma once
+
+#include "graph/task_graph.h"
+#include "partition/partition.h"
+#include "plan/plan.h"
+
+namespace apart {
+
+// `model` describes the model file (codegen/plan_writer.h describe_model). Every figure is copied as the search
+// computed it, so plan_to_json(plan_document(...)) is what `apart partition` writes.
+PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanModel& model);
+
+}  // namespace apart

@@ -1,0 +1,422 @@
+// PlanDocument ↔ plan.json: the one writer (the field order `apart partition` has always written) and the one
+// reader (every field checked, every error naming the file and the field).
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include "graph/checked.h"
+#include "graph/error.h"
+#include "graph/json_reader.h"
+
+namespace apart {
+
+using ordered = nlohmann::ordered_json;
+using json = nlohmann::json;
+
+namespace {
+
+template <typename T>
+void put(ordered& j, const char* key, const std::optional<T>& v) {
+  if (v) j[key] = *v;
+}
+
+ordered cluster_json(const PlanCluster& c) {
+  ordered j;
+  j["devices"] = c.devices;
+  put(j, "device", c.device);
+  put(j, "devices_per_node", c.devices_per_node);
+  put(j, "memory_bytes", c.memory_bytes);
+  put(j, "device_memory_bytes", c.device_memory_bytes);
+  put(j, "memory_reserve_bytes", c.memory_reserve_bytes);
+  put(j, "memory_reserve", c.memory_reserve);
+  put(j, "intra_node_bandwidth", c.intra_node_bandwidth);
+  put(j, "inter_node_bandwidth", c.inter_node_bandwidth);
+  put(j, "layout", c.layout);
+  return j;
+}
+
+ordered training_json(const PlanTraining& t) {
+  ordered j;
+  put(j, "global_batch", t.global_batch);
+  j["microbatches"] = t.microbatches;
+  put(j, "microbatch_size", t.microbatch_size);
+  j["schedule"] = schedule_name(t.schedule);
+  put(j, "virtual_stages", t.virtual_stages);
+  j["optimizer"] = optimizer_name(t.optimizer);
+  j["precision"] = precision_name(t.precision);
+  j["recompute"] = t.recompute;
+  put(j, "overlap_allreduce", t.overlap_allreduce);
+  return j;
+}
+
+ordered options_json(const PlanOptions& o) {
+  ordered j;
+  j["method"] = o.method;
+  j["stages"] = o.stages;
+  j["replicas"] = o.replicas ? ordered(*o.replicas) : ordered("auto");
+  j["microbatches"] = o.microbatches;
+  j["schedule"] = schedule_name(o.schedule);
+  j["recompute"] = o.recompute;
+  j["blocks"] = o.blocks ? ordered(*o.blocks) : ordered("auto");
+  j["balance_cap"] = o.balance_cap;
+  j["time_limit_s"] = o.time_limit_s;
+  return j;
+}
+
+ordered stage_json(const PlanStageRecord& s) {
+  ordered j;
+  j["id"] = s.id;
+  j["replicas"] = s.replicas;
+  j["devices"] = s.devices;
+  j["tasks"] = s.tasks;
+  put(j, "batch_tasks", s.batch_tasks);
+  put(j, "microbatch_size", s.microbatch_size);
+  j["forward_s"] = s.forward_s;
+  j["backward_s"] = s.backward_s;
+  j["recompute"] = s.recompute;
+  put(j, "comm_s", s.comm_s);
+  put(j, "allreduce_s", s.allreduce_s);
+  put(j, "allreduce_exposed_s", s.allreduce_exposed_s);
+  put(j, "step_s", s.step_s);
+  put(j, "param_bytes", s.param_bytes);
+  put(j, "memory_bytes", s.memory_bytes);
+  put(j, "memory_static_bytes", s.memory_static_bytes);
+  put(j, "activation_bytes_per_microbatch", s.activation_bytes_per_microbatch);
+  ordered inputs = ordered::array();
+  // Whole bytes in the file; a transfer is far below 2^53 bytes, so the cast is exact.
+  for (const PlanInput& in : s.inputs)
+    inputs.push_back({{"value", in.value}, {"from_stage", in.from_stage}, {"bytes", static_cast<int64_t>(in.bytes)}});
+  j["inputs"] = inputs;
+  ordered outputs = ordered::array();
+  for (const PlanOutput& out : s.outputs)
+    outputs.push_back({{"value", out.value}, {"to_stages", out.to_stages}, {"bytes", static_cast<int64_t>(out.bytes)}});
+  j["outputs"] = outputs;
+  return j;
+}
+
+ordered predicted_json(const PlanPrediction& p) {
+  ordered j = ordered::object();
+  put(j, "iteration_s", p.iteration_s);
+  put(j, "bottleneck_stage", p.bottleneck_stage);
+  put(j, "bubble_fraction", p.bubble_fraction);
+  put(j, "samples_per_s", p.samples_per_s);
+  put(j, "peak_memory_bytes", p.peak_memory_bytes);
+  put(j, "pipeline_s", p.pipeline_s);
+  put(j, "compute_lower_bound_s", p.compute_lower_bound_s);
+  put(j, "source", p.source);
+  put(j, "estimate_iteration_s", p.estimate_iteration_s);
+  return j;
+}
+
+ordered search_json(const PlanSearch& s) {
+  return {{"seconds", s.seconds},
+          {"atomic_components", s.atomic_components},
+          {"blocks", s.blocks},
+          {"coarsening_levels", s.coarsening_levels},
+          {"refinement_moves", s.refinement_moves},
+          {"candidates", s.candidates},
+          {"candidates_placed", s.candidates_placed},
+          {"simulated", s.simulated},
+          {"pruned_by_bound", s.pruned_by_bound},
+          {"not_simulated", s.not_simulated},
+          {"chosen_split", s.chosen_split},
+          {"stopped_by_time_limit", s.stopped_by_time_limit}};
+}
+
+}  // namespace
+
+std::string recompute_summary(const PlanDocument& plan) {
+  size_t n = 0;
+  for (const PlanStageRecord& s : plan.stages) n += s.recompute ? 1 : 0;
+  if (n == 0) return "off";
+  if (n == plan.stages.size()) return "on";
+  return std::to_string(n) + " of " + std::to_string(plan.stages.size()) + " stages";
+}
+
+ordered plan_to_json(const PlanDocument& plan) {
+  ordered j;
+  j["schema"] = kPlanSchema;
+  if (plan.model)
+    j["model"] = {{"path", plan.model->path}, {"sha256", plan.model->sha256}, {"tasks", plan.model->tasks},
+                  {"params", plan.model->params}, {"param_bytes", plan.model->param_bytes}};
+  j["cluster"] = cluster_json(plan.cluster);
+  j["training"] = training_json(plan.training);
+  if (plan.options) j["options"] = options_json(*plan.options);
+  ordered stages = ordered::array();
+  for (const PlanStageRecord& s : plan.stages) stages.push_back(stage_json(s));
+  j["stages"] = stages;
+  if (plan.predicted) j["predicted"] = predicted_json(*plan.predicted);
+  if (plan.search) j["search"] = search_json(*plan.search);
+  return j;
+}
+
+namespace {
+
+// Two readers of one file: `strict` for what the simulator replays (a null there is a malformed plan), `lenient`
+// for the figures only shown (partition writes a figure it could not compute as null: it reads as absent).
+struct Readers {
+  JsonReader strict;
+  JsonReader lenient;
+  explicit Readers(const std::string& source)
+      : strict(source, kPlanSchema, "docs/plan.md"), lenient(source, kPlanSchema, "docs/plan.md", JsonReader::Null::kAbsent) {}
+};
+
+// A vocabulary name read from the file: InvalidModel naming the field and listing the accepted names.
+template <typename Enum, typename Parse>
+Enum read_name(const JsonReader& r, const json& obj, const std::string& path, const char* key, Enum fallback,
+               Parse parse, std::string (*accepted)()) {
+  const std::optional<std::string> text = r.optional_string(obj, path, key);
+  if (!text) return fallback;
+  try {
+    return parse(*text);
+  } catch (const InvalidArgument&) {
+    r.fail(path + key, "is \"" + *text + "\", expected " + accepted());
+  }
+}
+
+std::optional<int64_t> integer_or_auto(const JsonReader& r, const json& obj, const std::string& path, const char* key) {
+  if (obj.contains(key) && obj[key].is_string() && obj[key].get<std::string>() == "auto") return std::nullopt;
+  return r.optional_integer(obj, path, key, 0, limits::kMaxBatch);
+}
+
+void read_cluster(const Readers& rs, const json& j, PlanCluster& c) {
+  const JsonReader& r = rs.strict;
+  const JsonReader& l = rs.lenient;
+  const json& cj = r.object(j, "", "cluster");
+  const std::string p = "cluster.";
+  c.devices = static_cast<int>(r.integer(cj, p, "devices", 1, limits::kMaxDevices));
+  c.device = r.optional_string(cj, p, "device");
+  if (auto n = r.optional_integer(cj, p, "devices_per_node", 1, limits::kMaxDevices)) c.devices_per_node = static_cast<int>(*n);
+  c.memory_bytes = l.optional_integer(cj, p, "memory_bytes", 0, limits::kMaxByteCount);
+  c.device_memory_bytes = l.optional_integer(cj, p, "device_memory_bytes", 0, limits::kMaxByteCount);
+  c.memory_reserve_bytes = l.optional_integer(cj, p, "memory_reserve_bytes", 0, limits::kMaxByteCount);
+  c.memory_reserve = l.optional_string(cj, p, "memory_reserve");
+  if (cj.contains("intra_node_bandwidth")) c.intra_node_bandwidth = r.positive(cj, p, "intra_node_bandwidth", limits::kMaxRate);
+  if (cj.contains("inter_node_bandwidth")) c.inter_node_bandwidth = r.positive(cj, p, "inter_node_bandwidth", limits::kMaxRate);
+  c.layout = l.optional_string(cj, p, "layout");
+}
+
+void read_training(const Readers& rs, const json& j, PlanTraining& t) {
+  const JsonReader& r = rs.strict;
+  const json& tj = r.object(j, "", "training");
+  const std::string p = "training.";
+  t.microbatches = r.integer(tj, p, "microbatches", 1, limits::kMaxBatch);
+  // Every micro-batch holds at least one sample.
+  t.global_batch = r.optional_integer(tj, p, "global_batch", 1, limits::kMaxBatch);
+  if (t.global_batch && t.microbatches > *t.global_batch)
+    r.fail("training.microbatches", "is " + std::to_string(t.microbatches) + ", more than training.global_batch " +
+                                        std::to_string(*t.global_batch) + " (a micro-batch holds at least one sample)");
+  t.microbatch_size = rs.lenient.optional_integer(tj, p, "microbatch_size", 0, limits::kMaxBatch);
+  t.schedule = read_name(r, tj, p, "schedule", Schedule::k1F1B, parse_schedule, schedule_names);
+  if (auto v = r.optional_integer(tj, p, "virtual_stages", 1, limits::kMaxVirtualStages)) t.virtual_stages = static_cast<int>(*v);
+  t.optimizer = read_name(r, tj, p, "optimizer", Optimizer::kAdam, parse_optimizer, optimizer_names);
+  t.precision = read_name(r, tj, p, "precision", Precision::kFp32, parse_precision, precision_names);
+  t.recompute = r.boolean(tj, p, "recompute", false);
+  if (tj.contains("overlap_allreduce")) t.overlap_allreduce = r.boolean(tj, p, "overlap_allreduce", true);
+}
+
+void read_options(const Readers& rs, const json& j, PlanDocument& plan) {
+  if (!j.contains("options") || !j["options"].is_object()) return;
+  const JsonReader& l = rs.lenient;
+  const json& oj = j["options"];
+  const std::string p = "options.";
+  PlanOptions o;
+  o.method = l.optional_string(oj, p, "method").value_or("");
+  o.stages = l.optional_integer(oj, p, "stages", 0, limits::kMaxDevices).value_or(0);
+  o.replicas = integer_or_auto(l, oj, p, "replicas");
+  o.microbatches = l.optional_integer(oj, p, "microbatches", 0, limits::kMaxBatch).value_or(0);
+  o.schedule = read_name(l, oj, p, "schedule", plan.training.schedule, parse_schedule, schedule_names);
+  o.recompute = l.optional_string(oj, p, "recompute").value_or("");
+  o.blocks = integer_or_auto(l, oj, p, "blocks");
+  o.balance_cap = l.optional_number(oj, p, "balance_cap", 1e6).value_or(0);
+  o.time_limit_s = l.optional_seconds(oj, p, "time_limit_s").value_or(0);
+  plan.options = o;
+}
+
+void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
+  const JsonReader& r = rs.strict;
+  const JsonReader& l = rs.lenient;
+  const int devices = plan.cluster.devices;
+  const json& sj = r.array(j, "", "stages");
+  if (sj.empty()) r.fail("stages", "must hold at least one stage");
+  if (sj.size() > static_cast<size_t>(devices))
+    r.fail("stages", "lists " + std::to_string(sj.size()) + " stages for cluster.devices " + std::to_string(devices) +
+                         " (every stage runs on devices of its own)");
+  const int num_stages = static_cast<int>(sj.size());
+  std::vector<int> owner(static_cast<size_t>(devices), -1);
+  for (int s = 0; s < num_stages; ++s) {
+    const std::string p = "stages[" + std::to_string(s) + "].";
+    const json& st = sj[static_cast<size_t>(s)];
+    if (!st.is_object()) r.fail("stages[" + std::to_string(s) + "]", "must be an object");
+    PlanStageRecord stage;
+    stage.id = static_cast<int>(r.optional_integer(st, p, "id", 0, limits::kMaxDevices).value_or(s));
+    if (stage.id != s) r.fail(p + "id", "is " + std::to_string(stage.id) + ", expected " + std::to_string(s) + " (stages in order)");
+    stage.replicas = static_cast<int>(r.integer(st, p, "replicas", 1, devices));
+    const json& dj = r.array(st, p, "devices");
+    if (static_cast<int>(dj.size()) != stage.replicas)
+      r.fail(p + "devices", "has " + std::to_string(dj.size()) + " entries, expected replicas = " + std::to_string(stage.replicas));
+    for (size_t d = 0; d < dj.size(); ++d) {
+      const std::string f = p + "devices[" + std::to_string(d) + "]";
+      const int dev = static_cast<int>(r.integer_at(dj[d], f, 0, limits::kMaxDevices));
+      if (dev >= devices) r.fail(f, "is " + std::to_string(dev) + ", but cluster.devices is " + std::to_string(devices));
+      if (owner[static_cast<size_t>(dev)] >= 0)
+        r.fail(f, "device " + std::to_string(dev) + " is also used by stage " + std::to_string(owner[static_cast<size_t>(dev)]));
+      owner[static_cast<size_t>(dev)] = s;
+      stage.devices.push_back(dev);
+    }
+    if (st.contains("tasks")) {
+      const json& tasks = r.array(st, p, "tasks");
+      for (size_t k = 0; k < tasks.size(); ++k) {
+        if (!tasks[k].is_string()) r.fail(p + "tasks[" + std::to_string(k) + "]", "must be a string");
+        stage.tasks.push_back(tasks[k].get<std::string>());
+      }
+    }
+    stage.batch_tasks = l.optional_integer(st, p, "batch_tasks", 0);
+    stage.microbatch_size = l.optional_integer(st, p, "microbatch_size", 0, limits::kMaxBatch);
+    stage.forward_s = r.seconds(st, p, "forward_s");
+    stage.backward_s = r.seconds(st, p, "backward_s");
+    stage.recompute = r.boolean(st, p, "recompute", plan.training.recompute);
+    // partition/ writes backward_s with the recomputed forward included (partition/stage_cost.cpp).
+    if (stage.recompute && stage.backward_s + 1e-12 * stage.forward_s < stage.forward_s)
+      r.fail(p + "backward_s", "is smaller than forward_s although recompute is true (backward_s must include the recomputed forward)");
+    stage.comm_s = l.optional_seconds(st, p, "comm_s");
+    stage.allreduce_s = r.optional_seconds(st, p, "allreduce_s");
+    stage.allreduce_exposed_s = r.optional_seconds(st, p, "allreduce_exposed_s");
+    if (stage.allreduce_exposed_s && *stage.allreduce_exposed_s > stage.allreduce_s.value_or(0) * (1 + 1e-12))
+      r.fail(p + "allreduce_exposed_s", "exceeds " + p + "allreduce_s (the exposed part of an all-reduce)");
+    stage.step_s = l.optional_seconds(st, p, "step_s");
+    stage.param_bytes = r.optional_integer(st, p, "param_bytes", 0, limits::kMaxByteCount);
+    stage.memory_bytes = r.optional_integer(st, p, "memory_bytes", 0, limits::kMaxByteCount);
+    stage.memory_static_bytes = r.optional_bytes(st, p, "memory_static_bytes");
+    stage.activation_bytes_per_microbatch = r.optional_bytes(st, p, "activation_bytes_per_microbatch");
+
+    const json& ij = st.contains("inputs") ? r.array(st, p, "inputs") : json::array();
+    for (size_t i = 0; i < ij.size(); ++i) {
+      const std::string f = p + "inputs[" + std::to_string(i) + "].";
+      if (!ij[i].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
+      PlanInput in;
+      in.value = r.optional_string(ij[i], f, "value").value_or("");
+      in.from_stage = static_cast<int>(r.integer(ij[i], f, "from_stage", -1, limits::kMaxDevices));
+      if (in.from_stage >= s)
+        r.fail(f + "from_stage", "is " + std::to_string(in.from_stage) + ": a stage reads only from earlier stages (or -1, a model input)");
+      in.bytes = r.optional_bytes(ij[i], f, "bytes").value_or(0.0);
+      stage.inputs.push_back(in);
+    }
+    const json& oj = st.contains("outputs") ? r.array(st, p, "outputs") : json::array();
+    for (size_t o = 0; o < oj.size(); ++o) {
+      const std::string f = p + "outputs[" + std::to_string(o) + "].";
+      if (!oj[o].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
+      PlanOutput out;
+      out.value = r.optional_string(oj[o], f, "value").value_or("");
+      const json& to = oj[o].contains("to_stages") ? r.array(oj[o], f, "to_stages") : json::array();
+      for (size_t t = 0; t < to.size(); ++t) {
+        const std::string tf = f + "to_stages[" + std::to_string(t) + "]";
+        const int target = static_cast<int>(r.integer_at(to[t], tf, 0, limits::kMaxDevices));
+        if (target <= s || target >= num_stages)
+          r.fail(tf, "is " + std::to_string(target) + ": must name a later stage (" + std::to_string(s + 1) + ".." +
+                         std::to_string(num_stages - 1) + ")");
+        out.to_stages.push_back(target);
+      }
+      out.bytes = r.optional_bytes(oj[o], f, "bytes").value_or(0.0);
+      stage.outputs.push_back(out);
+    }
+    plan.stages.push_back(std::move(stage));
+  }
+}
+
+void read_predicted(const Readers& rs, const json& j, PlanDocument& plan) {
+  if (!j.contains("predicted")) return;
+  const JsonReader& r = rs.strict;
+  const JsonReader& l = rs.lenient;
+  const json& pj = l.object(j, "", "predicted");
+  const std::string p = "predicted.";
+  PlanPrediction pr;
+  pr.iteration_s = r.optional_seconds(pj, p, "iteration_s");
+  if (auto b = l.optional_integer(pj, p, "bottleneck_stage", 0, limits::kMaxDevices)) pr.bottleneck_stage = static_cast<int>(*b);
+  pr.bubble_fraction = r.optional_number(pj, p, "bubble_fraction", 1.0);
+  pr.samples_per_s = l.optional_number(pj, p, "samples_per_s", limits::kMaxRate);
+  pr.peak_memory_bytes = l.optional_integer(pj, p, "peak_memory_bytes", 0, limits::kMaxByteCount);
+  pr.pipeline_s = l.optional_seconds(pj, p, "pipeline_s");
+  pr.compute_lower_bound_s = l.optional_seconds(pj, p, "compute_lower_bound_s");
+  pr.source = l.optional_string(pj, p, "source");
+  pr.estimate_iteration_s = l.optional_seconds(pj, p, "estimate_iteration_s");
+  plan.predicted = pr;
+}
+
+void read_search(const Readers& rs, const json& j, PlanDocument& plan) {
+  if (!j.contains("search") || !j["search"].is_object()) return;
+  const JsonReader& l = rs.lenient;
+  const json& sj = j["search"];
+  const std::string p = "search.";
+  auto count = [&](const char* key) { return l.optional_integer(sj, p, key, 0).value_or(0); };
+  PlanSearch s;
+  s.seconds = l.optional_seconds(sj, p, "seconds").value_or(0);
+  s.atomic_components = count("atomic_components");
+  s.blocks = count("blocks");
+  s.coarsening_levels = count("coarsening_levels");
+  s.refinement_moves = count("refinement_moves");
+  s.candidates = count("candidates");
+  s.candidates_placed = count("candidates_placed");
+  s.simulated = count("simulated");
+  s.pruned_by_bound = count("pruned_by_bound");
+  s.not_simulated = count("not_simulated");
+  s.chosen_split = l.optional_string(sj, p, "chosen_split").value_or("");
+  s.stopped_by_time_limit = l.boolean(sj, p, "stopped_by_time_limit", false);
+  plan.search = s;
+}
+
+}  // namespace
+
+PlanDocument plan_from_json(const json& j, const std::string& source) {
+  const Readers rs(source);
+  const JsonReader& r = rs.strict;
+  if (!j.is_object()) r.fail("the document", "must be a JSON object");
+  const std::string schema = r.string(j, "", "schema");
+  if (schema != kPlanSchema) r.fail("schema", "is \"" + schema + "\", expected \"" + kPlanSchema + "\"");
+  PlanDocument plan;
+  if (j.contains("model")) {
+    const JsonReader& l = rs.lenient;
+    const json& m = l.object(j, "", "model");
+    PlanModel model;
+    model.path = l.optional_string(m, "model.", "path").value_or("");
+    model.sha256 = l.optional_string(m, "model.", "sha256").value_or("");
+    model.tasks = l.optional_integer(m, "model.", "tasks", 0).value_or(0);
+    model.params = l.optional_integer(m, "model.", "params", 0, limits::kMaxByteCount).value_or(0);
+    model.param_bytes = l.optional_integer(m, "model.", "param_bytes", 0, limits::kMaxByteCount).value_or(0);
+    plan.model = model;
+  }
+  read_cluster(rs, j, plan.cluster);
+  read_training(rs, j, plan.training);
+  read_options(rs, j, plan);
+  read_stages(rs, j, plan);
+  read_predicted(rs, j, plan);
+  read_search(rs, j, plan);
+  return plan;
+}
+
+std::filesystem::path plan_json_path(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const fs::path file = path / "plan.json";
+    if (!fs::exists(file, ec))
+      throw InvalidArgument("'" + path.string() + "' holds no plan.json: give a plan directory written by "
+                            "`apart partition MODEL ... -o DIR`, or its plan.json");
+    return file;
+  }
+  if (fs::is_regular_file(path, ec)) return path;
+  throw InvalidArgument("'" + path.string() + "' does not exist: give a plan directory written by "
+                        "`apart partition MODEL ... -o DIR`, or its plan.json");
+}
+
+PlanDocument read_plan(const std::filesystem::path& path) {
+  const std::filesystem::path file = plan_json_path(path);
+  std::ifstream in(file);
+  if (!in) throw SystemError("cannot read plan '" + file.string() + "' (give a plan directory written by `apart partition`, or its plan.json)");
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw InvalidModel(file.string() + ": not valid JSON (re-run `apart partition` to regenerate the plan)");
+  return plan_from_json(j, file.string());
+}
+
+}  // namespace apart

@@ -1,0 +1,154 @@
+// The plan document: what plan.json (schema apart.plan/1) holds, as typed data, with its one writer and one reader.
+// partition/ fills it, codegen/ writes it, simulator/, report/ and the runtime read it; none parses plan.json itself.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/training.h"
+
+namespace apart {
+
+inline constexpr const char* kPlanSchema = "apart.plan/1";
+
+struct PlanModel {
+  std::string path;
+  std::string sha256;
+  int64_t tasks = 0;
+  int64_t params = 0;  // parameter elements
+  int64_t param_bytes = 0;
+};
+
+// The cluster as the plan records it: the names and figures the plan was made for. The simulator turns it into
+// link figures (the device preset's, or these bandwidths); the full device model stays in profiler/.
+struct PlanCluster {
+  int devices = 1;
+  std::optional<std::string> device;            // preset name
+  std::optional<int> devices_per_node;          // absent: all devices in one node
+  std::optional<int64_t> memory_bytes;          // what a plan may fill per device (the device's less the reserve)
+  std::optional<int64_t> device_memory_bytes;   // the device's memory before the reserve
+  std::optional<int64_t> memory_reserve_bytes;
+  std::optional<std::string> memory_reserve;    // as given: "2GiB+5%"
+  std::optional<double> intra_node_bandwidth;   // bytes/s the plan was made with
+  std::optional<double> inter_node_bandwidth;
+  std::optional<std::string> layout;            // "stage-major" or "pipeline-major"
+};
+
+struct PlanTraining {
+  std::optional<int64_t> global_batch;
+  int64_t microbatches = 1;
+  std::optional<int64_t> microbatch_size;
+  Schedule schedule = Schedule::k1F1B;
+  std::optional<int> virtual_stages;  // interleaved: chunks per device
+  Optimizer optimizer = Optimizer::kAdam;
+  Precision precision = Precision::kFp32;
+  bool recompute = false;
+  std::optional<bool> overlap_allreduce;
+};
+
+// The options the plan was searched with, as resolved (`auto` where the search chose).
+struct PlanOptions {
+  std::string method;
+  int64_t stages = 0;
+  std::optional<int64_t> replicas;  // nullopt: "auto"
+  int64_t microbatches = 0;
+  Schedule schedule = Schedule::k1F1B;
+  std::string recompute;            // "off", "on" or "3 of 8 stages"
+  std::optional<int64_t> blocks;    // nullopt: "auto"
+  double balance_cap = 0;
+  double time_limit_s = 0;
+};
+
+struct PlanInput {
+  std::string value;
+  int from_stage = -1;  // -1: a model input
+  double bytes = 0;     // per micro-batch of one replica of the receiving stage
+};
+struct PlanOutput {
+  std::string value;
+  std::vector<int> to_stages;  // empty: only a model output
+  double bytes = 0;
+};
+
+struct PlanStageRecord {
+  int id = 0;
+  int replicas = 1;
+  std::vector<int> devices;
+  std::vector<std::string> tasks;  // task names (graph/), topological order; constant tasks may repeat across stages
+  std::optional<int64_t> batch_tasks;
+  std::optional<int64_t> microbatch_size;  // samples per replica per micro-batch
+  double forward_s = 0;
+  double backward_s = 0;  // includes the recomputed forward when recompute
+  bool recompute = false;
+  std::optional<double> comm_s;
+  std::optional<double> allreduce_s;
+  std::optional<double> allreduce_exposed_s;  // the part of the all-reduce not hidden behind the last backward
+  std::optional<double> step_s;
+  std::optional<int64_t> param_bytes;
+  std::optional<int64_t> memory_bytes;        // the peak estimate for one device of this stage
+  std::optional<double> memory_static_bytes;  // finer memory fields (docs/simulator.md §Memory); optional
+  std::optional<double> activation_bytes_per_microbatch;
+  std::vector<PlanInput> inputs;
+  std::vector<PlanOutput> outputs;
+};
+
+struct PlanPrediction {
+  std::optional<double> iteration_s;
+  std::optional<int> bottleneck_stage;
+  std::optional<double> bubble_fraction;
+  std::optional<double> samples_per_s;
+  std::optional<int64_t> peak_memory_bytes;
+  std::optional<double> pipeline_s;
+  std::optional<double> compute_lower_bound_s;
+  std::optional<std::string> source;  // "simulated"
+  std::optional<double> estimate_iteration_s;
+};
+
+struct PlanSearch {
+  double seconds = 0;  // the only field that differs between identical runs
+  int64_t atomic_components = 0;
+  int64_t blocks = 0;
+  int64_t coarsening_levels = 0;
+  int64_t refinement_moves = 0;
+  int64_t candidates = 0;
+  int64_t candidates_placed = 0;
+  int64_t simulated = 0;
+  int64_t pruned_by_bound = 0;
+  int64_t not_simulated = 0;
+  std::string chosen_split;
+  bool stopped_by_time_limit = false;
+};
+
+struct PlanDocument {
+  std::optional<PlanModel> model;
+  PlanCluster cluster;
+  PlanTraining training;
+  std::optional<PlanOptions> options;
+  std::vector<PlanStageRecord> stages;
+  std::optional<PlanPrediction> predicted;
+  std::optional<PlanSearch> search;
+};
+
+// "off", "on" (every stage) or "3 of 8 stages" (recomputation where a stage needs it).
+std::string recompute_summary(const PlanDocument& plan);
+
+// The one writer: fields in the documented order, optional ones when present. What `apart partition` writes.
+nlohmann::ordered_json plan_to_json(const PlanDocument& plan);
+
+// The one reader. Checks every field (JsonReader's ranges) and the plan's consistency: stage ids in order, each
+// device in one stage, replicas = devices listed, inputs from earlier stages, outputs to later ones, at most
+// training.global_batch micro-batches, backward_s ≥ forward_s when recomputing. Throws InvalidModel naming
+// `source` and the field ("p.json: stages[2].forward_s is missing ...").
+PlanDocument plan_from_json(const nlohmann::json& j, const std::string& source = "plan.json");
+// A plan directory (DIR/plan.json) or a plan.json file. InvalidArgument when `path` is neither (naming what to
+// run), SystemError when unreadable, InvalidModel when malformed.
+PlanDocument read_plan(const std::filesystem::path& path);
+// The plan.json `path` names: DIR/plan.json for a directory, `path` for a file (InvalidArgument otherwise).
+std::filesystem::path plan_json_path(const std::filesystem::path& path);
+
+}  // namespace apart

@@ -1,0 +1,82 @@
+// The name tables of the training vocabulary: the first row of a value is its canonical name, later rows aliases.
+#include "plan/training.h"
+
+#include <span>
+#include <string>
+#include <utility>
+
+#include "graph/error.h"
+
+namespace apart {
+namespace {
+
+template <typename Enum>
+using NameTable = std::span<const std::pair<std::string_view, Enum>>;
+
+constexpr std::pair<std::string_view, Schedule> kScheduleNames[] = {
+    {"gpipe", Schedule::kGPipe},
+    {"1f1b", Schedule::k1F1B},
+    {"interleaved", Schedule::kInterleaved},
+    {"interleaved-1f1b", Schedule::kInterleaved},
+    {"interleaved1f1b", Schedule::kInterleaved},
+};
+constexpr std::pair<std::string_view, Optimizer> kOptimizerNames[] = {
+    {"sgd", Optimizer::kSgd},
+    {"momentum", Optimizer::kMomentum},
+    {"adam", Optimizer::kAdam},
+    {"adamw", Optimizer::kAdamW},
+};
+constexpr std::pair<std::string_view, Precision> kPrecisionNames[] = {
+    {"fp32", Precision::kFp32},
+    {"tf32", Precision::kTf32},
+    {"mixed", Precision::kMixed},  // fp16/bf16 math, fp32 master weights
+    {"fp16", Precision::kMixed},
+    {"bf16", Precision::kMixed},
+    {"amp", Precision::kMixed},
+};
+
+template <typename Enum>
+std::string_view name_of(NameTable<Enum> table, Enum value) {
+  for (const auto& [name, v] : table)
+    if (v == value) return name;
+  return "?";
+}
+
+// "gpipe, 1f1b or interleaved (also interleaved-1f1b, interleaved1f1b)".
+template <typename Enum>
+std::string accepted(NameTable<Enum> table) {
+  std::string canonical, aliases;
+  size_t canonical_count = 0;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const bool alias = name_of(table, table[i].second) != table[i].first;
+    std::string& list = alias ? aliases : canonical;
+    if (!alias) ++canonical_count;
+    list += std::string(list.empty() ? "" : ", ") + std::string(table[i].first);
+  }
+  // "a, b, c" → "a, b or c".
+  if (canonical_count > 1) canonical.replace(canonical.rfind(", "), 2, " or ");
+  return canonical + (aliases.empty() ? "" : " (also " + aliases + ")");
+}
+
+template <typename Enum>
+Enum parse(NameTable<Enum> table, std::string_view flag, std::string_view text) {
+  for (const auto& [name, v] : table)
+    if (name == text) return v;
+  throw InvalidArgument(std::string(flag) + " " + std::string(text) + ": expected " + accepted(table));
+}
+
+}  // namespace
+
+std::string_view schedule_name(Schedule s) { return name_of<Schedule>(kScheduleNames, s); }
+std::string_view optimizer_name(Optimizer o) { return name_of<Optimizer>(kOptimizerNames, o); }
+std::string_view precision_name(Precision p) { return name_of<Precision>(kPrecisionNames, p); }
+
+Schedule parse_schedule(std::string_view name) { return parse<Schedule>(kScheduleNames, "--schedule", name); }
+Optimizer parse_optimizer(std::string_view name) { return parse<Optimizer>(kOptimizerNames, "--optimizer", name); }
+Precision parse_precision(std::string_view name) { return parse<Precision>(kPrecisionNames, "--precision", name); }
+
+std::string schedule_names() { return accepted<Schedule>(kScheduleNames); }
+std::string optimizer_names() { return accepted<Optimizer>(kOptimizerNames); }
+std::string precision_names() { return accepted<Precision>(kPrecisionNames); }
+
+}  // namespace apart

@@ -1,0 +1,39 @@
+// The training vocabulary the planner, the simulator and the runtime share: schedule, optimizer and precision, each
+// an enum with one name table (plan.json, costs.json and the flags spell them the same way).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace apart {
+
+// GPipe: all forwards, then all backwards. 1F1B: PipeDream-Flush. Interleaved: Megatron-LM's interleaved 1F1B
+// (virtual stages); the simulator runs it, the planner plans gpipe and 1f1b.
+enum class Schedule : uint8_t { kGPipe, k1F1B, kInterleaved };
+// PyTorch semantics (runtime/optimizer.h). For memory, adamw is adam: two state slots per parameter.
+enum class Optimizer : uint8_t { kSgd, kMomentum, kAdam, kAdamW };
+// kMixed: fp16/bf16 math and activations, fp32 master weights.
+enum class Precision : uint8_t { kFp32, kTf32, kMixed };
+
+// The canonical names: "gpipe", "1f1b", "interleaved"; "sgd", "momentum", "adam", "adamw"; "fp32", "tf32", "mixed".
+std::string_view schedule_name(Schedule s);
+std::string_view optimizer_name(Optimizer o);
+std::string_view precision_name(Precision p);
+
+// A canonical name or an alias ("interleaved-1f1b", "interleaved1f1b"; "fp16", "bf16", "amp" for mixed). Throws
+// InvalidArgument naming the flag (--schedule, --optimizer, --precision), the text and every accepted name.
+Schedule parse_schedule(std::string_view name);
+Optimizer parse_optimizer(std::string_view name);
+Precision parse_precision(std::string_view name);
+// What the parsers accept, for messages: "gpipe, 1f1b or interleaved (also interleaved-1f1b, interleaved1f1b)".
+std::string schedule_names();
+std::string optimizer_names();
+std::string precision_names();
+
+// Every value of each enum, in declaration order (tests walk the name tables with these).
+inline constexpr Schedule kSchedules[] = {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved};
+inline constexpr Optimizer kOptimizers[] = {Optimizer::kSgd, Optimizer::kMomentum, Optimizer::kAdam, Optimizer::kAdamW};
+inline constexpr Precision kPrecisions[] = {Precision::kFp32, Precision::kTf32, Precision::kMixed};
+
+}  // namespace apart

@@ -1,0 +1,108 @@
+// The plan document: plan.json read and written again is byte-identical; corrupt plans get errors naming the field.
+#include "plan/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "graph/error.h"
+
+namespace apart {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::vector<fs::path> golden_plans() {
+  std::vector<fs::path> plans;
+  for (const auto& dir : fs::directory_iterator(fs::path(APART_TEST_DATA_DIR) / "golden" / "plans"))
+    if (fs::exists(dir.path() / "plan.json")) plans.push_back(dir.path() / "plan.json");
+  std::sort(plans.begin(), plans.end());
+  return plans;
+}
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(APlanDocument, WritesARealPlanBackByteForByte) {
+  const auto plans = golden_plans();
+  ASSERT_FALSE(plans.empty());
+  for (const fs::path& file : plans) {
+    const std::string text = read_text(file);
+    const PlanDocument plan = read_plan(file);
+    // The goldens hold search.seconds as 0 (tests/cli/plan_goldens_test.cpp): compare the rest byte for byte.
+    const std::string written = std::regex_replace(plan_to_json(plan).dump(2) + "\n",
+                                                   std::regex(R"("seconds": [-0-9.e+]+)"), "\"seconds\": 0");
+    EXPECT_EQ(written, text) << file;
+  }
+}
+
+TEST(APlanDocument, ReadsTheVocabularyAsEnums) {
+  const PlanDocument plan = read_plan(golden_plans().front());
+  EXPECT_EQ(optimizer_name(plan.training.optimizer), "adam");
+  ASSERT_FALSE(plan.stages.empty());
+  EXPECT_FALSE(plan.stages.front().tasks.empty());
+  ASSERT_TRUE(plan.search.has_value());
+}
+
+std::string error_of(const json& j) {
+  try {
+    plan_from_json(j, "p.json");
+  } catch (const InvalidModel& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(APlanReader, NamesTheFieldOfACorruptRealPlan) {
+  const json real = json::parse(read_text(golden_plans().front()));
+  struct Case {
+    std::function<void(json&)> edit;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j["training"]["optimizer"] = "lamb"; }, "training.optimizer is \"lamb\", expected sgd, momentum, adam or adamw"},
+      {[](json& j) { j["training"]["precision"] = "int8"; }, "training.precision is \"int8\""},
+      {[](json& j) { j["training"]["schedule"] = "zb"; }, "training.schedule is \"zb\", expected gpipe, 1f1b or interleaved"},
+      {[](json& j) { j["stages"][0]["tasks"][0] = 7; }, "stages[0].tasks[0] must be a string"},
+      {[](json& j) { j["stages"][0]["forward_s"] = -1; }, "stages[0].forward_s must be a finite number in [0, 32000000]"},
+      {[](json& j) { j["cluster"]["memory_bytes"] = "lots"; }, "cluster.memory_bytes"},
+      {[](json& j) { j["predicted"] = 3; }, "predicted must be an object"},
+      {[](json& j) { j["search"]["candidates"] = -2; }, "search.candidates"},
+      {[](json& j) { j["options"]["replicas"] = "some"; }, "options.replicas"},
+  };
+  for (const Case& c : cases) {
+    json j = real;
+    c.edit(j);
+    const std::string message = error_of(j);
+    EXPECT_NE(message.find(c.message), std::string::npos) << "expected '" << c.message << "' in: " << message;
+    EXPECT_NE(message.find("p.json: "), std::string::npos) << message;
+  }
+}
+
+TEST(APlanReader, ReadsNullFiguresThatAreOnlyShownAsAbsent) {
+  json j = json::parse(read_text(golden_plans().front()));
+  j["predicted"]["compute_lower_bound_s"] = nullptr;  // partition writes a figure it could not compute as null
+  const PlanDocument plan = plan_from_json(j);
+  EXPECT_FALSE(plan.predicted->compute_lower_bound_s.has_value());
+  j["stages"][0]["forward_s"] = nullptr;  // what the simulator replays may not be null
+  EXPECT_NE(error_of(j).find("stages[0].forward_s"), std::string::npos);
+}
+
+TEST(APlanReader, RefusesAPathThatIsNeitherAPlanDirectoryNorAFile) {
+  EXPECT_THROW(read_plan(fs::path(APART_TEST_DATA_DIR) / "no such plan"), InvalidArgument);
+  EXPECT_THROW(read_plan(fs::path(APART_TEST_DATA_DIR)), InvalidArgument);  // a folder without plan.json
+}
+
+}  // namespace
+}  // namespace apart

@@ -12,6 +12,7 @@
 #include "graph/text.h"
 #include "importer/importer.h"
 #include "profiler/cost_model.h"
+#include "plan/cluster_json.h"
 #include "plan/costs_json.h"
 #include "profiler/device.h"
 

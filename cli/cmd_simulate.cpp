@@ -9,6 +9,7 @@
 #include "cli/command_registry.h"
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "plan/cluster_json.h"
 #include "profiler/device.h"
 #include "simulator/sim_plan.h"
 #include "simulator/sim_report.h"

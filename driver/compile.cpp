@@ -7,6 +7,7 @@
 
 #include "graph/atomic_file.h"
 #include "graph/error.h"
+#include "plan/cluster_json.h"
 #include "plan/costs_json.h"
 
 namespace apart {

@@ -8,6 +8,7 @@
 
 #include "graph/task_graph.h"
 #include "partition/atomic.h"
+#include "partition/ids.h"
 #include "partition/options.h"
 #include "partition/stage_dp.h"
 #include "profiler/cost_table.h"
@@ -16,17 +17,17 @@ namespace apart {
 
 struct StageInput {
   ValueId value;
-  int from_stage = -1;  // -1: a model input
+  StageId from_stage;  // invalid(): a model input (plan.json writes -1)
   double bytes = 0;     // per micro-batch of one replica of the receiving stage
 };
 struct StageOutput {
   ValueId value;
-  std::vector<int> to_stages;  // empty: only a model output
+  std::vector<StageId> to_stages;  // empty: only a model output
   double bytes = 0;
 };
 
 struct PlanStage {
-  int id = 0;
+  StageId id;
   int replicas = 1;
   std::vector<int> devices;
   std::vector<TaskId> tasks;  // batch tasks and the constant tasks replicated into the stage, topological order

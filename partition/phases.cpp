@@ -400,7 +400,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
   }
   for (int s = 0; s < best.stages; ++s) {
     PlanStage st;
-    st.id = s;
+    st.id = StageId(static_cast<uint32_t>(s));
     st.replicas = best.replicas[s];
     st.devices = chosen.placement.devices[s];
     for (uint32_t t : tasks_of[s]) {
@@ -427,14 +427,18 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
                               activation_bytes_factor(o.training.precision);
     for (int s : to) {
       APART_CHECK(s > from, "a value flows backward between stages: " + value.name);
-      plan.stages[s].inputs.push_back({ValueId(v), from, per_sample * static_cast<double>(plan.stages[s].cost.microbatch)});
+      const StageId from_stage = from >= 0 ? StageId(static_cast<uint32_t>(from)) : StageId::invalid();
+      plan.stages[s].inputs.push_back({ValueId(v), from_stage, per_sample * static_cast<double>(plan.stages[s].cost.microbatch)});
     }
     const bool model_output = value.kind == ValueKind::kOutput ||
                               std::find(graph.graph_outputs().begin(), graph.graph_outputs().end(), ValueId(v)) !=
                                   graph.graph_outputs().end();
-    if (from >= 0 && (!to.empty() || model_output))
-      plan.stages[from].outputs.push_back({ValueId(v), std::vector<int>(to.begin(), to.end()),
+    if (from >= 0 && (!to.empty() || model_output)) {
+      std::vector<StageId> to_stages;
+      for (int t : to) to_stages.push_back(StageId(static_cast<uint32_t>(t)));
+      plan.stages[from].outputs.push_back({ValueId(v), std::move(to_stages),
                                            per_sample * static_cast<double>(plan.stages[from].cost.microbatch)});
+    }
   }
   return plan;
 }

@@ -33,7 +33,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
 
   for (const PlanStage& s : plan.stages) {
     PlanStageRecord r;
-    r.id = s.id;
+    r.id = static_cast<int>(s.id.value());
     r.replicas = s.replicas;
     r.devices = s.devices;
     for (TaskId task : s.tasks) r.tasks.push_back(graph.task(task).name);
@@ -48,8 +48,15 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
     r.step_s = s.cost.step_s;
     r.param_bytes = s.cost.param_bytes;
     r.memory_bytes = s.cost.memory_bytes;
-    for (const StageInput& in : s.inputs) r.inputs.push_back({graph.value(in.value).name, in.from_stage, in.bytes});
-    for (const StageOutput& out : s.outputs) r.outputs.push_back({graph.value(out.value).name, out.to_stages, out.bytes});
+    // plan.json numbers stages from 0 and writes a model input's source as -1.
+    for (const StageInput& in : s.inputs)
+      r.inputs.push_back({graph.value(in.value).name, in.from_stage.valid() ? static_cast<int>(in.from_stage.value()) : -1,
+                          in.bytes});
+    for (const StageOutput& out : s.outputs) {
+      std::vector<int> to;
+      for (StageId t : out.to_stages) to.push_back(static_cast<int>(t.value()));
+      r.outputs.push_back({graph.value(out.value).name, std::move(to), out.bytes});
+    }
     d.stages.push_back(std::move(r));
   }
 

@@ -44,31 +44,30 @@ void write_costs_json(const std::filesystem::path& path, const TaskGraph& g, con
   write_file_atomically(path, text);
 }
 
-CostTable costs_from_json(const nlohmann::json& j, const TaskGraph& g, const std::string& source) {
+CostsDocument costs_document_from_json(const nlohmann::json& j, const std::string& source) {
   const JsonReader r(source, "apart.costs/1", "docs/cost-model.md", JsonReader::Null::kInvalid,
                      ErrorKind::kInvalidArgument, "write it again with `apart costs` or `apart profile`");
   if (!j.is_object()) r.fail("the document", "must be a JSON object");
   if (r.string(j, "", "schema") != "apart.costs/1") r.fail("schema", "must be \"apart.costs/1\"");
   const nlohmann::json& rows = r.array(j, "", "tasks");
-  CostTable table;
+  CostsDocument doc;
+  CostTable& table = doc.table;
   table.device = r.optional_string(j, "", "device").value_or("");
   table.microbatch_size = r.integer(j, "", "microbatch_size", 1, limits::kMaxBatch);
   table.source = r.optional_string(j, "", "source").value_or("analytic");
   table.precision = r.optional_string(j, "", "precision").value_or("fp32");
-  table.tasks.resize(g.num_tasks());
-  std::vector<bool> seen(g.num_tasks(), false);
+  doc.rows.reserve(rows.size());
   // Stages sum these over their tasks: each total stays within 2^60 bytes, so no sum overflows an int64.
   int64_t totals[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < rows.size(); ++i) {
     const nlohmann::json& row = rows[i];
     if (!row.is_object()) r.fail("tasks[" + std::to_string(i) + "]", "must be an object");
-    const std::string name = r.string(row, "tasks[" + std::to_string(i) + "].", "name");
-    const std::string path = "tasks[" + std::to_string(i) + "] ('" + name + "').";
-    const auto id = g.find_task(name);
-    if (!id) throw InvalidArgument(source + ": task '" + name + "' is not in the model (a costs file from another model?)");
-    if (seen[id->value()]) throw InvalidArgument(source + ": task '" + name + "' appears twice");
-    seen[id->value()] = true;
-    TaskCost& c = table.tasks[id->value()];
+    CostsRow out;
+    out.name = r.string(row, "tasks[" + std::to_string(i) + "].", "name");
+    const std::string path = "tasks[" + std::to_string(i) + "] ('" + out.name + "').";
+    out.op = r.optional_string(row, path, "op").value_or("");
+    out.constant = r.boolean(row, path, "constant", false);
+    TaskCost& c = out.cost;
     auto seconds = [&](const char* key) { return r.optional_seconds(row, path, key).value_or(0.0); };
     auto flops = [&](const char* key) { return r.optional_number(row, path, key, limits::kMaxFlops).value_or(0.0); };
     auto bytes = [&](const char* key) { return r.optional_bytes(row, path, key).value_or(0.0); };
@@ -90,18 +89,44 @@ CostTable costs_from_json(const nlohmann::json& j, const TaskGraph& g, const std
     c.backward_bytes = bytes("backward_bytes");
     c.workspace_bytes = byte_count("workspace_bytes", totals[3]);
     c.known = r.boolean(row, path, "known", true);
+    doc.rows.push_back(std::move(out));
+  }
+  return doc;
+}
+
+CostTable costs_from_json(const nlohmann::json& j, const TaskGraph& g, const std::string& source) {
+  CostsDocument doc = costs_document_from_json(j, source);
+  CostTable table = std::move(doc.table);
+  table.tasks.resize(g.num_tasks());
+  std::vector<bool> seen(g.num_tasks(), false);
+  for (CostsRow& row : doc.rows) {
+    const auto id = g.find_task(row.name);
+    if (!id) throw InvalidArgument(source + ": task '" + row.name + "' is not in the model (a costs file from another model?)");
+    if (seen[id->value()]) throw InvalidArgument(source + ": task '" + row.name + "' appears twice");
+    seen[id->value()] = true;
+    table.tasks[id->value()] = row.cost;
   }
   for (uint32_t i = 0; i < g.num_tasks(); ++i)
     if (!seen[i]) throw InvalidArgument(source + ": no row for task '" + g.task(TaskId(i)).name + "'");
   return table;
 }
 
-CostTable read_costs_json(const std::filesystem::path& path, const TaskGraph& g) {
+namespace {
+nlohmann::json read_costs_file(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) throw SystemError("cannot read costs file '" + path.string() + "'");
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw InvalidArgument("costs file '" + path.string() + "' is not valid JSON");
-  return costs_from_json(j, g, "costs file '" + path.string() + "'");
+  return j;
+}
+}  // namespace
+
+CostsDocument read_costs_document(const std::filesystem::path& path) {
+  return costs_document_from_json(read_costs_file(path), "costs file '" + path.string() + "'");
+}
+
+CostTable read_costs_json(const std::filesystem::path& path, const TaskGraph& g) {
+  return costs_from_json(read_costs_file(path), g, "costs file '" + path.string() + "'");
 }
 
 }  // namespace apart

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -14,6 +15,23 @@ namespace apart {
 nlohmann::json costs_to_json(const TaskGraph& g, const CostTable& table);
 // Writes through a temporary file and a rename: no partial file on failure. Throws SystemError.
 void write_costs_json(const std::filesystem::path& path, const TaskGraph& g, const CostTable& table);
+
+// apart.costs/1 as the file holds it, before it is matched to a model: the header in `table` (device,
+// microbatch_size, source, precision; no tasks) and one row per task name, in file order. What a reader without the
+// model (the HTML report) uses; costs_from_json matches these rows to a graph.
+struct CostsRow {
+  std::string name;
+  std::string op;
+  bool constant = false;
+  TaskCost cost;
+};
+struct CostsDocument {
+  CostTable table;
+  std::vector<CostsRow> rows;
+};
+// Throws InvalidArgument naming `source` and the field (ranges below), or SystemError when the file is unreadable.
+CostsDocument costs_document_from_json(const nlohmann::json& j, const std::string& source = "costs file");
+CostsDocument read_costs_document(const std::filesystem::path& path);
 
 // Reads a costs file for graph `g`: rows are matched to tasks by name, every task must have one.
 // Throws InvalidArgument (wrong schema, unknown or missing task, a field of the wrong type or out of its range:

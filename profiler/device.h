@@ -8,7 +8,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
 
 #include "plan/training.h"
 
@@ -107,13 +106,7 @@ struct Cluster {
 
 // `--devices N --device NAME --devices-per-node K`; the links are the device's defaults.
 Cluster make_cluster(const Device& device, int devices, int devices_per_node);
-// The apart.cluster/1 JSON file (docs/cost-model.md §5). Throws InvalidArgument naming `source` and the field with
-// its range (devices and devices_per_node integers in [1, 2^20], rates in (0, 1e18], times in [0, 3.2e7] s,
-// memory in (0, 2^60] bytes), or SystemError.
-Cluster load_cluster_json(const std::filesystem::path& path);
-Cluster cluster_from_json(const nlohmann::json& j, const std::string& source = "cluster JSON");
-nlohmann::json cluster_to_json(const Cluster& c);
-nlohmann::json device_to_json(const Device& d);
+// The apart.cluster/1 file's reader and writer: plan/cluster_json.h.
 
 // The cluster a plan names by its device: `devices` devices of the preset (the cpu device from its probe cache)
 // with its links; for a name no preset has, a device of that name only, with documented default links (A100/DGX:

@@ -9,6 +9,7 @@
 #include "graph/error.h"
 #include "graph/checked.h"
 #include "graph/json_reader.h"
+#include "plan/costs_json.h"
 
 namespace apart::report {
 namespace {
@@ -112,35 +113,14 @@ std::vector<Baseline> read_baselines(const fs::path& file) {
   return out;
 }
 
-// Per-task forward time and parameter bytes from costs.json, by task name.
-struct TaskCost {
-  double forward_s = 0;
-  int64_t param_bytes = 0;
-  bool constant = false;
-};
-std::map<std::string, TaskCost> read_costs(const fs::path& file) {
-  const json j = read_json(file, "costs");
-  const Reader r = reader(file, "apart.costs/1");
-  if (!j.is_object()) r.fail("(top level)", "must be an object");
-  std::map<std::string, TaskCost> out;
-  const json& tasks = r.array(j, "", "tasks");
-  int64_t total_param_bytes = 0;  // layers sum them: the total stays within limits::kMaxByteCount, so no overflow
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    const std::string path = "tasks[" + std::to_string(i) + "].";
-    const json& t = tasks[i];
-    if (!t.is_object()) r.fail("tasks[" + std::to_string(i) + "]", "must be an object");
-    TaskCost c;
-    c.forward_s = r.optional_seconds(t, path, "forward_s").value_or(0);
-    c.param_bytes = r.optional_integer(t, path, "param_bytes", 0, limits::kMaxByteCount).value_or(0);
-    total_param_bytes += c.param_bytes;
-    if (total_param_bytes > limits::kMaxByteCount) r.fail(path + "param_bytes", "brings the tasks' total past 2^60 bytes");
-    c.constant = r.boolean(t, path, "constant", false);
-    out.emplace(r.string(t, path, "name"), c);
-  }
+// Per-task forward time and parameter bytes from costs.json (plan/'s one apart.costs/1 reader), by task name.
+std::map<std::string, CostsRow> read_costs(const fs::path& file) {
+  std::map<std::string, CostsRow> out;
+  for (CostsRow& row : read_costs_document(file).rows) out.emplace(row.name, std::move(row));
   return out;
 }
 
-std::vector<LayerRun> group_layers(const std::vector<std::string>& tasks, const std::map<std::string, TaskCost>& costs) {
+std::vector<LayerRun> group_layers(const std::vector<std::string>& tasks, const std::map<std::string, CostsRow>& costs) {
   std::vector<LayerRun> runs;
   for (const std::string& task : tasks) {
     // Constant tasks (shape arithmetic, weight casts) are replicated into every stage that reads them: they say
@@ -152,8 +132,8 @@ std::vector<LayerRun> group_layers(const std::vector<std::string>& tasks, const 
     LayerRun& run = runs.back();
     ++run.tasks;
     if (cost != costs.end()) {
-      run.forward_s += cost->second.forward_s;
-      run.param_bytes += cost->second.param_bytes;
+      run.forward_s += cost->second.cost.forward_s;
+      run.param_bytes += cost->second.cost.param_bytes;
     }
   }
   return runs;
@@ -203,7 +183,7 @@ ReportPlan load_report_plan(const fs::path& path) {
   p.sim = sim::sim_plan(p.document, p.source);
 
   std::error_code ec;
-  std::map<std::string, TaskCost> costs;
+  std::map<std::string, CostsRow> costs;
   if (fs::exists(p.dir / "costs.json", ec)) {
     costs = read_costs(p.dir / "costs.json");
     p.have_costs = true;

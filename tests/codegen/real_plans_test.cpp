@@ -56,7 +56,7 @@ TEST(PlansOfRealModels, KeepEveryInvariant) {
         for (TaskId t : s.tasks)
           if (!g.task(t).constant) {
             EXPECT_EQ(stage_of[t.value()], -1) << g.task(t).name << " in two stages";
-            stage_of[t.value()] = s.id;
+            stage_of[t.value()] = static_cast<int>(s.id.value());
           }
       }
       EXPECT_LE(replicas, devices);
@@ -70,9 +70,9 @@ TEST(PlansOfRealModels, KeepEveryInvariant) {
       std::map<std::pair<uint32_t, int>, int> sent, received;
       for (const PlanStage& s : p.plan.stages) {
         for (const StageOutput& o : s.outputs)
-          for (int to : o.to_stages) ++sent[{o.value.value(), to}];
+          for (StageId to : o.to_stages) ++sent[{o.value.value(), static_cast<int>(to.value())}];
         for (const StageInput& in : s.inputs)
-          if (in.from_stage >= 0) ++received[{in.value.value(), s.id}];
+          if (in.from_stage.valid()) ++received[{in.value.value(), static_cast<int>(s.id.value())}];
       }
       EXPECT_EQ(sent, received);
       for (auto& [key, count] : sent) EXPECT_EQ(count, 1);

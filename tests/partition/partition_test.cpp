@@ -123,7 +123,7 @@ TEST(ThePartitionPipeline, PutsEveryBatchTaskInExactlyOneStageAndKeepsEdgesForwa
       for (TaskId t : s.tasks)
         if (!model.graph.task(t).constant) {
           EXPECT_EQ(stage_of[t.value()], -1);
-          stage_of[t.value()] = s.id;
+          stage_of[t.value()] = static_cast<int>(s.id.value());
         }
     for (uint32_t t = 0; t < model.graph.num_tasks(); ++t) {
       if (model.graph.task(TaskId(t)).constant) continue;

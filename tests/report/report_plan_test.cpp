@@ -132,6 +132,7 @@ TEST_F(AReportPlan, SumsLayerCostsFromCostsJson) {
   write(apart::testing::three_stage_plan());
   apart::testing::write_json(dir_ / "costs.json",
       {{"schema", "apart.costs/1"},
+       {"microbatch_size", 1},
        {"tasks", {{{"name", "/h.0/attn/MatMul"}, {"forward_s", 0.25}, {"param_bytes", 100}},
                   {{"name", "/h.0/mlp/Add"}, {"forward_s", 0.5}, {"param_bytes", 20}}}}});
   const auto p = load_report_plan(dir_);

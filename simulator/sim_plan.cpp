@@ -45,8 +45,8 @@ SimPlan sim_plan(const PlanDocument& document, const std::string& source) {
     stage.param_bytes = s.param_bytes;
     stage.memory_static_bytes = s.memory_static_bytes;
     stage.activation_bytes_per_microbatch = s.activation_bytes_per_microbatch;
-    for (const PlanInput& in : s.inputs) stage.inputs.push_back({in.value, in.from_stage, in.bytes});
-    for (const PlanOutput& out : s.outputs) stage.outputs.push_back({out.value, out.to_stages, out.bytes});
+    stage.inputs = s.inputs;
+    stage.outputs = s.outputs;
     plan.stages.push_back(std::move(stage));
   }
   if (document.predicted) {

@@ -16,17 +16,11 @@
 
 namespace apart::sim {
 
-struct SimInput {
-  std::string value;
-  int from_stage = -1;  // -1: a model input (loaded locally, no transfer)
-  double bytes = 0;     // per micro-batch of one replica of the receiving stage
-};
-
-struct SimOutput {
-  std::string value;
-  std::vector<int> to_stages;  // empty: only a model output
-  double bytes = 0;
-};
+// A stage's boundary values, as plan.json holds them (plan/plan.h): from_stage -1 is a model input (loaded
+// locally, no transfer); bytes are per micro-batch of one replica of the receiving stage; empty to_stages: only a
+// model output.
+using SimInput = PlanInput;
+using SimOutput = PlanOutput;
 
 struct SimStage {
   int id = 0;

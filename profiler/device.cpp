@@ -16,7 +16,6 @@
 #include "graph/atomic_file.h"
 #include "graph/checked.h"
 #include "graph/error.h"
-#include "graph/json_reader.h"
 #include "profiler/cpu_probe.h"
 
 namespace apart {

@@ -3,9 +3,6 @@
 
 #include <onnx/onnx_pb.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 

@@ -1,0 +1,51 @@
+// A pipeline stage's training graph cut in two: a forward graph that runs once per micro-batch and leaves behind
+// what the backward needs (its stash), and a backward graph that takes the stash and the gradients of the
+// stage's outputs and produces the gradients of its params and inputs. With recomputation the stash is the
+// stage's inputs only and the backward re-runs the forward first (docs/autodiff.md, "Stage graphs").
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "codegen/autodiff.h"
+
+namespace apart {
+
+struct StageGraphOptions {
+  // What to differentiate, as for build_training_graph: `loss` set only on the stage that holds the model's loss;
+  // `output_gradients` the stage outputs that later stages read (float ones; their gradients come in);
+  // `input_gradients` the stage inputs produced by earlier stages (float ones; their gradients go out);
+  // `import` binds the batch dim to the micro-batch size of one replica.
+  TrainingGraphOptions training;
+  // Keep only the stage inputs between forward and backward; the backward recomputes the forward first.
+  bool recompute = false;
+};
+
+// Both graphs are standard ONNX models (ai.apart ops where build_training_graph uses them) with the stage's params
+// as initializers (the same data or external-data references as the stage's forward): a runtime shares one copy
+// of each param between the two.
+struct StageGraphs {
+  // Inputs: the stage's forward inputs. Outputs, in this order: the loss (when the stage holds it), the stage
+  // outputs in `output_gradient_inputs` order, then `stash` in order, then the values in `state_updates`.
+  onnx::ModelProto forward;
+  // Inputs: `stash` (by the same names), then the gradient inputs of `output_gradient_inputs`. Outputs, in this
+  // order: one gradient per param in `gradients` order, then the input gradients in `input_gradients` order.
+  onnx::ModelProto backward;
+  std::vector<std::string> stash;  // forward values the backward reads; with recompute: the stage's inputs it needs
+  std::string loss_output;         // "" on stages without the loss
+  std::vector<std::pair<std::string, std::string>> gradients;               // param → its gradient (backward output)
+  std::vector<std::pair<std::string, std::string>> input_gradients;         // stage input → its gradient (backward output)
+  std::vector<std::pair<std::string, std::string>> output_gradient_inputs;  // stage output → its gradient (backward input)
+  std::vector<std::pair<std::string, std::string>> state_updates;           // initializer → its new value (forward output)
+};
+
+// Builds the stage's training graph (build_training_graph) and cuts it between forward and backward. Running
+// `forward` then `backward` computes exactly what the fused training graph computes, with the same kernels in
+// the same order (bitwise equal on the CPU backend), with or without recompute. Throws what
+// build_training_graph throws.
+StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraphOptions& options);
+
+}  // namespace apart

@@ -1,0 +1,92 @@
+// What each rank of a plan does in one training step, in order: the one schedule library the simulator replays
+// and the runtime executes, so that simulated and executed schedules cannot diverge.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+#include "plan/training.h"
+
+namespace apart {
+
+enum class OpKind { kForward, kBackward };
+
+// One compute op of a pipeline position: the forward or backward of virtual stage `virtual_stage` on micro-batch
+// `microbatch`.
+struct ComputeOp {
+  OpKind kind = OpKind::kForward;
+  int virtual_stage = 0;
+  int64_t microbatch = 0;
+  bool operator==(const ComputeOp&) const = default;
+};
+
+// The order in which pipeline position `device` of `devices` runs its ops. With `chunks` = v virtual stages per
+// device, device d holds virtual stages d, d + P, …, d + (v−1)·P (Megatron's layout).
+//   GPipe:       all forwards, then all backwards (v = 1).
+//   1F1B:        min(P − d, m) warm-up forwards, then alternate backward/forward, then the remaining backwards.
+//   Interleaved: Megatron-LM's order: warm-up (P − d − 1)·2 + (v − 1)·P forwards (capped at m·v), then
+//                forward/backward pairs, then backwards; micro-batches go in rounds of P per chunk.
+//                Needs m to be a multiple of P (Megatron-LM's constraint); throws Unsupported otherwise.
+std::vector<ComputeOp> device_op_order(Schedule schedule, int device, int devices, int chunks, int64_t microbatches);
+
+// Where a rank sits in the plan: stage `stage`'s replica `replica` (plan.stages[stage].devices[replica] == rank).
+struct RankRole {
+  int stage = 0;
+  int replica = 0;
+};
+// InvalidArgument when `rank` is not one of the plan's devices.
+RankRole rank_role(const PlanDocument& plan, int rank);
+
+// The samples [begin, end) of a micro-batch (0-based within it) that replica `replica` of a stage with `replicas`
+// replicas holds: contiguous, equal slices (the micro-batch size must divide by `replicas`).
+struct SampleRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool operator==(const SampleRange&) const = default;
+};
+SampleRange replica_samples(int64_t microbatch_samples, int replicas, int replica);
+
+enum class ActionKind {
+  kForward,       // run the stage's forward on micro-batch `microbatch`
+  kBackward,      // run its backward on micro-batch `microbatch`
+  kSend,          // send to `peer` the part `samples` of micro-batch `microbatch` of what flows from stage `from_stage`
+  kRecv,          //   to stage `to_stage`: activations (`gradient` false) or their gradients (`gradient` true)
+  kAllReduce,     // wait for the stage's gradient all-reduce over its replicas (started bucket by bucket during the
+                  //   last backward; `apart partition --overlap-allreduce`)
+  kStep,          // clip across all stages and replicas, step the optimizer
+};
+
+struct Action {
+  ActionKind kind = ActionKind::kForward;
+  int64_t microbatch = 0;
+  // kSend/kRecv: the other rank, the two stages the values flow between (activations from_stage → to_stage;
+  // gradients go back to_stage → from_stage), and which samples of the micro-batch.
+  int peer = -1;
+  int from_stage = -1;
+  int to_stage = -1;
+  bool gradient = false;
+  SampleRange samples;
+  bool operator==(const Action&) const = default;
+};
+
+// A tag that tells two messages between the same ranks apart (Communicator::kMaxTag bounds it): unique per
+// (microbatch, from_stage, to_stage, gradient) within a step.
+int action_tag(const Action& action, const PlanDocument& plan);
+
+// The actions of `rank` in one step, in order. Compute ops follow device_op_order for the rank's stage; before a
+// forward come the receives of its inputs from earlier stages, after it the sends of its outputs; before a backward
+// the receives of its output gradients, after it the sends of its input gradients. A stage with r replicas
+// exchanges with a stage of r' replicas the overlapping sample ranges of each micro-batch. Replicated stages end
+// with kAllReduce, every rank with kStep. Sends are non-blocking and receives blocking: check_schedule proves that
+// this never deadlocks.
+std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
+
+// Runs every rank's action list abstractly (receives block until the matching send is posted) and throws Internal
+// naming the stuck ranks and their next actions when it cannot finish, or when a send has no matching receive.
+void check_schedule(const PlanDocument& plan, const std::vector<std::vector<Action>>& actions);
+
+std::string to_string(const Action& action);  // "fwd mb=3", "send act 0→1 mb=2 [0,4) to rank 2"
+
+}  // namespace apart

@@ -1,10 +1,10 @@
 // `apart train`: trains an ONNX model in one process (autodiff + CPU executor + optimizer), printing each step.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <sstream>
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
+#include "cli/training_flags.h"
 #include "graph/error.h"
 #include "runtime/trainer.h"
 
@@ -17,36 +17,13 @@ struct TrainArgs {
   ModelFlags model_flags;
   int64_t steps = 100;
   int64_t batch = 8;
-  std::string optimizer = "adamw";
-  double lr = 3e-4;
-  double weight_decay = 0.0;
-  double momentum = 0.9;
-  bool nesterov = false;
-  std::string betas = "0.9,0.999";
-  double eps = 1e-8;
-  double clip_grad_norm = 0;
-  std::string lr_schedule = "constant";
-  int64_t warmup_steps = 0;
-  double min_lr_ratio = 0.1;
-  std::string data = "synthetic";
-  std::string data_dtype = "uint16";
-  std::string init = "model";
-  uint64_t seed = 0;
+  TrainingFlags training;
   std::string checkpoint_dir;
   int64_t save_every = 0;
   std::string resume;
   std::string save_model;
   bool quiet = false;
 };
-
-std::pair<double, double> parse_betas(const std::string& text) {
-  std::istringstream in(text);
-  double b1 = 0, b2 = 0;
-  char comma = 0;
-  if (!(in >> b1 >> comma >> b2) || comma != ',' || !in.eof())
-    throw InvalidArgument("--betas: expected two numbers like 0.9,0.999, got '" + text + "'");
-  return {b1, b2};
-}
 
 void run_train(const TrainArgs& a) {
   TrainOptions o;
@@ -55,23 +32,11 @@ void run_train(const TrainArgs& a) {
   o.import = import_options(a.model_flags);
   o.steps = a.steps;
   o.batch = a.batch;
-  o.optimizer.kind = parse_optimizer(a.optimizer);
-  o.optimizer.lr = a.lr;
-  o.optimizer.weight_decay = a.weight_decay;
-  o.optimizer.momentum = a.momentum;
-  o.optimizer.nesterov = a.nesterov;
-  std::tie(o.optimizer.beta1, o.optimizer.beta2) = parse_betas(a.betas);
-  o.optimizer.eps = a.eps;
-  o.optimizer.clip_grad_norm = a.clip_grad_norm;
-  o.schedule.kind = parse_lr_schedule(a.lr_schedule);
-  o.schedule.warmup_steps = a.warmup_steps;
-  o.schedule.min_lr_ratio = a.min_lr_ratio;
-  o.data.spec = a.data;
-  if (a.data_dtype == "uint16") o.data.token_dtype = DType::kUInt16;
-  else if (a.data_dtype == "uint32") o.data.token_dtype = DType::kUInt32;
-  else throw InvalidArgument("--data-dtype must be uint16 or uint32");
-  o.init = parse_param_init(a.init);
-  o.seed = a.seed;
+  o.optimizer = optimizer_options(a.training);
+  o.schedule = lr_schedule(a.training);
+  o.data = data_options(a.training);
+  o.init = parse_param_init(a.training.init);
+  o.seed = a.training.seed;
   o.checkpoint_dir = a.checkpoint_dir;
   o.save_every = a.save_every;
   o.resume = a.resume;
@@ -111,21 +76,7 @@ const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
   cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
   cmd->add_option("--batch", args->batch, "Samples per step: binds the model's batch dim (a dim named batch, batch_size or N, else the first "
                   "input's leading dim; unnamed leading dims of other inputs too); a --dim/--shape of another size is an error")->capture_default_str();
-  cmd->add_option("--optimizer", args->optimizer, "sgd, momentum, adam or adamw (torch.optim semantics)")->capture_default_str();
-  cmd->add_option("--lr", args->lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--weight-decay", args->weight_decay, "L2 for sgd/momentum/adam, decoupled for adamw")->capture_default_str();
-  cmd->add_option("--momentum", args->momentum, "Momentum for --optimizer momentum")->capture_default_str();
-  cmd->add_flag("--nesterov", args->nesterov, "Nesterov momentum");
-  cmd->add_option("--betas", args->betas, "Adam betas B1,B2")->capture_default_str();
-  cmd->add_option("--eps", args->eps, "Adam epsilon")->capture_default_str();
-  cmd->add_option("--clip-grad-norm", args->clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")->capture_default_str();
-  cmd->add_option("--lr-schedule", args->lr_schedule, "constant, or cosine (linear warmup, cosine decay)")->capture_default_str();
-  cmd->add_option("--warmup-steps", args->warmup_steps, "Linear warmup steps for --lr-schedule cosine")->capture_default_str();
-  cmd->add_option("--min-lr-ratio", args->min_lr_ratio, "Cosine decays to this fraction of --lr")->capture_default_str();
-  cmd->add_option("--data", args->data, "synthetic, TOKENS.bin, or NAME=FILE.npy,NAME=FILE.npy")->capture_default_str();
-  cmd->add_option("--data-dtype", args->data_dtype, "Token width of a .bin file: uint16 or uint32")->capture_default_str();
-  cmd->add_option("--init", args->init, "model (the file's weights) or random (seeded re-initialization)")->capture_default_str();
-  cmd->add_option("--seed", args->seed, "Seed for --init random and the data order")->capture_default_str();
+  add_training_flags(*cmd, args->training, "sgd, momentum, adam or adamw (torch.optim semantics; default adamw)");
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir, "Write params + optimizer state + step here (at the end, and --save-every)");
   cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
   cmd->add_option("--resume", args->resume, "Continue from this checkpoint directory");

@@ -10,7 +10,7 @@
 #include <random>
 #include <sstream>
 
-#include "codegen/sha256.h"
+#include "graph/sha256.h"
 #include "graph/error.h"
 #include "graph/units.h"
 #include "graph/text.h"

@@ -94,7 +94,11 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
   last_use_.assign(g.num_values(), -1);
   for (size_t v = 0; v < g.num_values(); ++v)
     for (TaskId c : g.consumers(ValueId(static_cast<uint32_t>(v)))) last_use_[v] = std::max<int64_t>(last_use_[v], c.value());
-  for (ValueId v : g.graph_outputs()) last_use_[v.value()] = INT64_MAX;
+  is_graph_output_.assign(g.num_values(), false);
+  for (ValueId v : g.graph_outputs()) {
+    last_use_[v.value()] = INT64_MAX;
+    is_graph_output_[v.value()] = true;
+  }
   MemoryPlanOptions plan_options;
   plan_options.run_task = run_each_step_;
   plan_ = plan_memory(g, plan_options);
@@ -154,7 +158,26 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
   }
 }
 
+void Executor::share_params(Executor& other) {
+  const TaskGraph& g = model_.graph;
+  for (uint32_t v = 0; v < g.num_values(); ++v) {
+    const Value& value = g.value(ValueId(v));
+    if (value.kind != ValueKind::kParam || !persistent_[v].defined()) continue;
+    Tensor* theirs = other.param(value.name);
+    if (!theirs) continue;
+    APART_CHECK(theirs->shape() == persistent_[v].shape() && theirs->dtype() == persistent_[v].dtype(),
+                "share_params: param " + quote(value.name) + " differs between the two executors");
+    param_bytes_ -= persistent_[v].bytes();
+    persistent_[v] = *theirs;
+  }
+}
+
 NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const RandomKey& random) {
+  return run(inputs, random, {});
+}
+
+NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const RandomKey& random,
+                           const OutputCallback& on_output) {
   const TaskGraph& g = model_.graph;
   std::vector<Tensor> slots = persistent_;  // shares storage: params and constants are not copied
   for (ValueId v : g.graph_inputs()) {
@@ -179,6 +202,9 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
   for (size_t t = 0; t < g.num_tasks(); ++t) {
     if (!run_each_step_[t]) continue;
     execute(t, slots, true, random);
+    if (on_output)
+      for (ValueId out : g.task(TaskId(static_cast<uint32_t>(t))).outputs)
+        if (out.valid() && is_graph_output_[out.value()]) on_output(g.value(out).name, slots[out.value()]);
     // Release what no later task reads (heap fallbacks; arena slices are just references).
     for (ValueId in : g.task(TaskId(static_cast<uint32_t>(t))).inputs)
       if (in.valid() && last_use_[in.value()] == static_cast<int64_t>(t) && !persistent_[in.value()].defined())

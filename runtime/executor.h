@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,6 +50,16 @@ class Executor {
   // omitted). Returns the graph outputs in graph order, in storage of their own. Not reentrant.
   // `random` is the draw random kernels (Dropout) make: the same key gives the same masks.
   NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random = {});
+  // As run(), and calls `on_output(name, tensor)` as soon as each graph output is computed, before the remaining
+  // tasks run (the pipeline starts a gradient's all-reduce while the rest of the backward runs). The tensor is
+  // valid only during the call: copy what must outlive it.
+  using OutputCallback = std::function<void(const std::string& name, const Tensor& value)>;
+  NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random, const OutputCallback& on_output);
+
+  // Makes this executor's params the same tensors as `other`'s (shared storage, by name), so that a stage's
+  // forward and backward executors read one copy that the optimizer updates. Params `other` lacks stay as loaded.
+  // Throws Internal when a shared param's shape or dtype differs.
+  void share_params(Executor& other);
 
   const MemoryPlan& memory_plan() const { return plan_; }
   int64_t param_bytes() const { return param_bytes_; }
@@ -72,6 +83,7 @@ class Executor {
   std::vector<Tensor> persistent_;  // by value: params and precomputed constants
   std::vector<bool> run_each_step_;  // by task
   std::vector<int64_t> last_use_;    // by value: last step reading it
+  std::vector<bool> is_graph_output_;  // by value
   MemoryPlan plan_;
   std::shared_ptr<std::byte> arena_;
   std::byte* arena_base_ = nullptr;

@@ -36,19 +36,25 @@ double LrSchedule::lr_at(int64_t step, double peak_lr) const {
   return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (peak_lr - min_lr);
 }
 
-double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm) {
+double grad_sum_of_squares(const std::vector<Tensor*>& grads) {
   double sum_sq = 0;
   for (const Tensor* g : grads)
     for (float v : g->span<const float>()) sum_sq += static_cast<double>(v) * v;
-  const double norm = std::sqrt(sum_sq);
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      const float c = static_cast<float>(coef);
-      for (Tensor* g : grads)
-        for (float& v : g->span<float>()) v *= c;
-    }
-  }
+  return sum_sq;
+}
+
+void scale_to_max_norm(std::vector<Tensor*>& grads, double norm, double max_norm) {
+  if (max_norm <= 0) return;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1.0) return;
+  const float c = static_cast<float>(coef);
+  for (Tensor* g : grads)
+    for (float& v : g->span<float>()) v *= c;
+}
+
+double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm) {
+  const double norm = std::sqrt(grad_sum_of_squares(grads));
+  scale_to_max_norm(grads, norm, max_norm);
   return norm;
 }
 
@@ -74,14 +80,21 @@ ParamOptimizer::ParamOptimizer(OptimizerOptions options, std::vector<std::string
   options_.validate();
 }
 
-double ParamOptimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>& grads, double lr) {
+double ParamOptimizer::step(const std::vector<Tensor*>& params, std::vector<Tensor*>& grads, double lr,
+                           std::optional<double> global_norm) {
   APART_CHECK(params.size() == names_.size() && grads.size() == names_.size(), "optimizer: param/grad count");
   for (size_t i = 0; i < params.size(); ++i) {
     APART_CHECK(params[i]->dtype() == DType::kFloat32 && grads[i]->dtype() == DType::kFloat32,
                 "optimizer: float32 params only: " + names_[i]);
     APART_CHECK(params[i]->elements() == grads[i]->elements(), "optimizer: grad size differs for " + names_[i]);
   }
-  const double norm = clip_grad_norm(grads, options_.clip_grad_norm);
+  double norm = 0;
+  if (global_norm) {
+    norm = *global_norm;
+    scale_to_max_norm(grads, norm, options_.clip_grad_norm);
+  } else {
+    norm = clip_grad_norm(grads, options_.clip_grad_norm);
+  }
   ++step_;
   const Optimizer kind = options_.kind;
   const float lr_f = static_cast<float>(lr);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,10 @@ struct LrSchedule {
 // Global L2 norm of `grads`, and scales them in place (torch.nn.utils.clip_grad_norm_: coefficient
 // max_norm / (norm + 1e-6), applied only when below 1). Returns the norm before clipping.
 double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm);
+// The two halves of it, for gradients spread over ranks: the sum of squares of some gradients (in double, in
+// order), and the scaling by the global norm of all of them.
+double grad_sum_of_squares(const std::vector<Tensor*>& grads);
+void scale_to_max_norm(std::vector<Tensor*>& grads, double norm, double max_norm);
 
 // The optimizer run on the params: state per param (exp_avg/exp_avg_sq or momentum_buffer), created zero on first
 // use. Not `Optimizer`: in namespace apart that is the vocabulary's enum of which optimizer (plan/training.h).
@@ -49,9 +54,11 @@ class ParamOptimizer {
   ParamOptimizer(OptimizerOptions options, std::vector<std::string> param_names);
 
   // One update of params[i] by grads[i] (float32 tensors of equal shapes, in param_names order) at
-  // rate `lr`. Clips first when options.clip_grad_norm > 0 (grads are scaled in place).
+  // rate `lr`. Clips first when options.clip_grad_norm > 0 (grads are scaled in place), by `global_norm` when
+  // given (the norm over every rank's gradients), else by the norm of `grads`.
   // Returns the gradients' global norm before clipping.
-  double step(const std::vector<Tensor*>& params, std::vector<Tensor*>& grads, double lr);
+  double step(const std::vector<Tensor*>& params, std::vector<Tensor*>& grads, double lr,
+              std::optional<double> global_norm = std::nullopt);
 
   const OptimizerOptions& options() const { return options_; }
   int64_t steps_taken() const { return step_; }

@@ -51,37 +51,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-bool looks_like_norm_scale(const std::string& name) {
-  auto ends_with = [&](std::string_view s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
-  return ends_with("weight") || ends_with("scale") || ends_with("gamma");
-}
-
-// --init random: normal(0, 0.02) for matrices, Kaiming normal (fan_in, ReLU gain) for 4-D conv
-// weights, ones for 1-D scales (LayerNorm/BatchNorm weight), zeros for other 1-D params (biases).
-// Seeded per name, so the values do not depend on initializer order.
-void randomize_params(onnx::ModelProto& proto, uint64_t seed) {
-  for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
-    if (init.data_type() != onnx::TensorProto::FLOAT) continue;
-    std::vector<int64_t> dims(init.dims().begin(), init.dims().end());
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    std::vector<float> values(static_cast<size_t>(n));
-    if (dims.size() >= 2) {
-      double std_dev = 0.02;
-      if (dims.size() == 4) std_dev = std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(1, dims[1] * dims[2] * dims[3])));
-      std::mt19937_64 rng(seed ^ std::hash<std::string>{}(init.name()));
-      std::normal_distribution<float> normal(0.0f, static_cast<float>(std_dev));
-      for (float& v : values) v = normal(rng);
-    } else {
-      std::fill(values.begin(), values.end(), looks_like_norm_scale(init.name()) ? 1.0f : 0.0f);
-    }
-    init.clear_float_data();
-    init.clear_external_data();
-    init.clear_data_location();
-    init.set_raw_data(values.data(), values.size() * sizeof(float));
-  }
-}
-
 // Every path train writes, checked before setup and step 1 (a run of hours must not fail at its end): the
 // checkpoint folder is a writable folder whose checkpoint.apart, if any, is one of ours; --save-model (and the
 // ".data" beside it) is a writable file path that is none of the run's inputs.
@@ -125,7 +94,37 @@ const Tensor& output_named(NamedTensors& outputs, const std::string& name) {
   return outputs.front().second;
 }
 
+bool looks_like_norm_scale(const std::string& name) {
+  auto ends_with = [&](std::string_view s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
+  return ends_with("weight") || ends_with("scale") || ends_with("gamma");
+}
+
 }  // namespace
+
+// Seeded per name, so the values do not depend on initializer order (trainer.h).
+
+void randomize_params(onnx::ModelProto& proto, uint64_t seed) {
+  for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
+    if (init.data_type() != onnx::TensorProto::FLOAT) continue;
+    std::vector<int64_t> dims(init.dims().begin(), init.dims().end());
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    std::vector<float> values(static_cast<size_t>(n));
+    if (dims.size() >= 2) {
+      double std_dev = 0.02;
+      if (dims.size() == 4) std_dev = std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(1, dims[1] * dims[2] * dims[3])));
+      std::mt19937_64 rng(seed ^ std::hash<std::string>{}(init.name()));
+      std::normal_distribution<float> normal(0.0f, static_cast<float>(std_dev));
+      for (float& v : values) v = normal(rng);
+    } else {
+      std::fill(values.begin(), values.end(), looks_like_norm_scale(init.name()) ? 1.0f : 0.0f);
+    }
+    init.clear_float_data();
+    init.clear_external_data();
+    init.clear_data_location();
+    init.set_raw_data(values.data(), values.size() * sizeof(float));
+  }
+}
 
 int64_t available_memory_bytes() {
   std::ifstream in("/proc/meminfo");

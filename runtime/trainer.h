@@ -11,6 +11,10 @@
 #include "runtime/data.h"
 #include "runtime/optimizer.h"
 
+namespace onnx {
+class ModelProto;
+}
+
 namespace apart {
 
 enum class ParamInit { kModel, kRandom };
@@ -66,5 +70,10 @@ void check_training_memory(const TaskGraph& graph, const TrainOptions& options, 
 int64_t available_memory_bytes();
 
 TrainResult train(const TrainOptions& options, const StepCallback& on_step = {});
+
+// --init random: normal(0, 0.02) for matrices, Kaiming normal (fan_in, ReLU gain) for 4-D conv weights, ones for 1-D
+// scales (LayerNorm/BatchNorm weight), zeros for other 1-D params (biases). Seeded per name, so a param gets the
+// same values in the whole model and in any stage file cut from it.
+void randomize_params(onnx::ModelProto& proto, uint64_t seed);
 
 }  // namespace apart

@@ -1,5 +1,5 @@
 // SHA-256 (FIPS 180-4), small and dependency-free.
-#include "codegen/sha256.h"
+#include "graph/sha256.h"
 
 #include <array>
 #include <cstdint>

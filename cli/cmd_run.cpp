@@ -1,0 +1,159 @@
+// `apart run PLAN`: carries out a plan, one process per device (mpirun -np N), or all ranks as threads here
+// (--in-process); prints each step as `apart train` does, from the rank that holds the loss.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "cli/cli_common.h"
+#include "cli/command_registry.h"
+#include "cli/training_flags.h"
+#include "graph/checked.h"
+#include "graph/error.h"
+#include "graph/units.h"
+#include "plan/plan.h"
+#include "runtime/pipeline.h"
+
+namespace apart::cli {
+namespace {
+
+struct RunArgs {
+  std::string plan;
+  std::string model;
+  std::string loss;
+  int64_t steps = 10;
+  TrainingFlags training;
+  bool optimizer_given = false;
+  std::string save_model;
+  bool in_process = false;
+  double comm_timeout_s = 300;
+  bool quiet = false;
+};
+
+std::string prefix(const RunResult& r, int rank) {
+  return "[rank " + std::to_string(rank) + "/" + std::to_string(r.world) + " stage " + std::to_string(r.role.stage) +
+         " replica " + std::to_string(r.role.replica) + "]";
+}
+
+// torchrun's variables, when set, must agree with the launcher's rank and size.
+void check_torchrun_env(int rank, int size) {
+  auto number = [](const char* name) -> int64_t {
+    const char* v = std::getenv(name);
+    if (!v) return -1;
+    try {
+      return checked_integer(std::stoll(v), 0, limits::kMaxDevices, name);
+    } catch (const std::logic_error&) {
+      throw InvalidArgument(std::string("environment variable ") + name + "='" + v + "' is not a number");
+    }
+  };
+  const int64_t world = number("WORLD_SIZE"), r = number("RANK");
+  if (world >= 0 && world != size)
+    throw InvalidArgument("WORLD_SIZE=" + std::to_string(world) + " but the launcher started " + std::to_string(size) +
+                          " processes: apart run takes its ranks from mpirun (torchrun's variables must agree with it)");
+  if (r >= 0 && r != rank)
+    throw InvalidArgument("RANK=" + std::to_string(r) + " but this process is rank " + std::to_string(rank) + " of the launcher");
+}
+
+void report_step(const RunResult& r, int rank, const StepRecord& s) {
+  std::printf("%s step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g\n", prefix(r, rank).c_str(),
+              static_cast<long long>(s.step), s.loss, format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm);
+  std::fflush(stdout);
+}
+
+void summary(const RunResult& r, int rank, const RunArgs& a) {
+  std::printf("%s ran %lld steps of %s on %d ranks: loss %.4f -> %.4f, %s samples/s, %.2f s (+%.2f s setup); "
+              "this rank trains %s params (%lld tensors), arenas %s; data: %s\n",
+              prefix(r, rank).c_str(), static_cast<long long>(r.steps.size()), a.plan.c_str(), r.world,
+              r.steps.front().loss, r.steps.back().loss, format_significant(r.samples_per_s).c_str(), r.seconds,
+              r.setup_seconds, format_count(static_cast<double>(r.params)).c_str(), static_cast<long long>(r.param_tensors),
+              format_bytes(static_cast<double>(r.arena_bytes)).c_str(), r.data_description.c_str());
+  if (!a.save_model.empty()) std::printf("trained model: %s\n", a.save_model.c_str());
+  std::fflush(stdout);
+}
+
+RunOptions run_options(const RunArgs& a) {
+  RunOptions o;
+  o.plan = a.plan;
+  o.model = a.model;
+  o.loss = a.loss;
+  o.steps = a.steps;
+  o.optimizer = optimizer_options(a.training);
+  o.optimizer_from_plan = !a.optimizer_given;
+  o.schedule = lr_schedule(a.training);
+  o.data = data_options(a.training);
+  o.init = parse_param_init(a.training.init);
+  o.seed = a.training.seed;
+  o.save_model = a.save_model;
+  return o;
+}
+
+void run_rank(const RunOptions& o, Communicator& comm, const RunArgs& a) {
+  const RunResult r = run_plan(o, comm, [&](const RunResult& run, const StepRecord& s) {
+    if (run.reports && !a.quiet) report_step(run, comm.rank(), s);
+  });
+  if (r.reports) summary(r, comm.rank(), a);
+}
+
+void run_command(const RunArgs& a) {
+  const RunOptions o = run_options(a);
+  checked_number(a.comm_timeout_s, 1, 86400, "--comm-timeout");
+  CommOptions comm_options;
+  comm_options.timeout_s = a.comm_timeout_s;
+  if (launched_by_mpi()) {
+    std::unique_ptr<Communicator> world = make_mpi_communicator(comm_options);
+    check_torchrun_env(world->rank(), world->size());
+    run_rank(o, *world, a);
+    return;
+  }
+  const PlanDocument plan = read_plan(a.plan);
+  int devices = 0;
+  for (const auto& stage : plan.stages) devices += stage.replicas;
+  if (devices > 1 && !a.in_process)
+    throw InvalidArgument("the plan " + a.plan + " runs on " + std::to_string(devices) + " processes: launch it with mpirun -np " +
+                          std::to_string(devices) + " apart run " + a.plan + " (or pass --in-process to run its ranks as "
+                          "threads of this process)");
+  // Every rank on its own thread; the first error that is not a consequence of another rank's failure wins.
+  auto comms = make_in_process_communicators(devices, comm_options);
+  std::mutex lock;
+  std::exception_ptr root, consequence;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < devices; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        run_rank(o, *comms[static_cast<size_t>(rank)], a);
+      } catch (const CommError&) {
+        std::lock_guard<std::mutex> g(lock);
+        if (!consequence) consequence = std::current_exception();
+      } catch (...) {
+        std::lock_guard<std::mutex> g(lock);
+        if (!root) root = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (root) std::rethrow_exception(root);
+  if (consequence) std::rethrow_exception(consequence);
+}
+
+const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Carry out a plan: mpirun -np N apart run PLAN_DIR (pipeline stages, replicas, micro-batches; docs/runtime.md)");
+  cmd->add_option("plan", args->plan, "The plan folder apart partition wrote")->required();
+  cmd->add_option("--model", args->model, "The model the plan was made for (default: plan.json's model.path; its sha256 must match)");
+  cmd->add_option("--loss", args->loss, "The graph output to minimise (default: the model's only scalar float output)");
+  cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
+  add_training_flags(*cmd, args->training, "sgd, momentum, adam or adamw (default: the plan's training.optimizer)");
+  cmd->add_option("--save-model", args->save_model, "Gather every stage's trained weights into one ONNX model here (rank 0 writes it)");
+  cmd->add_flag("--in-process", args->in_process, "Run every rank as a thread of this process (no mpirun; for small plans)");
+  cmd->add_option("--comm-timeout", args->comm_timeout_s, "Seconds a rank waits for a message before the run fails")->capture_default_str();
+  cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");
+  cmd->callback([args, cmd] {
+    args->optimizer_given = cmd->count("--optimizer") > 0;
+    run_command(*args);
+  });
+}});
+
+}  // namespace
+}  // namespace apart::cli

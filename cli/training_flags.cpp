@@ -1,0 +1,73 @@
+// The training flags of `apart train` and `apart run` (training_flags.h).
+#include "cli/training_flags.h"
+
+#include <CLI/CLI.hpp>
+#include <sstream>
+#include <utility>
+
+#include "cli/cli_common.h"
+#include "graph/error.h"
+
+namespace apart::cli {
+namespace {
+
+std::pair<double, double> parse_betas(const std::string& text) {
+  std::istringstream in(text);
+  double b1 = 0, b2 = 0;
+  char comma = 0;
+  if (!(in >> b1 >> comma >> b2) || comma != ',' || !in.eof())
+    throw InvalidArgument("--betas: expected two numbers like 0.9,0.999, got '" + text + "'");
+  return {b1, b2};
+}
+
+}  // namespace
+
+void add_training_flags(CLI::App& cmd, TrainingFlags& f, const std::string& optimizer_help) {
+  cmd.add_option("--optimizer", f.optimizer, optimizer_help);
+  cmd.add_option("--lr", f.lr, "Peak learning rate")->capture_default_str();
+  cmd.add_option("--weight-decay", f.weight_decay, "L2 for sgd/momentum/adam, decoupled for adamw")->capture_default_str();
+  cmd.add_option("--momentum", f.momentum, "Momentum for --optimizer momentum")->capture_default_str();
+  cmd.add_flag("--nesterov", f.nesterov, "Nesterov momentum");
+  cmd.add_option("--betas", f.betas, "Adam betas B1,B2")->capture_default_str();
+  cmd.add_option("--eps", f.eps, "Adam epsilon")->capture_default_str();
+  cmd.add_option("--clip-grad-norm", f.clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")->capture_default_str();
+  cmd.add_option("--lr-schedule", f.lr_schedule, "constant, or cosine (linear warmup, cosine decay)")->capture_default_str();
+  cmd.add_option("--warmup-steps", f.warmup_steps, "Linear warmup steps for --lr-schedule cosine")->capture_default_str();
+  cmd.add_option("--min-lr-ratio", f.min_lr_ratio, "Cosine decays to this fraction of --lr")->capture_default_str();
+  cmd.add_option("--data", f.data, "synthetic, TOKENS.bin, or NAME=FILE.npy,NAME=FILE.npy")->capture_default_str();
+  cmd.add_option("--data-dtype", f.data_dtype, "Token width of a .bin file: uint16 or uint32")->capture_default_str();
+  cmd.add_option("--init", f.init, "model (the file's weights) or random (seeded re-initialization)")->capture_default_str();
+  cmd.add_option("--seed", f.seed, "Seed for --init random and the data order")->capture_default_str();
+}
+
+OptimizerOptions optimizer_options(const TrainingFlags& f) {
+  OptimizerOptions o;
+  o.kind = parse_optimizer(f.optimizer);
+  o.lr = f.lr;
+  o.weight_decay = f.weight_decay;
+  o.momentum = f.momentum;
+  o.nesterov = f.nesterov;
+  std::tie(o.beta1, o.beta2) = parse_betas(f.betas);
+  o.eps = f.eps;
+  o.clip_grad_norm = f.clip_grad_norm;
+  return o;
+}
+
+LrSchedule lr_schedule(const TrainingFlags& f) {
+  LrSchedule s;
+  s.kind = parse_lr_schedule(f.lr_schedule);
+  s.warmup_steps = f.warmup_steps;
+  s.min_lr_ratio = f.min_lr_ratio;
+  return s;
+}
+
+DataOptions data_options(const TrainingFlags& f) {
+  DataOptions d;
+  d.spec = f.data;
+  if (f.data_dtype == "uint16") d.token_dtype = DType::kUInt16;
+  else if (f.data_dtype == "uint32") d.token_dtype = DType::kUInt32;
+  else throw InvalidArgument("--data-dtype must be uint16 or uint32");
+  return d;
+}
+
+}  // namespace apart::cli

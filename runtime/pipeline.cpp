@@ -1,0 +1,765 @@
+// One rank of `apart run`: the plan's stage, its schedule's actions, messages, the bucketed all-reduce and the step.
+#include "runtime/pipeline.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "codegen/stage_graphs.h"
+#include "graph/checked.h"
+#include "graph/error.h"
+#include "graph/output_path.h"
+#include "graph/sha256.h"
+#include "graph/text.h"
+#include "importer/model_proto.h"
+#include "plan/plan.h"
+#include "profiler/collectives.h"
+#include "runtime/checkpoint.h"
+#include "runtime/executor.h"
+
+namespace apart {
+namespace fs = std::filesystem;
+
+void RunOptions::validate() const {
+  if (plan.empty()) throw InvalidArgument("no plan given: apart run PLAN_DIR (what apart partition wrote)");
+  checked_integer(steps, 1, limits::kMaxSteps, "--steps");
+  checked_integer(schedule.warmup_steps, 0, limits::kMaxSteps, "--warmup-steps");
+  checked_number(schedule.min_lr_ratio, 0, 1, "--min-lr-ratio");
+  if (schedule.kind == LrScheduleKind::kConstant && schedule.warmup_steps > 0)
+    throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
+  optimizer.validate();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The plan, the model and this rank's place in them, checked before any message is sent: every rank reads the same
+// files and reaches the same verdict, so a bad plan fails everywhere with its own error and exit code.
+struct RunSetup {
+  PlanDocument plan;
+  fs::path plan_dir;
+  fs::path model_path;
+  RankRole role;
+  int64_t global_batch = 0;
+  int64_t microbatches = 1;
+  int64_t microbatch_samples = 0;  // samples of a whole micro-batch (all replicas of a stage together)
+  int loss_stage = -1;
+  std::string loss;
+};
+
+std::string rank_label(int rank, int world, const RankRole& role) {
+  return "rank " + std::to_string(rank) + "/" + std::to_string(world) + " stage " + std::to_string(role.stage) +
+         " replica " + std::to_string(role.replica);
+}
+
+// The model's loss: `requested`, or its only scalar float output (the rule build_training_graph applies).
+std::string model_loss(const TaskGraph& graph, const std::string& requested, const std::string& model) {
+  if (!requested.empty()) return requested;
+  std::string loss;
+  for (ValueId v : graph.graph_outputs()) {
+    const Value& value = graph.value(v);
+    if (!is_floating(value.dtype) || !value.shape_known || value.elements != 1) continue;
+    if (!loss.empty())
+      throw InvalidArgument(model + " has several scalar float outputs (" + quote(loss) + ", " + quote(value.name) +
+                            "): name the one to minimise with --loss NAME");
+    loss = value.name;
+  }
+  if (loss.empty()) throw InvalidArgument(model + " has no scalar float output to minimise: name it with --loss NAME");
+  return loss;
+}
+
+RunSetup check_plan(const RunOptions& options, int rank, int world) {
+  RunSetup s;
+  s.plan = read_plan(options.plan);
+  s.plan_dir = fs::is_directory(options.plan) ? fs::path(options.plan) : fs::path(options.plan).parent_path();
+  const PlanDocument& plan = s.plan;
+  int devices = 0;
+  for (const auto& stage : plan.stages) devices += stage.replicas;
+  if (devices != world)
+    throw InvalidArgument("the plan " + options.plan + " runs on " + std::to_string(devices) + " processes (" +
+                          std::to_string(plan.stages.size()) + " stages); this run has " + std::to_string(world) +
+                          ": launch it with mpirun -np " + std::to_string(devices));
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const fs::path file = s.plan_dir / ("stage_" + std::to_string(k) + ".onnx");
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec))
+      throw InvalidArgument("the plan folder " + s.plan_dir.string() + " has no " + file.filename().string() +
+                            " (stage " + std::to_string(k) + " of " + std::to_string(plan.stages.size()) +
+                            "): re-run apart partition to write it");
+  }
+  if (!plan.training.global_batch)
+    throw InvalidModel(options.plan + ": training.global_batch is missing; apart run needs it to split the batch");
+  s.global_batch = *plan.training.global_batch;
+  s.microbatches = plan.training.microbatches;
+  if (s.global_batch % s.microbatches != 0)
+    throw InvalidModel(options.plan + ": training.global_batch " + std::to_string(s.global_batch) +
+                       " does not divide into " + std::to_string(s.microbatches) + " micro-batches");
+  s.microbatch_samples = s.global_batch / s.microbatches;
+  for (const auto& stage : plan.stages)
+    if (s.microbatch_samples % stage.replicas != 0)
+      throw InvalidModel(options.plan + ": stage " + std::to_string(stage.id) + " has " + std::to_string(stage.replicas) +
+                         " replicas, which do not divide a micro-batch of " + std::to_string(s.microbatch_samples) + " samples");
+
+  // The model: the one the plan names unless --model says otherwise, and the same bytes (sha256).
+  s.model_path = options.model.empty() ? fs::path(plan.model ? plan.model->path : "") : fs::path(options.model);
+  std::error_code ec;
+  if (s.model_path.empty() || !fs::is_regular_file(s.model_path, ec))
+    throw InvalidArgument("the model " + quote(s.model_path.string()) + " the plan was made for is not there: pass it with --model FILE");
+  if (plan.model && !plan.model->sha256.empty()) {
+    const std::string sha = sha256_file_hex(s.model_path);
+    if (sha != plan.model->sha256)
+      throw InvalidArgument("the model " + s.model_path.string() + " is not the one the plan was made for (sha256 " +
+                            sha.substr(0, 12) + "…, the plan's " + plan.model->sha256.substr(0, 12) +
+                            "…): re-run apart partition on it, or pass the original with --model");
+  }
+  s.role = rank_role(plan, rank);
+  return s;
+}
+
+// A value crossing a stage boundary as this rank holds it: its shape for this rank's samples of a micro-batch, and
+// the axis along which samples lie (-1: the value does not scale with the batch, e.g. a mask computed from constants).
+struct BoundaryValue {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  std::vector<int64_t> shape;
+  int batch_axis = -1;
+  int64_t rows_per_sample = 0;  // along batch_axis
+
+  int64_t bytes() const { return checked_element_count(shape).value_or(0) * dtype_size(dtype); }
+  // Bytes of `samples` of it (the whole value when it does not scale with the batch).
+  int64_t slice_bytes(const SampleRange& samples) const {
+    if (batch_axis < 0) return bytes();
+    return bytes() / shape[static_cast<size_t>(batch_axis)] * (samples.end - samples.begin) * rows_per_sample;
+  }
+};
+
+// The batch axis of a stage file's boundary value: the dim declared as the batch symbol or a multiple of it.
+int batch_axis_of(const onnx::ValueInfoProto& info, const std::string& symbol) {
+  if (symbol.empty() || !info.type().has_tensor_type() || !info.type().tensor_type().has_shape()) return -1;
+  const auto& dims = info.type().tensor_type().shape().dim();
+  for (int a = 0; a < dims.size(); ++a) {
+    const std::string& p = dims[a].dim_param();
+    if (p == symbol || (p.size() > symbol.size() && p.compare(p.size() - symbol.size() - 1, std::string::npos, "*" + symbol) == 0))
+      return a;
+  }
+  return -1;
+}
+
+struct Strided {
+  int64_t outer = 1;      // product of the dims before the batch axis
+  int64_t row_bytes = 0;  // bytes of one row along the batch axis
+};
+Strided strides_of(const BoundaryValue& v) {
+  Strided s;
+  s.row_bytes = dtype_size(v.dtype);
+  for (size_t a = 0; a < v.shape.size(); ++a) {
+    if (static_cast<int>(a) < v.batch_axis) s.outer *= v.shape[a];
+    if (static_cast<int>(a) > v.batch_axis) s.row_bytes *= v.shape[a];
+  }
+  return s;
+}
+
+// Appends samples `samples` of tensor `t` (holding the samples from `first`) to `message`.
+void pack(const BoundaryValue& v, const Tensor& t, int64_t first, const SampleRange& samples, std::vector<std::byte>& message) {
+  if (v.batch_axis < 0) {
+    message.insert(message.end(), t.raw(), t.raw() + t.bytes());
+    return;
+  }
+  const Strided s = strides_of(v);
+  const int64_t dim = v.shape[static_cast<size_t>(v.batch_axis)];
+  const int64_t row0 = (samples.begin - first) * v.rows_per_sample, rows = (samples.end - samples.begin) * v.rows_per_sample;
+  for (int64_t o = 0; o < s.outer; ++o) {
+    const std::byte* from = t.raw() + (o * dim + row0) * s.row_bytes;
+    message.insert(message.end(), from, from + rows * s.row_bytes);
+  }
+}
+
+// Reads `v`'s part of a message at `at` into tensor `t` (holding the samples from `first`); `add`: sums into it
+// (float32 gradients) instead of copying.
+size_t unpack(const BoundaryValue& v, const std::byte* at, Tensor& t, int64_t first, const SampleRange& samples, bool add) {
+  auto put = [&](std::byte* to, const std::byte* from, int64_t bytes) {
+    if (!add) {
+      std::memcpy(to, from, static_cast<size_t>(bytes));
+      return;
+    }
+    float* dst = reinterpret_cast<float*>(to);
+    const float* src = reinterpret_cast<const float*>(from);
+    for (int64_t i = 0; i < bytes / 4; ++i) dst[i] += src[i];
+  };
+  if (v.batch_axis < 0) {
+    put(t.raw(), at, t.bytes());
+    return static_cast<size_t>(t.bytes());
+  }
+  const Strided s = strides_of(v);
+  const int64_t dim = v.shape[static_cast<size_t>(v.batch_axis)];
+  const int64_t row0 = (samples.begin - first) * v.rows_per_sample, rows = (samples.end - samples.begin) * v.rows_per_sample;
+  size_t used = 0;
+  for (int64_t o = 0; o < s.outer; ++o) {
+    put(t.raw() + (o * dim + row0) * s.row_bytes, at + used, rows * s.row_bytes);
+    used += static_cast<size_t>(rows * s.row_bytes);
+  }
+  return used;
+}
+
+// Rows [begin, end) along axis 0 of a batch-first data tensor.
+Tensor batch_rows(const Tensor& t, int64_t begin, int64_t end) {
+  std::vector<int64_t> shape = t.shape();
+  const int64_t row = t.bytes() / shape[0];
+  shape[0] = end - begin;
+  Tensor out(t.dtype(), shape);
+  std::memcpy(out.raw(), t.raw() + begin * row, static_cast<size_t>((end - begin) * row));
+  return out;
+}
+
+// One micro-batch's storage on this rank: what its forward received and left for the backward, and the
+// gradients of its outputs as they arrive.
+struct Frame {
+  std::map<std::string, Tensor> inputs;        // boundary values from earlier stages
+  std::map<std::string, Tensor> outputs;       // boundary values for later stages (until sent)
+  std::map<std::string, Tensor> stash;         // forward → backward
+  std::map<std::string, Tensor> output_grads;  // by gradient input name
+  std::map<std::string, Tensor> input_grads;   // by stage input name
+};
+
+// The gradients of a stage's params in all-reduce buckets (PyTorch DDP's 25 MB), in the order the backward
+// produces them, so a bucket starts reducing while the rest of the last backward runs.
+struct Bucket {
+  std::vector<size_t> params;
+  std::vector<float> flat;
+  size_t ready = 0;
+  Pending reduction;
+};
+
+class StageRunner {
+ public:
+  StageRunner(const RunOptions& options, const RunSetup& setup, Communicator& world)
+      : options_(options), setup_(setup), world_(world), plan_(setup.plan),
+        stage_(setup.plan.stages[static_cast<size_t>(setup.role.stage)]) {}
+
+  RunResult run(const RunStepCallback& on_step);
+
+ private:
+  void build();
+  void build_communicators();
+  void forward(int64_t k, const std::map<std::string, Tensor>& batch, int64_t step);
+  void backward(int64_t k, int64_t step);
+  void send(const Action& a);
+  void recv(const Action& a);
+  void finish_allreduce();
+  StepRecord optimizer_step(int64_t step);
+  void save_model();
+  SampleRange my_samples() const { return replica_samples(setup_.microbatch_samples, stage_.replicas, setup_.role.replica); }
+  // The values of a message on the edge from → to (the receiving stage's inputs from `from`, in plan order);
+  // gradient messages carry the float ones.
+  std::vector<std::string> edge_values(int from, int to, bool gradient) const;
+  const BoundaryValue& boundary(const std::string& name) const;
+
+  const RunOptions& options_;
+  const RunSetup& setup_;
+  Communicator& world_;
+  const PlanDocument& plan_;
+  const PlanStageRecord& stage_;
+  std::unique_ptr<ImportedModel> model_;  // the whole model at the global batch: data roles, param owners
+  StageGraphs graphs_;
+  std::unique_ptr<Executor> forward_, backward_;
+  std::map<std::string, BoundaryValue> boundary_;
+  std::vector<std::string> param_names_;
+  std::vector<Tensor*> params_;
+  std::vector<Tensor> grads_;              // accumulated over the step's micro-batches
+  std::map<std::string, size_t> grad_index_;  // gradient output name → param index
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::unique_ptr<Communicator> replicas_;  // this stage's replicas (nullptr with one)
+  // Params held by several stages (tied embeddings): one communicator per set of holding stages.
+  struct Tie {
+    std::vector<size_t> params;
+    std::unique_ptr<Communicator> comm;
+  };
+  std::vector<Tie> ties_;
+  std::vector<bool> counts_in_norm_;  // by param: this rank adds it to the global norm (one holder, replica 0)
+  std::map<std::string, int> owner_stage_;  // param → the lowest stage holding it
+  std::unique_ptr<DataSource> data_;
+  std::unique_ptr<ParamOptimizer> optimizer_;
+  std::vector<Frame> frames_;
+  std::vector<std::pair<std::vector<std::byte>, Pending>> sends_;
+  std::vector<double> losses_;
+  int64_t backwards_done_ = 0;
+  RunResult result_;
+};
+
+std::vector<std::string> StageRunner::edge_values(int from, int to, bool gradient) const {
+  std::vector<std::string> names;
+  for (const PlanInput& in : plan_.stages[static_cast<size_t>(to)].inputs) {
+    if (in.from_stage != from) continue;
+    const auto id = model_->graph.find_value(in.value);
+    APART_CHECK(id.has_value(), "plan value " + in.value + " is not in the model");
+    if (gradient && !is_floating(model_->graph.value(*id).dtype)) continue;
+    names.push_back(in.value);
+  }
+  return names;
+}
+
+const BoundaryValue& StageRunner::boundary(const std::string& name) const {
+  auto it = boundary_.find(name);
+  APART_CHECK(it != boundary_.end(), "stage " + std::to_string(stage_.id) + " has no boundary value " + name);
+  return it->second;
+}
+
+void StageRunner::build() {
+  const int s = setup_.role.stage;
+  const fs::path stage_file = setup_.plan_dir / ("stage_" + std::to_string(s) + ".onnx");
+  ImportOptions whole;
+  whole.batch = setup_.global_batch;
+  whole.batch_explicit = true;
+  model_ = std::make_unique<ImportedModel>(import_model(setup_.model_path.string(), whole));
+
+  onnx::ModelProto proto = load_model_proto(stage_file);
+  if (options_.init == ParamInit::kRandom) randomize_params(proto, options_.seed);
+
+  // Boundary values: those from earlier stages come in (their gradients go out), those for later stages go out.
+  StageGraphOptions g;
+  ImportOptions import;
+  import.batch = stage_.microbatch_size.value_or(setup_.microbatch_samples / stage_.replicas);
+  import.batch_explicit = true;
+  import.require_external_data = options_.init == ParamInit::kModel;
+  g.training.import = import;
+  g.recompute = stage_.recompute;
+  auto floating = [&](const std::string& v) {
+    const auto id = model_->graph.find_value(v);
+    return id && is_floating(model_->graph.value(*id).dtype);
+  };
+  for (const PlanOutput& out : stage_.outputs) {
+    if (out.value == setup_.loss) g.training.loss = setup_.loss;
+    if (!out.to_stages.empty() && floating(out.value)) g.training.output_gradients.push_back(out.value);
+  }
+  for (const PlanInput& in : stage_.inputs)
+    if (in.from_stage >= 0 && floating(in.value)) g.training.input_gradients.push_back(in.value);
+  graphs_ = build_stage_graphs(proto, g);
+
+  ExecutorOptions exec;
+  forward_ = std::make_unique<Executor>(graphs_.forward, setup_.plan_dir, exec, import);
+  backward_ = std::make_unique<Executor>(graphs_.backward, setup_.plan_dir, exec, import);
+  backward_->share_params(*forward_);
+  result_.arena_bytes = forward_->memory_plan().peak_bytes + backward_->memory_plan().peak_bytes;
+
+  // Shapes of the boundary values at this rank's samples, and where their samples lie (the stage file's dims).
+  const ImportedModel& fm = forward_->model();
+  const ImportedModel stage_import = import_model_bytes(proto.SerializeAsString(), setup_.plan_dir, stage_file.string(), import);
+  const std::string symbol = stage_import.batch_dim;
+  const int64_t samples = import.batch;
+  auto add_boundary = [&](const onnx::ValueInfoProto& info) {
+    const auto id = fm.graph.find_value(info.name());
+    if (!id) return;
+    const Value& value = fm.graph.value(*id);
+    BoundaryValue b;
+    b.name = info.name();
+    b.dtype = value.dtype;
+    b.shape = value.shape;
+    b.batch_axis = batch_axis_of(info, symbol);
+    if (b.batch_axis >= 0) {
+      const int64_t dim = b.shape[static_cast<size_t>(b.batch_axis)];
+      if (dim % samples != 0)
+        throw InvalidModel(stage_file.string() + ": boundary value " + quote(b.name) + " has " + std::to_string(dim) +
+                           " rows along its batch axis for " + std::to_string(samples) + " samples");
+      b.rows_per_sample = dim / samples;
+    }
+    boundary_[b.name] = b;
+  };
+  for (const auto& info : proto.graph().input()) add_boundary(info);
+  for (const auto& info : proto.graph().output()) add_boundary(info);
+
+  // Params, their accumulated gradients, and the buckets in the backward's production order.
+  for (const auto& [param, grad] : graphs_.gradients) {
+    Tensor* p = forward_->param(param);
+    if (!p) p = backward_->param(param);
+    APART_CHECK(p != nullptr, "stage executors have no param " + param);
+    if (p->dtype() != DType::kFloat32)
+      throw Unsupported("param " + quote(param) + " is " + std::string(dtype_name(p->dtype())) + "; apart run updates float32 params only");
+    grad_index_[grad] = params_.size();
+    param_names_.push_back(param);
+    params_.push_back(p);
+    grads_.emplace_back(DType::kFloat32, p->shape());
+    result_.params += p->elements();
+  }
+  result_.param_tensors = static_cast<int64_t>(params_.size());
+  const TaskGraph& bg = backward_->model().graph;
+  std::vector<std::pair<uint32_t, size_t>> produced;  // (producer position, param)
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto id = bg.find_value(graphs_.gradients[i].second);
+    APART_CHECK(id.has_value(), "backward has no gradient " + graphs_.gradients[i].second);
+    const TaskId producer = bg.value(*id).producer;
+    produced.emplace_back(producer.valid() ? producer.value() : 0, i);
+  }
+  std::stable_sort(produced.begin(), produced.end());
+  bucket_of_.assign(params_.size(), 0);
+  double bucket_bytes = kAllreduceBucketBytes;
+  for (const auto& [position, i] : produced) {
+    if (bucket_bytes >= kAllreduceBucketBytes) {
+      buckets_.emplace_back();
+      bucket_bytes = 0;
+    }
+    buckets_.back().params.push_back(i);
+    bucket_of_[i] = buckets_.size() - 1;
+    bucket_bytes += static_cast<double>(params_[i]->bytes());
+  }
+  for (Bucket& b : buckets_) {
+    size_t n = 0;
+    for (size_t i : b.params) n += static_cast<size_t>(params_[i]->elements());
+    b.flat.resize(n);
+  }
+
+  DataOptions data = options_.data;
+  data.seed = options_.seed;
+  data_ = make_data_source(data, classify_inputs(model_->graph));
+  result_.data_description = data_->describe();
+  OptimizerOptions optimizer = options_.optimizer;
+  if (options_.optimizer_from_plan) optimizer.kind = plan_.training.optimizer;
+  optimizer_ = std::make_unique<ParamOptimizer>(optimizer, param_names_);
+}
+
+// Collective over the world, in the same order on every rank: the stage's replicas, then one communicator per
+// set of stages that hold a common param (the tied embedding of a GPT is in its first and its last stage).
+void StageRunner::build_communicators() {
+  const int s = setup_.role.stage;
+  replicas_ = world_.split(s, setup_.role.replica);
+  if (replicas_ && replicas_->size() == 1) replicas_.reset();
+
+  // Which stages read each param, from the plan's task lists on the whole model.
+  std::map<std::string, std::set<int>> holders;
+  for (const PlanStageRecord& stage : plan_.stages)
+    for (const std::string& task : stage.tasks) {
+      const auto t = model_->graph.find_task(task);
+      if (!t) throw InvalidModel(setup_.plan_dir.string() + ": stage " + std::to_string(stage.id) + " names task " +
+                                 quote(task) + ", which the model does not have (another model?)");
+      for (ValueId in : model_->graph.task(*t).inputs)
+        if (in.valid() && model_->graph.value(in).kind == ValueKind::kParam) holders[model_->graph.value(in).name].insert(stage.id);
+    }
+  for (const auto& [param, stages] : holders) owner_stage_[param] = *stages.begin();
+  std::map<std::set<int>, std::vector<std::string>> tied;
+  for (const auto& [param, stages] : holders)
+    if (stages.size() > 1) tied[stages].push_back(param);
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < param_names_.size(); ++i) index[param_names_[i]] = i;
+  for (const auto& [stages, names] : tied) {
+    const bool member = stages.count(s) > 0;
+    std::unique_ptr<Communicator> comm = world_.split(member ? 0 : -1, world_.rank());
+    if (!member) continue;
+    Tie tie;
+    for (const std::string& n : names)
+      if (auto it = index.find(n); it != index.end()) tie.params.push_back(it->second);
+    tie.comm = std::move(comm);
+    ties_.push_back(std::move(tie));
+  }
+  counts_in_norm_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto it = owner_stage_.find(param_names_[i]);
+    counts_in_norm_[i] = setup_.role.replica == 0 && (it == owner_stage_.end() || it->second == s);
+  }
+}
+
+void StageRunner::forward(int64_t k, const std::map<std::string, Tensor>& batch, int64_t step) {
+  Frame& frame = frames_[static_cast<size_t>(k)];
+  const SampleRange mine = my_samples();
+  const int64_t first = k * setup_.microbatch_samples;
+  std::map<std::string, Tensor> inputs = frame.inputs;
+  for (const PlanInput& in : stage_.inputs) {
+    if (in.from_stage >= 0) continue;
+    auto it = batch.find(in.value);
+    if (it == batch.end()) continue;  // an input with an initializer as its default
+    inputs[in.value] = batch_rows(it->second, first + mine.begin, first + mine.end);
+  }
+  NamedTensors outputs = forward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)});
+  std::map<std::string, Tensor> by_name;
+  for (auto& [name, t] : outputs) by_name[name] = std::move(t);
+  if (!graphs_.loss_output.empty()) losses_.push_back(by_name.at(graphs_.loss_output).scalar_as_double());
+  for (const PlanOutput& out : stage_.outputs)
+    if (!out.to_stages.empty()) frame.outputs[out.value] = by_name.at(out.value);
+  for (const std::string& name : graphs_.stash) {
+    auto it = by_name.find(name);
+    frame.stash[name] = it != by_name.end() ? it->second : inputs.at(name);  // recompute keeps the inputs
+  }
+  for (const auto& [init, out] : graphs_.state_updates) {  // BatchNorm running statistics, micro-batch by micro-batch
+    Tensor* target = forward_->param(init);
+    const Tensor& value = by_name.at(out);
+    if (target && target->bytes() == value.bytes()) std::memcpy(target->raw(), value.raw(), static_cast<size_t>(value.bytes()));
+  }
+  frame.inputs.clear();
+}
+
+void StageRunner::backward(int64_t k, int64_t step) {
+  Frame& frame = frames_[static_cast<size_t>(k)];
+  std::map<std::string, Tensor> inputs = std::move(frame.stash);
+  for (const auto& [output, grad_input] : graphs_.output_gradient_inputs) {
+    auto it = frame.output_grads.find(grad_input);
+    APART_CHECK(it != frame.output_grads.end(), "no gradient arrived for " + output);
+    inputs[grad_input] = std::move(it->second);
+  }
+  const bool last = ++backwards_done_ == setup_.microbatches;
+  const bool first = backwards_done_ == 1;
+  auto on_output = [&](const std::string& name, const Tensor& value) {
+    auto it = grad_index_.find(name);
+    if (it == grad_index_.end()) return;
+    const size_t i = it->second;
+    float* acc = grads_[i].data<float>();
+    const float* g = value.data<float>();
+    if (first) std::memcpy(acc, g, static_cast<size_t>(value.bytes()));
+    else
+      for (int64_t j = 0; j < value.elements(); ++j) acc[j] += g[j];
+    if (!last || !replicas_) return;
+    Bucket& b = buckets_[bucket_of_[i]];
+    if (++b.ready < b.params.size()) return;
+    size_t at = 0;
+    for (size_t p : b.params) {
+      std::memcpy(b.flat.data() + at, grads_[p].raw(), static_cast<size_t>(grads_[p].bytes()));
+      at += static_cast<size_t>(grads_[p].elements());
+    }
+    b.reduction = replicas_->allreduce_sum(std::span<float>(b.flat));
+    for (Bucket& other : buckets_)
+      if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
+  };
+  NamedTensors outputs =
+      backward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)}, on_output);
+  for (const auto& [input, grad] : graphs_.input_gradients)
+    for (auto& [name, t] : outputs)
+      if (name == grad) frame.input_grads[input] = std::move(t);
+  frame.output_grads.clear();
+}
+
+void StageRunner::send(const Action& a) {
+  Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
+  const SampleRange mine = my_samples();
+  std::vector<std::byte> message;
+  for (const std::string& name : edge_values(a.from_stage, a.to_stage, a.gradient)) {
+    const BoundaryValue& v = boundary(name);
+    if (!a.gradient) {
+      pack(v, frame.outputs.at(name), mine.begin, a.samples, message);
+      continue;
+    }
+    auto it = frame.input_grads.find(name);
+    if (it != frame.input_grads.end()) {
+      pack(v, it->second, mine.begin, a.samples, message);
+    } else {  // the stage's params and outputs do not depend on this input: its gradient is zero
+      message.resize(message.size() + static_cast<size_t>(v.slice_bytes(a.samples)), std::byte{0});
+    }
+  }
+  auto& [buffer, request] = sends_.emplace_back(std::move(message), nullptr);
+  request = world_.send(std::span<const std::byte>(buffer), a.peer, action_tag(a, plan_));
+}
+
+void StageRunner::recv(const Action& a) {
+  Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
+  const SampleRange mine = my_samples();
+  const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
+  size_t bytes = 0;
+  for (const std::string& name : names) bytes += static_cast<size_t>(boundary(name).slice_bytes(a.samples));
+  std::vector<std::byte> message(bytes);
+  world_.recv(std::span<std::byte>(message), a.peer, action_tag(a, plan_))->wait();
+  size_t at = 0;
+  for (const std::string& name : names) {
+    const BoundaryValue& v = boundary(name);
+    if (!a.gradient) {
+      Tensor& t = frame.inputs[name];
+      if (!t.defined()) t = Tensor(v.dtype, v.shape);
+      at += unpack(v, message.data() + at, t, mine.begin, a.samples, false);
+      continue;
+    }
+    // The gradient of an output read by several stages (or replicas) is the sum of what each sends back.
+    std::string grad_input;
+    for (const auto& [output, input] : graphs_.output_gradient_inputs)
+      if (output == name) grad_input = input;
+    if (grad_input.empty()) {
+      at += static_cast<size_t>(v.slice_bytes(a.samples));
+      continue;
+    }
+    Tensor& t = frame.output_grads[grad_input];
+    if (!t.defined()) t = Tensor(v.dtype, v.shape);
+    at += unpack(v, message.data() + at, t, mine.begin, a.samples, true);
+  }
+}
+
+void StageRunner::finish_allreduce() {
+  for (Bucket& b : buckets_) {
+    if (!b.reduction) continue;
+    b.reduction->wait();
+    b.reduction.reset();
+    size_t at = 0;
+    for (size_t p : b.params) {
+      std::memcpy(grads_[p].raw(), b.flat.data() + at, static_cast<size_t>(grads_[p].bytes()));
+      at += static_cast<size_t>(grads_[p].elements());
+    }
+  }
+}
+
+StepRecord StageRunner::optimizer_step(int64_t step) {
+  // The model's loss is a mean over its batch; each loss-stage replica's micro-batch loss is the mean over its
+  // share, so the whole batch's gradient is the sum over micro-batches and replicas over (m × its replicas).
+  const double loss_replicas = plan_.stages[static_cast<size_t>(setup_.loss_stage)].replicas;
+  const float scale = static_cast<float>(1.0 / (static_cast<double>(setup_.microbatches) * loss_replicas));
+  for (Tensor& g : grads_)
+    for (float& v : g.span<float>()) v *= scale;
+  for (Tie& tie : ties_) {  // a tied param's gradient is the sum over the stages holding it (replica 0 of each)
+    for (size_t i : tie.params) {
+      std::vector<float> contribution(static_cast<size_t>(grads_[i].elements()), 0.0f);
+      if (setup_.role.replica == 0) std::memcpy(contribution.data(), grads_[i].raw(), static_cast<size_t>(grads_[i].bytes()));
+      tie.comm->allreduce_sum(std::span<float>(contribution))->wait();
+      std::memcpy(grads_[i].raw(), contribution.data(), static_cast<size_t>(grads_[i].bytes()));
+    }
+  }
+  // One world all-reduce: [Σ‖g‖², loss, then a not-finite flag per rank].
+  std::vector<Tensor*> counted;
+  for (size_t i = 0; i < grads_.size(); ++i)
+    if (counts_in_norm_[i]) counted.push_back(&grads_[i]);
+  const double local_sq = grad_sum_of_squares(counted);
+  std::vector<double> totals(2 + static_cast<size_t>(world_.size()), 0.0);
+  totals[0] = local_sq;
+  double local_loss = 0;
+  for (double l : losses_) local_loss += l;
+  if (!graphs_.loss_output.empty()) totals[1] = local_loss / static_cast<double>(setup_.microbatches) / loss_replicas;
+  const bool finite = std::isfinite(local_sq) && std::isfinite(local_loss);
+  totals[2 + static_cast<size_t>(world_.rank())] = finite ? 0.0 : 1.0;
+  world_.allreduce_sum(std::span<double>(totals))->wait();
+  for (int r = 0; r < world_.size(); ++r)
+    if (totals[2 + static_cast<size_t>(r)] != 0.0) {
+      const RankRole role = rank_role(plan_, r);
+      throw Infeasible("training diverged at step " + std::to_string(step + 1) + ": the loss or a gradient of stage " +
+                       std::to_string(role.stage) + " (rank " + std::to_string(r) + ", replica " + std::to_string(role.replica) +
+                       ") is not finite; lower --lr or set --clip-grad-norm");
+    }
+  StepRecord record;
+  LrSchedule schedule = options_.schedule;
+  schedule.total_steps = options_.steps;
+  record.lr = schedule.lr_at(step, options_.optimizer.lr);
+  std::vector<Tensor*> grads;
+  for (Tensor& g : grads_) grads.push_back(&g);
+  record.grad_norm = optimizer_->step(params_, grads, record.lr, std::sqrt(totals[0]));
+  record.step = step + 1;
+  record.loss = totals[1];
+  return record;
+}
+
+void StageRunner::save_model() {
+  // Every param and BatchNorm statistic of the model, from the replica 0 of the lowest stage holding it.
+  std::set<std::string> saved(param_names_.begin(), param_names_.end());
+  for (const auto& [init, out] : graphs_.state_updates) saved.insert(init);
+  std::map<std::string, int> owner_rank;
+  for (const auto& [param, stage] : owner_stage_) owner_rank[param] = plan_.stages[static_cast<size_t>(stage)].devices[0];
+  std::map<std::string, Tensor> values;
+  std::vector<Pending> pending;
+  for (const auto& [param, rank] : owner_rank) {
+    const auto id = model_->graph.find_value(param);
+    const Value& value = model_->graph.value(*id);
+    if (!is_floating(value.dtype)) continue;
+    if (world_.rank() == rank && rank != 0) {
+      const Tensor* t = forward_->param(param);
+      if (!t) t = backward_->param(param);
+      APART_CHECK(t != nullptr, "stage " + std::to_string(stage_.id) + " lacks param " + param);
+      pending.push_back(world_.send(std::span<const std::byte>(t->raw(), static_cast<size_t>(t->bytes())), 0, 0));
+    } else if (world_.rank() == 0) {
+      if (rank == 0) {
+        const Tensor* t = forward_->param(param);
+        if (!t) t = backward_->param(param);
+        if (t) values[param] = *t;
+      } else {
+        Tensor t(value.dtype, value.shape);
+        world_.recv(std::span<std::byte>(t.raw(), static_cast<size_t>(t.bytes())), rank, 0)->wait();
+        values[param] = t;
+      }
+    }
+  }
+  for (Pending& p : pending) p->wait();
+  if (world_.rank() != 0) return;
+  std::map<std::string, const Tensor*> refs;
+  for (const auto& [name, t] : values) refs[name] = &t;
+  write_trained_model(setup_.model_path, options_.save_model, refs);
+}
+
+RunResult StageRunner::run(const RunStepCallback& on_step) {
+  const auto setup_start = Clock::now();
+  build();
+  build_communicators();
+  const std::vector<Action> actions = rank_actions(plan_, world_.rank());
+  result_.role = setup_.role;
+  result_.world = world_.size();
+  result_.reports = setup_.role.stage == setup_.loss_stage && setup_.role.replica == 0;
+  result_.setup_seconds = seconds_since(setup_start);
+
+  const auto run_start = Clock::now();
+  for (int64_t step = 0; step < options_.steps; ++step) {
+    const auto step_start = Clock::now();
+    const std::map<std::string, Tensor> batch = data_->batch(step);
+    frames_.assign(static_cast<size_t>(setup_.microbatches), Frame{});
+    losses_.clear();
+    backwards_done_ = 0;
+    for (Bucket& b : buckets_) b.ready = 0;
+    StepRecord record;
+    for (const Action& a : actions) {
+      switch (a.kind) {
+        case ActionKind::kForward: forward(a.microbatch, batch, step); break;
+        case ActionKind::kBackward: backward(a.microbatch, step); break;
+        case ActionKind::kSend: send(a); break;
+        case ActionKind::kRecv: recv(a); break;
+        case ActionKind::kAllReduce: finish_allreduce(); break;
+        case ActionKind::kStep:
+          for (auto& [buffer, request] : sends_) request->wait();
+          sends_.clear();
+          finish_allreduce();  // a stage without kAllReduce has none in flight; harmless
+          record = optimizer_step(step);
+          break;
+      }
+    }
+    record.seconds = seconds_since(step_start);
+    record.samples_per_s = static_cast<double>(setup_.global_batch) / std::max(record.seconds, 1e-9);
+    result_.steps.push_back(record);
+    if (on_step) on_step(result_, record);
+  }
+  result_.seconds = seconds_since(run_start);
+  result_.samples_per_s = static_cast<double>(setup_.global_batch * options_.steps) / std::max(result_.seconds, 1e-9);
+  if (!options_.save_model.empty()) save_model();
+  world_.barrier();
+  return result_;
+}
+
+}  // namespace
+
+RunResult run_plan(const RunOptions& options, Communicator& world, const RunStepCallback& on_step) {
+  options.validate();
+  // Checks that need no messages: every rank reads the same files and fails the same way, with its own exit code.
+  RunSetup setup = check_plan(options, world.rank(), world.size());
+  {
+    ImportOptions whole;
+    whole.batch = setup.global_batch;
+    whole.batch_explicit = true;
+    const ImportedModel model = import_model(setup.model_path.string(), whole);
+    setup.loss = model_loss(model.graph, options.loss, setup.model_path.string());
+    for (const PlanStageRecord& stage : setup.plan.stages)
+      for (const PlanOutput& out : stage.outputs)
+        if (out.value == setup.loss) setup.loss_stage = stage.id;
+    if (setup.loss_stage < 0)
+      throw InvalidModel(options.plan + ": no stage outputs the loss " + quote(setup.loss) + " (a plan for another model?)");
+  }
+  if (!options.save_model.empty()) {
+    std::vector<InputFile> inputs{{"the model", setup.model_path}, {"the plan", plan_json_path(options.plan)}};
+    check_output_file(options.save_model, inputs, "--save-model");
+    check_output_not_input(options.save_model + ".data", inputs, "--save-model (its external data)");
+  }
+  StageRunner runner(options, setup, world);
+  try {
+    return runner.run(on_step);
+  } catch (const CommError&) {
+    throw;  // another rank failed (and aborted), or this one's peer vanished
+  } catch (const Infeasible&) {
+    throw;  // found by the world all-reduce: every rank throws it
+  } catch (const std::exception& e) {
+    world.abort(rank_label(world.rank(), world.size(), setup.role) + ": " + e.what());
+    throw;
+  }
+}
+
+}  // namespace apart

@@ -1,0 +1,55 @@
+// One rank's share of a plan, carried out: the stage's forward and backward per micro-batch in the schedule's
+// order, activations and gradients to and from the neighbouring stages, the replicas' bucketed gradient
+// all-reduce overlapped with the last backward, and one optimizer step across all ranks (`apart run`).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/communicator.h"
+#include "runtime/trainer.h"
+#include "schedule/schedule.h"
+
+namespace apart {
+
+struct RunOptions {
+  std::string plan;   // the plan folder `apart partition` wrote (plan.json, stage_K.onnx, weights/)
+  std::string model;  // the model the plan was made for; "" = plan.json's model.path (its sha256 must match)
+  std::string loss;   // as `apart train --loss`; "" = the model's only scalar float output
+  int64_t steps = 10;
+  OptimizerOptions optimizer;     // kind: the plan's optimizer unless optimizer_from_plan is false
+  bool optimizer_from_plan = true;
+  LrSchedule schedule;            // total_steps is taken from `steps`
+  DataOptions data;               // data.seed is taken from `seed`
+  ParamInit init = ParamInit::kModel;
+  uint64_t seed = 0;
+  std::string save_model;         // world rank 0 writes every stage's trained weights into a copy of the model
+  void validate() const;          // InvalidArgument naming the flag
+};
+
+struct RunResult {
+  RankRole role;
+  int world = 1;
+  bool reports = false;            // this rank is the loss stage's first replica (the one that prints)
+  std::vector<StepRecord> steps;   // every rank knows each step's loss and gradient norm
+  int64_t params = 0;              // parameter elements this rank trains
+  int64_t param_tensors = 0;
+  double seconds = 0;              // all steps
+  double samples_per_s = 0;        // global batch × steps / seconds
+  double setup_seconds = 0;        // reading the plan and the stage, autodiff, executors
+  std::string data_description;
+  int64_t arena_bytes = 0;         // the stage's forward + backward activation arenas
+};
+
+// Runs `options.steps` steps of the plan as rank world.rank() of world.size(). Every rank calls it with the same
+// options. Throws InvalidArgument / InvalidModel before any communication when the plan, the model or the flags
+// do not fit (the same error on every rank), Infeasible naming the step, stage and rank when the loss or a
+// gradient is not finite (on every rank), CommError when another rank failed. An error raised on one rank alone
+// aborts `world`, so that no rank waits for it.
+// `run` is the result so far (role, world, reports and the steps done), `step` the step just done.
+using RunStepCallback = std::function<void(const RunResult& run, const StepRecord& step)>;
+RunResult run_plan(const RunOptions& options, Communicator& world, const RunStepCallback& on_step = {});
+
+}  // namespace apart

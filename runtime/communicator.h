@@ -26,7 +26,9 @@ struct CommOptions {
 };
 
 // A non-blocking operation in flight. wait() returns when it is complete (the buffer may be reused or read);
-// test() says whether it is, and advances progress. Destroying an incomplete request waits for it.
+// test() says whether it is, and advances progress. Destroying an incomplete request waits for it, except while
+// an exception unwinds: then a receive is cancelled and a send or collective abandoned (no later write into the
+// buffer in-process; over MPI only abort() is safe after that), so an error path cannot hang on a dead peer.
 class CommRequest {
  public:
   virtual ~CommRequest() = default;
@@ -60,6 +62,10 @@ class Communicator {
   // Ends the run on every rank: their pending and later calls throw CommError carrying `reason` (MPI: MPI_Abort,
   // which makes mpirun end every process with a non-zero status).
   virtual void abort(const std::string& reason) = 0;
+
+ protected:
+  // InvalidArgument unless `peer` is a rank of this communicator and `tag` is in [0, kMaxTag] (both transports).
+  void check_peer_and_tag(const char* operation, int peer, int tag) const;
 };
 
 // `size` communicators over one shared in-process transport, one per rank (run each on its own thread).

@@ -48,6 +48,11 @@ struct SampleRange {
 };
 SampleRange replica_samples(int64_t microbatch_samples, int replicas, int replica);
 
+// Samples in one micro-batch of the whole pipeline (each stage splits them over its replicas): training.global_batch
+// / training.microbatches, else training.microbatch_size, else stages[s].microbatch_size × replicas when every stage
+// agrees. InvalidArgument naming the fields when the plan gives none or they do not divide.
+int64_t microbatch_samples(const PlanDocument& plan);
+
 enum class ActionKind {
   kForward,       // run the stage's forward on micro-batch `microbatch`
   kBackward,      // run its backward on micro-batch `microbatch`
@@ -71,8 +76,12 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-// A tag that tells two messages between the same ranks apart (Communicator::kMaxTag bounds it): unique per
-// (microbatch, from_stage, to_stage, gradient) within a step.
+// A tag that tells two messages between the same ranks apart: unique per (microbatch, from_stage, to_stage,
+// gradient) within a step, in [0, kMaxActionTag]. (mb · E + e) · 2 + gradient for the plan's E stage edges (from,
+// to) in order, e the edge's index; InvalidArgument when `action` is no send/recv along an edge of the plan.
+// kMaxActionTag is MPI's guaranteed MPI_TAG_UB (Communicator::kMaxTag); rank_actions refuses a plan whose tags would
+// exceed it (Unsupported), so action_tag of its actions never does.
+inline constexpr int kMaxActionTag = 32767;
 int action_tag(const Action& action, const PlanDocument& plan);
 
 // The actions of `rank` in one step, in order. Compute ops follow device_op_order for the rank's stage; before a
@@ -80,11 +89,18 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // the receives of its output gradients, after it the sends of its input gradients. A stage with r replicas
 // exchanges with a stage of r' replicas the overlapping sample ranges of each micro-batch. Replicated stages end
 // with kAllReduce, every rank with kStep. Sends are non-blocking and receives blocking: check_schedule proves that
-// this never deadlocks.
+// this never deadlocks. Receives before an op go by from_stage (gradients: to_stage), then peer rank; sends after it
+// likewise. InvalidArgument when `rank` is not in the plan or a stage's replicas do not divide the micro-batch
+// (microbatch_samples); Unsupported for the interleaved schedule (device_op_order has it; the runtime does not yet)
+// and for plans whose tags would pass kMaxActionTag.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
 
-// Runs every rank's action list abstractly (receives block until the matching send is posted) and throws Internal
-// naming the stuck ranks and their next actions when it cannot finish, or when a send has no matching receive.
+// Runs every rank's action list abstractly (actions[r]: rank r's; ranks the plan does not use must have none):
+// sends post a message on a (src, dst, tag) queue, receives block until one is there and must match it exactly
+// (micro-batch, stages, direction, samples); compute is immediate; kAllReduce completes when every replica of the
+// rank's stage has reached its kAllReduce, kStep (the clip norm is global) when every rank has reached its kStep.
+// Throws Internal naming the stuck ranks and their next actions when it cannot finish, when a message goes to or
+// from the wrong stage, or when a send has no matching receive.
 void check_schedule(const PlanDocument& plan, const std::vector<std::vector<Action>>& actions);
 
 std::string to_string(const Action& action);  // "fwd mb=3", "send act 0→1 mb=2 [0,4) to rank 2"

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "simulator/schedule.h"
+#include "schedule/schedule.h"
 #include "simulator/sim_plan.h"
 
 namespace apart::sim {

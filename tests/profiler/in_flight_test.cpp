@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "profiler/memory_model.h"
-#include "simulator/schedule.h"
+#include "schedule/schedule.h"
 
 namespace apart {
 namespace {
@@ -12,8 +12,8 @@ namespace {
 // Most micro-batches whose forward has run and whose backward has not, walking device `stage`'s op order.
 int64_t counted_in_flight(Schedule schedule, int stage, int stages, int64_t microbatches) {
   int64_t held = 0, peak = 0;
-  for (const sim::ComputeOp& op : sim::device_op_order(schedule, stage, stages, 1, microbatches)) {
-    held += op.kind == sim::OpKind::kForward ? 1 : -1;
+  for (const ComputeOp& op : device_op_order(schedule, stage, stages, 1, microbatches)) {
+    held += op.kind == OpKind::kForward ? 1 : -1;
     peak = std::max(peak, held);
   }
   return peak;

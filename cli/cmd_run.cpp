@@ -43,7 +43,7 @@ void check_torchrun_env(int rank, int size) {
     const char* v = std::getenv(name);
     if (!v) return -1;
     try {
-      return checked_integer(std::stoll(v), 0, limits::kMaxDevices, name);
+      return checked_integer(static_cast<int64_t>(std::stoll(v)), int64_t{0}, limits::kMaxDevices, name);
     } catch (const std::logic_error&) {
       throw InvalidArgument(std::string("environment variable ") + name + "='" + v + "' is not a number");
     }

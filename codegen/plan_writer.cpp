@@ -10,10 +10,11 @@
 #include <random>
 #include <sstream>
 
-#include "graph/sha256.h"
 #include "graph/error.h"
+#include "graph/sha256.h"
 #include "graph/units.h"
 #include "graph/text.h"
+#include "plan/training.h"
 
 namespace apart {
 namespace {
@@ -152,7 +153,7 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
     // Compute is forward + backward (the backward includes a recomputed forward): partition/stage_cost.h.
     std::snprintf(line, sizeof line, "%5d  %-32s %9s %10s %10s %10s  %-22s %8d %s%s\n", s.id,
                   format_task_counts(s.tasks.size(), static_cast<size_t>(s.batch_tasks.value_or(0))).c_str(),
-                  human_params(static_cast<double>(s.param_bytes.value_or(0)) / 4).c_str(),
+                  human_params(static_cast<double>(s.param_bytes.value_or(0)) / kParamStorageBytes).c_str(),
                   format_seconds(s.forward_s + s.backward_s).c_str(), format_seconds(s.comm_s.value_or(0)).c_str(),
                   format_seconds(s.allreduce_s.value_or(0)).c_str(), mem.c_str(), s.replicas, devices.c_str(),
                   s.id == bottleneck ? "  ← bottleneck" : "");

@@ -16,6 +16,12 @@ enum class Optimizer : uint8_t { kSgd, kMomentum, kAdam, kAdamW };
 // kMixed: fp16/bf16 math and activations, fp32 master weights.
 enum class Precision : uint8_t { kFp32, kTf32, kMixed };
 
+// A stage's parameters are counted as bytes the way the model stores them (the cost table's param_bytes, plan.json's
+// stages[].param_bytes) and turned into elements as fp32, 4 bytes each: how training models are exported. A model
+// stored in another dtype is costed as if its parameters were fp32. The memory rules (profiler/memory_model.h),
+// report.txt and the HTML report all divide by this one constant.
+inline constexpr int kParamStorageBytes = 4;
+
 // The canonical names: "gpipe", "1f1b", "interleaved"; "sgd", "momentum", "adam", "adamw"; "fp32", "tf32", "mixed".
 std::string_view schedule_name(Schedule s);
 std::string_view optimizer_name(Optimizer o);

@@ -22,9 +22,7 @@ double optimizer_state_bytes_per_param(Optimizer optimizer);  // fp32 state: 0, 
 double bytes_per_param(Optimizer optimizer, Precision precision);  // the three together
 
 // The stage rules below take a stage's parameters as bytes the way the model stores them (the cost table's
-// param_bytes, plan.json's stages[].param_bytes) and count elements as fp32, 4 bytes each: how training models
-// are exported. A model stored in another dtype is costed as if its parameters were fp32.
-inline constexpr int kParamStorageBytes = 4;
+// param_bytes, plan.json's stages[].param_bytes) and count elements as kParamStorageBytes each (plan/training.h).
 // Weights + gradients + optimizer state per stored parameter byte: bytes_per_param / kParamStorageBytes
 // (fp32 and mixed alike: 2, 3, 4 for sgd, momentum, adam).
 double state_bytes_per_param_byte(Optimizer optimizer, Precision precision);

@@ -10,6 +10,7 @@
 #include "apart_version.h"
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "plan/training.h"
 #include "report/stage_graph.h"
 #include "simulator/sim_report.h"
 
@@ -312,7 +313,7 @@ void layout_section(std::ostringstream& out, const ReportPlan& p) {
          "<th class=\"l\">last layer</th><th>tasks</th><th>params</th><th>replicas</th><th class=\"l\">devices</th>"
          "<th>forward</th><th>backward</th><th>all-reduce</th><th class=\"l\">memory per device</th></tr></thead><tbody>\n";
   const double bytes_per_param =
-      p.model_params > 0 && p.model_param_bytes > 0 ? static_cast<double>(p.model_param_bytes) / p.model_params : 4.0;
+      p.model_params > 0 && p.model_param_bytes > 0 ? static_cast<double>(p.model_param_bytes) / p.model_params : kParamStorageBytes;
   for (const ReportStage& s : p.stages) {
     const std::string first = first_layer(s);
     const std::string last = last_layer(s);

@@ -166,7 +166,7 @@ static const bool kRegistered = register_command({"inspect", 10, [](CLI::App& ap
     if (!args->device.empty()) {
       const Device device = device_preset(args->device);
       CostOptions options;
-      options.reference_batch = s.batch;
+      options.reference_batch = m.bound_samples();
       options.precision = default_precision(device);
       costs = cost_summary(m.graph, device, options);
     }

@@ -97,7 +97,7 @@ PlanCosts plan_costs(const CompileOptions& options, const PartitionOptions& part
   PlanCosts costs;
   costs.options.precision = partition.training.precision;
   // The importer's batch rule says what batch the shapes are bound at; a model without a batch dim is one sample.
-  costs.options.reference_batch = model.batch > 0 ? model.batch : 1;
+  costs.options.reference_batch = model.bound_samples();
   if (!options.profile.empty()) {
     // A measured profile is used as given (times ∝ micro-batch size).
     costs.table = read_costs_json(options.profile, model.graph);

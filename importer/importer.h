@@ -49,6 +49,9 @@ struct ImportedModel {
   // no input with a leading dim. batch_dim is its dim_param, "<input>[0]" when unnamed, "" when static.
   int64_t batch = 0;
   std::string batch_dim;
+  // The samples the shapes are bound at, as the cost model scales them (CostOptions::reference_batch): `batch`, or 1
+  // when the model has no batch axis.
+  int64_t bound_samples() const { return batch > 0 ? batch : 1; }
   bool batch_from_flag = false;  // bound by ImportOptions::batch, not by --dim/--shape or the model
   std::vector<std::string> notes;     // informational, e.g. external-data file not present
   std::vector<std::string> warnings;  // e.g. opaque ops whose cost is unknown

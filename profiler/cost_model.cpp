@@ -319,15 +319,7 @@ OpEfficiency default_efficiency(OpClass c) {
 
 void CostOptions::validate() const {
   if (microbatch_size < 0) throw InvalidArgument("micro-batch size must be positive (got " + std::to_string(microbatch_size) + ")");
-  if (reference_batch < 0) throw InvalidArgument("reference batch must be positive (got " + std::to_string(reference_batch) + ")");
-}
-
-int64_t bound_batch_size(const TaskGraph& g) {
-  for (ValueId in : g.graph_inputs()) {
-    const Value& v = g.value(in);
-    if (v.kind == ValueKind::kInput && v.shape_known && !v.shape.empty() && v.shape[0] > 0) return v.shape[0];
-  }
-  return 1;
+  if (reference_batch < 1) throw InvalidArgument("reference batch must be positive (got " + std::to_string(reference_batch) + ")");
 }
 
 double roofline_time(double flops, double bytes, double peak_flops, double bandwidth, OpEfficiency eff,
@@ -369,7 +361,7 @@ BackwardWork backward_work(const TaskGraph& g, TaskId t, const OpWork& forward, 
 
 CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOptions& options) {
   options.validate();
-  const int64_t reference = options.reference_batch > 0 ? options.reference_batch : bound_batch_size(g);
+  const int64_t reference = options.reference_batch;
   const int64_t microbatch = options.microbatch_size > 0 ? options.microbatch_size : reference;
   const double scale = static_cast<double>(microbatch) / static_cast<double>(reference);
   // Mixed precision keeps fp32 activations in fp16/bf16: half the bytes moved and saved.

@@ -22,13 +22,10 @@ struct CostOptions {
   Precision precision = Precision::kFp32;
   // Micro-batch size u the costs are for; 0 = the graph's bound batch (no scaling).
   int64_t microbatch_size = 0;
-  // Batch the graph's shapes were bound at; 0 = leading dim of the first batch graph input.
-  int64_t reference_batch = 0;
+  // Batch the graph's shapes were bound at: the importer's ImportedModel::batch (its one batch rule), 1 when that is 0.
+  int64_t reference_batch = 1;
   void validate() const;  // throws InvalidArgument
 };
-
-// The batch the graph's shapes are bound at: leading dim of the first graph input (1 if none).
-int64_t bound_batch_size(const TaskGraph& g);
 
 // max(FLOPs / (peak·eff.compute), bytes / (bandwidth·eff.memory)) + overhead; 0 when no work.
 double roofline_time(double flops, double bytes, double peak_flops, double bandwidth, OpEfficiency eff,

@@ -125,7 +125,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
 
   // Analytic costs on the measured CPU: FLOPs, bytes, saved/param bytes, and the backward ratio.
   CostOptions cost_options;
-  cost_options.reference_batch = model.batch > 0 ? model.batch : bound_batch_size(fg);
+  cost_options.reference_batch = model.bound_samples();
   const CostTable analytic = estimate_costs(fg, cpu_device(), cost_options);
   result.table = analytic;
   if (options.on_warning)

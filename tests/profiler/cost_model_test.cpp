@@ -136,9 +136,11 @@ TEST(EstimateCosts, CountsEachSavedValueOnce) {
 
 TEST(EstimateCosts, ScalesBatchWorkLinearlyWithTheMicroBatch) {
   SmallMlp m;
-  CostOptions o;
-  o.microbatch_size = 32;  // the graph is bound at batch 8
-  const CostTable ref = estimate_costs(m.b.g, test_device());
+  CostOptions bound;
+  bound.reference_batch = 8;  // the graph is bound at batch 8
+  CostOptions o = bound;
+  o.microbatch_size = 32;
+  const CostTable ref = estimate_costs(m.b.g, test_device(), bound);
   const CostTable big = estimate_costs(m.b.g, test_device(), o);
   EXPECT_EQ(ref.microbatch_size, 8);
   EXPECT_EQ(big.microbatch_size, 32);

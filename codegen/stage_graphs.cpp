@@ -39,12 +39,14 @@ struct FusedGraph {
   }
 };
 
+// A value's dtype and static shape (inputs need it to import without dims to bind; outputs to declare what they
+// return); without a static shape, only the dtype.
 void set_value_info(onnx::ValueInfoProto& info, const std::string& name, const Value& v) {
-  APART_CHECK(v.shape_known, "stage graphs: value " + name + " has no static shape");
   info.Clear();
   info.set_name(name);
   auto* tt = info.mutable_type()->mutable_tensor_type();
   tt->set_elem_type(static_cast<int32_t>(v.dtype));
+  if (!v.shape_known) return;
   auto* shape = tt->mutable_shape();
   for (int64_t d : v.shape) shape->add_dim()->set_dim_value(d);
 }
@@ -216,6 +218,13 @@ StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraph
     for (const auto& [output, grad] : tg.output_gradient_inputs) add_output(output);
     for (const auto& s : result.stash) add_output(s);
     for (const auto& [stat, update] : tg.state_updates) add_output(update);
+    std::unordered_set<std::string> with_gradient{tg.loss_output};
+    for (const auto& [output, grad_input] : tg.output_gradient_inputs) with_gradient.insert(output);
+    for (const auto& o : forward.graph().output())
+      if (!with_gradient.count(o.name())) {
+        result.outputs_without_gradient.push_back(o.name());
+        add_output(o.name());
+      }
     drop_unused_apart_opset(result.forward);
   }
 

@@ -1,6 +1,7 @@
 // Stage graphs: forward then backward on the executor computes bitwise what the fused training graph computes
 // (the oracle), with and without recomputation, on gpt-tiny, a cut-out MLP stage and a BatchNorm net.
 #include <gtest/gtest.h>
+#include <onnx/checker.h>
 
 #include <algorithm>
 #include <cstring>
@@ -121,6 +122,9 @@ std::set<std::string> node_names(const onnx::GraphProto& g) {
   return names;
 }
 
+onnx::ModelProto mlp_stage();
+StageGraphOptions mlp_options(bool recompute);
+
 // --- gpt-tiny as the whole model (one stage holding the loss) ---
 
 StageGraphOptions gpt_options(int64_t batch, bool recompute) {
@@ -153,6 +157,18 @@ TEST(StageGraphsOfGptTiny, WithRecomputeComputeTheSameBitsFromTheInputsAlone) {
   const auto forward = testing::read_proto(kModels / "gpt-tiny.onnx");
   const StepResult r = expect_staged_equals_fused(forward, gpt_options(2, true), gpt_inputs(2));
   EXPECT_EQ(r.stash, (std::vector<std::string>{"input_ids", "labels"}));
+}
+
+TEST(StageGraphsOfGptTiny, AreValidOnnxModels) {
+  const auto forward = testing::read_proto(kModels / "gpt-tiny.onnx");
+  for (bool recompute : {false, true}) {
+    const StageGraphs sg = build_stage_graphs(forward, gpt_options(2, recompute));
+    EXPECT_NO_THROW(onnx::checker::check_model(sg.forward)) << recompute;
+    EXPECT_NO_THROW(onnx::checker::check_model(sg.backward)) << recompute;
+  }
+  const StageGraphs stage = build_stage_graphs(mlp_stage(), mlp_options(true));
+  EXPECT_NO_THROW(onnx::checker::check_model(stage.forward));
+  EXPECT_NO_THROW(onnx::checker::check_model(stage.backward));
 }
 
 TEST(StageGraphsOfGptTiny, AreByteIdenticalAcrossBuilds) {
@@ -286,6 +302,23 @@ TEST(StageGraphsOfAMiddleStage, FoldShapeArithmeticOnTheirInputsIntoTheBackward)
   const StageGraphs sg = build_stage_graphs(b.model(), mlp_options(false));
   EXPECT_TRUE(node_names(sg.backward.graph()).count("stage/folded/dims"));
   EXPECT_FALSE(node_names(sg.backward.graph()).count("dims"));
+}
+
+// An integer boundary value a later stage reads has no gradient; the forward still outputs it, last.
+TEST(StageGraphsOfAMiddleStage, OutputTheBoundaryValuesThatHaveNoGradient) {
+  onnx::ModelProto model = mlp_stage();
+  OnnxBuilder b;
+  b.node("Shape", {"h"}, {"dims"}, "dims");
+  b.output({"dims", DType::kInt64, {2}});
+  *model.mutable_graph()->add_node() = b.graph().node(0);
+  *model.mutable_graph()->add_output() = b.graph().output(0);
+  const StageGraphs sg = build_stage_graphs(model, mlp_options(false));
+  EXPECT_EQ(sg.outputs_without_gradient, std::vector<std::string>{"dims"});
+  EXPECT_EQ(output_names(sg.forward.graph()).back(), "dims");
+  const Tensors out = run(sg.forward, mlp_inputs(), {});
+  ASSERT_TRUE(out.count("dims"));
+  EXPECT_EQ(out.at("dims").data<int64_t>()[0], kRows);
+  EXPECT_EQ(out.at("dims").data<int64_t>()[1], kWidth);
 }
 
 // --- BatchNormalization in training mode: the running statistics come out of the forward ---

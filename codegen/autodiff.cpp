@@ -292,8 +292,6 @@ const std::vector<std::string>& forward_only_ops() {
 }
 
 TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options) {
-  if (options.recompute)
-    throw Unsupported("autodiff: recompute is not implemented yet; training graphs save forward activations");
   int64_t opset = 0;
   for (const auto& o : forward.opset_import())
     if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();

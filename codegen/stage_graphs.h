@@ -29,7 +29,9 @@ struct StageGraphOptions {
 // of each param between the two.
 struct StageGraphs {
   // Inputs: the stage's forward inputs. Outputs, in this order: the loss (when the stage holds it), the stage
-  // outputs in `output_gradient_inputs` order, then `stash` in order, then the values in `state_updates`.
+  // outputs in `output_gradient_inputs` order, then `stash` in order, then the values in `state_updates`, then
+  // `outputs_without_gradient`. A name is output once, at its first place (a stash value that is also a stage
+  // output or a stage input is not repeated; a stage input in the stash is output as it came in).
   onnx::ModelProto forward;
   // Inputs: `stash` (by the same names), then the gradient inputs of `output_gradient_inputs`. Outputs, in this
   // order: one gradient per param in `gradients` order, then the input gradients in `input_gradients` order.
@@ -40,6 +42,9 @@ struct StageGraphs {
   std::vector<std::pair<std::string, std::string>> input_gradients;         // stage input → its gradient (backward output)
   std::vector<std::pair<std::string, std::string>> output_gradient_inputs;  // stage output → its gradient (backward input)
   std::vector<std::pair<std::string, std::string>> state_updates;           // initializer → its new value (forward output)
+  // The forward model's other outputs, which get no gradient: integer or boolean boundary values a later stage
+  // reads, outputs beside the loss (forward outputs).
+  std::vector<std::string> outputs_without_gradient;
 };
 
 // Builds the stage's training graph (build_training_graph) and cuts it between forward and backward. Running

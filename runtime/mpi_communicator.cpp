@@ -69,12 +69,6 @@ void initialize_mpi_once() {
   });
 }
 
-int world_rank() {
-  int rank = -1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
 // A count MPI's int arguments can carry.
 int mpi_count(size_t count, const std::string& what) {
   if (count > static_cast<size_t>(INT_MAX))
@@ -171,6 +165,7 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -241,7 +236,7 @@ class MpiCommunicator final : public Communicator {
 
   std::string who() const {
     return "rank " + std::to_string(rank_) + "/" + std::to_string(size_) + " (world rank " +
-           std::to_string(world_rank()) + ")";
+           std::to_string(world_rank_) + ")";
   }
   std::string describe(const char* op, int peer, int tag, size_t bytes) const {
     return who() + ": " + op + " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) + ", " +
@@ -250,7 +245,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   CommOptions options_;
-  int rank_ = -1, size_ = 0;
+  int rank_ = -1, size_ = 0, world_rank_ = -1;
 };
 
 }  // namespace

@@ -36,7 +36,9 @@ struct StageGraphs {
   // Inputs: `stash` (by the same names), then the gradient inputs of `output_gradient_inputs`. Outputs, in this
   // order: one gradient per param in `gradients` order, then the input gradients in `input_gradients` order.
   onnx::ModelProto backward;
-  std::vector<std::string> stash;  // forward values the backward reads; with recompute: the stage's inputs it needs
+  // Forward values (stage inputs included) the backward reads, but not those it computes itself (constants,
+  // values of params alone, integers folded from static shapes); with recompute: the stage's inputs it needs.
+  std::vector<std::string> stash;
   std::string loss_output;         // "" on stages without the loss
   std::vector<std::pair<std::string, std::string>> gradients;               // param → its gradient (backward output)
   std::vector<std::pair<std::string, std::string>> input_gradients;         // stage input → its gradient (backward output)

@@ -37,6 +37,7 @@ class CommRequest {
 };
 using Pending = std::unique_ptr<CommRequest>;
 
+// One thread at a time uses a communicator (MPI: MPI_THREAD_FUNNELED, the thread that made it).
 class Communicator {
  public:
   virtual ~Communicator() = default;

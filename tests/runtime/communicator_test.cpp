@@ -256,7 +256,8 @@ TEST(AnAllreduce, OfDifferentSizesOnTwoRanksIsACommErrorOnEveryRank) {
     c.allreduce_sum(std::span<float>(data))->wait();
   });
   for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(errors[r].find("of 4 elements but rank"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find(" but rank "), std::string::npos) << errors[r];  // whichever arrived first
+    EXPECT_NE(errors[r].find("of 4"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("of 5"), std::string::npos) << errors[r];
   }
 }

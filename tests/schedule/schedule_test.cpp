@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "graph/error.h"
+#include "plan/plan.h"
 #include "profiler/memory_model.h"
 #include "schedule/schedule.h"
 #include "tests/schedule/schedule_test_util.h"
@@ -362,6 +363,32 @@ TEST(RankActions, AreDeterministic) {
   const auto first = all_actions(plan);
   const auto second = all_actions(pipeline_plan({2, 3, 1}, 5, Schedule::k1F1B, 6, {{0, 1}, {0, 2}, {1, 2}}));
   EXPECT_EQ(first, second);
+}
+
+// --- Plans apart partition wrote -----------------------------------------------------------------------------------
+
+TEST(RankActions, RunToTheEndOnThePlannedGoldensWithThousandsOfRanksAndSkipEdges) {
+  // 8 stages × 128 replicas, 8 micro-batches of 1024 samples; densenet121's stages read from several earlier ones.
+  for (const char* name : {"resnet50_1024dev", "densenet121_1024dev", "inception_v3_1024dev", "gpt2_small_64dev"}) {
+    SCOPED_TRACE(name);
+    const PlanDocument plan = read_plan(std::string(APART_TEST_DATA_DIR) + "/golden/plans/" + name);
+    const auto actions = all_actions(plan);
+    EXPECT_EQ(schedule_error(plan, actions), "");
+    for (const auto& list : actions) EXPECT_EQ(list.back().kind, ActionKind::kStep);
+  }
+}
+
+TEST(RankActions, RefuseAGoldenPlanWhoseReplicasDoNotDivideItsMicrobatch) {
+  // gpt_tiny_8dev: 64 samples over 5 replicas (the plan gives each 13, the last one fewer).
+  const PlanDocument plan = read_plan(std::string(APART_TEST_DATA_DIR) + "/golden/plans/gpt_tiny_8dev");
+  try {
+    rank_actions(plan, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("stages[0] has 5 replicas, but a micro-batch holds 64 samples"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // --- Broken lists ---------------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@
 #include <deque>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -138,23 +137,25 @@ struct StageEdges {
 
   explicit StageEdges(const PlanDocument& plan) {
     const int stages = static_cast<int>(plan.stages.size());
-    std::set<std::pair<int, int>> found;
-    auto add = [&](int from, int to, const std::string& field) {
+    std::vector<std::pair<int, int>> found;
+    // `list`/`index` name the field for the message only (built when it fails: plans list thousands of values).
+    auto add = [&](int from, int to, int s, const char* list, size_t index) {
       if (from < 0 || to >= stages || from >= to)
-        throw InvalidArgument(field + " names stage edge " + std::to_string(from) + "→" + std::to_string(to) +
+        throw InvalidArgument("stages[" + std::to_string(s) + "]." + list + "[" + std::to_string(index) +
+                              "] names stage edge " + std::to_string(from) + "→" + std::to_string(to) +
                               ", but values flow from earlier to later stages among 0.." + std::to_string(stages - 1));
-      found.insert({from, to});
+      found.push_back({from, to});
     };
     for (int s = 0; s < stages; ++s) {
       const PlanStageRecord& stage = plan.stages[static_cast<size_t>(s)];
       for (size_t i = 0; i < stage.inputs.size(); ++i)
-        if (stage.inputs[i].from_stage >= 0)
-          add(stage.inputs[i].from_stage, s, "stages[" + std::to_string(s) + "].inputs[" + std::to_string(i) + "]");
+        if (stage.inputs[i].from_stage >= 0) add(stage.inputs[i].from_stage, s, s, "inputs", i);
       for (size_t o = 0; o < stage.outputs.size(); ++o)
-        for (int to : stage.outputs[o].to_stages)
-          add(s, to, "stages[" + std::to_string(s) + "].outputs[" + std::to_string(o) + "]");
+        for (int to : stage.outputs[o].to_stages) add(s, to, s, "outputs", o);
     }
-    edges.assign(found.begin(), found.end());
+    std::sort(found.begin(), found.end());
+    found.erase(std::unique(found.begin(), found.end()), found.end());
+    edges = std::move(found);
     inputs_from.resize(static_cast<size_t>(stages));
     outputs_to.resize(static_cast<size_t>(stages));
     for (const auto& [from, to] : edges) {  // sorted by (from, to): both lists come out ascending
@@ -318,17 +319,17 @@ void check_schedule(const PlanDocument& plan, const std::vector<std::vector<Acti
 
   // A message's sender and receiver must sit in the stages it flows between (gradients flow back, to → from).
   auto check_endpoints = [&](int rank, const Action& a) {
-    const std::string what = describe_rank(roles, rank) + "'s '" + to_string(a) + "'";
+    auto what = [&] { return describe_rank(roles, rank) + "'s '" + to_string(a) + "'"; };
     if (a.peer < 0 || a.peer >= world || a.peer == rank || !roles[static_cast<size_t>(a.peer)])
-      schedule_broken(what + " names a peer that is no other rank of the plan");
+      schedule_broken(what() + " names a peer that is no other rank of the plan");
     const bool sending = a.kind == ActionKind::kSend;
     const int src = sending ? rank : a.peer, dst = sending ? a.peer : rank;
     const int src_stage = a.gradient ? a.to_stage : a.from_stage, dst_stage = a.gradient ? a.from_stage : a.to_stage;
     if (roles[static_cast<size_t>(src)]->stage != src_stage || roles[static_cast<size_t>(dst)]->stage != dst_stage)
-      schedule_broken(what + " goes from " + describe_rank(roles, src) + " to " + describe_rank(roles, dst) +
+      schedule_broken(what() + " goes from " + describe_rank(roles, src) + " to " + describe_rank(roles, dst) +
                       ", not from stage " + std::to_string(src_stage) + " to stage " + std::to_string(dst_stage));
-    if (graph.index(a.from_stage, a.to_stage) < 0) schedule_broken(what + " is along no stage edge of the plan");
-    if (a.samples.begin < 0 || a.samples.begin >= a.samples.end) schedule_broken(what + " carries no samples");
+    if (graph.index(a.from_stage, a.to_stage) < 0) schedule_broken(what() + " is along no stage edge of the plan");
+    if (a.samples.begin < 0 || a.samples.begin >= a.samples.end) schedule_broken(what() + " carries no samples");
   };
 
   std::map<std::tuple<int, int, int64_t>, std::deque<Action>> in_transit;  // (src, dst, tag) → sends, oldest first

@@ -8,6 +8,7 @@
 #include "report/report_plan.h"
 #include "runtime/executor.h"
 #include "runtime/optimizer.h"
+#include "schedule/schedule.h"
 #include "simulator/sim_plan.h"
 
 namespace apart {

@@ -1,13 +1,21 @@
-// Per-device op orders: every op exactly once, forward before backward, the documented warm-up counts.
+// The schedule library: per-device op orders, each rank's actions on hand-built plans, the exhaustive oracle
+// (every shape up to 4 stages × 3 replicas × 6 micro-batches runs to the end, each op once), broken lists caught.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "graph/error.h"
-#include "simulator/schedule.h"
+#include "plan/plan.h"
+#include "profiler/memory_model.h"
+#include "schedule/schedule.h"
+#include "tests/schedule/schedule_test_util.h"
 
-namespace apart::sim {
+namespace apart {
 namespace {
 
 void expect_complete(Schedule s, int devices, int chunks, int64_t m) {
@@ -55,5 +63,392 @@ TEST(AScheduleName, RoundTripsAndRejectsUnknownNames) {
   EXPECT_THROW(parse_schedule("zero-bubble"), InvalidArgument);
 }
 
+
+// --- Helpers -----------------------------------------------------------------------------------------------------
+
+using testing::pipeline_plan;
+
+int world_size(const PlanDocument& plan) {
+  int ranks = 0;
+  for (const PlanStageRecord& stage : plan.stages) ranks += stage.replicas;
+  return ranks;
+}
+
+std::vector<std::vector<Action>> all_actions(const PlanDocument& plan) {
+  std::vector<std::vector<Action>> actions;
+  for (int r = 0; r < world_size(plan); ++r) actions.push_back(rank_actions(plan, r));
+  return actions;
+}
+
+std::vector<std::string> names(const std::vector<Action>& actions) {
+  std::vector<std::string> out;
+  for (const Action& a : actions) out.push_back(to_string(a));
+  return out;
+}
+
+// The message of the Internal error check_schedule throws ("" when it throws none).
+std::string schedule_error(const PlanDocument& plan, const std::vector<std::vector<Action>>& actions) {
+  try {
+    check_schedule(plan, actions);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInternal) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+// --- Ranks and samples -------------------------------------------------------------------------------------------
+
+TEST(ARankRole, NamesTheStageAndReplicaOfEveryDeviceAndRefusesOthers) {
+  const PlanDocument plan = pipeline_plan({2, 1, 3}, 2, Schedule::k1F1B);
+  const std::vector<std::pair<int, int>> expected = {{0, 0}, {0, 1}, {1, 0}, {2, 0}, {2, 1}, {2, 2}};
+  for (int r = 0; r < 6; ++r) {
+    const RankRole role = rank_role(plan, r);
+    EXPECT_EQ(std::make_pair(role.stage, role.replica), expected[static_cast<size_t>(r)]) << "rank " << r;
+  }
+  EXPECT_THROW(rank_role(plan, 6), InvalidArgument);
+  EXPECT_THROW(rank_role(plan, -1), InvalidArgument);
+}
+
+TEST(AReplicaSlice, SplitsAMicrobatchIntoEqualContiguousSlicesAndRefusesARemainder) {
+  EXPECT_EQ(replica_samples(6, 1, 0), (SampleRange{0, 6}));
+  EXPECT_EQ(replica_samples(6, 3, 0), (SampleRange{0, 2}));
+  EXPECT_EQ(replica_samples(6, 3, 2), (SampleRange{4, 6}));
+  EXPECT_EQ(replica_samples(8, 2, 1), (SampleRange{4, 8}));
+  EXPECT_THROW(replica_samples(64, 5, 0), InvalidArgument);
+  EXPECT_THROW(replica_samples(6, 3, 3), InvalidArgument);
+  EXPECT_THROW(replica_samples(6, 0, 0), InvalidArgument);
+}
+
+TEST(AMicrobatch, HoldsTheGlobalBatchOverTheMicrobatchCountOrWhatTheStagesSay) {
+  PlanDocument plan = pipeline_plan({2, 1}, 4, Schedule::kGPipe, 6);
+  EXPECT_EQ(microbatch_samples(plan), 6);
+  plan.training.global_batch = 25;  // 25 samples do not split into 4 micro-batches
+  EXPECT_THROW(microbatch_samples(plan), InvalidArgument);
+  plan.training.global_batch.reset();
+  plan.training.microbatch_size = 10;
+  EXPECT_EQ(microbatch_samples(plan), 10);
+  plan.training.microbatch_size.reset();
+  EXPECT_THROW(microbatch_samples(plan), InvalidArgument);  // no size anywhere
+  plan.stages[0].microbatch_size = 4;  // × 2 replicas
+  plan.stages[1].microbatch_size = 8;
+  EXPECT_EQ(microbatch_samples(plan), 8);
+  plan.stages[1].microbatch_size = 7;  // the stages disagree
+  EXPECT_THROW(microbatch_samples(plan), InvalidArgument);
+}
+
+TEST(RankActions, RefuseAStageWhoseReplicasDoNotDivideTheMicrobatchOnEveryRank) {
+  const PlanDocument plan = pipeline_plan({1, 4}, 2, Schedule::k1F1B, 6);
+  for (int r = 0; r < 5; ++r) EXPECT_THROW(rank_actions(plan, r), InvalidArgument) << "rank " << r;
+}
+
+TEST(RankActions, RefuseTheInterleavedScheduleForNow) {
+  PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::kInterleaved);
+  plan.training.virtual_stages = 2;
+  EXPECT_THROW(rank_actions(plan, 0), Unsupported);
+}
+
+// --- Exact lists on hand-built plans ------------------------------------------------------------------------------
+
+TEST(RankActions, RunEveryMicrobatchOnBothReplicasOfOneStageThenAllReduce) {
+  const PlanDocument plan = pipeline_plan({2}, 2, Schedule::kGPipe);
+  const std::vector<std::string> expected = {"fwd mb=0", "fwd mb=1", "bwd mb=0", "bwd mb=1", "allreduce", "step"};
+  EXPECT_EQ(names(rank_actions(plan, 0)), expected);
+  EXPECT_EQ(names(rank_actions(plan, 1)), expected);
+  check_schedule(plan, all_actions(plan));
+}
+
+TEST(RankActions, SendActivationsForwardAndGradientsBackBetweenTwoStagesUnder1F1B) {
+  const PlanDocument plan = pipeline_plan({1, 1}, 2, Schedule::k1F1B, 4);
+  EXPECT_EQ(names(rank_actions(plan, 0)),
+            (std::vector<std::string>{"fwd mb=0", "send act 0→1 mb=0 [0,4) to rank 1", "fwd mb=1",
+                                      "send act 0→1 mb=1 [0,4) to rank 1", "recv grad 0→1 mb=0 [0,4) from rank 1",
+                                      "bwd mb=0", "recv grad 0→1 mb=1 [0,4) from rank 1", "bwd mb=1", "step"}));
+  EXPECT_EQ(names(rank_actions(plan, 1)),
+            (std::vector<std::string>{"recv act 0→1 mb=0 [0,4) from rank 0", "fwd mb=0", "bwd mb=0",
+                                      "send grad 0→1 mb=0 [0,4) to rank 0", "recv act 0→1 mb=1 [0,4) from rank 0",
+                                      "fwd mb=1", "bwd mb=1", "send grad 0→1 mb=1 [0,4) to rank 0", "step"}));
+  // The fields behind the names.
+  const Action send = rank_actions(plan, 0)[1];
+  EXPECT_EQ(send.kind, ActionKind::kSend);
+  EXPECT_EQ(send.peer, 1);
+  EXPECT_EQ(send.from_stage, 0);
+  EXPECT_EQ(send.to_stage, 1);
+  EXPECT_FALSE(send.gradient);
+  EXPECT_EQ(send.samples, (SampleRange{0, 4}));
+  check_schedule(plan, all_actions(plan));
+}
+
+TEST(RankActions, HandEachReplicaItsSliceWhenTwoReplicasFeedOne) {
+  const PlanDocument plan = pipeline_plan({2, 1}, 1, Schedule::kGPipe, 4);
+  EXPECT_EQ(names(rank_actions(plan, 0)),
+            (std::vector<std::string>{"fwd mb=0", "send act 0→1 mb=0 [0,2) to rank 2",
+                                      "recv grad 0→1 mb=0 [0,2) from rank 2", "bwd mb=0", "allreduce", "step"}));
+  EXPECT_EQ(names(rank_actions(plan, 1)),
+            (std::vector<std::string>{"fwd mb=0", "send act 0→1 mb=0 [2,4) to rank 2",
+                                      "recv grad 0→1 mb=0 [2,4) from rank 2", "bwd mb=0", "allreduce", "step"}));
+  EXPECT_EQ(names(rank_actions(plan, 2)),
+            (std::vector<std::string>{"recv act 0→1 mb=0 [0,2) from rank 0", "recv act 0→1 mb=0 [2,4) from rank 1",
+                                      "fwd mb=0", "bwd mb=0", "send grad 0→1 mb=0 [0,2) to rank 0",
+                                      "send grad 0→1 mb=0 [2,4) to rank 1", "step"}));
+  check_schedule(plan, all_actions(plan));
+}
+
+TEST(RankActions, ExchangeTheOverlapsBetweenTwoAndThreeReplicas) {
+  // Stage 0's replicas hold [0,3) and [3,6); stage 1's [0,2), [2,4), [4,6).
+  const PlanDocument plan = pipeline_plan({2, 3}, 1, Schedule::kGPipe, 6);
+  EXPECT_EQ(names(rank_actions(plan, 0)),
+            (std::vector<std::string>{"fwd mb=0", "send act 0→1 mb=0 [0,2) to rank 2",
+                                      "send act 0→1 mb=0 [2,3) to rank 3", "recv grad 0→1 mb=0 [0,2) from rank 2",
+                                      "recv grad 0→1 mb=0 [2,3) from rank 3", "bwd mb=0", "allreduce", "step"}));
+  EXPECT_EQ(names(rank_actions(plan, 3)),
+            (std::vector<std::string>{"recv act 0→1 mb=0 [2,3) from rank 0", "recv act 0→1 mb=0 [3,4) from rank 1",
+                                      "fwd mb=0", "bwd mb=0", "send grad 0→1 mb=0 [2,3) to rank 0",
+                                      "send grad 0→1 mb=0 [3,4) to rank 1", "allreduce", "step"}));
+  check_schedule(plan, all_actions(plan));
+}
+
+TEST(RankActions, ReceiveASkipConnectionBeforeTheChainAndSendInStageOrder) {
+  const PlanDocument plan = pipeline_plan({1, 1, 1}, 1, Schedule::k1F1B, 2, {{0, 1}, {0, 2}, {1, 2}});
+  EXPECT_EQ(names(rank_actions(plan, 0)),
+            (std::vector<std::string>{"fwd mb=0", "send act 0→1 mb=0 [0,2) to rank 1",
+                                      "send act 0→2 mb=0 [0,2) to rank 2", "recv grad 0→1 mb=0 [0,2) from rank 1",
+                                      "recv grad 0→2 mb=0 [0,2) from rank 2", "bwd mb=0", "step"}));
+  EXPECT_EQ(names(rank_actions(plan, 2)),
+            (std::vector<std::string>{"recv act 0→2 mb=0 [0,2) from rank 0", "recv act 1→2 mb=0 [0,2) from rank 1",
+                                      "fwd mb=0", "bwd mb=0", "send grad 0→2 mb=0 [0,2) to rank 0",
+                                      "send grad 1→2 mb=0 [0,2) to rank 1", "step"}));
+  check_schedule(plan, all_actions(plan));
+}
+
+TEST(RankActions, FollowTheOpOrderOfEachStageInAFourStagePipeline) {
+  for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+    const PlanDocument plan = pipeline_plan({1, 1, 1, 1}, 5, schedule);
+    for (int s = 0; s < 4; ++s) {
+      std::vector<ComputeOp> ops;
+      for (const Action& a : rank_actions(plan, s))
+        if (a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward)
+          ops.push_back({a.kind == ActionKind::kForward ? OpKind::kForward : OpKind::kBackward, s, a.microbatch});
+      EXPECT_EQ(ops, device_op_order(schedule, s, 4, 1, 5)) << schedule_name(schedule) << " stage " << s;
+    }
+    check_schedule(plan, all_actions(plan));
+  }
+}
+
+// --- The exhaustive oracle ----------------------------------------------------------------------------------------
+
+// Every shape: 1..4 stages, 1..3 replicas each, 1..6 micro-batches, GPipe and 1F1B, as a chain and (3 stages) with a
+// skip edge 0 → 2 too. The lists run to the end; each rank runs each forward and backward once, forward first; 1F1B
+// holds at most stage_in_flight_microbatches activations; every replica receives exactly its own samples from each
+// stage it reads, and each (src, dst, tag) carries exactly one message.
+void expect_sound(const PlanDocument& plan, const std::string& shape) {
+  SCOPED_TRACE(shape);
+  const std::vector<std::vector<Action>> actions = all_actions(plan);
+  EXPECT_EQ(schedule_error(plan, actions), "");
+  const int stages = static_cast<int>(plan.stages.size());
+  const int64_t m = plan.training.microbatches;
+  const int64_t samples = microbatch_samples(plan);
+  std::map<std::tuple<int, int, int>, int> messages;  // (src, dst, tag) → sends
+  for (int r = 0; r < static_cast<int>(actions.size()); ++r) {
+    const RankRole role = rank_role(plan, r);
+    const PlanStageRecord& stage = plan.stages[static_cast<size_t>(role.stage)];
+    const SampleRange mine = replica_samples(samples, stage.replicas, role.replica);
+    std::vector<int> forwards(static_cast<size_t>(m), 0), backwards(static_cast<size_t>(m), 0);
+    int64_t held = 0, peak = 0;
+    // Per (micro-batch, neighbour stage, gradient): the samples received, to compare with this replica's slice.
+    std::map<std::tuple<int64_t, int, bool>, std::vector<SampleRange>> received;
+    for (const Action& a : actions[static_cast<size_t>(r)]) {
+      switch (a.kind) {
+        case ActionKind::kForward:
+          ++forwards[static_cast<size_t>(a.microbatch)];
+          peak = std::max(peak, ++held);
+          break;
+        case ActionKind::kBackward:
+          EXPECT_EQ(forwards[static_cast<size_t>(a.microbatch)], 1) << "rank " << r << " backward before forward";
+          ++backwards[static_cast<size_t>(a.microbatch)];
+          --held;
+          break;
+        case ActionKind::kSend:
+          ++messages[{r, a.peer, action_tag(a, plan)}];
+          break;
+        case ActionKind::kRecv:
+          received[{a.microbatch, a.gradient ? a.to_stage : a.from_stage, a.gradient}].push_back(a.samples);
+          break;
+        default:
+          break;
+      }
+    }
+    for (int64_t mb = 0; mb < m; ++mb) {
+      EXPECT_EQ(forwards[static_cast<size_t>(mb)], 1) << "rank " << r << " mb " << mb;
+      EXPECT_EQ(backwards[static_cast<size_t>(mb)], 1) << "rank " << r << " mb " << mb;
+    }
+    if (plan.training.schedule == Schedule::k1F1B) {
+      EXPECT_LE(peak, stage_in_flight_microbatches(Schedule::k1F1B, role.stage, stages, m)) << "rank " << r;
+    }
+    for (const auto& [key, ranges] : received) {
+      int64_t next = mine.begin;
+      for (const SampleRange& got : ranges) {
+        EXPECT_EQ(got.begin, next) << "rank " << r << ": received slices leave a gap or overlap";
+        next = got.end;
+      }
+      EXPECT_EQ(next, mine.end) << "rank " << r << ": received slices do not cover its samples";
+    }
+    EXPECT_EQ(actions[static_cast<size_t>(r)].back().kind, ActionKind::kStep) << "rank " << r;
+  }
+  for (const auto& [key, count] : messages) EXPECT_EQ(count, 1) << "two sends share (src, dst, tag)";
+}
+
+TEST(RankActions, RunToTheEndWithEveryOpOnceForEveryShapeUpToFourStagesThreeReplicasSixMicrobatches) {
+  int checked = 0;
+  for (int stages = 1; stages <= 4; ++stages) {
+    int shapes = 1;
+    for (int s = 0; s < stages; ++s) shapes *= 3;
+    for (int code = 0; code < shapes; ++code) {
+      std::vector<int> replicas;
+      for (int s = 0, c = code; s < stages; ++s, c /= 3) replicas.push_back(1 + c % 3);
+      for (int64_t m = 1; m <= 6; ++m)
+        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+          std::string shape = std::string(schedule_name(schedule)) + " m=" + std::to_string(m) + " replicas";
+          for (int r : replicas) shape += " " + std::to_string(r);
+          expect_sound(pipeline_plan(replicas, m, schedule), shape);
+          ++checked;
+          if (stages == 3) {
+            std::vector<std::pair<int, int>> edges = {{0, stages - 1}};
+            for (int s = 0; s + 1 < stages; ++s) edges.push_back({s, s + 1});
+            expect_sound(pipeline_plan(replicas, m, schedule, 6, edges), shape + " + skip 0→last");
+            ++checked;
+          }
+        }
+    }
+  }
+  EXPECT_EQ(checked, (3 + 9 + 2 * 27 + 81) * 6 * 2);
+}
+
+TEST(ActionTags, AreUniquePerMicrobatchEdgeAndDirectionAndStayInMpisRange) {
+  const PlanDocument plan = pipeline_plan({1, 2, 1, 1}, 6, Schedule::k1F1B, 6, {{0, 1}, {0, 3}, {1, 2}, {2, 3}});
+  std::map<int, std::tuple<int64_t, int, int, bool>> owner;
+  for (int64_t mb = 0; mb < 6; ++mb)
+    for (const auto& [from, to] : std::vector<std::pair<int, int>>{{0, 1}, {0, 3}, {1, 2}, {2, 3}})
+      for (bool gradient : {false, true}) {
+        Action a;
+        a.kind = gradient ? ActionKind::kRecv : ActionKind::kSend;
+        a.microbatch = mb;
+        a.from_stage = from;
+        a.to_stage = to;
+        a.gradient = gradient;
+        const int tag = action_tag(a, plan);
+        EXPECT_GE(tag, 0);
+        EXPECT_LE(tag, kMaxActionTag);
+        const auto [it, fresh] = owner.insert({tag, {mb, from, to, gradient}});
+        EXPECT_TRUE(fresh) << "tag " << tag << " used twice";
+      }
+  EXPECT_EQ(owner.size(), 6u * 4 * 2);
+  Action compute;
+  EXPECT_THROW(action_tag(compute, plan), InvalidArgument);  // a forward has no tag
+  Action off_edge;
+  off_edge.kind = ActionKind::kSend;
+  off_edge.from_stage = 1;
+  off_edge.to_stage = 3;  // no such edge
+  EXPECT_THROW(action_tag(off_edge, plan), InvalidArgument);
+}
+
+TEST(RankActions, RefuseAPlanWhoseTagsWouldPassMpisBound) {
+  // 3 edges × 2 directions × m ≤ 32768: 5461 micro-batches fit, 5462 do not.
+  EXPECT_NO_THROW(rank_actions(pipeline_plan({1, 1, 1, 1}, 5461, Schedule::kGPipe, 1), 0));
+  EXPECT_THROW(rank_actions(pipeline_plan({1, 1, 1, 1}, 5462, Schedule::kGPipe, 1), 0), Unsupported);
+}
+
+TEST(RankActions, AreDeterministic) {
+  const PlanDocument plan = pipeline_plan({2, 3, 1}, 5, Schedule::k1F1B, 6, {{0, 1}, {0, 2}, {1, 2}});
+  const auto first = all_actions(plan);
+  const auto second = all_actions(pipeline_plan({2, 3, 1}, 5, Schedule::k1F1B, 6, {{0, 1}, {0, 2}, {1, 2}}));
+  EXPECT_EQ(first, second);
+}
+
+// --- Plans apart partition wrote -----------------------------------------------------------------------------------
+
+TEST(RankActions, RunToTheEndOnThePlannedGoldensWithThousandsOfRanksAndSkipEdges) {
+  // 8 stages × 128 replicas, 8 micro-batches of 1024 samples; densenet121's stages read from several earlier ones.
+  for (const char* name : {"resnet50_1024dev", "densenet121_1024dev", "inception_v3_1024dev", "gpt2_small_64dev"}) {
+    SCOPED_TRACE(name);
+    const PlanDocument plan = read_plan(std::string(APART_TEST_DATA_DIR) + "/golden/plans/" + name);
+    const auto actions = all_actions(plan);
+    EXPECT_EQ(schedule_error(plan, actions), "");
+    for (const auto& list : actions) EXPECT_EQ(list.back().kind, ActionKind::kStep);
+  }
+}
+
+TEST(RankActions, RefuseAGoldenPlanWhoseReplicasDoNotDivideItsMicrobatch) {
+  // gpt_tiny_8dev: 64 samples over 5 replicas (the plan gives each 13, the last one fewer).
+  const PlanDocument plan = read_plan(std::string(APART_TEST_DATA_DIR) + "/golden/plans/gpt_tiny_8dev");
+  try {
+    rank_actions(plan, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("stages[0] has 5 replicas, but a micro-batch holds 64 samples"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// --- Broken lists ---------------------------------------------------------------------------------------------------
+
+TEST(TheScheduleCheck, NamesTheStuckRanksWhenASwapMakesTheListsDeadlock) {
+  const PlanDocument plan = pipeline_plan({1, 1}, 2, Schedule::k1F1B, 4);
+  auto actions = all_actions(plan);
+  // Rank 0 waits for micro-batch 0's gradient before it sends micro-batch 0's activation: a cycle.
+  std::vector<Action>& rank0 = actions[0];
+  ASSERT_EQ(to_string(rank0[1]), "send act 0→1 mb=0 [0,4) to rank 1");
+  ASSERT_EQ(to_string(rank0[4]), "recv grad 0→1 mb=0 [0,4) from rank 1");
+  std::swap(rank0[1], rank0[4]);
+  const std::string error = schedule_error(plan, actions);
+  EXPECT_NE(error.find("deadlock"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 0 (stage 0 replica 0) waits at action 1 of 9: recv grad 0→1 mb=0"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("rank 1 (stage 1 replica 0) waits at action 0 of 9: recv act 0→1 mb=0"), std::string::npos)
+      << error;
+}
+
+TEST(TheScheduleCheck, CatchesAnAllReduceOnlyOneReplicaReaches) {
+  const PlanDocument plan = pipeline_plan({2}, 1, Schedule::kGPipe);
+  auto actions = all_actions(plan);
+  actions[1].erase(actions[1].end() - 2);  // rank 1 drops its all-reduce
+  const std::string error = schedule_error(plan, actions);
+  EXPECT_NE(error.find("rank 0 (stage 0 replica 0) waits at action 2 of 4: allreduce"), std::string::npos) << error;
+}
+
+TEST(TheScheduleCheck, CatchesASendNobodyReceives) {
+  const PlanDocument plan = pipeline_plan({1, 1}, 1, Schedule::kGPipe, 4);
+  auto actions = all_actions(plan);
+  Action extra = actions[0][1];  // a second copy of micro-batch 0's activation send
+  actions[0].insert(actions[0].begin() + 2, extra);
+  const std::string error = schedule_error(plan, actions);
+  EXPECT_NE(error.find("never received"), std::string::npos) << error;
+}
+
+TEST(TheScheduleCheck, CatchesAReceiveThatExpectsOtherSamples) {
+  const PlanDocument plan = pipeline_plan({1, 1}, 1, Schedule::kGPipe, 4);
+  auto actions = all_actions(plan);
+  ASSERT_EQ(actions[1][0].kind, ActionKind::kRecv);
+  actions[1][0].samples = {0, 2};
+  const std::string error = schedule_error(plan, actions);
+  EXPECT_NE(error.find("with the same tag"), std::string::npos) << error;
+}
+
+TEST(TheScheduleCheck, CatchesAMessageToTheWrongStage) {
+  const PlanDocument plan = pipeline_plan({1, 1, 1}, 1, Schedule::kGPipe, 4);
+  auto actions = all_actions(plan);
+  actions[0][1].peer = 2;  // stage 0's activation for stage 1 sent to stage 2's rank
+  const std::string error = schedule_error(plan, actions);
+  EXPECT_NE(error.find("not from stage 0 to stage 1"), std::string::npos) << error;
+}
+
+TEST(TheScheduleCheck, CatchesActionsForARankOutsideThePlan) {
+  const PlanDocument plan = pipeline_plan({1}, 1, Schedule::kGPipe);
+  auto actions = all_actions(plan);
+  actions.push_back({actions[0].back()});
+  EXPECT_NE(schedule_error(plan, actions).find("rank 1 is in no stage"), std::string::npos);
+}
+
 }  // namespace
-}  // namespace apart::sim
+}  // namespace apart

@@ -112,6 +112,7 @@ Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir
   o.optimizer.lr = 0.05;
   o.optimizer_from_plan = false;
   o.seed = 3;
+  fs::create_directories(dir);
   o.save_model = (dir / "run.onnx").string();
   auto comms = make_in_process_communicators(world, CommOptions{60});
   Outcome out;
@@ -135,24 +136,38 @@ Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir
 }
 
 // Summation order differs (micro-batch gradients are added, replicas all-reduced, then scaled by 1/(m·r)), so
-// float32 results agree to rounding, not bitwise: 2e-5 relative on losses, 2e-5 absolute + relative on weights
-// after a few SGD steps (the gradients themselves agree to ~1e-6).
-void expect_same_training(const Outcome& reference, const Outcome& run, const std::string& what) {
+// float32 results agree to rounding, not bitwise. Losses: 2e-5 relative. Weights: what K SGD steps changed, per
+// param tensor, ‖Δrun − Δref‖ ≤ 1e-3 ‖Δref‖ (a 1 % error in any gradient fails it; rounding in Δ of weights near
+// 1 is ~1e-4 of it).
+void expect_same_training(const Outcome& reference, const Outcome& run, const Weights& initial, const std::string& what) {
   ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+  ASSERT_FALSE(run.losses.empty());
   for (size_t i = 0; i < run.losses.size(); ++i)
     EXPECT_NEAR(run.losses[i], reference.losses[i], 2e-5 * std::abs(reference.losses[i])) << what << ": step " << i + 1;
   ASSERT_EQ(run.weights.by_name.size(), reference.weights.by_name.size()) << what;
+  int compared = 0;
   for (const auto& [name, ref] : reference.weights.by_name) {
     auto it = run.weights.by_name.find(name);
     ASSERT_NE(it, run.weights.by_name.end()) << what << ": " << name;
     if (ref.dtype() != DType::kFloat32) continue;
+    const auto w0 = initial.by_name.at(name).span<const float>();
     const auto a = ref.span<const float>();
     const auto b = it->second.span<const float>();
     ASSERT_EQ(a.size(), b.size()) << name;
-    double worst = 0;
-    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (1 + std::abs(double(a[i]))));
-    EXPECT_LT(worst, 2e-5) << what << ": param " << name;
+    double diff = 0, update = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double da = double(a[i]) - w0[i], db = double(b[i]) - w0[i];
+      diff += (da - db) * (da - db);
+      update += da * da;
+    }
+    if (update == 0) {
+      EXPECT_EQ(diff, 0) << what << ": param " << name << " moved in the run only";
+      continue;
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(update)) << what << ": param " << name;
+    ++compared;
   }
+  EXPECT_GT(compared, 0) << what;
 }
 
 // Each rank trained a strict part of the model: the plan was really split.
@@ -189,7 +204,7 @@ TEST_P(GptTinyPlans, TrainAsOneProcessTrainsOnTheWholeBatch) {
   const Outcome reference = train_reference(gpt_tiny(), kBatch, kSteps, dir);
   const fs::path plan = make_plan(gpt_tiny(), c.shape, kBatch, dir / "plan");
   const Outcome run = run_threads(plan, kSteps, dir);
-  expect_same_training(reference, run, c.name);
+  expect_same_training(reference, run, read_weights(gpt_tiny()), c.name);
   expect_split(run, total_params(reference.weights));
 }
 
@@ -265,7 +280,7 @@ TEST(ApartRunCli, RunsUnderMpirunWithOneProcessPerRank) {
   const fs::path dir = scratch("mpi");
   const fs::path plan = make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
   const auto r = testing::run_command(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --timeout 120 "
+      "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
       "--oversubscribe -np 3 " + std::string(APART_BINARY) + " run " + plan.string() + " --steps 2 --optimizer sgd --lr 0.05 --seed 3 "
       "--save-model " + (dir / "mpi.onnx").string() + " 2>&1");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -27,6 +27,9 @@ struct RunArgs {
   TrainingFlags training;
   bool optimizer_given = false;
   std::string save_model;
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  std::string resume;
   bool in_process = false;
   double comm_timeout_s = 300;
   bool quiet = false;
@@ -86,6 +89,9 @@ RunOptions run_options(const RunArgs& a) {
   o.init = parse_param_init(a.training.init);
   o.seed = a.training.seed;
   o.save_model = a.save_model;
+  o.checkpoint_dir = a.checkpoint_dir;
+  o.save_every = a.save_every;
+  o.resume = a.resume;
   return o;
 }
 
@@ -146,6 +152,10 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
   cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
   add_training_flags(*cmd, args->training, "sgd, momentum, adam or adamw (default: the plan's training.optimizer)");
   cmd->add_option("--save-model", args->save_model, "Gather every stage's trained weights into one ONNX model here (rank 0 writes it)");
+  cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
+                  "Every rank writes its shard here (params, optimizer state), then rank 0 the manifest: at the end and --save-every");
+  cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
+  cmd->add_option("--resume", args->resume, "Continue from this checkpoint folder (same plan, same rank count)");
   cmd->add_flag("--in-process", args->in_process, "Run every rank as a thread of this process (no mpirun; for small plans)");
   cmd->add_option("--comm-timeout", args->comm_timeout_s, "Seconds a rank waits for a message before the run fails")->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");

@@ -1,6 +1,7 @@
 // Writing a whole file or nothing.
 #include "graph/atomic_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -36,6 +37,16 @@ AtomicFile::~AtomicFile() {
   fs::remove(temp_, ec);
 }
 
+namespace {
+// fsync of a file or folder; a filesystem that cannot sync a folder (some network ones) is not an error.
+void sync_path(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+}  // namespace
+
 void AtomicFile::write(const void* data, int64_t bytes) {
   out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
   check_stream();
@@ -50,10 +61,13 @@ void AtomicFile::commit() {
   check_stream();
   out_.close();
   check_stream();
+  // The bytes reach the disk before the name does: after a crash the file is either the old one or the whole new one.
+  sync_path(temp_);
   std::error_code ec;
   fs::rename(temp_, path_, ec);
   if (ec) throw SystemError("cannot rename '" + temp_.string() + "' to '" + path_.string() + "': " + ec.message());
   committed_ = true;
+  sync_path(path_.parent_path().empty() ? fs::path(".") : path_.parent_path());  // the rename itself
 }
 
 void write_file_atomically(const fs::path& path, std::string_view contents) {

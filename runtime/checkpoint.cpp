@@ -65,6 +65,11 @@ void write_checkpoint(const fs::path& dir, int64_t step, const nlohmann::json& m
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw SystemError("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
+  write_checkpoint_file(dir / kCheckpointFile, step, meta, tensors);
+}
+
+void write_checkpoint_file(const fs::path& path, int64_t step, const nlohmann::json& meta,
+                           const std::vector<std::pair<std::string, const Tensor*>>& tensors) {
   nlohmann::json header = {{"format", "apart.checkpoint/1"}, {"step", step}, {"meta", meta}};
   nlohmann::json list = nlohmann::json::array();
   int64_t offset = 0;
@@ -82,7 +87,7 @@ void write_checkpoint(const fs::path& dir, int64_t step, const nlohmann::json& m
   prefix += json;
   const int64_t data_start = align_up(static_cast<int64_t>(prefix.size()), kAlign);
 
-  AtomicFile file(dir / kCheckpointFile);
+  AtomicFile file(path);
   file.write(prefix.data(), static_cast<int64_t>(prefix.size()));
   int64_t pos = data_start;
   pad_to(file, pos);

@@ -31,6 +31,9 @@ struct Checkpoint {
 // leaves the previous checkpoint intact. Throws SystemError for I/O.
 void write_checkpoint(const std::filesystem::path& dir, int64_t step, const nlohmann::json& meta,
                       const std::vector<std::pair<std::string, const Tensor*>>& tensors);
+// The same format at any file path (apart run: one shard per rank, DIR/step_N/rank_R.apart).
+void write_checkpoint_file(const std::filesystem::path& file, int64_t step, const nlohmann::json& meta,
+                           const std::vector<std::pair<std::string, const Tensor*>>& tensors);
 // Whether `file` starts with the checkpoint magic, i.e. apart wrote it (train replaces only such a file).
 bool is_checkpoint_file(const std::filesystem::path& file);
 // Reads DIR/checkpoint.apart (or a path to the file itself). Throws InvalidArgument naming the file

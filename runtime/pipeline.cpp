@@ -7,12 +7,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <map>
 #include <set>
 
 #include "codegen/stage_graphs.h"
 #include "graph/checked.h"
+#include "graph/atomic_file.h"
 #include "graph/error.h"
+#include "graph/json_reader.h"
 #include "graph/output_path.h"
 #include "graph/sha256.h"
 #include "graph/text.h"
@@ -32,6 +36,8 @@ void RunOptions::validate() const {
   checked_number(schedule.min_lr_ratio, 0, 1, "--min-lr-ratio");
   if (schedule.kind == LrScheduleKind::kConstant && schedule.warmup_steps > 0)
     throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
+  checked_integer(save_every, 0, limits::kMaxSteps, "--save-every (0: only at the end)");
+  if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
   optimizer.validate();
 }
 
@@ -52,6 +58,8 @@ struct RunSetup {
   int64_t microbatch_samples = 0;  // samples of a whole micro-batch (all replicas of a stage together)
   int loss_stage = -1;
   std::string loss;
+  std::string plan_sha256;   // of plan.json's bytes: a checkpoint resumes only with the plan it was written for
+  std::string model_sha256;
 };
 
 std::string rank_label(int rank, int world, const RankRole& role) {
@@ -112,8 +120,10 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
   std::error_code ec;
   if (s.model_path.empty() || !fs::is_regular_file(s.model_path, ec))
     throw InvalidArgument("the model " + quote(s.model_path.string()) + " the plan was made for is not there: pass it with --model FILE");
+  s.model_sha256 = sha256_file_hex(s.model_path);
+  s.plan_sha256 = sha256_file_hex(plan_json_path(options.plan));
   if (plan.model && !plan.model->sha256.empty()) {
-    const std::string sha = sha256_file_hex(s.model_path);
+    const std::string& sha = s.model_sha256;
     if (sha != plan.model->sha256)
       throw InvalidArgument("the model " + s.model_path.string() + " is not the one the plan was made for (sha256 " +
                             sha.substr(0, 12) + "…, the plan's " + plan.model->sha256.substr(0, 12) +
@@ -218,6 +228,49 @@ Tensor batch_rows(const Tensor& t, int64_t begin, int64_t end) {
   return out;
 }
 
+// DIR/manifest.json: which step the folder holds, for which plan, model and world (docs/runtime.md).
+constexpr const char* kManifestFile = "manifest.json";
+constexpr const char* kManifestFormat = "apart.run-checkpoint/1";
+
+struct Manifest {
+  int64_t step = 0;
+  int world = 0;
+  std::string plan_sha256, model_sha256, optimizer, data;
+  uint64_t seed = 0;
+  std::string folder;  // "step_N", relative to the manifest
+};
+
+std::string shard_name(int rank) { return "rank_" + std::to_string(rank) + ".apart"; }
+
+Manifest read_manifest(const fs::path& dir) {
+  const fs::path file = dir / kManifestFile;
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
+    throw InvalidArgument("--resume " + dir.string() + ": no " + kManifestFile + " (not a checkpoint folder apart run wrote, "
+                          "or its first save did not finish)");
+  nlohmann::json j;
+  try {
+    std::ifstream in(file);
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(file.string() + " is not JSON (" + e.what() + ")");
+  }
+  const JsonReader r(file.string(), kManifestFormat, "docs/runtime.md", JsonReader::Null::kInvalid,
+                     ErrorKind::kInvalidArgument, "resume from a checkpoint folder apart run wrote");
+  if (!j.is_object() || r.string(j, "", "format") != kManifestFormat) r.fail("format", std::string("must be ") + kManifestFormat);
+  Manifest m;
+  m.step = r.integer(j, "", "step", 0, limits::kMaxSteps);
+  m.world = static_cast<int>(r.integer(j, "", "world", 1, limits::kMaxDevices));
+  m.plan_sha256 = r.string(j, "", "plan_sha256");
+  m.model_sha256 = r.string(j, "", "model_sha256");
+  m.optimizer = r.string(j, "", "optimizer");
+  m.data = r.string(j, "", "data");
+  m.seed = static_cast<uint64_t>(r.integer(j, "", "seed", 0, JsonReader::kMaxInteger));
+  m.folder = r.string(j, "", "folder");
+  if (m.folder != "step_" + std::to_string(m.step)) r.fail("folder", "must be step_" + std::to_string(m.step));
+  return m;
+}
+
 // One micro-batch's storage on this rank: what its forward received and left for the backward, and the
 // gradients of its outputs as they arrive.
 struct Frame {
@@ -255,6 +308,10 @@ class StageRunner {
   void finish_allreduce();
   StepRecord optimizer_step(int64_t step);
   void save_model();
+  void save_checkpoint(int64_t step_done);
+  int64_t restore();
+  // The tensors a checkpoint shard holds: "param/<name>" (trained and BatchNorm statistics) and "optim/<name>/<slot>".
+  std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors();
   SampleRange my_samples() const { return replica_samples(setup_.microbatch_samples, stage_.replicas, setup_.role.replica); }
   // The values of a message on the edge from → to (the receiving stage's inputs from `from`, in plan order);
   // gradient messages carry the float ones.
@@ -680,6 +737,79 @@ void StageRunner::save_model() {
   write_trained_model(setup_.model_path, options_.save_model, refs);
 }
 
+std::vector<std::pair<std::string, Tensor*>> StageRunner::checkpoint_tensors() {
+  std::vector<std::pair<std::string, Tensor*>> tensors;
+  for (size_t i = 0; i < params_.size(); ++i) tensors.emplace_back("param/" + param_names_[i], params_[i]);
+  for (const auto& [init, out] : graphs_.state_updates)
+    if (Tensor* t = forward_->param(init)) tensors.emplace_back("param/" + init, t);
+  for (const auto& [name, t] : optimizer_->state()) tensors.emplace_back("optim/" + name, t);
+  return tensors;
+}
+
+void StageRunner::save_checkpoint(int64_t step_done) {
+  const fs::path dir(options_.checkpoint_dir);
+  const std::string folder = "step_" + std::to_string(step_done);
+  std::error_code ec;
+  fs::create_directories(dir / folder, ec);
+  if (ec) throw SystemError("cannot create " + (dir / folder).string() + ": " + ec.message());
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (const auto& [name, t] : checkpoint_tensors()) tensors.emplace_back(name, t);
+  const nlohmann::json meta = {{"stage", setup_.role.stage}, {"replica", setup_.role.replica}, {"rank", world_.rank()},
+                               {"optimizer_steps", optimizer_->steps_taken()}};
+  write_checkpoint_file(dir / folder / shard_name(world_.rank()), step_done, meta, tensors);
+  world_.barrier();  // every shard is on disk before the manifest names them
+  if (world_.rank() == 0) {
+    std::optional<Manifest> previous;
+    if (fs::exists(dir / kManifestFile, ec)) previous = read_manifest(dir);
+    const nlohmann::ordered_json manifest = {
+        {"format", kManifestFormat}, {"step", step_done}, {"world", world_.size()}, {"folder", folder},
+        {"plan_sha256", setup_.plan_sha256}, {"model_sha256", setup_.model_sha256},
+        {"optimizer", std::string(optimizer_name(optimizer_->options().kind))}, {"seed", options_.seed},
+        {"data", options_.data.spec}, {"shards", world_.size()}};
+    write_file_atomically(dir / kManifestFile, manifest.dump(2) + "\n");
+    // The step it replaced was ours (the manifest named it): remove it now that it is no longer the checkpoint.
+    if (previous && previous->folder != folder) fs::remove_all(dir / previous->folder, ec);
+  }
+  world_.barrier();
+}
+
+int64_t StageRunner::restore() {
+  const fs::path dir(options_.resume);
+  const Manifest m = read_manifest(dir);
+  const std::string where = "--resume " + dir.string();
+  if (m.world != world_.size())
+    throw InvalidArgument(where + " was written by a run on " + std::to_string(m.world) + " ranks; this run has " +
+                          std::to_string(world_.size()) + ": resume with the plan and the rank count it was written with");
+  if (m.plan_sha256 != setup_.plan_sha256)
+    throw InvalidArgument(where + " was written for another plan (plan.json differs): resume with the plan it was written with");
+  if (m.model_sha256 != setup_.model_sha256)
+    throw InvalidArgument(where + " was written for another model (sha256 differs)");
+  if (m.optimizer != optimizer_name(optimizer_->options().kind))
+    throw InvalidArgument(where + " was written with --optimizer " + m.optimizer + "; resume with the same optimizer");
+  if (m.seed != options_.seed || m.data != options_.data.spec)
+    throw InvalidArgument(where + " was written with --seed " + std::to_string(m.seed) + " --data " + m.data +
+                          "; resume with the same seed and data, so that the batches continue where they stopped");
+  if (m.step > options_.steps)
+    throw InvalidArgument(where + " is at step " + std::to_string(m.step) + ", past --steps " + std::to_string(options_.steps));
+  Checkpoint ck = read_checkpoint(dir / m.folder / shard_name(world_.rank()));
+  if (ck.meta.value("stage", -1) != setup_.role.stage || ck.meta.value("replica", -1) != setup_.role.replica)
+    throw InvalidArgument(where + ": the shard of rank " + std::to_string(world_.rank()) + " holds another stage or replica");
+  std::map<std::string, Tensor> saved;
+  for (auto& [name, t] : ck.tensors) saved[name] = std::move(t);
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (auto& [name, t] : saved)
+    if (name.rfind("optim/", 0) == 0) state.emplace_back(name.substr(6), t);
+  for (const auto& [name, t] : checkpoint_tensors()) {
+    if (name.rfind("param/", 0) != 0) continue;
+    auto it = saved.find(name);
+    if (it == saved.end() || it->second.shape() != t->shape() || it->second.dtype() != t->dtype())
+      throw InvalidArgument(where + ": rank " + std::to_string(world_.rank()) + "'s shard has no matching " + name);
+    std::memcpy(t->raw(), it->second.raw(), static_cast<size_t>(t->bytes()));
+  }
+  optimizer_->restore(ck.meta.value("optimizer_steps", int64_t{0}), std::move(state));
+  return m.step;
+}
+
 RunResult StageRunner::run(const RunStepCallback& on_step) {
   const auto setup_start = Clock::now();
   build();
@@ -688,10 +818,13 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   result_.role = setup_.role;
   result_.world = world_.size();
   result_.reports = setup_.role.stage == setup_.loss_stage && setup_.role.replica == 0;
+  int64_t first = 0;
+  if (!options_.resume.empty()) first = restore();
+  result_.first_step = first;
   result_.setup_seconds = seconds_since(setup_start);
 
   const auto run_start = Clock::now();
-  for (int64_t step = 0; step < options_.steps; ++step) {
+  for (int64_t step = first; step < options_.steps; ++step) {
     const auto step_start = Clock::now();
     const std::map<std::string, Tensor> batch = data_->batch(step);
     frames_.assign(static_cast<size_t>(setup_.microbatches), Frame{});
@@ -718,9 +851,14 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
     record.samples_per_s = static_cast<double>(setup_.global_batch) / std::max(record.seconds, 1e-9);
     result_.steps.push_back(record);
     if (on_step) on_step(result_, record);
+    if (!options_.checkpoint_dir.empty() && options_.save_every > 0 && record.step % options_.save_every == 0 &&
+        record.step < options_.steps)
+      save_checkpoint(record.step);
   }
+  if (!options_.checkpoint_dir.empty()) save_checkpoint(options_.steps);
   result_.seconds = seconds_since(run_start);
-  result_.samples_per_s = static_cast<double>(setup_.global_batch * options_.steps) / std::max(result_.seconds, 1e-9);
+  result_.samples_per_s = static_cast<double>(setup_.global_batch * static_cast<int64_t>(result_.steps.size())) /
+                          std::max(result_.seconds, 1e-9);
   if (!options_.save_model.empty()) save_model();
   world_.barrier();
   return result_;
@@ -748,6 +886,12 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
     std::vector<InputFile> inputs{{"the model", setup.model_path}, {"the plan", plan_json_path(options.plan)}};
     check_output_file(options.save_model, inputs, "--save-model");
     check_output_not_input(options.save_model + ".data", inputs, "--save-model (its external data)");
+  }
+  if (!options.checkpoint_dir.empty()) {
+    check_output_directory_writable(options.checkpoint_dir, "--checkpoint-dir");
+    const fs::path manifest = fs::path(options.checkpoint_dir) / kManifestFile;
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(manifest, ec))) read_manifest(options.checkpoint_dir);  // ours, or refused
   }
   StageRunner runner(options, setup, world);
   try {

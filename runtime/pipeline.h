@@ -26,6 +26,12 @@ struct RunOptions {
   ParamInit init = ParamInit::kModel;
   uint64_t seed = 0;
   std::string save_model;         // world rank 0 writes every stage's trained weights into a copy of the model
+  // Checkpoints (docs/runtime.md, "Checkpoints"): every rank writes DIR/step_N/rank_R.apart (its params, optimizer
+  // state, BatchNorm statistics; the data cursor and random state are the step and the seed), then rank 0 writes
+  // DIR/manifest.json through a temporary, fsync and rename: a crash mid-save leaves the previous one usable.
+  std::string checkpoint_dir;     // at the end, and every save_every steps
+  int64_t save_every = 0;
+  std::string resume;             // a checkpoint folder of this plan on as many ranks: continue from its step
   void validate() const;          // InvalidArgument naming the flag
 };
 
@@ -33,7 +39,8 @@ struct RunResult {
   RankRole role;
   int world = 1;
   bool reports = false;            // this rank is the loss stage's first replica (the one that prints)
-  std::vector<StepRecord> steps;   // every rank knows each step's loss and gradient norm
+  std::vector<StepRecord> steps;   // the steps this run did; every rank knows each step's loss and gradient norm
+  int64_t first_step = 0;          // 0, or the checkpoint's step when resumed
   int64_t params = 0;              // parameter elements this rank trains
   int64_t param_tensors = 0;
   double seconds = 0;              // all steps

@@ -5,6 +5,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -101,7 +102,8 @@ Outcome train_reference(const std::string& model, int64_t batch, int64_t steps, 
   return out;
 }
 
-Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir, Optimizer optimizer = Optimizer::kSgd) {
+Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir, Optimizer optimizer = Optimizer::kSgd,
+                    const std::string& checkpoint_dir = "", const std::string& resume = "") {
   const PlanDocument plan = read_plan(plan_dir);
   int world = 0;
   for (const auto& s : plan.stages) world += s.replicas;
@@ -114,6 +116,8 @@ Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir
   o.seed = 3;
   fs::create_directories(dir);
   o.save_model = (dir / "run.onnx").string();
+  o.checkpoint_dir = checkpoint_dir;
+  o.resume = resume;
   auto comms = make_in_process_communicators(world, CommOptions{60});
   Outcome out;
   out.ranks.resize(static_cast<size_t>(world));
@@ -227,6 +231,67 @@ TEST(ApartRun, GivesTheSameResultTwice) {
   const Outcome b = run_threads(plan, 2, dir / "b");
   ASSERT_EQ(a.losses.size(), 2u);
   EXPECT_EQ(a.losses, b.losses);
+}
+
+bool bitwise_equal(const Weights& a, const Weights& b) {
+  if (a.by_name.size() != b.by_name.size()) return false;
+  for (const auto& [name, t] : a.by_name) {
+    auto it = b.by_name.find(name);
+    if (it == b.by_name.end() || it->second.bytes() != t.bytes() ||
+        std::memcmp(it->second.raw(), t.raw(), static_cast<size_t>(t.bytes())) != 0)
+      return false;
+  }
+  return true;
+}
+
+TEST(ApartRunCheckpoints, TenStepsStraightEqualFivePlusAResumedFiveBitwise) {
+  const fs::path dir = scratch("resume");
+  const fs::path plan = make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
+  const Outcome straight = run_threads(plan, 10, dir / "straight", Optimizer::kAdam);
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  const Outcome first = run_threads(plan, 5, dir / "first", Optimizer::kAdam, ck.string());
+  ASSERT_EQ(first.losses.size(), 5u);
+  EXPECT_TRUE(fs::exists(ck / "manifest.json"));
+  EXPECT_TRUE(fs::exists(ck / "step_5" / "rank_2.apart"));
+  // The run is told 10 steps; resumed at 5, it does steps 6..10.
+  const Outcome rest = run_threads(plan, 10, dir / "rest", Optimizer::kAdam, "", ck.string());
+  ASSERT_EQ(rest.losses.size(), 5u);
+  ASSERT_EQ(straight.losses.size(), 10u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(first.losses[i], straight.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(rest.losses[i], straight.losses[5 + i]) << "step " << i + 6;
+  }
+  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
+  EXPECT_EQ(rest.ranks[0].first_step, 5);
+}
+
+TEST(ApartRunCheckpoints, RefuseAnotherPlanOrRankCountSayingWhy) {
+  const fs::path dir = scratch("resume_refused");
+  const fs::path plan = make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  run_threads(plan, 1, dir / "first", Optimizer::kSgd, ck.string());
+  const fs::path other = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "other");
+  auto comms = make_in_process_communicators(2);
+  RunOptions o;
+  o.plan = other.string();
+  o.steps = 2;
+  o.resume = ck.string();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        run_plan(o, *comms[static_cast<size_t>(r)]);
+      } catch (const InvalidArgument& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::string("wrong type: ") + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) EXPECT_NE(e.find("written by a run on 3 ranks; this run has 2"), std::string::npos) << e;
 }
 
 TEST(ApartRun, RefusesAWorldOfAnotherSizeBeforeAnyWork) {

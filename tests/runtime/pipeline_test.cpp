@@ -294,19 +294,24 @@ TEST(ApartRunCheckpoints, RefuseAnotherPlanOrRankCountSayingWhy) {
   for (const std::string& e : errors) EXPECT_NE(e.find("written by a run on 3 ranks; this run has 2"), std::string::npos) << e;
 }
 
+// run_plan on one rank throws InvalidArgument whose message has `expected`.
+void expect_refused(const RunOptions& o, const std::string& expected) {
+  auto comms = make_in_process_communicators(1);
+  try {
+    run_plan(o, *comms[0]);
+    FAIL() << "expected InvalidArgument with: " << expected;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+  }
+}
+
 TEST(ApartRun, RefusesAWorldOfAnotherSizeBeforeAnyWork) {
   const fs::path dir = scratch("world_size");
   const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
-  auto comms = make_in_process_communicators(1);
   RunOptions o;
   o.plan = plan.string();
   o.steps = 1;
-  try {
-    run_plan(o, *comms[0]);
-    FAIL() << "expected InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("mpirun -np 2"), std::string::npos) << e.what();
-  }
+  expect_refused(o, "mpirun -np 2");
 }
 
 TEST(ApartRun, RefusesAModelWhoseBytesAreNotThePlans) {
@@ -316,17 +321,11 @@ TEST(ApartRun, RefusesAModelWhoseBytesAreNotThePlans) {
   z.seed = 99;
   const fs::path other = dir / "other.onnx";
   models::write_zoo_model(z, other.string());
-  auto comms = make_in_process_communicators(1);
   RunOptions o;
   o.plan = plan.string();
   o.model = other.string();
   o.steps = 1;
-  try {
-    run_plan(o, *comms[0]);
-    FAIL() << "expected InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("not the one the plan was made for"), std::string::npos) << e.what();
-  }
+  expect_refused(o, "not the one the plan was made for");
 }
 
 TEST(ApartRunCli, TrainsAPlanInProcessAndPrintsEachStep) {

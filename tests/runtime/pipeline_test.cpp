@@ -294,6 +294,24 @@ TEST(ApartRunCheckpoints, RefuseAnotherPlanOrRankCountSayingWhy) {
   for (const std::string& e : errors) EXPECT_NE(e.find("written by a run on 3 ranks; this run has 2"), std::string::npos) << e;
 }
 
+TEST(ApartRun, SavesOneStandardModelThatApartTrainContinuesFrom) {
+  const fs::path dir = scratch("save_model");
+  const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
+  const Outcome run = run_threads(plan, 2, dir / "run");
+  ASSERT_EQ(run.losses.size(), 2u);
+  TrainOptions o;
+  o.model = (dir / "run" / "run.onnx").string();
+  o.batch = 8;
+  o.steps = 1;
+  const TrainResult continued = train(o);
+  ASSERT_EQ(continued.steps.size(), 1u);
+  EXPECT_TRUE(std::isfinite(continued.steps[0].loss));
+  // Every initializer of the model is there, trained ones moved from the file's values.
+  const Weights original = read_weights(gpt_tiny());
+  EXPECT_EQ(run.weights.by_name.size(), original.by_name.size());
+  EXPECT_FALSE(bitwise_equal(run.weights, original));
+}
+
 // run_plan on one rank throws InvalidArgument whose message has `expected`.
 void expect_refused(const RunOptions& o, const std::string& expected) {
   auto comms = make_in_process_communicators(1);

@@ -212,7 +212,9 @@ TEST(EstimateCosts, IsDeterministic) {
 
 TEST(RescaleCosts, ScalesBatchTasksAndLeavesConstantTasks) {
   SmallMlp m;
-  const CostTable t = estimate_costs(m.b.g, test_device());
+  CostOptions bound;
+  bound.reference_batch = 8;  // the batch SmallMlp is built at
+  const CostTable t = estimate_costs(m.b.g, test_device(), bound);
   const CostTable r = rescale_costs(t, m.b.g, 16);
   EXPECT_EQ(r.microbatch_size, 16);
   EXPECT_DOUBLE_EQ(r.tasks[m.matmul.value()].forward_s, 2 * t.tasks[m.matmul.value()].forward_s);

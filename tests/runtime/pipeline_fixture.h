@@ -90,13 +90,13 @@ struct Outcome {
   std::vector<RunResult> ranks;
 };
 
-inline Outcome train_reference(const std::string& model, int64_t batch, int64_t steps, const fs::path& dir) {
+inline Outcome train_reference(const std::string& model, int64_t batch, int64_t steps, const fs::path& dir, double lr = 0.05) {
   TrainOptions o;
   o.model = model;
   o.batch = batch;
   o.steps = steps;
   o.optimizer.kind = Optimizer::kSgd;
-  o.optimizer.lr = 0.05;
+  o.optimizer.lr = lr;
   o.seed = 3;
   o.save_model = (dir / "reference.onnx").string();
   Outcome out;
@@ -142,20 +142,22 @@ inline int plan_world(const fs::path& plan_dir) {
 }
 
 // What apart run computes for the plan with train_reference's flags (SGD, lr 0.05, seed 3), on threads.
-inline RunOptions run_options_like_reference(const fs::path& plan_dir, int64_t steps, Optimizer optimizer = Optimizer::kSgd) {
+inline RunOptions run_options_like_reference(const fs::path& plan_dir, int64_t steps, Optimizer optimizer = Optimizer::kSgd,
+                                             double lr = 0.05) {
   RunOptions o;
   o.plan = plan_dir.string();
   o.steps = steps;
   o.optimizer.kind = optimizer;
-  o.optimizer.lr = 0.05;
+  o.optimizer.lr = lr;
   o.optimizer_from_plan = false;
   o.seed = 3;
   return o;
 }
 
-inline Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir, Optimizer optimizer = Optimizer::kSgd) {
+inline Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir, Optimizer optimizer = Optimizer::kSgd,
+                           double lr = 0.05) {
   const int world = plan_world(plan_dir);
-  RunOptions o = run_options_like_reference(plan_dir, steps, optimizer);
+  RunOptions o = run_options_like_reference(plan_dir, steps, optimizer, lr);
   fs::create_directories(dir);
   o.save_model = (dir / "run.onnx").string();
   Outcome out;

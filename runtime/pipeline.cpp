@@ -83,6 +83,25 @@ std::string model_loss(const TaskGraph& graph, const std::string& requested, con
   return loss;
 }
 
+// A stage file that is ONNX and fits its plan record: a graph input for each of the stage's plan inputs, a graph
+// output for each of its plan outputs. Every rank checks every stage's file (protobuf only; weights are read by
+// the rank that trains them), so a truncated, foreign or swapped stage_K.onnx fails everywhere before any message.
+void check_stage_file(const fs::path& file, const PlanStageRecord& stage) {
+  const onnx::ModelProto proto = load_model_proto(file);  // InvalidModel naming the file when it is not ONNX
+  std::set<std::string> inputs, outputs;
+  for (const auto& info : proto.graph().input()) inputs.insert(info.name());
+  for (const auto& info : proto.graph().output()) outputs.insert(info.name());
+  auto refuse = [&](const std::string& what, const std::string& value) {
+    throw InvalidModel(file.string() + " is not stage " + std::to_string(stage.id) + " of this plan: plan.json's stages[" +
+                       std::to_string(stage.id) + "]." + what + " names " + quote(value) + ", which the file does not " +
+                       (what == "inputs" ? "take as an input" : "output") + "; re-run apart partition to rewrite the plan folder");
+  };
+  for (const PlanInput& in : stage.inputs)
+    if (!inputs.count(in.value)) refuse("inputs", in.value);
+  for (const PlanOutput& out : stage.outputs)
+    if (!outputs.count(out.value)) refuse("outputs", out.value);
+}
+
 RunSetup check_plan(const RunOptions& options, int rank, int world) {
   RunSetup s;
   s.plan = read_plan(options.plan);
@@ -101,6 +120,7 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
       throw InvalidArgument("the plan folder " + s.plan_dir.string() + " has no " + file.filename().string() +
                             " (stage " + std::to_string(k) + " of " + std::to_string(plan.stages.size()) +
                             "): re-run apart partition to write it");
+    check_stage_file(file, plan.stages[k]);
   }
   if (!plan.training.global_batch)
     throw InvalidModel(options.plan + ": training.global_batch is missing; apart run needs it to split the batch");
@@ -884,6 +904,9 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
   }
   if (!options.save_model.empty()) {
     std::vector<InputFile> inputs{{"the model", setup.model_path}, {"the plan", plan_json_path(options.plan)}};
+    for (const PlanStageRecord& stage : setup.plan.stages)  // the plan's stage files are inputs too
+      inputs.push_back({"stage " + std::to_string(stage.id) + "'s file",
+                        setup.plan_dir / ("stage_" + std::to_string(stage.id) + ".onnx")});
     check_output_file(options.save_model, inputs, "--save-model");
     check_output_not_input(options.save_model + ".data", inputs, "--save-model (its external data)");
   }

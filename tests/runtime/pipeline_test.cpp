@@ -2,197 +2,26 @@
 // process computes on the whole batch — per-step losses and the weights after K steps — for pipelines, replicas,
 // stages with different replica counts, recomputation, GPipe and 1F1B, several micro-batch counts.
 #include <gtest/gtest.h>
-#include <onnx/onnx_pb.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <thread>
 
 #include "graph/error.h"
 #include "models/zoo.h"
 #include "plan/plan.h"
 #include "runtime/pipeline.h"
-#include "runtime/tensor.h"
 #include "runtime/trainer.h"
-#include "tests/support/read_model.h"
-#include "tests/support/run_apart.h"
+#include "tests/runtime/pipeline_fixture.h"
 
 namespace apart {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace apart::testing;
 
-fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("apart_pipeline_test_" + std::to_string(::getpid())) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string gpt_tiny() { return std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx"; }
-
-// What to run: stage k gets replicas[k] devices; the plan comes from apart partition (its cut of the model) and
-// is then given this shape, which is what the runtime must honour.
-struct Shape {
-  std::vector<int> replicas;
-  int64_t microbatches = 1;
-  Schedule schedule = Schedule::k1F1B;
-  std::vector<bool> recompute;  // by stage; empty: none
-};
-
-fs::path make_plan(const std::string& model, const Shape& shape, int64_t batch, const fs::path& dir) {
-  const int stages = static_cast<int>(shape.replicas.size());
-  const auto r = testing::run_apart("partition " + model + " --device cpu --devices " + std::to_string(stages) + " --stages " +
-                                    std::to_string(stages) + " --replicas 1 --microbatches " +
-                                    std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) +
-                                    " --schedule " + (shape.schedule == Schedule::kGPipe ? "gpipe" : "1f1b") +
-                                    " --no-baselines -o " + dir.string());
-  EXPECT_EQ(r.code, 0) << r.out;
-  PlanDocument plan = read_plan(dir);
-  EXPECT_EQ(plan.stages.size(), shape.replicas.size()) << "partition did not cut " << stages << " stages";
-  int device = 0;
-  int total = 0;
-  for (int n : shape.replicas) total += n;
-  const int64_t microbatch = batch / shape.microbatches;
-  for (size_t s = 0; s < plan.stages.size(); ++s) {
-    PlanStageRecord& stage = plan.stages[s];
-    stage.replicas = shape.replicas[s];
-    stage.devices.clear();
-    for (int j = 0; j < stage.replicas; ++j) stage.devices.push_back(device++);
-    stage.microbatch_size = microbatch / stage.replicas;
-    stage.recompute = !shape.recompute.empty() && shape.recompute[s];
-    if (stage.recompute) stage.backward_s = std::max(stage.backward_s, 2 * stage.forward_s);
-  }
-  plan.cluster.devices = total;
-  std::ofstream(dir / "plan.json") << plan_to_json(plan).dump(2) << "\n";
-  return dir;
-}
-
-struct Weights {
-  std::map<std::string, Tensor> by_name;
-};
-Weights read_weights(const fs::path& model) {
-  Weights w;
-  const onnx::ModelProto proto = testing::read_proto(model);
-  for (const auto& init : proto.graph().initializer()) w.by_name[init.name()] = tensor_from_proto(init, model.parent_path());
-  return w;
-}
-
-struct Outcome {
-  std::vector<double> losses;
-  Weights weights;
-  std::vector<RunResult> ranks;
-};
-
-Outcome train_reference(const std::string& model, int64_t batch, int64_t steps, const fs::path& dir) {
-  TrainOptions o;
-  o.model = model;
-  o.batch = batch;
-  o.steps = steps;
-  o.optimizer.kind = Optimizer::kSgd;
-  o.optimizer.lr = 0.05;
-  o.seed = 3;
-  o.save_model = (dir / "reference.onnx").string();
-  Outcome out;
-  for (const StepRecord& s : train(o).steps) out.losses.push_back(s.loss);
-  out.weights = read_weights(o.save_model);
-  return out;
-}
-
-Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir, Optimizer optimizer = Optimizer::kSgd,
-                    const std::string& checkpoint_dir = "", const std::string& resume = "") {
-  const PlanDocument plan = read_plan(plan_dir);
-  int world = 0;
-  for (const auto& s : plan.stages) world += s.replicas;
-  RunOptions o;
-  o.plan = plan_dir.string();
-  o.steps = steps;
-  o.optimizer.kind = optimizer;
-  o.optimizer.lr = 0.05;
-  o.optimizer_from_plan = false;
-  o.seed = 3;
-  fs::create_directories(dir);
-  o.save_model = (dir / "run.onnx").string();
-  o.checkpoint_dir = checkpoint_dir;
-  o.resume = resume;
-  auto comms = make_in_process_communicators(world, CommOptions{60});
-  Outcome out;
-  out.ranks.resize(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        out.ranks[static_cast<size_t>(r)] = run_plan(o, *comms[static_cast<size_t>(r)]);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-  if (!errors[0].empty()) return out;
-  for (const StepRecord& s : out.ranks[0].steps) out.losses.push_back(s.loss);
-  out.weights = read_weights(o.save_model);
-  return out;
-}
-
-// Summation order differs (micro-batch gradients are added, replicas all-reduced, then scaled by 1/(m·r)), so
-// float32 results agree to rounding, not bitwise. Losses: 2e-5 relative. Weights: what K SGD steps changed, per
-// param tensor, ‖Δrun − Δref‖ ≤ 1e-3 ‖Δref‖ (a 1 % error in any gradient fails it; rounding in Δ of weights near
-// 1 is ~1e-4 of it).
-void expect_same_training(const Outcome& reference, const Outcome& run, const Weights& initial, const std::string& what) {
-  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
-  ASSERT_FALSE(run.losses.empty());
-  for (size_t i = 0; i < run.losses.size(); ++i)
-    EXPECT_NEAR(run.losses[i], reference.losses[i], 2e-5 * std::abs(reference.losses[i])) << what << ": step " << i + 1;
-  ASSERT_EQ(run.weights.by_name.size(), reference.weights.by_name.size()) << what;
-  int compared = 0;
-  for (const auto& [name, ref] : reference.weights.by_name) {
-    auto it = run.weights.by_name.find(name);
-    ASSERT_NE(it, run.weights.by_name.end()) << what << ": " << name;
-    if (ref.dtype() != DType::kFloat32) continue;
-    const auto w0 = initial.by_name.at(name).span<const float>();
-    const auto a = ref.span<const float>();
-    const auto b = it->second.span<const float>();
-    ASSERT_EQ(a.size(), b.size()) << name;
-    double diff = 0, update = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      const double da = double(a[i]) - w0[i], db = double(b[i]) - w0[i];
-      diff += (da - db) * (da - db);
-      update += da * da;
-    }
-    if (update == 0) {
-      EXPECT_EQ(diff, 0) << what << ": param " << name << " moved in the run only";
-      continue;
-    }
-    EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(update)) << what << ": param " << name;
-    ++compared;
-  }
-  EXPECT_GT(compared, 0) << what;
-}
-
-// Each rank trained a strict part of the model: the plan was really split.
-void expect_split(const Outcome& run, int64_t total_params) {
-  for (const RunResult& r : run.ranks) {
-    if (run.ranks.size() > 1 && r.role.stage >= 0) {
-      bool pipelined = false;
-      for (const RunResult& other : run.ranks) pipelined = pipelined || other.role.stage != r.role.stage;
-      if (pipelined) {
-        EXPECT_LT(r.params, total_params) << "stage " << r.role.stage;
-      }
-    }
-  }
-}
-
-int64_t total_params(const Weights& w) {
-  int64_t n = 0;
-  for (const auto& [name, t] : w.by_name)
-    if (t.dtype() == DType::kFloat32) n += t.elements();
-  return n;
-}
+fs::path scratch(const std::string& name) { return testing::scratch("pipeline_test", name); }
 
 struct Case {
   const char* name;
@@ -250,12 +79,12 @@ TEST(ApartRunCheckpoints, TenStepsStraightEqualFivePlusAResumedFiveBitwise) {
   const Outcome straight = run_threads(plan, 10, dir / "straight", Optimizer::kAdam);
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);
-  const Outcome first = run_threads(plan, 5, dir / "first", Optimizer::kAdam, ck.string());
+  const Outcome first = run_threads(plan, 5, dir / "first", Optimizer::kAdam, 0.05, ck.string());
   ASSERT_EQ(first.losses.size(), 5u);
   EXPECT_TRUE(fs::exists(ck / "manifest.json"));
   EXPECT_TRUE(fs::exists(ck / "step_5" / "rank_2.apart"));
   // The run is told 10 steps; resumed at 5, it does steps 6..10.
-  const Outcome rest = run_threads(plan, 10, dir / "rest", Optimizer::kAdam, "", ck.string());
+  const Outcome rest = run_threads(plan, 10, dir / "rest", Optimizer::kAdam, 0.05, "", ck.string());
   ASSERT_EQ(rest.losses.size(), 5u);
   ASSERT_EQ(straight.losses.size(), 10u);
   for (size_t i = 0; i < 5; ++i) {
@@ -271,27 +100,17 @@ TEST(ApartRunCheckpoints, RefuseAnotherPlanOrRankCountSayingWhy) {
   const fs::path plan = make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);
-  run_threads(plan, 1, dir / "first", Optimizer::kSgd, ck.string());
+  run_threads(plan, 1, dir / "first", Optimizer::kSgd, 0.05, ck.string());
   const fs::path other = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "other");
-  auto comms = make_in_process_communicators(2);
   RunOptions o;
   o.plan = other.string();
   o.steps = 2;
   o.resume = ck.string();
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        run_plan(o, *comms[static_cast<size_t>(r)]);
-      } catch (const InvalidArgument& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = std::string("wrong type: ") + e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (const std::string& e : errors) EXPECT_NE(e.find("written by a run on 3 ranks; this run has 2"), std::string::npos) << e;
+  const auto errors = run_ranks(2, CommOptions{60}, [&](int, Communicator& comm) { run_plan(o, comm); });
+  for (const auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_NE(error_message(e).find("written by a run on 3 ranks; this run has 2"), std::string::npos) << error_message(e);
+  }
 }
 
 TEST(ApartRun, SavesOneStandardModelThatApartTrainContinuesFrom) {
@@ -306,7 +125,7 @@ TEST(ApartRun, SavesOneStandardModelThatApartTrainContinuesFrom) {
   const TrainResult continued = train(o);
   ASSERT_EQ(continued.steps.size(), 1u);
   EXPECT_TRUE(std::isfinite(continued.steps[0].loss));
-  // Every initializer of the model is there, trained ones moved from the file's values.
+  // Every initializer of the model is there, the trained ones moved from the file's values.
   const Weights original = read_weights(gpt_tiny());
   EXPECT_EQ(run.weights.by_name.size(), original.by_name.size());
   EXPECT_FALSE(bitwise_equal(run.weights, original));

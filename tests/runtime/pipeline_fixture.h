@@ -1,0 +1,233 @@
+// Shared by the apart run suites: plans of a given shape (apart partition, then plan.json edited through plan/'s
+// reader and writer), apart train's reference run, a plan's ranks on threads, and the equivalence check.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plan/plan.h"
+#include "runtime/pipeline.h"
+#include "runtime/tensor.h"
+#include "runtime/trainer.h"
+#include "tests/support/read_model.h"
+#include "tests/support/run_apart.h"
+
+namespace apart::testing {
+
+namespace fs = std::filesystem;
+
+// A fresh folder for one test: /tmp/apart_<suite>_<pid>/<name>.
+inline fs::path scratch(const std::string& suite, const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("apart_" + suite + "_" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+inline std::string gpt_tiny() { return std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx"; }
+
+// What to run: stage k gets replicas[k] devices; the plan comes from apart partition (its cut of the model) and
+// is then given this shape, which is what the runtime must honour.
+struct Shape {
+  std::vector<int> replicas;
+  int64_t microbatches = 1;
+  Schedule schedule = Schedule::k1F1B;
+  std::vector<bool> recompute;  // by stage; empty: none
+};
+
+inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t batch, const fs::path& dir) {
+  const int stages = static_cast<int>(shape.replicas.size());
+  const auto r = testing::run_apart("partition " + model + " --device cpu --devices " + std::to_string(stages) + " --stages " +
+                                    std::to_string(stages) + " --replicas 1 --microbatches " +
+                                    std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) +
+                                    " --schedule " + (shape.schedule == Schedule::kGPipe ? "gpipe" : "1f1b") +
+                                    " --no-baselines -o " + dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  PlanDocument plan = read_plan(dir);
+  EXPECT_EQ(plan.stages.size(), shape.replicas.size()) << "partition did not cut " << stages << " stages";
+  int device = 0;
+  int total = 0;
+  for (int n : shape.replicas) total += n;
+  const int64_t microbatch = batch / shape.microbatches;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    PlanStageRecord& stage = plan.stages[s];
+    stage.replicas = shape.replicas[s];
+    stage.devices.clear();
+    for (int j = 0; j < stage.replicas; ++j) stage.devices.push_back(device++);
+    stage.microbatch_size = microbatch / stage.replicas;
+    stage.recompute = !shape.recompute.empty() && shape.recompute[s];
+    if (stage.recompute) stage.backward_s = std::max(stage.backward_s, 2 * stage.forward_s);
+  }
+  plan.cluster.devices = total;
+  std::ofstream(dir / "plan.json") << plan_to_json(plan).dump(2) << "\n";
+  return dir;
+}
+
+struct Weights {
+  std::map<std::string, Tensor> by_name;
+};
+inline Weights read_weights(const fs::path& model) {
+  Weights w;
+  const onnx::ModelProto proto = testing::read_proto(model);
+  for (const auto& init : proto.graph().initializer()) w.by_name[init.name()] = tensor_from_proto(init, model.parent_path());
+  return w;
+}
+
+struct Outcome {
+  std::vector<double> losses;
+  Weights weights;
+  std::vector<RunResult> ranks;
+};
+
+inline Outcome train_reference(const std::string& model, int64_t batch, int64_t steps, const fs::path& dir, double lr = 0.05) {
+  TrainOptions o;
+  o.model = model;
+  o.batch = batch;
+  o.steps = steps;
+  o.optimizer.kind = Optimizer::kSgd;
+  o.optimizer.lr = lr;
+  o.seed = 3;
+  o.save_model = (dir / "reference.onnx").string();
+  Outcome out;
+  for (const StepRecord& s : train(o).steps) out.losses.push_back(s.loss);
+  out.weights = read_weights(o.save_model);
+  return out;
+}
+
+// Runs `body(rank, comm)` for every rank of a `world`-rank in-process communicator, one thread each, and returns
+// what each rank threw (nullptr: it returned).
+inline std::vector<std::exception_ptr> run_ranks(int world, const CommOptions& options,
+                                                 const std::function<void(int rank, Communicator& comm)>& body) {
+  auto comms = make_in_process_communicators(world, options);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r, *comms[static_cast<size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline std::string error_message(const std::exception_ptr& e) {
+  if (!e) return "";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "(not a std::exception)";
+  }
+}
+
+inline int plan_world(const fs::path& plan_dir) {
+  int world = 0;
+  for (const auto& s : read_plan(plan_dir).stages) world += s.replicas;
+  return world;
+}
+
+// What apart run computes for the plan with train_reference's flags (SGD, lr 0.05, seed 3), on threads.
+inline RunOptions run_options_like_reference(const fs::path& plan_dir, int64_t steps, Optimizer optimizer = Optimizer::kSgd,
+                                             double lr = 0.05) {
+  RunOptions o;
+  o.plan = plan_dir.string();
+  o.steps = steps;
+  o.optimizer.kind = optimizer;
+  o.optimizer.lr = lr;
+  o.optimizer_from_plan = false;
+  o.seed = 3;
+  return o;
+}
+
+// `checkpoint_dir` / `resume`: RunOptions' fields of those names ("" = none).
+inline Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir, Optimizer optimizer = Optimizer::kSgd,
+                           double lr = 0.05, const std::string& checkpoint_dir = "", const std::string& resume = "") {
+  const int world = plan_world(plan_dir);
+  RunOptions o = run_options_like_reference(plan_dir, steps, optimizer, lr);
+  fs::create_directories(dir);
+  o.save_model = (dir / "run.onnx").string();
+  o.checkpoint_dir = checkpoint_dir;
+  o.resume = resume;
+  Outcome out;
+  out.ranks.resize(static_cast<size_t>(world));
+  const auto errors = run_ranks(world, CommOptions{60}, [&](int r, Communicator& comm) {
+    out.ranks[static_cast<size_t>(r)] = run_plan(o, comm);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(error_message(errors[static_cast<size_t>(r)]), "") << "rank " << r;
+  if (errors[0]) return out;
+  for (const StepRecord& s : out.ranks[0].steps) out.losses.push_back(s.loss);
+  out.weights = read_weights(o.save_model);
+  return out;
+}
+
+// Summation order differs (micro-batch gradients are added, replicas all-reduced, then scaled by 1/(m·r)), so
+// float32 results agree to rounding, not bitwise. Losses: 2e-5 relative. Weights: what K SGD steps changed, per
+// param tensor, ‖Δrun − Δref‖ ≤ 1e-3 ‖Δref‖ (a 1 % error in any gradient fails it; rounding in Δ of weights near
+// 1 is ~1e-4 of it).
+inline void expect_same_training(const Outcome& reference, const Outcome& run, const Weights& initial, const std::string& what) {
+  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+  ASSERT_FALSE(run.losses.empty());
+  for (size_t i = 0; i < run.losses.size(); ++i)
+    EXPECT_NEAR(run.losses[i], reference.losses[i], 2e-5 * std::abs(reference.losses[i])) << what << ": step " << i + 1;
+  ASSERT_EQ(run.weights.by_name.size(), reference.weights.by_name.size()) << what;
+  int compared = 0;
+  for (const auto& [name, ref] : reference.weights.by_name) {
+    auto it = run.weights.by_name.find(name);
+    ASSERT_NE(it, run.weights.by_name.end()) << what << ": " << name;
+    if (ref.dtype() != DType::kFloat32) continue;
+    const auto w0 = initial.by_name.at(name).span<const float>();
+    const auto a = ref.span<const float>();
+    const auto b = it->second.span<const float>();
+    ASSERT_EQ(a.size(), b.size()) << name;
+    double diff = 0, update = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double da = double(a[i]) - w0[i], db = double(b[i]) - w0[i];
+      diff += (da - db) * (da - db);
+      update += da * da;
+    }
+    if (update == 0) {
+      EXPECT_EQ(diff, 0) << what << ": param " << name << " moved in the run only";
+      continue;
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(update)) << what << ": param " << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 0) << what;
+}
+
+// Each rank trained a strict part of the model: the plan was really split.
+inline void expect_split(const Outcome& run, int64_t total_params) {
+  for (const RunResult& r : run.ranks) {
+    if (run.ranks.size() > 1 && r.role.stage >= 0) {
+      bool pipelined = false;
+      for (const RunResult& other : run.ranks) pipelined = pipelined || other.role.stage != r.role.stage;
+      if (pipelined) {
+        EXPECT_LT(r.params, total_params) << "stage " << r.role.stage;
+      }
+    }
+  }
+}
+
+inline int64_t total_params(const Weights& w) {
+  int64_t n = 0;
+  for (const auto& [name, t] : w.by_name)
+    if (t.dtype() == DType::kFloat32) n += t.elements();
+  return n;
+}
+
+}  // namespace apart::testing

@@ -27,6 +27,8 @@ struct RunArgs {
   TrainingFlags training;
   bool optimizer_given = false;
   std::string save_model;
+  std::string trace;
+  bool trace_all_steps = false;
   bool in_process = false;
   double comm_timeout_s = 300;
   bool quiet = false;
@@ -70,6 +72,9 @@ void summary(const RunResult& r, int rank, const RunArgs& a) {
               r.setup_seconds, format_count(static_cast<double>(r.params)).c_str(), static_cast<long long>(r.param_tensors),
               format_bytes(static_cast<double>(r.arena_bytes)).c_str(), r.data_description.c_str());
   if (!a.save_model.empty()) std::printf("trained model: %s\n", a.save_model.c_str());
+  if (!a.trace.empty())
+    std::printf("trace: %s (%s; open in https://ui.perfetto.dev, compare with apart simulate %s --compare %s)\n",
+                a.trace.c_str(), a.trace_all_steps ? "every step" : "the last step", a.plan.c_str(), a.trace.c_str());
   std::fflush(stdout);
 }
 
@@ -86,6 +91,8 @@ RunOptions run_options(const RunArgs& a) {
   o.init = parse_param_init(a.training.init);
   o.seed = a.training.seed;
   o.save_model = a.save_model;
+  o.trace = a.trace;
+  o.trace_all_steps = a.trace_all_steps;
   return o;
 }
 
@@ -146,6 +153,9 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
   cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
   add_training_flags(*cmd, args->training, "sgd, momentum, adam or adamw (default: the plan's training.optimizer)");
   cmd->add_option("--save-model", args->save_model, "Gather every stage's trained weights into one ONNX model here (rank 0 writes it)");
+  cmd->add_option("--trace", args->trace,
+                  "Write the measured timeline of the last step here (Chrome trace, as apart simulate --trace; rank 0 writes it)");
+  cmd->add_flag("--trace-all-steps", args->trace_all_steps, "With --trace: every step, not only the last");
   cmd->add_flag("--in-process", args->in_process, "Run every rank as a thread of this process (no mpirun; for small plans)");
   cmd->add_option("--comm-timeout", args->comm_timeout_s, "Seconds a rank waits for a message before the run fails")->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");

@@ -26,6 +26,8 @@ struct RunOptions {
   ParamInit init = ParamInit::kModel;
   uint64_t seed = 0;
   std::string save_model;         // world rank 0 writes every stage's trained weights into a copy of the model
+  std::string trace;              // world rank 0 writes the measured timeline here (plan/trace.h's Chrome trace)
+  bool trace_all_steps = false;   // every step in the trace, not only the last
   void validate() const;          // InvalidArgument naming the flag
 };
 

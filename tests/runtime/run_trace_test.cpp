@@ -66,9 +66,15 @@ TEST_F(ARunTrace, HoldsEveryActionOfTheLastStepOnEveryRank) {
       const TimelineEvent& e = events[i];
       EXPECT_EQ(e.stage, rank);
       EXPECT_EQ(e.replica, 0);
-      if (i > 0) EXPECT_GE(e.start_s, events[i - 1].end_s) << "rank " << rank << " event " << i;  // in the actions' order
-      if (e.kind == TimelineKind::kForward) EXPECT_TRUE(forwards.insert(e.microbatch).second);
-      if (e.kind == TimelineKind::kBackward) EXPECT_TRUE(backwards.insert(e.microbatch).second);
+      if (i > 0) {
+        EXPECT_GE(e.start_s, events[i - 1].end_s) << "rank " << rank << " event " << i;  // in the actions' order
+      }
+      if (e.kind == TimelineKind::kForward) {
+        EXPECT_TRUE(forwards.insert(e.microbatch).second);
+      }
+      if (e.kind == TimelineKind::kBackward) {
+        EXPECT_TRUE(backwards.insert(e.microbatch).second);
+      }
       if (e.kind == TimelineKind::kSend) sends.insert({e.process, e.peer_process, e.microbatch, e.gradient});
       if (e.kind == TimelineKind::kRecv) recvs.insert({e.peer_process, e.process, e.microbatch, e.gradient});
       if (e.kind == TimelineKind::kSend || e.kind == TimelineKind::kRecv) {

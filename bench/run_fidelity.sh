@@ -19,7 +19,9 @@ batch=8
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-echo "apart fidelity: $model, batch $batch, $steps steps, OMP_NUM_THREADS=$OMP_NUM_THREADS, ${prefix[*]:-in-process}"
+# The load average tells how much of the 2 cores other processes took: the measured times stretch with it.
+echo "apart fidelity: $model, batch $batch, $steps steps, OMP_NUM_THREADS=$OMP_NUM_THREADS, ${prefix[*]:-in-process}," \
+  "load average $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"
 # name stages replicas micro-batches
 for shape in "pipelined 2 1 4" "data-parallel 1 2 1"; do
   read -r name stages replicas microbatches <<<"$shape"
@@ -35,3 +37,4 @@ for shape in "pipelined 2 1 4" "data-parallel 1 2 1"; do
   "$apart" simulate "$dir/$name" --compare "$dir/$name.trace.json" | sed -n '/^predicted (apart simulate)/,$p'
   echo
 done
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

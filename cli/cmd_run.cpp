@@ -30,6 +30,8 @@ struct RunArgs {
   std::string checkpoint_dir;
   int64_t save_every = 0;
   std::string resume;
+  std::string trace;
+  bool trace_all_steps = false;
   bool in_process = false;
   double comm_timeout_s = 300;
   bool quiet = false;
@@ -73,6 +75,9 @@ void summary(const RunResult& r, int rank, const RunArgs& a) {
               r.setup_seconds, format_count(static_cast<double>(r.params)).c_str(), static_cast<long long>(r.param_tensors),
               format_bytes(static_cast<double>(r.arena_bytes)).c_str(), r.data_description.c_str());
   if (!a.save_model.empty()) std::printf("trained model: %s\n", a.save_model.c_str());
+  if (!a.trace.empty())
+    std::printf("trace: %s (%s; open in https://ui.perfetto.dev, compare with apart simulate %s --compare %s)\n",
+                a.trace.c_str(), a.trace_all_steps ? "every step" : "the last step", a.plan.c_str(), a.trace.c_str());
   std::fflush(stdout);
 }
 
@@ -92,6 +97,8 @@ RunOptions run_options(const RunArgs& a) {
   o.checkpoint_dir = a.checkpoint_dir;
   o.save_every = a.save_every;
   o.resume = a.resume;
+  o.trace = a.trace;
+  o.trace_all_steps = a.trace_all_steps;
   return o;
 }
 
@@ -156,6 +163,9 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
                   "Every rank writes its shard here (params, optimizer state), then rank 0 the manifest: at the end and --save-every");
   cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
   cmd->add_option("--resume", args->resume, "Continue from this checkpoint folder (same plan, same rank count)");
+  cmd->add_option("--trace", args->trace,
+                  "Write the measured timeline of the last step here (Chrome trace, as apart simulate --trace; rank 0 writes it)");
+  cmd->add_flag("--trace-all-steps", args->trace_all_steps, "With --trace: every step, not only the last");
   cmd->add_flag("--in-process", args->in_process, "Run every rank as a thread of this process (no mpirun; for small plans)");
   cmd->add_option("--comm-timeout", args->comm_timeout_s, "Seconds a rank waits for a message before the run fails")->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
@@ -11,6 +12,8 @@
 #include "graph/error.h"
 #include "plan/cluster_json.h"
 #include "profiler/device.h"
+#include "plan/trace.h"
+#include "simulator/compare.h"
 #include "simulator/sim_plan.h"
 #include "simulator/sim_report.h"
 #include "simulator/simulate.h"
@@ -27,11 +30,15 @@ struct SimulateArgs {
   std::string cluster;
   bool no_comm = false;
   std::string trace;
+  std::string compare;
   bool json = false;
 };
 
 void run_simulate(const SimulateArgs& a) {
   sim::SimPlan plan = sim::load_plan(a.plan);
+  if (!a.compare.empty() && a.json) throw InvalidArgument("--compare prints a table; drop --json");
+  // Read before the replay: a bad trace fails fast, with nothing written.
+  const Timeline measured = a.compare.empty() ? Timeline{} : read_timeline(a.compare);
   if (!a.trace.empty()) {
     std::vector<InputFile> inputs = plan_inputs(a.plan);
     if (!a.cluster.empty()) inputs.push_back({"the cluster file", a.cluster});
@@ -55,10 +62,18 @@ void run_simulate(const SimulateArgs& a) {
   options.optimizer_step_s = a.optimizer_step_ms / 1e3;
   options.communication = !a.no_comm;
   const sim::SimResult result = sim::simulate(plan, options);
+  std::optional<sim::Comparison> comparison;
+  if (!a.compare.empty()) comparison = sim::compare_with_timeline(plan, result, measured, a.compare);
   // The trace first: a failed write leaves no file and prints no table (exit code 6).
   if (!a.trace.empty()) sim::write_file_atomically(a.trace, sim::simulation_trace(plan, result).dump() + "\n");
-  if (a.json) std::cout << sim::simulation_to_json(plan, result).dump(1) << "\n";
-  else std::cout << sim::simulation_report(plan, result);
+  if (comparison) {
+    // The replay's table first: what the comparison is against.
+    std::cout << sim::simulation_report(plan, result) << "\n" << sim::comparison_report(*comparison);
+  } else if (a.json) {
+    std::cout << sim::simulation_to_json(plan, result).dump(1) << "\n";
+  } else {
+    std::cout << sim::simulation_report(plan, result);
+  }
   std::cout.flush();
   if (!a.trace.empty())
     std::fprintf(stderr, "apart: wrote %zu events to %s (open in https://ui.perfetto.dev)\n", result.events.size(),
@@ -77,6 +92,8 @@ const bool kRegistered = register_command({"simulate", 60, [](CLI::App& app) {
   cmd->add_option("--cluster", args->cluster, "Cluster JSON (apart.cluster/1) whose links replace the plan's");
   cmd->add_flag("--no-comm", args->no_comm, "Transfers take no time (what-if)");
   cmd->add_option("--trace", args->trace, "Write a Chrome/Perfetto trace JSON here");
+  cmd->add_option("--compare", args->compare,
+                  "A measured timeline (apart run --trace FILE): print predicted vs measured per stage, and each miss > 10 %");
   cmd->add_flag("--json", args->json, "Print apart.simulation/1 JSON instead of the table");
   cmd->callback([args] { run_simulate(*args); });
 }});

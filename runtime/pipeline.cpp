@@ -25,6 +25,7 @@
 #include "profiler/collectives.h"
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
+#include "runtime/run_trace.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -38,6 +39,7 @@ void RunOptions::validate() const {
     throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
   checked_integer(save_every, 0, limits::kMaxSteps, "--save-every (0: only at the end)");
   if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
+  if (trace_all_steps && trace.empty()) throw InvalidArgument("--trace-all-steps needs --trace FILE");
   optimizer.validate();
 }
 
@@ -323,8 +325,8 @@ class StageRunner {
   void build_communicators();
   void forward(int64_t k, const std::map<std::string, Tensor>& batch, int64_t step);
   void backward(int64_t k, int64_t step);
-  void send(const Action& a);
-  void recv(const Action& a);
+  size_t send(const Action& a);  // bytes sent
+  size_t recv(const Action& a);  // bytes received
   void finish_allreduce();
   StepRecord optimizer_step(int64_t step);
   void save_model();
@@ -609,7 +611,7 @@ void StageRunner::backward(int64_t k, int64_t step) {
   frame.output_grads.clear();
 }
 
-void StageRunner::send(const Action& a) {
+size_t StageRunner::send(const Action& a) {
   Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
   const SampleRange mine = my_samples();
   std::vector<std::byte> message;
@@ -628,9 +630,10 @@ void StageRunner::send(const Action& a) {
   }
   auto& [buffer, request] = sends_.emplace_back(std::move(message), nullptr);
   request = world_.send(std::span<const std::byte>(buffer), a.peer, action_tag(a, plan_));
+  return buffer.size();
 }
 
-void StageRunner::recv(const Action& a) {
+size_t StageRunner::recv(const Action& a) {
   Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
   const SampleRange mine = my_samples();
   const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
@@ -659,6 +662,7 @@ void StageRunner::recv(const Action& a) {
     if (!t.defined()) t = Tensor(v.dtype, v.shape);
     at += unpack(v, message.data() + at, t, mine.begin, a.samples, true);
   }
+  return bytes;
 }
 
 void StageRunner::finish_allreduce() {
@@ -843,8 +847,12 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   result_.first_step = first;
   result_.setup_seconds = seconds_since(setup_start);
 
+  // --trace: times from a common origin, taken when every rank has left a barrier.
+  std::vector<TimelineEvent> trace;
+  if (!options_.trace.empty()) world_.barrier();
   const auto run_start = Clock::now();
   for (int64_t step = first; step < options_.steps; ++step) {
+    const bool traced = !options_.trace.empty() && (options_.trace_all_steps || step + 1 == options_.steps);
     const auto step_start = Clock::now();
     const std::map<std::string, Tensor> batch = data_->batch(step);
     frames_.assign(static_cast<size_t>(setup_.microbatches), Frame{});
@@ -853,11 +861,13 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
     for (Bucket& b : buckets_) b.ready = 0;
     StepRecord record;
     for (const Action& a : actions) {
+      const double start_s = traced ? seconds_since(run_start) : 0;
+      size_t bytes = 0;
       switch (a.kind) {
         case ActionKind::kForward: forward(a.microbatch, batch, step); break;
         case ActionKind::kBackward: backward(a.microbatch, step); break;
-        case ActionKind::kSend: send(a); break;
-        case ActionKind::kRecv: recv(a); break;
+        case ActionKind::kSend: bytes = send(a); break;
+        case ActionKind::kRecv: bytes = recv(a); break;
         case ActionKind::kAllReduce: finish_allreduce(); break;
         case ActionKind::kStep:
           for (auto& [buffer, request] : sends_) request->wait();
@@ -866,6 +876,9 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
           record = optimizer_step(step);
           break;
       }
+      if (traced)
+        trace.push_back(action_event(a, setup_.role, world_.rank(), step, start_s, seconds_since(run_start),
+                                     static_cast<double>(bytes)));
     }
     record.seconds = seconds_since(step_start);
     record.samples_per_s = static_cast<double>(setup_.global_batch) / std::max(record.seconds, 1e-9);
@@ -880,6 +893,7 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   result_.samples_per_s = static_cast<double>(setup_.global_batch * static_cast<int64_t>(result_.steps.size())) /
                           std::max(result_.seconds, 1e-9);
   if (!options_.save_model.empty()) save_model();
+  if (!options_.trace.empty()) gather_and_write_trace(world_, plan_, options_.plan, trace, options_.trace);
   world_.barrier();
   return result_;
 }
@@ -916,6 +930,8 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
     std::error_code ec;
     if (fs::exists(fs::symlink_status(manifest, ec))) read_manifest(options.checkpoint_dir);  // ours, or refused
   }
+  if (!options.trace.empty())
+    check_output_file(options.trace, {{"the model", setup.model_path}, {"the plan", plan_json_path(options.plan)}}, "--trace");
   StageRunner runner(options, setup, world);
   try {
     return runner.run(on_step);

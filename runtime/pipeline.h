@@ -32,6 +32,8 @@ struct RunOptions {
   std::string checkpoint_dir;     // at the end, and every save_every steps
   int64_t save_every = 0;
   std::string resume;             // a checkpoint folder of this plan on as many ranks: continue from its step
+  std::string trace;              // world rank 0 writes the measured timeline here (plan/trace.h's Chrome trace)
+  bool trace_all_steps = false;   // every step in the trace, not only the last
   void validate() const;          // InvalidArgument naming the flag
 };
 

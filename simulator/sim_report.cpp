@@ -26,10 +26,6 @@ std::string devices_text(const std::vector<int>& d) {
   return std::to_string(d.front()) + "-" + std::to_string(d.back());
 }
 
-// Microseconds rounded to whole nanoseconds: rounding is monotone, so events that touch in seconds never
-// overlap after conversion (well-nested threads in the trace).
-double micros(double seconds) { return static_cast<double>(std::llround(seconds * 1e9)) / 1e3; }
-
 }  // namespace
 
 std::string simulation_report(const SimPlan& plan, const SimResult& r) {
@@ -110,59 +106,54 @@ nlohmann::ordered_json simulation_to_json(const SimPlan& plan, const SimResult& 
   return j;
 }
 
-nlohmann::ordered_json simulation_trace(const SimPlan& plan, const SimResult& r) {
-  using json = nlohmann::ordered_json;
-  constexpr int kCompute = 0, kSend = 1, kRecv = 2;
-  json events = json::array();
+Timeline simulation_timeline(const SimPlan& plan, const SimResult& r) {
+  Timeline t;
+  t.generator = "apart simulate";
+  t.plan = plan.source;
+  t.schedule = schedule_name(r.schedule);
+  t.iteration_s = r.iteration_s;
   auto pid_of = [&](int stage) { return plan.stages[static_cast<size_t>(stage)].devices.front(); };
-  for (const SimStage& s : plan.stages) {
-    const int pid = s.devices.front();
-    std::string label = "stage " + std::to_string(s.id) + " (device" + (s.devices.size() > 1 ? "s " : " ") +
-                        devices_text(s.devices) + ")";
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", label}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"tid", 0}, {"args", {{"sort_index", s.id}}}});
-    const char* threads[] = {"compute", "send", "recv"};
-    for (int t = 0; t < 3; ++t)
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", t}, {"args", {{"name", threads[t]}}}});
-  }
-  int flow_id = 0;
+  for (const SimStage& s : plan.stages)
+    t.processes.push_back({s.devices.front(),
+                           "stage " + std::to_string(s.id) + " (device" + (s.devices.size() > 1 ? "s " : " ") +
+                               devices_text(s.devices) + ")",
+                           s.id});
   for (const SimEvent& e : r.events) {
-    const double ts = micros(e.start_s);
-    const double dur = micros(e.end_s) - ts;
-    const int pid = pid_of(e.stage);
-    json args = {{"stage", e.stage}, {"virtual_stage", e.virtual_stage}};
-    if (e.microbatch >= 0) args["microbatch"] = e.microbatch;
+    TimelineEvent ev;
+    ev.process = pid_of(e.stage);
+    ev.stage = e.stage;
+    ev.virtual_stage = e.virtual_stage;
+    ev.microbatch = e.microbatch;
+    ev.start_s = e.start_s;
+    ev.end_s = e.end_s;
     if (e.kind != EventKind::kTransfer) {
-      const char* cat = e.kind == EventKind::kForward ? "forward" : e.kind == EventKind::kBackward ? "backward"
-                        : e.kind == EventKind::kAllReduce ? "allreduce" : "step";
-      events.push_back({{"ph", "X"}, {"name", e.name()}, {"cat", cat}, {"pid", pid}, {"tid", kCompute}, {"ts", ts},
-                        {"dur", dur}, {"args", args}});
+      ev.kind = e.kind == EventKind::kForward ? TimelineKind::kForward : e.kind == EventKind::kBackward ? TimelineKind::kBackward
+                : e.kind == EventKind::kAllReduce ? TimelineKind::kAllReduce : TimelineKind::kStep;
+      t.events.push_back(ev);
       continue;
     }
-    args["bytes"] = e.bytes;
-    args["to_stage"] = e.peer_stage;
-    const int peer = pid_of(e.peer_stage);
-    const int id = ++flow_id;
-    events.push_back({{"ph", "X"}, {"name", e.name()}, {"cat", "p2p"}, {"pid", pid}, {"tid", kSend}, {"ts", ts},
-                      {"dur", dur}, {"args", args}});
-    events.push_back({{"ph", "X"}, {"name", e.receive_name()}, {"cat", "p2p"}, {"pid", peer}, {"tid", kRecv},
-                      {"ts", ts}, {"dur", dur}, {"args", args}});
-    events.push_back({{"ph", "s"}, {"name", e.gradient ? "grad" : "act"}, {"cat", "p2p"}, {"id", id}, {"pid", pid},
-                      {"tid", kSend}, {"ts", ts}});
-    events.push_back({{"ph", "f"}, {"bp", "e"}, {"name", e.gradient ? "grad" : "act"}, {"cat", "p2p"}, {"id", id},
-                      {"pid", peer}, {"tid", kRecv}, {"ts", ts}});
+    // One transfer: the sender's send and the receiver's receive, over the same interval.
+    ev.kind = TimelineKind::kSend;
+    ev.bytes = e.bytes;
+    ev.gradient = e.gradient;
+    ev.peer_stage = e.peer_stage;
+    ev.peer_virtual_stage = e.peer_virtual_stage;
+    ev.peer_process = pid_of(e.peer_stage);
+    TimelineEvent recv = ev;
+    recv.kind = TimelineKind::kRecv;
+    std::swap(recv.process, recv.peer_process);
+    std::swap(recv.stage, recv.peer_stage);
+    std::swap(recv.virtual_stage, recv.peer_virtual_stage);
+    t.events.push_back(ev);
+    t.events.push_back(recv);
   }
   for (const StageStats& s : r.stages)
-    for (const auto& [t, bytes] : s.memory_timeline)
-      events.push_back({{"ph", "C"}, {"name", "memory"}, {"pid", pid_of(s.stage)}, {"ts", micros(t)},
-                        {"args", {{"bytes", bytes}}}});
-  json trace;
-  trace["displayTimeUnit"] = "ms";
-  trace["traceEvents"] = events;
-  trace["otherData"] = {{"generator", "apart simulate"}, {"plan", plan.source},
-                        {"schedule", std::string(schedule_name(r.schedule))}, {"iteration_s", r.iteration_s}};
-  return trace;
+    for (const auto& [time, bytes] : s.memory_timeline) t.memory.push_back({pid_of(s.stage), time, bytes});
+  return t;
 }
 
+nlohmann::ordered_json simulation_trace(const SimPlan& plan, const SimResult& r) {
+  return timeline_to_chrome_trace(simulation_timeline(plan, r));
+}
 
 }  // namespace apart::sim

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/atomic_file.h"
+#include "plan/trace.h"
 #include "simulator/simulate.h"
 
 namespace apart::sim {
@@ -14,9 +15,10 @@ namespace apart::sim {
 std::string simulation_report(const SimPlan& plan, const SimResult& result);
 nlohmann::ordered_json simulation_to_json(const SimPlan& plan, const SimResult& result);
 
-// Chrome trace event format (also opens in https://ui.perfetto.dev): one process per stage (pid = its first
-// device), threads compute (tid 0), send (1), recv (2); complete events in µs; flow arrows send → receive;
-// a memory counter per stage.
+// The replay as a timeline: one process per stage (pid = its first device, replica -1: the stage stands for all its
+// replicas), each transfer as the sender's send and the receiver's receive over the same interval, a memory counter
+// per stage; simulation_trace is it in plan/trace.h's Chrome trace format (timeline_to_chrome_trace).
+Timeline simulation_timeline(const SimPlan& plan, const SimResult& result);
 nlohmann::ordered_json simulation_trace(const SimPlan& plan, const SimResult& result);
 using apart::write_file_atomically;  // graph/atomic_file.h
 

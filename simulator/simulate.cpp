@@ -11,6 +11,7 @@
 
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "plan/trace.h"
 #include "profiler/collectives.h"
 #include "profiler/memory_model.h"
 #include "plan/training.h"
@@ -18,19 +19,14 @@
 namespace apart::sim {
 
 std::string SimEvent::name() const {
-  const std::string mb = std::to_string(microbatch);
-  switch (kind) {
-    case EventKind::kForward: return std::to_string(virtual_stage) + "F" + mb;
-    case EventKind::kBackward: return std::to_string(virtual_stage) + "B" + mb;
-    case EventKind::kTransfer: return std::to_string(virtual_stage) + (gradient ? "SEND_B" : "SEND_F") + mb;
-    case EventKind::kAllReduce: return std::to_string(stage) + "REDUCE_GRAD";
-    case EventKind::kStep: return std::to_string(stage) + "STEP";
-  }
-  return "?";
+  const TimelineKind k = kind == EventKind::kForward ? TimelineKind::kForward : kind == EventKind::kBackward ? TimelineKind::kBackward
+                         : kind == EventKind::kTransfer ? TimelineKind::kSend : kind == EventKind::kAllReduce ? TimelineKind::kAllReduce
+                         : TimelineKind::kStep;
+  return action_name(k, stage, virtual_stage, microbatch, gradient);
 }
 
 std::string SimEvent::receive_name() const {
-  return std::to_string(peer_virtual_stage) + (gradient ? "RECV_B" : "RECV_F") + std::to_string(microbatch);
+  return action_name(TimelineKind::kRecv, peer_stage, peer_virtual_stage, microbatch, gradient);
 }
 
 namespace {

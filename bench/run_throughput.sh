@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Samples/s of one process (`apart train`) vs `apart run` of a plan on 1 rank, 2 ranks data-parallel (1 stage ×
-# 2 replicas) and 2 ranks pipelined (2 stages, m = 4, 1F1B), side by side in one run, for gpt-tiny and the
-# graph-only gpt2-small of ../shared/models (--init random; skipped when absent), batch 8.
+# 2 replicas) and 2 ranks pipelined (2 stages, m = 4, 1F1B), side by side in one run, for gpt-tiny and
+# gpt2-small, batch 8. gpt2-small is `apart zoo gpt2-small --seq 128 --weights none` (graph-only, --init random):
+# ../shared/models/gpt2_small.onnx has the same layers but seq 1024 and no loss output — 4.6 GiB of activations
+# and ~0.9 TFLOP per sample, so batch 8 needs ~37 GiB and minutes per step on 2 cores; it cannot train here.
 # Threads: 2 in all per configuration (one process: OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=2; two ranks: 1 each),
 # so every column uses the same 2 cores. Each figure is the median of the per-step samples/s of steps 2..K
 # (step 1 warms caches and arenas). Prints a Markdown table and which OpenBLAS kernel ran.
 # OPENBLAS_CORETYPE: SKYLAKEX where the CPU has avx512f, else unset (SKYLAKEX dies of SIGILL without AVX-512);
 # BENCH_CORETYPE=NAME overrides it, BENCH_CORETYPE=none unsets it. Only this benchmark sets it, never tests/CI.
 # Usage: bench/run_throughput.sh [--no-build] [path/to/apart]   (default: builds and uses build/release/cli/apart)
-# Env: STEPS_TINY (default 12), STEPS_GPT2 (default 3), GPT2 (default ../shared/models/gpt2_small.onnx).
+# Env: STEPS_TINY (default 12), STEPS_GPT2 (default 3), GPT2_SEQ (default 128), MODELS (default "gpt-tiny gpt2-small").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=1
@@ -39,7 +41,7 @@ batch=8
 plan() {
   local model=$1 stages=$2 replicas=$3 m=$4 out=$5
   "$apart" partition "$model" --device cpu --devices $((stages * replicas)) --stages "$stages" --replicas "$replicas" \
-    --microbatches "$m" --batch $batch --schedule 1f1b --no-baselines --no-stage-models -o "$out" >/dev/null
+    --microbatches "$m" --batch $batch --schedule 1f1b --no-baselines -o "$out" >/dev/null
   python3 - "$out/plan.json" "$stages" "$replicas" "$m" <<'PY'
 import json, sys
 path, stages, replicas, m = sys.argv[1], *map(int, sys.argv[2:])
@@ -72,10 +74,15 @@ run2() {
 echo
 echo "| model | steps | apart train (1 process, 2 threads) | apart run, 1 rank (1 stage) | 2 ranks data-parallel (1 stage × 2) | 2 ranks pipelined (2 stages, m=4, 1F1B) |"
 echo "|---|---:|---:|---:|---:|---:|"
-for spec in "gpt-tiny|models/gpt-tiny.onnx|model|${STEPS_TINY:-12}" \
-            "gpt2-small|${GPT2:-../shared/models/gpt2_small.onnx}|random|${STEPS_GPT2:-3}"; do
-  IFS='|' read -r name model init steps <<<"$spec"
-  if [[ ! -f $model ]]; then echo "| $name | — | skipped: $model absent | | | |"; continue; fi
+for name in ${MODELS:-gpt-tiny gpt2-small}; do
+  case $name in
+    gpt-tiny) model=models/gpt-tiny.onnx init=model steps=${STEPS_TINY:-12} ;;
+    gpt2-small)
+      model=$dir/gpt2-small.onnx init=random steps=${STEPS_GPT2:-3}
+      "$apart" zoo gpt2-small --seq "${GPT2_SEQ:-128}" --weights none -q -o "$model" >/dev/null
+      name="gpt2-small (seq ${GPT2_SEQ:-128})" ;;
+    *) echo "run_throughput.sh: unknown model '$name' (gpt-tiny, gpt2-small)" >&2; exit 2 ;;
+  esac
   common=(--steps "$steps" --init "$init" --seed 1 --optimizer sgd --lr 0.01)
   plan "$model" 1 1 1 "$dir/p1"
   plan "$model" 1 2 1 "$dir/dp"

@@ -58,12 +58,12 @@ std::optional<std::string> blas_kernel_note(std::string_view core_name, std::str
   const bool avx512 = has_flag(flags, "avx512f");
   // Figures: bench/RESULTS.md ("Which OpenBLAS kernel runs"): single-precision GEMM on the machines measured.
   const std::string coretype = avx512 ? "SKYLAKEX" : "HASWELL";
-  const std::string gain = avx512 ? "about 7x (14-20 vs ~140 GFLOP/s on a 2-core AVX-512 VM)"
-                                  : "about 4x (5 vs 21 GFLOP/s per core on a 2-core AVX2 VM)";
-  return "OpenBLAS runs its generic '" + std::string(core_name) + "' kernel on this " +
-         (avx512 ? "AVX-512" : "AVX2") + " CPU (it does not recognise the CPU model); OPENBLAS_CORETYPE=" + coretype +
-         " makes sgemm " + gain + " faster, and the training step with it. apart does not set it: exporting it is "
-         "your choice (bench/RESULTS.md)";
+  const std::string gain = avx512 ? "about 7x faster (~140 vs 14-20 GFLOP/s on 2 cores)"
+                                  : "about 4x faster (21 vs 5 GFLOP/s per core)";
+  return "OpenBLAS runs its generic '" + std::string(core_name) + "' kernel on this " + (avx512 ? "AVX-512" : "AVX2") +
+         " CPU (its build does not know this CPU model, or OPENBLAS_CORETYPE asked for it). With OPENBLAS_CORETYPE=" +
+         coretype + " sgemm ran " + gain + " on a machine like this one, and training steps with it. apart does not "
+         "set it: exporting it is your choice (bench/RESULTS.md, \"Which OpenBLAS kernel runs\")";
 }
 
 std::optional<std::string> blas_kernel_note() { return blas_kernel_note(blas_core_name(), cpu_flags()); }

@@ -59,10 +59,10 @@ std::optional<std::string> blas_kernel_note(std::string_view core_name, std::str
   // Figures: bench/RESULTS.md ("Which OpenBLAS kernel runs"): single-precision GEMM on the machines measured.
   const std::string coretype = avx512 ? "SKYLAKEX" : "HASWELL";
   const std::string gain = avx512 ? "about 7x faster (~140 vs 14-20 GFLOP/s on 2 cores)"
-                                  : "about 4x faster (21 vs 5 GFLOP/s per core)";
+                                  : "about 4x faster (41 vs 10 GFLOP/s on 2 cores; a gpt2-small step 2.3x)";
   return "OpenBLAS runs its generic '" + std::string(core_name) + "' kernel on this " + (avx512 ? "AVX-512" : "AVX2") +
          " CPU (its build does not know this CPU model, or OPENBLAS_CORETYPE asked for it). With OPENBLAS_CORETYPE=" +
-         coretype + " sgemm ran " + gain + " on a machine like this one, and training steps with it. apart does not "
+         coretype + " sgemm ran " + gain + " on a machine like this one. apart does not "
          "set it: exporting it is your choice (bench/RESULTS.md, \"Which OpenBLAS kernel runs\")";
 }
 

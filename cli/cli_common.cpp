@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "graph/error.h"
+#include "runtime/blas_info.h"
 
 namespace apart::cli {
 
@@ -95,6 +96,13 @@ std::vector<InputFile> plan_inputs(const std::string& plan) {
 std::string human_flops(double flops) {
   static const char* const units[] = {" ", " K", " M", " G", " T", " P", " E"};
   return scaled(flops, units, 7, 1000.0, "FLOP");
+}
+
+void note_blas_kernel() {
+  static bool noted = false;  // once per process, whichever command asks first
+  if (noted) return;
+  noted = true;
+  if (const auto note = blas_kernel_note()) std::fprintf(stderr, "apart: note: %s\n", note->c_str());
 }
 
 }  // namespace apart::cli

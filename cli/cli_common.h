@@ -56,4 +56,8 @@ std::vector<InputFile> plan_inputs(const std::string& plan);
 
 std::string human_flops(double flops);  // 1.23 GFLOP
 
+// The commands that run the CPU kernels (train, run, profile) call this once: one "apart: note:" line on stderr
+// when OpenBLAS runs a generic kernel on a CPU with AVX2/AVX-512 (runtime/blas_info.h), nothing otherwise.
+void note_blas_kernel();
+
 }  // namespace apart::cli

@@ -62,6 +62,7 @@ void run_profile(const ProfileArgs& a) {
   if (a.init == "random") options.random_params = true;
   else if (a.init != "model") throw InvalidArgument("--init: unknown value '" + a.init + "' (use model or random)");
   options.validate();
+  note_blas_kernel();
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
   if (!a.output.empty()) check_output_file(a.output, model_files(a.model, m), "-o");

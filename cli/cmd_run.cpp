@@ -117,6 +117,7 @@ void run_command(const RunArgs& a) {
   if (launched_by_mpi()) {
     std::unique_ptr<Communicator> world = make_mpi_communicator(comm_options);
     check_torchrun_env(world->rank(), world->size());
+    if (world->rank() == 0) note_blas_kernel();  // one note per run, not one per rank
     run_rank(o, *world, a);
     return;
   }
@@ -127,6 +128,7 @@ void run_command(const RunArgs& a) {
     throw InvalidArgument("the plan " + a.plan + " runs on " + std::to_string(devices) + " processes: launch it with mpirun -np " +
                           std::to_string(devices) + " apart run " + a.plan + " (or pass --in-process to run its ranks as "
                           "threads of this process)");
+  note_blas_kernel();
   // Every rank on its own thread; the first error that is not a consequence of another rank's failure wins.
   auto comms = make_in_process_communicators(devices, comm_options);
   std::mutex lock;

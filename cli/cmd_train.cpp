@@ -42,6 +42,7 @@ void run_train(const TrainArgs& a) {
   o.resume = a.resume;
   o.save_model = a.save_model;
 
+  note_blas_kernel();
   const TrainResult r = train(o, [&](const StepRecord& s) {
     if (!a.quiet)
       std::printf("step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g\n", static_cast<long long>(s.step), s.loss,

@@ -341,7 +341,7 @@ class InProcessCommunicator final : public Communicator {
     return std::make_unique<InProcessCommunicator>(transport_, place.comm, place.rank, std::move(place.world_ranks));
   }
 
-  void abort(const std::string& reason) override {
+  void abort(const std::string& reason, int /*exit_code: the aborting thread rethrows its own error*/) override {
     std::lock_guard lock(transport_->mutex);
     if (!transport_->aborted) {
       transport_->aborted = true;

@@ -60,9 +60,10 @@ class Communicator {
   // ordered by `key`. color < 0: this rank joins none and gets nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
-  // Ends the run on every rank: their pending and later calls throw CommError carrying `reason` (MPI: MPI_Abort,
-  // which makes mpirun end every process with a non-zero status).
-  virtual void abort(const std::string& reason) = 0;
+  // Ends the run on every rank: their pending and later calls throw CommError carrying `reason` (MPI: MPI_Abort with
+  // `exit_code`, which mpirun ends every process with and returns: the failing rank's error's code, README "Exit
+  // codes"). In-process the caller rethrows its own error; the others' CommError is exit code 6.
+  virtual void abort(const std::string& reason, int exit_code) = 0;
 
  protected:
   // InvalidArgument unless `peer` is a rank of this communicator and `tag` is in [0, kMaxTag] (both transports).

@@ -218,11 +218,12 @@ class MpiCommunicator final : public Communicator {
 
   // MPI_Abort on the world, not on this communicator: the header promises the end of the run on every rank, and
   // MPI only promises that much for MPI_COMM_WORLD.
-  void abort(const std::string& reason) override {
+  void abort(const std::string& reason, int exit_code) override {
     std::fprintf(stderr, "apart: %s aborts the run: %s\n", who().c_str(), reason.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);  // MPI_Abort does not return; should it, the process still ends
+    const int code = exit_code > 0 && exit_code < 256 ? exit_code : 1;
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; should it, the process still ends
   }
 
  private:

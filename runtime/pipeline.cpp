@@ -939,8 +939,14 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
     throw;  // another rank failed (and aborted), or this one's peer vanished
   } catch (const Infeasible&) {
     throw;  // found by the world all-reduce: every rank throws it
+  } catch (const Error& e) {
+    world.abort(rank_label(world.rank(), world.size(), setup.role) + ": " + e.what(), exit_code(e.kind()));
+    throw;
+  } catch (const std::bad_alloc&) {
+    world.abort(rank_label(world.rank(), world.size(), setup.role) + ": out of memory", exit_code(ErrorKind::kSystemError));
+    throw;
   } catch (const std::exception& e) {
-    world.abort(rank_label(world.rank(), world.size(), setup.role) + ": " + e.what());
+    world.abort(rank_label(world.rank(), world.size(), setup.role) + ": " + e.what(), exit_code(ErrorKind::kInternal));
     throw;
   }
 }

@@ -302,7 +302,7 @@ TEST(AnAbort, MakesEveryOtherRanksPendingRecvAndLaterCallsThrowCommErrorCarrying
   auto errors = run_ranks(comms, [&](Communicator& c) {
     if (c.rank() == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the others post their receives
-      c.abort("NaN in the loss at step 3");
+      c.abort("NaN in the loss at step 3", 5);
       return;
     }
     std::vector<std::byte> buffer(8);
@@ -328,7 +328,7 @@ TEST(AnAbort, EndsAPendingAllreduceOnTheOtherRanks) {
   auto comms = make_in_process_communicators(3, {.timeout_s = 120});
   auto errors = run_ranks(comms, [&](Communicator& c) {
     if (c.rank() == 2) {
-      c.abort("rank 2 gave up");
+      c.abort("rank 2 gave up", 1);
       return;
     }
     std::vector<double> data(16, 1.0);

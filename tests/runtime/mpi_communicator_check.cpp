@@ -174,7 +174,7 @@ int run_fault(bool exit_mid_run) {
   world->barrier();
   if (world->rank() == faulty) {
     if (exit_mid_run) std::exit(3);
-    world->abort("check: rank 2 aborts on purpose");
+    world->abort("check: rank 2 aborts on purpose", 1);
   }
   std::vector<std::byte> buffer(8);
   try {

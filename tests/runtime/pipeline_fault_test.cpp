@@ -64,7 +64,7 @@ class FailingCommunicator : public Communicator {
   Pending allreduce_sum(std::span<double> data) override { return inner_.allreduce_sum(data); }
   void barrier() override { inner_.barrier(); }
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
-  void abort(const std::string& reason) override { inner_.abort(reason); }
+  void abort(const std::string& reason, int exit_code) override { inner_.abort(reason, exit_code); }
 
  private:
   Communicator& inner_;
@@ -227,14 +227,14 @@ TEST(ARankKilledMidRunUnderMpirun, MakesMpirunEndEveryRankWithAFailure) {
 }
 
 // Under mpirun an error one rank raises alone (its stage's weight is corrupt) aborts the world: mpirun returns
-// non-zero before its --timeout, and the failing rank says why.
+// the error's exit code (InvalidModel, 3) before its --timeout, and the failing rank says why.
 TEST(ARankWithACorruptWeightUnderMpirun, AbortsEveryRank) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
   const fs::path dir = scratch("corrupt_weight_mpi");
   const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
   corrupt_a_weight(plan, 1);
   const auto r = run_command(kMpirun + " -np 2 " + std::string(APART_BINARY) + " run " + plan.string() + " --steps 1000 2>&1");
-  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_FALSE(mpirun_timed_out(r.out)) << r.out;
   EXPECT_NE(r.out.find("rank 1/2 stage 1 replica 0: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("aborts the run"), std::string::npos) << r.out;

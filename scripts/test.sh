@@ -7,7 +7,7 @@ bash scripts/deps.sh --test
 cmake --preset dev >/dev/null
 cmake --build --preset dev -j"$(nproc)"
 ctest --preset dev -LE slow
-# The slow suites (label slow: the plan goldens of real models on up to 1024 devices) in Release.
+# The slow suites (label slow: the plan goldens of real models on up to 1024 devices, apart run on a ResNet) in Release.
 cmake --preset release -DAPART_BUILD_BENCH=OFF >/dev/null
-cmake --build --preset release -j"$(nproc)" --target apart cli_plan_goldens_tests
+cmake --build --preset release -j"$(nproc)" --target apart cli_plan_goldens_tests runtime_pipeline_resnet_tests
 ctest --preset release -L slow

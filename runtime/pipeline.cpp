@@ -10,6 +10,7 @@
 #include <fstream>
 #include <optional>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "codegen/stage_graphs.h"
@@ -62,6 +63,8 @@ struct RunSetup {
   std::string loss;
   std::string plan_sha256;   // of plan.json's bytes: a checkpoint resumes only with the plan it was written for
   std::string model_sha256;
+  // The whole model imported at the global batch (graph only): its loss, data roles, param holders and shapes.
+  std::shared_ptr<const ImportedModel> model;
 };
 
 std::string rank_label(int rank, int world, const RankRole& role) {
@@ -316,7 +319,7 @@ class StageRunner {
  public:
   StageRunner(const RunOptions& options, const RunSetup& setup, Communicator& world)
       : options_(options), setup_(setup), world_(world), plan_(setup.plan),
-        stage_(setup.plan.stages[static_cast<size_t>(setup.role.stage)]) {}
+        stage_(setup.plan.stages[static_cast<size_t>(setup.role.stage)]), model_(setup.model.get()) {}
 
   RunResult run(const RunStepCallback& on_step);
 
@@ -345,7 +348,7 @@ class StageRunner {
   Communicator& world_;
   const PlanDocument& plan_;
   const PlanStageRecord& stage_;
-  std::unique_ptr<ImportedModel> model_;  // the whole model at the global batch: data roles, param owners
+  const ImportedModel* model_;  // setup_.model: the whole model at the global batch (data roles, param owners)
   StageGraphs graphs_;
   std::unique_ptr<Executor> forward_, backward_;
   std::map<std::string, BoundaryValue> boundary_;
@@ -394,10 +397,6 @@ const BoundaryValue& StageRunner::boundary(const std::string& name) const {
 void StageRunner::build() {
   const int s = setup_.role.stage;
   const fs::path stage_file = setup_.plan_dir / ("stage_" + std::to_string(s) + ".onnx");
-  ImportOptions whole;
-  whole.batch = setup_.global_batch;
-  whole.batch_explicit = true;
-  model_ = std::make_unique<ImportedModel>(import_model(setup_.model_path.string(), whole));
 
   onnx::ModelProto proto = load_model_proto(stage_file);
   if (options_.init == ParamInit::kRandom) randomize_params(proto, options_.seed);
@@ -908,8 +907,8 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
     ImportOptions whole;
     whole.batch = setup.global_batch;
     whole.batch_explicit = true;
-    const ImportedModel model = import_model(setup.model_path.string(), whole);
-    setup.loss = model_loss(model.graph, options.loss, setup.model_path.string());
+    setup.model = std::make_shared<const ImportedModel>(import_model(setup.model_path.string(), whole));
+    setup.loss = model_loss(setup.model->graph, options.loss, setup.model_path.string());
     for (const PlanStageRecord& stage : setup.plan.stages)
       for (const PlanOutput& out : stage.outputs)
         if (out.value == setup.loss) setup.loss_stage = stage.id;

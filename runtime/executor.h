@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "importer/importer.h"
+#include "runtime/backend.h"
 #include "runtime/kernel.h"
 #include "runtime/memory_plan.h"
 #include "runtime/random.h"
@@ -27,6 +28,13 @@ struct ExecutorOptions {
   // Tasks reading params run every step, so that training can update params in place.
   bool precompute_constants = true;
   bool time_tasks = false;  // record per-task seconds (for measured profiles)
+  // Where tensors live and kernels run (runtime/backend.h); nullptr: the CPU backend. On a device backend params
+  // and precomputed constants are uploaded at load, the arena is one allocation of the backend, each task runs the
+  // backend's kernel or, where it has none, the CPU kernel on host copies; inputs may be host or device tensors.
+  Backend* backend = nullptr;
+  // run() returns graph outputs in the backend's memory (copies from the backend's pool) instead of host copies,
+  // so that gradients stay on the device for the optimizer.
+  bool outputs_on_backend = false;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;

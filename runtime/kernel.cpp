@@ -1,6 +1,7 @@
 // Kernel registry, context accessors and helpers shared by the CPU kernels.
 #include "runtime/kernel.h"
 
+#include "runtime/backend.h"
 #include "runtime/cpu/families.h"
 
 #include <algorithm>
@@ -56,6 +57,13 @@ Tensor& KernelContext::output(size_t i, DType dtype, std::vector<int64_t> shape)
   APART_CHECK(i < outputs_.size(), task_.name + ": output index " + std::to_string(i));
   outputs_[i] = allocate_(i, dtype, shape);
   return outputs_[i];
+}
+
+Backend& KernelContext::backend() const { return backend_ ? *backend_ : cpu_backend(); }
+
+const Tensor& KernelContext::host_input(size_t i) const {
+  if (!has_input(i)) invalid("input " + std::to_string(i) + " is missing");
+  return host_input_ ? host_input_(i) : *inputs_[i];
 }
 
 const Tensor* KernelContext::tensor_attr(std::string_view name) const {

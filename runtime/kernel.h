@@ -15,6 +15,8 @@
 
 namespace apart {
 
+class Backend;
+
 // Where a kernel's outputs go: the executor hands out arena slices sized by the memory plan.
 using OutputAllocator = std::function<Tensor(size_t output_index, DType dtype, const std::vector<int64_t>& shape)>;
 
@@ -48,6 +50,18 @@ class KernelContext {
   // This execution's random stream (random.h): a function of the run's RandomKey and the node only.
   uint64_t random_stream() const { return random_stream_; }
 
+  // The backend the kernel runs on (runtime/backend.h); cpu_backend() unless the executor set another.
+  Backend& backend() const;
+  // Input i in host memory: the input itself on a host-memory backend, else a host copy the executor makes (or
+  // keeps, for constants) — for the small integer inputs a device kernel must read on the host (Reshape's shape,
+  // Slice's starts, Split's sizes). Valid during the kernel call.
+  using HostInputFn = std::function<const Tensor&(size_t input_index)>;
+  const Tensor& host_input(size_t i) const;
+  void set_backend(Backend* backend, HostInputFn host_input) {
+    backend_ = backend;
+    host_input_ = std::move(host_input);
+  }
+
   // Errors naming the task and op.
   [[noreturn]] void unsupported(const std::string& what) const;
   [[noreturn]] void invalid(const std::string& what) const;
@@ -60,6 +74,8 @@ class KernelContext {
   std::vector<Tensor>& outputs_;
   OutputAllocator allocate_;
   uint64_t random_stream_;
+  Backend* backend_ = nullptr;
+  HostInputFn host_input_;
 };
 
 using KernelFn = void (*)(KernelContext&);

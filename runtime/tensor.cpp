@@ -66,8 +66,9 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
   data_ = allocate_bytes(bytes());
 }
 
-Tensor Tensor::over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std::byte> data) {
+Tensor Tensor::over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std::byte> data, bool host) {
   Tensor t;
+  t.host_ = host;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   t.elements_ = count_of(t.shape_);
@@ -76,18 +77,20 @@ Tensor Tensor::over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std
 }
 
 Tensor Tensor::view(std::vector<int64_t> shape) const {
-  Tensor t = over(dtype_, std::move(shape), data_);
+  Tensor t = over(dtype_, std::move(shape), data_, host_);
   APART_CHECK(t.elements_ == elements_, "view " + shape_string(t.shape_) + " of " + shape_string(shape_));
   return t;
 }
 
 Tensor Tensor::clone() const {
+  APART_CHECK(host_, "clone of a device tensor: copy it with Backend::to_host");
   Tensor t(dtype_, shape_);
   if (bytes() > 0) std::memcpy(t.raw(), raw(), static_cast<size_t>(bytes()));
   return t;
 }
 
 std::vector<int64_t> Tensor::to_int64s() const {
+  APART_CHECK(host_, "to_int64s of a device tensor: copy it with Backend::to_host");
   std::vector<int64_t> out(static_cast<size_t>(elements_));
   auto widen = [&](auto sample) {
     using T = decltype(sample);
@@ -110,6 +113,7 @@ std::vector<int64_t> Tensor::to_int64s() const {
 }
 
 double Tensor::scalar_as_double(int64_t i) const {
+  APART_CHECK(host_, "scalar_as_double of a device tensor: copy it with Backend::to_host");
   APART_CHECK(i < elements_, "scalar index out of range");
   switch (dtype_) {
     case DType::kFloat32: return data<float>()[i];

@@ -22,8 +22,9 @@ class Tensor {
   Tensor() = default;
   // Fresh zero-filled heap storage.
   Tensor(DType dtype, std::vector<int64_t> shape);
-  // A tensor over storage someone else owns (an arena slice); `owner` keeps it alive.
-  static Tensor over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std::byte> data);
+  // A tensor over storage someone else owns (an arena slice); `owner` keeps it alive. `host` false: the bytes are a
+  // device's memory (runtime/backend.h), which only that backend's kernels and copies may touch.
+  static Tensor over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std::byte> data, bool host = true);
 
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
@@ -32,6 +33,8 @@ class Tensor {
   int64_t elements() const { return elements_; }
   int64_t bytes() const { return elements_ * dtype_size(dtype_); }
   bool defined() const { return dtype_ != DType::kUndefined; }
+  // Whether the bytes are host memory (false: a device's; clone, to_int64s and scalar_as_double need host).
+  bool on_host() const { return host_; }
 
   std::byte* raw() { return data_.get(); }
   const std::byte* raw() const { return data_.get(); }
@@ -42,7 +45,7 @@ class Tensor {
 
   // Same bytes, another shape with as many elements (no copy).
   Tensor view(std::vector<int64_t> shape) const;
-  // A deep copy with its own storage.
+  // A deep copy with its own (host) storage; Internal for a device tensor (Backend::to_host copies those).
   Tensor clone() const;
   // Integer contents widened to int64 (int8…int64, uint8…uint64, bool); throws for other dtypes.
   std::vector<int64_t> to_int64s() const;
@@ -54,6 +57,7 @@ class Tensor {
   std::vector<int64_t> shape_;
   int64_t elements_ = 0;
   std::shared_ptr<std::byte> data_;
+  bool host_ = true;
 };
 
 // Reads a TensorProto: raw_data, typed fields, or external data resolved under `base_dir` (locations

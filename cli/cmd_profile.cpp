@@ -8,6 +8,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command_registry.h"
+#include "cli/training_flags.h"
 #include "driver/compile.h"
 #include "graph/error.h"
 #include "graph/text.h"
@@ -24,6 +25,7 @@ struct ProfileArgs {
   std::string loss;
   std::string init = "model";
   uint64_t seed = 0;
+  int threads = 0;
   ProfileOptions options;
   std::string output;
   bool quiet = false;
@@ -62,6 +64,7 @@ void run_profile(const ProfileArgs& a) {
   if (a.init == "random") options.random_params = true;
   else if (a.init != "model") throw InvalidArgument("--init: unknown value '" + a.init + "' (use model or random)");
   options.validate();
+  apply_threads(a.threads);
   note_blas_kernel();
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
@@ -98,6 +101,7 @@ const bool kRegistered = register_command({"profile", 45, [](CLI::App& app) {
   cmd->add_option("--init", args->init, "Params: model (the file's weights) or random (models saved without weights)")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed for synthetic inputs and --init random")->capture_default_str();
+  add_threads_flag(*cmd, args->threads);
   cmd->add_flag("-q,--quiet", args->quiet, "No per-op summary on stderr");
   cmd->add_option("-o,--output", args->output, "Write the JSON here (temp file + rename); default stdout");
   cmd->callback([args] { run_profile(*args); });

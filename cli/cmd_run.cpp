@@ -54,11 +54,32 @@ void check_torchrun_env(int rank, int size) {
     }
   };
   const int64_t world = number("WORLD_SIZE"), r = number("RANK");
+  const int64_t local_rank = number("LOCAL_RANK"), local_size = number("LOCAL_WORLD_SIZE");
+  const int64_t launcher_local_rank = number("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (local_rank >= 0 && local_size >= 0 && local_rank >= local_size)
+    throw InvalidArgument("LOCAL_RANK=" + std::to_string(local_rank) + " is not below LOCAL_WORLD_SIZE=" + std::to_string(local_size));
+  if (local_rank >= 0 && launcher_local_rank >= 0 && local_rank != launcher_local_rank)
+    throw InvalidArgument("LOCAL_RANK=" + std::to_string(local_rank) + " but mpirun made this process local rank " +
+                          std::to_string(launcher_local_rank) + " of its node (torchrun's variables must agree with it)");
+  if (local_rank >= size) throw InvalidArgument("LOCAL_RANK=" + std::to_string(local_rank) + " is not below the launcher's " + std::to_string(size) + " processes");
   if (world >= 0 && world != size)
     throw InvalidArgument("WORLD_SIZE=" + std::to_string(world) + " but the launcher started " + std::to_string(size) +
                           " processes: apart run takes its ranks from mpirun (torchrun's variables must agree with it)");
   if (r >= 0 && r != rank)
     throw InvalidArgument("RANK=" + std::to_string(r) + " but this process is rank " + std::to_string(rank) + " of the launcher");
+}
+
+// How many processes of this run share this node's cores: the launcher's local size (Open MPI, torchrun, MPICH),
+// else all of them (one node).
+int ranks_on_this_node(int world_size) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end == '\0' && n >= 1 && n <= world_size) return static_cast<int>(n);
+  }
+  return world_size;
 }
 
 void report_step(const RunResult& r, int rank, const StepRecord& s) {
@@ -117,7 +138,11 @@ void run_command(const RunArgs& a) {
   if (launched_by_mpi()) {
     std::unique_ptr<Communicator> world = make_mpi_communicator(comm_options);
     check_torchrun_env(world->rank(), world->size());
-    if (world->rank() == 0) note_blas_kernel();  // one note per run, not one per rank
+    const int threads = apply_threads(a.training.threads, ranks_on_this_node(world->size()));
+    if (world->rank() == 0) {  // one note per run, not one per rank
+      note_blas_kernel();
+      if (!a.quiet) std::fprintf(stderr, "apart run: %d kernel thread(s) per rank (--threads)\n", threads);
+    }
     run_rank(o, *world, a);
     return;
   }
@@ -128,6 +153,8 @@ void run_command(const RunArgs& a) {
     throw InvalidArgument("the plan " + a.plan + " runs on " + std::to_string(devices) + " processes: launch it with mpirun -np " +
                           std::to_string(devices) + " apart run " + a.plan + " (or pass --in-process to run its ranks as "
                           "threads of this process)");
+  // The ranks are threads of this process: each gets its share of the cores (parallel_for's count is global).
+  apply_threads(a.training.threads, devices);
   note_blas_kernel();
   // Every rank on its own thread; the first error that is not a consequence of another rank's failure wins.
   auto comms = make_in_process_communicators(devices, comm_options);

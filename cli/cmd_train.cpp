@@ -42,6 +42,7 @@ void run_train(const TrainArgs& a) {
   o.resume = a.resume;
   o.save_model = a.save_model;
 
+  apply_threads(a.training.threads);
   note_blas_kernel();
   const TrainResult r = train(o, [&](const StepRecord& s) {
     if (!a.quiet)

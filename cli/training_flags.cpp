@@ -2,11 +2,14 @@
 #include "cli/training_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <utility>
 
 #include "cli/cli_common.h"
 #include "graph/error.h"
+#include "runtime/kernel.h"
 
 namespace apart::cli {
 namespace {
@@ -21,6 +24,25 @@ std::pair<double, double> parse_betas(const std::string& text) {
 }
 
 }  // namespace
+
+int apply_threads(int threads, int ranks_sharing_cores) {
+  int n = threads;
+  if (n == 0) {
+    n = default_compute_threads();  // checks APART_NUM_THREADS / OMP_NUM_THREADS
+    const bool from_environment = (std::getenv("APART_NUM_THREADS") && *std::getenv("APART_NUM_THREADS")) ||
+                                  (std::getenv("OMP_NUM_THREADS") && *std::getenv("OMP_NUM_THREADS"));
+    if (!from_environment) n = std::max(1, n / std::max(1, ranks_sharing_cores));
+  }
+  set_compute_threads(n);
+  return n;
+}
+
+void add_threads_flag(CLI::App& cmd, int& threads) {
+  cmd.add_option("--threads", threads,
+                 "Kernel threads per process (kernels and OpenBLAS); default APART_NUM_THREADS or OMP_NUM_THREADS, "
+                 "else the cores (apart run: shared among the ranks of a node)")
+      ->check(CLI::Range(0, 4096));
+}
 
 void add_training_flags(CLI::App& cmd, TrainingFlags& f, const std::string& optimizer_help) {
   cmd.add_option("--optimizer", f.optimizer, optimizer_help);
@@ -38,6 +60,7 @@ void add_training_flags(CLI::App& cmd, TrainingFlags& f, const std::string& opti
   cmd.add_option("--data-dtype", f.data_dtype, "Token width of a .bin file: uint16 or uint32")->capture_default_str();
   cmd.add_option("--init", f.init, "model (the file's weights) or random (seeded re-initialization)")->capture_default_str();
   cmd.add_option("--seed", f.seed, "Seed for --init random and the data order")->capture_default_str();
+  add_threads_flag(cmd, f.threads);
 }
 
 OptimizerOptions optimizer_options(const TrainingFlags& f) {

@@ -29,10 +29,18 @@ struct TrainingFlags {
   std::string data_dtype = "uint16";
   std::string init = "model";
   uint64_t seed = 0;
+  int threads = 0;  // 0: the default (apply_threads)
 };
 
 // Adds --optimizer … --seed to `cmd`. `optimizer_help` says what the default is (train: adamw; run: the plan's).
 void add_training_flags(CLI::App& cmd, TrainingFlags& flags, const std::string& optimizer_help);
+
+// Sets the kernels' thread count (runtime/kernel.h set_compute_threads): `threads` when given (> 0), else
+// APART_NUM_THREADS or OMP_NUM_THREADS when set, else the cores divided among `ranks_sharing_cores` (the ranks of
+// this node; at least 1 thread each). Returns the count set. InvalidArgument naming --threads or the variable.
+int apply_threads(int threads, int ranks_sharing_cores = 1);
+// `--threads N` (0 = the default above) on `cmd`.
+void add_threads_flag(CLI::App& cmd, int& threads);
 
 // The flags as runtime options. Throws InvalidArgument naming the flag.
 OptimizerOptions optimizer_options(const TrainingFlags& flags);

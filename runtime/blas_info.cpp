@@ -32,6 +32,14 @@ constexpr std::array<std::string_view, 6> kVectorCores = {"haswell", "zen", "sky
 
 }  // namespace
 
+bool set_blas_threads(int threads) {
+  using SetThreads = void (*)(int);
+  void* symbol = dlsym(RTLD_DEFAULT, "openblas_set_num_threads");
+  if (!symbol) return false;
+  reinterpret_cast<SetThreads>(symbol)(threads);
+  return true;
+}
+
 std::string blas_core_name() {
   using CoreName = char* (*)();
   // RTLD_DEFAULT: the symbol of whichever libopenblas the executable loaded (none: a reference CBLAS).

@@ -9,6 +9,8 @@ namespace apart {
 
 // openblas_get_corename() of the BLAS this process loaded ("Zen", "Haswell", "SkylakeX", "Prescott", …), looked
 // up with dlsym so that a build against another CBLAS still links; "" when the BLAS is not OpenBLAS.
+// Sets OpenBLAS's thread count (openblas_set_num_threads, looked up with dlsym); false when the BLAS is not OpenBLAS.
+bool set_blas_threads(int threads);
 std::string blas_core_name();
 
 // The `flags` line of /proc/cpuinfo (space-separated, e.g. "fpu … avx2 … avx512f …"); "" where there is none.

@@ -2,9 +2,13 @@
 #include "runtime/kernel.h"
 
 #include "runtime/backend.h"
+#include "runtime/blas_info.h"
 #include "runtime/cpu/families.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -79,9 +83,46 @@ void KernelContext::invalid(const std::string& what) const {
   throw InvalidModel("node '" + task_.name + "' (" + task_.op_type + "): " + what);
 }
 
+namespace {
+constexpr int kMaxComputeThreads = 4096;
+std::atomic<int> g_compute_threads{0};  // 0: not set yet (default_compute_threads on first use)
+}  // namespace
+
+int default_compute_threads() {
+  for (const char* name : {"APART_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(v, &end, 10);
+    if (errno != 0 || *end != '\0' || n < 1 || n > kMaxComputeThreads)
+      throw InvalidArgument(std::string("environment variable ") + name + "='" + v + "': expected a thread count in [1, " +
+                            std::to_string(kMaxComputeThreads) + "]");
+    return static_cast<int>(n);
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int compute_threads() {
+  int n = g_compute_threads.load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = default_compute_threads();
+    g_compute_threads.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+void set_compute_threads(int threads) {
+  if (threads < 1 || threads > kMaxComputeThreads)
+    throw InvalidArgument("--threads " + std::to_string(threads) + ": expected a thread count in [1, " +
+                          std::to_string(kMaxComputeThreads) + "]");
+  g_compute_threads.store(threads, std::memory_order_relaxed);
+  set_blas_threads(threads);
+}
+
 void parallel_for(int64_t n, int64_t cost_per_item, const std::function<void(int64_t, int64_t)>& body) {
   constexpr int64_t kMinWorkPerThread = 1 << 16;
-  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t hw = compute_threads();
   const int64_t threads = std::min<int64_t>({hw, n, std::max<int64_t>(1, n * std::max<int64_t>(cost_per_item, 1) / kMinWorkPerThread)});
   if (threads <= 1) {
     if (n > 0) body(0, n);

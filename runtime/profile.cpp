@@ -121,7 +121,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   ProfileResult result;
   result.warmup = options.warmup;
   result.repeats = options.repeats;
-  result.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  result.threads = compute_threads();
 
   // Analytic costs on the measured CPU: FLOPs, bytes, saved/param bytes, and the backward ratio.
   CostOptions cost_options;

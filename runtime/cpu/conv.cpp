@@ -4,51 +4,13 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/conv_window.h"
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/families.h"
 #include "runtime/cpu/gemm.h"
 
 namespace apart::cpu {
 namespace {
-
-struct Window {
-  std::vector<int64_t> kernel, stride, dilation, pad_begin, pad_end, out;
-};
-
-// Output sizes and effective pads for `spatial` input dims (ONNX Conv/Pool rules incl. auto_pad).
-Window window(const KernelContext& ctx, const std::vector<int64_t>& in, std::vector<int64_t> kernel, bool ceil_mode) {
-  const size_t s = in.size();
-  Window w;
-  w.kernel = std::move(kernel);
-  w.stride = ctx.attr_ints("strides", std::vector<int64_t>(s, 1));
-  w.dilation = ctx.attr_ints("dilations", std::vector<int64_t>(s, 1));
-  std::vector<int64_t> pads = ctx.attr_ints("pads", std::vector<int64_t>(2 * s, 0));
-  if (w.kernel.size() != s || w.stride.size() != s || w.dilation.size() != s || pads.size() != 2 * s)
-    ctx.invalid("kernel_shape/strides/dilations/pads do not match the input's spatial rank");
-  const std::string auto_pad = ctx.attr_string("auto_pad", "NOTSET");
-  w.pad_begin.assign(pads.begin(), pads.begin() + static_cast<int64_t>(s));
-  w.pad_end.assign(pads.begin() + static_cast<int64_t>(s), pads.end());
-  w.out.resize(s);
-  for (size_t i = 0; i < s; ++i) {
-    if (w.stride[i] <= 0 || w.dilation[i] <= 0) ctx.invalid("strides and dilations must be positive");
-    const int64_t extent = (w.kernel[i] - 1) * w.dilation[i] + 1;
-    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      w.out[i] = (in[i] + w.stride[i] - 1) / w.stride[i];
-      const int64_t total = std::max<int64_t>(0, (w.out[i] - 1) * w.stride[i] + extent - in[i]);
-      w.pad_begin[i] = auto_pad == "SAME_UPPER" ? total / 2 : (total + 1) / 2;
-      w.pad_end[i] = total - w.pad_begin[i];
-    } else {
-      if (auto_pad == "VALID") w.pad_begin[i] = w.pad_end[i] = 0;
-      else if (auto_pad != "NOTSET" && !auto_pad.empty()) ctx.invalid("unknown auto_pad '" + auto_pad + "'");
-      const int64_t span = in[i] + w.pad_begin[i] + w.pad_end[i] - extent;
-      if (span < 0) ctx.invalid("the kernel is larger than the padded input");
-      w.out[i] = (ceil_mode ? (span + w.stride[i] - 1) / w.stride[i] : span / w.stride[i]) + 1;
-      // A window may not start in the end padding (ceil_mode).
-      if (ceil_mode && (w.out[i] - 1) * w.stride[i] >= in[i] + w.pad_begin[i]) --w.out[i];
-    }
-  }
-  return w;
-}
 
 void conv_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
@@ -60,7 +22,7 @@ void conv_k(KernelContext& ctx) {
   std::vector<int64_t> kernel(wt.shape().begin() + 2, wt.shape().end());
   if (ctx.has_attr("kernel_shape") && ctx.attr_ints("kernel_shape") != kernel) ctx.invalid("kernel_shape differs from W");
   if (group <= 0 || c % group != 0 || m % group != 0 || wt.dim(1) != c / group) ctx.invalid("channels do not match group");
-  Window w = window(ctx, in, kernel, false);
+  Window w = conv_window(ctx, in, kernel, false);
   if (one_d) {  // 1-D runs as 2-D with a height of 1 (and no padding along it)
     for (auto* v : {&in, &w.kernel, &w.stride, &w.dilation, &w.out}) v->insert(v->begin(), 1);
     for (auto* v : {&w.pad_begin, &w.pad_end}) v->insert(v->begin(), 0);
@@ -113,7 +75,7 @@ void pool(KernelContext& ctx, bool is_max) {
   const std::vector<int64_t> in(x.shape().begin() + 2, x.shape().end());
   const bool ceil_mode = ctx.attr_int("ceil_mode", 0) != 0;
   const bool include_pad = ctx.attr_int("count_include_pad", 0) != 0;
-  Window w = window(ctx, in, ctx.attr_ints("kernel_shape"), ceil_mode);
+  Window w = conv_window(ctx, in, ctx.attr_ints("kernel_shape"), ceil_mode);
   const size_t s = in.size();
   std::vector<int64_t> out_shape{x.dim(0), x.dim(1)};
   out_shape.insert(out_shape.end(), w.out.begin(), w.out.end());

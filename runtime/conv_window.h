@@ -1,0 +1,21 @@
+// The ONNX window rules of Conv and the pools (kernel, strides, dilations, pads incl. auto_pad, ceil_mode → output
+// sizes and effective pads): one home, used by the CPU kernels (cpu/conv.cpp) and the CUDA ones (cuda/conv.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/kernel.h"
+
+namespace apart {
+
+struct Window {
+  std::vector<int64_t> kernel, stride, dilation, pad_begin, pad_end, out;
+};
+
+// Output sizes and effective pads for the `spatial` input dims of ctx's node (attributes strides, dilations, pads,
+// auto_pad); throws InvalidModel through ctx when they do not fit.
+Window conv_window(const KernelContext& ctx, const std::vector<int64_t>& spatial, std::vector<int64_t> kernel,
+                   bool ceil_mode);
+
+}  // namespace apart

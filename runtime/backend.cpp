@@ -199,6 +199,9 @@ std::unique_ptr<Communicator> cuda::make_nccl_communicator(Communicator&, Backen
   throw Unsupported("the NCCL communicator: this apart was built without the CUDA backend; rebuild with "
                     "`cmake --preset gpu` (needs the CUDA toolkit, cuDNN and NCCL under /usr/local/cuda)");
 }
+cuda::GemmMeasurement cuda::measure_best_bf16_gemm(Backend&, int64_t, int64_t, int64_t, int, int) {
+  throw Unsupported("measuring cuBLASLt's GEMM: this apart was built without the CUDA backend");
+}
 #endif
 
 std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options) {

@@ -39,6 +39,7 @@ mkdir -p "$out_dir"
 log="$out_dir/gpu_check.log"
 : >"$log"
 exec > >(tee -a "$log") 2>&1
+tee_pid=$!
 
 build_s="${GPU_CHECK_BUILD_S:-300}"
 tests_s="${GPU_CHECK_TESTS_S:-150}"
@@ -59,6 +60,8 @@ finish() {
   echo
   echo "== gpu_check summary ($((SECONDS - started)) s) =="
   printf '%s\n' "${summary[@]}" | tee "$out_dir/summary.txt"
+  exec >&- 2>&-
+  wait "$tee_pid" 2>/dev/null  # the log is complete before the device tool collects $OUT
   exit "$1"
 }
 
@@ -101,6 +104,8 @@ if [ "$mode" = bundle ]; then
       [[ "$name" =~ $skip ]] || cp -L "$lib" "$bundle/lib/$name"
     done
   done
+  # Tests name their data by the source root they were built in (APART_SOURCE_DIR): the device links it to its copy.
+  echo "$root" >"$bundle/source_root"
   grep -qx '/.gpu_bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu_bundle/' >>"$(git rev-parse --git-path info/exclude)"
   note bundle ok 0 "$(du -sh "$bundle" | cut -f1) in .gpu_bundle ($(ls "$bundle/bin" | tr '\n' ' '))"
   finish 0
@@ -115,6 +120,10 @@ if [ -d "$bundle/bin" ]; then
   bin="$bundle/bin"
   note build ok 0 "using the carried bundle .gpu_bundle ($(ls "$bin" | tr '\n' ' '))"
   export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  built_in="$(cat "$bundle/source_root" 2>/dev/null || true)"
+  if [ -n "$built_in" ] && [ ! -e "$built_in" ]; then
+    mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in" && echo "linked $built_in -> $root (APART_SOURCE_DIR)"
+  fi
 else
   build || finish 1
   bin="$build_dir/bin-links"

@@ -50,7 +50,7 @@ BenchOptions parse(int argc, char** argv) {
     else if (flag == "--steps") o.steps = std::atoi(value);
     else if (flag == "--gemm-repeats") o.gemm_repeats = std::atoi(value);
     else if (flag == "--precision") o.precision = apart::parse_precision(value);
-    else throw apart::InvalidArgument("gpu_layers_bench: unknown flag " + flag +
+    else throw apart::InvalidArgument("unknown flag " + flag +
                                       " (--layers --hidden --heads --seq --batch --vocab --warmup --steps "
                                       "--gemm-repeats --precision)");
   }

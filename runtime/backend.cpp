@@ -8,10 +8,7 @@
 
 #include "graph/error.h"
 #include "runtime/blas_info.h"
-
-#if APART_HAVE_CUDA
 #include "runtime/cuda/cuda_entry.h"
-#endif
 
 namespace apart {
 
@@ -197,6 +194,14 @@ int cuda_device_count() { return cuda::visible_device_count(); }
 #else
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
+// The NCCL communicator is runtime/cuda/nccl_communicator.cpp's, built with APART_CUDA only.
+std::unique_ptr<Communicator> cuda::make_nccl_communicator(Communicator&, Backend&, const CommOptions&) {
+  throw Unsupported("the NCCL communicator: this apart was built without the CUDA backend; rebuild with "
+                    "`cmake --preset gpu` (needs the CUDA toolkit, cuDNN and NCCL under /usr/local/cuda)");
+}
+cuda::GemmMeasurement cuda::measure_best_bf16_gemm(Backend&, int64_t, int64_t, int64_t, int, int) {
+  throw Unsupported("measuring cuBLASLt's GEMM: this apart was built without the CUDA backend");
+}
 #endif
 
 std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options) {

@@ -411,7 +411,7 @@ class ACudaKernelError : public ::testing::Test {
 
 TEST_F(ACudaKernelError, GatherNamesTheNodeAndTheIndexOutOfRange) {
   Tensor indices = ints({1, 50, 2});
-  const std::string what = invalid_argument({"embedding_lookup", "Gather", {floats({50, 4}, 150), indices}});
+  const std::string what = invalid_argument({"embedding_lookup", "Gather", {floats({50, 4}, 150), indices}, {}});
   EXPECT_NE(what.find("embedding_lookup"), std::string::npos) << what;
   EXPECT_NE(what.find("index 50"), std::string::npos) << what;
 }

@@ -1,5 +1,5 @@
 // CUDA data-movement kernels (dtype-agnostic: elements move as words of their size): Reshape, Flatten, Squeeze,
-// Unsqueeze, Transpose, Concat, Split, Slice, Gather, Expand, ScatterND. Output shapes and index geometry come from
+// Unsqueeze, Transpose, Concat, Split, Slice, Gather, Expand, ScatterND, Trilu. Output shapes and index geometry come from
 // op_args.h, the very code the CPU kernels use; Shape, Size, Constant, ConstantOfShape and Range stay CPU-only.
 #include <cuda_runtime.h>
 
@@ -143,6 +143,29 @@ void split_k(KernelContext& ctx) {
     }
     at += row;
   }
+}
+
+// --- Trilu: the upper (j − i >= k) or lower (j − i <= k) triangle of the last two dims, zeros elsewhere ---------
+
+template <class W>
+__global__ void trilu_kernel(const W* x, W* y, int64_t n, int64_t rows, int64_t cols, int64_t k, bool upper) {
+  for (int64_t e = first_thread(); e < n; e += thread_stride()) {
+    const int64_t j = e % cols, i = (e / cols) % rows;
+    y[e] = (upper ? j - i >= k : j - i <= k) ? x[e] : W(0);
+  }
+}
+
+void trilu_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (x.rank() < 2) ctx.invalid("input must have rank >= 2");
+  const bool upper = ctx.attr_int("upper", 1) != 0;
+  const int64_t k = ctx.has_input(1) ? ctx.host_input(1).to_int64s().at(0) : 0;
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  dispatch_word(ctx, x.dtype(), [&](auto tag) {
+    using W = decltype(tag);
+    launch_1d(ctx, x.elements(), trilu_kernel<W>, device_data<W>(ctx, x), device_data<W>(ctx, y), x.elements(),
+              x.dim(-2), x.dim(-1), k, upper);
+  });
 }
 
 // --- Gather and ScatterND: indices on the device, checked there --------------------------
@@ -338,6 +361,7 @@ void register_shape_kernels() {
   register_cuda_kernel("Gather", gather_k);
   register_cuda_kernel("Expand", expand_k);
   register_cuda_kernel("ScatterND", scatter_nd_k);
+  register_cuda_kernel("Trilu", trilu_k);
 }
 
 }  // namespace apart::cuda

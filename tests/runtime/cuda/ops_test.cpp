@@ -234,6 +234,9 @@ std::vector<OpCase> shape_cases() {
   cases.push_back({"GatherOnAxis1WithInt32Indices", "Gather", {floats({4, 9, 3}, 111), int32s({5}, 112, 0, 8)},
                    {int_attr("axis", 1)}, 1, 0});
   cases.push_back({"GatherWithAScalarIndex", "Gather", {int64s({6, 4}, 113, 0, 9), int64s({}, 114, 2, 2)}, {}, 1, 0});
+  cases.push_back({"TriluUpperOfABatch", "Trilu", {floats({2, 5, 7}, 124)}, {}, 1, 0});
+  cases.push_back({"TriluLowerBelowTheDiagonal", "Trilu", {int64s({6, 4}, 125, -9, 9), ints({-1})}, {int_attr("upper", 0)}, 1,
+                   0});
   cases.push_back({"ExpandToMoreDims", "Expand", {floats({3, 1}, 115), ints({2, 3, 4})}, {}, 1, 0});
   {
     // Unique rows for reduction none (ONNX leaves duplicates open); repeated rows for add (the embedding gradient).

@@ -36,9 +36,11 @@ void launch(const KernelContext& ctx, unsigned blocks, dim3 threads, size_t shar
   if (blocks == 0) return;
   kernel<<<blocks, threads, shared_bytes, backend_of(ctx).compute_stream()>>>(args...);
   const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess)
-    throw_cuda_error("CUDA", ("the kernel launch of node '" + ctx.task().name + "' (" + ctx.task().op_type + ")").c_str(),
-                     __FILE__, __LINE__, std::string(cudaGetErrorString(status)) + " (" + cudaGetErrorName(status) + ")");
+  if (status != cudaSuccess) {
+    const std::string what = "the kernel launch of node '" + ctx.task().name + "' (" + ctx.task().op_type + ")";
+    throw_cuda_error("CUDA", what.c_str(), __FILE__, __LINE__,
+                     std::string(cudaGetErrorString(status)) + " (" + cudaGetErrorName(status) + ")");
+  }
 }
 
 // One thread per item, grid-stride.

@@ -116,7 +116,8 @@ void softmax_cross_entropy_k(KernelContext& ctx) {
     // block: a second scratch() call would hand out the same memory).
     const bool want_log_prob = ctx.num_outputs() > 1 && ctx.wants_output(1);
     const int64_t logp_bytes = want_log_prob ? 0 : (scores.bytes() + 255) / 256 * 256;
-    auto* block = static_cast<std::byte*>(backend_of(ctx).scratch(logp_bytes + static_cast<int64_t>(sizeof(LabelError))));
+    const int64_t scratch_bytes = logp_bytes + static_cast<int64_t>(sizeof(LabelError));
+    auto* block = static_cast<std::byte*>(backend_of(ctx).scratch(scratch_bytes));
     auto* error = reinterpret_cast<LabelError*>(block + logp_bytes);
     T* logp = want_log_prob ? device_data<T>(ctx, ctx.output(1, scores.dtype(), scores.shape()))
                             : reinterpret_cast<T*>(block);

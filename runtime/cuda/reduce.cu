@@ -125,17 +125,19 @@ void reduce(KernelContext& ctx, Reduction kind) {
     if constexpr (!std::is_same_v<T, bool>) {
       using A = AccumulatorOf<T>;
       A init = 0;
+      constexpr bool floating = std::is_floating_point_v<T>;
       if (kind == Reduction::kMax)
-        init = std::is_floating_point_v<T> ? -std::numeric_limits<A>::infinity() : static_cast<A>(std::numeric_limits<T>::lowest());
+        init = floating ? -std::numeric_limits<A>::infinity() : static_cast<A>(std::numeric_limits<T>::lowest());
       if (kind == Reduction::kMin)
-        init = std::is_floating_point_v<T> ? std::numeric_limits<A>::infinity() : static_cast<A>(std::numeric_limits<T>::max());
+        init = floating ? std::numeric_limits<A>::infinity() : static_cast<A>(std::numeric_limits<T>::max());
       if (kind == Reduction::kProd) init = 1;
       Tensor& y = ctx.output(0, x.dtype(), args.out_shape);
       if (g.outputs == 0) return;
-      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows ? g.outputs : (g.outputs + 31) / 32, kMaxBlocks));
+      const int64_t block_items = rows ? g.outputs : (g.outputs + 31) / 32;
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(block_items, kMaxBlocks));
       if (rows)
-        launch(ctx, blocks, static_cast<unsigned>(row_threads(g.count)), 0, reduce_rows_kernel<T>, device_data<T>(ctx, x),
-               device_data<T>(ctx, y), g, Combine{kind}, init);
+        launch(ctx, blocks, static_cast<unsigned>(row_threads(g.count)), 0, reduce_rows_kernel<T>,
+               device_data<T>(ctx, x), device_data<T>(ctx, y), g, Combine{kind}, init);
       else
         launch(ctx, blocks, dim3(32, kColumnSplit), 0, reduce_columns_kernel<T>, device_data<T>(ctx, x),
                device_data<T>(ctx, y), g, Combine{kind}, init);
@@ -268,12 +270,16 @@ void layer_norm_k(KernelContext& ctx) {
       param_data[k] = copy;
     }
     Tensor& y = ctx.output(0, x.dtype(), x.shape());
-    T* mean_out = ctx.num_outputs() > 1 && ctx.wants_output(1) ? device_data<T>(ctx, ctx.output(1, x.dtype(), args.stat_shape)) : nullptr;
-    T* inv_out = ctx.num_outputs() > 2 && ctx.wants_output(2) ? device_data<T>(ctx, ctx.output(2, x.dtype(), args.stat_shape)) : nullptr;
+    auto statistic = [&](size_t i) -> T* {  // Mean (1) and InvStdDev (2), when asked for
+      if (ctx.num_outputs() <= i || !ctx.wants_output(i)) return nullptr;
+      return device_data<T>(ctx, ctx.output(i, x.dtype(), args.stat_shape));
+    };
+    T* mean_out = statistic(1);
+    T* inv_out = statistic(2);
     if (args.rows == 0) return;
-    launch(ctx, static_cast<unsigned>(std::min<int64_t>(args.rows, kMaxBlocks)), static_cast<unsigned>(row_threads(args.n)), 0,
-           layer_norm_kernel<T>, device_data<T>(ctx, x), param_data[0], param_data[1], device_data<T>(ctx, y), mean_out,
-           inv_out, args.rows, args.n, args.epsilon);
+    launch(ctx, static_cast<unsigned>(std::min<int64_t>(args.rows, kMaxBlocks)),
+           static_cast<unsigned>(row_threads(args.n)), 0, layer_norm_kernel<T>, device_data<T>(ctx, x), param_data[0],
+           param_data[1], device_data<T>(ctx, y), mean_out, inv_out, args.rows, args.n, args.epsilon);
   });
 }
 

@@ -1,6 +1,7 @@
 // CUDA data-movement kernels (dtype-agnostic: elements move as words of their size): Reshape, Flatten, Squeeze,
-// Unsqueeze, Transpose, Concat, Split, Slice, Gather, Expand, ScatterND, Trilu. Output shapes and index geometry come from
-// op_args.h, the very code the CPU kernels use; Shape, Size, Constant, ConstantOfShape and Range stay CPU-only.
+// Unsqueeze, Transpose, Concat, Split, Slice, Gather, Expand, ScatterND, Trilu. Output shapes and index geometry
+// come from op_args.h, the very code the CPU kernels use; Shape, Size, Constant, ConstantOfShape and Range stay
+// CPU-only (the executor falls back; they are precomputed).
 #include <cuda_runtime.h>
 
 #include <string>
@@ -119,7 +120,8 @@ void concat_k(KernelContext& ctx) {
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
     const Tensor& t = ctx.input(i);
     const int64_t row = t.dim(axis) * inner * es;
-    if (row > 0) copy_rows(ctx, device_data<std::byte>(ctx, t), row, device_data<std::byte>(ctx, y) + at, out_row, outer, row);
+    if (row > 0)
+      copy_rows(ctx, device_data<std::byte>(ctx, t), row, device_data<std::byte>(ctx, y) + at, out_row, outer, row);
     at += row;
   }
 }
@@ -139,7 +141,8 @@ void split_k(KernelContext& ctx) {
     const int64_t row = sizes[i] * inner * es;
     if (ctx.wants_output(i)) {
       Tensor& y = ctx.output(i, x.dtype(), shape);
-      if (row > 0) copy_rows(ctx, device_data<std::byte>(ctx, x) + at, in_row, device_data<std::byte>(ctx, y), row, outer, row);
+      if (row > 0)
+        copy_rows(ctx, device_data<std::byte>(ctx, x) + at, in_row, device_data<std::byte>(ctx, y), row, outer, row);
     }
     at += row;
   }

@@ -27,7 +27,9 @@ struct IndexMap {
       for (int k = 0; k < K; ++k) off[k] = linear * strides[k][0];
       return;
     }
+#ifdef __CUDA_ARCH__  // device code: the rank loop unrolled (host compilers know no such pragma)
 #pragma unroll
+#endif
     for (int d = kMaxIndexRank - 1; d >= 0; --d) {
       if (d >= rank) continue;
       const int64_t idx = linear % dims[d];

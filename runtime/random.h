@@ -1,8 +1,11 @@
 // Counter-based random numbers: a draw is a pure function of (seed, step, micro-batch, node, element), so a
-// recomputed forward, another replica of the same micro-batch or a resumed run draws exactly the same bits.
+// recomputed forward, another replica of the same micro-batch or a resumed run draws exactly the same bits. The
+// functions are APART_HOST_DEVICE: the CUDA Dropout kernel draws the very bits the CPU kernel draws.
 #pragma once
 
 #include <cstdint>
+
+#include "runtime/host_device.h"
 
 namespace apart {
 
@@ -14,7 +17,7 @@ struct RandomKey {
 };
 
 // SplitMix64's finaliser (Steele, Lea, Flood, OOPSLA 2014): a bijection with full avalanche.
-constexpr uint64_t mix64(uint64_t x) {
+APART_HOST_DEVICE constexpr uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
@@ -23,18 +26,20 @@ constexpr uint64_t mix64(uint64_t x) {
 
 // A node's identity in random_stream: a hash of its ONNX name (FNV-1a), so the node draws the same bits in the
 // whole model, in a stage file cut from it, and in the training graph built around it.
-constexpr uint64_t node_random_id(const char* name, uint64_t length) {
+APART_HOST_DEVICE constexpr uint64_t node_random_id(const char* name, uint64_t length) {
   uint64_t h = 0xCBF29CE484222325ull;
   for (uint64_t i = 0; i < length; ++i) h = (h ^ static_cast<unsigned char>(name[i])) * 0x100000001B3ull;
   return h;
 }
 
 // The stream of one node under one key: element i of it is random_bits(stream, i).
-constexpr uint64_t random_stream(const RandomKey& key, uint64_t node) {
+APART_HOST_DEVICE constexpr uint64_t random_stream(const RandomKey& key, uint64_t node) {
   return mix64(mix64(mix64(mix64(key.seed) ^ key.step) ^ key.microbatch) ^ node);
 }
-constexpr uint64_t random_bits(uint64_t stream, uint64_t element) { return mix64(stream ^ mix64(element)); }
+APART_HOST_DEVICE constexpr uint64_t random_bits(uint64_t stream, uint64_t element) {
+  return mix64(stream ^ mix64(element));
+}
 // Uniform in [0, 1) from the top 53 bits.
-constexpr double random_uniform(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
+APART_HOST_DEVICE constexpr double random_uniform(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
 
 }  // namespace apart

@@ -7,6 +7,7 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/families.h"
+#include "runtime/op_args.h"
 
 namespace apart::cpu {
 namespace {
@@ -303,18 +304,13 @@ void identity_k(KernelContext& ctx) {
 // Inference semantics (and training mode with ratio 0): the output is the input, the mask all ones.
 void dropout_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  bool training = false;
-  double ratio = ctx.attr_float("ratio", 0.5);
-  if (ctx.opset() >= 12) {
-    if (ctx.has_input(1)) ratio = ctx.input(1).scalar_as_double();
-    if (ctx.has_input(2)) training = ctx.input(2).scalar_as_double() != 0;
-  }
-  if (training && ratio > 0) {
+  const DropoutArgs args = dropout_args(ctx);
+  if (args.drops()) {
     // Training: keep each element with probability 1 − ratio, scaled by 1 / (1 − ratio). Element i's draw is
     // counter-based (runtime/random.h): a function of (seed, step, micro-batch, node, i) and of the node's own
     // `seed` attribute, so a recomputed forward, a replica or a resumed run draws the same mask.
-    if (ratio >= 1) ctx.invalid("ratio must be < 1 in training mode");
-    const uint64_t stream = mix64(ctx.random_stream() ^ static_cast<uint64_t>(ctx.attr_int("seed", 0)));
+    const double ratio = args.ratio;
+    const uint64_t stream = args.stream;
     Tensor keep = ctx.num_outputs() > 1 && ctx.wants_output(1) ? ctx.output(1, DType::kBool, x.shape())
                                                                 : Tensor(DType::kBool, x.shape());  // shares storage
     bool* mask = keep.data<bool>();

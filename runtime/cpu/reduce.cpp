@@ -6,6 +6,7 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/families.h"
+#include "runtime/op_args.h"
 
 namespace apart::cpu {
 namespace {
@@ -15,25 +16,14 @@ enum class Reduction { kSum, kMean, kMax, kMin, kProd };
 void reduce(KernelContext& ctx, Reduction kind) {
   const Tensor& x = ctx.input(0);
   const int64_t r = x.rank();
-  std::vector<int64_t> axes;
-  if (ctx.has_input(1)) axes = ctx.input(1).to_int64s();
-  else axes = ctx.attr_ints("axes");
-  const bool keepdims = ctx.attr_int("keepdims", 1) != 0;
-  if (axes.empty() && ctx.attr_int("noop_with_empty_axes", 0) != 0) {
+  const ReduceArgs args = reduce_args(ctx);
+  if (args.noop) {
     copy_bytes(x, ctx.output(0, x.dtype(), x.shape()));
     return;
   }
-  std::vector<bool> reduced(static_cast<size_t>(r), axes.empty());
-  for (int64_t a : axes) reduced[static_cast<size_t>(normalize_axis(ctx, a, r))] = true;
-  std::vector<int64_t> kept_shape, out_shape;
-  for (int64_t d = 0; d < r; ++d) {
-    kept_shape.push_back(reduced[d] ? 1 : x.dim(d));
-    if (!reduced[d]) out_shape.push_back(x.dim(d));
-    else if (keepdims) out_shape.push_back(1);
-  }
-  int64_t count = 1;
-  for (int64_t d = 0; d < r; ++d)
-    if (reduced[d]) count *= x.dim(d);
+  const std::vector<int64_t>& kept_shape = args.kept_shape;
+  const std::vector<int64_t>& out_shape = args.out_shape;
+  const int64_t count = args.count;
   if (x.dtype() == DType::kBool) ctx.unsupported("bool input");
   dispatch(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -88,16 +78,11 @@ void reduce_max_k(KernelContext& c) { reduce(c, Reduction::kMax); }
 void reduce_min_k(KernelContext& c) { reduce(c, Reduction::kMin); }
 void reduce_prod_k(KernelContext& c) { reduce(c, Reduction::kProd); }
 
-// Softmax over `n` elements spaced `inner` apart; opset < 13 coerces to 2-D at `axis` (n = the
-// product of the trailing dims, inner = 1), opset >= 13 normalises along one axis.
+// Softmax over `n` elements spaced `inner` apart (softmax_args: the opset's axis semantics).
 void softmax(KernelContext& ctx, bool log) {
   const Tensor& x = ctx.input(0);
-  const int64_t r = x.rank();
-  const bool legacy = ctx.opset() < 13;
-  const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", legacy ? 1 : -1), r);
-  const int64_t outer = product(x.shape(), 0, static_cast<size_t>(axis));
-  const int64_t n = legacy ? product(x.shape(), static_cast<size_t>(axis)) : (r == 0 ? 1 : x.dim(axis));
-  const int64_t inner = legacy ? 1 : product(x.shape(), static_cast<size_t>(axis) + 1);
+  const SoftmaxArgs args = softmax_args(ctx);
+  const int64_t outer = args.outer, n = args.n, inner = args.inner;
   dispatch_float(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor& y = ctx.output(0, x.dtype(), x.shape());
@@ -130,18 +115,16 @@ void log_softmax_k(KernelContext& c) { softmax(c, true); }
 
 void layer_norm_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  const int64_t r = x.rank();
-  const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", -1), r);
-  const double eps = ctx.attr_float("epsilon", 1e-5);
-  const std::vector<int64_t> norm_shape(x.shape().begin() + axis, x.shape().end());
-  const int64_t rows = product(x.shape(), 0, static_cast<size_t>(axis)), n = product(norm_shape);
+  const LayerNormArgs args = layer_norm_args(ctx);
+  const double eps = args.epsilon;
+  const std::vector<int64_t>& norm_shape = args.norm_shape;
+  const int64_t rows = args.rows, n = args.n;
   dispatch_float(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor scale = broadcast_to(ctx.input(1), norm_shape);
     Tensor bias = ctx.has_input(2) ? broadcast_to(ctx.input(2), norm_shape) : Tensor(x.dtype(), norm_shape);
     Tensor& y = ctx.output(0, x.dtype(), x.shape());
-    std::vector<int64_t> stat_shape(x.shape().begin(), x.shape().begin() + axis);
-    stat_shape.resize(static_cast<size_t>(r), 1);
+    const std::vector<int64_t>& stat_shape = args.stat_shape;
     T* mean_out = ctx.num_outputs() > 1 && ctx.wants_output(1) ? ctx.output(1, x.dtype(), stat_shape).template data<T>() : nullptr;
     T* inv_out = ctx.num_outputs() > 2 && ctx.wants_output(2) ? ctx.output(2, x.dtype(), stat_shape).template data<T>() : nullptr;
     const T* px = x.data<T>();

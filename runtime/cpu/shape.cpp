@@ -8,105 +8,39 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/families.h"
+#include "runtime/op_args.h"
 
 namespace apart::cpu {
 namespace {
 
 void reshape_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  std::vector<int64_t> shape = ctx.opset() < 5 ? ctx.attr_ints("shape") : ctx.input(1).to_int64s();
-  const bool allowzero = ctx.attr_int("allowzero", 0) != 0;
-  int64_t infer = -1, known = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0 && !allowzero) {
-      if (static_cast<int64_t>(i) >= x.rank()) ctx.invalid("shape dim 0 copies a dim the input lacks");
-      shape[i] = x.dim(static_cast<int64_t>(i));
-    }
-    if (shape[i] == -1) {
-      if (infer >= 0) ctx.invalid("more than one -1 in the target shape");
-      infer = static_cast<int64_t>(i);
-    } else if (shape[i] < 0) {
-      ctx.invalid("negative dim in the target shape");
-    } else {
-      known *= shape[i];
-    }
-  }
-  if (infer >= 0) {
-    if (known == 0 || x.elements() % known != 0) ctx.invalid("cannot infer the -1 dim");
-    shape[static_cast<size_t>(infer)] = x.elements() / known;
-  }
-  if (product(shape) != x.elements())
-    ctx.invalid("cannot reshape " + shape_string(x.shape()) + " to " + shape_string(shape));
-  copy_bytes(x, ctx.output(0, x.dtype(), shape));
+  copy_bytes(x, ctx.output(0, x.dtype(), reshape_output_shape(ctx)));
 }
 
 void flatten_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  int64_t axis = ctx.attr_int("axis", 1);
-  if (axis < 0) axis += x.rank();
-  if (axis < 0 || axis > x.rank()) ctx.invalid("axis out of range");
-  copy_bytes(x, ctx.output(0, x.dtype(), {product(x.shape(), 0, static_cast<size_t>(axis)), product(x.shape(), static_cast<size_t>(axis))}));
-}
-
-std::vector<int64_t> axes_arg(KernelContext& ctx, size_t input) {
-  if (ctx.opset() >= 13) return ctx.has_input(input) ? ctx.input(input).to_int64s() : std::vector<int64_t>{};
-  return ctx.attr_ints("axes");
+  copy_bytes(x, ctx.output(0, x.dtype(), flatten_output_shape(ctx)));
 }
 
 void squeeze_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  std::vector<int64_t> axes = axes_arg(ctx, 1);
-  std::vector<bool> drop(static_cast<size_t>(x.rank()), false);
-  if (axes.empty())
-    for (int64_t d = 0; d < x.rank(); ++d) drop[d] = x.dim(d) == 1;
-  for (int64_t a : axes) {
-    a = normalize_axis(ctx, a, x.rank());
-    if (x.dim(a) != 1) ctx.invalid("cannot squeeze axis " + std::to_string(a) + " of size " + std::to_string(x.dim(a)));
-    drop[static_cast<size_t>(a)] = true;
-  }
-  std::vector<int64_t> shape;
-  for (int64_t d = 0; d < x.rank(); ++d)
-    if (!drop[d]) shape.push_back(x.dim(d));
-  copy_bytes(x, ctx.output(0, x.dtype(), shape));
+  copy_bytes(x, ctx.output(0, x.dtype(), squeeze_output_shape(ctx)));
 }
 
 void unsqueeze_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  std::vector<int64_t> axes = axes_arg(ctx, 1);
-  const int64_t r = x.rank() + static_cast<int64_t>(axes.size());
-  std::vector<bool> inserted(static_cast<size_t>(r), false);
-  for (int64_t a : axes) {
-    a = normalize_axis(ctx, a, r);
-    if (inserted[a]) ctx.invalid("repeated axis");
-    inserted[static_cast<size_t>(a)] = true;
-  }
-  std::vector<int64_t> shape;
-  size_t src = 0;
-  for (int64_t d = 0; d < r; ++d) shape.push_back(inserted[d] ? 1 : x.shape()[src++]);
-  copy_bytes(x, ctx.output(0, x.dtype(), shape));
+  copy_bytes(x, ctx.output(0, x.dtype(), unsqueeze_output_shape(ctx)));
 }
 
-// out[i] = in[permuted index]; rows of the output's last dim are a strided gather.
-void transpose_k(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
-  const int64_t r = x.rank();
-  std::vector<int64_t> perm = ctx.attr_ints("perm");
-  if (perm.empty())
-    for (int64_t d = r - 1; d >= 0; --d) perm.push_back(d);
-  if (static_cast<int64_t>(perm.size()) != r) ctx.invalid("perm has the wrong length");
-  const auto in_strides = contiguous_strides(x.shape());
-  std::vector<int64_t> shape(static_cast<size_t>(r)), strides(static_cast<size_t>(r));
-  for (int64_t d = 0; d < r; ++d) {
-    const int64_t p = normalize_axis(ctx, perm[d], r);
-    shape[d] = x.dim(p);
-    strides[d] = in_strides[static_cast<size_t>(p)];
-  }
-  Tensor& y = ctx.output(0, x.dtype(), shape);
+// out[i] = in[base + Σ idx_d · strides_d]; rows of the output's last dim are a strided gather.
+void strided_copy(const Tensor& x, const StridedView& view, Tensor& y) {
+  if (y.elements() == 0) return;
   const int64_t es = dtype_size(x.dtype());
-  const std::byte* src = x.raw();
+  const std::byte* src = x.raw() + view.base * es;
   std::byte* dst = y.raw();
-  std::array<std::vector<int64_t>, 1> s{strides};
-  broadcast_rows<1>(shape, s, 1, [&](int64_t o, auto offs, auto inner, int64_t len) {
+  std::array<std::vector<int64_t>, 1> s{view.strides};
+  broadcast_rows<1>(view.shape, s, 1, [&](int64_t o, auto offs, auto inner, int64_t len) {
     if (es == 4) {
       auto* d4 = reinterpret_cast<uint32_t*>(dst) + o;
       const auto* s4 = reinterpret_cast<const uint32_t*>(src) + offs[0];
@@ -118,19 +52,16 @@ void transpose_k(KernelContext& ctx) {
   });
 }
 
+void transpose_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const StridedView view = transpose_view(ctx);
+  strided_copy(x, view, ctx.output(0, x.dtype(), view.shape));
+}
+
 void concat_k(KernelContext& ctx) {
+  int64_t axis = 0;
+  const std::vector<int64_t> shape = concat_output_shape(ctx, axis);
   const Tensor& first = ctx.input(0);
-  const int64_t r = first.rank();
-  const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", 0), r);
-  std::vector<int64_t> shape = first.shape();
-  shape[axis] = 0;
-  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-    const Tensor& t = ctx.input(i);
-    if (t.rank() != r || t.dtype() != first.dtype()) ctx.invalid("inputs differ in rank or dtype");
-    for (int64_t d = 0; d < r; ++d)
-      if (d != axis && t.dim(d) != first.dim(d)) ctx.invalid("inputs differ off the concat axis");
-    shape[axis] += t.dim(axis);
-  }
   Tensor& y = ctx.output(0, first.dtype(), shape);
   const int64_t es = dtype_size(first.dtype());
   const int64_t outer = product(shape, 0, static_cast<size_t>(axis)), inner = product(shape, static_cast<size_t>(axis) + 1);
@@ -146,19 +77,9 @@ void concat_k(KernelContext& ctx) {
 
 void split_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", 0), x.rank());
+  int64_t axis = 0;
+  const std::vector<int64_t> sizes = split_sizes(ctx, axis);
   const int64_t outputs = static_cast<int64_t>(ctx.num_outputs());
-  std::vector<int64_t> sizes = ctx.has_input(1) ? ctx.input(1).to_int64s() : ctx.attr_ints("split");
-  if (sizes.empty()) {
-    // Equal parts (num_outputs, opset 18, allows a smaller last part).
-    const int64_t parts = ctx.attr_int("num_outputs", outputs);
-    const int64_t chunk = (x.dim(axis) + parts - 1) / parts;
-    for (int64_t i = 0, left = x.dim(axis); i < parts; ++i, left -= chunk) sizes.push_back(std::max<int64_t>(0, std::min(chunk, left)));
-  }
-  if (static_cast<int64_t>(sizes.size()) != outputs) ctx.invalid("split sizes do not match the outputs");
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  if (total != x.dim(axis)) ctx.invalid("split sizes do not add up to the axis");
   const int64_t es = dtype_size(x.dtype());
   const int64_t outer = product(x.shape(), 0, static_cast<size_t>(axis)), inner = product(x.shape(), static_cast<size_t>(axis) + 1);
   const int64_t in_row = x.dim(axis) * inner * es;
@@ -177,68 +98,16 @@ void split_k(KernelContext& ctx) {
 
 void slice_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  const int64_t r = x.rank();
-  std::vector<int64_t> starts, ends, axes, steps;
-  if (ctx.opset() < 10) {
-    starts = ctx.attr_ints("starts");
-    ends = ctx.attr_ints("ends");
-    axes = ctx.attr_ints("axes");
-  } else {
-    starts = ctx.input(1).to_int64s();
-    ends = ctx.input(2).to_int64s();
-    if (ctx.has_input(3)) axes = ctx.input(3).to_int64s();
-    if (ctx.has_input(4)) steps = ctx.input(4).to_int64s();
-  }
-  if (axes.empty())
-    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-  if (steps.empty()) steps.assign(starts.size(), 1);
-  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
-    ctx.invalid("starts/ends/axes/steps lengths differ");
-  std::vector<int64_t> begin(static_cast<size_t>(r), 0), step(static_cast<size_t>(r), 1), shape = x.shape();
-  for (size_t i = 0; i < starts.size(); ++i) {
-    const int64_t a = normalize_axis(ctx, axes[i], r), dim = x.dim(a), st = steps[i];
-    if (st == 0) ctx.invalid("step 0");
-    auto clamp = [&](int64_t v, int64_t lo, int64_t hi) { return std::max(lo, std::min(hi, v)); };
-    int64_t s = starts[i], e = ends[i];
-    if (s < 0) s += dim;
-    if (e < 0) e += dim;
-    if (st > 0) {
-      s = clamp(s, 0, dim);
-      e = clamp(e, 0, dim);
-      shape[a] = e > s ? (e - s + st - 1) / st : 0;
-    } else {
-      s = clamp(s, -1, dim - 1);
-      e = clamp(e, -1, dim - 1);
-      shape[a] = s > e ? (s - e - st - 1) / -st : 0;
-    }
-    begin[a] = s;
-    step[a] = st;
-  }
-  Tensor& y = ctx.output(0, x.dtype(), shape);
-  if (y.elements() == 0) return;
-  const auto in_strides = contiguous_strides(x.shape());
-  std::vector<int64_t> strides(static_cast<size_t>(r));
-  int64_t base = 0;
-  for (int64_t d = 0; d < r; ++d) {
-    strides[d] = in_strides[d] * step[d];
-    base += begin[d] * in_strides[d];
-  }
-  const int64_t es = dtype_size(x.dtype());
-  std::array<std::vector<int64_t>, 1> s{strides};
-  broadcast_rows<1>(shape, s, 1, [&](int64_t o, auto offs, auto inner, int64_t len) {
-    for (int64_t j = 0; j < len; ++j)
-      std::memcpy(y.raw() + (o + j) * es, x.raw() + (base + offs[0] + j * inner[0]) * es, static_cast<size_t>(es));
-  });
+  const StridedView view = slice_view(ctx);
+  strided_copy(x, view, ctx.output(0, x.dtype(), view.shape));
 }
 
 void gather_k(KernelContext& ctx) {
   const Tensor& data = ctx.input(0);
   const Tensor& indices = ctx.input(1);
-  const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", 0), data.rank());
+  int64_t axis = 0;
+  const std::vector<int64_t> shape = gather_output_shape(ctx, axis);
   const std::vector<int64_t> idx = indices.to_int64s();
-  std::vector<int64_t> shape(data.shape().begin(), data.shape().begin() + axis);
-  shape.insert(shape.end(), indices.shape().begin(), indices.shape().end());
-  shape.insert(shape.end(), data.shape().begin() + axis + 1, data.shape().end());
   Tensor& y = ctx.output(0, data.dtype(), shape);
   const int64_t es = dtype_size(data.dtype());
   const int64_t outer = product(data.shape(), 0, static_cast<size_t>(axis));

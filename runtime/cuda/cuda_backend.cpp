@@ -41,20 +41,38 @@ std::string gib(double bytes) {
   return text;
 }
 
+// The handles and streams, from the destructor or a constructor that failed half way. Never throws.
+void destroy_handles(cudaStream_t& compute, cudaStream_t& comm, cublasLtHandle_t& cublaslt, cudnnHandle_t& cudnn) {
+  if (cudnn) (void)cudnnDestroy(cudnn);
+  if (cublaslt) (void)cublasLtDestroy(cublaslt);
+  if (comm) (void)cudaStreamDestroy(comm);
+  if (compute) (void)cudaStreamDestroy(compute);
+  compute = comm = nullptr;
+  cublaslt = nullptr;
+  cudnn = nullptr;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(const BackendOptions& options) : options_(options) {
-  APART_CUDA_CHECK(cudaSetDevice(options_.device));
-  APART_CUDA_CHECK(cudaGetDeviceProperties(&properties_, options_.device));
-  // Non-blocking: neither stream waits for work on the legacy default stream (a library's stray launch).
-  APART_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-  APART_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
-  APART_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
-  APART_CUDNN_CHECK(cudnnCreate(&cudnn_));
-  APART_CUDNN_CHECK(cudnnSetStream(cudnn_, compute_));
-  pool_ = std::make_unique<DevicePool>(raw_device_alloc, raw_device_free,
-                                       reinterpret_cast<void*>(static_cast<intptr_t>(options_.device)));
-  workspace_ = pool_->allocate(kGemmWorkspaceBytes);
+  try {
+    APART_CUDA_CHECK(cudaSetDevice(options_.device));
+    APART_CUDA_CHECK(cudaGetDeviceProperties(&properties_, options_.device));
+    // Non-blocking: neither stream waits for work on the legacy default stream (a library's stray launch).
+    APART_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    APART_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    APART_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+    APART_CUDNN_CHECK(cudnnCreate(&cudnn_));
+    APART_CUDNN_CHECK(cudnnSetStream(cudnn_, compute_));
+    pool_ = std::make_unique<DevicePool>(raw_device_alloc, raw_device_free,
+                                         reinterpret_cast<void*>(static_cast<intptr_t>(options_.device)));
+    workspace_ = pool_->allocate(kGemmWorkspaceBytes);
+  } catch (...) {
+    workspace_.reset();
+    pool_.reset();
+    destroy_handles(compute_, comm_, cublaslt_, cudnn_);
+    throw;
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -64,10 +82,7 @@ CudaBackend::~CudaBackend() {
   scratch_.reset();
   workspace_.reset();
   pool_.reset();  // frees the cached blocks; tensors still alive free theirs when they go
-  if (cudnn_) (void)cudnnDestroy(cudnn_);
-  if (cublaslt_) (void)cublasLtDestroy(cublaslt_);
-  if (comm_) (void)cudaStreamDestroy(comm_);
-  if (compute_) (void)cudaStreamDestroy(compute_);
+  destroy_handles(compute_, comm_, cublaslt_, cudnn_);
 }
 
 std::string CudaBackend::describe() const {

@@ -221,7 +221,9 @@ Operands gemm_operands(CudaBackend& backend, const Tensor& a, const Tensor& b) {
 // float32 device operands, else Unsupported (float64 and integers run on the CPU kernel).
 void require_float32(const KernelContext& ctx, const Tensor& t) {
   if (t.dtype() != DType::kFloat32)
-    ctx.unsupported("dtype " + std::string(dtype_name(t.dtype())) + " on the CUDA backend (float32 only)");
+    throw Unsupported("node '" + ctx.task().name + "' (" + ctx.task().op_type +
+                      "): the CUDA backend does not support dtype " + std::string(dtype_name(t.dtype())) +
+                      " (float32 only; the CPU kernel runs it)");
 }
 
 void zero(CudaBackend& backend, Tensor& y) {

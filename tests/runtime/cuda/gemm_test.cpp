@@ -1,6 +1,8 @@
 // The cuBLASLt MatMul and Gemm against the CPU kernels by normalised error (max|a−b| / max|b|) on random shapes with
 // odd sizes (1, 7, 129, 1000), 1-D operands, stacked, strided and mixed batches, every transposition and every form
-// of C: ≤ 1e-5 in fp32, 1e-3 in tf32, 1e-2 in mixed (bf16 operands).
+// of C: ≤ 1e-5 in fp32, 2e-3 in tf32, 1e-2 in mixed (bf16 operands). tf32 keeps 10 mantissa bits; where the tensor
+// cores truncate rather than round, every product is ~2⁻¹⁰ low on average, a bias of ~1e-3 of Y itself, so 1e-3 would
+// fail a correct kernel about half the time.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -25,7 +27,7 @@ struct PrecisionCase {
   double tolerance;
 };
 const std::vector<PrecisionCase> kPrecisions = {
-    {Precision::kFp32, 1e-5}, {Precision::kTf32, 1e-3}, {Precision::kMixed, 1e-2}};
+    {Precision::kFp32, 1e-5}, {Precision::kTf32, 2e-3}, {Precision::kMixed, 1e-2}};
 
 // The CPU kernel's and the CUDA kernel's outputs for the same task and inputs.
 std::pair<Tensor, Tensor> both(Precision precision, const Task& task, const std::vector<Tensor>& inputs) {

@@ -126,19 +126,10 @@ void CpuBackend::optimizer_step(const OptimizerUpdate& u, std::span<Tensor* cons
   const int n_slots = u.kind == Optimizer::kSgd ? 0 : u.kind == Optimizer::kMomentum ? 1 : 2;
   APART_CHECK(params.size() == grads.size() && states.size() == params.size() * static_cast<size_t>(n_slots),
               "optimizer_step: params, grads and state slots do not match");
-  const float lr_f = static_cast<float>(u.lr);
-  const float wd = static_cast<float>(u.weight_decay);
-  // Bias corrections as torch computes them (in double, from the step count).
-  const double t = static_cast<double>(u.step);
-  const double bias1 = 1.0 - std::pow(u.beta1, t);
-  const double bias2 = 1.0 - std::pow(u.beta2, t);
-  const float step_size = static_cast<float>(u.lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  // 1 − β in double, then rounded (as torch passes them to its kernels): 1.0f − 0.999f is 1.3e-5 off.
-  const float one_minus_b1 = static_cast<float>(1.0 - u.beta1);
-  const float b2 = static_cast<float>(u.beta2), one_minus_b2 = static_cast<float>(1.0 - u.beta2);
-  const float eps = static_cast<float>(u.eps);
-  const float mom = static_cast<float>(u.momentum);
+  const OptimizerConstants c = optimizer_constants(u);
+  const float lr_f = c.lr, wd = c.weight_decay, step_size = c.step_size, bias2_sqrt = c.bias2_sqrt;
+  const float one_minus_b1 = c.one_minus_beta1, b2 = c.beta2, one_minus_b2 = c.one_minus_beta2;
+  const float eps = c.eps, mom = c.momentum;
 
   for (size_t i = 0; i < params.size(); ++i) {
     auto p = floats(*params[i]);
@@ -165,7 +156,7 @@ void CpuBackend::optimizer_step(const OptimizerUpdate& u, std::span<Tensor* cons
         auto m = floats(*states[2 * i]);
         auto v = floats(*states[2 * i + 1]);
         const bool decoupled = u.kind == Optimizer::kAdamW;
-        const float decay = 1.0f - lr_f * wd;
+        const float decay = c.decay;
         for (size_t j = 0; j < n; ++j) {
           float d = g[j];
           if (decoupled) p[j] *= decay;
@@ -182,6 +173,26 @@ void CpuBackend::optimizer_step(const OptimizerUpdate& u, std::span<Tensor* cons
 }
 
 }  // namespace
+
+OptimizerConstants optimizer_constants(const OptimizerUpdate& u) {
+  OptimizerConstants c;
+  c.lr = static_cast<float>(u.lr);
+  c.weight_decay = static_cast<float>(u.weight_decay);
+  c.momentum = static_cast<float>(u.momentum);
+  c.eps = static_cast<float>(u.eps);
+  c.decay = 1.0f - c.lr * c.weight_decay;
+  // Bias corrections as torch computes them (in double, from the step count).
+  const double t = static_cast<double>(u.step);
+  const double bias1 = 1.0 - std::pow(u.beta1, t);
+  const double bias2 = 1.0 - std::pow(u.beta2, t);
+  c.step_size = static_cast<float>(u.lr / bias1);
+  c.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  // 1 − β in double, then rounded (as torch passes them to its kernels): 1.0f − 0.999f is 1.3e-5 off.
+  c.one_minus_beta1 = static_cast<float>(1.0 - u.beta1);
+  c.beta2 = static_cast<float>(u.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - u.beta2);
+  return c;
+}
 
 Backend& cpu_backend() {
   static CpuBackend backend;

@@ -31,6 +31,16 @@ struct OptimizerUpdate {
   bool nesterov = false;
   int64_t step = 1;  // 1-based: Adam's bias corrections
 };
+// The float constants of one update, computed once on the host as torch does (bias corrections in double from the
+// step count, 1 − β in double then rounded) and used by every backend's arithmetic, so that CPU and GPU agree.
+struct OptimizerConstants {
+  float lr = 0, weight_decay = 0, momentum = 0, eps = 0;
+  float decay = 1;             // AdamW's 1 − lr·wd
+  float step_size = 0;         // lr / (1 − β1ᵗ)
+  float bias2_sqrt = 1;        // √(1 − β2ᵗ)
+  float one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0;
+};
+OptimizerConstants optimizer_constants(const OptimizerUpdate& update);
 
 class Backend {
  public:

@@ -1,7 +1,8 @@
 // Every CUDA, cuBLAS(Lt), cuDNN and NCCL call goes through one of these: a failure throws CudaError naming the
 // statement, file, line and the library's own error string ("cudaMalloc(&p, bytes) at runtime/cuda/pool.cpp:42:
 // out of memory (cudaErrorMemoryAllocation)"). Header-only so .cu and .cpp files share it; includes no CUDA header
-// itself: each macro's status function is declared in the library header the caller already includes.
+// itself: each macro's status function is declared in the library header the caller already includes (cuBLAS:
+// cublasLt.h's, so that only libcublasLt is linked; the status codes are cuBLAS's).
 #pragma once
 
 #include <string>
@@ -35,8 +36,8 @@ class CudaError : public Error {
     const cublasStatus_t apart_status_ = (stmt);                                                                \
     if (apart_status_ != CUBLAS_STATUS_SUCCESS)                                                                 \
       ::apart::cuda::throw_cuda_error("cuBLAS", #stmt, __FILE__, __LINE__,                                       \
-                                      std::string(cublasGetStatusString(apart_status_)) + " (" +                \
-                                          cublasGetStatusName(apart_status_) + ")");                            \
+                                      std::string(cublasLtGetStatusString(apart_status_)) + " (" +              \
+                                          cublasLtGetStatusName(apart_status_) + ")");                          \
   } while (0)
 
 #define APART_CUDNN_CHECK(stmt)                                                                                 \

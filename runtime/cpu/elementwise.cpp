@@ -306,8 +306,8 @@ void dropout_k(KernelContext& ctx) {
   bool training = false;
   double ratio = ctx.attr_float("ratio", 0.5);
   if (ctx.opset() >= 12) {
-    if (ctx.has_input(1)) ratio = ctx.input(1).scalar_as_double();
-    if (ctx.has_input(2)) training = ctx.input(2).scalar_as_double() != 0;
+    if (ctx.has_input(1)) ratio = ctx.host_input(1).scalar_as_double();
+    if (ctx.has_input(2)) training = ctx.host_input(2).scalar_as_double() != 0;
   }
   if (training && ratio > 0) {
     // Training: keep each element with probability 1 − ratio, scaled by 1 / (1 − ratio). Element i's draw is

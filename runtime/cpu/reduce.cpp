@@ -16,7 +16,7 @@ void reduce(KernelContext& ctx, Reduction kind) {
   const Tensor& x = ctx.input(0);
   const int64_t r = x.rank();
   std::vector<int64_t> axes;
-  if (ctx.has_input(1)) axes = ctx.input(1).to_int64s();
+  if (ctx.has_input(1)) axes = ctx.host_input(1).to_int64s();
   else axes = ctx.attr_ints("axes");
   const bool keepdims = ctx.attr_int("keepdims", 1) != 0;
   if (axes.empty() && ctx.attr_int("noop_with_empty_axes", 0) != 0) {

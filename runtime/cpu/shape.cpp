@@ -14,7 +14,7 @@ namespace {
 
 void reshape_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  std::vector<int64_t> shape = ctx.opset() < 5 ? ctx.attr_ints("shape") : ctx.input(1).to_int64s();
+  std::vector<int64_t> shape = ctx.opset() < 5 ? ctx.attr_ints("shape") : ctx.host_input(1).to_int64s();
   const bool allowzero = ctx.attr_int("allowzero", 0) != 0;
   int64_t infer = -1, known = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -49,7 +49,7 @@ void flatten_k(KernelContext& ctx) {
 }
 
 std::vector<int64_t> axes_arg(KernelContext& ctx, size_t input) {
-  if (ctx.opset() >= 13) return ctx.has_input(input) ? ctx.input(input).to_int64s() : std::vector<int64_t>{};
+  if (ctx.opset() >= 13) return ctx.has_input(input) ? ctx.host_input(input).to_int64s() : std::vector<int64_t>{};
   return ctx.attr_ints("axes");
 }
 
@@ -148,7 +148,7 @@ void split_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", 0), x.rank());
   const int64_t outputs = static_cast<int64_t>(ctx.num_outputs());
-  std::vector<int64_t> sizes = ctx.has_input(1) ? ctx.input(1).to_int64s() : ctx.attr_ints("split");
+  std::vector<int64_t> sizes = ctx.has_input(1) ? ctx.host_input(1).to_int64s() : ctx.attr_ints("split");
   if (sizes.empty()) {
     // Equal parts (num_outputs, opset 18, allows a smaller last part).
     const int64_t parts = ctx.attr_int("num_outputs", outputs);
@@ -184,10 +184,10 @@ void slice_k(KernelContext& ctx) {
     ends = ctx.attr_ints("ends");
     axes = ctx.attr_ints("axes");
   } else {
-    starts = ctx.input(1).to_int64s();
-    ends = ctx.input(2).to_int64s();
-    if (ctx.has_input(3)) axes = ctx.input(3).to_int64s();
-    if (ctx.has_input(4)) steps = ctx.input(4).to_int64s();
+    starts = ctx.host_input(1).to_int64s();
+    ends = ctx.host_input(2).to_int64s();
+    if (ctx.has_input(3)) axes = ctx.host_input(3).to_int64s();
+    if (ctx.has_input(4)) steps = ctx.host_input(4).to_int64s();
   }
   if (axes.empty())
     for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
@@ -255,7 +255,7 @@ void gather_k(KernelContext& ctx) {
 
 void expand_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  const auto shape = broadcast_shapes(ctx, x.shape(), ctx.input(1).to_int64s());
+  const auto shape = broadcast_shapes(ctx, x.shape(), ctx.host_input(1).to_int64s());
   copy_bytes(broadcast_to(x, shape), ctx.output(0, x.dtype(), shape));
 }
 
@@ -293,7 +293,7 @@ void constant_k(KernelContext& ctx) {
 }
 
 void constant_of_shape_k(KernelContext& ctx) {
-  const auto shape = ctx.input(0).to_int64s();
+  const auto shape = ctx.host_input(0).to_int64s();
   const Tensor* value = ctx.tensor_attr("value");
   if (!value) {
     ctx.output(0, DType::kFloat32, shape);  // zero-filled
@@ -322,7 +322,7 @@ void trilu_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   if (x.rank() < 2) ctx.invalid("input must have rank >= 2");
   const bool upper = ctx.attr_int("upper", 1) != 0;
-  const int64_t k = ctx.has_input(1) ? ctx.input(1).to_int64s().at(0) : 0;
+  const int64_t k = ctx.has_input(1) ? ctx.host_input(1).to_int64s().at(0) : 0;
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
   const int64_t rows = x.dim(-2), cols = x.dim(-1), es = dtype_size(x.dtype());
   const int64_t mats = x.elements() / std::max<int64_t>(1, rows * cols);

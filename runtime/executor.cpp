@@ -280,7 +280,12 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
     execute(t, slots, true, random);
     if (on_output)
       for (ValueId out : g.task(TaskId(static_cast<uint32_t>(t))).outputs)
-        if (out.valid() && is_graph_output_[out.value()]) on_output(g.value(out).name, slots[out.value()]);
+        if (out.valid() && is_graph_output_[out.value()]) {
+          const Tensor& value = slots[out.value()];
+          // With outputs_on_backend the callback sees the backend's tensors, also of a CPU fallback's outputs.
+          if (device_ && options_.outputs_on_backend && value.on_host()) on_output(g.value(out).name, backend_->to_device(value));
+          else on_output(g.value(out).name, value);
+        }
     // Release what no later task reads (heap fallbacks; arena slices are just references).
     for (ValueId in : g.task(TaskId(static_cast<uint32_t>(t))).inputs) {
       if (!in.valid() || last_use_[in.value()] != static_cast<int64_t>(t)) continue;

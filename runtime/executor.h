@@ -64,7 +64,7 @@ class Executor {
   NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random = {});
   // As run(), and calls `on_output(name, tensor)` as soon as each graph output is computed, before the remaining
   // tasks run (the pipeline starts a gradient's all-reduce while the rest of the backward runs). The tensor is
-  // valid only during the call: copy what must outlive it.
+  // valid only during the call: copy what must outlive it. With outputs_on_backend it is in the backend's memory.
   using OutputCallback = std::function<void(const std::string& name, const Tensor& value)>;
   NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random, const OutputCallback& on_output);
 

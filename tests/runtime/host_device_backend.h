@@ -33,12 +33,7 @@ class HostDeviceBackend final : public Backend {
 
   HostDeviceBackend()
       : pool_(
-            [](size_t bytes, void* self) -> void* {
-              auto* me = static_cast<HostDeviceBackend*>(self);
-              if (me->fail_next_allocations_ > 0) {
-                --me->fail_next_allocations_;
-                return nullptr;
-              }
+            [](size_t bytes, void*) -> void* {
               // Not zeroed: garbage, so an output a kernel relied on being zero would show.
               void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
               if (p) std::memset(p, 0xA5, bytes);
@@ -109,7 +104,6 @@ class HostDeviceBackend final : public Backend {
 
   DevicePool& pool() { return pool_; }
   std::atomic<int64_t> to_device_copies{0}, to_host_copies{0}, synchronizations{0}, optimizer_steps{0};
-  int fail_next_allocations_ = 0;  // the raw allocator returns nullptr this many times (the pool's retry)
 
  private:
   // The same bytes as a host tensor, for the CPU arithmetic; refuses a host tensor, which is not this device's.

@@ -1,4 +1,4 @@
-// `apart profile`: every task's forward/backward time measured on the CPU kernels, as apart.costs/1 JSON.
+// `apart profile`: every task's forward/backward time measured on the CPU's or a GPU's kernels, as apart.costs/1 JSON.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -21,7 +21,8 @@ namespace {
 struct ProfileArgs {
   std::string model;
   ModelFlags model_flags;
-  std::string backend = "cpu";
+  BackendFlags backend;
+  std::string device;
   std::string loss;
   std::string init = "model";
   uint64_t seed = 0;
@@ -57,15 +58,17 @@ void print_summary(const ImportedModel& m, const ProfileResult& r) {
 }
 
 void run_profile(const ProfileArgs& a) {
-  if (a.backend != "cpu") throw InvalidArgument("--backend: only cpu is implemented (got '" + a.backend + "')");
+  const std::unique_ptr<Backend> backend = make_backend(a.backend);
   ProfileOptions options = a.options;
+  options.backend = backend.get();
+  options.device = a.device;
   options.loss = a.loss;
   options.seed = a.seed;
   if (a.init == "random") options.random_params = true;
   else if (a.init != "model") throw InvalidArgument("--init: unknown value '" + a.init + "' (use model or random)");
   options.validate();
   apply_threads(a.threads);
-  note_blas_kernel();
+  if (!backend) note_blas_kernel();
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
   if (!a.output.empty()) check_output_file(a.output, model_files(a.model, m), "-o");
@@ -78,6 +81,7 @@ void run_profile(const ProfileArgs& a) {
   };
   const ProfileResult result = profile_model(m, import, options);
   progress.finish();
+  if (backend) note_backend(result.backend, result.fallback_ops);
   if (!a.quiet) print_summary(m, result);
   if (a.output.empty()) {
     std::cout << profile_to_json(m.graph, result).dump(1) << "\n";
@@ -91,10 +95,13 @@ void run_profile(const ProfileArgs& a) {
 const bool kRegistered = register_command({"profile", 45, [](CLI::App& app) {
   auto args = std::make_shared<ProfileArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "profile", "Per-task forward/backward time measured on the CPU kernels (apart.costs/1 JSON, source measured)");
+      "profile", "Per-task forward/backward time measured on the CPU's or a GPU's kernels (apart.costs/1 JSON, source measured)");
   cmd->add_option("model", args->model, "ONNX model file")->required();
   add_model_flags(*cmd, args->model_flags, /*default_batch=*/1);
-  cmd->add_option("--backend", args->backend, "Kernels to time: cpu")->capture_default_str();
+  add_backend_flags(*cmd, args->backend);
+  cmd->add_option("--device", args->device,
+                  "The device preset the times stand for, as `apart partition --profile` checks it (e.g. h200-141gb); "
+                  "default: cpu, or cuda with --backend cuda");
   cmd->add_option("--warmup", args->options.warmup, "Untimed runs first")->capture_default_str();
   cmd->add_option("--repeats", args->options.repeats, "Timed runs; each task's time is their median")->capture_default_str();
   cmd->add_option("--loss", args->loss, "Scalar output to differentiate (default: the only scalar float output)");

@@ -25,6 +25,7 @@ struct RunArgs {
   std::string loss;
   int64_t steps = 10;
   TrainingFlags training;
+  BackendFlags backend;
   bool optimizer_given = false;
   std::string save_model;
   std::string checkpoint_dir;
@@ -36,6 +37,12 @@ struct RunArgs {
   double comm_timeout_s = 300;
   bool quiet = false;
 };
+
+std::string join(const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  return list;
+}
 
 std::string prefix(const RunResult& r, int rank) {
   return "[rank " + std::to_string(rank) + "/" + std::to_string(r.world) + " stage " + std::to_string(r.role.stage) +
@@ -123,10 +130,17 @@ RunOptions run_options(const RunArgs& a) {
   return o;
 }
 
-void run_rank(const RunOptions& o, Communicator& comm, const RunArgs& a) {
+// `local_rank`: the GPU of an in-process rank (a launcher's LOCAL_RANK wins).
+void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, int local_rank) {
+  const std::unique_ptr<Backend> backend = make_backend(a.backend, local_rank);
+  RunOptions o = options;
+  o.backend = backend.get();
   const RunResult r = run_plan(o, comm, [&](const RunResult& run, const StepRecord& s) {
     if (run.reports && !a.quiet) report_step(run, comm.rank(), s);
   });
+  if (backend && !a.quiet && !r.fallback_ops.empty())
+    std::fprintf(stderr, "%s backend %s; ops on the CPU kernel (no %s kernel): %s\n", prefix(r, comm.rank()).c_str(),
+                 r.backend.c_str(), a.backend.backend.c_str(), join(r.fallback_ops).c_str());
   if (r.reports) summary(r, comm.rank(), a);
 }
 
@@ -140,10 +154,10 @@ void run_command(const RunArgs& a) {
     check_torchrun_env(world->rank(), world->size());
     const int threads = apply_threads(a.training.threads, ranks_on_this_node(world->size()));
     if (world->rank() == 0) {  // one note per run, not one per rank
-      note_blas_kernel();
+      if (a.backend.backend == "cpu") note_blas_kernel();
       if (!a.quiet) std::fprintf(stderr, "apart run: %d kernel thread(s) per rank (--threads)\n", threads);
     }
-    run_rank(o, *world, a);
+    run_rank(o, *world, a, 0);
     return;
   }
   const PlanDocument plan = read_plan(a.plan);
@@ -155,7 +169,7 @@ void run_command(const RunArgs& a) {
                           "threads of this process)");
   // The ranks are threads of this process: each gets its share of the cores (parallel_for's count is global).
   apply_threads(a.training.threads, devices);
-  note_blas_kernel();
+  if (a.backend.backend == "cpu") note_blas_kernel();
   // Every rank on its own thread; the first error that is not a consequence of another rank's failure wins.
   auto comms = make_in_process_communicators(devices, comm_options);
   std::mutex lock;
@@ -164,7 +178,7 @@ void run_command(const RunArgs& a) {
   for (int rank = 0; rank < devices; ++rank)
     threads.emplace_back([&, rank] {
       try {
-        run_rank(o, *comms[static_cast<size_t>(rank)], a);
+        run_rank(o, *comms[static_cast<size_t>(rank)], a, rank);
       } catch (const CommError&) {
         std::lock_guard<std::mutex> g(lock);
         if (!consequence) consequence = std::current_exception();
@@ -187,6 +201,7 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
   cmd->add_option("--loss", args->loss, "The graph output to minimise (default: the model's only scalar float output)");
   cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
   add_training_flags(*cmd, args->training, "sgd, momentum, adam or adamw (default: the plan's training.optimizer)");
+  add_backend_flags(*cmd, args->backend);
   cmd->add_option("--save-model", args->save_model, "Gather every stage's trained weights into one ONNX model here (rank 0 writes it)");
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
                   "Every rank writes its shard here (params, optimizer state), then rank 0 the manifest: at the end and --save-every");

@@ -1,4 +1,5 @@
-// `apart train`: trains an ONNX model in one process (autodiff + CPU executor + optimizer), printing each step.
+// `apart train`: trains an ONNX model in one process (autodiff + executor + optimizer, on the CPU or a GPU), printing
+// each step.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -18,6 +19,7 @@ struct TrainArgs {
   int64_t steps = 100;
   int64_t batch = 8;
   TrainingFlags training;
+  BackendFlags backend;
   std::string checkpoint_dir;
   int64_t save_every = 0;
   std::string resume;
@@ -43,13 +45,16 @@ void run_train(const TrainArgs& a) {
   o.save_model = a.save_model;
 
   apply_threads(a.training.threads);
-  note_blas_kernel();
+  const std::unique_ptr<Backend> backend = make_backend(a.backend);
+  o.backend = backend.get();
+  if (!backend) note_blas_kernel();
   const TrainResult r = train(o, [&](const StepRecord& s) {
     if (!a.quiet)
       std::printf("step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g\n", static_cast<long long>(s.step), s.loss,
                   format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm);
     std::fflush(stdout);
   });
+  if (backend) note_backend(r.backend, r.fallback_ops);
   if (r.steps.empty()) {
     std::printf("apart train: nothing to do (the checkpoint is at step %lld of %lld)\n",
                 static_cast<long long>(r.first_step), static_cast<long long>(a.steps));
@@ -70,7 +75,7 @@ void run_train(const TrainArgs& a) {
 
 const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand("train", "Train an ONNX model with a scalar loss in one process (CPU; docs/training.md)");
+  CLI::App* cmd = app.add_subcommand("train", "Train an ONNX model with a scalar loss in one process (CPU or --backend cuda; docs/training.md)");
   cmd->add_option("model", args->model, "ONNX model with a scalar loss output")->required();
   add_model_flags(*cmd, args->model_flags);
   cmd->add_option("--loss", args->loss,
@@ -79,6 +84,7 @@ const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
   cmd->add_option("--batch", args->batch, "Samples per step: binds the model's batch dim (a dim named batch, batch_size or N, else the first "
                   "input's leading dim; unnamed leading dims of other inputs too); a --dim/--shape of another size is an error")->capture_default_str();
   add_training_flags(*cmd, args->training, "sgd, momentum, adam or adamw (torch.optim semantics; default adamw)");
+  add_backend_flags(*cmd, args->backend);
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir, "Write params + optimizer state + step here (at the end, and --save-every)");
   cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
   cmd->add_option("--resume", args->resume, "Continue from this checkpoint directory");

@@ -3,12 +3,16 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
 #include "cli/cli_common.h"
+#include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "runtime/kernel.h"
 
 namespace apart::cli {
@@ -91,6 +95,48 @@ DataOptions data_options(const TrainingFlags& f) {
   else if (f.data_dtype == "uint32") d.token_dtype = DType::kUInt32;
   else throw InvalidArgument("--data-dtype must be uint16 or uint32");
   return d;
+}
+
+void add_backend_flags(CLI::App& cmd, BackendFlags& f) {
+  cmd.add_option("--backend", f.backend, "Where kernels run: cpu, or cuda (one GPU per process: LOCAL_RANK under mpirun)")
+      ->capture_default_str();
+  cmd.add_option("--precision", f.precision,
+                 "GPU GEMMs: fp32, tf32, or mixed (bf16 operands, fp32 accumulation); the CPU computes in fp32")
+      ->capture_default_str();
+}
+
+std::unique_ptr<Backend> make_backend(const BackendFlags& f, int local_rank) {
+  const BackendKind kind = parse_backend(f.backend);
+  BackendOptions options;
+  options.precision = parse_precision(f.precision);
+  if (kind == BackendKind::kCpu) return nullptr;
+  // The launcher's node-local rank picks this process's GPU (torchrun: LOCAL_RANK; Open MPI: its own variable).
+  int rank = local_rank;
+  for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (!v) continue;
+    try {
+      rank = static_cast<int>(checked_integer(static_cast<int64_t>(std::stoll(v)), int64_t{0}, limits::kMaxDevices, name));
+    } catch (const std::logic_error&) {
+      throw InvalidArgument(std::string("environment variable ") + name + "='" + v + "' is not a number");
+    }
+    break;
+  }
+  const int devices = cuda_device_count();
+  options.device = devices > 0 ? rank % devices : 0;  // no GPU: make_backend says so (Unsupported)
+  return apart::make_backend(kind, options);
+}
+
+void note_backend(const std::string& description, const std::vector<std::string>& fallback_ops) {
+  static std::once_flag once;  // one note per process, not one per rank thread
+  std::call_once(once, [&] {
+    std::fprintf(stderr, "apart: backend %s\n", printable(description).c_str());
+    if (fallback_ops.empty()) return;
+    std::string list;
+    for (const std::string& op : fallback_ops) list += (list.empty() ? "" : ", ") + printable(op);
+    std::fprintf(stderr, "apart: note: these ops run on the CPU kernel (the backend has none; their inputs are copied "
+                         "to the host and back each step): %s\n", list.c_str());
+  });
 }
 
 }  // namespace apart::cli

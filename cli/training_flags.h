@@ -1,10 +1,14 @@
-// The training flags `apart train` and `apart run` share (optimizer, learning-rate schedule, data, init, seed):
-// one declaration of each flag and one translation into the runtime's options.
+// The training flags `apart train` and `apart run` share (optimizer, learning-rate schedule, data, init, seed), and the
+// backend flags they share with `apart profile`: one declaration of each flag and one translation into the runtime's
+// options.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "runtime/backend.h"
 #include "runtime/trainer.h"
 
 namespace CLI {
@@ -46,5 +50,19 @@ void add_threads_flag(CLI::App& cmd, int& threads);
 OptimizerOptions optimizer_options(const TrainingFlags& flags);
 LrSchedule lr_schedule(const TrainingFlags& flags);
 DataOptions data_options(const TrainingFlags& flags);
+
+// --backend cpu|cuda and --precision fp32|tf32|mixed (the GPU's GEMMs; the CPU computes in fp32 whatever it says).
+struct BackendFlags {
+  std::string backend = "cpu";
+  std::string precision = "fp32";
+};
+void add_backend_flags(CLI::App& cmd, BackendFlags& flags);
+// The backend the flags name: nullptr for cpu (the runtime's cpu_backend()), else make_backend on GPU number
+// LOCAL_RANK (or OMPI_COMM_WORLD_LOCAL_RANK) under a launcher, else `local_rank`, modulo the GPUs this process sees.
+// Throws InvalidArgument for unknown names, Unsupported (exit 4) when apart has no CUDA or sees no GPU.
+std::unique_ptr<Backend> make_backend(const BackendFlags& flags, int local_rank = 0);
+// Says on stderr, once per process, the backend in use and the ops that run on the CPU kernel for want of one of
+// its own (nothing on the CPU backend).
+void note_backend(const std::string& description, const std::vector<std::string>& fallback_ops);
 
 }  // namespace apart::cli

@@ -40,6 +40,15 @@ void Backend::fill_zero_bytes(Tensor& t) {
   copy_to_device(zeros.data(), t.raw(), t.bytes());
 }
 
+void Backend::copy(const Tensor& from, Tensor& to) {
+  APART_CHECK(from.bytes() == to.bytes(), "Backend::copy between tensors of different sizes");
+  if (from.bytes() == 0 || from.raw() == to.raw()) return;
+  if (from.on_host() && to.on_host()) std::memcpy(to.raw(), from.raw(), static_cast<size_t>(from.bytes()));
+  else if (from.on_host()) copy_to_device(from.raw(), to.raw(), from.bytes());
+  else if (to.on_host()) copy_to_host(from.raw(), to.raw(), from.bytes());
+  else copy_on_device(from.raw(), to.raw(), from.bytes());
+}
+
 Tensor Backend::to_device(const Tensor& host) {
   APART_CHECK(host.on_host(), "to_device of a tensor that is not in host memory");
   if (host_memory()) return host;

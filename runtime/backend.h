@@ -85,8 +85,13 @@ class Backend {
   // `to_device` on a host-memory backend.
   Tensor to_device(const Tensor& host);
   Tensor to_host(const Tensor& tensor);
-  // Zeroes every byte of a tensor of this backend (any dtype).
-  void fill_zero_bytes(Tensor& t);
+  // Zeroes every byte of a tensor of this backend (any dtype). The executor calls it for each output it hands a
+  // backend kernel (outputs start zero, as on the CPU): a device backend overrides it with an asynchronous memset
+  // (CUDA: cudaMemsetAsync on the compute stream); the default goes through a host buffer.
+  virtual void fill_zero_bytes(Tensor& t);
+  // Copies `from` into `to` (same byte count), each a host tensor or this backend's: the step's few copies into
+  // existing tensors (BatchNorm statistics into their params, a checkpoint's values into device params).
+  void copy(const Tensor& from, Tensor& to);
 };
 
 // The CPU backend (process-wide; stateless).

@@ -61,15 +61,15 @@ std::string read_file_bytes(const fs::path& path, const char* what) {
 }  // namespace
 
 void write_checkpoint(const fs::path& dir, int64_t step, const nlohmann::json& meta,
-                      const std::vector<std::pair<std::string, const Tensor*>>& tensors) {
+                      const std::vector<std::pair<std::string, const Tensor*>>& tensors, Backend& backend) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw SystemError("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
-  write_checkpoint_file(dir / kCheckpointFile, step, meta, tensors);
+  write_checkpoint_file(dir / kCheckpointFile, step, meta, tensors, backend);
 }
 
 void write_checkpoint_file(const fs::path& path, int64_t step, const nlohmann::json& meta,
-                           const std::vector<std::pair<std::string, const Tensor*>>& tensors) {
+                           const std::vector<std::pair<std::string, const Tensor*>>& tensors, Backend& backend) {
   nlohmann::json header = {{"format", "apart.checkpoint/1"}, {"step", step}, {"meta", meta}};
   nlohmann::json list = nlohmann::json::array();
   int64_t offset = 0;
@@ -92,7 +92,8 @@ void write_checkpoint_file(const fs::path& path, int64_t step, const nlohmann::j
   int64_t pos = data_start;
   pad_to(file, pos);
   for (const auto& [name, t] : tensors) {
-    file.write(t->raw(), t->bytes());
+    const Tensor host = backend.to_host(*t);  // shares a host tensor; one device tensor's copy at a time
+    file.write(host.raw(), host.bytes());
     pos = align_up(pos + t->bytes(), kAlign);
     pad_to(file, pos);
   }

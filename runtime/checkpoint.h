@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/backend.h"
 #include "runtime/tensor.h"
 
 namespace apart {
@@ -28,15 +29,18 @@ struct Checkpoint {
 };
 
 // Writes DIR/checkpoint.apart (creating DIR) through a temporary file and a rename, so a crash
-// leaves the previous checkpoint intact. Throws SystemError for I/O.
+// leaves the previous checkpoint intact. Tensors may be host tensors or `backend`'s (copied to the host one at a
+// time as they are written). Throws SystemError for I/O.
 void write_checkpoint(const std::filesystem::path& dir, int64_t step, const nlohmann::json& meta,
-                      const std::vector<std::pair<std::string, const Tensor*>>& tensors);
+                      const std::vector<std::pair<std::string, const Tensor*>>& tensors, Backend& backend = cpu_backend());
 // The same format at any file path (apart run: one shard per rank, DIR/step_N/rank_R.apart).
 void write_checkpoint_file(const std::filesystem::path& file, int64_t step, const nlohmann::json& meta,
-                           const std::vector<std::pair<std::string, const Tensor*>>& tensors);
+                           const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                           Backend& backend = cpu_backend());
 // Whether `file` starts with the checkpoint magic, i.e. apart wrote it (train replaces only such a file).
 bool is_checkpoint_file(const std::filesystem::path& file);
-// Reads DIR/checkpoint.apart (or a path to the file itself). Throws InvalidArgument naming the file
+// Reads DIR/checkpoint.apart (or a path to the file itself) into host tensors (Backend::copy puts them into device
+// params). Throws InvalidArgument naming the file
 // and what is wrong (missing, truncated, bad magic/version/header, tensors past the end).
 Checkpoint read_checkpoint(const std::filesystem::path& dir_or_file);
 

@@ -1,10 +1,12 @@
-// Forward executor: params from the ONNX file, constants precomputed, one arena for activations.
+// Executor: params from the ONNX file, constants precomputed, one arena for activations, each task on the backend's
+// kernel or the CPU's (see executor.h).
 #include "runtime/executor.h"
 
 #include <onnx/onnx_pb.h>
 
 #include <chrono>
 #include <cstring>
+#include <set>
 
 #include "graph/error.h"
 #include "graph/text.h"
@@ -38,15 +40,25 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
   APART_CHECK(g.finalized(), "the executor needs a finalized graph");
   if (auto it = model.opsets.find(""); it != model.opsets.end()) opset_ = it->second;
 
-  // --- Kernels: every task needs one (checked before any weight is read) ---
+  // --- Kernels: every task needs a CPU kernel (the reference, and the fallback); the backend's where it has one ---
+  backend_ = options_.backend ? options_.backend : &cpu_backend();
+  device_ = !backend_->host_memory();
   kernels_.resize(g.num_tasks());
+  cpu_kernels_.resize(g.num_tasks());
+  on_backend_.assign(g.num_tasks(), true);
   for (size_t t = 0; t < g.num_tasks(); ++t) {
     const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
     // Other domains register as "<domain>.<op>" (ai.apart's gradient ops, docs/autodiff.md).
-    KernelFn fn = find_kernel(task.domain.empty() || task.domain == "ai.onnx" ? task.op_type : task.domain + "." + task.op_type);
+    const std::string op = task.domain.empty() || task.domain == "ai.onnx" ? task.op_type : task.domain + "." + task.op_type;
+    KernelFn fn = find_kernel(op);
     if (!fn)
       throw Unsupported("node " + quote(task.name) + ": op " + (task.domain.empty() ? "" : task.domain + ".") +
                         task.op_type + " has no CPU kernel in apart's runtime (docs/runtime.md lists the supported ops)");
+    cpu_kernels_[t] = fn;
+    if (backend_ != &cpu_backend()) {
+      if (KernelFn on_device = backend_->find_kernel(op)) fn = on_device;
+      else on_backend_[t] = false;
+    }
     kernels_[t] = fn;
   }
 
@@ -102,10 +114,37 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
   MemoryPlanOptions plan_options;
   plan_options.run_task = run_each_step_;
   plan_ = plan_memory(g, plan_options);
-  constexpr size_t kAlign = 64;
-  auto* block = new std::byte[static_cast<size_t>(plan_.peak_bytes) + kAlign];
-  arena_ = std::shared_ptr<std::byte>(block, std::default_delete<std::byte[]>());
-  arena_base_ = block + (kAlign - reinterpret_cast<uintptr_t>(block) % kAlign) % kAlign;
+  // One allocation of the backend for the whole plan (256-byte aligned, above the plan's 64).
+  arena_ = backend_->allocate(plan_.peak_bytes);
+  arena_base_ = arena_.get();
+
+  // --- Placement on a device backend: float params move to the backend (the optimizer updates them there); the
+  // other persistent values (precomputed constants, integer initializers) stay on the host, with one backend copy,
+  // made here, for each that a backend kernel reads. Nothing persistent is copied per step, except params that a
+  // CPU-fallback task reads (they change every step). ---
+  if (!device_) return;
+  backend_device_copy_.resize(g.num_values());
+  for (size_t v = 0; v < g.num_values(); ++v) {
+    Tensor& t = persistent_[v];
+    if (t.defined() && g.value(ValueId(static_cast<uint32_t>(v))).kind == ValueKind::kParam && is_floating(t.dtype()))
+      t = backend_->to_device(t);
+  }
+  std::set<std::string> fallback;
+  for (size_t t = 0; t < g.num_tasks(); ++t) {
+    if (!run_each_step_[t]) continue;
+    const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
+    if (!on_backend_[t]) {
+      fallback.insert(task.domain.empty() || task.domain == "ai.onnx" ? task.op_type : task.domain + "." + task.op_type);
+      continue;
+    }
+    for (ValueId in : task.inputs) {
+      if (!in.valid()) continue;
+      const Tensor& p = persistent_[in.value()];
+      if (p.defined() && p.on_host() && !backend_device_copy_[in.value()].defined())
+        backend_device_copy_[in.value()] = backend_->to_device(p);
+    }
+  }
+  fallback_ops_.assign(fallback.begin(), fallback.end());
 }
 
 Executor::~Executor() = default;
@@ -119,6 +158,10 @@ Tensor* Executor::param(const std::string& name) {
 void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const RandomKey& random) {
   const TaskGraph& g = model_.graph;
   const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
+  // At load (planned false) every task runs its CPU kernel on the host; in a step, a task on a device backend runs
+  // the backend's kernel on backend tensors, or the CPU kernel on host tensors, each input copied to its side.
+  const bool moves = device_ && planned;
+  const bool on_device = moves && on_backend_[t];
   std::vector<const Tensor*> inputs;
   inputs.reserve(task.inputs.size());
   for (ValueId in : task.inputs) {
@@ -129,27 +172,59 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
     const Tensor& s = slots[in.value()];
     if (!s.defined())
       throw InvalidArgument("node " + quote(task.name) + " reads " + quote(g.value(in).name) + ", which has no data (a missing input?)");
-    inputs.push_back(&s);
+    if (!moves || s.on_host() != on_device) {
+      inputs.push_back(&s);
+    } else if (on_device && backend_device_copy_[in.value()].defined() && s.raw() == persistent_[in.value()].raw()) {
+      inputs.push_back(&backend_device_copy_[in.value()]);  // a constant's copy made at load
+    } else {
+      // An activation (or a param read by a CPU-fallback task): one copy per step, shared by its later readers.
+      Tensor& copy = other_side_[in.value()];
+      if (!copy.defined()) copy = on_device ? backend_->to_device(s) : backend_->to_host(s);
+      inputs.push_back(&copy);
+    }
   }
   std::vector<Tensor> outputs(task.outputs.size());
   OutputAllocator allocate = [&](size_t i, DType dtype, const std::vector<int64_t>& shape) -> Tensor {
     const ValueId id = i < task.outputs.size() ? task.outputs[i] : ValueId();
+    if (moves && !on_device) return Tensor(dtype, shape);  // a CPU fallback's outputs live on the host
     if (planned && id.valid() && plan_.planned(id)) {
       const int64_t bytes = checked_element_count(shape).value_or(-1) * dtype_size(dtype);
       const int64_t planned_bytes = g.value(id).bytes;
       if (bytes >= 0 && bytes <= planned_bytes) {
         std::byte* p = arena_base_ + plan_.offset_of[id.value()];
-        std::memset(p, 0, static_cast<size_t>(bytes));
-        return Tensor::over(dtype, shape, std::shared_ptr<std::byte>(arena_, p));
+        if (!on_device) {
+          std::memset(p, 0, static_cast<size_t>(bytes));
+          return Tensor::over(dtype, shape, std::shared_ptr<std::byte>(arena_, p));
+        }
+        Tensor slice = Tensor::over(dtype, shape, std::shared_ptr<std::byte>(arena_, p), false);
+        backend_->fill_zero_bytes(slice);
+        return slice;
       }
     }
-    return Tensor(dtype, shape);  // unplanned (unknown shape, or a shape inference disagreed with)
+    // Unplanned (unknown shape, or a shape inference disagreed with).
+    return on_device ? backend_->empty(dtype, shape) : Tensor(dtype, shape);
   };
   KernelContext ctx(task, opset_, std::move(inputs), tensor_attrs_[t], outputs, allocate, random_stream(random, node_random_id(task.name.data(), task.name.size())));
+  std::vector<Tensor> host_copies;  // host_input's copies of device inputs: kept until the task ends
+  if (on_device) {
+    host_copies.resize(task.inputs.size());
+    ctx.set_backend(backend_, [&](size_t i) -> const Tensor& {
+      const Tensor& s = slots[task.inputs[i].value()];  // where the value lives: on the host unless a kernel made it
+      if (s.on_host()) return s;
+      if (!host_copies[i].defined()) host_copies[i] = backend_->to_host(s);
+      return host_copies[i];
+    });
+  }
+  const bool timed = options_.time_tasks && planned;
+  // A device kernel only starts when launched: wait for the work before it, and for it, so that the clock measures
+  // this kernel alone (a no-op on the CPU).
+  if (timed && device_) backend_->synchronize();
   const auto start = std::chrono::steady_clock::now();
-  kernels_[t](ctx);
-  if (options_.time_tasks && planned)
+  (planned ? kernels_[t] : cpu_kernels_[t])(ctx);
+  if (timed) {
+    if (device_) backend_->synchronize();
     task_seconds_[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   for (size_t i = 0; i < task.outputs.size(); ++i) {
     if (!task.outputs[i].valid()) continue;
     if (!outputs[i].defined())
@@ -199,24 +274,43 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
   for (const auto& [name, t] : inputs)
     if (!g.find_value(name)) throw InvalidArgument("input " + quote(name) + " is not a value of the model");
   if (options_.time_tasks) task_seconds_.assign(g.num_tasks(), 0.0);
+  if (device_) other_side_.assign(g.num_values(), Tensor());
   for (size_t t = 0; t < g.num_tasks(); ++t) {
     if (!run_each_step_[t]) continue;
     execute(t, slots, true, random);
     if (on_output)
       for (ValueId out : g.task(TaskId(static_cast<uint32_t>(t))).outputs)
-        if (out.valid() && is_graph_output_[out.value()]) on_output(g.value(out).name, slots[out.value()]);
+        if (out.valid() && is_graph_output_[out.value()]) {
+          const Tensor& value = slots[out.value()];
+          // With outputs_on_backend the callback sees the backend's tensors, also of a CPU fallback's outputs.
+          if (device_ && options_.outputs_on_backend && value.on_host()) on_output(g.value(out).name, backend_->to_device(value));
+          else on_output(g.value(out).name, value);
+        }
     // Release what no later task reads (heap fallbacks; arena slices are just references).
-    for (ValueId in : g.task(TaskId(static_cast<uint32_t>(t))).inputs)
-      if (in.valid() && last_use_[in.value()] == static_cast<int64_t>(t) && !persistent_[in.value()].defined())
-        slots[in.value()] = Tensor();
+    for (ValueId in : g.task(TaskId(static_cast<uint32_t>(t))).inputs) {
+      if (!in.valid() || last_use_[in.value()] != static_cast<int64_t>(t)) continue;
+      if (!persistent_[in.value()].defined()) slots[in.value()] = Tensor();
+      if (device_) other_side_[in.value()] = Tensor();  // back to the backend's pool
+    }
   }
   NamedTensors outputs;
   for (ValueId v : g.graph_outputs()) {
     const Tensor& t = slots[v.value()];
     if (!t.defined()) throw InvalidModel("graph output " + quote(g.value(v).name) + " was not computed");
-    outputs.emplace_back(g.value(v).name, t.clone());
+    outputs.emplace_back(g.value(v).name, output_copy(t));
   }
+  if (device_) other_side_.clear();
   return outputs;
+}
+
+Tensor Executor::output_copy(const Tensor& t) const {
+  if (!device_) return t.clone();
+  if (!options_.outputs_on_backend) return t.on_host() ? t.clone() : backend_->to_host(t);
+  if (t.on_host()) return backend_->to_device(t);
+  // Arena slices are overwritten by the next run: the caller gets a block of its own from the backend's pool.
+  Tensor copy = Tensor::over(t.dtype(), t.shape(), backend_->allocate(t.bytes()), false);
+  backend_->copy_on_device(t.raw(), copy.raw(), t.bytes());
+  return copy;
 }
 
 }  // namespace apart

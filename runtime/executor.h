@@ -1,5 +1,5 @@
-// Forward executor: runs an imported TaskGraph on the CPU kernels, step by step in topological
-// order, with activations in one arena planned before the first step.
+// Executor: runs an imported TaskGraph step by step in topological order on a backend (runtime/backend.h: the CPU
+// by default), with activations in one arena of that backend planned before the first step.
 #pragma once
 
 #include <filesystem>
@@ -28,9 +28,12 @@ struct ExecutorOptions {
   // Tasks reading params run every step, so that training can update params in place.
   bool precompute_constants = true;
   bool time_tasks = false;  // record per-task seconds (for measured profiles)
-  // Where tensors live and kernels run (runtime/backend.h); nullptr: the CPU backend. On a device backend params
-  // and precomputed constants are uploaded at load, the arena is one allocation of the backend, each task runs the
-  // backend's kernel or, where it has none, the CPU kernel on host copies; inputs may be host or device tensors.
+  // Where tensors live and kernels run (runtime/backend.h); nullptr: the CPU backend. The arena is one allocation of
+  // the backend. Each task runs the backend's kernel or, where it has none (decided at load), the CPU kernel; a value
+  // lives where its producer ran. On a device backend: float params are uploaded at load; precomputed constants and
+  // integer initializers stay on the host, with one backend copy made at load for those a backend kernel reads; a
+  // backend task's host inputs (graph inputs, CPU-fallback outputs) and a fallback's device inputs are copied once
+  // per step (from the backend's pool); outputs handed to backend kernels are zeroed with fill_zero_bytes.
   Backend* backend = nullptr;
   // run() returns graph outputs in the backend's memory (copies from the backend's pool) instead of host copies,
   // so that gradients stay on the device for the optimizer.
@@ -55,12 +58,13 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   // Runs one forward step. `inputs` by graph-input name (graph inputs with an initializer may be
-  // omitted). Returns the graph outputs in graph order, in storage of their own. Not reentrant.
+  // omitted), host tensors or the backend's. Returns the graph outputs in graph order, in storage of their own: host
+  // tensors, or the backend's with options.outputs_on_backend. Not reentrant.
   // `random` is the draw random kernels (Dropout) make: the same key gives the same masks.
   NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random = {});
   // As run(), and calls `on_output(name, tensor)` as soon as each graph output is computed, before the remaining
   // tasks run (the pipeline starts a gradient's all-reduce while the rest of the backward runs). The tensor is
-  // valid only during the call: copy what must outlive it.
+  // valid only during the call: copy what must outlive it. With outputs_on_backend it is in the backend's memory.
   using OutputCallback = std::function<void(const std::string& name, const Tensor& value)>;
   NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random, const OutputCallback& on_output);
 
@@ -73,8 +77,13 @@ class Executor {
   int64_t param_bytes() const { return param_bytes_; }
   // Per-task seconds of the last run (when options.time_tasks), indexed by TaskId.
   const std::vector<double>& task_seconds() const { return task_seconds_; }
-  // A param's tensor (for checks and, later, optimizers).
+  // A param's tensor, where the executor keeps it: on a device backend a float param is the backend's tensor (copy it
+  // with Backend::to_host to read it; the optimizer updates it in place there), other params are host tensors.
   Tensor* param(const std::string& name);
+  // Ops (as "Conv", "ai.apart.ConvGrad") of the tasks that run each step on the CPU kernel because the backend has
+  // none, sorted; empty on the CPU backend. The CLI prints them once, so a slow fallback is never silent.
+  const std::vector<std::string>& fallback_ops() const { return fallback_ops_; }
+  Backend& backend() const { return *backend_; }
   // The imported graph the executor runs (shapes, value kinds).
   const ImportedModel& model() const { return model_; }
 
@@ -82,11 +91,21 @@ class Executor {
   void execute(size_t task_index, std::vector<Tensor>& slots, bool planned, const RandomKey& random);
   void load(const onnx::ModelProto& proto, const std::filesystem::path& base_dir);
 
+  // A graph output as run() returns it: a host clone, or (outputs_on_backend) a copy in the backend's memory.
+  Tensor output_copy(const Tensor& t) const;
+
   std::unique_ptr<ImportedModel> owned_model_;  // set by the in-memory constructor; before model_
   const ImportedModel& model_;
   ExecutorOptions options_;
+  Backend* backend_ = nullptr;  // options_.backend, or the CPU backend; never null after load
+  bool device_ = false;         // the backend's memory is not the host's: values are copied between the two
   int64_t opset_ = 0;
-  std::vector<KernelFn> kernels_;  // by task
+  std::vector<KernelFn> kernels_;      // by task: what a step runs (the backend's kernel, or the CPU's)
+  std::vector<KernelFn> cpu_kernels_;  // by task: the CPU kernel (precomputing constants at load, on the host)
+  std::vector<bool> on_backend_;       // by task: kernels_ is the backend's (false: a CPU fallback on host copies)
+  std::vector<Tensor> backend_device_copy_;  // by value: the backend copy of a host constant a backend kernel reads
+  std::vector<Tensor> other_side_;     // by value, during run(): this step's copy of a value on the other side
+  std::vector<std::string> fallback_ops_;
   std::vector<std::vector<std::pair<std::string, Tensor>>> tensor_attrs_;  // by task
   std::vector<Tensor> persistent_;  // by value: params and precomputed constants
   std::vector<bool> run_each_step_;  // by task

@@ -1,4 +1,5 @@
-// Optimizer updates written as PyTorch's torch.optim single-tensor ("foreach=False") loops, in float32.
+// The optimizer's state, step count and clipping; the update itself is the backend's (Backend::optimizer_step: on the
+// CPU torch.optim's single-tensor ("foreach=False") loops, in float32).
 #include "runtime/optimizer.h"
 
 #include <cmath>
@@ -36,25 +37,21 @@ double LrSchedule::lr_at(int64_t step, double peak_lr) const {
   return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (peak_lr - min_lr);
 }
 
-double grad_sum_of_squares(const std::vector<Tensor*>& grads) {
-  double sum_sq = 0;
-  for (const Tensor* g : grads)
-    for (float v : g->span<const float>()) sum_sq += static_cast<double>(v) * v;
-  return sum_sq;
+double grad_sum_of_squares(const std::vector<Tensor*>& grads, Backend& backend) {
+  std::vector<const Tensor*> xs(grads.begin(), grads.end());
+  return backend.sum_of_squares(xs);
 }
 
-void scale_to_max_norm(std::vector<Tensor*>& grads, double norm, double max_norm) {
+void scale_to_max_norm(std::vector<Tensor*>& grads, double norm, double max_norm, Backend& backend) {
   if (max_norm <= 0) return;
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return;
-  const float c = static_cast<float>(coef);
-  for (Tensor* g : grads)
-    for (float& v : g->span<float>()) v *= c;
+  for (Tensor* g : grads) backend.scale(*g, coef);
 }
 
-double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm) {
-  const double norm = std::sqrt(grad_sum_of_squares(grads));
-  scale_to_max_norm(grads, norm, max_norm);
+double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm, Backend& backend) {
+  const double norm = std::sqrt(grad_sum_of_squares(grads, backend));
+  scale_to_max_norm(grads, norm, max_norm, backend);
   return norm;
 }
 
@@ -75,8 +72,8 @@ const char* slot_name(Optimizer kind, int slot) {
 }
 }  // namespace
 
-ParamOptimizer::ParamOptimizer(OptimizerOptions options, std::vector<std::string> param_names)
-    : options_(options), names_(std::move(param_names)), state_(names_.size()) {
+ParamOptimizer::ParamOptimizer(OptimizerOptions options, std::vector<std::string> param_names, Backend& backend)
+    : options_(options), backend_(&backend), names_(std::move(param_names)), state_(names_.size()) {
   options_.validate();
 }
 
@@ -91,71 +88,38 @@ double ParamOptimizer::step(const std::vector<Tensor*>& params, std::vector<Tens
   double norm = 0;
   if (global_norm) {
     norm = *global_norm;
-    scale_to_max_norm(grads, norm, options_.clip_grad_norm);
+    scale_to_max_norm(grads, norm, options_.clip_grad_norm, *backend_);
   } else {
-    norm = clip_grad_norm(grads, options_.clip_grad_norm);
+    norm = clip_grad_norm(grads, options_.clip_grad_norm, *backend_);
   }
   ++step_;
-  const Optimizer kind = options_.kind;
-  const float lr_f = static_cast<float>(lr);
-  const float wd = static_cast<float>(options_.weight_decay);
-  const int n_slots = slots(kind);
-  // Bias corrections as torch computes them (in double, from the step count).
-  const double t = static_cast<double>(step_);
-  const double bias1 = 1.0 - std::pow(options_.beta1, t);
-  const double bias2 = 1.0 - std::pow(options_.beta2, t);
-  const float step_size = static_cast<float>(lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  // 1 − β in double, then rounded (as torch passes them to its kernels): 1.0f − 0.999f is 1.3e-5 off.
-  const float one_minus_b1 = static_cast<float>(1.0 - options_.beta1);
-  const float b2 = static_cast<float>(options_.beta2), one_minus_b2 = static_cast<float>(1.0 - options_.beta2);
-  const float eps = static_cast<float>(options_.eps);
-  const float mom = static_cast<float>(options_.momentum);
-
-  for (size_t i = 0; i < params.size(); ++i) {
-    float* p = params[i]->data<float>();
-    const float* g = grads[i]->data<float>();
-    const int64_t n = params[i]->elements();
-    auto& st = state_[i];
-    if (static_cast<int>(st.size()) != n_slots) {
-      st.clear();
-      for (int s = 0; s < n_slots; ++s) st.emplace_back(DType::kFloat32, params[i]->shape());
-    }
-    switch (kind) {
-      case Optimizer::kSgd:
-        for (int64_t j = 0; j < n; ++j) p[j] -= lr_f * (g[j] + wd * p[j]);
-        break;
-      case Optimizer::kMomentum: {
-        float* buf = st[0].data<float>();
-        const bool first = step_ == 1;
-        for (int64_t j = 0; j < n; ++j) {
-          const float d = g[j] + wd * p[j];
-          buf[j] = first ? d : mom * buf[j] + d;  // torch: the first step copies the gradient
-          const float update = options_.nesterov ? d + mom * buf[j] : buf[j];
-          p[j] -= lr_f * update;
-        }
-        break;
-      }
-      case Optimizer::kAdam:
-      case Optimizer::kAdamW: {
-        float* m = st[0].data<float>();
-        float* v = st[1].data<float>();
-        const bool decoupled = kind == Optimizer::kAdamW;
-        const float decay = 1.0f - lr_f * wd;
-        for (int64_t j = 0; j < n; ++j) {
-          float d = g[j];
-          if (decoupled) p[j] *= decay;
-          else d += wd * p[j];
-          m[j] += (d - m[j]) * one_minus_b1;  // torch's lerp_
-          v[j] = v[j] * b2 + one_minus_b2 * d * d;
-          const float denom = std::sqrt(v[j]) / bias2_sqrt + eps;
-          p[j] -= step_size * (m[j] / denom);
-        }
-        break;
-      }
-    }
-  }
+  prepare(params);
+  std::vector<Tensor*> states;
+  for (auto& st : state_)
+    for (Tensor& t : st) states.push_back(&t);
+  OptimizerUpdate update;
+  update.kind = options_.kind;
+  update.lr = lr;
+  update.weight_decay = options_.weight_decay;
+  update.momentum = options_.momentum;
+  update.beta1 = options_.beta1;
+  update.beta2 = options_.beta2;
+  update.eps = options_.eps;
+  update.nesterov = options_.nesterov;
+  update.step = step_;
+  backend_->optimizer_step(update, params, grads, states);
   return norm;
+}
+
+void ParamOptimizer::prepare(const std::vector<Tensor*>& params) {
+  APART_CHECK(params.size() == names_.size(), "optimizer: param count");
+  const int n_slots = slots(options_.kind);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& st = state_[i];
+    if (static_cast<int>(st.size()) == n_slots) continue;
+    st.clear();
+    for (int s = 0; s < n_slots; ++s) st.push_back(backend_->empty(DType::kFloat32, params[i]->shape()));
+  }
 }
 
 std::vector<std::pair<std::string, Tensor*>> ParamOptimizer::state() {
@@ -178,7 +142,7 @@ void ParamOptimizer::restore(int64_t steps_taken, std::vector<std::pair<std::str
       auto it = by_name.find(key);
       if (it == by_name.end())
         throw InvalidArgument("checkpoint has no optimizer state '" + key + "' (saved with another --optimizer?)");
-      state_[i].push_back(std::move(it->second));
+      state_[i].push_back(it->second.on_host() ? backend_->to_device(it->second) : std::move(it->second));
     }
   }
 }

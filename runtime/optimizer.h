@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "plan/training.h"
+#include "runtime/backend.h"
 #include "runtime/tensor.h"
 
 namespace apart {
@@ -40,18 +41,21 @@ struct LrSchedule {
 };
 
 // Global L2 norm of `grads`, and scales them in place (torch.nn.utils.clip_grad_norm_: coefficient
-// max_norm / (norm + 1e-6), applied only when below 1). Returns the norm before clipping.
-double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm);
+// max_norm / (norm + 1e-6), applied only when below 1). Returns the norm before clipping. The gradients are
+// `backend`'s tensors; it does the arithmetic (Backend::sum_of_squares, Backend::scale).
+double clip_grad_norm(std::vector<Tensor*>& grads, double max_norm, Backend& backend = cpu_backend());
 // The two halves of it, for gradients spread over ranks: the sum of squares of some gradients (in double, in
 // order), and the scaling by the global norm of all of them.
-double grad_sum_of_squares(const std::vector<Tensor*>& grads);
-void scale_to_max_norm(std::vector<Tensor*>& grads, double norm, double max_norm);
+double grad_sum_of_squares(const std::vector<Tensor*>& grads, Backend& backend = cpu_backend());
+void scale_to_max_norm(std::vector<Tensor*>& grads, double norm, double max_norm, Backend& backend = cpu_backend());
 
 // The optimizer run on the params: state per param (exp_avg/exp_avg_sq or momentum_buffer), created zero on first
-// use. Not `Optimizer`: in namespace apart that is the vocabulary's enum of which optimizer (plan/training.h).
+// use in `backend`'s memory, where the params and gradients live too; the backend does the arithmetic
+// (Backend::optimizer_step: one multi-tensor launch on a GPU). Not `Optimizer`: in namespace apart that is the
+// vocabulary's enum of which optimizer (plan/training.h).
 class ParamOptimizer {
  public:
-  ParamOptimizer(OptimizerOptions options, std::vector<std::string> param_names);
+  ParamOptimizer(OptimizerOptions options, std::vector<std::string> param_names, Backend& backend = cpu_backend());
 
   // One update of params[i] by grads[i] (float32 tensors of equal shapes, in param_names order) at
   // rate `lr`. Clips first when options.clip_grad_norm > 0 (grads are scaled in place), by `global_norm` when
@@ -60,17 +64,24 @@ class ParamOptimizer {
   double step(const std::vector<Tensor*>& params, std::vector<Tensor*>& grads, double lr,
               std::optional<double> global_norm = std::nullopt);
 
+  // Creates the state of params that have none yet (zero, in the backend's memory); step() does it on first use.
+  // Called before the first step, so that the state takes no block the step's own copies left in the backend's pool.
+  void prepare(const std::vector<Tensor*>& params);
+
   const OptimizerOptions& options() const { return options_; }
   int64_t steps_taken() const { return step_; }
-  // State tensors named "<param>/<slot>" (slots: momentum_buffer; exp_avg, exp_avg_sq) for checkpoints.
+  // State tensors named "<param>/<slot>" (slots: momentum_buffer; exp_avg, exp_avg_sq) for checkpoints: the
+  // backend's tensors (write_checkpoint copies them to the host).
   std::vector<std::pair<std::string, Tensor*>> state();
-  // Restores after construction: the step count and the state tensors by name (shapes checked by the caller).
+  // Restores after construction: the step count and the state tensors by name (host or the backend's; host ones are
+  // copied to the backend; shapes checked by the caller).
   void restore(int64_t steps_taken, std::vector<std::pair<std::string, Tensor>> state);
   // Bytes of optimizer state per param byte (0, 1 or 2).
   static int slots(Optimizer kind);
 
  private:
   OptimizerOptions options_;
+  Backend* backend_;
   std::vector<std::string> names_;
   std::vector<std::vector<Tensor>> state_;  // by param, by slot
   int64_t step_ = 0;

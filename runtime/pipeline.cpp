@@ -319,7 +319,8 @@ class StageRunner {
  public:
   StageRunner(const RunOptions& options, const RunSetup& setup, Communicator& world)
       : options_(options), setup_(setup), world_(world), plan_(setup.plan),
-        stage_(setup.plan.stages[static_cast<size_t>(setup.role.stage)]), model_(setup.model.get()) {}
+        stage_(setup.plan.stages[static_cast<size_t>(setup.role.stage)]), model_(setup.model.get()),
+        backend_(options.backend ? *options.backend : cpu_backend()) {}
 
   RunResult run(const RunStepCallback& on_step);
 
@@ -369,6 +370,7 @@ class StageRunner {
   std::map<std::string, int> owner_stage_;  // param → the lowest stage holding it
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<ParamOptimizer> optimizer_;
+  Backend& backend_;  // options_.backend or the CPU backend: the executors', the gradients' and the optimizer's
   std::vector<Frame> frames_;
   std::vector<std::pair<std::vector<std::byte>, Pending>> sends_;
   std::vector<double> losses_;
@@ -422,10 +424,16 @@ void StageRunner::build() {
   graphs_ = build_stage_graphs(proto, g);
 
   ExecutorOptions exec;
+  exec.backend = &backend_;
+  exec.outputs_on_backend = true;  // stash and gradients stay on the backend; boundary values go to the host to be sent
   forward_ = std::make_unique<Executor>(graphs_.forward, setup_.plan_dir, exec, import);
   backward_ = std::make_unique<Executor>(graphs_.backward, setup_.plan_dir, exec, import);
   backward_->share_params(*forward_);
   result_.arena_bytes = forward_->memory_plan().peak_bytes + backward_->memory_plan().peak_bytes;
+  result_.backend = backend_.describe();
+  std::set<std::string> fallback(forward_->fallback_ops().begin(), forward_->fallback_ops().end());
+  fallback.insert(backward_->fallback_ops().begin(), backward_->fallback_ops().end());
+  result_.fallback_ops.assign(fallback.begin(), fallback.end());
 
   // Shapes of the boundary values at this rank's samples, and where their samples lie (the stage file's dims).
   const ImportedModel& fm = forward_->model();
@@ -463,7 +471,7 @@ void StageRunner::build() {
     grad_index_[grad] = params_.size();
     param_names_.push_back(param);
     params_.push_back(p);
-    grads_.emplace_back(DType::kFloat32, p->shape());
+    grads_.push_back(backend_.empty(DType::kFloat32, p->shape()));
     result_.params += p->elements();
   }
   result_.param_tensors = static_cast<int64_t>(params_.size());
@@ -499,7 +507,7 @@ void StageRunner::build() {
   result_.data_description = data_->describe();
   OptimizerOptions optimizer = options_.optimizer;
   if (options_.optimizer_from_plan) optimizer.kind = plan_.training.optimizer;
-  optimizer_ = std::make_unique<ParamOptimizer>(optimizer, param_names_);
+  optimizer_ = std::make_unique<ParamOptimizer>(optimizer, param_names_, backend_);
 }
 
 // Collective over the world, in the same order on every rank: the stage's replicas, then one communicator per
@@ -556,7 +564,7 @@ void StageRunner::forward(int64_t k, const std::map<std::string, Tensor>& batch,
   NamedTensors outputs = forward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)});
   std::map<std::string, Tensor> by_name;
   for (auto& [name, t] : outputs) by_name[name] = std::move(t);
-  if (!graphs_.loss_output.empty()) losses_.push_back(by_name.at(graphs_.loss_output).scalar_as_double());
+  if (!graphs_.loss_output.empty()) losses_.push_back(backend_.to_host(by_name.at(graphs_.loss_output)).scalar_as_double());
   for (const PlanOutput& out : stage_.outputs)
     if (!out.to_stages.empty()) frame.outputs[out.value] = by_name.at(out.value);
   for (const std::string& name : graphs_.stash) {
@@ -566,7 +574,7 @@ void StageRunner::forward(int64_t k, const std::map<std::string, Tensor>& batch,
   for (const auto& [init, out] : graphs_.state_updates) {  // BatchNorm running statistics, micro-batch by micro-batch
     Tensor* target = forward_->param(init);
     const Tensor& value = by_name.at(out);
-    if (target && target->bytes() == value.bytes()) std::memcpy(target->raw(), value.raw(), static_cast<size_t>(value.bytes()));
+    if (target && target->bytes() == value.bytes()) backend_.copy(value, *target);
   }
   frame.inputs.clear();
 }
@@ -585,17 +593,15 @@ void StageRunner::backward(int64_t k, int64_t step) {
     auto it = grad_index_.find(name);
     if (it == grad_index_.end()) return;
     const size_t i = it->second;
-    float* acc = grads_[i].data<float>();
-    const float* g = value.data<float>();
-    if (first) std::memcpy(acc, g, static_cast<size_t>(value.bytes()));
-    else
-      for (int64_t j = 0; j < value.elements(); ++j) acc[j] += g[j];
+    if (first) backend_.copy(value, grads_[i]);  // accumulated on the backend, micro-batch by micro-batch
+    else backend_.add_into(grads_[i], value);
     if (!last || !replicas_) return;
     Bucket& b = buckets_[bucket_of_[i]];
     if (++b.ready < b.params.size()) return;
     size_t at = 0;
     for (size_t p : b.params) {
-      std::memcpy(b.flat.data() + at, grads_[p].raw(), static_cast<size_t>(grads_[p].bytes()));
+      // The all-reduce runs on the host for now (MPI): the bucket is a host buffer.
+      backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.flat.data() + at), grads_[p].bytes());
       at += static_cast<size_t>(grads_[p].elements());
     }
     b.reduction = replicas_->allreduce_sum(std::span<float>(b.flat));
@@ -617,12 +623,12 @@ size_t StageRunner::send(const Action& a) {
   for (const std::string& name : edge_values(a.from_stage, a.to_stage, a.gradient)) {
     const BoundaryValue& v = boundary(name);
     if (!a.gradient) {
-      pack(v, frame.outputs.at(name), mine.begin, a.samples, message);
+      pack(v, backend_.to_host(frame.outputs.at(name)), mine.begin, a.samples, message);  // MPI sends host bytes
       continue;
     }
     auto it = frame.input_grads.find(name);
     if (it != frame.input_grads.end()) {
-      pack(v, it->second, mine.begin, a.samples, message);
+      pack(v, backend_.to_host(it->second), mine.begin, a.samples, message);
     } else {  // the stage's params and outputs do not depend on this input: its gradient is zero
       message.resize(message.size() + static_cast<size_t>(v.slice_bytes(a.samples)), std::byte{0});
     }
@@ -671,7 +677,7 @@ void StageRunner::finish_allreduce() {
     b.reduction.reset();
     size_t at = 0;
     for (size_t p : b.params) {
-      std::memcpy(grads_[p].raw(), b.flat.data() + at, static_cast<size_t>(grads_[p].bytes()));
+      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.flat.data() + at), grads_[p].raw(), grads_[p].bytes());
       at += static_cast<size_t>(grads_[p].elements());
     }
   }
@@ -682,21 +688,21 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   // share, so the whole batch's gradient is the sum over micro-batches and replicas over (m × its replicas).
   const double loss_replicas = plan_.stages[static_cast<size_t>(setup_.loss_stage)].replicas;
   const float scale = static_cast<float>(1.0 / (static_cast<double>(setup_.microbatches) * loss_replicas));
-  for (Tensor& g : grads_)
-    for (float& v : g.span<float>()) v *= scale;
+  for (Tensor& g : grads_) backend_.scale(g, scale);
   for (Tie& tie : ties_) {  // a tied param's gradient is the sum over the stages holding it (replica 0 of each)
     for (size_t i : tie.params) {
       std::vector<float> contribution(static_cast<size_t>(grads_[i].elements()), 0.0f);
-      if (setup_.role.replica == 0) std::memcpy(contribution.data(), grads_[i].raw(), static_cast<size_t>(grads_[i].bytes()));
+      auto* bytes = reinterpret_cast<std::byte*>(contribution.data());
+      if (setup_.role.replica == 0) backend_.copy_to_host(grads_[i].raw(), bytes, grads_[i].bytes());
       tie.comm->allreduce_sum(std::span<float>(contribution))->wait();
-      std::memcpy(grads_[i].raw(), contribution.data(), static_cast<size_t>(grads_[i].bytes()));
+      backend_.copy_to_device(bytes, grads_[i].raw(), grads_[i].bytes());
     }
   }
   // One world all-reduce: [Σ‖g‖², loss, then a not-finite flag per rank].
   std::vector<Tensor*> counted;
   for (size_t i = 0; i < grads_.size(); ++i)
     if (counts_in_norm_[i]) counted.push_back(&grads_[i]);
-  const double local_sq = grad_sum_of_squares(counted);
+  const double local_sq = grad_sum_of_squares(counted, backend_);
   std::vector<double> totals(2 + static_cast<size_t>(world_.size()), 0.0);
   totals[0] = local_sq;
   double local_loss = 0;
@@ -732,6 +738,7 @@ void StageRunner::save_model() {
   for (const auto& [param, stage] : owner_stage_) owner_rank[param] = plan_.stages[static_cast<size_t>(stage)].devices[0];
   std::map<std::string, Tensor> values;
   std::vector<Pending> pending;
+  std::vector<Tensor> sent;  // host copies of the params being sent, alive until their sends complete
   for (const auto& [param, rank] : owner_rank) {
     const auto id = model_->graph.find_value(param);
     const Value& value = model_->graph.value(*id);
@@ -740,12 +747,13 @@ void StageRunner::save_model() {
       const Tensor* t = forward_->param(param);
       if (!t) t = backward_->param(param);
       APART_CHECK(t != nullptr, "stage " + std::to_string(stage_.id) + " lacks param " + param);
-      pending.push_back(world_.send(std::span<const std::byte>(t->raw(), static_cast<size_t>(t->bytes())), 0, 0));
+      const Tensor& host = sent.emplace_back(backend_.to_host(*t));
+      pending.push_back(world_.send(std::span<const std::byte>(host.raw(), static_cast<size_t>(host.bytes())), 0, 0));
     } else if (world_.rank() == 0) {
       if (rank == 0) {
         const Tensor* t = forward_->param(param);
         if (!t) t = backward_->param(param);
-        if (t) values[param] = *t;
+        if (t) values[param] = backend_.to_host(*t);
       } else {
         Tensor t(value.dtype, value.shape);
         world_.recv(std::span<std::byte>(t.raw(), static_cast<size_t>(t.bytes())), rank, 0)->wait();
@@ -779,7 +787,7 @@ void StageRunner::save_checkpoint(int64_t step_done) {
   for (const auto& [name, t] : checkpoint_tensors()) tensors.emplace_back(name, t);
   const nlohmann::json meta = {{"stage", setup_.role.stage}, {"replica", setup_.role.replica}, {"rank", world_.rank()},
                                {"optimizer_steps", optimizer_->steps_taken()}};
-  write_checkpoint_file(dir / folder / shard_name(world_.rank()), step_done, meta, tensors);
+  write_checkpoint_file(dir / folder / shard_name(world_.rank()), step_done, meta, tensors, backend_);
   world_.barrier();  // every shard is on disk before the manifest names them
   if (world_.rank() == 0) {
     std::optional<Manifest> previous;
@@ -827,7 +835,7 @@ int64_t StageRunner::restore() {
     auto it = saved.find(name);
     if (it == saved.end() || it->second.shape() != t->shape() || it->second.dtype() != t->dtype())
       throw InvalidArgument(where + ": rank " + std::to_string(world_.rank()) + "'s shard has no matching " + name);
-    std::memcpy(t->raw(), it->second.raw(), static_cast<size_t>(t->bytes()));
+    backend_.copy(it->second, *t);
   }
   optimizer_->restore(ck.meta.value("optimizer_steps", int64_t{0}), std::move(state));
   return m.step;
@@ -843,6 +851,7 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   result_.reports = setup_.role.stage == setup_.loss_stage && setup_.role.replica == 0;
   int64_t first = 0;
   if (!options_.resume.empty()) first = restore();
+  optimizer_->prepare(params_);  // its state before step 1's copies fill the backend's pool
   result_.first_step = first;
   result_.setup_seconds = seconds_since(setup_start);
 

@@ -34,6 +34,10 @@ struct RunOptions {
   std::string resume;             // a checkpoint folder of this plan on as many ranks: continue from its step
   std::string trace;              // world rank 0 writes the measured timeline here (plan/trace.h's Chrome trace)
   bool trace_all_steps = false;   // every step in the trace, not only the last
+  // This rank's backend (not owned; nullptr: the CPU backend): its executors, accumulated gradients and optimizer
+  // run there. Messages and all-reduces stay on the host for now: boundary values and gradient buckets are copied
+  // to the host around each MPI call when the backend's memory is not the host's.
+  Backend* backend = nullptr;
   void validate() const;          // InvalidArgument naming the flag
 };
 
@@ -50,6 +54,8 @@ struct RunResult {
   double setup_seconds = 0;        // reading the plan and the stage, autodiff, executors
   std::string data_description;
   int64_t arena_bytes = 0;         // the stage's forward + backward activation arenas
+  std::string backend;             // Backend::describe() of this rank's backend
+  std::vector<std::string> fallback_ops;  // ops its executors run on the CPU kernel for want of a backend kernel
 };
 
 // Runs `options.steps` steps of the plan as rank world.rank() of world.size(). Every rank calls it with the same

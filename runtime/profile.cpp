@@ -1,4 +1,4 @@
-// Measured profiles: run the training graph on the CPU kernels with per-task timing and fold the
+// Measured profiles: run the training graph on a backend's kernels with per-task timing and fold the
 // times back onto the forward graph's tasks (see profile.h, docs/profiling.md).
 #include "runtime/profile.h"
 
@@ -123,15 +123,23 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   result.repeats = options.repeats;
   result.threads = compute_threads();
 
-  // Analytic costs on the measured CPU: FLOPs, bytes, saved/param bytes, and the backward ratio.
+  Backend& backend = options.backend ? *options.backend : cpu_backend();
+  const bool on_cpu = &backend == &cpu_backend();
+  const std::string device = !options.device.empty() ? options.device : on_cpu ? "cpu" : std::string(backend_name(backend.kind()));
+  result.backend = backend.describe();
+
+  // Analytic costs on the measured device (its preset, when it has one): FLOPs, bytes, saved/param bytes, and the
+  // backward ratio.
   CostOptions cost_options;
   cost_options.reference_batch = model.bound_samples();
-  const CostTable analytic = estimate_costs(fg, cpu_device(), cost_options);
+  const std::vector<std::string> presets = device_preset_names();
+  const bool has_preset = std::find(presets.begin(), presets.end(), device) != presets.end();
+  const CostTable analytic = estimate_costs(fg, has_preset ? device_preset(device) : cpu_device(), cost_options);
   result.table = analytic;
   if (options.on_warning)
     for (const auto& w : analytic.warnings) options.on_warning(w);
   result.table.source = "measured";
-  result.table.device = "cpu";
+  result.table.device = device;
   result.table.microbatch_size = cost_options.reference_batch;
 
   const fs::path path(model.path);
@@ -165,7 +173,9 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   std::vector<std::vector<double>> fwd(num_tasks), bwd(num_tasks);  // [task][repeat]
   std::vector<double> constant_per_run, unattributed_per_run, tasks_per_run;
   ExecutorOptions exec_options;
-  exec_options.time_tasks = true;
+  exec_options.time_tasks = true;  // on a device: a synchronize before and after each task (Executor::execute)
+  exec_options.backend = &backend;
+  exec_options.outputs_on_backend = true;  // the outputs are dropped: no copy back to the host inside the wall time
 
   // Forward ONNX node index → forward task; raw ONNX node name (or <OpType>_<index>) → node index,
   // the scope autodiff gives a node's backward (first one wins for repeated names).
@@ -230,6 +240,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     Executor executor(training->model, path.parent_path(), exec_options, exec_import);
     const Runs runs = time_runs(executor, synthetic_inputs(executor.model().graph, options.seed), options);
     fold(executor.model().graph, runs, true);
+    result.fallback_ops = executor.fallback_ops();
     result.step_s = median(runs.walls);
     result.training_tasks = static_cast<int64_t>(executor.model().graph.num_tasks());
     result.backward_measured = true;
@@ -241,6 +252,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     forward.Clear();
     const Runs runs = time_runs(*executor, synthetic_inputs(executor->model().graph, options.seed), options);
     fold(executor->model().graph, runs, false);
+    result.fallback_ops = executor->fallback_ops();
     result.step_s = median(runs.walls);
     result.training_tasks = static_cast<int64_t>(executor->model().graph.num_tasks());
   }
@@ -272,6 +284,8 @@ nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& r) {
                       {"repeats", r.repeats},
                       {"statistic", "median"},
                       {"threads", r.threads},
+                      {"backend", r.backend},
+                      {"cpu_fallback_ops", r.fallback_ops},
                       {"backward", r.backward_measured ? "measured" : "estimated"},
                       {"step_s", r.step_s},
                       {"tasks_s", r.tasks_s},

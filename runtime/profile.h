@@ -1,5 +1,5 @@
-// Measured profiles (`apart profile`): per-task forward/backward seconds from the real CPU kernels,
-// written as apart.costs/1 with "source": "measured" (docs/profiling.md).
+// Measured profiles (`apart profile`): per-task forward/backward seconds from the real kernels of a backend (the CPU's,
+// or a GPU's), written as apart.costs/1 with "source": "measured" (docs/profiling.md).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "importer/importer.h"
+#include "runtime/backend.h"
 #include "profiler/cost_table.h"
 
 namespace apart {
@@ -21,6 +22,12 @@ struct ProfileOptions {
   std::string loss;  // scalar output to differentiate; empty: the graph's only scalar float output
   bool random_params = false;  // fill float initializers with random values (models saved without weights)
   uint64_t seed = 0;           // synthetic inputs and random params
+  // The kernels to time (not owned; nullptr: the CPU backend). On a device the executor synchronizes before and after
+  // each task, so that a task's time is its kernels' alone, not the launch queue's.
+  Backend* backend = nullptr;
+  // The device preset the times stand for (the cluster's device in `apart partition --profile`), which also gives the
+  // analytic FLOPs and bytes; "": "cpu" on the CPU backend, the backend's name ("cuda") on another.
+  std::string device;
   // Called as soon as a phase starts ("building the training graph", "run 3 of 7 (timed)") and as soon as a
   // warning is known (the same text also lands in the table's warnings); both may be empty.
   std::function<void(const std::string&)> on_progress;
@@ -36,6 +43,8 @@ struct ProfileResult {
   int warmup = 0;
   int repeats = 0;
   int threads = 0;                 // hardware threads the kernels may use
+  std::string backend;             // Backend::describe() of what was timed
+  std::vector<std::string> fallback_ops;  // ops timed on the CPU kernel for want of a backend kernel
   double step_s = 0;               // median wall time of one whole run (forward + backward)
   double tasks_s = 0;              // Σ per-task medians (forward + backward, constant tasks included)
   double constant_s = 0;           // of which constant tasks reading params (0 in the table, replicated)

@@ -197,8 +197,14 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   forward.Clear();
   ImportOptions exec_import;
   exec_import.require_external_data = true;
-  Executor executor(tg.model, model_path.parent_path(), {}, exec_import);
+  Backend& backend = options.backend ? *options.backend : cpu_backend();
+  ExecutorOptions exec_options;
+  exec_options.backend = &backend;
+  exec_options.outputs_on_backend = true;  // gradients stay where the optimizer runs
+  Executor executor(tg.model, model_path.parent_path(), exec_options, exec_import);
   result.arena_bytes = executor.memory_plan().peak_bytes;
+  result.backend = backend.describe();
+  result.fallback_ops = executor.fallback_ops();
 
   std::vector<std::string> names;
   std::vector<Tensor*> params;
@@ -220,7 +226,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   std::unique_ptr<DataSource> data = make_data_source(data_options, inputs);
   result.data_description = data->describe();
 
-  ParamOptimizer optimizer(options.optimizer, names);
+  ParamOptimizer optimizer(options.optimizer, names, backend);
   LrSchedule schedule = options.schedule;
   schedule.total_steps = options.steps;
 
@@ -244,7 +250,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
       if (it->second.shape() != params[i]->shape() || it->second.dtype() != params[i]->dtype())
         throw InvalidArgument(where + ": param '" + names[i] + "' is " + shape_string(it->second.shape()) + ", the model's is " +
                               shape_string(params[i]->shape()));
-      std::memcpy(params[i]->raw(), it->second.raw(), static_cast<size_t>(params[i]->bytes()));
+      backend.copy(it->second, *params[i]);
     }
     for (const auto& [name, t] : state) {
       const std::string param = name.substr(0, name.rfind('/'));
@@ -270,18 +276,19 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
                            {"seed", options.seed},
                            {"data", options.data.spec},
                            {"steps", options.steps}};
-    write_checkpoint(options.checkpoint_dir, at_step, meta, tensors);
+    write_checkpoint(options.checkpoint_dir, at_step, meta, tensors, backend);
   };
   result.setup_seconds = seconds_since(setup_start);
 
   // --- Steps ---
+  optimizer.prepare(params);  // the state now, not from blocks step 1's copies return to the backend's pool
   const auto run_start = Clock::now();
   std::vector<Tensor*> grads(params.size());
   for (; step < options.steps; ++step) {
     const auto step_start = Clock::now();
     const std::map<std::string, Tensor> batch = data->batch(step);
     NamedTensors outputs = executor.run(batch, RandomKey{options.seed, static_cast<uint64_t>(step), 0});
-    const double loss = output_named(outputs, tg.loss_output).scalar_as_double();
+    const double loss = backend.to_host(output_named(outputs, tg.loss_output)).scalar_as_double();
     if (!std::isfinite(loss))
       throw Infeasible("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                        "; lower --lr or set --clip-grad-norm");
@@ -292,7 +299,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     for (const auto& [init, out] : tg.state_updates) {  // BatchNorm running statistics
       Tensor* target = executor.param(init);
       const Tensor& value = output_named(outputs, out);
-      if (target && target->bytes() == value.bytes()) std::memcpy(target->raw(), value.raw(), static_cast<size_t>(value.bytes()));
+      if (target && target->bytes() == value.bytes()) backend.copy(value, *target);
     }
     record.step = step + 1;
     record.loss = loss;
@@ -311,10 +318,12 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
 
   if (!options.checkpoint_dir.empty()) save_checkpoint(options.steps);
   if (!options.save_model.empty()) {
-    std::map<std::string, const Tensor*> values;
-    for (size_t i = 0; i < names.size(); ++i) values[names[i]] = params[i];
+    std::map<std::string, Tensor> host;  // the weights on the host (shared, not copied, on the CPU backend)
+    for (size_t i = 0; i < names.size(); ++i) host[names[i]] = backend.to_host(*params[i]);
     for (const auto& [init, out] : tg.state_updates)
-      if (const Tensor* t = executor.param(init)) values[init] = t;
+      if (const Tensor* t = executor.param(init)) host[init] = backend.to_host(*t);
+    std::map<std::string, const Tensor*> values;
+    for (const auto& [name, t] : host) values[name] = &t;
     write_trained_model(model_path, options.save_model, values);
   }
   return result;

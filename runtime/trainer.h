@@ -1,5 +1,6 @@
 // Single-process training: import the model at the batch size, build its training graph
-// (codegen/autodiff.h), run it on the CPU executor, and step the optimizer on the executor's params.
+// (codegen/autodiff.h), run it on the executor of a backend (the CPU by default), and step the optimizer on the
+// executor's params there.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "importer/importer.h"
+#include "runtime/backend.h"
 #include "runtime/data.h"
 #include "runtime/optimizer.h"
 
@@ -35,6 +37,9 @@ struct TrainOptions {
   int64_t save_every = 0;         // also every N steps (0: only at the end)
   std::string resume;             // a checkpoint directory to continue from
   std::string save_model;         // write the trained weights into a copy of the model here
+  // Where tensors live and kernels run (not owned; nullptr: the CPU backend). On a device backend params, gradients
+  // and optimizer state stay there; the loss comes back each step, the weights only for checkpoints and --save-model.
+  Backend* backend = nullptr;
   void validate() const;          // InvalidArgument naming the flag
 };
 
@@ -57,6 +62,8 @@ struct TrainResult {
   double setup_seconds = 0;        // import, autodiff, executor construction
   std::string data_description;
   int64_t arena_bytes = 0;         // the executor's activation arena
+  std::string backend;             // Backend::describe()
+  std::vector<std::string> fallback_ops;  // ops run on the CPU kernel for want of a backend kernel (Executor)
 };
 
 using StepCallback = std::function<void(const StepRecord&)>;

@@ -128,6 +128,24 @@ TEST(ApartTrain, TakesTheLossToMinimiseFromLoss) {
   EXPECT_NE(no_loss.out.find("--loss NAME"), std::string::npos) << no_loss.out;
 }
 
+TEST(BackendFlags, NameTheKnownBackendsAndPrecisionsAndCudaWithoutAGpuIsUnsupported) {
+  TempDir dir;
+  const std::string model = two_losses(dir) + " --loss mean --steps 1 --batch 2 -q";
+  const CommandRun unknown = run("train " + model + " --backend tpu");
+  EXPECT_EQ(unknown.code, 2) << unknown.out;
+  EXPECT_NE(unknown.out.find("use cpu or cuda"), std::string::npos) << unknown.out;
+  const CommandRun precision = run("train " + model + " --precision fp64");
+  EXPECT_EQ(precision.code, 2) << precision.out;
+  EXPECT_NE(precision.out.find("fp32, tf32 or mixed"), std::string::npos) << precision.out;
+  EXPECT_EQ(run("train " + model + " --backend cpu --precision tf32").code, 0);
+  // A build without CUDA (the dev preset), or a machine without a GPU: Unsupported, exit 4, saying which.
+  const CommandRun cuda = run("train " + model + " --backend cuda");
+  EXPECT_TRUE(cuda.code == 0 || cuda.code == 4) << cuda.out;
+  if (cuda.code == 4)
+    EXPECT_TRUE(cuda.out.find("[Unsupported]") != std::string::npos && cuda.out.find("CUDA") != std::string::npos) << cuda.out;
+  for (const char* command : {"run", "profile"}) EXPECT_NE(run(std::string(command) + " --help").out.find("--backend"), std::string::npos);
+}
+
 TEST(ApartTrain, OnAGraphOnlyExportPointsToInitRandom) {
   TempDir dir;
   OnnxBuilder b;  // weights as external data in w.bin, which is not there

@@ -154,9 +154,11 @@ inline RunOptions run_options_like_reference(const fs::path& plan_dir, int64_t s
   return o;
 }
 
-// `checkpoint_dir` / `resume`: RunOptions' fields of those names ("" = none).
+// `checkpoint_dir` / `resume`: RunOptions' fields of those names ("" = none). `backend_of_rank`: each rank's backend
+// (RunOptions::backend; none: the CPU).
 inline Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::path& dir, Optimizer optimizer = Optimizer::kSgd,
-                           double lr = 0.05, const std::string& checkpoint_dir = "", const std::string& resume = "") {
+                           double lr = 0.05, const std::string& checkpoint_dir = "", const std::string& resume = "",
+                           const std::function<Backend*(int rank)>& backend_of_rank = {}) {
   const int world = plan_world(plan_dir);
   RunOptions o = run_options_like_reference(plan_dir, steps, optimizer, lr);
   fs::create_directories(dir);
@@ -166,7 +168,9 @@ inline Outcome run_threads(const fs::path& plan_dir, int64_t steps, const fs::pa
   Outcome out;
   out.ranks.resize(static_cast<size_t>(world));
   const auto errors = run_ranks(world, CommOptions{60}, [&](int r, Communicator& comm) {
-    out.ranks[static_cast<size_t>(r)] = run_plan(o, comm);
+    RunOptions mine = o;
+    if (backend_of_rank) mine.backend = backend_of_rank(r);
+    out.ranks[static_cast<size_t>(r)] = run_plan(mine, comm);
   });
   for (int r = 0; r < world; ++r) EXPECT_EQ(error_message(errors[static_cast<size_t>(r)]), "") << "rank " << r;
   if (errors[0]) return out;

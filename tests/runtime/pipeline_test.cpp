@@ -13,6 +13,7 @@
 #include "plan/plan.h"
 #include "runtime/pipeline.h"
 #include "runtime/trainer.h"
+#include "tests/runtime/host_device_backend.h"
 #include "tests/runtime/pipeline_fixture.h"
 
 namespace apart {
@@ -93,6 +94,30 @@ TEST(ApartRunCheckpoints, TenStepsStraightEqualFivePlusAResumedFiveBitwise) {
   }
   EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
   EXPECT_EQ(rest.ranks[0].first_step, 5);
+}
+
+// Each rank on a device backend of its own (host_device_backend.h: separate buffers, some ops on the CPU kernel),
+// messages and all-reduces through the host: the same losses and weights as on the CPU, bitwise, and a checkpoint
+// written from device tensors resumes there as well.
+TEST(ApartRunOnADeviceBackend, TrainsBitwiseAsOnTheCpuAndResumesFromItsCheckpoint) {
+  const fs::path dir = scratch("device");
+  const fs::path plan = make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
+  std::vector<std::unique_ptr<HostDeviceBackend>> devices;
+  for (int r = 0; r < 3; ++r) devices.push_back(std::make_unique<HostDeviceBackend>());
+  auto device_of = [&](int rank) -> Backend* { return devices[static_cast<size_t>(rank)].get(); };
+  const Outcome cpu = run_threads(plan, 4, dir / "cpu", Optimizer::kAdamW);
+  const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdamW, 0.05, "", "", device_of);
+  ASSERT_EQ(straight.losses.size(), 4u);
+  EXPECT_EQ(straight.losses, cpu.losses);
+  EXPECT_TRUE(bitwise_equal(straight.weights, cpu.weights));
+  for (const RunResult& r : straight.ranks) EXPECT_FALSE(r.fallback_ops.empty()) << "rank of stage " << r.role.stage;
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  run_threads(plan, 2, dir / "first", Optimizer::kAdamW, 0.05, ck.string(), "", device_of);
+  const Outcome rest = run_threads(plan, 4, dir / "rest", Optimizer::kAdamW, 0.05, "", ck.string(), device_of);
+  ASSERT_EQ(rest.losses.size(), 2u);
+  EXPECT_EQ(rest.losses[1], straight.losses[3]);
+  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
 }
 
 TEST(ApartRunCheckpoints, RefuseAnotherPlanOrRankCountSayingWhy) {

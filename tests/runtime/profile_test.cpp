@@ -11,6 +11,7 @@
 #include "importer/importer.h"
 #include "plan/costs_json.h"
 #include "runtime/profile.h"
+#include "tests/runtime/host_device_backend.h"
 
 namespace fs = std::filesystem;
 using apart::testing::run_apart;
@@ -70,6 +71,31 @@ TEST(AMeasuredProfile, HasEveryTaskWithFiniteNonNegativeTimes) {
   EXPECT_GT(r.step_s, 0);
   // Almost all of the training graph's time lands on forward tasks.
   EXPECT_LE(r.unattributed_s, 0.2 * r.tasks_s);
+}
+
+// On a device, each timed task is bracketed by two synchronizations, the file names the device preset the times stand
+// for and what was timed, and the ops the device lacks are listed.
+TEST(AMeasuredProfileOnADeviceBackend, SynchronizesAroundEveryTimedTaskAndSaysWhatItTimed) {
+  const auto m = apart::import_model(gpt_tiny(), batch(2));
+  apart::testing::HostDeviceBackend device;
+  apart::ProfileOptions o = quick();
+  o.backend = &device;
+  o.device = "h200-141gb";
+  const auto r = apart::profile_model(m, batch(2), o);
+  EXPECT_EQ(r.table.device, "h200-141gb");
+  EXPECT_EQ(r.backend, "host-device (test)");
+  EXPECT_FALSE(r.fallback_ops.empty());
+  EXPECT_TRUE(r.backward_measured);
+  // Every run times every task of the training graph that runs each step: two synchronizations each, and the
+  // runs' other copies synchronize nothing (a copy returns complete).
+  EXPECT_EQ(device.synchronizations % (2 * (o.warmup + o.repeats)), 0);
+  EXPECT_GE(device.synchronizations, 2 * (o.warmup + o.repeats) * static_cast<int64_t>(m.graph.num_tasks()));
+  double fwd = 0;
+  for (const auto& c : r.table.tasks) fwd += c.forward_s;
+  EXPECT_GT(fwd, 0);
+  const nlohmann::json j = apart::profile_to_json(m.graph, r);
+  EXPECT_EQ(j["measurement"]["backend"], "host-device (test)");
+  EXPECT_EQ(j["measurement"]["cpu_fallback_ops"].size(), r.fallback_ops.size());
 }
 
 TEST(AMeasuredProfile, RoundTripsThroughTheCostsReader) {
@@ -134,6 +160,9 @@ TEST(ProfileCli, WritesAProfileThatPartitionAccepts) {
 TEST(ProfileCli, RefusesBadFlagsWithExitCode2) {
   const fs::path out = scratch("bad.json");
   EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --repeats 0 -o " + out.string()).code, 2);
-  EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --backend cuda -o " + out.string()).code, 2);
+  EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --backend tpu -o " + out.string()).code, 2);
+  // Without CUDA or a GPU, --backend cuda is Unsupported (exit 4), before any run.
+  if (apart::cuda_device_count() == 0)
+    EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --backend cuda -o " + out.string()).code, 4);
   EXPECT_FALSE(fs::exists(out));
 }

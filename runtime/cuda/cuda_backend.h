@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
   void copy_on_device(const std::byte* from, std::byte* to, int64_t bytes) override;
   void synchronize() override;
   void fill_zero(Tensor& x) override;
+  void fill_zero_bytes(Tensor& t) override;  // cudaMemsetAsync on the compute stream (any dtype)
   void add_into(Tensor& accumulator, const Tensor& x) override;
   void scale(Tensor& x, double factor) override;
   double sum_of_squares(std::span<const Tensor* const> xs) override;

@@ -159,6 +159,12 @@ void CudaBackend::fill_zero(Tensor& x) {
   APART_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(x.bytes()), compute_));
 }
 
+void CudaBackend::fill_zero_bytes(Tensor& t) {
+  if (t.bytes() == 0) return;
+  APART_CHECK(!t.on_host(), "CudaBackend::fill_zero_bytes of a host tensor");
+  APART_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, static_cast<size_t>(t.bytes()), compute_));
+}
+
 void CudaBackend::add_into(Tensor& accumulator, const Tensor& x) {
   float* a = device_floats(accumulator, "add_into");
   const float* b = device_floats(x, "add_into");

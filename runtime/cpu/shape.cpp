@@ -124,7 +124,7 @@ void gather_k(KernelContext& ctx) {
 
 void expand_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  const auto shape = broadcast_shapes(ctx, x.shape(), ctx.input(1).to_int64s());
+  const auto shape = broadcast_shapes(ctx, x.shape(), ctx.host_input(1).to_int64s());
   copy_bytes(broadcast_to(x, shape), ctx.output(0, x.dtype(), shape));
 }
 
@@ -162,7 +162,7 @@ void constant_k(KernelContext& ctx) {
 }
 
 void constant_of_shape_k(KernelContext& ctx) {
-  const auto shape = ctx.input(0).to_int64s();
+  const auto shape = ctx.host_input(0).to_int64s();
   const Tensor* value = ctx.tensor_attr("value");
   if (!value) {
     ctx.output(0, DType::kFloat32, shape);  // zero-filled
@@ -191,7 +191,7 @@ void trilu_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   if (x.rank() < 2) ctx.invalid("input must have rank >= 2");
   const bool upper = ctx.attr_int("upper", 1) != 0;
-  const int64_t k = ctx.has_input(1) ? ctx.input(1).to_int64s().at(0) : 0;
+  const int64_t k = ctx.has_input(1) ? ctx.host_input(1).to_int64s().at(0) : 0;
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
   const int64_t rows = x.dim(-2), cols = x.dim(-1), es = dtype_size(x.dtype());
   const int64_t mats = x.elements() / std::max<int64_t>(1, rows * cols);

@@ -269,17 +269,18 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
   StageSolutions stage_major =
       solve_stage_dp(*split.evaluator, grid, stage_candidates(max_stages, o.stage), o.stage, clock);
   CandidateSet found;
-  // Stage-cut refinement (stage_refine.h): the best split of each S with its cuts moved off block edges, one more
-  // candidate over its own finer runs of components.
+  // Stage-cut refinement (stage_refine.h): the best split of each S with its cuts moved off block edges and solved
+  // exactly at component granularity, more candidates over their own runs of components.
   if (refinement == CutRefinement::kOn && !stage_major.stopped_by_time_limit)
-    if (auto refined = refine_best_candidates(atomic, blocks, stage_major.solutions, o.cluster, o.training)) {
+    for (RefinedCandidate& refined :
+         refine_best_candidates(atomic, blocks, stage_major.solutions, o.cluster, o.training)) {
       Split runs;
-      runs.assignment = std::make_shared<const BlockAssignment>(std::move(refined->assignment));
-      runs.sequence = refined->sequence;
-      runs.evaluator = std::shared_ptr<const StageEvaluator>(std::move(refined->evaluator));
-      runs.source = split.source + " refined";
+      runs.assignment = std::make_shared<const BlockAssignment>(std::move(refined.assignment));
+      runs.sequence = refined.sequence;
+      runs.evaluator = std::shared_ptr<const StageEvaluator>(std::move(refined.evaluator));
+      runs.source = split.source + " " + refined.kind;
       StageSolutions one;
-      one.solutions.push_back(std::move(refined->solution));
+      one.solutions.push_back(std::move(refined.solution));
       found.add(std::move(one), runs);
     }
   found.add(std::move(stage_major), split);

@@ -107,8 +107,9 @@ struct CandidateSet {
 };
 
 // The stage DP over apart's (or METIS's) blocks: stage-major, then (CutRefinement::kOn, within the time limit) the
-// best split with its cuts moved off block edges (stage_refine.h), then pipeline-major for multi-node jobs within
-// the time limit. The refined candidate comes first, as it always has (the selection's ties go to it).
+// best split of each stage count with its cuts moved off block edges and solved at component granularity
+// (stage_refine.h refine_best_candidates), then pipeline-major for multi-node jobs within the time limit. The
+// refined candidates come first, as they always have (the selection's ties go to them).
 enum class CutRefinement : uint8_t { kOff, kOn };
 CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                               const PartitionOptions& options, const SearchGrid& grid, const SearchClock& clock,

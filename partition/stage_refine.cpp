@@ -485,10 +485,11 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
   return found;
 }
 
-std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
-                                                     const std::vector<StageSolution>& candidates,
-                                                     const Cluster& cluster, const TrainingSpec& training) {
-  // The best candidate of each stage count (the first of equals, as the final choice does), fastest first.
+namespace {
+
+// The best candidate of each stage count (the first of equals, as the final choice does) within the slack of the
+// best, fastest first.
+std::vector<const StageSolution*> best_per_stage_count(const std::vector<StageSolution>& candidates) {
   std::map<int, const StageSolution*> best_per_count;
   for (const StageSolution& s : candidates) {
     const StageSolution*& best = best_per_count[s.stages];
@@ -499,11 +500,25 @@ std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, 
   std::stable_sort(queue.begin(), queue.end(), [](const StageSolution* a, const StageSolution* b) {
     return a->estimate.iteration_s < b->estimate.iteration_s;
   });
-  std::vector<RefinedCandidate> refined;
+  // Refinement moves cuts by about a block; it cannot lift a candidate much slower than the best.
   const double best_time = queue.empty() ? 0.0 : queue.front()->estimate.iteration_s;
-  for (const StageSolution* coarse : queue) {
-    // Refinement moves cuts by about a block; it cannot lift a candidate much slower than the best.
-    if (coarse->estimate.iteration_s > best_time * (1 + kRefineSlack)) break;
+  std::erase_if(queue, [&](const StageSolution* s) { return s->estimate.iteration_s > best_time * (1 + kRefineSlack); });
+  return queue;
+}
+
+}  // namespace
+
+std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidates) {
+  std::vector<int> counts;
+  for (const StageSolution* s : best_per_stage_count(candidates)) counts.push_back(s->stages);
+  return counts;
+}
+
+std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
+                                                     const std::vector<StageSolution>& candidates,
+                                                     const Cluster& cluster, const TrainingSpec& training) {
+  std::vector<RefinedCandidate> refined;
+  for (const StageSolution* coarse : best_per_stage_count(candidates)) {
     if (auto moved = refine_stage_cuts(atomic, blocks, *coarse, cluster, training)) refined.push_back(std::move(*moved));
     ExactCuts exact = exact_stage_cuts(atomic, *coarse, cluster, training);
     if (exact.least_bottleneck) refined.push_back(std::move(*exact.least_bottleneck));

@@ -53,6 +53,10 @@ inline constexpr size_t kExactCutMaxPairs = size_t{1} << 21;
 ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coarse, const Cluster& cluster,
                            const TrainingSpec& training, size_t max_pairs = kExactCutMaxPairs);
 
+// The stage counts refine_best_candidates refines: those whose best candidate's estimate is within 5 % of the best,
+// fastest first.
+std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidates);
+
 // For the best candidate of every stage count among `candidates` (solutions over `blocks`) whose estimate is within
 // 5 % of the best: its refine_stage_cuts split (when a cut moved) and its exact_stage_cuts splits, fastest estimate
 // first (ties: in that order). The simulated selection chooses among them and the candidates.

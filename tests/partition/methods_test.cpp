@@ -15,7 +15,6 @@ namespace {
 
 // What partition_graph (which then dispatched on the method itself) gave at commit 11318e9 for
 // method_cases() × kAllMethods, one line each, by plan_fingerprint. Issue 15's task-granular cuts changed four apart
-// lines (seeds 92, 93, 95, 98) in their candidate counts and chosen split only: every iteration time is the same. Issue 15's task-granular cuts changed four apart
 // lines (seeds 92, 93, 95, 98) in their candidate counts and chosen split only: every iteration time is the same.
 constexpr const char* kPlansBeforeThePhaseScript = R"plans(apart m=1 1f1b stages 9x4@0[1,1] blocks=9 solved=170 placed=170 simulated=1 pruned=169 iteration=0.19315950039 estimate=0.19315950039 peak=2851420
 uniform m=1 1f1b stages 9x4@0[1,1] blocks=0 solved=40 placed=40 simulated=1 pruned=39 iteration=0.19315950039 estimate=0.19315950039 peak=2851420

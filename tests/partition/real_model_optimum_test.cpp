@@ -15,6 +15,7 @@
 #include "driver/compile.h"
 #include "graph/error.h"
 #include "models/zoo.h"
+#include "partition/stage_refine.h"
 
 namespace apart {
 namespace {
@@ -92,6 +93,15 @@ TEST(ThePartitionPipeline, IsNeverSlowerInSimulationThanTheExactComputeOptimalSp
                                                     result.costs.at_other_size ? &*result.costs.at_other_size : nullptr);
       const ChainCompute chain(atomic);
       const ComputeOptimum oracle = dp_compute_optimum(chain, stages, 64 / 16);
+      // partition's compute-balanced split (stage_refine.h; bench/quality_bench's "× exact") is this optimum.
+      StageSolution pipeline;
+      pipeline.stages = stages;
+      pipeline.microbatches = 16;
+      pipeline.replicas.assign(stages, 1);
+      const ExactCuts exact = exact_stage_cuts(atomic, pipeline, po.cluster, po.training);
+      ASSERT_TRUE(exact.least_compute.has_value()) << model.name;
+      EXPECT_EQ(exact.least_compute->assignment.block_of, assignment_of_cuts(atomic.size(), oracle.cuts).block_of)
+          << model.name << " S=" << stages;
       PartitionOptions replay_options = po;
       replay_options.stage.recompute = request.partition.stage.recompute;
       const auto replay = replay_split(atomic, oracle.cuts, replay_options);

@@ -268,8 +268,9 @@ int main(int argc, char** argv) {
   }
   md << "\nRows where a baseline beats apart's predicted (simulated) iteration time: " << not_best
      << " (apart / the best baseline of its row: at most " << fmt("%.4f", worst_vs_baseline) << ")\n";
-  md << "Pinned rows where apart replays slower than the exact compute-optimal split: " << pinned_worse_than_exact
-     << " (apart / exact: " << fmt("%.4f", best_vs_exact) << "–" << fmt("%.4f", worst_vs_exact) << ")\n";
+  if (std::isfinite(best_vs_exact))
+    md << "Pinned rows where apart replays slower than the exact compute-optimal split: " << pinned_worse_than_exact
+       << " (apart / exact: " << fmt("%.4f", best_vs_exact) << "–" << fmt("%.4f", worst_vs_exact) << ")\n";
   md << "Plans whose plan.json replay differs from their prediction by more than 1e-9: " << replay_mismatches << "\n";
   md << "Plans where the simulation cap or a time limit left candidates unsimulated: " << capped_plans << " (the "
      << "simulator replayed " << simulated_total << " of " << placed_total << " placed candidates over all plans; the "

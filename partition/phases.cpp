@@ -286,11 +286,12 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
   };
   const bool refine = refinement == CutRefinement::kOn && !stage_major.stopped_by_time_limit;
   if (refine) add_refined(atomic, blocks, stage_major, split.source);
+  const std::vector<int> counts = refine ? refined_stage_counts(stage_major.solutions) : std::vector<int>{};
+  found.add(std::move(stage_major), split);
   // More blocks never hurt: the refined stage counts are searched again over the coarser block levels k/2, k/4, …
   // (each the blocks --blocks k/2, k/4, … would build), so a search over 2k blocks holds every candidate of those
   // stage counts that a search over k blocks has (docs/partitioning.md, "Choice of k").
   if (refine) {
-    const std::vector<int> counts = refined_stage_counts(stage_major.solutions);
     const int requested = o.block.blocks > 0 ? o.block.blocks : automatic_block_count(atomic.size(), o.cluster.devices);
     uint32_t previous = blocks.blocks;
     for (int k = requested / 2; k >= kMinCoarserBlocks; k /= 2) {
@@ -312,7 +313,7 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
       found.add(std::move(solutions), coarser);
     }
   }
-  found.add(std::move(stage_major), split);
+
   // Pipeline-major: one pipeline replica per node (or several per node), stages talking over NVLink and every
   // stage's replicas all-reducing across nodes. Only for S ≤ devices per node, with equal replica counts.
   const bool multi_node = o.cluster.devices > o.cluster.devices_per_node;

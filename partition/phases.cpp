@@ -290,7 +290,7 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
   found.add(std::move(stage_major), split);
   // More blocks never hurt: the refined stage counts are searched again over the coarser block levels k/2, k/4, …
   // (each the blocks --blocks k/2, k/4, … would build), so a search over 2k blocks holds every candidate of those
-  // stage counts that a search over k blocks has (docs/partitioning.md, "Choice of k").
+  // stage counts that a search over k blocks has (docs/partitioning.md, "Stage-cut refinement").
   if (refine) {
     const int requested = o.block.blocks > 0 ? o.block.blocks : automatic_block_count(atomic.size(), o.cluster.devices);
     uint32_t previous = blocks.blocks;

@@ -1,6 +1,7 @@
 // quality_bench: every partition method (apart and the baselines) on the same cost model, memory check and
-// simulator, on zoo models and the real torch exports in shared/models, × 8…1024 devices. Writes a Markdown
-// table (bench/RESULTS.md holds one run).
+// simulator, on zoo models and the real torch exports in shared/models, × 8…1024 devices, and pinned pure
+// pipelines (--stages S --replicas 1 --microbatches 16 on S devices, batch 64) against the exact compute-optimal
+// contiguous split of the topological order ("× exact"). Writes a Markdown table (bench/RESULTS.md holds one run).
 // Usage: quality_bench [--out FILE] [--time-limit S] [--models a,b,…] [--devices 8,64,…] [--methods apart,metis,…]
 //                      [--shared-models DIR]
 #include <chrono>
@@ -21,6 +22,8 @@
 #include "driver/compile.h"
 #include "graph/error.h"
 #include "models/zoo.h"
+#include "partition/select.h"
+#include "partition/stage_refine.h"
 #include "simulator/simulate.h"
 
 using namespace apart;
@@ -32,7 +35,30 @@ struct Case {
   bool zoo = true;
   int64_t batch = 0;   // global batch (sequences or images)
   std::vector<int> devices;
+  bool pinned = false;  // a pure pipeline: --stages devices --replicas 1 --microbatches 16
 };
+constexpr int64_t kPinnedMicrobatches = 16;
+
+// The exact compute-optimal contiguous split of the components' topological order for a pinned pure pipeline
+// (exact_stage_cuts' compute-balanced split, which tests/partition/real_model_optimum_test.cpp holds to an
+// independent exact DP), replayed by the simulator as the selection replays candidates; 0 when it does not fit.
+double exact_split_simulated_s(const CompileResult& result, int stages) {
+  const PartitionOptions& po = result.plan.options;
+  const AtomicGraph atomic = build_atomic_graph(result.model.graph, result.costs.table, po.atomic,
+                                                result.costs.at_other_size ? &*result.costs.at_other_size : nullptr);
+  StageSolution pipeline;
+  pipeline.stages = stages;
+  pipeline.microbatches = kPinnedMicrobatches;
+  pipeline.schedule = Schedule::k1F1B;
+  pipeline.replicas.assign(stages, 1);
+  ExactCuts exact = exact_stage_cuts(atomic, pipeline, po.cluster, po.training);
+  if (!exact.least_compute) return 0;
+  RefinedCandidate& split = *exact.least_compute;
+  auto assignment = std::make_shared<const BlockAssignment>(std::move(split.assignment));
+  const Candidate candidate = place_candidate(std::move(split.solution), split.sequence, assignment,
+                                              std::shared_ptr<const StageEvaluator>(std::move(split.evaluator)), "exact");
+  return sim::simulate(candidate_sim_plan(candidate)).iteration_s;
+}
 
 struct Row {
   std::string method;
@@ -83,17 +109,24 @@ int main(int argc, char** argv) {
       {"gpt3-175b", true, 1536, {8, 64, 512, 1024}}, {"bert-large", true, 1024, {8, 64, 512}},
       {"t5-3b", true, 1024, {8, 64, 512, 1024}},     {"resnet152x8", true, 2048, {8, 64, 512}},
       {"gpt2_small", false, 512, {8, 64, 512}},      {"resnet50", false, 2048, {8, 64, 512}},
-      {"densenet121", false, 2048, {8, 64, 512}},    {"inception_v3", false, 2048, {8, 64, 512}}};
+      {"densenet121", false, 2048, {8, 64, 512}},    {"inception_v3", false, 2048, {8, 64, 512}},
+      // Pinned pure pipelines (issue 15): the torch exports and zoo models of other shapes.
+      {"resnet50", false, 64, {4, 8}, true},         {"densenet121", false, 64, {4, 8}, true},
+      {"inception_v3", false, 64, {4, 8}, true},     {"gpt2_small", false, 64, {4, 8}, true},
+      {"gpt2-medium", true, 64, {4, 8}, true},       {"bert-base", true, 64, {4, 8}, true},
+      {"t5-small", true, 64, {4, 8}, true},          {"resnet101", true, 64, {4, 8}, true}};
   const auto dir = std::filesystem::temp_directory_path() / "apart_quality_bench";
   std::filesystem::create_directories(dir);
   const Precision precision = Precision::kMixed;
 
   std::ostringstream md;
-  md << "| model | devices | batch | method | estimate s | simulated s | × bound | × attainable | × apart | memory | "
-        "planning CPU s | plan |\n"
-     << "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---|\n";
+  md << "| model | devices | batch | method | estimate s | simulated s | × bound | × attainable | × apart | × exact | "
+        "memory | planning CPU s | plan |\n"
+     << "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|\n";
   int replay_mismatches = 0, capped_plans = 0, simulated_total = 0, placed_total = 0;
-  int not_best = 0;
+  int not_best = 0, pinned_worse_than_exact = 0;
+  double worst_vs_exact = 0, best_vs_exact = std::numeric_limits<double>::infinity();
+  double worst_vs_baseline = 0;  // apart / the best baseline of a row, over all rows
   const auto bench_start = std::chrono::steady_clock::now();
   for (const Case& c : all) {
     if (!only.empty() && only.find("," + c.model + ",") == std::string::npos) continue;
@@ -122,8 +155,14 @@ int main(int argc, char** argv) {
       o.partition.training.global_batch = c.batch;
       o.partition.stage.time_limit_s = time_limit;
       o.baselines = false;
+      if (c.pinned) {
+        o.partition.stage.stages = devices;
+        o.partition.stage.replicas = 1;
+        o.partition.stage.microbatches = kPinnedMicrobatches;
+      }
       std::vector<Row> rows;
       std::optional<CompileResult> any;  // one compile's inputs (model, costs, options) for the attainable bound
+      double exact_s = 0;                // pinned rows: the exact compute-optimal split's simulated time
       for (Method method : kAllMethods) {
         if (!only_methods.empty() && only_methods.find("," + std::string(method_name(method)) + ",") == std::string::npos)
           continue;
@@ -155,6 +194,7 @@ int main(int argc, char** argv) {
           placed_total += plan.search.candidates_placed;
           if (std::abs(r.replayed_s - r.iteration_s) > 1e-9 * r.iteration_s) ++replay_mismatches;
           if (!any) any = std::move(result);
+          if (c.pinned && exact_s == 0) exact_s = exact_split_simulated_s(*any, devices);
         } catch (const Infeasible& e) {
           r.planning_s = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
           r.reason = e.what();
@@ -197,7 +237,7 @@ int main(int argc, char** argv) {
       for (const Row& r : rows) {
         md << "| " << c.model << " | " << devices << " | " << c.batch << " | " << r.method << " | ";
         if (!r.feasible) {
-          md << "— | — | — | — | — | infeasible | " << fmt("%.2f", r.planning_s) << " | |\n";
+          md << "— | — | — | — | — | — | infeasible | " << fmt("%.2f", r.planning_s) << " | |\n";
           continue;
         }
         const bool worse = apart_row.feasible && apart_row.iteration_s > r.iteration_s * (1 + 1e-9);
@@ -206,14 +246,31 @@ int main(int argc, char** argv) {
            << fmt("%.2f", r.iteration_s / r.bound_s) << " | "
            << fmt("%.2f", r.iteration_s / attainable) << " | "
            << (apart_row.feasible ? fmt("%.3f", r.iteration_s / apart_row.iteration_s) : std::string("—"))
-           << (worse ? " ⚠" : "") << " | " << fmt("%.1f GB ok", static_cast<double>(r.peak_memory) / 1e9) << " | "
+           << (worse ? " ⚠" : "") << " | " << (exact_s > 0 ? fmt("%.4f", r.iteration_s / exact_s) : std::string("—"))
+           << " | " << fmt("%.1f GB ok", static_cast<double>(r.peak_memory) / 1e9) << " | "
            << fmt("%.2f", r.planning_s) << " | " << r.shape << " |\n";
+      }
+      if (apart_row.feasible) {
+        double best_baseline = std::numeric_limits<double>::infinity();
+        for (const Row& r : rows)
+          if (r.feasible && r.method != apart_row.method) best_baseline = std::min(best_baseline, r.iteration_s);
+        if (std::isfinite(best_baseline)) worst_vs_baseline = std::max(worst_vs_baseline, apart_row.iteration_s / best_baseline);
+        if (exact_s > 0) {
+          const double ratio = apart_row.iteration_s / exact_s;
+          worst_vs_exact = std::max(worst_vs_exact, ratio);
+          best_vs_exact = std::min(best_vs_exact, ratio);
+          if (ratio > 1 + 1e-9) ++pinned_worse_than_exact;
+        }
       }
       std::fprintf(stderr, "quality_bench: %s × %d done (%.0f s so far)\n", c.model.c_str(), devices,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count());
     }
   }
-  md << "\nRows where a baseline beats apart's predicted (simulated) iteration time: " << not_best << "\n";
+  md << "\nRows where a baseline beats apart's predicted (simulated) iteration time: " << not_best
+     << " (apart / the best baseline of its row: at most " << fmt("%.4f", worst_vs_baseline) << ")\n";
+  if (std::isfinite(best_vs_exact))
+    md << "Pinned rows where apart replays slower than the exact compute-optimal split: " << pinned_worse_than_exact
+       << " (apart / exact: " << fmt("%.4f", best_vs_exact) << "–" << fmt("%.4f", worst_vs_exact) << ")\n";
   md << "Plans whose plan.json replay differs from their prediction by more than 1e-9: " << replay_mismatches << "\n";
   md << "Plans where the simulation cap or a time limit left candidates unsimulated: " << capped_plans << " (the "
      << "simulator replayed " << simulated_total << " of " << placed_total << " placed candidates over all plans; the "

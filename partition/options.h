@@ -57,7 +57,8 @@ struct StageOptions {
   double time_limit_s = 0;          // 0 = no limit; the search stops early and keeps the best plan so far
   int max_stages = 0;               // 0 = min(blocks, devices)
   bool spend_leftover_devices = true;  // after the DP, give unused devices to stages while the estimate improves
-  bool include_baselines = true;  // --method apart also evaluates the uniform, params and gpipe-balance splits
+  bool include_baselines = true;  // --method apart also evaluates every baseline's candidates (uniform, params,
+                                  // gpipe-balance, pipedream, metis), so none of them can plan faster
   int max_simulations = 1024;     // the final choice replays at most this many candidates (0 = all; select.h)
 };
 

@@ -23,11 +23,20 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
 
   // ---------------- Stage DP (§IV-C) → placed candidates ----------------
   CandidateSet found = block_candidates(atomic, blocks.assignment, options, grid, clock, CutRefinement::kOn);
-  // The baseline splits over every S cut at component granularity, which k blocks may not offer: so apart is never
-  // worse than either baseline under the same cost model.
-  if (options.stage.include_baselines)
+  // Every baseline's candidates (uniform, params and gpipe-balance cut at component granularity, which k blocks may
+  // not offer; PipeDream's split and replicas; METIS's blocks through the same stage DP): apart's simulated choice
+  // is over a superset of each baseline's, so no baseline's plan is faster under the same cost model and simulator.
+  // METIS gets its automatic block count whatever --blocks says, so that more blocks still never hurt.
+  if (options.stage.include_baselines) {
     for (Method split : {Method::kUniform, Method::kParams, Method::kGpipeBalance})
       found.add(fixed_split_candidates(atomic, split, options, grid, clock));
+    found.add(pipedream_candidates(atomic, options, grid));
+    PartitionOptions as_metis = options;  // its candidates say "metis"
+    as_metis.method = Method::kMetis;
+    as_metis.block.blocks = 0;
+    found.add(block_candidates(atomic, metis_block_level(atomic, as_metis, grid).assignment, as_metis, grid,
+                               clock.silent(), CutRefinement::kOff));
+  }
 
   // ---------------- Simulated selection → the Plan ----------------
   return choose_plan(graph, atomic, found, blocks, options, clock);

@@ -72,7 +72,7 @@ struct Plan {
 using ProgressFn = std::function<void(const std::string& line)>;
 
 // --method apart as a script of the phases in phases.h: atomic → blocks → stage DP (with cut refinement and
-// pipeline-major) → placed candidates, with the baseline splits among them (StageOptions::include_baselines) →
+// pipeline-major) → placed candidates, with every baseline's among them (StageOptions::include_baselines) →
 // the candidate with the least simulated iteration time (select.h) → Plan. Throws Infeasible with what would make
 // the request fit, InvalidArgument on bad options. `costs` are at one micro-batch size; `costs_at_other_size`
 // (optional) makes times affine in it. options.method must be Method::kApart: partition_by_method (methods.h)

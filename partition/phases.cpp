@@ -269,20 +269,51 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
   StageSolutions stage_major =
       solve_stage_dp(*split.evaluator, grid, stage_candidates(max_stages, o.stage), o.stage, clock);
   CandidateSet found;
-  // Stage-cut refinement (stage_refine.h): the best split of each S with its cuts moved off block edges, one more
-  // candidate over its own finer runs of components.
-  if (refinement == CutRefinement::kOn && !stage_major.stopped_by_time_limit)
-    if (auto refined = refine_best_candidates(atomic, blocks, stage_major.solutions, o.cluster, o.training)) {
+  // Stage-cut refinement (stage_refine.h): the best split of each S with its cuts moved off block edges and solved
+  // exactly at component granularity, more candidates over their own runs of components.
+  auto add_refined = [&](const AtomicGraph& components, const BlockAssignment& over, const StageSolutions& coarse,
+                         const std::string& source) {
+    for (RefinedCandidate& refined : refine_best_candidates(components, over, coarse.solutions, o.cluster, o.training)) {
       Split runs;
-      runs.assignment = std::make_shared<const BlockAssignment>(std::move(refined->assignment));
-      runs.sequence = refined->sequence;
-      runs.evaluator = std::shared_ptr<const StageEvaluator>(std::move(refined->evaluator));
-      runs.source = split.source + " refined";
+      runs.assignment = std::make_shared<const BlockAssignment>(std::move(refined.assignment));
+      runs.sequence = refined.sequence;
+      runs.evaluator = std::shared_ptr<const StageEvaluator>(std::move(refined.evaluator));
+      runs.source = source + " " + refined.kind;
       StageSolutions one;
-      one.solutions.push_back(std::move(refined->solution));
+      one.solutions.push_back(std::move(refined.solution));
       found.add(std::move(one), runs);
     }
+  };
+  const bool refine = refinement == CutRefinement::kOn && !stage_major.stopped_by_time_limit;
+  if (refine) add_refined(atomic, blocks, stage_major, split.source);
+  const std::vector<int> counts = refine ? refined_stage_counts(stage_major.solutions) : std::vector<int>{};
   found.add(std::move(stage_major), split);
+  // More blocks never hurt: the refined stage counts are searched again over the coarser block levels k/2, k/4, …
+  // (each the blocks --blocks k/2, k/4, … would build), so a search over 2k blocks holds every candidate of those
+  // stage counts that a search over k blocks has (docs/partitioning.md, "Stage-cut refinement").
+  if (refine) {
+    const int requested = o.block.blocks > 0 ? o.block.blocks : automatic_block_count(atomic.size(), o.cluster.devices);
+    uint32_t previous = blocks.blocks;
+    for (int k = requested / 2; k >= kMinCoarserBlocks; k /= 2) {
+      if (clock.limited() && clock.elapsed_s() > clock.time_limit_s) break;
+      PartitionOptions at_k = o;
+      at_k.block.blocks = k;
+      const int level = block_count(atomic, at_k);  // what --blocks k searches over
+      if (static_cast<uint32_t>(level) >= previous) continue;
+      previous = static_cast<uint32_t>(level);
+      std::vector<int> fitting;
+      for (int s : counts)
+        if (s <= level) fitting.push_back(s);
+      if (fitting.empty()) break;
+      const std::string source = split.source + " k=" + std::to_string(level);
+      const Split coarser = make_split(
+          atomic, build_blocks(atomic, level, o.block, o.training, grid.reference_microbatch), o, source);
+      StageSolutions solutions = solve_stage_dp(*coarser.evaluator, grid, fitting, o.stage, clock.silent());
+      add_refined(atomic, *coarser.assignment, solutions, source);
+      found.add(std::move(solutions), coarser);
+    }
+  }
+
   // Pipeline-major: one pipeline replica per node (or several per node), stages talking over NVLink and every
   // stage's replicas all-reducing across nodes. Only for S ≤ devices per node, with equal replica counts.
   const bool multi_node = o.cluster.devices > o.cluster.devices_per_node;

@@ -107,9 +107,13 @@ struct CandidateSet {
 };
 
 // The stage DP over apart's (or METIS's) blocks: stage-major, then (CutRefinement::kOn, within the time limit) the
-// best split with its cuts moved off block edges (stage_refine.h), then pipeline-major for multi-node jobs within
-// the time limit. The refined candidate comes first, as it always has (the selection's ties go to it).
+// best split of each stage count with its cuts moved off block edges and solved at component granularity
+// (stage_refine.h refine_best_candidates), then pipeline-major for multi-node jobs within the time limit. The
+// refined candidates come first, as they always have (the selection's ties go to them).
+// With kOn, the refined stage counts also search the coarser block levels k/2, k/4, … ≥ kMinCoarserBlocks (and ≥ a
+// pinned --stages), so that raising --blocks from k to 2k never loses a candidate of a pinned stage count.
 enum class CutRefinement : uint8_t { kOff, kOn };
+inline constexpr int kMinCoarserBlocks = 16;
 CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                               const PartitionOptions& options, const SearchGrid& grid, const SearchClock& clock,
                               CutRefinement refinement);

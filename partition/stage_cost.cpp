@@ -89,53 +89,77 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
   }
 }
 
-StageLinks StageEvaluator::assumed_links(int replicas) const {
-  const Link& intra = cluster_.intra_node;
-  const Link& inter = cluster_.inter_node;
-  const bool one_node = cluster_.fits_one_node();
+StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas) {
+  const Link& intra = cluster.intra_node;
+  const Link& inter = cluster.inter_node;
+  const bool one_node = cluster.fits_one_node();
   StageLinks l;
-  if (layout_ == Layout::kPipelineMajor) {
+  if (layout == Layout::kPipelineMajor) {
     l.previous = l.next = intra;
     l.replicas = one_node ? intra : inter;
   } else {
     l.previous = l.next = one_node ? intra : inter;
-    l.replicas = replicas <= cluster_.devices_per_node ? intra : inter;
+    l.replicas = replicas <= cluster.devices_per_node ? intra : inter;
   }
   return l;
 }
 
-int64_t StageEvaluator::microbatch_size(int64_t microbatches, int replicas) const {
-  const int64_t per_microbatch = training_.global_batch / microbatches;
+StageLinks StageEvaluator::assumed_links(int replicas) const { return apart::assumed_links(cluster_, layout_, replicas); }
+
+int64_t microbatch_size(int64_t global_batch, int64_t microbatches, int replicas) {
+  const int64_t per_microbatch = global_batch / microbatches;
   return (per_microbatch + replicas - 1) / replicas;
+}
+
+int64_t StageEvaluator::microbatch_size(int64_t microbatches, int replicas) const {
+  return apart::microbatch_size(training_.global_batch, microbatches, replicas);
 }
 
 double StageEvaluator::total_per_sample_s() const { return fwd_ps_[k_] + bwd_ps_[k_]; }
 
+StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
+  const size_t n = k_ + 1;
+  StageRange r;
+  r.forward = {fwd_fixed_[last] - fwd_fixed_[first], fwd_ps_[last] - fwd_ps_[first]};
+  r.backward = {bwd_fixed_[last] - bwd_fixed_[first], bwd_ps_[last] - bwd_ps_[first]};
+  r.saved_per_sample = saved_ps_[last] - saved_ps_[first];
+  r.in_per_sample = in_[first * n + last];
+  r.out_per_sample = out_[first * n + last];
+  r.param_bytes = params_[first * n + last];
+  r.workspace_per_sample = ws_ps_max_[first * n + last];
+  r.workspace_fixed = ws_fixed_max_[first * n + last];
+  return r;
+}
+
 StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches,
                                    int64_t in_flight, bool recompute, const StageLinks* placed) const {
-  const size_t n = k_ + 1;
-  const StageLinks links = placed ? *placed : assumed_links(replicas);
+  return stage_cost(range(first, last), replicas, microbatches, in_flight, recompute,
+                    placed ? *placed : assumed_links(replicas), training_);
+}
+
+StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
+                     const StageLinks& links, const TrainingSpec& training) {
   StageCost c;
-  const int64_t u = microbatch_size(microbatches, replicas);
+  const int64_t u = microbatch_size(training.global_batch, microbatches, replicas);
   c.microbatch = u;
-  c.forward_s = (fwd_fixed_[last] - fwd_fixed_[first]) + (fwd_ps_[last] - fwd_ps_[first]) * static_cast<double>(u);
-  c.backward_s = (bwd_fixed_[last] - bwd_fixed_[first]) + (bwd_ps_[last] - bwd_ps_[first]) * static_cast<double>(u);
+  c.forward_s = range.forward.fixed_s + range.forward.per_sample_s * static_cast<double>(u);
+  c.backward_s = range.backward.fixed_s + range.backward.per_sample_s * static_cast<double>(u);
   if (recompute) c.backward_s += c.forward_s;  // the forward runs again before backward
   c.compute_s = c.forward_s + c.backward_s;
   // Boundary values as the graph stores them (fp32), halved under mixed precision.
-  const double act = activation_bytes_factor(training_.precision);
-  c.in_bytes = in_[first * n + last] * static_cast<double>(u) * act;
-  c.out_bytes = out_[first * n + last] * static_cast<double>(u) * act;
+  const double act = activation_bytes_factor(training.precision);
+  c.in_bytes = range.in_per_sample * static_cast<double>(u) * act;
+  c.out_bytes = range.out_per_sample * static_cast<double>(u) * act;
   // Forward receives inputs and sends outputs; backward sends and receives their gradients.
   if (c.in_bytes > 0) c.comm_s += 2 * transfer_time(links.previous, c.in_bytes);
   if (c.out_bytes > 0) c.comm_s += 2 * transfer_time(links.next, c.out_bytes);
-  c.param_bytes = params_[first * n + last];
+  c.param_bytes = range.param_bytes;
   if (replicas > 1 && c.param_bytes > 0) {
     // The replicas' ring all-reduce of the gradients, over the ring's link.
-    const double grad_bytes = static_cast<double>(c.param_bytes) * gradient_bytes_per_param_byte(training_.precision);
+    const double grad_bytes = static_cast<double>(c.param_bytes) * gradient_bytes_per_param_byte(training.precision);
     c.allreduce_s = ring_allreduce_time(replicas, grad_bytes, links.replicas);
     c.allreduce_exposed_s = c.allreduce_s;
-    if (training_.overlap_allreduce) {
+    if (training.overlap_allreduce) {
       // Buckets go out as the last backward (without its recomputed forward) produces them.
       const double backward_only = c.backward_s - (recompute ? c.forward_s : 0.0);
       c.allreduce_exposed_s = exposed_allreduce_time(c.allreduce_s, grad_bytes, backward_only);
@@ -145,10 +169,10 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
   c.h = c.step_s + c.allreduce_exposed_s / static_cast<double>(microbatches);
   // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
   // The cost table's saved bytes are already at the run's precision; boundary values are stored fp32.
-  const double saved = (saved_ps_[last] - saved_ps_[first]) * static_cast<double>(u);
-  const double workspace = ws_fixed_max_[first * n + last] + ws_ps_max_[first * n + last] * static_cast<double>(u);
+  const double saved = range.saved_per_sample * static_cast<double>(u);
+  const double workspace = range.workspace_fixed + range.workspace_per_sample * static_cast<double>(u);
   const double state = static_cast<double>(c.param_bytes) *
-                       state_bytes_per_param_byte(training_.optimizer, training_.precision);
+                       state_bytes_per_param_byte(training.optimizer, training.precision);
   // With recomputation only the stage's inputs stay per micro-batch; one micro-batch is rebuilt at a time.
   c.memory_static = state + workspace + (recompute ? saved : 0.0);
   c.memory_per_in_flight = recompute ? c.in_bytes : saved;

@@ -47,6 +47,29 @@ struct StageLinks {
 enum class Layout : uint8_t { kStageMajor, kPipelineMajor };
 std::string_view layout_name(Layout layout);
 
+// What one stage's cost depends on, summed over its blocks [first, last): times as curves in the micro-batch size,
+// bytes per sample as the graph stores them (fp32), weights counted once however many of its blocks read them.
+struct StageRange {
+  WorkCurve forward;
+  WorkCurve backward;
+  double saved_per_sample = 0;
+  double in_per_sample = 0;   // boundary values received from earlier stages
+  double out_per_sample = 0;  // boundary values sent to later stages
+  int64_t param_bytes = 0;    // distinct weights
+  double workspace_per_sample = 0;  // the largest working set among its blocks
+  double workspace_fixed = 0;
+};
+
+// The stage cost model h (paper §IV-C) of one range with `replicas` replicas over `links`: the one formula, which
+// StageEvaluator evaluates over block ranges and the component-level cut search (stage_refine.cpp) over runs of
+// components.
+StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
+                     const StageLinks& links, const TrainingSpec& training);
+// The links `layout` assumes for a stage with `replicas` replicas before devices are placed (see Layout).
+StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas);
+// Per-replica micro-batch size: ceil(B / m / replicas).
+int64_t microbatch_size(int64_t global_batch, int64_t microbatches, int replicas);
+
 // Evaluates stage costs over a block sequence in O(1) per call after O(k² + transfers·k) setup.
 class StageEvaluator {
  public:
@@ -59,6 +82,8 @@ class StageEvaluator {
   // `links`: the placed stage's links; without, the ones the layout assumes (see Layout).
   StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, int64_t in_flight,
                      bool recompute, const StageLinks* links = nullptr) const;
+  // The sums stage_cost takes for blocks [first, last).
+  StageRange range(uint32_t first, uint32_t last) const;
   // The links the layout assumes for a stage with `replicas` replicas before devices are placed.
   StageLinks assumed_links(int replicas) const;
   // Per-replica micro-batch size: ceil(B / (m · replicas)).

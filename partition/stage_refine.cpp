@@ -3,6 +3,7 @@
 #include "partition/stage_refine.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -156,10 +157,339 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
   return result;
 }
 
-std::optional<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
-                                                       const std::vector<StageSolution>& candidates,
-                                                       const Cluster& cluster, const TrainingSpec& training) {
-  // The best candidate of each stage count (the first of equals, as the final choice does), fastest first.
+// ---------------- Task-granular cuts ----------------
+
+namespace {
+
+// Range sums of runs [i, j) of the components' index order (a topological order) without StageEvaluator's O(n²)
+// tables: prefix sums for times, saved bytes and weights first read in the run; sparse tables for the largest
+// working set; and, per cut position c, the transfers and weights live across it (made before c, read at or after
+// c), from which the bytes a run receives, sends and the shared weights it reads follow exactly (sums of the terms
+// that are there, so a run that sends nothing sends 0 bytes, not a rounding residue).
+class ComponentRuns {
+ public:
+  explicit ComponentRuns(const AtomicGraph& atomic) : atomic_(atomic), n_(atomic.size()) {
+    fwd_fixed_.assign(n_ + 1, 0);
+    fwd_ps_.assign(n_ + 1, 0);
+    bwd_fixed_.assign(n_ + 1, 0);
+    bwd_ps_.assign(n_ + 1, 0);
+    saved_ps_.assign(n_ + 1, 0);
+    for (size_t c = 0; c < n_; ++c) {
+      const BlockCost& b = atomic.components[c].cost;
+      fwd_fixed_[c + 1] = fwd_fixed_[c] + b.forward.fixed_s;
+      fwd_ps_[c + 1] = fwd_ps_[c] + b.forward.per_sample_s;
+      bwd_fixed_[c + 1] = bwd_fixed_[c] + b.backward.fixed_s;
+      bwd_ps_[c + 1] = bwd_ps_[c] + b.backward.per_sample_s;
+      saved_ps_[c + 1] = saved_ps_[c] + b.saved_per_sample;
+    }
+    first_read_bytes_.assign(n_ + 1, 0);
+    for (const ParamUse& p : atomic.params) first_read_bytes_[p.readers.front() + 1] += p.bytes;
+    for (size_t c = 0; c < n_; ++c) first_read_bytes_[c + 1] += first_read_bytes_[c];
+    ws_ps_.emplace_back(n_);
+    ws_fixed_.emplace_back(n_);
+    for (size_t c = 0; c < n_; ++c) {
+      ws_ps_[0][c] = atomic.components[c].cost.workspace_per_sample;
+      ws_fixed_[0][c] = atomic.components[c].cost.workspace_fixed;
+    }
+    for (size_t width = 2; width <= n_; width *= 2) {
+      const size_t half = width / 2;
+      std::vector<double> ps(n_ - width + 1), fx(n_ - width + 1);
+      for (size_t c = 0; c + width <= n_; ++c) {
+        ps[c] = std::max(ws_ps_.back()[c], ws_ps_.back()[c + half]);
+        fx[c] = std::max(ws_fixed_.back()[c], ws_fixed_.back()[c + half]);
+      }
+      ws_ps_.push_back(std::move(ps));
+      ws_fixed_.push_back(std::move(fx));
+    }
+  }
+
+  size_t size() const { return n_; }
+
+  // Forward + backward (+ the recomputed forward) seconds of [i, j) at micro-batch u: StageCost::compute_s.
+  double compute_s(size_t i, size_t j, int64_t u, bool recompute) const {
+    const double uu = static_cast<double>(u);
+    const double forward = (fwd_fixed_[j] - fwd_fixed_[i]) + (fwd_ps_[j] - fwd_ps_[i]) * uu;
+    double backward = (bwd_fixed_[j] - bwd_fixed_[i]) + (bwd_ps_[j] - bwd_ps_[i]) * uu;
+    if (recompute) backward += forward;
+    return forward + backward;
+  }
+
+  // Makes range() answer for runs starting or ending at these cut positions (sorted, unique).
+  void prepare(const std::vector<size_t>& positions) {
+    // One sweep over the cut positions with the transfers and weights live across the current one.
+    std::vector<std::vector<uint32_t>> transfers_made_at(n_), params_first_read_at(n_);
+    for (uint32_t t = 0; t < atomic_.transfers.size(); ++t) transfers_made_at[atomic_.transfers[t].producer].push_back(t);
+    for (uint32_t p = 0; p < atomic_.params.size(); ++p)
+      if (atomic_.params[p].readers.size() > 1) params_first_read_at[atomic_.params[p].readers.front()].push_back(p);
+    std::vector<uint32_t> live_transfers, live_params;
+    size_t next = 0;
+    for (size_t c = 0; c <= n_ && next < positions.size(); ++c) {
+      if (c > 0) {
+        for (uint32_t t : transfers_made_at[c - 1]) live_transfers.push_back(t);
+        for (uint32_t p : params_first_read_at[c - 1]) live_params.push_back(p);
+      }
+      std::erase_if(live_transfers, [&](uint32_t t) { return atomic_.transfers[t].consumers.back() < c; });
+      std::erase_if(live_params, [&](uint32_t p) { return atomic_.params[p].readers.back() < c; });
+      if (positions[next] != c) continue;
+      ++next;
+      if (cuts_.count(c)) continue;
+      Cut cut;
+      for (uint32_t t : live_transfers) {
+        const Transfer& tr = atomic_.transfers[t];
+        const uint32_t first = *std::lower_bound(tr.consumers.begin(), tr.consumers.end(), static_cast<uint32_t>(c));
+        cut.in_by_first_read.push_back({first, tr.bytes_per_sample});
+        cut.out_by_producer.push_back({tr.producer, tr.bytes_per_sample});
+      }
+      for (uint32_t p : live_params) {
+        const ParamUse& use = atomic_.params[p];
+        const uint32_t first = *std::lower_bound(use.readers.begin(), use.readers.end(), static_cast<uint32_t>(c));
+        cut.params_by_first_read.push_back({first, static_cast<double>(use.bytes)});
+      }
+      // Ascending by first read (a run [c, j) receives those read before j), descending by producer (a run [i, c)
+      // sends those made at or after i); running sums along each.
+      auto sorted_sums = [](std::vector<std::pair<uint32_t, double>>& v, bool descending) {
+        std::stable_sort(v.begin(), v.end(), [&](const auto& a, const auto& b) {
+          return descending ? a.first > b.first : a.first < b.first;
+        });
+        for (size_t x = 1; x < v.size(); ++x) v[x].second += v[x - 1].second;
+      };
+      sorted_sums(cut.in_by_first_read, false);
+      sorted_sums(cut.out_by_producer, true);
+      sorted_sums(cut.params_by_first_read, false);
+      cuts_.emplace(c, std::move(cut));
+    }
+  }
+
+  // The sums stage_cost takes for [i, j); i and j must have been prepared.
+  StageRange range(size_t i, size_t j) const {
+    StageRange r;
+    r.forward = {fwd_fixed_[j] - fwd_fixed_[i], fwd_ps_[j] - fwd_ps_[i]};
+    r.backward = {bwd_fixed_[j] - bwd_fixed_[i], bwd_ps_[j] - bwd_ps_[i]};
+    r.saved_per_sample = saved_ps_[j] - saved_ps_[i];
+    const Cut& at_start = cuts_.at(i);
+    const Cut& at_end = cuts_.at(j);
+    // Received: live across i, first read before j. Sent: live across j, made at or after i.
+    r.in_per_sample = sum_below(at_start.in_by_first_read, static_cast<uint32_t>(j));
+    r.out_per_sample = 0;
+    {
+      const auto& v = at_end.out_by_producer;  // descending producers
+      const auto it = std::partition_point(v.begin(), v.end(), [&](const auto& e) { return e.first >= i; });
+      if (it != v.begin()) r.out_per_sample = std::prev(it)->second;
+    }
+    r.param_bytes = (first_read_bytes_[j] - first_read_bytes_[i]) +
+                    static_cast<int64_t>(sum_below(at_start.params_by_first_read, static_cast<uint32_t>(j)));
+    const int level = std::bit_width(j - i) - 1;
+    const size_t width = size_t{1} << level;
+    r.workspace_per_sample = std::max(ws_ps_[level][i], ws_ps_[level][j - width]);
+    r.workspace_fixed = std::max(ws_fixed_[level][i], ws_fixed_[level][j - width]);
+    return r;
+  }
+
+ private:
+  struct Cut {
+    std::vector<std::pair<uint32_t, double>> in_by_first_read;      // (first consumer ≥ c, running bytes)
+    std::vector<std::pair<uint32_t, double>> out_by_producer;       // (producer < c, running bytes)
+    std::vector<std::pair<uint32_t, double>> params_by_first_read;  // shared weights (first reader ≥ c, running)
+  };
+  static double sum_below(const std::vector<std::pair<uint32_t, double>>& v, uint32_t limit) {
+    const auto it = std::partition_point(v.begin(), v.end(), [&](const auto& e) { return e.first < limit; });
+    return it == v.begin() ? 0.0 : std::prev(it)->second;
+  }
+
+  const AtomicGraph& atomic_;
+  size_t n_;
+  std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
+  std::vector<int64_t> first_read_bytes_;  // prefix: weights whose first reader is before c
+  std::vector<std::vector<double>> ws_ps_, ws_fixed_;  // sparse tables of range maxima
+  std::map<size_t, Cut> cuts_;
+};
+
+// What each stage of the split keeps from the coarse candidate.
+struct StagePins {
+  int replicas = 1;
+  bool recompute = false;
+  int64_t microbatch = 1;  // per replica
+  int64_t in_flight = 1;
+  StageLinks links;
+};
+
+// The latest cut positions of a split whose every stage's compute is ≤ limit (each stage as long as the limit and
+// the stages after it allow), or empty when there is none. Componentwise the latest of all such splits.
+std::vector<size_t> latest_cuts(const ComponentRuns& runs, const std::vector<StagePins>& pins, double limit) {
+  const size_t n = runs.size(), stages = pins.size();
+  std::vector<size_t> cut(stages + 1, 0);
+  for (size_t s = 0; s < stages; ++s) {
+    const size_t lo = cut[s] + 1, hi = n - (stages - s - 1);  // every later stage keeps a component
+    if (lo > hi) return {};
+    if (s + 1 == stages) {
+      if (runs.compute_s(cut[s], n, pins[s].microbatch, pins[s].recompute) > limit) return {};
+      cut[s + 1] = n;
+      break;
+    }
+    // The last end in [lo, hi] within the limit (compute grows with the end).
+    size_t a = lo, b = hi + 1;  // first end past the limit lies in [a, b]
+    while (a < b) {
+      const size_t mid = (a + b) / 2;
+      if (runs.compute_s(cut[s], mid, pins[s].microbatch, pins[s].recompute) <= limit) a = mid + 1; else b = mid;
+    }
+    if (a == lo) return {};  // not even one component fits
+    cut[s + 1] = a - 1;
+  }
+  return cut;
+}
+
+// The earliest cut positions under the same rule, from the back.
+std::vector<size_t> earliest_cuts(const ComponentRuns& runs, const std::vector<StagePins>& pins, double limit) {
+  const size_t n = runs.size(), stages = pins.size();
+  std::vector<size_t> cut(stages + 1, n);
+  cut[0] = 0;
+  for (size_t s = stages; s-- > 1;) {
+    const size_t hi = cut[s + 1] - 1, lo = s;  // every earlier stage keeps a component
+    if (lo > hi) return {};
+    size_t a = lo, b = hi;  // the first start within the limit lies in [a, b]; hi always is
+    if (runs.compute_s(hi, cut[s + 1], pins[s].microbatch, pins[s].recompute) > limit) return {};
+    while (a < b) {
+      const size_t mid = (a + b) / 2;
+      if (runs.compute_s(mid, cut[s + 1], pins[s].microbatch, pins[s].recompute) <= limit) b = mid; else a = mid + 1;
+    }
+    cut[s] = a;
+  }
+  if (runs.compute_s(0, cut[1], pins[0].microbatch, pins[0].recompute) > limit) return {};
+  return cut;
+}
+
+double max_compute(const ComponentRuns& runs, const std::vector<StagePins>& pins, const std::vector<size_t>& cut) {
+  double worst = 0;
+  for (size_t s = 0; s < pins.size(); ++s)
+    worst = std::max(worst, runs.compute_s(cut[s], cut[s + 1], pins[s].microbatch, pins[s].recompute));
+  return worst;
+}
+
+// The least compute bottleneck over every split (exact: a bisection over doubles down to adjacent values, each
+// probe a greedy pass that is exact for costs growing with the run), and its latest cuts.
+std::vector<size_t> least_compute_cuts(const ComponentRuns& runs, const std::vector<StagePins>& pins) {
+  const size_t stages = pins.size();
+  std::vector<size_t> even(stages + 1);
+  for (size_t s = 0; s <= stages; ++s) even[s] = s * runs.size() / stages;
+  double hi = max_compute(runs, pins, even);  // feasible
+  double lo = 0;
+  for (int probe = 0; probe < 200 && std::nextafter(lo, hi) < hi; ++probe) {
+    const double mid = lo + (hi - lo) / 2;
+    if (mid <= lo || mid >= hi) break;
+    const std::vector<size_t> cut = latest_cuts(runs, pins, mid);
+    if (cut.empty()) lo = mid;
+    else hi = max_compute(runs, pins, cut);  // the value it reaches, ≤ mid
+  }
+  return latest_cuts(runs, pins, hi);
+}
+
+RefinedCandidate candidate_of_cuts(const AtomicGraph& atomic, const std::vector<size_t>& cut, const StageSolution& coarse,
+                                   const Cluster& cluster, const TrainingSpec& training, bool* fits) {
+  RefinedCandidate candidate;
+  const int stages = coarse.stages;
+  candidate.assignment.blocks = static_cast<uint32_t>(stages);
+  candidate.assignment.block_of.resize(atomic.size());
+  for (int s = 0; s < stages; ++s)
+    for (size_t c = cut[s]; c < cut[s + 1]; ++c) candidate.assignment.block_of[c] = BlockId(static_cast<uint32_t>(s));
+  candidate.sequence = std::make_shared<const BlockSequence>(make_block_sequence(atomic, candidate.assignment));
+  candidate.evaluator = std::make_unique<StageEvaluator>(*candidate.sequence, cluster, training);
+  candidate.solution = coarse;
+  candidate.solution.boundaries.resize(stages + 1);
+  std::iota(candidate.solution.boundaries.begin(), candidate.solution.boundaries.end(), 0u);
+  *fits = evaluate_solution(*candidate.evaluator, candidate.solution);
+  return candidate;
+}
+
+}  // namespace
+
+ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coarse, const Cluster& cluster,
+                           const TrainingSpec& training, size_t max_pairs) {
+  ExactCuts found;
+  const size_t n = atomic.size();
+  const int stages = coarse.stages;
+  APART_CHECK(static_cast<int>(coarse.replicas.size()) == stages, "exact_stage_cuts: replicas");
+  if (stages < 2 || static_cast<size_t>(stages) > n) return found;
+  ComponentRuns runs(atomic);
+  std::vector<StagePins> pins(stages);
+  for (int s = 0; s < stages; ++s) {
+    StagePins& p = pins[s];
+    p.replicas = coarse.replicas[s];
+    p.recompute = coarse.recomputes(s);
+    p.microbatch = microbatch_size(training.global_batch, coarse.microbatches, p.replicas);
+    p.in_flight = stage_in_flight_microbatches(coarse.schedule, s, stages, coarse.microbatches);
+    p.links = assumed_links(cluster, Layout::kStageMajor, p.replicas);
+  }
+  const int64_t memory_limit = cluster.usable_memory_bytes();
+
+  const std::vector<size_t> compute_cut = least_compute_cuts(runs, pins);
+  if (compute_cut.empty()) return found;
+  bool fits = false;
+  RefinedCandidate balanced = candidate_of_cuts(atomic, compute_cut, coarse, cluster, training, &fits);
+  balanced.kind = "compute-balanced";
+  if (fits) found.least_compute = std::move(balanced);
+  const double compute_optimum = max_compute(runs, pins, compute_cut);
+
+  // The least bottleneck: windows of the cuts every split with all stages' compute ≤ limit keeps to, a min-max DP
+  // over them pruned at the limit; the limit's margin over the compute optimum doubles until the DP finds a split.
+  struct State {
+    double max_h = std::numeric_limits<double>::infinity();
+    double sum_step = 0;
+    size_t previous = 0;
+    bool reached = false;
+  };
+  for (double margin = 1.0 / 1024; margin <= 4.0; margin *= 2) {
+    const double limit = compute_optimum * (1 + margin);
+    const std::vector<size_t> earliest = earliest_cuts(runs, pins, limit), latest = latest_cuts(runs, pins, limit);
+    if (earliest.empty() || latest.empty()) continue;
+    size_t pairs = 0;
+    std::vector<size_t> positions;
+    for (int s = 0; s < stages; ++s) {
+      pairs += (latest[s] - earliest[s] + 1) * (latest[s + 1] - earliest[s + 1] + 1);
+      for (size_t c = earliest[s]; c <= latest[s]; ++c) positions.push_back(c);
+    }
+    positions.push_back(n);
+    if (pairs > max_pairs) break;
+    std::sort(positions.begin(), positions.end());  // neighbouring windows may overlap
+    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+    runs.prepare(positions);
+    // state[s][c − earliest[s]]: the best way to cut the first s stages with cut s at c.
+    std::vector<std::vector<State>> state(stages + 1);
+    for (int s = 0; s <= stages; ++s) state[s].resize(latest[s] - earliest[s] + 1);
+    state[0][0] = State{0, 0, 0, true};
+    for (int s = 0; s < stages; ++s) {
+      const StagePins& p = pins[s];
+      for (size_t i = earliest[s]; i <= latest[s]; ++i) {
+        const State& from = state[s][i - earliest[s]];
+        if (!from.reached) continue;
+        for (size_t j = std::max(i + 1, earliest[s + 1]); j <= latest[s + 1]; ++j) {
+          if (runs.compute_s(i, j, p.microbatch, p.recompute) > limit) break;  // and for every later end
+          const StageCost c = stage_cost(runs.range(i, j), p.replicas, coarse.microbatches, p.in_flight, p.recompute,
+                                         p.links, training);
+          if (c.h > limit || c.memory_bytes > memory_limit) continue;
+          const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
+          State& to = state[s + 1][j - earliest[s + 1]];
+          if (!to.reached || max_h < to.max_h || (max_h == to.max_h && sum_step < to.sum_step))
+            to = State{max_h, sum_step, i, true};
+        }
+      }
+    }
+    if (!state[stages][0].reached) continue;
+    std::vector<size_t> cut(stages + 1, n);
+    for (int s = stages; s > 0; --s) cut[s - 1] = state[s][cut[s] - earliest[s]].previous;
+    RefinedCandidate best = candidate_of_cuts(atomic, cut, coarse, cluster, training, &fits);
+    // The evaluator sums the same terms in another order; a split on the memory limit may land a byte over it.
+    best.kind = "task cuts";
+    if (fits) found.least_bottleneck = std::move(best);
+    break;
+  }
+  return found;
+}
+
+namespace {
+
+// The best candidate of each stage count (the first of equals, as the final choice does) within the slack of the
+// best, fastest first.
+std::vector<const StageSolution*> best_per_stage_count(const std::vector<StageSolution>& candidates) {
   std::map<int, const StageSolution*> best_per_count;
   for (const StageSolution& s : candidates) {
     const StageSolution*& best = best_per_count[s.stages];
@@ -170,18 +500,34 @@ std::optional<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic
   std::stable_sort(queue.begin(), queue.end(), [](const StageSolution* a, const StageSolution* b) {
     return a->estimate.iteration_s < b->estimate.iteration_s;
   });
-  std::optional<RefinedCandidate> winner;
-  double best_time = queue.empty() ? 0.0 : queue.front()->estimate.iteration_s;
-  for (const StageSolution* coarse : queue) {
-    // Refinement moves each cut by about a block; it cannot lift a candidate much slower than the best.
-    if (coarse->estimate.iteration_s > best_time * (1 + kRefineSlack)) break;
-    auto refined = refine_stage_cuts(atomic, blocks, *coarse, cluster, training);
-    if (refined && refined->solution.estimate.iteration_s < best_time * (1 - 1e-12)) {
-      best_time = refined->solution.estimate.iteration_s;
-      winner = std::move(refined);
-    }
+  // Refinement moves cuts by about a block; it cannot lift a candidate much slower than the best.
+  const double best_time = queue.empty() ? 0.0 : queue.front()->estimate.iteration_s;
+  std::erase_if(queue, [&](const StageSolution* s) { return s->estimate.iteration_s > best_time * (1 + kRefineSlack); });
+  return queue;
+}
+
+}  // namespace
+
+std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidates) {
+  std::vector<int> counts;
+  for (const StageSolution* s : best_per_stage_count(candidates)) counts.push_back(s->stages);
+  return counts;
+}
+
+std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
+                                                     const std::vector<StageSolution>& candidates,
+                                                     const Cluster& cluster, const TrainingSpec& training) {
+  std::vector<RefinedCandidate> refined;
+  for (const StageSolution* coarse : best_per_stage_count(candidates)) {
+    if (auto moved = refine_stage_cuts(atomic, blocks, *coarse, cluster, training)) refined.push_back(std::move(*moved));
+    ExactCuts exact = exact_stage_cuts(atomic, *coarse, cluster, training);
+    if (exact.least_bottleneck) refined.push_back(std::move(*exact.least_bottleneck));
+    if (exact.least_compute) refined.push_back(std::move(*exact.least_compute));
   }
-  return winner;
+  std::stable_sort(refined.begin(), refined.end(), [](const RefinedCandidate& a, const RefinedCandidate& b) {
+    return a.solution.estimate.iteration_s < b.solution.estimate.iteration_s;
+  });
+  return refined;
 }
 
 }  // namespace apart

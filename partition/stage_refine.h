@@ -1,10 +1,12 @@
-// Stage-cut refinement: the stage DP (§IV-C) cuts only at the k blocks' boundaries; this moves each cut of a
+// Stage-cut refinement: the stage DP (§IV-C) cuts only at the k blocks' boundaries. This moves each cut of a
 // candidate to the best component boundary near it, uncoarsening the blocks around the cuts level by level —
-// the multilevel scheme of §IV-B applied to the stage split. docs/partitioning.md, "Stage-cut refinement".
+// the multilevel scheme of §IV-B applied to the stage split — and solves the cuts exactly at component
+// granularity over the components' topological order. docs/partitioning.md, "Stage-cut refinement".
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "partition/atomic.h"
@@ -17,6 +19,7 @@ struct RefinedCandidate {
   std::shared_ptr<const BlockSequence> sequence;  // make_block_sequence(atomic, assignment)
   std::unique_ptr<StageEvaluator> evaluator;  // over `sequence`
   StageSolution solution;
+  std::string kind = "refined";  // how it was found: "refined", "task cuts" (least bottleneck), "compute-balanced"
 };
 
 // Moves the interior cuts of `coarse` (a solution over `blocks`) to better component boundaries nearby, keeping
@@ -30,10 +33,36 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
                                                   const StageSolution& coarse, const Cluster& cluster,
                                                   const TrainingSpec& training, size_t max_runs = 512);
 
-// Refines the best candidate of every stage count among `candidates` (solutions over `blocks`) and returns the
-// refined one with the least estimated iteration time if it beats every candidate; nullopt otherwise.
-std::optional<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
-                                                       const std::vector<StageSolution>& candidates,
-                                                       const Cluster& cluster, const TrainingSpec& training);
+// Task-granular cuts: splits of the components' topological order (their index order) into coarse.stages
+// contiguous runs, keeping coarse's micro-batches, schedule, per-stage replicas and recomputation, each run one
+// block of `assignment` (so solution.boundaries are 0, 1, …, S):
+//   least_bottleneck  the split with the least bottleneck max_s h_s over every such split that fits memory (ties:
+//                     least Σ steps, then the earliest cuts). Exact: a threshold M bounds every stage's compute
+//                     (compute ≤ h, and compute grows with the run), so every split of bottleneck ≤ M cuts inside
+//                     windows a greedy pass finds in O(S log n); a min-max DP over the windows, pruned at M, is
+//                     therefore optimal whenever it finds a split. M starts just above the compute optimum and
+//                     doubles its margin until a split is found or the windows hold more than `max_pairs` (run
+//                     start, run end) pairs; then nullopt. Nothing depends on the blocks, so --blocks cannot move it.
+//   least_compute     the split with the least compute bottleneck max_s (forward + backward (+ recompute)), cuts as
+//                     late as that optimum allows (greedy at the optimum); nullopt when it does not fit memory.
+struct ExactCuts {
+  std::optional<RefinedCandidate> least_bottleneck;
+  std::optional<RefinedCandidate> least_compute;
+};
+inline constexpr size_t kExactCutMaxPairs = size_t{1} << 21;
+ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coarse, const Cluster& cluster,
+                           const TrainingSpec& training, size_t max_pairs = kExactCutMaxPairs);
+
+// The stage counts refine_best_candidates refines: those whose best candidate's estimate is within 5 % of the best,
+// fastest first.
+std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidates);
+
+// For the best candidate of every stage count among `candidates` (solutions over `blocks`) whose estimate is within
+// 5 % of the best: its refine_stage_cuts split (when a cut moved) and its exact_stage_cuts splits, fastest estimate
+// first (ties: in that order). The simulated selection chooses among them and the candidates.
+// (Before task-granular cuts it returned only the fastest refined split, and only when it beat every candidate.)
+std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
+                                                     const std::vector<StageSolution>& candidates,
+                                                     const Cluster& cluster, const TrainingSpec& training);
 
 }  // namespace apart

@@ -330,7 +330,8 @@ TEST(TheStageCutRefinement, FindsTheBestCutsNearTheBlockEdgesAndNeverRaisesTheBo
   EXPECT_GT(sparse_cases, 0) << "the geometric windows were never exercised";
 }
 
-TEST(TheStageCutRefinement, ReturnsACandidateOnlyWhenItBeatsEveryGivenOne) {
+TEST(TheStageCutRefinement, GivesTheSameCandidatesTwiceFastestFirstEachKeepingItsStageCountAndReplicas) {
+  int returned = 0;
   for (uint32_t seed = 0; seed < 8; ++seed) {
     const auto model = random_model(400 + seed, 30, false);
     const AtomicGraph atomic = build_atomic_graph(model.graph, model.costs, {});
@@ -344,16 +345,25 @@ TEST(TheStageCutRefinement, ReturnsACandidateOnlyWhenItBeatsEveryGivenOne) {
       for (int stages = 1; stages <= 4; ++stages)
         if (auto s = StageDp(ev, {.microbatches = m}).solve(stages)) found.push_back(*s);
     if (found.empty()) continue;
-    double best = std::numeric_limits<double>::infinity();
-    for (const StageSolution& s : found) best = std::min(best, s.estimate.iteration_s);
     const auto first = refine_best_candidates(atomic, blocks, found, cluster, training);
     const auto second = refine_best_candidates(atomic, blocks, found, cluster, training);
-    ASSERT_EQ(first.has_value(), second.has_value());
-    if (!first) continue;
-    EXPECT_LT(first->solution.estimate.iteration_s, best);
-    EXPECT_EQ(first->solution.boundaries, second->solution.boundaries) << "not deterministic";
-    EXPECT_EQ(first->assignment.block_of, second->assignment.block_of);
+    ASSERT_EQ(first.size(), second.size());
+    returned += static_cast<int>(first.size());
+    for (size_t c = 0; c < first.size(); ++c) {
+      EXPECT_EQ(first[c].solution.boundaries, second[c].solution.boundaries) << "not deterministic";
+      EXPECT_EQ(first[c].assignment.block_of, second[c].assignment.block_of);
+      EXPECT_EQ(first[c].kind, second[c].kind);
+      if (c > 0) EXPECT_LE(first[c - 1].solution.estimate.iteration_s, first[c].solution.estimate.iteration_s);
+      // Some given candidate has its stage count, micro-batches and replicas.
+      bool pinned = false;
+      for (const StageSolution& s : found)
+        pinned |= s.stages == first[c].solution.stages && s.microbatches == first[c].solution.microbatches &&
+                  s.replicas == first[c].solution.replicas;
+      EXPECT_TRUE(pinned) << first[c].kind;
+      expect_topological(atomic, first[c].assignment);
+    }
   }
+  EXPECT_GT(returned, 0);
 }
 
 }  // namespace

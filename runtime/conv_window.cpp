@@ -41,4 +41,18 @@ Window conv_window(const KernelContext& ctx, const std::vector<int64_t>& in, std
   return w;
 }
 
+BatchNormArgs batch_norm_args(const KernelContext& ctx) {
+  BatchNormArgs args;
+  args.training = ctx.attr_int("training_mode", 0) != 0;
+  if (ctx.attr_int("spatial", 1) == 0) ctx.unsupported("spatial=0");
+  if (!args.training)
+    for (size_t i = 1; i < ctx.num_outputs(); ++i)
+      if (ctx.wants_output(i)) ctx.unsupported("BatchNormalization's training outputs outside training mode");
+  if (args.training && ctx.num_outputs() > 3 && (ctx.wants_output(3) || ctx.wants_output(4)))
+    ctx.unsupported("BatchNormalization's saved_mean/saved_var outputs (opset < 14)");
+  args.epsilon = ctx.attr_float("epsilon", 1e-5);
+  args.momentum = ctx.attr_float("momentum", 0.9);
+  return args;
+}
+
 }  // namespace apart

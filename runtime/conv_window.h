@@ -1,5 +1,6 @@
 // The ONNX window rules of Conv and the pools (kernel, strides, dilations, pads incl. auto_pad, ceil_mode → output
-// sizes and effective pads): one home, used by the CPU kernels (cpu/conv.cpp) and the CUDA ones (cuda/conv.cpp).
+// sizes and effective pads) and BatchNormalization's attribute rules: one home, used by the CPU kernels
+// (cpu/conv.cpp) and the CUDA ones (cuda/conv.cpp).
 #pragma once
 
 #include <cstdint>
@@ -17,5 +18,14 @@ struct Window {
 // auto_pad); throws InvalidModel through ctx when they do not fit.
 Window conv_window(const KernelContext& ctx, const std::vector<int64_t>& spatial, std::vector<int64_t> kernel,
                    bool ceil_mode);
+
+// BatchNormalization's mode and constants, after the checks both backends make: spatial=1 only; the training
+// outputs only in training mode; no saved_mean/saved_var (opset < 14). Unsupported through ctx otherwise.
+struct BatchNormArgs {
+  bool training = false;
+  double epsilon = 1e-5;
+  double momentum = 0.9;
+};
+BatchNormArgs batch_norm_args(const KernelContext& ctx);
 
 }  // namespace apart

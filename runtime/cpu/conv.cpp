@@ -154,15 +154,9 @@ void global_max_pool_k(KernelContext& c) { global_pool(c, true); }
 // statistics: running = input · momentum + batch · (1 − momentum).
 void batch_norm_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  const bool training = ctx.attr_int("training_mode", 0) != 0;
-  if (ctx.attr_int("spatial", 1) == 0) ctx.unsupported("spatial=0");
-  if (!training)
-    for (size_t i = 1; i < ctx.num_outputs(); ++i)
-      if (ctx.wants_output(i)) ctx.unsupported("BatchNormalization's training outputs outside training mode");
-  if (training && ctx.num_outputs() > 3 && (ctx.wants_output(3) || ctx.wants_output(4)))
-    ctx.unsupported("BatchNormalization's saved_mean/saved_var outputs (opset < 14)");
-  const double eps = ctx.attr_float("epsilon", 1e-5);
-  const double momentum = ctx.attr_float("momentum", 0.9);
+  const BatchNormArgs args = batch_norm_args(ctx);
+  const bool training = args.training;
+  const double eps = args.epsilon, momentum = args.momentum;
   dispatch_float(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor& y = ctx.output(0, x.dtype(), x.shape());

@@ -260,4 +260,16 @@ DropoutArgs dropout_args(const KernelContext& ctx) {
   return args;
 }
 
+VariadicArgs variadic_args(const KernelContext& ctx) {
+  const size_t n = ctx.num_inputs();
+  if (n == 0) ctx.invalid("needs at least one input");
+  VariadicArgs args{ctx.input(0).dtype(), ctx.input(0).shape()};
+  for (size_t i = 1; i < n; ++i) {
+    if (ctx.input(i).dtype() != args.dtype) ctx.invalid("operand dtypes differ");
+    args.shape = broadcast_shapes(ctx, args.shape, ctx.input(i).shape());
+  }
+  if (args.dtype == DType::kBool) ctx.unsupported("bool operands");
+  return args;
+}
+
 }  // namespace apart

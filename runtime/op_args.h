@@ -66,4 +66,12 @@ struct DropoutArgs {
 };
 DropoutArgs dropout_args(const KernelContext& ctx);
 
+// Sum/Mean/Min/Max: the inputs' common dtype and broadcast shape (at least one input, one dtype, not bool;
+// InvalidModel/Unsupported through ctx otherwise).
+struct VariadicArgs {
+  DType dtype = DType::kUndefined;
+  std::vector<int64_t> shape;
+};
+VariadicArgs variadic_args(const KernelContext& ctx);
+
 }  // namespace apart

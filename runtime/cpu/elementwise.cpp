@@ -179,14 +179,9 @@ void not_k(KernelContext& ctx) {
 template <class Op>
 void variadic(KernelContext& ctx, Op op, bool mean = false) {
   const size_t n = ctx.num_inputs();
-  if (n == 0) ctx.invalid("needs at least one input");
-  const DType dt = ctx.input(0).dtype();
-  std::vector<int64_t> shape = ctx.input(0).shape();
-  for (size_t i = 1; i < n; ++i) {
-    if (ctx.input(i).dtype() != dt) ctx.invalid("operand dtypes differ");
-    shape = broadcast_shapes(ctx, shape, ctx.input(i).shape());
-  }
-  if (dt == DType::kBool) ctx.unsupported("bool operands");
+  const VariadicArgs args = variadic_args(ctx);
+  const DType dt = args.dtype;
+  const std::vector<int64_t>& shape = args.shape;
   dispatch(ctx, dt, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, bool>) {

@@ -44,20 +44,24 @@ CompileResult compile(const CompileOptions& options) {
   partition.atomic.graph_batch = r.costs.options.reference_batch;
 
   // ---- Partition: atomic → blocks → stage DP → the candidate the simulator finds fastest (partition/) ----
+  // With baselines.json, the baseline rows too (apart's search evaluates their splits already).
   ProgressFn progress;
   if (options.on_message) progress = [&](const std::string& line) { tell(options, CompileMessage::kProgress, line); };
-  timed(r.times.partition, [&] {
-    r.plan = partition_by_method(r.model.graph, r.costs.table, partition,
-                                 r.costs.at_other_size ? &*r.costs.at_other_size : nullptr, progress);
-  });
-
-  // ---- Baselines: every method on the same inputs (apart's row is this plan) ----
+  // ---- Baselines: every method on the same inputs, sharing the splits apart's search evaluates ----
+  const CostTable* other = r.costs.at_other_size ? &*r.costs.at_other_size : nullptr;
   if (partition.method == Method::kApart && options.baselines) {
-    tell(options, CompileMessage::kProgress, "partition: running the baselines for baselines.json (--no-baselines skips)");
-    timed(r.times.baselines, [&] {
-      r.baselines = compare_methods(r.model.graph, r.costs.table, partition,
-                                    r.costs.at_other_size ? &*r.costs.at_other_size : nullptr, &r.plan);
-    });
+    PhaseTime both;
+    PlanWithBaselines searched;
+    timed(both, [&] { searched = partition_with_baselines(r.model.graph, r.costs.table, partition, other, progress); });
+    r.plan = std::move(searched.plan);
+    r.baselines = std::move(searched.baselines);
+    // The baselines' share of the wall and CPU time, in proportion to their wall seconds.
+    const double share = both.wall_s > 0 ? std::min(1.0, searched.baselines_s / both.wall_s) : 0.0;
+    r.times.baselines = {both.wall_s * share, both.cpu_s * share};
+    r.times.partition = {both.wall_s - r.times.baselines.wall_s, both.cpu_s - r.times.baselines.cpu_s};
+  } else {
+    timed(r.times.partition,
+          [&] { r.plan = partition_by_method(r.model.graph, r.costs.table, partition, other, progress); });
   }
 
   // ---- Plan files: written as one folder or not at all ----

@@ -112,26 +112,47 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     mem_base_rc_.assign(h_.size(), 0);
     mem_per_flight_rc_.assign(h_.size(), 0);
   }
-  for (uint32_t first = 0; first < k_; ++first)
-    for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last)
+  // A stage holds at least this many micro-batches in flight (the last one under 1F1B), and memory only grows with
+  // it: a (range, candidate) that does not fit there fits nowhere, so its h is never a bottleneck and stays out of
+  // h_values_; a range whose most replicas (the least micro-batch, the least memory) do not fit is not evaluated.
+  const double least_flight = static_cast<double>(stage_in_flight_microbatches(schedule_, 0, 1, microbatches));
+  const double budget = static_cast<double>(memory_limit_);
+  auto fits = [&](const StageCost& cost) {
+    return std::ceil(cost.memory_static + least_flight * cost.memory_per_in_flight) <= budget;
+  };
+  const double never_fits = std::numeric_limits<double>::infinity();
+  h_values_.reserve(h_.size() + h_rc_.size());
+  least_compute_.assign((k_ + 1) * (k_ + 1), 0);
+  for (uint32_t first = 0; first < k_ && cands > 0; ++first)
+    for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last) {
+      const int most = candidates_.back();
+      const StageCost least = evaluator.evaluate(first, last, most, microbatches, 0, recompute_);
+      least_compute_[first * (k_ + 1) + last] = least.compute_s;
+      const bool any_plain = fits(least);
+      const bool any_rc = where_needed_ && fits(evaluator.evaluate(first, last, most, microbatches, 0, true));
       for (size_t c = 0; c < cands; ++c) {
         const size_t at = index(first, last, c);
-        const StageCost cost = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, recompute_);
-        h_[at] = cost.h;
-        mem_base_[at] = cost.memory_static;
-        mem_per_flight_[at] = cost.memory_per_in_flight;
-        if (where_needed_) {
-          const StageCost rc = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, true);
-          h_rc_[at] = rc.h;
-          mem_base_rc_[at] = rc.memory_static;
-          mem_per_flight_rc_[at] = rc.memory_per_in_flight;
+        if (!any_plain) {
+          mem_base_[at] = never_fits;  // h_ stays infinite
+        } else {
+          const StageCost cost = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, recompute_);
+          h_[at] = cost.h;
+          mem_base_[at] = cost.memory_static;
+          mem_per_flight_[at] = cost.memory_per_in_flight;
+          if (std::isfinite(cost.h) && fits(cost)) h_values_.push_back(cost.h);
         }
+        if (!where_needed_) continue;
+        if (!any_rc) {
+          mem_base_rc_[at] = never_fits;
+          continue;
+        }
+        const StageCost rc = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, true);
+        h_rc_[at] = rc.h;
+        mem_base_rc_[at] = rc.memory_static;
+        mem_per_flight_rc_[at] = rc.memory_per_in_flight;
+        if (std::isfinite(rc.h) && fits(rc)) h_values_.push_back(rc.h);
       }
-  h_values_.reserve(h_.size() + h_rc_.size());
-  for (double h : h_)
-    if (std::isfinite(h)) h_values_.push_back(h);
-  for (double h : h_rc_)
-    if (std::isfinite(h)) h_values_.push_back(h);
+    }
   std::sort(h_values_.begin(), h_values_.end());
   h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());
   first_h_ = FirstAtMost(&h_, cands);
@@ -158,11 +179,12 @@ int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double
 const std::vector<int32_t>& StageDp::fitting_starts(int64_t flight) const {
   for (const auto& [f, starts] : fitting_)
     if (f == flight) return starts;
-  const size_t n = k_ + 1;
-  std::vector<int32_t> starts(2 * n * n, 0);
-  for (uint32_t first = 0; first < k_; ++first)
+  // Two entries per stored range (index() / candidates): the plain and the recomputing variant.
+  const size_t cands = candidates_.size();
+  std::vector<int32_t> starts(cands == 0 ? 0 : 2 * (h_.size() / cands), 0);
+  for (uint32_t first = 0; first < k_ && cands > 0; ++first)
     for (uint32_t last = first + 1; last <= (fixed_split_ ? first + 1 : k_); ++last) {
-      const size_t base = index(first, last, 0), at = 2 * (first * n + last);
+      const size_t base = index(first, last, 0), at = 2 * (base / cands);
       starts[at] = first_fitting(base, flight, mem_base_, mem_per_flight_);
       if (where_needed_) starts[at + 1] = first_fitting(base, flight, mem_base_rc_, mem_per_flight_rc_);
     }
@@ -170,14 +192,25 @@ const std::vector<int32_t>& StageDp::fitting_starts(int64_t flight) const {
   return fitting_.back().second;
 }
 
-int StageDp::min_candidate(uint32_t first, uint32_t last, int64_t flight, double limit, bool* recompute) const {
+int StageDp::min_candidate(uint32_t first, uint32_t last, const int32_t* fitting, double limit,
+                           std::vector<int32_t>& under_limit, bool* recompute) const {
   const size_t base = index(first, last, 0);
-  const int32_t* starts = &fitting_starts(flight)[2 * (first * (k_ + 1) + last)];
+  const size_t range = 2 * (base / candidates_.size());
+  const int32_t* starts = &fitting[range];
+  // The first candidate ≥ the fitting one with h ≤ limit. The first one with h ≤ limit at all depends only on the
+  // range and the limit, so it is found once per fill and answers every in-flight count whose fitting candidate is
+  // not after it.
+  auto first_under = [&](const FirstAtMost& h, size_t variant) {
+    int32_t& any = under_limit[range + variant];
+    if (any == kUnknown) any = h.find(base, 0, limit);
+    if (any < 0 || any >= starts[variant]) return static_cast<int>(any);
+    return h.find(base, static_cast<size_t>(starts[variant]), limit);
+  };
   *recompute = recompute_;
-  const int c = first_h_.find(base, static_cast<size_t>(starts[0]), limit);
+  const int c = first_under(first_h_, 0);
   if (!where_needed_) return c;
   // Recomputation only where it lets the stage use fewer replicas (or fit at all) under the same limit.
-  const int r = first_h_rc_.find(base, static_cast<size_t>(starts[1]), limit);
+  const int r = first_under(first_h_rc_, 1);
   if (r >= 0 && (c < 0 || r < c)) {
     *recompute = true;
     return r;
@@ -195,8 +228,9 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
   t.last.assign(t.devices.size(), 0);
   t.cand.assign(t.devices.size(), -1);
   t.rc.assign(t.devices.size(), 0);
+  t.under_limit.assign(fitting_starts(1).size(), kUnknown);
   for (int r = 0; r < stages; ++r) {
-    const int64_t flight = in_flight(stages - 1 - r, stages);
+    const int32_t* fitting = fitting_starts(in_flight(stages - 1 - r, stages)).data();
     const uint32_t i_min = every_start ? 0u : static_cast<uint32_t>(stages - 1 - r);
     const uint32_t i_max = static_cast<uint32_t>(k_ - 1 - r);
     for (uint32_t i = i_min; i <= i_max && i < k_; ++i) {
@@ -205,13 +239,18 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
       int best_cand = -1;
       bool best_rc = false, rc = false;
       if (r == 0) {
-        const int c = min_candidate(i, static_cast<uint32_t>(k_), flight, limit, &rc);
+        const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, &rc);
         if (c >= 0) { best = candidates_[c]; best_last = static_cast<uint32_t>(k_); best_cand = c; best_rc = rc; }
       } else {
         for (uint32_t last = i + 1; last + r <= k_ && (!fixed_split_ || last == i + 1); ++last) {
+          // h ≥ compute time ≥ its least (most replicas, no recomputation), which only grows with `last`.
+          if (least_compute_[i * n + last] > limit) break;
           const int rest = t.devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
-          const int c = min_candidate(i, last, flight, limit, &rc);
+          const int32_t* starts = &fitting[2 * (index(i, last, 0) / candidates_.size())];
+          const size_t fewest = static_cast<size_t>(where_needed_ ? std::min(starts[0], starts[1]) : starts[0]);
+          if (fewest >= candidates_.size() || rest + candidates_[fewest] >= best) continue;
+          const int c = min_candidate(i, last, fitting, limit, t.under_limit, &rc);
           if (c < 0) continue;
           const int total = rest + candidates_[c];
           if (total < best) { best = total; best_last = last; best_cand = c; best_rc = rc; }
@@ -280,7 +319,12 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
   for (const Search& s : searches) open += s.active ? 1 : 0;
   const bool every_start = open > 1;  // one count: the cheaper table of its reachable starts
   auto probe = [&](size_t at) {
-    fill(max_stages, h_values_[at], every_start, t);
+    // Only the counts whose range holds `at` read this table, and rows up to S − 1 answer S (fill): the rest of
+    // the rows are not needed.
+    int needed = 0;
+    for (const Search& s : searches)
+      if (s.active && at >= s.lo && at <= s.hi) needed = std::max(needed, s.stages);
+    fill(needed, h_values_[at], every_start, t);
     for (Search& s : searches) {
       if (!s.active || at < s.lo || at > s.hi) continue;
       const int total = t.devices[static_cast<size_t>(s.stages - 1) * n];

@@ -4,6 +4,7 @@
 #include "runtime/backend.h"
 #include "runtime/blas_info.h"
 #include "runtime/cpu/families.h"
+#include "graph/threads.h"
 
 #include <algorithm>
 #include <atomic>
@@ -84,24 +85,11 @@ void KernelContext::invalid(const std::string& what) const {
 }
 
 namespace {
-constexpr int kMaxComputeThreads = 4096;
+constexpr int kMaxComputeThreads = kMaxThreads;
 std::atomic<int> g_compute_threads{0};  // 0: not set yet (default_compute_threads on first use)
 }  // namespace
 
-int default_compute_threads() {
-  for (const char* name : {"APART_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    const char* v = std::getenv(name);
-    if (!v || !*v) continue;
-    char* end = nullptr;
-    errno = 0;
-    const long n = std::strtol(v, &end, 10);
-    if (errno != 0 || *end != '\0' || n < 1 || n > kMaxComputeThreads)
-      throw InvalidArgument(std::string("environment variable ") + name + "='" + v + "': expected a thread count in [1, " +
-                            std::to_string(kMaxComputeThreads) + "]");
-    return static_cast<int>(n);
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+int default_compute_threads() { return default_thread_count(); }
 
 int compute_threads() {
   int n = g_compute_threads.load(std::memory_order_relaxed);

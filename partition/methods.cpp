@@ -98,7 +98,7 @@ PlanWithBaselines partition_with_baselines(const TaskGraph& graph, const CostTab
   r.plan = choose_plan(graph, search.atomic, search.all(), search.blocks, options, clock);
 
   const auto baselines_start = std::chrono::steady_clock::now();
-  if (clock.progress) clock.report("partition: running the baselines for baselines.json (--no-baselines skips)");
+  clock.report("the baselines for baselines.json (--no-baselines skips)");
   for (Method method : kAllMethods) {
     if (method == Method::kApart) {
       r.baselines.push_back(method_result(r.plan, method, r.plan.search.seconds));

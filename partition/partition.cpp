@@ -23,6 +23,7 @@ ApartCandidates apart_candidates(const TaskGraph& graph, const CostTable& costs,
   // worse than either baseline under the same cost model.
   if (options.stage.include_baselines)
     for (Method split : {Method::kUniform, Method::kParams, Method::kGpipeBalance}) {
+      clock.report("stage DP over the " + std::string(method_name(split)) + " split at every stage count");
       const auto start = std::chrono::steady_clock::now();
       CandidateSet found = fixed_split_candidates(search.atomic, split, options, grid, clock);
       search.baseline_splits.push_back(

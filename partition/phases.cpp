@@ -6,10 +6,13 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <mutex>
 #include <set>
 
 #include "graph/error.h"
 #include "graph/threads.h"
+#include "graph/units.h"
 #include "partition/baselines.h"
 #include "partition/stage_refine.h"
 #include "profiler/memory_model.h"
@@ -252,7 +255,9 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
   std::vector<std::vector<StageSolution>> solutions(points.size());
   std::vector<char> ran(points.size(), 0);
   std::atomic<bool> stop{false};
-  std::atomic<size_t> plans{0};
+  std::mutex progress_lock;  // the counts below, for the progress lines
+  size_t plans = 0, done = 0;
+  double best_estimate = std::numeric_limits<double>::infinity();
   run_indexed(points.size(), clock.threads, [&](size_t i) {
     if (stop.load()) return;
     const GridPoint& p = points[i];
@@ -268,16 +273,23 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
       if (!o.replicas && o.spend_leftover_devices) dp.spend_leftover_devices(*solution);
       solutions[i].push_back(std::move(*solution));
     }
-    const size_t found = plans += solutions[i].size();
-    const double elapsed = clock.elapsed_s();
-    if (clock.progress) {
-      char line[160];
-      std::snprintf(line, sizeof line, "partition: %s recompute %s m=%lld  %zu plans  %.1f s",
-                    std::string(schedule_name(p.schedule)).c_str(), std::string(stage_recompute_name(p.recompute)).c_str(),
-                    static_cast<long long>(p.microbatches), found, elapsed);
-      clock.report(line);
+    size_t found = 0;
+    {
+      const std::lock_guard<std::mutex> lock(progress_lock);
+      found = plans += solutions[i].size();
+      ++done;
+      for (const StageSolution& solution : solutions[i])
+        best_estimate = std::min(best_estimate, solution.estimate.iteration_s);
+      if (clock.progress) {
+        char line[200];
+        std::snprintf(line, sizeof line, "stage DP, %zu of %zu grid points (%s, recompute %s, m=%lld): %zu plans, "
+                      "best estimate %s, %.1f s", done, points.size(), std::string(schedule_name(p.schedule)).c_str(),
+                      std::string(stage_recompute_name(p.recompute)).c_str(), static_cast<long long>(p.microbatches),
+                      found, found > 0 ? format_seconds(best_estimate).c_str() : "none yet", clock.elapsed_s());
+        clock.report(line);
+      }
     }
-    if (clock.limited() && elapsed > clock.time_limit_s && found > 0) stop.store(true);
+    if (clock.limited() && clock.elapsed_s() > clock.time_limit_s && found > 0) stop.store(true);
   });
   StageSolutions found;
   for (size_t i = 0; i < points.size(); ++i) {
@@ -365,6 +377,7 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
   // stage's replicas all-reducing across nodes. Only for S ≤ devices per node, with equal replica counts.
   const bool multi_node = o.cluster.devices > o.cluster.devices_per_node;
   if (multi_node && (!clock.limited() || clock.elapsed_s() < clock.time_limit_s)) {
+    clock.report("stage DP, pipeline-major layout (stages inside a node)");
     const Split pipeline = with_layout(split, Layout::kPipelineMajor, split.source + " pipeline-major");
     found.add(solve_pipeline_major(*pipeline.evaluator, grid, std::min(max_stages, o.cluster.devices_per_node), o, clock),
               pipeline);
@@ -423,7 +436,7 @@ CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOpti
 Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const CandidateSet& found,
                  const BlockLevel& blocks, const PartitionOptions& o, const SearchClock& clock) {
   if (found.candidates.empty()) throw_infeasible(graph, atomic, o);
-  clock.report("partition: simulating the best of " + std::to_string(found.candidates.size()) + " candidates");
+  clock.report("simulating the best of " + std::to_string(found.candidates.size()) + " placed candidates");
   const Selection selection = select_by_simulation(found.candidates, o.stage.max_simulations, clock.deadline());
   const Candidate& chosen = found.candidates[selection.index];
   Plan plan = assemble_plan(graph, atomic, chosen, selection.result, o);

@@ -176,27 +176,30 @@ int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double
   return static_cast<int>(lo);
 }
 
-const std::vector<int32_t>& StageDp::fitting_starts(int64_t flight) const {
-  for (const auto& [f, starts] : fitting_)
-    if (f == flight) return starts;
-  // Two entries per stored range (index() / candidates): the plain and the recomputing variant.
+StageDp::Fitting& StageDp::fitting_starts(int64_t flight) const {
+  for (Fitting& f : fitting_)
+    if (f.flight == flight) return f;
+  // Two entries per stored range (index() / candidates): the plain and the recomputing variant, found on first use.
   const size_t cands = candidates_.size();
-  std::vector<int32_t> starts(cands == 0 ? 0 : 2 * (h_.size() / cands), 0);
-  for (uint32_t first = 0; first < k_ && cands > 0; ++first)
-    for (uint32_t last = first + 1; last <= (fixed_split_ ? first + 1 : k_); ++last) {
-      const size_t base = index(first, last, 0), at = 2 * (base / cands);
-      starts[at] = first_fitting(base, flight, mem_base_, mem_per_flight_);
-      if (where_needed_) starts[at + 1] = first_fitting(base, flight, mem_base_rc_, mem_per_flight_rc_);
-    }
-  fitting_.emplace_back(flight, std::move(starts));
-  return fitting_.back().second;
+  fitting_.push_back({flight, std::vector<int32_t>(cands == 0 ? 0 : 2 * (h_.size() / cands), kUnknown)});
+  return fitting_.back();
 }
 
-int StageDp::min_candidate(uint32_t first, uint32_t last, const int32_t* fitting, double limit,
+const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const {
+  const size_t base = index(first, last, 0);
+  int32_t* starts = &fitting.starts[2 * (base / candidates_.size())];
+  if (starts[0] == kUnknown) {
+    starts[0] = first_fitting(base, fitting.flight, mem_base_, mem_per_flight_);
+    starts[1] = where_needed_ ? first_fitting(base, fitting.flight, mem_base_rc_, mem_per_flight_rc_) : 0;
+  }
+  return starts;
+}
+
+int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit,
                            std::vector<int32_t>& under_limit, bool* recompute) const {
   const size_t base = index(first, last, 0);
   const size_t range = 2 * (base / candidates_.size());
-  const int32_t* starts = &fitting[range];
+  const int32_t* starts = fitting_of(fitting, first, last);
   // The first candidate ≥ the fitting one with h ≤ limit. The first one with h ≤ limit at all depends only on the
   // range and the limit, so it is found once per fill and answers every in-flight count whose fitting candidate is
   // not after it.
@@ -228,9 +231,9 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
   t.last.assign(t.devices.size(), 0);
   t.cand.assign(t.devices.size(), -1);
   t.rc.assign(t.devices.size(), 0);
-  t.under_limit.assign(fitting_starts(1).size(), kUnknown);
+  t.under_limit.assign(candidates_.empty() ? 0 : 2 * (h_.size() / candidates_.size()), kUnknown);
   for (int r = 0; r < stages; ++r) {
-    const int32_t* fitting = fitting_starts(in_flight(stages - 1 - r, stages)).data();
+    Fitting& fitting = fitting_starts(in_flight(stages - 1 - r, stages));
     const uint32_t i_min = every_start ? 0u : static_cast<uint32_t>(stages - 1 - r);
     const uint32_t i_max = static_cast<uint32_t>(k_ - 1 - r);
     for (uint32_t i = i_min; i <= i_max && i < k_; ++i) {
@@ -247,7 +250,7 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
           if (least_compute_[i * n + last] > limit) break;
           const int rest = t.devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
-          const int32_t* starts = &fitting[2 * (index(i, last, 0) / candidates_.size())];
+          const int32_t* starts = fitting_of(fitting, i, last);
           const size_t fewest = static_cast<size_t>(where_needed_ ? std::min(starts[0], starts[1]) : starts[0]);
           if (fewest >= candidates_.size() || rest + candidates_[fewest] >= best) continue;
           const int c = min_candidate(i, last, fitting, limit, t.under_limit, &rc);

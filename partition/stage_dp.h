@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <span>
@@ -90,16 +91,21 @@ class StageDp {
   const std::vector<int>& replica_candidates() const { return candidates_; }
 
  private:
-  // Least candidate index whose memory fits and h ≤ limit, or -1; *recompute: whether that needs recomputation
-  // (tried only when recompute_where_needed). `fitting`: fitting_starts at the stage's in-flight count;
-  // `under_limit`: per range and variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().
+  // The memory-feasible first candidates of the ranges at one in-flight count (they do not depend on the
+  // bottleneck limit, so every probe of the binary search reuses them): per stored range (index() / candidates),
+  // the plain and the recomputing variant, kUnknown until fitting_of finds them.
   static constexpr int32_t kUnknown = -2;
-  int min_candidate(uint32_t first, uint32_t last, const int32_t* fitting, double limit,
-                    std::vector<int32_t>& under_limit, bool* recompute) const;
-  // The memory-feasible first candidates of every range at one in-flight count (they do not depend on the
-  // bottleneck limit, so every probe of the binary search reuses them): [2 · index(first, last, 0) / candidates
-  // + variant].
-  const std::vector<int32_t>& fitting_starts(int64_t in_flight) const;
+  struct Fitting {
+    int64_t flight;
+    std::vector<int32_t> starts;
+  };
+  Fitting& fitting_starts(int64_t in_flight) const;
+  const int32_t* fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const;
+  // Least candidate index whose memory fits and h ≤ limit, or -1; *recompute: whether that needs recomputation
+  // (tried only when recompute_where_needed). `fitting`: the stage's in-flight count's; `under_limit`: per range and
+  // variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().
+  int min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit, std::vector<int32_t>& under_limit,
+                    bool* recompute) const;
   int first_fitting(size_t base, int64_t in_flight, const std::vector<double>& mem_base,
                     const std::vector<double>& per_flight) const;
   // Min devices for blocks [first, k) in `stages_left` stages when every h ≤ limit; fills choice tables.
@@ -133,7 +139,7 @@ class StageDp {
   // bound on its h for every candidate, rising with `last`: fill() stops widening a range past the limit there.
   std::vector<double> least_compute_;
   FirstAtMost first_h_, first_h_rc_;
-  mutable std::vector<std::pair<int64_t, std::vector<int32_t>>> fitting_;  // per in-flight count, computed once
+  mutable std::deque<Fitting> fitting_;  // per in-flight count (a deque: fill() holds one while adding another)
   std::vector<double> h_values_;         // sorted distinct h values
   // Fixed splits store only the ranges [i, i+1).
   size_t index(uint32_t first, uint32_t last, size_t c) const {

@@ -113,45 +113,51 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     mem_per_flight_rc_.assign(h_.size(), 0);
   }
   // A stage holds at least this many micro-batches in flight (the last one under 1F1B), and memory only grows with
-  // it: a (range, candidate) that does not fit there fits nowhere, so its h is never a bottleneck and stays out of
-  // h_values_; a range whose most replicas (the least micro-batch, the least memory) do not fit is not evaluated.
+  // it and falls as replicas grow (a smaller micro-batch): the candidates below the first that fits there fit
+  // nowhere, so they are not evaluated (never fitting, h infinite) and their h is never a bottleneck; the rest go
+  // into h_values_.
   const double least_flight = static_cast<double>(stage_in_flight_microbatches(schedule_, 0, 1, microbatches));
   const double budget = static_cast<double>(memory_limit_);
   auto fits = [&](const StageCost& cost) {
     return std::ceil(cost.memory_static + least_flight * cost.memory_per_in_flight) <= budget;
   };
-  const double never_fits = std::numeric_limits<double>::infinity();
   h_values_.reserve(h_.size() + h_rc_.size());
   least_compute_.assign((k_ + 1) * (k_ + 1), 0);
+  std::vector<StageCost> costs(cands);
+  std::vector<char> evaluated(cands);
+  // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
+  auto tabulate = [&](uint32_t first, uint32_t last, bool rc, std::vector<double>& h, std::vector<double>& mem_base,
+                      std::vector<double>& mem_per_flight) {
+    std::fill(evaluated.begin(), evaluated.end(), 0);
+    auto cost = [&](size_t c) -> const StageCost& {
+      if (!evaluated[c]) costs[c] = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, rc);
+      evaluated[c] = 1;
+      return costs[c];
+    };
+    size_t lo = 0, hi = cands;  // the first candidate that fits at the least in-flight count: in [lo, hi]
+    if (!fits(cost(0)))
+      for (lo = 1; lo < hi;) {
+        const size_t mid = (lo + hi) / 2;
+        if (fits(cost(mid))) hi = mid; else lo = mid + 1;
+      }
+    for (size_t c = 0; c < cands; ++c) {
+      const size_t at = index(first, last, c);
+      if (c < lo) {
+        mem_base[at] = std::numeric_limits<double>::infinity();  // h stays infinite
+        continue;
+      }
+      const StageCost& e = cost(c);
+      h[at] = e.h;
+      mem_base[at] = e.memory_static;
+      mem_per_flight[at] = e.memory_per_in_flight;
+      if (std::isfinite(e.h)) h_values_.push_back(e.h);
+    }
+    if (!rc || recompute_) least_compute_[first * (k_ + 1) + last] = cost(cands - 1).compute_s;
+  };
   for (uint32_t first = 0; first < k_ && cands > 0; ++first)
     for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last) {
-      const int most = candidates_.back();
-      const StageCost least = evaluator.evaluate(first, last, most, microbatches, 0, recompute_);
-      least_compute_[first * (k_ + 1) + last] = least.compute_s;
-      const bool any_plain = fits(least);
-      const bool any_rc = where_needed_ && fits(evaluator.evaluate(first, last, most, microbatches, 0, true));
-      for (size_t c = 0; c < cands; ++c) {
-        const size_t at = index(first, last, c);
-        if (!any_plain) {
-          mem_base_[at] = never_fits;  // h_ stays infinite
-        } else {
-          const StageCost cost = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, recompute_);
-          h_[at] = cost.h;
-          mem_base_[at] = cost.memory_static;
-          mem_per_flight_[at] = cost.memory_per_in_flight;
-          if (std::isfinite(cost.h) && fits(cost)) h_values_.push_back(cost.h);
-        }
-        if (!where_needed_) continue;
-        if (!any_rc) {
-          mem_base_rc_[at] = never_fits;
-          continue;
-        }
-        const StageCost rc = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, true);
-        h_rc_[at] = rc.h;
-        mem_base_rc_[at] = rc.memory_static;
-        mem_per_flight_rc_[at] = rc.memory_per_in_flight;
-        if (std::isfinite(rc.h) && fits(rc)) h_values_.push_back(rc.h);
-      }
+      tabulate(first, last, recompute_, h_, mem_base_, mem_per_flight_);
+      if (where_needed_) tabulate(first, last, true, h_rc_, mem_base_rc_, mem_per_flight_rc_);
     }
   std::sort(h_values_.begin(), h_values_.end());
   h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 
@@ -11,6 +12,25 @@
 #include "profiler/memory_model.h"
 
 namespace apart {
+namespace {
+
+// Sorts non-negative finite doubles ascending: their IEEE-754 bit patterns order as unsigned integers do, so an LSD
+// radix sort (8 passes of 8 bits) gives std::sort's order in linear time. The DP sorts every h value it tabulates.
+void sort_non_negative(std::vector<double>& values) {
+  std::vector<uint64_t> keys(values.size()), scratch(values.size());
+  for (size_t i = 0; i < values.size(); ++i) keys[i] = std::bit_cast<uint64_t>(values[i]);
+  for (int shift = 0; shift < 64; shift += 8) {
+    size_t count[257] = {};
+    for (uint64_t k : keys) ++count[((k >> shift) & 0xff) + 1];
+    if (count[((keys.empty() ? 0 : keys[0]) >> shift & 0xff) + 1] == keys.size()) continue;  // one bucket: in order
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (uint64_t k : keys) scratch[count[(k >> shift) & 0xff]++] = k;
+    keys.swap(scratch);
+  }
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::bit_cast<double>(keys[i]);
+}
+
+}  // namespace
 
 FirstAtMost::FirstAtMost(const std::vector<double>* values, size_t row_length) : values_(values), n_(row_length) {
   const std::vector<double>& v = *values;
@@ -159,7 +179,10 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       tabulate(first, last, recompute_, h_, mem_base_, mem_per_flight_);
       if (where_needed_) tabulate(first, last, true, h_rc_, mem_base_rc_, mem_per_flight_rc_);
     }
-  std::sort(h_values_.begin(), h_values_.end());
+  const bool non_negative =
+      std::all_of(h_values_.begin(), h_values_.end(), [](double h) { return h >= 0 && !std::signbit(h); });
+  if (non_negative) sort_non_negative(h_values_);
+  else std::sort(h_values_.begin(), h_values_.end());
   h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());
   first_h_ = FirstAtMost(&h_, cands);
   if (where_needed_) first_h_rc_ = FirstAtMost(&h_rc_, cands);

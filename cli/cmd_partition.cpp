@@ -1,7 +1,7 @@
 // `apart partition`: plan pipeline stages × data-parallel replicas for a model on a cluster, write plan/.
 #include <CLI/CLI.hpp>
-#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -14,6 +14,7 @@
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
+#include "graph/threads.h"
 
 namespace apart::cli {
 namespace {
@@ -45,6 +46,8 @@ struct PartitionArgs {
   bool no_baselines = false;
   std::string output;
   bool force = false;
+  int64_t threads = 0;  // 0: APART_NUM_THREADS, OMP_NUM_THREADS or the cores
+  bool quiet = false;
 };
 
 std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& text, int64_t max) {
@@ -78,6 +81,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
   o.training.overlap_allreduce = a.overlap_allreduce == "on";
   o.stage.time_limit_s = checked_number(a.time_limit, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
   o.block.blocks = checked_int(a.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
+  o.threads = checked_int(a.threads, 0, kMaxThreads, "--threads (0: APART_NUM_THREADS, OMP_NUM_THREADS or the cores)");
 
   c.model = a.model;
   c.import = import_options(a.model_flags);
@@ -94,25 +98,26 @@ CompileOptions compile_options(const PartitionArgs& a) {
   return c;
 }
 
+// Runs shorter than this print no progress lines.
+constexpr double kQuietSeconds = 2;
+
 void run_partition(const PartitionArgs& a) {
   CompileOptions options = compile_options(a);
-  // Warnings and notes as they come; progress lines only on a terminal, one line rewritten in place.
-  const bool tty = ::isatty(STDERR_FILENO);
-  bool progress_shown = false;
+  // Warnings and notes as they come; progress lines (the phase, candidates, the best so far) once the run has taken
+  // kQuietSeconds, none under -q: on a terminal one line rewritten in place, in a log one every 10 s.
+  Progress progress("partition");
+  const auto start = std::chrono::steady_clock::now();
   options.on_message = [&](CompileMessage kind, const std::string& text) {
     if (kind == CompileMessage::kProgress) {
-      if (!tty) return;
-      std::fprintf(stderr, "\r\033[K%s", text.c_str());
-      std::fflush(stderr);
-      progress_shown = true;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!a.quiet && elapsed >= kQuietSeconds) progress(text);
       return;
     }
-    if (progress_shown) std::fprintf(stderr, "\r\033[K");
-    progress_shown = false;
+    progress.finish();
     std::fprintf(stderr, "apart: %s: %s\n", kind == CompileMessage::kWarning ? "warning" : "note", printable(text).c_str());
   };
   const CompileResult r = compile(options);
-  if (progress_shown) std::fprintf(stderr, "\r\033[K");
+  progress.finish();
 
   const bool baselines = !r.baselines.empty();
   std::cout << plan_report(r.document, r.model.graph) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/")
@@ -176,6 +181,10 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("-o,--output", a->output,
                   "Plan directory (written as a whole or not at all); an existing one is replaced only when apart "
                   "wrote it, or is empty")->required();
+  cmd->add_option("--threads", a->threads,
+                  "Threads for the search and the plan files (the plan is the same for any count); default "
+                  "APART_NUM_THREADS or OMP_NUM_THREADS, else the cores");
+  cmd->add_flag("-q,--quiet", a->quiet, "No progress lines (they start once a run takes 2 s)");
   cmd->add_flag("--force", a->force,
                 "Replace an existing -o folder apart did not write (never the working folder, one above it, one "
                 "holding an input, or a symlink)");

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
+#include "graph/threads.h"
 #include "runtime/kernel.h"
 
 namespace apart::cli {
@@ -32,10 +34,8 @@ std::pair<double, double> parse_betas(const std::string& text) {
 int apply_threads(int threads, int ranks_sharing_cores) {
   int n = threads;
   if (n == 0) {
-    n = default_compute_threads();  // checks APART_NUM_THREADS / OMP_NUM_THREADS
-    const bool from_environment = (std::getenv("APART_NUM_THREADS") && *std::getenv("APART_NUM_THREADS")) ||
-                                  (std::getenv("OMP_NUM_THREADS") && *std::getenv("OMP_NUM_THREADS"));
-    if (!from_environment) n = std::max(1, n / std::max(1, ranks_sharing_cores));
+    const std::optional<int> from_environment = thread_count_from_environment();  // checks the variables
+    n = from_environment.value_or(std::max(1, default_compute_threads() / std::max(1, ranks_sharing_cores)));
   }
   set_compute_threads(n);
   return n;

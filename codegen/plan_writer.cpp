@@ -14,6 +14,7 @@
 #include "graph/sha256.h"
 #include "graph/units.h"
 #include "graph/text.h"
+#include "graph/threads.h"
 #include "plan/training.h"
 
 namespace apart {
@@ -312,11 +313,22 @@ void write_plan_directory(const fs::path& directory, const PlanDocument& plan, c
   const fs::path tmp = make_sibling_dir(parent, "." + name + ".tmp.");
   fs::path old;
   try {
-    write_file_atomically(tmp / "plan.json", plan_to_json(plan).dump(2) + "\n");
-    write_file_atomically(tmp / "plan.dot", plan_to_dot(plan, graph, outputs.dot_detail));
-    write_file_atomically(tmp / "report.txt", plan_report(plan, graph));
-    if (outputs.stage_models) write_stage_models(plan, graph, model_path, tmp, outputs.stage_shapes);
-    if (outputs.extra) outputs.extra(tmp);
+    // The files side by side on outputs.threads, the stage files (the most work) first; each is written whole.
+    const int threads = std::max(1, outputs.threads);
+    const std::vector<std::function<void()>> parts = {
+        [&] {
+          if (outputs.stage_models)
+            write_stage_models(plan, graph, model_path, tmp, outputs.stage_shapes, std::max(1, threads - 2));
+        },
+        [&] { write_file_atomically(tmp / "plan.json", plan_to_json(plan).dump(2) + "\n"); },
+        [&] {
+          write_file_atomically(tmp / "plan.dot", plan_to_dot(plan, graph, outputs.dot_detail));
+          write_file_atomically(tmp / "report.txt", plan_report(plan, graph));
+        },
+        [&] {
+          if (outputs.extra) outputs.extra(tmp);
+        }};
+    run_indexed(parts.size(), threads, [&](size_t part) { parts[part](); });
     // Publish: again the checks (the folder may have changed while the plan was written), move an older plan
     // aside onto an empty folder of ours, rename the new one in, then drop the old one.
     check_plan_directory(directory, outputs.inputs, outputs.force);

@@ -31,10 +31,14 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph);
 
 // Writes stage_K.onnx for every stage: the stage's nodes, its boundary values as inputs/outputs, its
 // initializers (inline ones copied; external-data ones point at weights/<location>, where the model's file is
-// hard-linked, or copied when small: docs/runtime.md). Boundary dims are declared as
-// `shapes` says: static by default, or with the batch as a dim_param. Throws InvalidModel/SystemError.
+// hard-linked, or copied when small: docs/runtime.md). A Constant node of kSharedConstantBytes or more that several
+// stages compute holds its value as external data in weights/stage_constants.bin, written once. Boundary dims are
+// declared as `shapes` says: static by default, or with the batch as a dim_param. The stage files are built and
+// written on up to `threads` threads (the same bytes on any count). Throws InvalidModel/SystemError.
+inline constexpr const char* kStageConstantsFile = "stage_constants.bin";  // in the plan's weights/ folder
+inline constexpr size_t kSharedConstantBytes = size_t{1} << 20;
 void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
-                        const std::filesystem::path& directory, const StageShapes& shapes = {});
+                        const std::filesystem::path& directory, const StageShapes& shapes = {}, int threads = 1);
 
 struct PlanOutputs {
   bool dot_detail = false;
@@ -44,6 +48,7 @@ struct PlanOutputs {
   std::function<void(const std::filesystem::path& directory)> extra;
   std::vector<InputFile> inputs;  // the files this run reads: a folder holding one is never replaced
   bool force = false;             // --force: replace an existing folder apart did not write
+  int threads = 1;                // the files are written on up to this many threads (the same bytes on any count)
 };
 
 // The names apart writes into a plan folder: partition's files, and what other commands write there by default or

@@ -3,12 +3,15 @@
 
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <vector>
 
 #include "codegen/plan_writer.h"
+#include "graph/atomic_file.h"
 #include "graph/error.h"
+#include "graph/threads.h"
 #include "importer/model_proto.h"
 
 namespace apart {
@@ -64,14 +67,12 @@ bool place_external_data(const std::filesystem::path& model_dir, const std::stri
 }  // namespace
 
 void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
-                        const std::filesystem::path& directory, const StageShapes& shapes) {
+                        const std::filesystem::path& directory, const StageShapes& shapes, int threads) {
   const onnx::ModelProto original = load_model_proto(model_path);
   const auto& g = original.graph();
   std::map<std::string, int> initializer_index;
   for (int i = 0; i < g.initializer_size(); ++i) initializer_index[g.initializer(i).name()] = i;
   std::set<ValueId> model_outputs(graph.graph_outputs().begin(), graph.graph_outputs().end());
-  std::set<std::string> placed;  // external-data locations already linked into weights/ (or noted)
-  std::vector<std::string> missing;
 
   // Which stages compute (produce) and read each value; constant tasks are replicated, so a value can be
   // produced by several stages, and a stage that produces a value never receives it.
@@ -87,8 +88,89 @@ void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const 
       for (ValueId v : graph.task(t).inputs)
         if (v.valid()) readers[v.value()].insert(s.id);
     }
+  // What each stage computes and reads; the values it reads and does not compute are its inputs or initializers.
+  std::vector<std::set<ValueId>> produced(stages), read(stages);
+  for (size_t k = 0; k < stages; ++k)
+    for (TaskId t : stage_tasks[k]) {
+      const Task& task = graph.task(t);
+      APART_CHECK(task.onnx_node_index >= 0 && task.onnx_node_index < g.node_size(), "task without ONNX node");
+      for (ValueId v : task.outputs)
+        if (v.valid()) produced[k].insert(v);
+      for (ValueId v : task.inputs)
+        if (v.valid()) read[k].insert(v);
+    }
 
-  for (size_t k = 0; k < stages; ++k) {
+  // The model's external data, linked into weights/ once (serially: the links are shared by every stage).
+  std::set<std::string> placed;  // external-data locations already linked into weights/ (or noted)
+  std::vector<std::string> missing;
+  for (size_t k = 0; k < stages; ++k)
+    for (ValueId v : read[k]) {
+      if (produced[k].count(v)) continue;
+      auto it = initializer_index.find(graph.value(v).name);
+      if (it == initializer_index.end()) continue;
+      const onnx::TensorProto& init = g.initializer(it->second);
+      if (init.data_location() != onnx::TensorProto::EXTERNAL) continue;
+      for (const auto& kv : init.external_data())
+        if (kv.key() == "location" && placed.insert(kv.value()).second &&
+            !place_external_data(model_path.parent_path(), kv.value(), directory))
+          missing.push_back(kv.value());
+    }
+
+  // A large constant several stages compute (a causal mask: constant tasks are replicated into every stage that
+  // reads them) is written once, to weights/stage_constants.bin, and those stages' Constant nodes point at it as
+  // external data: a GPT-3 plan's 63 stage files would otherwise carry 63 copies of its 4 MiB mask. Not when the
+  // model's own external data is named so.
+  std::map<size_t, int> stages_of_task;
+  for (const auto& tasks : stage_tasks)
+    for (TaskId t : tasks) ++stages_of_task[t.value()];
+  std::map<int, onnx::NodeProto> shared_nodes;  // ONNX node index → the node as the stage files hold it
+  if (!placed.count(kStageConstantsFile)) {
+    const std::filesystem::path file = directory / kPlanWeightsFolder / kStageConstantsFile;
+    std::optional<AtomicFile> out;
+    int64_t offset = 0;
+    for (const auto& [task, count] : stages_of_task) {
+      const int index = graph.task(TaskId(static_cast<uint32_t>(task))).onnx_node_index;
+      const onnx::NodeProto& node = g.node(index);
+      if (count < 2 || node.op_type() != "Constant" || !node.domain().empty()) continue;
+      int value = -1;
+      for (int a = 0; a < node.attribute_size(); ++a)
+        if (node.attribute(a).name() == "value" && node.attribute(a).has_t()) value = a;
+      if (value < 0) continue;
+      const onnx::TensorProto& tensor = node.attribute(value).t();
+      if (tensor.data_location() == onnx::TensorProto::EXTERNAL || !tensor.has_raw_data() ||
+          tensor.raw_data().size() < kSharedConstantBytes)
+        continue;
+      if (!out) {
+        std::error_code ec;
+        std::filesystem::create_directories(file.parent_path(), ec);
+        if (ec) throw SystemError("cannot create " + file.parent_path().string() + ": " + ec.message());
+        out.emplace(file);
+      }
+      constexpr int64_t kAlignment = 4096;  // each tensor starts on a page, so a reader may map it
+      const int64_t padding = (kAlignment - offset % kAlignment) % kAlignment;
+      if (padding > 0) out->write(std::string(static_cast<size_t>(padding), '\0').data(), padding);
+      const int64_t length = static_cast<int64_t>(tensor.raw_data().size());
+      out->write(tensor.raw_data().data(), length);
+      onnx::NodeProto pointing = node;
+      onnx::TensorProto* t = pointing.mutable_attribute(value)->mutable_t();
+      t->clear_raw_data();
+      t->set_data_location(onnx::TensorProto::EXTERNAL);
+      for (const auto& [key, text] : {std::pair<const char*, std::string>{"location", std::string(kPlanWeightsFolder) +
+                                                                                          "/" + kStageConstantsFile},
+                                      {"offset", std::to_string(offset + padding)},
+                                      {"length", std::to_string(length)}}) {
+        auto* kv = t->add_external_data();
+        kv->set_key(key);
+        kv->set_value(text);
+      }
+      shared_nodes.emplace(index, std::move(pointing));
+      offset += padding + length;
+    }
+    if (out) out->commit();
+  }
+
+  // Each stage's file on its own: built and written on up to `threads` threads.
+  run_indexed(stages, threads, [&](size_t k) {
     const PlanStageRecord& s = plan.stages[k];
     onnx::ModelProto model;
     model.set_ir_version(original.ir_version());
@@ -97,18 +179,13 @@ void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const 
     *model.mutable_opset_import() = original.opset_import();
     onnx::GraphProto* out = model.mutable_graph();
     out->set_name(g.name() + "_stage_" + std::to_string(k));
-    std::set<ValueId> produced, read;
     for (TaskId t : stage_tasks[k]) {
-      const Task& task = graph.task(t);
-      APART_CHECK(task.onnx_node_index >= 0 && task.onnx_node_index < g.node_size(), "task without ONNX node");
-      *out->add_node() = g.node(task.onnx_node_index);
-      for (ValueId v : task.outputs)
-        if (v.valid()) produced.insert(v);
-      for (ValueId v : task.inputs)
-        if (v.valid()) read.insert(v);
+      const int index = graph.task(t).onnx_node_index;
+      const auto once = shared_nodes.find(index);
+      *out->add_node() = once != shared_nodes.end() ? once->second : g.node(index);
     }
-    for (ValueId v : read) {
-      if (produced.count(v)) continue;
+    for (ValueId v : read[k]) {
+      if (produced[k].count(v)) continue;
       const Value& value = graph.value(v);
       auto it = initializer_index.find(value.name);
       if (it != initializer_index.end()) {
@@ -116,24 +193,20 @@ void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const 
         *init = g.initializer(it->second);
         if (init->data_location() == onnx::TensorProto::EXTERNAL)
           for (auto& kv : *init->mutable_external_data())
-            if (kv.key() == "location") {
-              if (placed.insert(kv.value()).second && !place_external_data(model_path.parent_path(), kv.value(), directory))
-                missing.push_back(kv.value());
-              kv.set_value(std::string(kPlanWeightsFolder) + "/" + kv.value());
-            }
+            if (kv.key() == "location") kv.set_value(std::string(kPlanWeightsFolder) + "/" + kv.value());
         continue;
       }
       set_value_info(out->add_input(), graph, v, shapes);
     }
-    for (ValueId v : produced) {
+    for (ValueId v : produced[k]) {
       bool needed = model_outputs.count(v) > 0;
       for (int r : readers[v.value()]) needed |= r != s.id && !producers[v.value()].count(r);
       if (needed) set_value_info(out->add_output(), graph, v, shapes);
     }
-    std::string bytes;
-    if (!model.SerializeToString(&bytes)) throw SystemError("cannot serialize stage " + std::to_string(k));
-    write_file_atomically(directory / ("stage_" + std::to_string(k) + ".onnx"), bytes);
-  }
+    AtomicFile file(directory / ("stage_" + std::to_string(k) + ".onnx"));
+    if (!model.SerializeToOstream(&file.stream())) throw SystemError("cannot serialize stage " + std::to_string(k));
+    file.commit();
+  });
   if (!missing.empty())
     std::fprintf(stderr, "apart: note: stage files: %zu external-data file%s (%s%s) not present beside the model; put %s under "
                  "PLAN/%s/ to run the stages\n", missing.size(), missing.size() == 1 ? " is" : "s are", missing.front().c_str(),

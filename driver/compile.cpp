@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <future>
 
 #include "graph/atomic_file.h"
 #include "graph/error.h"
@@ -36,34 +37,66 @@ CompileResult compile(const CompileOptions& options) {
   PartitionOptions partition = resolve_partition_options(options, r.cluster);
 
   // ---- Import: the model at batch 1 by the importer's batch rule; a refused -o costs no search ----
+  tell(options, CompileMessage::kProgress, "reading the model");
   timed(r.times.import, [&] { r.model = import_for_plan(options.model, options.import); });
   if (options.output) check_plan_directory(options.output->directory, compile_inputs(options, r.model), options.output->force);
 
+  // ---- What the plan files need of the model (its hash, the stage files' batch dims): beside the search ----
+  // On a thread of its own when there are two: stage_shapes imports the model a second time. Its notes are told
+  // once it is done, so that every message reaches on_message from this thread. (A std::async future waits for
+  // its thread when destroyed, so an exception here never leaves it running.)
+  const int threads = partition.search_threads();
+  const bool stage_models = options.output && options.output->stage_models;
+  std::vector<std::string> shape_notes;
+  StageShapes shapes;
+  auto describe = [&] {
+    CompileOptions noting = options;
+    noting.on_message = [&](CompileMessage, const std::string& note) { shape_notes.push_back(note); };
+    r.info = describe_model(r.model.graph, options.model);
+    if (stage_models) shapes = stage_shapes(noting, r.model);
+  };
+  std::future<void> described;
+  if (threads > 1) described = std::async(std::launch::async, describe);
+  else describe();
+  auto wait_described = [&] {
+    if (described.valid()) described.get();
+    for (const auto& note : shape_notes) tell(options, CompileMessage::kNote, note);
+    shape_notes.clear();
+  };
+
   // ---- Costs: analytic at two micro-batch sizes, or the measured profile ----
+  tell(options, CompileMessage::kProgress, "costs of " + std::to_string(r.model.graph.num_tasks()) + " tasks");
   timed(r.times.costs, [&] { r.costs = plan_costs(options, partition, r.model, r.cluster); });
   partition.atomic.graph_batch = r.costs.options.reference_batch;
 
   // ---- Partition: atomic → blocks → stage DP → the candidate the simulator finds fastest (partition/) ----
+  // With baselines.json, the baseline rows too (apart's search evaluates their splits already).
   ProgressFn progress;
   if (options.on_message) progress = [&](const std::string& line) { tell(options, CompileMessage::kProgress, line); };
-  timed(r.times.partition, [&] {
-    r.plan = partition_by_method(r.model.graph, r.costs.table, partition,
-                                 r.costs.at_other_size ? &*r.costs.at_other_size : nullptr, progress);
-  });
-
-  // ---- Baselines: every method on the same inputs (apart's row is this plan) ----
+  // ---- Baselines: every method on the same inputs, sharing the splits apart's search evaluates ----
+  const CostTable* other = r.costs.at_other_size ? &*r.costs.at_other_size : nullptr;
   if (partition.method == Method::kApart && options.baselines) {
-    tell(options, CompileMessage::kProgress, "partition: running the baselines for baselines.json (--no-baselines skips)");
-    timed(r.times.baselines, [&] {
-      r.baselines = compare_methods(r.model.graph, r.costs.table, partition,
-                                    r.costs.at_other_size ? &*r.costs.at_other_size : nullptr, &r.plan);
-    });
+    PhaseTime both;
+    PlanWithBaselines searched;
+    timed(both, [&] { searched = partition_with_baselines(r.model.graph, r.costs.table, partition, other, progress); });
+    r.plan = std::move(searched.plan);
+    r.baselines = std::move(searched.baselines);
+    // The baselines' share of the wall and CPU time, in proportion to their wall seconds.
+    const double share = both.wall_s > 0 ? std::min(1.0, searched.baselines_s / both.wall_s) : 0.0;
+    r.times.baselines = {both.wall_s * share, both.cpu_s * share};
+    r.times.partition = {both.wall_s - r.times.baselines.wall_s, both.cpu_s - r.times.baselines.cpu_s};
+  } else {
+    timed(r.times.partition,
+          [&] { r.plan = partition_by_method(r.model.graph, r.costs.table, partition, other, progress); });
   }
 
   // ---- Plan files: written as one folder or not at all ----
-  r.info = describe_model(r.model.graph, options.model);
+  wait_described();
   r.document = plan_document(r.plan, r.model.graph, r.info);
-  if (options.output) timed(r.times.files, [&] { write_plan_files(r, options, *options.output); });
+  if (options.output) {
+    tell(options, CompileMessage::kProgress, "writing the plan files");
+    timed(r.times.files, [&] { write_plan_files(r, options, *options.output, shapes); });
+  }
   return r;
 }
 
@@ -169,13 +202,15 @@ std::vector<InputFile> compile_inputs(const CompileOptions& options, const Impor
   return inputs;
 }
 
-void write_plan_files(const CompileResult& result, const CompileOptions& options, const PlanFiles& output) {
+void write_plan_files(const CompileResult& result, const CompileOptions& options, const PlanFiles& output,
+                      std::optional<StageShapes> shapes) {
   PlanOutputs outputs;
   outputs.inputs = compile_inputs(options, result.model);
   outputs.force = output.force;
   outputs.dot_detail = output.dot_detail;
   outputs.stage_models = output.stage_models;
-  if (outputs.stage_models) outputs.stage_shapes = stage_shapes(options, result.model);
+  outputs.threads = result.plan.options.search_threads();
+  if (outputs.stage_models) outputs.stage_shapes = shapes ? std::move(*shapes) : stage_shapes(options, result.model);
   outputs.extra = [&](const std::filesystem::path& dir) {
     write_costs_json(dir / "costs.json", result.model.graph, costs_at_plan_size(result));
     if (!result.baselines.empty())

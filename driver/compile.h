@@ -112,7 +112,9 @@ StageShapes stage_shapes(const CompileOptions& options, const ImportedModel& mod
 std::vector<InputFile> model_files(const std::filesystem::path& path, const ImportedModel& model);
 // The files compile() reads, which its plan folder must never replace: model_files, the profile, the cluster file.
 std::vector<InputFile> compile_inputs(const CompileOptions& options, const ImportedModel& model);
-// plan.json, plan.dot, report.txt, costs.json, stage_K.onnx and baselines.json into output.directory, at once.
-void write_plan_files(const CompileResult& result, const CompileOptions& options, const PlanFiles& output);
+// plan.json, plan.dot, report.txt, costs.json, stage_K.onnx and baselines.json into output.directory, at once, on
+// the search's threads. `shapes`: stage_shapes(options, result.model) when the caller has it already.
+void write_plan_files(const CompileResult& result, const CompileOptions& options, const PlanFiles& output,
+                      std::optional<StageShapes> shapes = std::nullopt);
 
 }  // namespace apart

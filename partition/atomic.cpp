@@ -126,10 +126,12 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
     b.workspace_fixed = std::max(b.workspace_fixed, a.workspace_fixed);
   }
   // Identical (producer, consumers) transfers are summed: the evaluator's setup is linear in their number.
+  // Most transfers stay inside a block: they are dropped without allocating (one scratch list for the rest).
   std::map<std::pair<uint32_t, std::vector<uint32_t>>, double> merged;
+  std::vector<uint32_t> consumers;
   for (const Transfer& t : atomic.transfers) {
     const uint32_t producer = assignment.block_of_component(ComponentId(t.producer)).value();
-    std::vector<uint32_t> consumers;
+    consumers.clear();
     for (uint32_t c : t.consumers) {
       const uint32_t b = assignment.block_of_component(ComponentId(c)).value();
       APART_CHECK(b >= producer, "a transfer goes backward between blocks: the block order is not topological");
@@ -138,18 +140,20 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
     if (consumers.empty()) continue;
     std::sort(consumers.begin(), consumers.end());
     consumers.erase(std::unique(consumers.begin(), consumers.end()), consumers.end());
-    merged[{producer, std::move(consumers)}] += t.bytes_per_sample;
+    merged[{producer, consumers}] += t.bytes_per_sample;
   }
   for (auto& [key, bytes] : merged) seq.transfers.push_back(Transfer{key.first, key.second, bytes});
   // A weight read by several components of one block counts once in that block.
   for (BlockCost& b : seq.blocks) b.param_bytes = 0;
+  seq.params.reserve(atomic.params.size());
+  std::vector<uint32_t> readers;
   for (const ParamUse& p : atomic.params) {
-    std::vector<uint32_t> readers;
+    readers.clear();
     for (uint32_t c : p.readers) readers.push_back(assignment.block_of_component(ComponentId(c)).value());
     std::sort(readers.begin(), readers.end());
     readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
     for (uint32_t b : readers) seq.blocks[b].param_bytes += p.bytes;
-    seq.params.push_back(ParamUse{p.bytes, std::move(readers)});
+    seq.params.push_back(ParamUse{p.bytes, readers});
   }
   return seq;
 }

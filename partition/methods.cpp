@@ -16,7 +16,8 @@ const std::vector<Method> kAllMethods = {Method::kApart,        Method::kUniform
 Plan partition_by_method(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& options,
                          const CostTable* costs_at_other_size, const ProgressFn& progress) {
   if (options.method == Method::kApart) return partition_graph(graph, costs, options, costs_at_other_size, progress);
-  const SearchClock clock{.time_limit_s = options.stage.time_limit_s, .progress = progress};
+  const SearchClock clock{
+      .time_limit_s = options.stage.time_limit_s, .progress = progress, .threads = options.search_threads()};
   check_request(options);
   const SearchGrid grid = search_grid(options);
   const AtomicGraph atomic = atomic_level(graph, costs, options, costs_at_other_size);
@@ -79,6 +80,53 @@ std::vector<MethodResult> compare_methods(const TaskGraph& graph, const CostTabl
     }
   }
   return results;
+}
+
+PlanWithBaselines partition_with_baselines(const TaskGraph& graph, const CostTable& costs,
+                                           const PartitionOptions& options, const CostTable* other,
+                                           const ProgressFn& progress) {
+  APART_CHECK(options.method == Method::kApart, "partition_with_baselines plans --method apart");
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  const SearchClock clock{
+      .time_limit_s = options.stage.time_limit_s, .progress = progress, .threads = options.search_threads()};
+  check_request(options);
+  const SearchGrid grid = search_grid(options);
+  const ApartCandidates search = apart_candidates(graph, costs, options, grid, clock, other);
+  PlanWithBaselines r;
+  r.plan = choose_plan(graph, search.atomic, search.all(), search.blocks, options, clock);
+
+  const auto baselines_start = std::chrono::steady_clock::now();
+  clock.report("the baselines for baselines.json (--no-baselines skips)");
+  for (Method method : kAllMethods) {
+    if (method == Method::kApart) {
+      r.baselines.push_back(method_result(r.plan, method, r.plan.search.seconds));
+      continue;
+    }
+    PartitionOptions o = options;
+    o.method = method;
+    const auto method_start = std::chrono::steady_clock::now();
+    const ApartCandidates::BaselineSplit* reused = nullptr;
+    for (const auto& split : search.baseline_splits)
+      if (split.method == method && split.same_as_method) reused = &split;
+    try {
+      // The split's own choice, as partition_by_method makes it: no blocks, a clock of its own for the time limit.
+      SearchClock own = clock.silent();
+      own.start = method_start;
+      const Plan plan = reused ? choose_plan(graph, search.atomic, reused->found, reused->blocks, o, own)
+                               : partition_by_method(graph, costs, o, other);
+      r.baselines.push_back(method_result(plan, method, since(method_start) + (reused ? reused->seconds : 0.0)));
+    } catch (const Infeasible& e) {
+      MethodResult row;
+      row.method = method;
+      row.reason = e.what();
+      row.planning_s = since(method_start) + (reused ? reused->seconds : 0.0);
+      r.baselines.push_back(std::move(row));
+    }
+  }
+  r.baselines_s = since(baselines_start);
+  return r;
 }
 
 std::string baselines_json(const std::vector<MethodResult>& results, int64_t global_batch, int devices) {

@@ -45,6 +45,19 @@ std::vector<MethodResult> compare_methods(const TaskGraph& graph, const CostTabl
                                           const CostTable* costs_at_other_size = nullptr,
                                           const Plan* apart_plan = nullptr);
 MethodResult method_result(const Plan& plan, Method method, double planning_s);
+
+// partition_graph and compare_methods in one search, what compile() runs for baselines.json: the uniform, params and
+// gpipe-balance rows choose among the splits apart's search evaluated already (StageOptions::include_baselines)
+// instead of solving them again, so the plan and every row are those of the two calls. options.method must be apart.
+struct PlanWithBaselines {
+  Plan plan;
+  std::vector<MethodResult> baselines;  // kAllMethods order, apart's row from `plan`
+  double baselines_s = 0;               // wall seconds spent on the rows beyond apart's own search
+};
+PlanWithBaselines partition_with_baselines(const TaskGraph& graph, const CostTable& costs,
+                                           const PartitionOptions& options,
+                                           const CostTable* costs_at_other_size = nullptr,
+                                           const ProgressFn& progress = {});
 // {"schema":"apart.baselines/1","methods":[…]} as text (2-space indented JSON, trailing newline).
 std::string baselines_json(const std::vector<MethodResult>& results, int64_t global_batch, int devices);
 

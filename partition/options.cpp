@@ -3,6 +3,7 @@
 
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/threads.h"
 
 namespace apart {
 
@@ -53,6 +54,9 @@ void PartitionOptions::validate() const {
   checked_number(stage.time_limit_s, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
   checked_integer(block.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
   if (!(block.balance_cap >= 1 && block.balance_cap <= 1e6)) throw InvalidArgument("the block balance cap must be in [1, 1e6]");
+  checked_integer(threads, 0, kMaxThreads, "--threads (0: APART_NUM_THREADS, OMP_NUM_THREADS or the cores)");
 }
+
+int PartitionOptions::search_threads() const { return threads > 0 ? threads : default_thread_count(); }
 
 }  // namespace apart

@@ -72,9 +72,14 @@ struct PartitionOptions {
   BlockOptions block;
   StageOptions stage;
   bool progress = false;  // a progress line on stderr during long searches
+  // Threads the search runs its independent DPs and simulations on (--threads); 0: graph/threads.h
+  // default_thread_count. The plan is the same for every count: results are gathered in a fixed order.
+  int threads = 0;
 
   // Throws InvalidArgument naming the offending option and what it accepts.
   void validate() const;
+  // threads, or the environment's default (InvalidArgument for a bad APART_NUM_THREADS/OMP_NUM_THREADS).
+  int search_threads() const;
 };
 
 }  // namespace apart

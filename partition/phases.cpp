@@ -3,13 +3,19 @@
 #include "partition/phases.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <mutex>
 #include <set>
 
 #include "graph/error.h"
+#include "graph/threads.h"
+#include "graph/units.h"
 #include "partition/baselines.h"
 #include "partition/stage_refine.h"
+#include "profiler/memory_model.h"
 
 namespace apart {
 namespace {
@@ -70,6 +76,18 @@ SearchClock SearchClock::silent() const {
   SearchClock quiet = *this;
   quiet.progress = {};
   return quiet;
+}
+
+SearchClock SearchClock::one_thread() const {
+  SearchClock serial = *this;
+  serial.threads = 1;
+  return serial;
+}
+
+void SearchClock::report(const std::string& line) const {
+  if (!progress) return;
+  const std::lock_guard<std::mutex> lock(*progress_lock);
+  progress(line);
 }
 
 // ---------------- The request ----------------
@@ -190,46 +208,108 @@ Split with_layout(const Split& split, Layout layout, std::string source) {
   return other;
 }
 
+bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
+                         StageRecompute recompute, std::optional<int> pinned_replicas) {
+  // Memory depends on the replicas only through the per-replica micro-batch, which falls as they grow: the most
+  // replicas the DP may give a stage (its last replica candidate, stage_dp.h) use the least. The same test as the
+  // DP's (stage_dp.cpp first_fitting), so a block that fails it fails every candidate there.
+  const int64_t per_microbatch = evaluator.training().global_batch / microbatches;
+  const int devices = evaluator.cluster().devices;
+  const int most = pinned_replicas ? *pinned_replicas : static_cast<int>(std::min<int64_t>(devices, per_microbatch));
+  if (most < 1 || most > devices || most > per_microbatch) return false;
+  const double budget = static_cast<double>(evaluator.cluster().usable_memory_bytes());
+  const int stages = static_cast<int>(evaluator.blocks());
+  for (int b = 0; b < stages; ++b) {
+    const int64_t flight = stage_in_flight_microbatches(schedule, b, stages, microbatches);
+    auto fits = [&](bool rc) {
+      const StageCost c = evaluator.evaluate(static_cast<uint32_t>(b), static_cast<uint32_t>(b + 1), most,
+                                             microbatches, 0, rc);
+      return std::ceil(c.memory_static + static_cast<double>(flight) * c.memory_per_in_flight) <= budget;
+    };
+    const bool fit = recompute == StageRecompute::kAll   ? fits(true)
+                     : recompute == StageRecompute::kOff ? fits(false)
+                                                         : fits(false) || fits(true);
+    if (!fit) return false;
+  }
+  return true;
+}
+
 StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid& grid,
                               const std::vector<int>& stage_counts, const StageOptions& o, const SearchClock& clock) {
-  StageSolutions found;
   const bool fixed_split = stage_counts.size() == 1 && static_cast<size_t>(stage_counts[0]) == evaluator.blocks();
   std::vector<int> counts;
   for (int s : stage_counts)
     if (static_cast<size_t>(s) <= evaluator.blocks()) counts.push_back(s);
+  struct GridPoint {
+    Schedule schedule;
+    StageRecompute recompute;
+    int64_t microbatches;
+  };
+  std::vector<GridPoint> points;
   for (Schedule schedule : grid.schedules)
     for (StageRecompute recompute : grid.recomputes)
-      for (int64_t m : grid.microbatches) {
-        const StageDp dp(evaluator, {.microbatches = m,
-                                     .schedule = schedule,
-                                     .recompute = recompute,
-                                     .pinned_replicas = o.replicas,
-                                     .fixed_split = fixed_split});
-        found.solved += static_cast<int>(counts.size());
-        for (auto& solution : dp.solve_many(counts)) {
-          if (!solution) continue;
-          if (!o.replicas && o.spend_leftover_devices) dp.spend_leftover_devices(*solution);
-          found.solutions.push_back(std::move(*solution));
-        }
-        const double elapsed = clock.elapsed_s();
-        if (clock.progress) {
-          char line[160];
-          std::snprintf(line, sizeof line, "partition: %s recompute %s m=%lld  %zu plans  %.1f s",
-                        std::string(schedule_name(schedule)).c_str(), std::string(stage_recompute_name(recompute)).c_str(),
-                        static_cast<long long>(m), found.solutions.size(), elapsed);
-          clock.progress(line);
-        }
-        if (clock.limited() && elapsed > clock.time_limit_s && !found.solutions.empty()) {
-          found.stopped_by_time_limit = true;
-          return found;
-        }
+      for (int64_t m : grid.microbatches) points.push_back({schedule, recompute, m});
+
+  // Grid points are independent DPs: run on clock.threads, gathered in grid order. A point that ends past the time
+  // limit once something was found stops the ones not yet started.
+  std::vector<std::vector<StageSolution>> solutions(points.size());
+  std::vector<char> ran(points.size(), 0);
+  std::atomic<bool> stop{false};
+  std::mutex progress_lock;  // the counts below, for the progress lines
+  size_t plans = 0, done = 0;
+  double best_estimate = std::numeric_limits<double>::infinity();
+  run_indexed(points.size(), clock.threads, [&](size_t i) {
+    if (stop.load()) return;
+    const GridPoint& p = points[i];
+    ran[i] = 1;
+    if (fixed_split && !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, o.replicas)) return;
+    const StageDp dp(evaluator, {.microbatches = p.microbatches,
+                                 .schedule = p.schedule,
+                                 .recompute = p.recompute,
+                                 .pinned_replicas = o.replicas,
+                                 .fixed_split = fixed_split});
+    for (auto& solution : dp.solve_many(counts)) {
+      if (!solution) continue;
+      if (!o.replicas && o.spend_leftover_devices) dp.spend_leftover_devices(*solution);
+      solutions[i].push_back(std::move(*solution));
+    }
+    size_t found = 0;
+    {
+      const std::lock_guard<std::mutex> lock(progress_lock);
+      found = plans += solutions[i].size();
+      ++done;
+      for (const StageSolution& solution : solutions[i])
+        best_estimate = std::min(best_estimate, solution.estimate.iteration_s);
+      if (clock.progress) {
+        char line[200];
+        std::snprintf(line, sizeof line, "stage DP, %zu of %zu grid points (%s, recompute %s, m=%lld): %zu plans, "
+                      "best estimate %s, %.1f s", done, points.size(), std::string(schedule_name(p.schedule)).c_str(),
+                      std::string(stage_recompute_name(p.recompute)).c_str(), static_cast<long long>(p.microbatches),
+                      found, found > 0 ? format_seconds(best_estimate).c_str() : "none yet", clock.elapsed_s());
+        clock.report(line);
       }
+    }
+    if (clock.limited() && clock.elapsed_s() > clock.time_limit_s && found > 0) stop.store(true);
+  });
+  StageSolutions found;
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (!ran[i]) continue;
+    found.solved += static_cast<int>(counts.size());
+    for (StageSolution& solution : solutions[i]) found.solutions.push_back(std::move(solution));
+  }
+  found.stopped_by_time_limit = stop.load();
   return found;
 }
 
 StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const SearchGrid& grid, int max_stages,
-                                    const PartitionOptions& o) {
-  StageSolutions found;
+                                    const PartitionOptions& o, const SearchClock& clock) {
+  struct Point {
+    Schedule schedule;
+    StageRecompute recompute;
+    int64_t microbatches;
+    int stages, replicas;
+  };
+  std::vector<Point> points;
   const int64_t batch = o.training.global_batch;
   for (Schedule schedule : grid.schedules)
     for (StageRecompute recompute : grid.recomputes)
@@ -239,11 +319,21 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
           const int replicas = o.stage.replicas ? *o.stage.replicas
                                                 : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
           if (replicas < 1 || replicas * s > o.cluster.devices) continue;
-          ++found.solved;
-          const StageDp dp(pipeline,
-                           {.microbatches = m, .schedule = schedule, .recompute = recompute, .pinned_replicas = replicas});
-          if (auto solution = dp.solve(s)) found.solutions.push_back(std::move(*solution));
+          points.push_back({schedule, recompute, m, s, replicas});
         }
+  std::vector<std::optional<StageSolution>> solutions(points.size());
+  run_indexed(points.size(), clock.threads, [&](size_t i) {
+    const Point& p = points[i];
+    const StageDp dp(pipeline, {.microbatches = p.microbatches,
+                                .schedule = p.schedule,
+                                .recompute = p.recompute,
+                                .pinned_replicas = p.replicas});
+    solutions[i] = dp.solve(p.stages);
+  });
+  StageSolutions found;
+  found.solved = static_cast<int>(points.size());
+  for (auto& solution : solutions)
+    if (solution) found.solutions.push_back(std::move(*solution));
   return found;
 }
 
@@ -318,8 +408,9 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
   // stage's replicas all-reducing across nodes. Only for S ≤ devices per node, with equal replica counts.
   const bool multi_node = o.cluster.devices > o.cluster.devices_per_node;
   if (multi_node && (!clock.limited() || clock.elapsed_s() < clock.time_limit_s)) {
+    clock.report("stage DP, pipeline-major layout (stages inside a node)");
     const Split pipeline = with_layout(split, Layout::kPipelineMajor, split.source + " pipeline-major");
-    found.add(solve_pipeline_major(*pipeline.evaluator, grid, std::min(max_stages, o.cluster.devices_per_node), o),
+    found.add(solve_pipeline_major(*pipeline.evaluator, grid, std::min(max_stages, o.cluster.devices_per_node), o, clock),
               pipeline);
   }
   return found;
@@ -327,14 +418,21 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
 
 CandidateSet fixed_split_candidates(const AtomicGraph& atomic, Method method, const PartitionOptions& o,
                                     const SearchGrid& grid, const SearchClock& clock) {
-  CandidateSet found;
   const int components = static_cast<int>(atomic.size());
-  for (int s : stage_candidates(max_stage_count(components, o, 128), o.stage)) {
-    if (s > components) continue;
-    const Split split =
-        make_split(atomic, baseline_split(atomic, method, s, grid.reference_microbatch), o, std::string(method_name(method)));
-    found.add(solve_stage_dp(*split.evaluator, grid, {s}, o.stage, clock.silent()), split);
-  }
+  std::vector<int> counts;
+  for (int s : stage_candidates(max_stage_count(components, o, 128), o.stage))
+    if (s <= components) counts.push_back(s);
+  // One split per stage count, each an independent DP: run on clock.threads, gathered in stage-count order.
+  std::vector<Split> splits(counts.size());
+  std::vector<StageSolutions> solutions(counts.size());
+  const SearchClock each = clock.silent().one_thread();
+  run_indexed(counts.size(), clock.threads, [&](size_t i) {
+    splits[i] = make_split(atomic, baseline_split(atomic, method, counts[i], grid.reference_microbatch), o,
+                           std::string(method_name(method)));
+    solutions[i] = solve_stage_dp(*splits[i].evaluator, grid, {counts[i]}, o.stage, each);
+  });
+  CandidateSet found;
+  for (size_t i = 0; i < counts.size(); ++i) found.add(std::move(solutions[i]), splits[i]);
   return found;
 }
 
@@ -369,8 +467,7 @@ CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOpti
 Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const CandidateSet& found,
                  const BlockLevel& blocks, const PartitionOptions& o, const SearchClock& clock) {
   if (found.candidates.empty()) throw_infeasible(graph, atomic, o);
-  if (clock.progress)
-    clock.progress("partition: simulating the best of " + std::to_string(found.candidates.size()) + " candidates");
+  clock.report("simulating the best of " + std::to_string(found.candidates.size()) + " placed candidates");
   const Selection selection = select_by_simulation(found.candidates, o.stage.max_simulations, clock.deadline());
   const Candidate& chosen = found.candidates[selection.index];
   Plan plan = assemble_plan(graph, atomic, chosen, selection.result, o);

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,16 +22,22 @@
 
 namespace apart {
 
-// When the search started, what it may spend (--time-limit) and where its progress lines go.
+// When the search started, what it may spend (--time-limit, threads) and where its progress lines go.
 struct SearchClock {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   double time_limit_s = 0;  // 0: no limit
-  ProgressFn progress;      // may be empty
+  ProgressFn progress;      // may be empty; called through report(), one line at a time from any thread
+  // Threads the phases run independent DPs on (PartitionOptions::search_threads); their results are gathered in a
+  // fixed order, so the count never changes what is found.
+  int threads = 1;
+  std::shared_ptr<std::mutex> progress_lock = std::make_shared<std::mutex>();
+  void report(const std::string& line) const;  // progress(line) when set
   double elapsed_s() const;
   bool limited() const { return time_limit_s > 0; }
   // No simulation starts after it once one has run (select.h); time_point::max() without a limit.
   std::chrono::steady_clock::time_point deadline() const;
   SearchClock silent() const;  // the same clock without progress lines (the baseline splits print none)
+  SearchClock one_thread() const;  // the same clock on the caller's thread (for work already run in parallel)
 };
 
 // ---------------- The request ----------------
@@ -95,7 +103,12 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
                               const SearchClock& clock);
 // Pipeline-major (multi-node jobs): 2 ≤ S ≤ max_stages, every stage min(devices / S, B / m) replicas (or --replicas).
 StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const SearchGrid& grid, int max_stages,
-                                    const PartitionOptions& options);
+                                    const PartitionOptions& options, const SearchClock& clock);
+// Whether every block of `evaluator` can fit a device as a stage of its own at micro-batch count m under the
+// schedule and recomputation mode, with the most replicas the DP could give it (the least per-replica micro-batch):
+// when not, the fixed-split DP at that grid point finds nothing, so it need not be built.
+bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
+                         StageRecompute recompute, std::optional<int> pinned_replicas);
 
 // ---------------- Candidates: solutions placed on devices ----------------
 struct CandidateSet {
@@ -124,6 +137,29 @@ CandidateSet fixed_split_candidates(const AtomicGraph& atomic, Method method, co
 // PipeDream's DP fixes the split and the replicas; apart's estimate then picks m and recomputation (all stages or
 // none). Empty when PipeDream finds nothing that fits, or its stage count differs from --stages.
 CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOptions& options, const SearchGrid& grid);
+
+// ---------------- apart's candidates (partition_graph's script up to the choice) ----------------
+// The atomic and block levels, the candidates over apart's blocks and, with StageOptions::include_baselines, each
+// baseline split's candidates kept by method, so that baselines.json's rows for those methods can choose among
+// them without solving them again (methods.h partition_with_baselines).
+struct ApartCandidates {
+  AtomicGraph atomic;
+  BlockLevel blocks;
+  CandidateSet own;  // block_candidates over apart's blocks, cut refinement on
+  struct BaselineSplit {
+    Method method = Method::kUniform;
+    CandidateSet found;
+    BlockLevel blocks;            // METIS's blocks; none for the others
+    bool same_as_method = true;   // found is what --method <method> chooses among (METIS: only without --blocks)
+    double seconds = 0;           // what solving them took (wall)
+  };
+  // uniform, params, gpipe-balance, pipedream, metis; empty without include_baselines
+  std::vector<BaselineSplit> baseline_splits;
+  CandidateSet all() const;  // own, then every baseline split's, in that order: what partition_graph chooses among
+};
+ApartCandidates apart_candidates(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& options,
+                                 const SearchGrid& grid, const SearchClock& clock,
+                                 const CostTable* costs_at_other_size = nullptr);
 
 // ---------------- Simulated selection → the Plan ----------------
 // Throws Infeasible (with what would fit) when there is no candidate; else simulates them (select_by_simulation

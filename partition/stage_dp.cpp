@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 
@@ -11,6 +12,25 @@
 #include "profiler/memory_model.h"
 
 namespace apart {
+namespace {
+
+// Sorts non-negative finite doubles ascending: their IEEE-754 bit patterns order as unsigned integers do, so an LSD
+// radix sort (8 passes of 8 bits) gives std::sort's order in linear time. The DP sorts every h value it tabulates.
+void sort_non_negative(std::vector<double>& values) {
+  std::vector<uint64_t> keys(values.size()), scratch(values.size());
+  for (size_t i = 0; i < values.size(); ++i) keys[i] = std::bit_cast<uint64_t>(values[i]);
+  for (int shift = 0; shift < 64; shift += 8) {
+    size_t count[257] = {};
+    for (uint64_t k : keys) ++count[((k >> shift) & 0xff) + 1];
+    if (count[((keys.empty() ? 0 : keys[0]) >> shift & 0xff) + 1] == keys.size()) continue;  // one bucket: in order
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (uint64_t k : keys) scratch[count[(k >> shift) & 0xff]++] = k;
+    keys.swap(scratch);
+  }
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::bit_cast<double>(keys[i]);
+}
+
+}  // namespace
 
 FirstAtMost::FirstAtMost(const std::vector<double>* values, size_t row_length) : values_(values), n_(row_length) {
   const std::vector<double>& v = *values;
@@ -112,27 +132,57 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     mem_base_rc_.assign(h_.size(), 0);
     mem_per_flight_rc_.assign(h_.size(), 0);
   }
-  for (uint32_t first = 0; first < k_; ++first)
-    for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last)
-      for (size_t c = 0; c < cands; ++c) {
-        const size_t at = index(first, last, c);
-        const StageCost cost = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, recompute_);
-        h_[at] = cost.h;
-        mem_base_[at] = cost.memory_static;
-        mem_per_flight_[at] = cost.memory_per_in_flight;
-        if (where_needed_) {
-          const StageCost rc = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, true);
-          h_rc_[at] = rc.h;
-          mem_base_rc_[at] = rc.memory_static;
-          mem_per_flight_rc_[at] = rc.memory_per_in_flight;
-        }
-      }
+  // A stage holds at least this many micro-batches in flight (the last one under 1F1B), and memory only grows with
+  // it and falls as replicas grow (a smaller micro-batch): the candidates below the first that fits there fit
+  // nowhere, so they are not evaluated (never fitting, h infinite) and their h is never a bottleneck; the rest go
+  // into h_values_.
+  const double least_flight = static_cast<double>(stage_in_flight_microbatches(schedule_, 0, 1, microbatches));
+  const double budget = static_cast<double>(memory_limit_);
+  auto fits = [&](const StageCost& cost) {
+    return std::ceil(cost.memory_static + least_flight * cost.memory_per_in_flight) <= budget;
+  };
   h_values_.reserve(h_.size() + h_rc_.size());
-  for (double h : h_)
-    if (std::isfinite(h)) h_values_.push_back(h);
-  for (double h : h_rc_)
-    if (std::isfinite(h)) h_values_.push_back(h);
-  std::sort(h_values_.begin(), h_values_.end());
+  least_compute_.assign((k_ + 1) * (k_ + 1), 0);
+  std::vector<StageCost> costs(cands);
+  std::vector<char> evaluated(cands);
+  // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
+  auto tabulate = [&](uint32_t first, uint32_t last, bool rc, std::vector<double>& h, std::vector<double>& mem_base,
+                      std::vector<double>& mem_per_flight) {
+    std::fill(evaluated.begin(), evaluated.end(), 0);
+    auto cost = [&](size_t c) -> const StageCost& {
+      if (!evaluated[c]) costs[c] = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, rc);
+      evaluated[c] = 1;
+      return costs[c];
+    };
+    size_t lo = 0, hi = cands;  // the first candidate that fits at the least in-flight count: in [lo, hi]
+    if (!fits(cost(0)))
+      for (lo = 1; lo < hi;) {
+        const size_t mid = (lo + hi) / 2;
+        if (fits(cost(mid))) hi = mid; else lo = mid + 1;
+      }
+    for (size_t c = 0; c < cands; ++c) {
+      const size_t at = index(first, last, c);
+      if (c < lo) {
+        mem_base[at] = std::numeric_limits<double>::infinity();  // h stays infinite
+        continue;
+      }
+      const StageCost& e = cost(c);
+      h[at] = e.h;
+      mem_base[at] = e.memory_static;
+      mem_per_flight[at] = e.memory_per_in_flight;
+      if (std::isfinite(e.h)) h_values_.push_back(e.h);
+    }
+    if (!rc || recompute_) least_compute_[first * (k_ + 1) + last] = cost(cands - 1).compute_s;
+  };
+  for (uint32_t first = 0; first < k_ && cands > 0; ++first)
+    for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last) {
+      tabulate(first, last, recompute_, h_, mem_base_, mem_per_flight_);
+      if (where_needed_) tabulate(first, last, true, h_rc_, mem_base_rc_, mem_per_flight_rc_);
+    }
+  const bool non_negative =
+      std::all_of(h_values_.begin(), h_values_.end(), [](double h) { return h >= 0 && !std::signbit(h); });
+  if (non_negative) sort_non_negative(h_values_);
+  else std::sort(h_values_.begin(), h_values_.end());
   h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());
   first_h_ = FirstAtMost(&h_, cands);
   if (where_needed_) first_h_rc_ = FirstAtMost(&h_rc_, cands);
@@ -155,29 +205,44 @@ int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double
   return static_cast<int>(lo);
 }
 
-const std::vector<int32_t>& StageDp::fitting_starts(int64_t flight) const {
-  for (const auto& [f, starts] : fitting_)
-    if (f == flight) return starts;
-  const size_t n = k_ + 1;
-  std::vector<int32_t> starts(2 * n * n, 0);
-  for (uint32_t first = 0; first < k_; ++first)
-    for (uint32_t last = first + 1; last <= (fixed_split_ ? first + 1 : k_); ++last) {
-      const size_t base = index(first, last, 0), at = 2 * (first * n + last);
-      starts[at] = first_fitting(base, flight, mem_base_, mem_per_flight_);
-      if (where_needed_) starts[at + 1] = first_fitting(base, flight, mem_base_rc_, mem_per_flight_rc_);
-    }
-  fitting_.emplace_back(flight, std::move(starts));
-  return fitting_.back().second;
+StageDp::Fitting& StageDp::fitting_starts(int64_t flight) const {
+  for (Fitting& f : fitting_)
+    if (f.flight == flight) return f;
+  // Two entries per stored range (index() / candidates): the plain and the recomputing variant, found on first use.
+  const size_t cands = candidates_.size();
+  fitting_.push_back({flight, std::vector<int32_t>(cands == 0 ? 0 : 2 * (h_.size() / cands), kUnknown)});
+  return fitting_.back();
 }
 
-int StageDp::min_candidate(uint32_t first, uint32_t last, int64_t flight, double limit, bool* recompute) const {
+const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const {
   const size_t base = index(first, last, 0);
-  const int32_t* starts = &fitting_starts(flight)[2 * (first * (k_ + 1) + last)];
+  int32_t* starts = &fitting.starts[2 * (base / candidates_.size())];
+  if (starts[0] == kUnknown) {
+    starts[0] = first_fitting(base, fitting.flight, mem_base_, mem_per_flight_);
+    starts[1] = where_needed_ ? first_fitting(base, fitting.flight, mem_base_rc_, mem_per_flight_rc_) : 0;
+  }
+  return starts;
+}
+
+int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit,
+                           std::vector<int32_t>& under_limit, bool* recompute) const {
+  const size_t base = index(first, last, 0);
+  const size_t range = 2 * (base / candidates_.size());
+  const int32_t* starts = fitting_of(fitting, first, last);
+  // The first candidate ≥ the fitting one with h ≤ limit. The first one with h ≤ limit at all depends only on the
+  // range and the limit, so it is found once per fill and answers every in-flight count whose fitting candidate is
+  // not after it.
+  auto first_under = [&](const FirstAtMost& h, size_t variant) {
+    int32_t& any = under_limit[range + variant];
+    if (any == kUnknown) any = h.find(base, 0, limit);
+    if (any < 0 || any >= starts[variant]) return static_cast<int>(any);
+    return h.find(base, static_cast<size_t>(starts[variant]), limit);
+  };
   *recompute = recompute_;
-  const int c = first_h_.find(base, static_cast<size_t>(starts[0]), limit);
+  const int c = first_under(first_h_, 0);
   if (!where_needed_) return c;
   // Recomputation only where it lets the stage use fewer replicas (or fit at all) under the same limit.
-  const int r = first_h_rc_.find(base, static_cast<size_t>(starts[1]), limit);
+  const int r = first_under(first_h_rc_, 1);
   if (r >= 0 && (c < 0 || r < c)) {
     *recompute = true;
     return r;
@@ -195,8 +260,9 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
   t.last.assign(t.devices.size(), 0);
   t.cand.assign(t.devices.size(), -1);
   t.rc.assign(t.devices.size(), 0);
+  t.under_limit.assign(candidates_.empty() ? 0 : 2 * (h_.size() / candidates_.size()), kUnknown);
   for (int r = 0; r < stages; ++r) {
-    const int64_t flight = in_flight(stages - 1 - r, stages);
+    Fitting& fitting = fitting_starts(in_flight(stages - 1 - r, stages));
     const uint32_t i_min = every_start ? 0u : static_cast<uint32_t>(stages - 1 - r);
     const uint32_t i_max = static_cast<uint32_t>(k_ - 1 - r);
     for (uint32_t i = i_min; i <= i_max && i < k_; ++i) {
@@ -205,13 +271,18 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
       int best_cand = -1;
       bool best_rc = false, rc = false;
       if (r == 0) {
-        const int c = min_candidate(i, static_cast<uint32_t>(k_), flight, limit, &rc);
+        const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, &rc);
         if (c >= 0) { best = candidates_[c]; best_last = static_cast<uint32_t>(k_); best_cand = c; best_rc = rc; }
       } else {
         for (uint32_t last = i + 1; last + r <= k_ && (!fixed_split_ || last == i + 1); ++last) {
+          // h ≥ compute time ≥ its least (most replicas, no recomputation), which only grows with `last`.
+          if (least_compute_[i * n + last] > limit) break;
           const int rest = t.devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
-          const int c = min_candidate(i, last, flight, limit, &rc);
+          const int32_t* starts = fitting_of(fitting, i, last);
+          const size_t fewest = static_cast<size_t>(where_needed_ ? std::min(starts[0], starts[1]) : starts[0]);
+          if (fewest >= candidates_.size() || rest + candidates_[fewest] >= best) continue;
+          const int c = min_candidate(i, last, fitting, limit, t.under_limit, &rc);
           if (c < 0) continue;
           const int total = rest + candidates_[c];
           if (total < best) { best = total; best_last = last; best_cand = c; best_rc = rc; }
@@ -280,7 +351,12 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
   for (const Search& s : searches) open += s.active ? 1 : 0;
   const bool every_start = open > 1;  // one count: the cheaper table of its reachable starts
   auto probe = [&](size_t at) {
-    fill(max_stages, h_values_[at], every_start, t);
+    // Only the counts whose range holds `at` read this table, and rows up to S − 1 answer S (fill): the rest of
+    // the rows are not needed.
+    int needed = 0;
+    for (const Search& s : searches)
+      if (s.active && at >= s.lo && at <= s.hi) needed = std::max(needed, s.stages);
+    fill(needed, h_values_[at], every_start, t);
     for (Search& s : searches) {
       if (!s.active || at < s.lo || at > s.hi) continue;
       const int total = t.devices[static_cast<size_t>(s.stages - 1) * n];

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <span>
@@ -90,12 +91,21 @@ class StageDp {
   const std::vector<int>& replica_candidates() const { return candidates_; }
 
  private:
+  // The memory-feasible first candidates of the ranges at one in-flight count (they do not depend on the
+  // bottleneck limit, so every probe of the binary search reuses them): per stored range (index() / candidates),
+  // the plain and the recomputing variant, kUnknown until fitting_of finds them.
+  static constexpr int32_t kUnknown = -2;
+  struct Fitting {
+    int64_t flight;
+    std::vector<int32_t> starts;
+  };
+  Fitting& fitting_starts(int64_t in_flight) const;
+  const int32_t* fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const;
   // Least candidate index whose memory fits and h ≤ limit, or -1; *recompute: whether that needs recomputation
-  // (tried only when recompute_where_needed).
-  int min_candidate(uint32_t first, uint32_t last, int64_t in_flight, double limit, bool* recompute) const;
-  // The memory-feasible first candidates of every range at one in-flight count (they do not depend on the
-  // bottleneck limit, so every probe of the binary search reuses them): [2 · (first · (k + 1) + last) + variant].
-  const std::vector<int32_t>& fitting_starts(int64_t in_flight) const;
+  // (tried only when recompute_where_needed). `fitting`: the stage's in-flight count's; `under_limit`: per range and
+  // variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().
+  int min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit, std::vector<int32_t>& under_limit,
+                    bool* recompute) const;
   int first_fitting(size_t base, int64_t in_flight, const std::vector<double>& mem_base,
                     const std::vector<double>& per_flight) const;
   // Min devices for blocks [first, k) in `stages_left` stages when every h ≤ limit; fills choice tables.
@@ -105,6 +115,7 @@ class StageDp {
     std::vector<uint32_t> last;
     std::vector<int> cand;
     std::vector<uint8_t> rc;
+    std::vector<int32_t> under_limit;  // min_candidate's per-range cache at this table's limit
   };
   void fill(int stages, double limit, bool every_start, Table& table) const;
   bool feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
@@ -124,8 +135,11 @@ class StageDp {
   // Per (first, last, candidate), flattened: h, memory without in-flight activations, per in-flight bytes.
   std::vector<double> h_, mem_base_, mem_per_flight_;
   std::vector<double> h_rc_, mem_base_rc_, mem_per_flight_rc_;  // the recomputing variant (where_needed_ only)
+  // Per (first, last), (k + 1)²: the least compute time of the range (most replicas, no recomputation), a lower
+  // bound on its h for every candidate, rising with `last`: fill() stops widening a range past the limit there.
+  std::vector<double> least_compute_;
   FirstAtMost first_h_, first_h_rc_;
-  mutable std::vector<std::pair<int64_t, std::vector<int32_t>>> fitting_;  // per in-flight count, computed once
+  mutable std::deque<Fitting> fitting_;  // per in-flight count (a deque: fill() holds one while adding another)
   std::vector<double> h_values_;         // sorted distinct h values
   // Fixed splits store only the ranges [i, i+1).
   size_t index(uint32_t first, uint32_t last, size_t c) const {

@@ -4,6 +4,7 @@
 #include "runtime/backend.h"
 #include "runtime/blas_info.h"
 #include "runtime/cpu/families.h"
+#include "graph/threads.h"
 
 #include <algorithm>
 #include <atomic>
@@ -84,24 +85,10 @@ void KernelContext::invalid(const std::string& what) const {
 }
 
 namespace {
-constexpr int kMaxComputeThreads = 4096;
 std::atomic<int> g_compute_threads{0};  // 0: not set yet (default_compute_threads on first use)
 }  // namespace
 
-int default_compute_threads() {
-  for (const char* name : {"APART_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    const char* v = std::getenv(name);
-    if (!v || !*v) continue;
-    char* end = nullptr;
-    errno = 0;
-    const long n = std::strtol(v, &end, 10);
-    if (errno != 0 || *end != '\0' || n < 1 || n > kMaxComputeThreads)
-      throw InvalidArgument(std::string("environment variable ") + name + "='" + v + "': expected a thread count in [1, " +
-                            std::to_string(kMaxComputeThreads) + "]");
-    return static_cast<int>(n);
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+int default_compute_threads() { return default_thread_count(); }
 
 int compute_threads() {
   int n = g_compute_threads.load(std::memory_order_relaxed);
@@ -113,9 +100,9 @@ int compute_threads() {
 }
 
 void set_compute_threads(int threads) {
-  if (threads < 1 || threads > kMaxComputeThreads)
+  if (threads < 1 || threads > kMaxThreads)
     throw InvalidArgument("--threads " + std::to_string(threads) + ": expected a thread count in [1, " +
-                          std::to_string(kMaxComputeThreads) + "]");
+                          std::to_string(kMaxThreads) + "]");
   g_compute_threads.store(threads, std::memory_order_relaxed);
   set_blas_threads(threads);
 }

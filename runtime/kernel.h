@@ -96,8 +96,8 @@ void register_kernel(std::string_view op_type, KernelFn fn);
 int compute_threads();
 // InvalidArgument unless 1 ≤ threads ≤ 4096. Call before kernels run (not while another thread runs them).
 void set_compute_threads(int threads);
-// The default of compute_threads() from the environment: APART_NUM_THREADS, else OMP_NUM_THREADS (each checked:
-// InvalidArgument naming the variable when it is not a count in [1, 4096]), else hardware_concurrency.
+// The default of compute_threads(): graph/threads.h default_thread_count, APART_NUM_THREADS, else OMP_NUM_THREADS
+// (each checked: InvalidArgument naming the variable when it is not a count in [1, 4096]), else hardware_concurrency.
 int default_compute_threads();
 
 // Runs body(begin, end) over [0, n) on up to compute_threads() threads when n·cost is large.

@@ -7,12 +7,13 @@ bash scripts/deps.sh --test
 cmake --preset dev >/dev/null
 cmake --build --preset dev -j"$(nproc)"
 ctest --preset dev -LE slow
-# The slow suites (label slow: the plan goldens of real models on up to 1024 devices, apart run on a ResNet) in a
-# Release build of the targets they need. Where the CUDA toolkit is installed that build is the gpu preset (Release,
-# APART_CUDA=ON; CI: sm_90 only, to halve nvcc's time), so one Release build both runs the slow suites and compiles
-# and links the CUDA backend, its tests and the GPU benchmark: the CUDA code never rots without a GPU. Its suites
-# (label cuda) run too: the host-side plans pass, the GPU tests skip with the reason where there is no device.
-slow_targets=(apart cli_plan_goldens_tests runtime_pipeline_resnet_tests partition_real_model_tests)
+# The slow suites (label slow: the plan goldens of real models on up to 1024 devices, the real models' plans and
+# stage files, apart run on a ResNet) in a Release build of the targets they need. Where the CUDA toolkit is
+# installed that build is the gpu preset (Release, APART_CUDA=ON; CI: sm_90 only, to halve nvcc's time), so one
+# Release build both runs the slow suites and compiles and links the CUDA backend, its tests and the GPU benchmark:
+# the CUDA code never rots without a GPU. Its suites (label cuda) run too: the host-side plans pass, the GPU tests
+# skip with the reason where there is no device.
+slow_targets=(apart cli_plan_goldens_tests codegen_tests runtime_pipeline_resnet_tests partition_real_model_tests)
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   launchers=()
   if command -v ccache >/dev/null; then

@@ -77,6 +77,24 @@ TEST(ApartPartition, WritesTheSamePlanJsonTwiceApartFromSearchTime) {
   EXPECT_EQ(a["stages"].size(), 2u);
 }
 
+TEST(ApartPartition, WritesTheSamePlanOnOneThreadAndOnTwoAndChecksTheThreadCount) {
+  TempDir dir;
+  const std::string model = (fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx").string();
+  const std::string flags = " --devices 8 --devices-per-node 4 --batch 64 --no-stage-models -q";
+  auto one = run_apart("partition " + model + flags + " --threads 1 -o " + (dir / "one").string());
+  auto two = run_apart("partition " + model + flags + " --threads 2 -o " + (dir / "two").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto a = nlohmann::json::parse(read_file(dir / "one" / "plan.json"));
+  auto b = nlohmann::json::parse(read_file(dir / "two" / "plan.json"));
+  a["search"].erase("seconds");
+  b["search"].erase("seconds");
+  EXPECT_EQ(a, b);
+  auto bad = run_apart("partition " + model + " --devices 4 --batch 32 --threads 5000 -o " + (dir / "p").string());
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--threads"), std::string::npos) << bad.out;
+}
+
 TEST(ApartPartition, ExitsInfeasibleWithAHintAndWritesNothingWhenTheModelCannotFit) {
   TempDir dir;
   const std::string model = (dir / "gpt3.onnx").string();

@@ -9,8 +9,10 @@
 #include <map>
 #include <random>
 
+#include "codegen/plan_writer.h"
 #include "driver/compile.h"
 #include "importer/importer.h"
+#include "models/zoo.h"
 #include "runtime/executor.h"
 #include "tests/support/onnx_builder.h"
 #include "tests/support/read_model.h"
@@ -110,6 +112,56 @@ TEST_P(AStagedModel, ComputesTheWholeModelsLossAtAnotherBatchSize) {
 
 INSTANTIATE_TEST_SUITE_P(GptTiny, AStagedModel, ::testing::Values(2, 3, 5),
                          [](const auto& info) { return std::to_string(info.param) + "Stages"; });
+
+// A zoo GPT whose causal mask ([1024, 1024] bool, 1 MiB: a Constant node every stage computes) is written once, to
+// weights/stage_constants.bin, and read from there by every stage file, as `apart run` reads them (base folder:
+// the plan's).
+TEST(AStagedModelWithALargeMask, ReadsTheMaskFromOneFileAndComputesTheWholeModelsLoss) {
+  testing::TempDir dir;
+  models::ZooOptions zoo = models::options_for("gpt");
+  zoo.seq = 1024;
+  zoo.hidden = 16;
+  zoo.vocab = 64;
+  const fs::path model = dir / "gpt.onnx";
+  models::write_zoo_model(zoo, model.string());
+
+  constexpr int kStages = 3;
+  CompileOptions o;
+  o.model = model;
+  o.cluster.device = "a100-80gb";
+  o.cluster.devices = kStages;
+  o.partition.training.global_batch = 1;
+  o.partition.stage.stages = kStages;
+  o.partition.stage.replicas = 1;
+  o.partition.stage.microbatches = 1;
+  o.baselines = false;
+  const fs::path plan = dir / "plan";
+  o.output = PlanFiles{.directory = plan};
+  compile(o);
+
+  const uintmax_t mask_bytes = 1024 * 1024;
+  EXPECT_EQ(fs::file_size(plan / "weights" / kStageConstantsFile), mask_bytes) << "one copy of the mask";
+  std::map<std::string, Tensor> available = token_inputs(1, zoo.seq, 5);
+  for (auto& [name, tensor] : available)
+    for (int64_t& x : tensor.span<int64_t>()) x %= zoo.vocab;
+  const std::map<std::string, Tensor> inputs = available;
+  ImportOptions import;
+  import.dims["batch"] = 1;
+  for (int k = 0; k < kStages; ++k) {
+    const fs::path file = plan / ("stage_" + std::to_string(k) + ".onnx");
+    EXPECT_LT(fs::file_size(file), mask_bytes) << file;
+    const onnx::ModelProto stage = testing::read_proto(file);
+    std::map<std::string, Tensor> stage_inputs;
+    for (const auto& in : stage.graph().input()) stage_inputs.emplace(in.name(), available.at(in.name()));
+    Executor exec(stage, plan, {}, import);
+    for (auto& [name, tensor] : exec.run(stage_inputs)) available[name] = tensor.clone();
+  }
+  const ImportedModel imported = import_model(model, import);
+  Executor whole(imported);
+  const NamedTensors out = whole.run(inputs);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_NEAR(available.at("loss").data<float>()[0], out.at(0).second.data<float>()[0], 1e-5);
+}
 
 }  // namespace
 }  // namespace apart

@@ -102,6 +102,38 @@ TEST(ACompile, PlansTheSameTwiceApartFromSearchTime) {
   EXPECT_EQ(plan(), plan());
 }
 
+// The search and the files run on PartitionOptions::threads; the plan folder is the same bytes on any count.
+TEST(ACompile, WritesTheSamePlanFolderOnOneThreadAndOnSeveral) {
+  TempDir dir;
+  auto folder = [&](int threads) {
+    CompileOptions o = gpt_tiny_options(8, 64);  // two nodes: pipeline-major too
+    o.partition.threads = threads;
+    o.output = PlanFiles{.directory = dir / ("plan" + std::to_string(threads))};
+    compile(o);
+    return o.output->directory;
+  };
+  const fs::path one = folder(1);
+  for (int threads : {2, 3}) {
+    const fs::path several = folder(threads);
+    auto plan_bytes = [](const fs::path& file) {
+      auto j = nlohmann::json::parse(read_file(file));
+      j["search"]["seconds"] = 0;
+      return j.dump(2);
+    };
+    EXPECT_EQ(plan_bytes(several / "plan.json"), plan_bytes(one / "plan.json"));
+    EXPECT_EQ(baselines_without_seconds(several / "baselines.json"), baselines_without_seconds(one / "baselines.json"));
+    size_t files = 0;
+    for (const auto& entry : fs::directory_iterator(one)) {
+      const std::string name = entry.path().filename().string();
+      if (name == "plan.json" || name == "baselines.json" || name == "report.txt" || entry.is_directory()) continue;
+      ++files;
+      EXPECT_EQ(read_file(several / name), read_file(entry.path())) << name << " on " << threads << " threads";
+    }
+    EXPECT_GE(files, 3u) << "plan.dot, costs.json and the stage files";
+    EXPECT_EQ(without_timing(read_file(several / "report.txt")), without_timing(read_file(one / "report.txt")));
+  }
+}
+
 TEST(ACompile, WritesNothingWithoutAnOutputFolder) {
   TempDir dir;
   const fs::path before = fs::current_path();

@@ -1,5 +1,6 @@
 // The --method dispatch above the phases (partition/methods.h): every method's plan on small models is the one the
-// search gave before partition_graph became a script of phases, and apart goes through partition_graph.
+// search gave before partition_graph became a script of phases, on any thread count, apart goes through
+// partition_graph, and baselines.json's rows are the same in one search with apart's.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -91,6 +92,54 @@ TEST(TheMethodDispatch, GivesEveryMethodThePlanItGaveBeforeThePhaseScript) {
       ASSERT_TRUE(std::getline(expected, line));
       EXPECT_EQ(fingerprint_of(c, method), line) << "seed " << c.seed << ", --method " << method_name(method);
     }
+}
+
+TEST(TheMethodDispatch, GivesEveryMethodTheSamePlanOnOneThreadAndOnSeveral) {
+  for (const auto& c : testing::method_cases()) {
+    const auto model = testing::random_model(c.seed, c.tasks, c.chain);
+    for (Method method : kAllMethods) {
+      auto on = [&](int threads) {
+        PartitionOptions o = testing::method_case_options(c, method);
+        o.threads = threads;
+        try {
+          return testing::plan_fingerprint(partition_by_method(model.graph, model.costs, o));
+        } catch (const Infeasible& e) {
+          return std::string("infeasible: ") + e.what();
+        }
+      };
+      const std::string one = on(1);
+      EXPECT_EQ(on(2), one) << "seed " << c.seed << ", --method " << method_name(method);
+      EXPECT_EQ(on(5), one) << "seed " << c.seed << ", --method " << method_name(method);
+    }
+  }
+}
+
+// baselines.json's rows without their planning time, one line each.
+std::string rows_of(const std::vector<MethodResult>& results) {
+  std::string rows;
+  for (const MethodResult& r : results) {
+    rows += std::string(method_name(r.method)) + (r.feasible ? " " : " infeasible: " + r.reason) +
+            std::to_string(r.iteration_s) + " " + std::to_string(r.stages) + " " + std::to_string(r.devices_used) +
+            " " + std::to_string(r.microbatches) + (r.recompute ? " recompute" : "") + " " +
+            std::to_string(r.peak_memory_bytes) + "\n";
+  }
+  return rows;
+}
+
+TEST(APlanWithBaselines, IsPartitionGraphAndCompareMethodsInOneSearch) {
+  for (const auto& c : testing::method_cases()) {
+    const auto model = testing::random_model(c.seed, c.tasks, c.chain);
+    const PartitionOptions o = testing::method_case_options(c, Method::kApart);
+    try {
+      const Plan apart = partition_graph(model.graph, model.costs, o);
+      const PlanWithBaselines both = partition_with_baselines(model.graph, model.costs, o);
+      EXPECT_EQ(testing::plan_fingerprint(both.plan), testing::plan_fingerprint(apart)) << "seed " << c.seed;
+      EXPECT_EQ(rows_of(both.baselines), rows_of(compare_methods(model.graph, model.costs, o, nullptr, &apart)))
+          << "seed " << c.seed;
+    } catch (const Infeasible&) {
+      EXPECT_THROW(partition_with_baselines(model.graph, model.costs, o), Infeasible) << "seed " << c.seed;
+    }
+  }
 }
 
 TEST(TheMethodDispatch, RunsApartThroughPartitionGraph) {

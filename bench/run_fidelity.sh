@@ -26,7 +26,9 @@ echo "apart fidelity: $model, batch $batch, $steps steps, OMP_NUM_THREADS=$OMP_N
 for shape in "pipelined 2 1 4" "data-parallel 1 2 1"; do
   read -r name stages replicas microbatches <<<"$shape"
   mb=$((batch / microbatches / replicas))  # samples one rank runs per forward: what the profile must measure
-  [[ -f "$dir/costs_$mb.json" ]] || "$apart" profile "$model" --batch "$mb" -q -o "$dir/costs_$mb.json"
+  # Both shapes run 2 ranks on this machine: the profile runs a twin beside it (--ranks-per-node 2), as they will.
+  [[ -f "$dir/costs_$mb.json" ]] || "$apart" profile "$model" --batch "$mb" --ranks-per-node 2 --repeats 20 -q \
+    -o "$dir/costs_$mb.json"
   "$apart" partition "$model" --profile "$dir/costs_$mb.json" --device cpu --devices 2 --stages "$stages" \
     --replicas "$replicas" --microbatches "$microbatches" --batch "$batch" --schedule 1f1b --no-baselines \
     -o "$dir/$name" >/dev/null

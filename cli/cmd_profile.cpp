@@ -67,7 +67,8 @@ void run_profile(const ProfileArgs& a) {
   if (a.init == "random") options.random_params = true;
   else if (a.init != "model") throw InvalidArgument("--init: unknown value '" + a.init + "' (use model or random)");
   options.validate();
-  apply_threads(a.threads);
+  // Each of the node's ranks gets its share of the cores, as `apart run` gives it (training_flags.h).
+  apply_threads(a.threads, options.ranks_per_node);
   if (!backend) note_blas_kernel();
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
@@ -104,6 +105,10 @@ const bool kRegistered = register_command({"profile", 45, [](CLI::App& app) {
                   "default: cpu, or cuda with --backend cuda");
   cmd->add_option("--warmup", args->options.warmup, "Untimed runs first")->capture_default_str();
   cmd->add_option("--repeats", args->options.repeats, "Timed runs; each task's time is their median")->capture_default_str();
+  cmd->add_option("--ranks-per-node", args->options.ranks_per_node,
+                  "Profile as one of N ranks of `apart run` on this machine: N - 1 twins run the same graph meanwhile "
+                  "and each gets 1/N of the cores (CPU backend)")
+      ->capture_default_str();
   cmd->add_option("--loss", args->loss, "Scalar output to differentiate (default: the only scalar float output)");
   cmd->add_option("--init", args->init, "Params: model (the file's weights) or random (models saved without weights)")
       ->capture_default_str();

@@ -26,7 +26,7 @@ struct SimulateArgs {
   std::string schedule = "plan";
   int64_t virtual_stages = 0;
   std::string recompute = "plan";
-  double optimizer_step_ms = 0;
+  std::optional<double> optimizer_step_ms;
   std::string cluster;
   bool no_comm = false;
   std::string trace;
@@ -58,8 +58,10 @@ void run_simulate(const SimulateArgs& a) {
   if (a.recompute == "on") options.recompute = true;
   else if (a.recompute == "off") options.recompute = false;
   else if (a.recompute != "plan") throw InvalidArgument("--recompute " + a.recompute + ": expected plan, on or off");
-  checked_number(a.optimizer_step_ms, 0, limits::kMaxSeconds * 1e3, "--optimizer-step-ms");
-  options.optimizer_step_s = a.optimizer_step_ms / 1e3;
+  if (a.optimizer_step_ms) {
+    checked_number(*a.optimizer_step_ms, 0, limits::kMaxSeconds * 1e3, "--optimizer-step-ms");
+    options.optimizer_step_s = *a.optimizer_step_ms / 1e3;
+  }
   options.communication = !a.no_comm;
   const sim::SimResult result = sim::simulate(plan, options);
   std::optional<sim::Comparison> comparison;
@@ -87,8 +89,8 @@ const bool kRegistered = register_command({"simulate", 60, [](CLI::App& app) {
   cmd->add_option("--schedule", args->schedule, "plan, gpipe, 1f1b or interleaved")->capture_default_str();
   cmd->add_option("--virtual-stages", args->virtual_stages, "Chunks per device for --schedule interleaved (default 2)");
   cmd->add_option("--recompute", args->recompute, "plan, on or off")->capture_default_str();
-  cmd->add_option("--optimizer-step-ms", args->optimizer_step_ms, "Optimizer step time after the all-reduce")
-      ->capture_default_str();
+  cmd->add_option("--optimizer-step-ms", args->optimizer_step_ms,
+                  "Optimizer step time after the all-reduce on every stage (default: each stage's optimizer_s)");
   cmd->add_option("--cluster", args->cluster, "Cluster JSON (apart.cluster/1) whose links replace the plan's");
   cmd->add_flag("--no-comm", args->no_comm, "Transfers take no time (what-if)");
   cmd->add_option("--trace", args->trace, "Write a Chrome/Perfetto trace JSON here");

@@ -164,7 +164,7 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
   for (const PlanStageRecord& s : plan.stages) used += s.replicas;
   r << "\n";
   r << "predicted iteration  " << format_seconds(iteration_s) << "   (simulated: pipeline "
-    << format_seconds(predicted.pipeline_s.value_or(0)) << ", then all-reduce; analytic estimate "
+    << format_seconds(predicted.pipeline_s.value_or(0)) << ", then all-reduce and optimizer step; analytic estimate "
     << format_seconds(predicted.estimate_iteration_s.value_or(0)) << ")\n";
   r << "samples/s            " << format_significant(predicted.samples_per_s.value_or(0), 4) << "\n";
   r << "bubble fraction      " << fixed(predicted.bubble_fraction.value_or(0), 3) << "\n";

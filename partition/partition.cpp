@@ -27,7 +27,8 @@ ApartCandidates apart_candidates(const TaskGraph& graph, const CostTable& costs,
   auto timed = [&](Method method, const std::string& what, auto&& solve) {
     clock.report(what);
     const auto start = std::chrono::steady_clock::now();
-    ApartCandidates::BaselineSplit split{.method = method};
+    ApartCandidates::BaselineSplit split;
+    split.method = method;
     solve(split);
     split.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     search.baseline_splits.push_back(std::move(split));

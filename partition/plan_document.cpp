@@ -46,6 +46,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
     r.allreduce_s = s.cost.allreduce_s;
     r.allreduce_exposed_s = s.cost.allreduce_exposed_s;
     r.step_s = s.cost.step_s;
+    r.optimizer_s = s.cost.optimizer_s;
     r.param_bytes = s.cost.param_bytes;
     r.memory_bytes = s.cost.memory_bytes;
     // plan.json numbers stages from 0 and writes a model input's source as -1.

@@ -53,6 +53,7 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
     st.recompute = sol.recomputes(s);
     st.allreduce_s = c.allreduce_s;
     st.allreduce_exposed_s = c.allreduce_exposed_s;
+    st.optimizer_s = c.optimizer_s;
     st.memory_bytes = c.memory_bytes;
     st.param_bytes = c.param_bytes;
     st.memory_static_bytes = c.memory_static;
@@ -84,10 +85,10 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
 namespace {
 
 // Lower bounds on the simulator's iteration time. Every stage runs its m forwards and m backwards in series and
-// then its exposed all-reduce. When the stages form a chain (each reads from the one before) the schedule's op
-// order gives more: stage s does w warm-up forwards (1F1B: min(S − s, m); GPipe: m) and then cannot start its
+// then its exposed all-reduce and its optimizer step. When the stages form a chain (each reads from the one
+// before) the schedule's op order gives more: stage s does w warm-up forwards (1F1B: min(S − s, m); GPipe: m) and then cannot start its
 // first backward before micro-batch 0 has gone down the whole pipeline and back up to it; after its last backward
-// the gradient still has to travel back to stage 0, whose all-reduce follows.
+// the gradient still has to travel back to stage 0, whose all-reduce and step follow.
 double lower_bound(const sim::SimPlan& plan) {
   const int64_t m = plan.training.microbatches;
   const size_t stages = plan.stages.size();
@@ -97,7 +98,7 @@ double lower_bound(const sim::SimPlan& plan) {
     const sim::SimStage& st = plan.stages[s];
     f[s] = st.forward_s;
     b[s] = st.backward_s + (st.recompute ? st.forward_s : 0.0);
-    exposed[s] = st.allreduce_exposed_s.value_or(st.allreduce_s);
+    exposed[s] = st.allreduce_exposed_s.value_or(st.allreduce_s) + st.optimizer_s;  // what follows the last backward
     bound = std::max(bound, static_cast<double>(m) * (f[s] + b[s]) + exposed[s]);
   }
   for (size_t s = 1; s < stages; ++s) {

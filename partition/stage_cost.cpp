@@ -94,6 +94,7 @@ StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas) {
   const Link& inter = cluster.inter_node;
   const bool one_node = cluster.fits_one_node();
   StageLinks l;
+  l.memory_bandwidth = cluster.device.memory_bandwidth;
   if (layout == Layout::kPipelineMajor) {
     l.previous = l.next = intra;
     l.replicas = one_node ? intra : inter;
@@ -166,7 +167,8 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
     }
   }
   c.step_s = c.compute_s + c.comm_s;
-  c.h = c.step_s + c.allreduce_exposed_s / static_cast<double>(microbatches);
+  c.optimizer_s = optimizer_step_time(c.param_bytes, training.optimizer, training.precision, links.memory_bandwidth);
+  c.h = c.step_s + (c.allreduce_exposed_s + c.optimizer_s) / static_cast<double>(microbatches);
   // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
   // The cost table's saved bytes are already at the run's precision; boundary values are stored fp32.
   const double saved = range.saved_per_sample * static_cast<double>(u);
@@ -185,17 +187,18 @@ PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int6
   // GPipe and 1F1B have the same critical path in this model: fill (Σ steps) + (m − 1) bottleneck
   // steps; they differ in memory only. A discrete-event simulator can replace this function.
   PipelineEstimate e;
-  double max_step = 0, sum_steps = 0, max_allreduce = 0;
+  double max_step = 0, sum_steps = 0, max_allreduce = 0, max_optimizer = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
     sum_steps += stages[s].step_s;
     max_allreduce = std::max(max_allreduce, stages[s].allreduce_exposed_s);
+    max_optimizer = std::max(max_optimizer, stages[s].optimizer_s);
     if (stages[s].step_s > max_step) {
       max_step = stages[s].step_s;
       e.bottleneck_stage = static_cast<int>(s);
     }
   }
   e.pipeline_s = static_cast<double>(microbatches - 1) * max_step + sum_steps;
-  e.iteration_s = e.pipeline_s + max_allreduce;
+  e.iteration_s = e.pipeline_s + max_allreduce + max_optimizer;
   const double busy = static_cast<double>(microbatches) * max_step;
   e.bubble_fraction = e.pipeline_s > 0 ? 1.0 - busy / e.pipeline_s : 0.0;
   (void)schedule;

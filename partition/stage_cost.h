@@ -22,7 +22,8 @@ struct StageCost {
   double allreduce_s = 0;   // gradient all-reduce among the replicas, once per iteration
   double allreduce_exposed_s = 0;  // the part of it not hidden behind the last backward (TrainingSpec)
   double step_s = 0;        // compute + comm: one pipeline step
-  double h = 0;             // the DP's objective term: step + exposed all-reduce / m
+  double optimizer_s = 0;   // the optimizer step after the all-reduce, once per iteration (memory-bound)
+  double h = 0;             // the DP's objective term: step + (exposed all-reduce + optimizer step) / m
   int64_t memory_bytes = 0; // peak bytes on one device: ceil(memory_static + in_flight × memory_per_in_flight)
   double memory_static = 0;       // state + workspace (+ one recomputed micro-batch's saved bytes)
   double memory_per_in_flight = 0;  // activation bytes kept per in-flight micro-batch
@@ -36,6 +37,7 @@ struct StageCost {
 // and among its replicas (the gradient all-reduce ring).
 struct StageLinks {
   Link previous, next, replicas;
+  double memory_bandwidth = 0;  // bytes/s of each device's own memory, which the optimizer step streams through
 };
 
 // How stages and replicas map onto nodes (partition/placement.h places devices by it). Before placement the
@@ -109,7 +111,8 @@ class StageEvaluator {
 };
 
 // The analytic pipeline estimate, in one place so a simulator can replace it:
-// (m − 1) · max step + Σ steps + max exposed all-reduce (the stages' replicas all-reduce concurrently at the end).
+// (m − 1) · max step + Σ steps + max exposed all-reduce + max optimizer step (the stages' replicas all-reduce, then
+// step, concurrently at the end).
 struct PipelineEstimate {
   double iteration_s = 0;
   double pipeline_s = 0;      // without all-reduce

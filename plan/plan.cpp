@@ -79,6 +79,7 @@ ordered stage_json(const PlanStageRecord& s) {
   put(j, "allreduce_s", s.allreduce_s);
   put(j, "allreduce_exposed_s", s.allreduce_exposed_s);
   put(j, "step_s", s.step_s);
+  put(j, "optimizer_s", s.optimizer_s);
   put(j, "param_bytes", s.param_bytes);
   put(j, "memory_bytes", s.memory_bytes);
   put(j, "memory_static_bytes", s.memory_static_bytes);
@@ -286,6 +287,7 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
     if (stage.allreduce_exposed_s && *stage.allreduce_exposed_s > stage.allreduce_s.value_or(0) * (1 + 1e-12))
       r.fail(p + "allreduce_exposed_s", "exceeds " + p + "allreduce_s (the exposed part of an all-reduce)");
     stage.step_s = l.optional_seconds(st, p, "step_s");
+    stage.optimizer_s = r.optional_seconds(st, p, "optimizer_s");
     stage.param_bytes = r.optional_integer(st, p, "param_bytes", 0, limits::kMaxByteCount);
     stage.memory_bytes = r.optional_integer(st, p, "memory_bytes", 0, limits::kMaxByteCount);
     stage.memory_static_bytes = r.optional_bytes(st, p, "memory_static_bytes");

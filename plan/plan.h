@@ -89,6 +89,7 @@ struct PlanStageRecord {
   std::optional<double> allreduce_s;
   std::optional<double> allreduce_exposed_s;  // the part of the all-reduce not hidden behind the last backward
   std::optional<double> step_s;
+  std::optional<double> optimizer_s;  // the optimizer step after the all-reduce (absent in plans before it)
   std::optional<int64_t> param_bytes;
   std::optional<int64_t> memory_bytes;        // the peak estimate for one device of this stage
   std::optional<double> memory_static_bytes;  // finer memory fields (docs/simulator.md §Memory); optional

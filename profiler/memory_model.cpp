@@ -41,6 +41,18 @@ double gradient_bytes_per_param_byte(Precision precision) {
   return gradient_bytes_per_param(precision) / kParamStorageBytes;
 }
 
+double optimizer_traffic_bytes_per_param_byte(Optimizer optimizer, Precision precision) {
+  return (kParamStorageBytes + weight_bytes_per_param(precision) + 2 * gradient_bytes_per_param(precision) +
+          2 * optimizer_state_bytes_per_param(optimizer)) /
+         kParamStorageBytes;
+}
+
+double optimizer_step_time(int64_t param_bytes, Optimizer optimizer, Precision precision, double memory_bandwidth) {
+  if (param_bytes <= 0 || !(memory_bandwidth > 0)) return 0;
+  return static_cast<double>(param_bytes) * optimizer_traffic_bytes_per_param_byte(optimizer, precision) /
+         memory_bandwidth;
+}
+
 double activation_bytes_factor(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
 
 StageMemory stage_memory(const StageMemoryInput& in) {

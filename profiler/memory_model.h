@@ -28,6 +28,14 @@ double bytes_per_param(Optimizer optimizer, Precision precision);  // the three 
 double state_bytes_per_param_byte(Optimizer optimizer, Precision precision);
 // Gradient bytes all-reduced per stored parameter byte: gradient_bytes_per_param / kParamStorageBytes (mixed: 0.5).
 double gradient_bytes_per_param_byte(Precision precision);
+// Bytes the optimizer step moves through memory per stored parameter byte: it reads the fp32 master weights,
+// the gradients and the state, writes the weights (and their 16-bit copy under mixed), the state, and zeroes the
+// gradients for the next iteration: (4 + weight + 2 · gradient + 2 · state bytes per param) / kParamStorageBytes.
+// fp32: 4, 6, 8 for sgd, momentum, adam (Adam: 32 bytes per 4-byte param).
+double optimizer_traffic_bytes_per_param_byte(Optimizer optimizer, Precision precision);
+// The optimizer step of `param_bytes` stored parameter bytes on a device whose memory streams `memory_bandwidth`
+// bytes/s: a memory-bound update, traffic / bandwidth (docs/cost-model.md, "Optimizer step"); 0 without a bandwidth.
+double optimizer_step_time(int64_t param_bytes, Optimizer optimizer, Precision precision, double memory_bandwidth);
 // Activation bytes per fp32 byte the graph stores: mixed precision keeps activations (and moves whole-kernel
 // traffic) in fp16/bf16, half; fp32 and tf32 keep fp32.
 double activation_bytes_factor(Precision precision);

@@ -6,8 +6,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <cmath>
+#include <atomic>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -32,6 +37,10 @@ namespace fs = std::filesystem;
 void ProfileOptions::validate() const {
   checked_integer(warmup, 0, 1000000, "--warmup");
   checked_integer(repeats, 1, 1000000, "--repeats");
+  checked_integer(ranks_per_node, 1, kMaxRanksPerNode, "--ranks-per-node");
+  if (ranks_per_node > 1 && backend && backend != &cpu_backend())
+    throw InvalidArgument("--ranks-per-node " + std::to_string(ranks_per_node) +
+                          ": twins share a CPU's cores; on a GPU each rank has its own device (use 1)");
 }
 
 std::string forward_scope_of(const std::string& name) {
@@ -90,9 +99,12 @@ struct Runs {
   std::vector<double> walls;
 };
 
-Runs time_runs(Executor& executor, const std::map<std::string, Tensor>& inputs, const ProfileOptions& options) {
+// `before_timed` runs once, after the warm-up runs and before the first timed one.
+Runs time_runs(Executor& executor, const std::map<std::string, Tensor>& inputs, const ProfileOptions& options,
+               const std::function<void()>& before_timed) {
   Runs runs;
   for (int r = 0; r < options.warmup + options.repeats; ++r) {
+    if (r == options.warmup) before_timed();
     if (options.on_progress)
       options.on_progress("run " + std::to_string(r + 1) + " of " + std::to_string(options.warmup + options.repeats) +
                           (r < options.warmup ? " (warmup)" : " (timed)"));
@@ -112,6 +124,64 @@ std::map<std::string, Tensor> synthetic_inputs(const TaskGraph& g, uint64_t seed
   return make_synthetic_data(inputs, seed)->batch(0);
 }
 
+// The N − 1 twins of ProfileOptions::ranks_per_node: each runs its own executor of the graph over and over on its
+// own thread, from construction until finish(), which rethrows the first twin's error. wait_until_warm() returns
+// once every twin has finished a run (or one failed), so that the timed runs all meet the twins at work.
+class Twins {
+ public:
+  Twins(int count, const onnx::ModelProto& model, const fs::path& dir, const ExecutorOptions& options,
+        const ImportOptions& import, uint64_t seed) {
+    for (int i = 0; i < count; ++i) executors_.push_back(std::make_unique<Executor>(model, dir, options, import));
+    for (auto& executor : executors_)
+      threads_.emplace_back([this, seed, e = executor.get()] {
+        try {
+          const auto inputs = synthetic_inputs(e->model().graph, seed);
+          for (bool first = true; !stop_.load(std::memory_order_relaxed); first = false) {
+            e->run(inputs);
+            const std::lock_guard lock(mutex_);
+            ++runs_;
+            if (first) ++warm_;
+            warmed_.notify_all();
+          }
+        } catch (...) {
+          const std::lock_guard lock(mutex_);
+          if (!error_) error_ = std::current_exception();
+          warmed_.notify_all();
+        }
+      });
+  }
+  void wait_until_warm() {
+    std::unique_lock lock(mutex_);
+    warmed_.wait(lock, [&] { return error_ || warm_ == executors_.size(); });
+  }
+  int64_t runs() {
+    const std::lock_guard lock(mutex_);
+    return runs_;
+  }
+  Twins(const Twins&) = delete;
+  Twins& operator=(const Twins&) = delete;
+  ~Twins() { join(); }
+  void finish() {
+    join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void join() {
+    stop_ = true;
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+  std::vector<std::unique_ptr<Executor>> executors_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::condition_variable warmed_;
+  size_t warm_ = 0;
+  int64_t runs_ = 0;
+  std::exception_ptr error_;
+};
+
 }  // namespace
 
 ProfileResult profile_model(const ImportedModel& model, const ImportOptions& import, const ProfileOptions& options) {
@@ -122,6 +192,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   result.warmup = options.warmup;
   result.repeats = options.repeats;
   result.threads = compute_threads();
+  result.ranks_per_node = options.ranks_per_node;
 
   Backend& backend = options.backend ? *options.backend : cpu_backend();
   const bool on_cpu = &backend == &cpu_backend();
@@ -176,6 +247,9 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   exec_options.time_tasks = true;  // on a device: a synchronize before and after each task (Executor::execute)
   exec_options.backend = &backend;
   exec_options.outputs_on_backend = true;  // the outputs are dropped: no copy back to the host inside the wall time
+  ExecutorOptions twin_options = exec_options;
+  twin_options.time_tasks = false;
+  const int twins = options.ranks_per_node - 1;
 
   // Forward ONNX node index → forward task; raw ONNX node name (or <OpType>_<index>) → node index,
   // the scope autodiff gives a node's backward (first one wins for repeated names).
@@ -238,7 +312,11 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
 
   if (training) {
     Executor executor(training->model, path.parent_path(), exec_options, exec_import);
-    const Runs runs = time_runs(executor, synthetic_inputs(executor.model().graph, options.seed), options);
+    Twins running(twins, training->model, path.parent_path(), twin_options, exec_import, options.seed);
+    const Runs runs = time_runs(executor, synthetic_inputs(executor.model().graph, options.seed), options,
+                                [&] { running.wait_until_warm(); });
+    running.finish();
+    result.twin_runs = running.runs();
     fold(executor.model().graph, runs, true);
     result.fallback_ops = executor.fallback_ops();
     result.step_s = median(runs.walls);
@@ -249,8 +327,12 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     ImportOptions forward_import = import;
     forward_import.require_external_data = true;
     auto executor = std::make_unique<Executor>(forward, path.parent_path(), exec_options, forward_import);
+    Twins running(twins, forward, path.parent_path(), twin_options, forward_import, options.seed);
     forward.Clear();
-    const Runs runs = time_runs(*executor, synthetic_inputs(executor->model().graph, options.seed), options);
+    const Runs runs = time_runs(*executor, synthetic_inputs(executor->model().graph, options.seed), options,
+                                [&] { running.wait_until_warm(); });
+    running.finish();
+    result.twin_runs = running.runs();
     fold(executor->model().graph, runs, false);
     result.fallback_ops = executor->fallback_ops();
     result.step_s = median(runs.walls);
@@ -284,6 +366,8 @@ nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& r) {
                       {"repeats", r.repeats},
                       {"statistic", "median"},
                       {"threads", r.threads},
+                      {"ranks_per_node", r.ranks_per_node},
+                      {"twin_runs", r.twin_runs},
                       {"backend", r.backend},
                       {"cpu_fallback_ops", r.fallback_ops},
                       {"backward", r.backward_measured ? "measured" : "estimated"},

@@ -16,6 +16,8 @@
 
 namespace apart {
 
+inline constexpr int kMaxRanksPerNode = 256;
+
 struct ProfileOptions {
   int warmup = 2;    // untimed runs first (arena, page faults, BLAS thread start-up)
   int repeats = 5;   // timed runs; a task's time is the median over them
@@ -28,6 +30,10 @@ struct ProfileOptions {
   // The device preset the times stand for (the cluster's device in `apart partition --profile`), which also gives the
   // analytic FLOPs and bytes; "": "cpu" on the CPU backend, the backend's name ("cuda") on another.
   std::string device;
+  // Ranks of `apart run` that will share this machine's cores (CPU backend only): N − 1 twin executors run the same
+  // graph on their own threads throughout the warm-up and timed runs, so each task's time carries the contention
+  // for caches and memory bandwidth that N ranks of one node meet, which a lone process does not see.
+  int ranks_per_node = 1;
   // Called as soon as a phase starts ("building the training graph", "run 3 of 7 (timed)") and as soon as a
   // warning is known (the same text also lands in the table's warnings); both may be empty.
   std::function<void(const std::string&)> on_progress;
@@ -43,6 +49,8 @@ struct ProfileResult {
   int warmup = 0;
   int repeats = 0;
   int threads = 0;                 // hardware threads the kernels may use
+  int ranks_per_node = 1;          // executors that ran at once (ProfileOptions::ranks_per_node)
+  int64_t twin_runs = 0;           // whole runs the twins finished meanwhile (each at least one before the timing)
   std::string backend;             // Backend::describe() of what was timed
   std::vector<std::string> fallback_ops;  // ops timed on the CPU kernel for want of a backend kernel
   double step_s = 0;               // median wall time of one whole run (forward + backward)

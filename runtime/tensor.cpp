@@ -4,6 +4,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstring>
+#include <malloc.h>
 #include <fstream>
 
 #include "graph/atomic_file.h"
@@ -18,7 +19,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// glibc returns a freed block above its mmap threshold (128 KiB at first) to the kernel, and trims the heap once
+// 128 KiB at its top is free, so each micro-batch's fresh activation tensors fault their pages in again: measured
+// on gpt-tiny (`apart run`, 1 rank, batch 4), forward 6.0 ms with the defaults vs 4.7 ms with the freed memory
+// kept (the profile's fused run, which reuses one arena, 3.4 ms). Keep freed blocks up to 32 MiB (glibc's largest
+// mmap threshold on 64-bit) in the heap and up to 256 MiB of free heap mapped, once, before the first tensor.
+bool keep_freed_memory_for_reuse() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+  return true;
+}
+
 std::shared_ptr<std::byte> allocate_bytes(int64_t bytes) {
+  static const bool kTuned = keep_freed_memory_for_reuse();
+  (void)kTuned;
   // One extra element keeps zero-size tensors at a valid address; value-initialised (zeroed).
   auto* p = new std::byte[static_cast<size_t>(bytes) + 8]();
   return std::shared_ptr<std::byte>(p, std::default_delete<std::byte[]>());

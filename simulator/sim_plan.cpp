@@ -40,6 +40,7 @@ SimPlan sim_plan(const PlanDocument& document, const std::string& source) {
     stage.recompute = s.recompute;
     stage.allreduce_s = s.allreduce_s.value_or(0.0);
     stage.allreduce_exposed_s = s.allreduce_exposed_s;
+    stage.optimizer_s = s.optimizer_s.value_or(0);
     stage.memory_bytes = s.memory_bytes.value_or(0);
     stage.tasks = static_cast<int64_t>(s.tasks.size());
     stage.param_bytes = s.param_bytes;

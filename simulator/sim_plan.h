@@ -32,6 +32,7 @@ struct SimStage {
   double allreduce_s = 0;
   // The part of the all-reduce not hidden behind the last backward (overlapped bucketed all-reduce); absent: all.
   std::optional<double> allreduce_exposed_s;
+  double optimizer_s = 0;    // the optimizer step after the all-reduce; 0 in plans that predate it
   int64_t memory_bytes = 0;  // the plan's peak estimate for one device of this stage
   int64_t tasks = 0;         // tasks the plan lists for this stage (0: it lists none); caps virtual stages
   std::optional<int64_t> param_bytes;

@@ -249,7 +249,7 @@ class Engine {
     } else if (phase_[gi] == 1) {
       phase_[gi] = 2;
       e.kind = EventKind::kStep;
-      e.end_s = now + options_.optimizer_step_s;
+      e.end_s = now + options_.optimizer_step_s.value_or(plan_.stages[gi].optimizer_s);
     } else {
       phase_[gi] = 3;
       return;
@@ -414,7 +414,8 @@ SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
                         " and at most the tasks of the smallest stage)");
   }
   check_simulation_size(plan, chunks);
-  checked_number(options.optimizer_step_s, 0, limits::kMaxSeconds, "the optimizer step time (s)");
+  if (options.optimizer_step_s)
+    checked_number(*options.optimizer_step_s, 0, limits::kMaxSeconds, "the optimizer step time (s)");
   if (options.recompute)
     for (SimStage& st : plan.stages) st.recompute = *options.recompute;
 

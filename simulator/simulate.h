@@ -17,7 +17,9 @@ struct SimOptions {
   std::optional<Schedule> schedule;  // default: the plan's training.schedule
   int virtual_stages = 0;            // chunks per device for interleaved; 0: the plan's, or 2
   std::optional<bool> recompute;     // default: each stage's plan value
-  double optimizer_step_s = 0;       // cost of the optimizer step after the all-reduce (default 0)
+  // The optimizer step after the all-reduce, on every stage; default: each stage's optimizer_s (0 where the plan
+  // has none).
+  std::optional<double> optimizer_step_s;
   bool communication = true;         // false: transfers take no time (for what-if comparisons)
 };
 

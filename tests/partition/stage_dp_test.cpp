@@ -148,6 +148,28 @@ TEST(AStageEvaluator, ChargesCommunicationOnlyForValuesCrossingTheStage) {
   EXPECT_DOUBLE_EQ(ev.in_bytes_per_sample(0, 3), 0);
 }
 
+TEST(AStageEvaluator, ChargesTheOptimizerStepOncePerIterationAndTheEstimateWaitsForTheSlowest) {
+  BlockSequence seq;
+  seq.blocks.resize(2);
+  seq.params.push_back({4'000'000, {0}});
+  seq.params.push_back({400'000, {1}});
+  for (const ParamUse& p : seq.params)
+    for (uint32_t b : p.readers) seq.blocks[b].param_bytes += p.bytes;
+  Cluster cluster = testing::test_cluster(2);
+  cluster.device.memory_bandwidth = 1e9;
+  TrainingSpec training;  // Adam, fp32: 32 bytes of traffic per 4-byte param
+  const StageEvaluator ev(seq, cluster, training);
+  const int64_t m = 4;
+  const StageCost first = ev.evaluate(0, 1, 1, m, 1, false);
+  const StageCost second = ev.evaluate(1, 2, 1, m, 1, false);
+  EXPECT_DOUBLE_EQ(first.optimizer_s, 4e6 * 8 / 1e9);
+  EXPECT_DOUBLE_EQ(second.optimizer_s, 4e5 * 8 / 1e9);
+  EXPECT_DOUBLE_EQ(first.h, first.step_s + first.optimizer_s / static_cast<double>(m));
+  const std::vector<StageCost> both = {first, second};
+  const PipelineEstimate e = estimate_iteration_time(both, m, Schedule::k1F1B);
+  EXPECT_DOUBLE_EQ(e.iteration_s, e.pipeline_s + first.optimizer_s);
+}
+
 TEST(AStageEvaluator, CountsAWeightSharedByBlocksOfOneStageOnce) {
   BlockSequence seq;
   seq.blocks.resize(3);

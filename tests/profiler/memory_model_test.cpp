@@ -63,6 +63,20 @@ TEST(StateBytesPerParamByte, IsBytesPerParamOverTheFourBytesOfAStoredFp32Param) 
   EXPECT_EQ(optimizer_state_bytes_per_param(Optimizer::kMomentum), 4);
 }
 
+TEST(TheOptimizerStep, MovesMasterGradientsAndStateThroughMemoryOnce) {
+  // Adam fp32 per param: reads weight, gradient, m, v (16 B), writes weight, m, v (12 B), zeroes the gradient (4 B).
+  EXPECT_EQ(optimizer_traffic_bytes_per_param_byte(Optimizer::kAdam, Precision::kFp32) * kParamStorageBytes, 32);
+  EXPECT_EQ(optimizer_traffic_bytes_per_param_byte(Optimizer::kAdamW, Precision::kTf32) * kParamStorageBytes, 32);
+  EXPECT_EQ(optimizer_traffic_bytes_per_param_byte(Optimizer::kMomentum, Precision::kFp32) * kParamStorageBytes, 24);
+  EXPECT_EQ(optimizer_traffic_bytes_per_param_byte(Optimizer::kSgd, Precision::kFp32) * kParamStorageBytes, 16);
+  // Mixed: the 16-bit copy is written too (2 B), the gradients are 16-bit (2 + 2 B): 4 + 6 + 4 + 16.
+  EXPECT_EQ(optimizer_traffic_bytes_per_param_byte(Optimizer::kAdam, Precision::kMixed) * kParamStorageBytes, 30);
+  // 1 M fp32 params (4 MB) with Adam at 10 GB/s: 32 MB / 10 GB/s.
+  EXPECT_DOUBLE_EQ(optimizer_step_time(4'000'000, Optimizer::kAdam, Precision::kFp32, 10e9), 32e6 / 10e9);
+  EXPECT_EQ(optimizer_step_time(0, Optimizer::kAdam, Precision::kFp32, 10e9), 0);
+  EXPECT_EQ(optimizer_step_time(4'000'000, Optimizer::kAdam, Precision::kFp32, 0), 0);  // no bandwidth: not costed
+}
+
 TEST(GradientBytes, AreHalvedOnlyUnderMixedPrecision) {
   EXPECT_EQ(gradient_bytes_per_param_byte(Precision::kFp32), 1.0);
   EXPECT_EQ(gradient_bytes_per_param_byte(Precision::kTf32), 1.0);  // tf32 stores fp32

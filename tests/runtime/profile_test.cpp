@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/run_apart.h"
+#include "graph/error.h"
 #include "importer/importer.h"
 #include "plan/costs_json.h"
 #include "runtime/profile.h"
@@ -71,6 +72,36 @@ TEST(AMeasuredProfile, HasEveryTaskWithFiniteNonNegativeTimes) {
   EXPECT_GT(r.step_s, 0);
   // Almost all of the training graph's time lands on forward tasks.
   EXPECT_LE(r.unattributed_s, 0.2 * r.tasks_s);
+}
+
+// As one of two ranks on this machine: a twin runs the same graph throughout, warm before the first timed run.
+TEST(AMeasuredProfileAsOneOfTwoRanks, TimesEveryTaskWhileATwinRunsAndSaysSo) {
+  const auto m = apart::import_model(gpt_tiny(), batch(2));
+  apart::ProfileOptions o = quick();
+  o.ranks_per_node = 2;
+  const auto r = apart::profile_model(m, batch(2), o);
+  ASSERT_EQ(r.table.tasks.size(), m.graph.num_tasks());
+  EXPECT_EQ(r.ranks_per_node, 2);
+  EXPECT_GE(r.twin_runs, 1);
+  EXPECT_GT(r.step_s, 0);
+  const nlohmann::json j = apart::profile_to_json(m.graph, r);
+  EXPECT_EQ(j["measurement"]["ranks_per_node"], 2);
+  EXPECT_EQ(j["measurement"]["twin_runs"], r.twin_runs);
+  // Alone, nothing runs beside it.
+  EXPECT_EQ(apart::profile_model(m, batch(2), quick()).twin_runs, 0);
+}
+
+TEST(AMeasuredProfileAsOneOfTwoRanks, IsRefusedOnADeviceAndOutsideItsRange) {
+  apart::testing::HostDeviceBackend device;
+  apart::ProfileOptions o = quick();
+  o.ranks_per_node = 2;
+  o.backend = &device;
+  EXPECT_THROW(o.validate(), apart::InvalidArgument);
+  o.backend = nullptr;
+  for (int bad : {0, -1, apart::kMaxRanksPerNode + 1}) {
+    o.ranks_per_node = bad;
+    EXPECT_THROW(o.validate(), apart::InvalidArgument) << bad;
+  }
 }
 
 // On a device, each timed task is bracketed by two synchronizations, the file names the device preset the times stand
@@ -161,6 +192,7 @@ TEST(ProfileCli, RefusesBadFlagsWithExitCode2) {
   const fs::path out = scratch("bad.json");
   EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --repeats 0 -o " + out.string()).code, 2);
   EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --backend tpu -o " + out.string()).code, 2);
+  EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --ranks-per-node 0 -o " + out.string()).code, 2);
   // Without CUDA or a GPU, --backend cuda is Unsupported (exit 4), before any run.
   if (apart::cuda_device_count() == 0)
     EXPECT_EQ(run_apart("profile " + gpt_tiny() + " --dim batch=2 --backend cuda -o " + out.string()).code, 4);

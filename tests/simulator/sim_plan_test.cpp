@@ -67,6 +67,16 @@ TEST(APlanReader, TakesTheRecomputedForwardOutOfBackward) {
   EXPECT_TRUE(p.stages[1].recompute);
 }
 
+TEST(APlanReader, ReadsEachStagesOptimizerStepAndZeroWherePlansBeforeItHaveNone) {
+  json j = valid_plan();
+  j["stages"][1]["optimizer_s"] = 0.004;
+  const SimPlan p = plan_from_json(j, "p.json");
+  EXPECT_EQ(p.stages[0].optimizer_s, 0);
+  EXPECT_DOUBLE_EQ(p.stages[1].optimizer_s, 0.004);
+  j["stages"][1]["optimizer_s"] = -1;
+  EXPECT_NE(error_of(j).find("stages[1].optimizer_s"), std::string::npos) << error_of(j);
+}
+
 TEST(APlanReader, PrefersThePlansBandwidths) {
   json j = valid_plan();
   j["cluster"]["inter_node_bandwidth"] = 1e9;

@@ -115,6 +115,22 @@ TEST(ASimulatedPipeline, EndsWithTheAllReduceAndTheOptimizerStep) {
   expect_rel(r.iteration_s, 6 * (kF + kB) + 2e-3 + 0.5e-3);
 }
 
+TEST(ASimulatedPipeline, StepsEachStageForItsOwnOptimizerTimeUnlessOneIsGivenForAll) {
+  SimPlan p = chain_plan(3, 4, kF, kB);
+  p.stages[0].optimizer_s = 9e-3;  // stage 0 finishes its last backward last, at 6 (F + B)
+  p.stages[2].optimizer_s = 1e-3;
+  const SimResult own = simulate(p, with(Schedule::k1F1B));
+  expect_rel(own.iteration_s, 6 * (kF + kB) + 9e-3);
+  expect_rel(own.stages[0].step_s, 9e-3);
+  EXPECT_EQ(own.stages[1].step_s, 0);
+  expect_rel(own.stages[2].step_s, 1e-3);
+  SimOptions o = with(Schedule::k1F1B);
+  o.optimizer_step_s = 0.5e-3;
+  const SimResult given = simulate(p, o);
+  expect_rel(given.iteration_s, 6 * (kF + kB) + 0.5e-3);
+  expect_rel(given.stages[2].step_s, 0.5e-3);
+}
+
 TEST(ASimulatedPipeline, ReportsACriticalPathOfTouchingEventsFromZeroToTheEnd) {
   for (Schedule s : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved}) {
     const SimResult r = simulate(chain_plan(4, 8, kF, kB, 1e5), with(s));

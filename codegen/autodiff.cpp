@@ -291,6 +291,25 @@ const std::vector<std::string>& forward_only_ops() {
   return ops;
 }
 
+std::string choose_loss(const std::vector<LossCandidate>& outputs, const std::string& requested,
+                        const std::string& model) {
+  if (!requested.empty()) return requested;
+  std::string loss, names;
+  for (const LossCandidate& o : outputs) {
+    names += (names.empty() ? "" : ", ") + quote(o.name);
+    if (!o.scalar_float) continue;
+    if (!loss.empty())
+      throw InvalidArgument(model + " has several scalar float outputs (" + quote(loss) + ", " + quote(o.name) +
+                            "): name the one to minimise with --loss NAME");
+    loss = o.name;
+  }
+  if (loss.empty())
+    throw InvalidArgument(model + " has no scalar float output to minimise (its outputs: " + names +
+                          "): add a loss to the model as a graph output (e.g. a ReduceMean of the error), and name "
+                          "it with --loss NAME if it is not the only scalar float output");
+  return loss;
+}
+
 TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options) {
   int64_t opset = 0;
   for (const auto& o : forward.opset_import())
@@ -325,19 +344,12 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
   };
   std::string loss = options.loss;
   if (loss.empty() && options.output_gradients.empty()) {
+    std::vector<LossCandidate> outputs;
     for (const auto& o : fg.output()) {
       const ValueMeta& m = meta(o.name());
-      if (is_float(m.dtype) && m.shape_known && product_of(m.shape) == 1) {
-        if (!loss.empty())
-          throw InvalidArgument("the model has several scalar float outputs (" + quote(loss) + ", " + quote(o.name()) +
-                                "): name the one to minimise with --loss NAME");
-        loss = o.name();
-      }
+      outputs.push_back({o.name(), is_float(m.dtype) && m.shape_known && product_of(m.shape) == 1});
     }
-    if (loss.empty())
-      throw InvalidArgument("the model has no scalar float output to minimise (its outputs: " + output_names() +
-                            "): add a loss to the model as a graph output (e.g. a ReduceMean of the error), and name "
-                            "it with --loss NAME if it is not the only scalar float output");
+    loss = choose_loss(outputs, "");
   }
   auto is_output = [&](const std::string& name) {
     return std::any_of(fg.output().begin(), fg.output().end(), [&](const auto& o) { return o.name() == name; });

@@ -50,6 +50,17 @@ struct TrainingGraph {
 bool has_gradient_rule(std::string_view op_type);
 const std::vector<std::string>& forward_only_ops();
 
+// A graph output as the loss rule sees it.
+struct LossCandidate {
+  std::string name;
+  bool scalar_float = false;  // a floating-point value of one element with a known shape
+};
+// The loss rule of every trainer (build_training_graph, apart train, apart run): `requested` when given, else the
+// only scalar float output. InvalidArgument when there are several or none, starting with `model` ("the model",
+// or its path) and saying how to name one with --loss.
+std::string choose_loss(const std::vector<LossCandidate>& outputs, const std::string& requested,
+                        const std::string& model = "the model");
+
 // Throws Unsupported naming the node whose op has no gradient rule, InvalidArgument for a bad loss/param.
 TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options = {});
 

@@ -72,20 +72,14 @@ std::string rank_label(int rank, int world, const RankRole& role) {
          " replica " + std::to_string(role.replica);
 }
 
-// The model's loss: `requested`, or its only scalar float output (the rule build_training_graph applies).
+// The model's loss, by the rule build_training_graph applies (codegen/autodiff.h choose_loss).
 std::string model_loss(const TaskGraph& graph, const std::string& requested, const std::string& model) {
-  if (!requested.empty()) return requested;
-  std::string loss;
+  std::vector<LossCandidate> outputs;
   for (ValueId v : graph.graph_outputs()) {
     const Value& value = graph.value(v);
-    if (!is_floating(value.dtype) || !value.shape_known || value.elements != 1) continue;
-    if (!loss.empty())
-      throw InvalidArgument(model + " has several scalar float outputs (" + quote(loss) + ", " + quote(value.name) +
-                            "): name the one to minimise with --loss NAME");
-    loss = value.name;
+    outputs.push_back({value.name, is_floating(value.dtype) && value.shape_known && value.elements == 1});
   }
-  if (loss.empty()) throw InvalidArgument(model + " has no scalar float output to minimise: name it with --loss NAME");
-  return loss;
+  return choose_loss(outputs, requested, model);
 }
 
 // A stage file that is ONNX and fits its plan record: a graph input for each of the stage's plan inputs, a graph

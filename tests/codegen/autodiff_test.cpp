@@ -499,6 +499,26 @@ TEST(ATrainingGraph, OfResNet50MatchesADirectionalFiniteDifferenceInFloat64) {
   expect_directional_derivative_matches(tg, training_forward, inputs, 1e-8, 1e-4);
 }
 
+// The one loss rule build_training_graph, apart train and apart run share.
+TEST(TheLossRule, TakesTheRequestedOutputElseTheOnlyScalarFloatOneAndNamesTheChoicesOtherwise) {
+  const std::vector<LossCandidate> one = {{"logits", false}, {"loss", true}};
+  EXPECT_EQ(choose_loss(one, ""), "loss");
+  EXPECT_EQ(choose_loss(one, "logits"), "logits");  // what the caller asked for; it checks the value itself
+  auto message = [](const std::vector<LossCandidate>& outputs, const std::string& model) {
+    try {
+      choose_loss(outputs, "", model);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string several = message({{"a", true}, {"b", true}}, "m.onnx");
+  EXPECT_EQ(several.rfind("m.onnx has several scalar float outputs ('a', 'b')", 0), 0u) << several;
+  EXPECT_NE(several.find("--loss NAME"), std::string::npos) << several;
+  const std::string none = message({{"logits", false}}, "the model");
+  EXPECT_EQ(none.rfind("the model has no scalar float output to minimise (its outputs: 'logits')", 0), 0u) << none;
+}
+
 }  // namespace
 }  // namespace apart
 

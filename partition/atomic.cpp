@@ -74,8 +74,19 @@ AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, c
     }
     users[t].assign(set.begin(), set.end());
   }
-  for (uint32_t t = 0; t < n; ++t)
-    for (uint32_t c : users[t]) atomic.components[c].constant_tasks.push_back(TaskId(t));
+  // A constant task that runs every step (it reads params: a measured profile's times; the analytic model's are 0)
+  // costs the same at any micro-batch size. Its time is split evenly over its users, so that a stage holding all of
+  // them pays it once; a stage holding some pays its share (the runtime runs it in full there: an underestimate
+  // only for constants shared across stages).
+  for (uint32_t t = 0; t < n; ++t) {
+    const double share = users[t].empty() ? 0 : 1.0 / static_cast<double>(users[t].size());
+    for (uint32_t c : users[t]) {
+      AtomicComponent& component = atomic.components[c];
+      component.constant_tasks.push_back(TaskId(t));
+      component.cost.forward.fixed_s += costs.tasks[t].forward_s * share;
+      component.cost.backward.fixed_s += costs.tasks[t].backward_s * share;
+    }
+  }
 
   // Weights: each counted once per component that reads it, directly or through its constant tasks.
   for (uint32_t v = 0; v < graph.num_values(); ++v) {

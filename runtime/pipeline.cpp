@@ -130,9 +130,10 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
                        " does not divide into " + std::to_string(s.microbatches) + " micro-batches");
   s.microbatch_samples = s.global_batch / s.microbatches;
   for (const auto& stage : plan.stages)
-    if (s.microbatch_samples % stage.replicas != 0)
+    if (s.microbatch_samples < stage.replicas)
       throw InvalidModel(options.plan + ": stage " + std::to_string(stage.id) + " has " + std::to_string(stage.replicas) +
-                         " replicas, which do not divide a micro-batch of " + std::to_string(s.microbatch_samples) + " samples");
+                         " replicas, more than the " + std::to_string(s.microbatch_samples) +
+                         " samples of a micro-batch: some replica would get none; re-run apart partition");
 
   // The model: the one the plan names unless --model says otherwise, and the same bytes (sha256).
   s.model_path = options.model.empty() ? fs::path(plan.model ? plan.model->path : "") : fs::path(options.model);
@@ -333,6 +334,15 @@ class StageRunner {
   // The tensors a checkpoint shard holds: "param/<name>" (trained and BatchNorm statistics) and "optim/<name>/<slot>".
   std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors();
   SampleRange my_samples() const { return replica_samples(setup_.microbatch_samples, stage_.replicas, setup_.role.replica); }
+  // What this rank's backward is weighted by: its loss is the mean over its slice of n_j samples, and the batch's
+  // mean weighs every sample alike, so a loss-stage replica scales its gradients by n_j · r / n (1 with equal
+  // slices; the step then divides the sum over micro-batches and replicas by m · r). Scaling everything its backward
+  // produces (param and input gradients) is scaling its loss seed: the backward is linear in it.
+  double loss_weight() const {
+    if (graphs_.loss_output.empty()) return 1;
+    const SampleRange mine = my_samples();
+    return static_cast<double>(mine.end - mine.begin) * stage_.replicas / static_cast<double>(setup_.microbatch_samples);
+  }
   // The values of a message on the edge from → to (the receiving stage's inputs from `from`, in plan order);
   // gradient messages carry the float ones.
   std::vector<std::string> edge_values(int from, int to, bool gradient) const;
@@ -400,7 +410,8 @@ void StageRunner::build() {
   // Boundary values: those from earlier stages come in (their gradients go out), those for later stages go out.
   StageGraphOptions g;
   ImportOptions import;
-  import.batch = stage_.microbatch_size.value_or(setup_.microbatch_samples / stage_.replicas);
+  const SampleRange mine = my_samples();  // this replica's slice: ⌈n/r⌉ or ⌊n/r⌋ samples
+  import.batch = mine.end - mine.begin;
   import.batch_explicit = true;
   import.require_external_data = options_.init == ParamInit::kModel;
   g.training.import = import;
@@ -583,12 +594,14 @@ void StageRunner::backward(int64_t k, int64_t step) {
   }
   const bool last = ++backwards_done_ == setup_.microbatches;
   const bool first = backwards_done_ == 1;
+  const double weight = loss_weight();
   auto on_output = [&](const std::string& name, const Tensor& value) {
     auto it = grad_index_.find(name);
     if (it == grad_index_.end()) return;
     const size_t i = it->second;
     if (first) backend_.copy(value, grads_[i]);  // accumulated on the backend, micro-batch by micro-batch
     else backend_.add_into(grads_[i], value);
+    if (last && weight != 1) backend_.scale(grads_[i], static_cast<float>(weight));  // every micro-batch's alike
     if (!last || !replicas_) return;
     Bucket& b = buckets_[bucket_of_[i]];
     if (++b.ready < b.params.size()) return;
@@ -606,7 +619,10 @@ void StageRunner::backward(int64_t k, int64_t step) {
       backward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)}, on_output);
   for (const auto& [input, grad] : graphs_.input_gradients)
     for (auto& [name, t] : outputs)
-      if (name == grad) frame.input_grads[input] = std::move(t);
+      if (name == grad) {
+        if (weight != 1) backend_.scale(t, static_cast<float>(weight));
+        frame.input_grads[input] = std::move(t);
+      }
   frame.output_grads.clear();
 }
 
@@ -701,7 +717,8 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   totals[0] = local_sq;
   double local_loss = 0;
   for (double l : losses_) local_loss += l;
-  if (!graphs_.loss_output.empty()) totals[1] = local_loss / static_cast<double>(setup_.microbatches) / loss_replicas;
+  if (!graphs_.loss_output.empty())
+    totals[1] = local_loss * loss_weight() / static_cast<double>(setup_.microbatches) / loss_replicas;
   const bool finite = std::isfinite(local_sq) && std::isfinite(local_loss);
   totals[2 + static_cast<size_t>(world_.rank())] = finite ? 0.0 : 1.0;
   world_.allreduce_sum(std::span<double>(totals))->wait();

@@ -242,6 +242,8 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   if (!result.backward_note.empty() && options.on_warning) options.on_warning(backward_warning);
 
   std::vector<std::vector<double>> fwd(num_tasks), bwd(num_tasks);  // [task][repeat]
+  std::vector<int64_t> forward_nodes(num_tasks, 0), backward_nodes(num_tasks, 0);  // [task]: run-graph nodes
+  int64_t nodes_run = 0;
   std::vector<double> constant_per_run, unattributed_per_run, tasks_per_run;
   ExecutorOptions exec_options;
   exec_options.time_tasks = true;  // on a device: a synchronize before and after each task (Executor::execute)
@@ -286,6 +288,15 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
         else if (scope == "seed") dest[i] = {loss_task, true};
       }
     }
+    // The nodes that ran each step (constants folded at load did not: 0 s), per task forward and backward: the
+    // executor's work outside the kernels is charged per node (see below).
+    if (!runs.task_seconds.empty())
+      for (uint32_t i = 0; i < run_graph.num_tasks(); ++i) {
+        if (!(runs.task_seconds.front()[i] > 0)) continue;
+        ++nodes_run;
+        const auto [t, is_backward] = dest[i];
+        if (t >= 0) ++(is_backward ? backward_nodes : forward_nodes)[static_cast<size_t>(t)];
+      }
     for (const auto& seconds : runs.task_seconds) {
       std::vector<double> f(num_tasks, 0.0), b(num_tasks, 0.0);
       double constant = 0, unattributed = 0, total = 0;
@@ -294,11 +305,10 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
         const auto [t, is_backward] = dest[i];
         if (t < 0) {
           unattributed += seconds[i];
-        } else if (fg.task(TaskId(static_cast<uint32_t>(t))).constant) {
-          constant += seconds[i];
-        } else {
-          (is_backward ? b : f)[static_cast<size_t>(t)] += seconds[i];
+          continue;
         }
+        if (fg.task(TaskId(static_cast<uint32_t>(t))).constant) constant += seconds[i];
+        (is_backward ? b : f)[static_cast<size_t>(t)] += seconds[i];
       }
       for (size_t t = 0; t < num_tasks; ++t) {
         fwd[t].push_back(f[t]);
@@ -339,23 +349,26 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     result.training_tasks = static_cast<int64_t>(executor->model().graph.num_tasks());
   }
 
+  result.constant_s = median(constant_per_run);
+  result.unattributed_s = median(unattributed_per_run);
+  result.tasks_s = median(tasks_per_run);
+  // The executor's own work between kernels (gathering a node's inputs, its kernel context, releasing dead values):
+  // the whole run's wall time less its kernels', spread evenly over the nodes that ran. `apart run` pays it on every
+  // node of every micro-batch's forward and backward, so a task's time includes its nodes' share.
+  result.dispatch_s_per_node =
+      nodes_run > 0 ? std::max(0.0, result.step_s - result.tasks_s) / static_cast<double>(nodes_run) : 0;
   for (size_t t = 0; t < num_tasks; ++t) {
     TaskCost& c = result.table.tasks[t];
-    if (fg.task(TaskId(static_cast<uint32_t>(t))).constant) {
-      c.forward_s = c.backward_s = 0;
-      continue;
-    }
-    c.forward_s = median(fwd[t]);
+    // Constant tasks reading params run every step too (the tied head's Transpose of the embedding table, and its
+    // backward): their time per run, which does not grow with the batch; constants folded at load ran 0 times.
+    c.forward_s = median(fwd[t]) + result.dispatch_s_per_node * static_cast<double>(forward_nodes[t]);
     if (result.backward_measured) {
-      c.backward_s = median(bwd[t]);
+      c.backward_s = median(bwd[t]) + result.dispatch_s_per_node * static_cast<double>(backward_nodes[t]);
     } else {
       const TaskCost& a = analytic.tasks[t];
       c.backward_s = a.forward_s > 0 ? c.forward_s * a.backward_s / a.forward_s : a.backward_s;
     }
   }
-  result.constant_s = median(constant_per_run);
-  result.unattributed_s = median(unattributed_per_run);
-  result.tasks_s = median(tasks_per_run);
   if (!result.backward_measured) result.table.warnings.push_back(backward_warning);
   return result;
 }
@@ -375,6 +388,7 @@ nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& r) {
                       {"tasks_s", r.tasks_s},
                       {"constant_s", r.constant_s},
                       {"unattributed_s", r.unattributed_s},
+                      {"dispatch_s_per_node", r.dispatch_s_per_node},
                       {"graph_tasks", r.training_tasks}};
   return j;
 }

@@ -55,8 +55,10 @@ struct ProfileResult {
   std::vector<std::string> fallback_ops;  // ops timed on the CPU kernel for want of a backend kernel
   double step_s = 0;               // median wall time of one whole run (forward + backward)
   double tasks_s = 0;              // Σ per-task medians (forward + backward, constant tasks included)
-  double constant_s = 0;           // of which constant tasks reading params (0 in the table, replicated)
+  double constant_s = 0;           // of which constant tasks reading params (in the table: time per run, fixed)
   double unattributed_s = 0;       // backward nodes tied to no forward task (loss seed, zero gradients)
+  double dispatch_s_per_node = 0;  // (step_s − tasks_s) / nodes run each step: the executor's work per node
+                                   // between kernels, included in each task's times by its node count
   int64_t training_tasks = 0;      // tasks of the graph that ran (training graph, or the forward)
 };
 

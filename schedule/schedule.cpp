@@ -92,11 +92,13 @@ SampleRange replica_samples(int64_t microbatch_samples, int replicas, int replic
   if (replicas < 1 || replica < 0 || replica >= replicas)
     throw InvalidArgument("replica " + std::to_string(replica) + " of " + std::to_string(replicas) +
                           " replicas does not exist");
-  if (microbatch_samples < 1 || microbatch_samples % replicas != 0)
-    throw InvalidArgument("a micro-batch of " + std::to_string(microbatch_samples) + " samples does not split into " +
-                          std::to_string(replicas) + " equal replica slices");
-  const int64_t slice = microbatch_samples / replicas;
-  return {replica * slice, (replica + 1) * slice};
+  if (microbatch_samples < replicas)
+    throw InvalidArgument("a micro-batch of " + std::to_string(microbatch_samples) + " samples leaves some of " +
+                          std::to_string(replicas) + " replicas without a sample");
+  // The first n mod r replicas take one sample more: the planner costs every replica at ceil(n / r).
+  const int64_t slice = microbatch_samples / replicas, larger = microbatch_samples % replicas;
+  const int64_t begin = replica * slice + std::min<int64_t>(replica, larger);
+  return {begin, begin + slice + (replica < larger ? 1 : 0)};
 }
 
 int64_t microbatch_samples(const PlanDocument& plan) {
@@ -223,10 +225,10 @@ std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
   const int64_t m = plan.training.microbatches;
   // Every stage, not only this rank's neighbours: each rank then refuses a plan for the same reason.
   for (const PlanStageRecord& stage : plan.stages)
-    if (samples % stage.replicas != 0)
+    if (samples < stage.replicas)
       throw InvalidArgument("stages[" + std::to_string(stage.id) + "] has " + std::to_string(stage.replicas) +
                             " replicas, but a micro-batch holds " + std::to_string(samples) +
-                            " samples: each replica takes an equal slice, so the replica count must divide it");
+                            " samples: some replica would get none");
   const int64_t largest_tag = (m * static_cast<int64_t>(graph.edges.size())) * 2 - 1;
   if (largest_tag > kMaxActionTag)
     throw Unsupported(std::to_string(m) + " micro-batches over " + std::to_string(graph.edges.size()) +

@@ -40,7 +40,8 @@ struct RankRole {
 RankRole rank_role(const PlanDocument& plan, int rank);
 
 // The samples [begin, end) of a micro-batch (0-based within it) that replica `replica` of a stage with `replicas`
-// replicas holds: contiguous, equal slices (the micro-batch size must divide by `replicas`).
+// replicas holds: contiguous slices, equal but for one sample (the first n mod r replicas take ⌈n/r⌉, the others
+// ⌊n/r⌋; the planner costs each at ⌈n/r⌉). InvalidArgument when a replica would get no sample (n < r).
 struct SampleRange {
   int64_t begin = 0;
   int64_t end = 0;
@@ -90,7 +91,7 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // exchanges with a stage of r' replicas the overlapping sample ranges of each micro-batch. Replicated stages end
 // with kAllReduce, every rank with kStep. Sends are non-blocking and receives blocking: check_schedule proves that
 // this never deadlocks. Receives before an op go by from_stage (gradients: to_stage), then peer rank; sends after it
-// likewise. InvalidArgument when `rank` is not in the plan or a stage's replicas do not divide the micro-batch
+// likewise. InvalidArgument when `rank` is not in the plan or a stage has more replicas than a micro-batch has samples
 // (microbatch_samples); Unsupported for the interleaved schedule (device_op_order has it; the runtime does not yet)
 // and for plans whose tags would pass kMaxActionTag.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);

@@ -231,6 +231,53 @@ TEST(TheAtomicLevel, ReplicatesConstantTasksIntoTheirConsumersComponents) {
   EXPECT_GT(checked, 0u) << "the fixture should feed some constant task into a batch task";
 }
 
+// A measured profile times the constant tasks that run every step (they read params): each costs the same at any
+// micro-batch size, shared evenly by the components that use it, so all of them together pay it exactly once.
+TEST(TheAtomicLevel, SharesAConstantTasksTimeEvenlyAmongItsUsersAsAFixedCost) {
+  auto model = random_model(1, 14, false);
+  double constant_forward = 0;
+  for (uint32_t t = 0; t < model.graph.num_tasks(); ++t) {
+    if (!model.graph.task(TaskId(t)).constant) continue;
+    model.costs.tasks[t].forward_s = 1e-3 * (t + 1);
+    model.costs.tasks[t].backward_s = 2e-3 * (t + 1);
+    constant_forward += model.costs.tasks[t].forward_s;
+  }
+  ASSERT_GT(constant_forward, 0) << "the fixture should have a constant task";
+  const AtomicGraph before = build_atomic_graph(random_model(1, 14, false).graph, random_model(1, 14, false).costs, {});
+  const AtomicGraph after = build_atomic_graph(model.graph, model.costs, {});
+  ASSERT_EQ(before.size(), after.size());
+  double fixed_forward = 0, fixed_backward = 0;
+  for (size_t c = 0; c < after.size(); ++c) {
+    const BlockCost& a = after.components[c].cost;
+    const BlockCost& b = before.components[c].cost;
+    EXPECT_DOUBLE_EQ(a.forward.per_sample_s, b.forward.per_sample_s);  // the batch-scaled part is unchanged
+    // Each component's share, recomputed from its constant tasks' user counts.
+    double expect_forward = b.forward.fixed_s;
+    for (TaskId t : after.components[c].constant_tasks) {
+      int users = 0;
+      for (const AtomicComponent& other : after.components)
+        users += std::count(other.constant_tasks.begin(), other.constant_tasks.end(), t) > 0;
+      expect_forward += model.costs.tasks[t.value()].forward_s / users;
+    }
+    EXPECT_NEAR(a.forward.fixed_s, expect_forward, 1e-15);
+    fixed_forward += a.forward.fixed_s - b.forward.fixed_s;
+    fixed_backward += a.backward.fixed_s - b.backward.fixed_s;
+  }
+  // A constant task that feeds some batch task is charged once in all; one that feeds none (an output computed
+  // from weights alone) is charged nowhere.
+  double used_forward = 0, used_backward = 0;
+  for (uint32_t t = 0; t < model.graph.num_tasks(); ++t)
+    if (std::any_of(after.components.begin(), after.components.end(), [&](const AtomicComponent& c) {
+          return std::find(c.constant_tasks.begin(), c.constant_tasks.end(), TaskId(t)) != c.constant_tasks.end();
+        })) {
+      used_forward += model.costs.tasks[t].forward_s;
+      used_backward += model.costs.tasks[t].backward_s;
+    }
+  EXPECT_GT(used_forward, 0);
+  EXPECT_NEAR(fixed_forward, used_forward, 1e-12);
+  EXPECT_NEAR(fixed_backward, used_backward, 1e-12);
+}
+
 TEST(TheAtomicLevel, CountsEachWeightOncePerComponentThatReadsIt) {
   for (uint32_t seed = 0; seed < 20; ++seed) {
     const auto model = random_model(seed, 14, seed % 2 == 0);

@@ -363,15 +363,15 @@ INSTANTIATE_TEST_SUITE_P(
                      edit_plan_json(p, [](nlohmann::json& j) { j["model"]["sha256"] = std::string(64, '0'); });
                    },
                    ErrorKind::kInvalidArgument, "is not the one the plan was made for", ""},
-        Corruption{"replicas_that_do_not_divide_the_microbatch",
+        Corruption{"more_replicas_than_samples_in_a_microbatch",
                    [](const fs::path& p, const fs::path&) {
-                     edit_plan_json(p, [](nlohmann::json& j) {  // 3 replicas of stage 1, micro-batches of 4 samples
-                       j["stages"][1]["replicas"] = 3;
-                       j["stages"][1]["devices"] = {1, 2, 3};
-                       j["cluster"]["devices"] = 4;
+                     edit_plan_json(p, [](nlohmann::json& j) {  // 5 replicas of stage 1, micro-batches of 4 samples
+                       j["stages"][1]["replicas"] = 5;
+                       j["stages"][1]["devices"] = {1, 2, 3, 4, 5};
+                       j["cluster"]["devices"] = 6;
                      });
                    },
-                   ErrorKind::kInvalidModel, "stage 1 has 3 replicas, which do not divide a micro-batch of 4 samples", ""},
+                   ErrorKind::kInvalidModel, "stage 1 has 5 replicas, more than the 4 samples of a micro-batch", ""},
         Corruption{"save_model_onto_the_model", [](const fs::path&, const fs::path&) {}, ErrorKind::kInvalidArgument,
                    "is the model this command reads", " --save-model " + gpt_tiny()},
         Corruption{"save_model_onto_a_stage_file", [](const fs::path&, const fs::path&) {}, ErrorKind::kInvalidArgument,

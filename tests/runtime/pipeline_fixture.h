@@ -65,7 +65,7 @@ inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t 
     stage.replicas = shape.replicas[s];
     stage.devices.clear();
     for (int j = 0; j < stage.replicas; ++j) stage.devices.push_back(device++);
-    stage.microbatch_size = microbatch / stage.replicas;
+    stage.microbatch_size = (microbatch + stage.replicas - 1) / stage.replicas;  // the planner's ⌈n / r⌉
     stage.recompute = !shape.recompute.empty() && shape.recompute[s];
     if (stage.recompute) stage.backward_s = std::max(stage.backward_s, 2 * stage.forward_s);
   }

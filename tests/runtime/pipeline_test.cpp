@@ -50,6 +50,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stages_of_two_and_one_replicas_m2", {{2, 1}, 2, Schedule::k1F1B, {}}},
                       Case{"stages_of_one_and_two_replicas_gpipe_m1", {{1, 2}, 1, Schedule::kGPipe, {}}},
                       Case{"four_stages_1f1b_m4", {{1, 1, 1, 1}, 4, Schedule::k1F1B, {}}},
+                      // Micro-batches of 8 samples over 3 replicas: slices of 3, 3 and 2 (weighted by their size).
+                      Case{"one_stage_three_uneven_replicas_m1", {{3}, 1, Schedule::k1F1B, {}}},
+                      // Slices 3+3+2 meet 2+2 (micro-batches of 4 over 3 and 2 replicas): overlapping ranges move.
+                      Case{"stages_of_three_and_two_uneven_replicas_m2", {{3, 2}, 2, Schedule::k1F1B, {}}},
                       Case{"recompute_on_the_first_of_two_stages_m4", {{1, 1}, 4, Schedule::k1F1B, {true, false}}},
                       Case{"recompute_everywhere_gpipe_m2", {{1, 1}, 2, Schedule::kGPipe, {true, true}}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });

@@ -105,6 +105,11 @@ const bool kRegistered = register_command({"profile", 45, [](CLI::App& app) {
                   "default: cpu, or cuda with --backend cuda");
   cmd->add_option("--warmup", args->options.warmup, "Untimed runs first")->capture_default_str();
   cmd->add_option("--repeats", args->options.repeats, "Timed runs; each task's time is their median")->capture_default_str();
+  args->options.min_seconds = 1;
+  cmd->add_option("--min-time", args->options.min_seconds,
+                  "More timed runs past --repeats until they add up to this many seconds (at most 1000 runs; 0: off), "
+                  "so that a fast model's medians are steady")
+      ->capture_default_str();
   cmd->add_option("--ranks-per-node", args->options.ranks_per_node,
                   "Profile as one of N ranks of `apart run` on this machine: N - 1 twins run the same graph meanwhile "
                   "and each gets 1/N of the cores (CPU backend)")

@@ -24,6 +24,7 @@
 #include "graph/atomic_file.h"
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/units.h"
 #include "importer/model_proto.h"
 #include "profiler/cost_model.h"
 #include "plan/costs_json.h"
@@ -37,6 +38,7 @@ namespace fs = std::filesystem;
 void ProfileOptions::validate() const {
   checked_integer(warmup, 0, 1000000, "--warmup");
   checked_integer(repeats, 1, 1000000, "--repeats");
+  checked_number(min_seconds, 0, 3600, "--min-time (seconds)");
   checked_integer(ranks_per_node, 1, kMaxRanksPerNode, "--ranks-per-node");
   if (ranks_per_node > 1 && backend && backend != &cpu_backend())
     throw InvalidArgument("--ranks-per-node " + std::to_string(ranks_per_node) +
@@ -103,15 +105,22 @@ struct Runs {
 Runs time_runs(Executor& executor, const std::map<std::string, Tensor>& inputs, const ProfileOptions& options,
                const std::function<void()>& before_timed) {
   Runs runs;
-  for (int r = 0; r < options.warmup + options.repeats; ++r) {
+  double timed = 0;
+  const int cap = std::max(options.repeats, kMaxProfileRepeats);
+  for (int r = 0;; ++r) {
+    const int done = r - options.warmup;  // timed runs so far
+    if (done >= options.repeats && (timed >= options.min_seconds || done >= cap)) break;
     if (r == options.warmup) before_timed();
     if (options.on_progress)
-      options.on_progress("run " + std::to_string(r + 1) + " of " + std::to_string(options.warmup + options.repeats) +
-                          (r < options.warmup ? " (warmup)" : " (timed)"));
+      options.on_progress(r < options.warmup ? "run " + std::to_string(r + 1) + " of " + std::to_string(options.warmup) + " (warmup)"
+                          : done < options.repeats
+                              ? "run " + std::to_string(done + 1) + " of " + std::to_string(options.repeats) + " (timed)"
+                              : "run " + std::to_string(done + 1) + " (timed, until " + format_seconds(options.min_seconds) + ")");
     const auto start = Clock::now();
     executor.run(inputs);
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
     if (r < options.warmup) continue;
+    timed += wall;
     runs.walls.push_back(wall);
     runs.task_seconds.push_back(executor.task_seconds());
   }
@@ -190,7 +199,6 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   const size_t num_tasks = fg.num_tasks();
   ProfileResult result;
   result.warmup = options.warmup;
-  result.repeats = options.repeats;
   result.threads = compute_threads();
   result.ranks_per_node = options.ranks_per_node;
 
@@ -330,6 +338,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     fold(executor.model().graph, runs, true);
     result.fallback_ops = executor.fallback_ops();
     result.step_s = median(runs.walls);
+    result.repeats = static_cast<int>(runs.walls.size());
     result.training_tasks = static_cast<int64_t>(executor.model().graph.num_tasks());
     result.backward_measured = true;
   } else {
@@ -346,6 +355,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     fold(executor->model().graph, runs, false);
     result.fallback_ops = executor->fallback_ops();
     result.step_s = median(runs.walls);
+    result.repeats = static_cast<int>(runs.walls.size());
     result.training_tasks = static_cast<int64_t>(executor->model().graph.num_tasks());
   }
 

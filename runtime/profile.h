@@ -17,10 +17,14 @@
 namespace apart {
 
 inline constexpr int kMaxRanksPerNode = 256;
+inline constexpr int kMaxProfileRepeats = 1000;  // timed runs ProfileOptions::min_seconds may add up to
 
 struct ProfileOptions {
   int warmup = 2;    // untimed runs first (arena, page faults, BLAS thread start-up)
   int repeats = 5;   // timed runs; a task's time is the median over them
+  // More timed runs, past `repeats`, until they add up to this many seconds (at most kMaxProfileRepeats runs in all):
+  // a model whose step takes milliseconds gets hundreds of runs, so one slow run moves no median. 0: exactly repeats.
+  double min_seconds = 0;
   std::string loss;  // scalar output to differentiate; empty: the graph's only scalar float output
   bool random_params = false;  // fill float initializers with random values (models saved without weights)
   uint64_t seed = 0;           // synthetic inputs and random params
@@ -47,7 +51,7 @@ struct ProfileResult {
   bool backward_measured = false;  // false: no loss (or no gradient rule) — backward = forward × analytic ratio
   std::string backward_note;       // why the backward is estimated, when it is
   int warmup = 0;
-  int repeats = 0;
+  int repeats = 0;                 // timed runs made (≥ ProfileOptions::repeats with min_seconds)
   int threads = 0;                 // hardware threads the kernels may use
   int ranks_per_node = 1;          // executors that ran at once (ProfileOptions::ranks_per_node)
   int64_t twin_runs = 0;           // whole runs the twins finished meanwhile (each at least one before the timing)

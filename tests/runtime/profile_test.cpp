@@ -102,6 +102,23 @@ TEST(AMeasuredProfile, TimesTheConstantTasksThatRunEachStepAndChargesTheWorkBetw
   EXPECT_EQ(apart::profile_to_json(m.graph, r)["measurement"]["dispatch_s_per_node"], r.dispatch_s_per_node);
 }
 
+// A fast model gets more timed runs than --repeats until they add up to --min-time; without it, exactly --repeats.
+TEST(AMeasuredProfile, RepeatsPastItsCountUntilTheTimedRunsAddUpToTheMinimumTime) {
+  const auto m = apart::import_model(gpt_tiny(), batch(1));
+  apart::ProfileOptions o = quick();
+  EXPECT_EQ(apart::profile_model(m, batch(1), o).repeats, o.repeats);
+  o.repeats = 2;
+  o.min_seconds = 0.5;
+  const auto r = apart::profile_model(m, batch(1), o);
+  EXPECT_GT(r.repeats, o.repeats);
+  EXPECT_GE(r.repeats * r.step_s, 0.25) << "the median run times the runs should be about 0.5 s or more";
+  EXPECT_EQ(apart::profile_to_json(m.graph, r)["measurement"]["repeats"], r.repeats);
+  for (double bad : {-1.0, 3601.0}) {
+    o.min_seconds = bad;
+    EXPECT_THROW(o.validate(), apart::InvalidArgument) << bad;
+  }
+}
+
 // As one of two ranks on this machine: a twin runs the same graph throughout, warm before the first timed run.
 TEST(AMeasuredProfileAsOneOfTwoRanks, TimesEveryTaskWhileATwinRunsAndSaysSo) {
   const auto m = apart::import_model(gpt_tiny(), batch(2));

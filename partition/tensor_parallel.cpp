@@ -11,27 +11,6 @@
 
 namespace apart {
 
-std::string_view tp_region_kind_name(TpRegionKind k) {
-  switch (k) {
-    case TpRegionKind::kAttention: return "attention";
-    case TpRegionKind::kMlp: return "mlp";
-    case TpRegionKind::kEmbedding: return "embedding";
-    case TpRegionKind::kLmHead: return "lm_head";
-  }
-  return "?";
-}
-
-std::string_view tp_role_name(TpRole r) {
-  switch (r) {
-    case TpRole::kReplicated: return "replicated";
-    case TpRole::kColumn: return "column";
-    case TpRole::kRow: return "row";
-    case TpRole::kVocab: return "vocab";
-    case TpRole::kFollowsSplit: return "follows-split";
-  }
-  return "?";
-}
-
 std::string_view tp_closing_name(TpClosing c) {
   switch (c) {
     case TpClosing::kAllReduce: return "all-reduce";

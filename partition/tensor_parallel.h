@@ -50,28 +50,15 @@
 // Params of attention and MLP linears must be read by that linear alone. Every other batch task is replicated.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "graph/task_graph.h"
+#include "plan/training.h"  // TpRegionKind, TpRole, kTpDegrees: the vocabulary plan.json shares
 
 namespace apart {
-
-enum class TpRegionKind : uint8_t { kAttention, kMlp, kEmbedding, kLmHead };
-std::string_view tp_region_kind_name(TpRegionKind k);  // "attention", "mlp", "embedding", "lm_head"
-
-// A task's part in tensor parallelism.
-enum class TpRole : uint8_t {
-  kReplicated,    // outside every region: every rank of the group runs it whole
-  kColumn,        // a linear split over its output features (W's columns)
-  kRow,           // a linear split over its input features (W's rows); its output is all-reduced
-  kVocab,         // an embedding Gather split over the vocabulary rows, or the vocabulary-parallel loss
-  kFollowsSplit,  // runs on each rank's slice of its producer's split
-};
-std::string_view tp_role_name(TpRole r);  // "replicated", "column", "row", "vocab", "follows-split"
 
 // How the region's end value becomes whole again.
 enum class TpClosing : uint8_t {
@@ -80,9 +67,6 @@ enum class TpClosing : uint8_t {
   kVocabParallelLoss,  // split scores into cross-entropy: three per-token all-reduces
 };
 std::string_view tp_closing_name(TpClosing c);  // "all-reduce", "all-gather", "vocab-parallel-loss"
-
-// The TP degrees the planner considers (a TP group stays inside one node of at most 8 devices).
-inline constexpr std::array<int, 4> kTpDegrees = {1, 2, 4, 8};
 
 struct TpRegion {
   TpRegionKind kind = TpRegionKind::kMlp;

@@ -399,7 +399,9 @@ TEST(TheZoosBert, HasOneAttentionAndOneMlpPerLayerAndKeepsTheTransformReplicated
   ASSERT_TRUE(dense.has_value());
   EXPECT_EQ(r.roles[dense->value()], TpRole::kReplicated);
   for (const TpRegion& region : r.regions)
-    if (region.kind == TpRegionKind::kAttention) EXPECT_EQ(region.column_tasks.size(), 3u) << region.name;
+    if (region.kind == TpRegionKind::kAttention) {
+      EXPECT_EQ(region.column_tasks.size(), 3u) << region.name;
+    }
 }
 
 TEST(TheZoosT5, HasSelfAndCrossAttentionInTheDecoder) {
@@ -452,7 +454,9 @@ TEST(TheRealGpt2Export, Has12AttentionAnd12MlpRegions) {
       EXPECT_EQ(region.degrees, (std::vector<int>{1, 2, 4})) << region.name;
       EXPECT_DOUBLE_EQ(region.end_bytes_per_sample, 1024.0 * 768 * 4) << region.name;
     }
-    if (region.kind == TpRegionKind::kMlp) EXPECT_EQ(region.degrees, (std::vector<int>{1, 2, 4, 8})) << region.name;
+    if (region.kind == TpRegionKind::kMlp) {
+      EXPECT_EQ(region.degrees, (std::vector<int>{1, 2, 4, 8})) << region.name;
+    }
     // The untied head's 50257 columns are odd: no split degree but 1 (Megatron pads the vocabulary).
     if (region.kind == TpRegionKind::kLmHead) {
       EXPECT_EQ(region.degrees, std::vector<int>{1});

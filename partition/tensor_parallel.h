@@ -48,6 +48,10 @@
 //   - LM head: one column linear with no row linear whose split logits leave as a graph output (all-gathered) or
 //     feed the vocabulary-parallel loss, where out = V of an embedding's table or W is an embedding's table (tied).
 // Params of attention and MLP linears must be read by that linear alone. Every other batch task is replicated.
+//
+// What a runtime splitting a region must also do (not checked here): shape operands were folded at import to the
+// full sizes ([0, 0, 12, 64]), so each rank's Reshape targets take the split dim divided by t; dropout inside a
+// region draws from a per-rank stream (Megatron's model-parallel RNG).
 #pragma once
 
 #include <cstdint>

@@ -96,6 +96,27 @@ TEST(AHandBuiltMlp, IsOneRegionColumnThenRowEndingAtTheSecondMatMul) {
   EXPECT_EQ(r.summary(), "1 MLP");
 }
 
+TEST(AGemmMlp, SplitsTheFirstGemmWithItsBiasAndAddsTheSecondsBiasAfterTheAllReduce) {
+  // torch's nn.Linear on 2-D inputs: Gemm(x, W [out, in], b, transB = 1).
+  OnnxBuilder b;
+  b.input("x", {"batch", 8}).output("y");
+  b.weight("w1", {16, 8}).weight("b1", {16}).weight("w2", {8, 16}).weight("b2", {8});
+  OnnxBuilder::set_int(b.node("Gemm", {"x", "w1", "b1"}, {"h"}, "/fc1/Gemm"), "transB", 1);
+  b.node("Tanh", {"h"}, {"a"}, "/act/Tanh");
+  OnnxBuilder::set_int(b.node("Gemm", {"a", "w2", "b2"}, {"y"}, "/fc2/Gemm"), "transB", 1);
+  const ImportedModel m = import(b);
+  const TensorParallelRegions r = find_tensor_parallel_regions(m.graph);
+  ASSERT_EQ(r.regions.size(), 1u);
+  const TpRegion& region = r.regions[0];
+  EXPECT_EQ(region.kind, TpRegionKind::kMlp);
+  EXPECT_EQ(names(m.graph, region.tasks), (std::vector<std::string>{"/fc1/Gemm", "/act/Tanh", "/fc2/Gemm"}));
+  EXPECT_EQ(m.graph.value(region.end_value).name, "y");
+  ASSERT_EQ(region.sliced_inputs.size(), 1u);
+  EXPECT_EQ(m.graph.value(region.sliced_inputs[0]).name, "b1");
+  EXPECT_EQ(region.bounded_by, "16 ffn features");
+  EXPECT_EQ(region.degrees, (std::vector<int>{1, 2, 4, 8}));
+}
+
 TEST(TwoResidualMlps, RecordTheReplicatedTasksBetweenThemOnly) {
   OnnxBuilder b;
   b.input("x", {"batch", 4, 8}).output("y2");

@@ -291,6 +291,11 @@ struct Pass {
       return;
     }
     if (as_linear(g, t)) {
+      // A Gemm's C is sliced with the columns: a param, a constant or something that needs no gradient.
+      if (t.op_type == "Gemm" && t.inputs.size() > 2 && t.inputs[2].valid()) {
+        const Value& c = g.value(t.inputs[2]);
+        if (c.kind != ValueKind::kParam && c.kind != ValueKind::kConstant && grad[t.inputs[2].value()]) return;
+      }
       const ValueId y = t.outputs[0];
       set_split(y, static_cast<int>(shape(y).size()) - 1, true, static_cast<int>(i));
       group_of_task[i] = static_cast<int>(i);
@@ -563,14 +568,15 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
       if (outputs.count(static_cast<uint32_t>(v)) > 0) gr.gathered.push_back(ValueId(static_cast<uint32_t>(v)));
     }
 
-    // Vocabulary sizes and tables of the embeddings, for recognising LM heads.
-    std::set<int64_t> vocab_sizes;
+    // The largest embedding vocabulary and the embeddings' tables, for recognising LM heads (the largest only: a
+    // 2-class head beside BERT's 2-row token-type table is no LM head).
+    int64_t vocabulary = 0;
     std::set<uint32_t> tables;
     for (size_t r = 0; r < n; ++r)
       if (groups[r].embedding) {
-        const Value& table = graph.value(graph.task(TaskId(static_cast<uint32_t>(r))).inputs[0]);
-        vocab_sizes.insert(table.shape[0]);
-        tables.insert(graph.task(TaskId(static_cast<uint32_t>(r))).inputs[0].value());
+        const ValueId table = graph.task(TaskId(static_cast<uint32_t>(r))).inputs[0];
+        vocabulary = std::max(vocabulary, graph.value(table).shape[0]);
+        tables.insert(table.value());
       }
 
     // Classify each group; the ones that fit no kind fail.
@@ -593,7 +599,7 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
           kind[r] = gr.heads > 0 ? TpRegionKind::kAttention : TpRegionKind::kMlp;
         } else if (gr.rows.empty() && gr.columns.size() == 1 && gr.gathered.size() + gr.loss_scores.size() == 1) {
           const Linear l = *as_linear(graph, graph.task(gr.columns[0]));
-          if (vocab_sizes.count(l.out) > 0 || tables.count(l.param.value()) > 0) kind[r] = TpRegionKind::kLmHead;
+          if ((vocabulary > 0 && l.out == vocabulary) || tables.count(l.param.value()) > 0) kind[r] = TpRegionKind::kLmHead;
         }
       }
       if (!kind[r]) {

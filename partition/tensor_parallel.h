@@ -46,7 +46,8 @@
 //   - MLP: ≥ 1 column linears, one row linear, no such MatMul;
 //   - embedding: one vocabulary-split Gather;
 //   - LM head: one column linear with no row linear whose split logits leave as a graph output (all-gathered) or
-//     feed the vocabulary-parallel loss, where out = V of an embedding's table or W is an embedding's table (tied).
+//     feed the vocabulary-parallel loss, where out = the largest V of the embeddings' tables or W is an embedding's
+//     table (tied).
 // Params of attention and MLP linears must be read by that linear alone. Every other batch task is replicated.
 //
 // What a runtime splitting a region must also do (not checked here): shape operands were folded at import to the

@@ -369,6 +369,25 @@ TEST(AClassifierHeadWithoutAnEmbedding, IsNoLmHead) {
   expect_no_region(import(b));
 }
 
+TEST(ATwoClassHeadBesideATwoRowEmbedding, IsNoLmHead) {
+  // BERT's token-type table has 2 rows and its next-sentence head 2 outputs: only the largest vocabulary (or a
+  // tied table) makes a linear an LM head.
+  OnnxBuilder b;
+  b.input("ids", {"batch", 4}, onnx::TensorProto::INT64).input("types", {"batch", 4}, onnx::TensorProto::INT64);
+  b.output("logits").output("nsp");
+  b.weight("words", {16, 8}).weight("token_types", {2, 8}).weight("w_lm", {8, 16}).weight("w_nsp", {8, 2});
+  b.node("Gather", {"words", "ids"}, {"e"}, "/words/Gather");
+  b.node("Gather", {"token_types", "types"}, {"t"}, "/types/Gather");
+  b.node("Add", {"e", "t"}, {"h"}, "/Add");
+  b.node("MatMul", {"h", "w_lm"}, {"logits"}, "/lm/MatMul");
+  b.node("MatMul", {"h", "w_nsp"}, {"nsp"}, "/nsp/MatMul");
+  const ImportedModel m = import(b);
+  const TensorParallelRegions r = find_tensor_parallel_regions(m.graph);
+  EXPECT_EQ(r.summary(), "2 embeddings, LM head");
+  EXPECT_EQ(role_of(m.graph, r, "/lm/MatMul"), TpRole::kColumn);
+  EXPECT_EQ(role_of(m.graph, r, "/nsp/MatMul"), TpRole::kReplicated);
+}
+
 // ---- The zoo: one attention and one MLP per layer, embeddings and the LM head ----
 
 models::ZooOptions zoo(models::Family family, int64_t layers) {

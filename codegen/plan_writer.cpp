@@ -181,6 +181,8 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
     << " ruled out by a lower bound), chosen split: " << search.chosen_split << ", "
     << fixed(search.seconds, 2) << " s" << (search.stopped_by_time_limit ? " (stopped by --time-limit)" : "")
     << "\n";
+  if (plan.tensor_parallel)
+    r << "tensor-parallel      regions: " << plan.tensor_parallel->summary << " (found, not split yet)\n";
   return r.str();
 }
 

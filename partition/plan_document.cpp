@@ -1,6 +1,10 @@
 // Plan (TaskIds, ValueIds, StageCost) → PlanDocument (names and figures, as plan.json holds them).
 #include "partition/plan_document.h"
 
+#include <algorithm>
+
+#include "partition/tensor_parallel.h"
+
 namespace apart {
 
 PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanModel& model) {
@@ -90,6 +94,17 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
   d.search = PlanSearch{s.seconds,    static_cast<int64_t>(s.atomic_components), s.blocks,      s.coarsening_levels,
                         s.refinement_moves, s.candidates,  s.candidates_placed,  s.simulated,   s.pruned,
                         s.not_simulated,    s.chosen_split, s.stopped_by_time_limit};
+
+  // The tensor-parallel regions the model holds (detection only: no stage is split yet). Written only where there
+  // are some, so the plans of models without any stay as they were.
+  const TensorParallelRegions found = find_tensor_parallel_regions(graph, std::max<int64_t>(1, o.atomic.graph_batch));
+  if (!found.regions.empty()) {
+    PlanTensorParallel& tp = d.tensor_parallel.emplace();
+    tp.summary = found.summary();
+    for (const TpRegion& r : found.regions)
+      tp.regions.push_back({r.kind, r.name, static_cast<int64_t>(r.tasks.size()), r.degrees, r.bounded_by,
+                            graph.value(r.end_value).name, r.end_bytes_per_sample});
+  }
   return d;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 
 #include "graph/checked.h"
 #include "graph/error.h"
@@ -125,6 +126,19 @@ ordered search_json(const PlanSearch& s) {
           {"stopped_by_time_limit", s.stopped_by_time_limit}};
 }
 
+ordered tensor_parallel_json(const PlanTensorParallel& tp) {
+  ordered regions = ordered::array();
+  for (const PlanTpRegion& r : tp.regions)
+    regions.push_back({{"kind", tp_region_kind_name(r.kind)},
+                       {"name", r.name},
+                       {"tasks", r.tasks},
+                       {"degrees", r.degrees},
+                       {"bounded_by", r.bounded_by},
+                       {"end_value", r.end_value},
+                       {"end_bytes_per_sample", r.end_bytes_per_sample}});
+  return {{"summary", tp.summary}, {"regions", regions}};
+}
+
 }  // namespace
 
 std::string recompute_summary(const PlanDocument& plan) {
@@ -149,6 +163,7 @@ ordered plan_to_json(const PlanDocument& plan) {
   j["stages"] = stages;
   if (plan.predicted) j["predicted"] = predicted_json(*plan.predicted);
   if (plan.search) j["search"] = search_json(*plan.search);
+  if (plan.tensor_parallel) j["tensor_parallel"] = tensor_parallel_json(*plan.tensor_parallel);
   return j;
 }
 
@@ -368,6 +383,41 @@ void read_search(const Readers& rs, const json& j, PlanDocument& plan) {
   plan.search = s;
 }
 
+// Optional (plans before it lack it); what is there is checked: a known kind, degrees among kTpDegrees.
+void read_tensor_parallel(const Readers& rs, const json& j, PlanDocument& plan) {
+  if (!j.contains("tensor_parallel")) return;
+  const JsonReader& r = rs.strict;
+  const json& tj = r.object(j, "", "tensor_parallel");
+  PlanTensorParallel tp;
+  tp.summary = r.optional_string(tj, "tensor_parallel.", "summary").value_or("");
+  const json& regions = tj.contains("regions") ? r.array(tj, "tensor_parallel.", "regions") : json::array();
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const std::string p = "tensor_parallel.regions[" + std::to_string(i) + "].";
+    const json& rj = regions[i];
+    if (!rj.is_object()) r.fail(p.substr(0, p.size() - 1), "must be an object");
+    PlanTpRegion region;
+    region.kind = read_name(r, rj, p, "kind", TpRegionKind::kMlp, parse_tp_region_kind, tp_region_kind_names);
+    region.name = r.string(rj, p, "name");
+    region.tasks = r.integer(rj, p, "tasks", 1);
+    const json& dj = r.array(rj, p, "degrees");
+    for (size_t d = 0; d < dj.size(); ++d) {
+      const std::string f = p + "degrees[" + std::to_string(d) + "]";
+      const int degree = static_cast<int>(r.integer_at(dj[d], f, 1, kTpDegrees[std::size(kTpDegrees) - 1]));
+      if (std::find(std::begin(kTpDegrees), std::end(kTpDegrees), degree) == std::end(kTpDegrees)) {
+        std::string accepted;
+        for (int t : kTpDegrees) accepted += (accepted.empty() ? "" : ", ") + std::to_string(t);
+        r.fail(f, "is " + std::to_string(degree) + ", expected one of " + accepted);
+      }
+      region.degrees.push_back(degree);
+    }
+    region.bounded_by = r.optional_string(rj, p, "bounded_by").value_or("");
+    region.end_value = r.optional_string(rj, p, "end_value").value_or("");
+    region.end_bytes_per_sample = r.optional_bytes(rj, p, "end_bytes_per_sample").value_or(0.0);
+    tp.regions.push_back(std::move(region));
+  }
+  plan.tensor_parallel = std::move(tp);
+}
+
 }  // namespace
 
 PlanDocument plan_from_json(const json& j, const std::string& source) {
@@ -394,6 +444,7 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
   read_stages(rs, j, plan);
   read_predicted(rs, j, plan);
   read_search(rs, j, plan);
+  read_tensor_parallel(rs, j, plan);
   return plan;
 }
 

@@ -125,6 +125,21 @@ struct PlanSearch {
   bool stopped_by_time_limit = false;
 };
 
+// One tensor-parallel region partition/ found in the model (partition/tensor_parallel.h), as plan.json lists it.
+struct PlanTpRegion {
+  TpRegionKind kind = TpRegionKind::kMlp;
+  std::string name;                 // the region's node-name scope ("/blocks.3/attn")
+  int64_t tasks = 0;                // tasks in it
+  std::vector<int> degrees;         // the TP degrees (of kTpDegrees) it allows
+  std::string bounded_by;           // what the degrees divide: "12 heads", "3072 ffn features"
+  std::string end_value;            // the value all-reduced (all-gathered, or fed to the vocabulary-parallel loss) at its end
+  double end_bytes_per_sample = 0;  // what that collective carries per sample
+};
+struct PlanTensorParallel {
+  std::string summary;  // "12 attention, 12 MLP, embedding, LM head"
+  std::vector<PlanTpRegion> regions;  // topological
+};
+
 struct PlanDocument {
   std::optional<PlanModel> model;
   PlanCluster cluster;
@@ -133,6 +148,7 @@ struct PlanDocument {
   std::vector<PlanStageRecord> stages;
   std::optional<PlanPrediction> predicted;
   std::optional<PlanSearch> search;
+  std::optional<PlanTensorParallel> tensor_parallel;  // absent in plans before it
 };
 
 // "off", "on" (every stage) or "3 of 8 stages" (recomputation where a stage needs it).

@@ -34,6 +34,16 @@ constexpr std::pair<std::string_view, Precision> kPrecisionNames[] = {
     {"bf16", Precision::kMixed},
     {"amp", Precision::kMixed},
 };
+constexpr std::pair<std::string_view, TpRegionKind> kTpRegionKindNames[] = {
+    {"attention", TpRegionKind::kAttention},
+    {"mlp", TpRegionKind::kMlp},
+    {"embedding", TpRegionKind::kEmbedding},
+    {"lm_head", TpRegionKind::kLmHead},
+};
+constexpr std::pair<std::string_view, TpRole> kTpRoleNames[] = {
+    {"replicated", TpRole::kReplicated}, {"column", TpRole::kColumn},          {"row", TpRole::kRow},
+    {"vocab", TpRole::kVocab},           {"follows-split", TpRole::kFollowsSplit},
+};
 
 template <typename Enum>
 std::string_view name_of(NameTable<Enum> table, Enum value) {
@@ -74,6 +84,13 @@ std::string_view precision_name(Precision p) { return name_of<Precision>(kPrecis
 Schedule parse_schedule(std::string_view name) { return parse<Schedule>(kScheduleNames, "--schedule", name); }
 Optimizer parse_optimizer(std::string_view name) { return parse<Optimizer>(kOptimizerNames, "--optimizer", name); }
 Precision parse_precision(std::string_view name) { return parse<Precision>(kPrecisionNames, "--precision", name); }
+
+std::string_view tp_region_kind_name(TpRegionKind k) { return name_of<TpRegionKind>(kTpRegionKindNames, k); }
+std::string_view tp_role_name(TpRole r) { return name_of<TpRole>(kTpRoleNames, r); }
+TpRegionKind parse_tp_region_kind(std::string_view name) {
+  return parse<TpRegionKind>(kTpRegionKindNames, "tensor_parallel.regions[].kind", name);
+}
+std::string tp_region_kind_names() { return accepted<TpRegionKind>(kTpRegionKindNames); }
 
 std::string schedule_names() { return accepted<Schedule>(kScheduleNames); }
 std::string optimizer_names() { return accepted<Optimizer>(kOptimizerNames); }

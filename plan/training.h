@@ -37,9 +37,29 @@ std::string schedule_names();
 std::string optimizer_names();
 std::string precision_names();
 
+// Tensor parallelism (partition/tensor_parallel.h finds the regions): the kinds of Megatron-style region, and the
+// part a task plays in one.
+enum class TpRegionKind : uint8_t { kAttention, kMlp, kEmbedding, kLmHead };
+enum class TpRole : uint8_t {
+  kReplicated,    // outside every region: every rank of the group runs it whole
+  kColumn,        // a linear split over its output features (W's columns)
+  kRow,           // a linear split over its input features (W's rows); its output is all-reduced
+  kVocab,         // an embedding Gather split over the vocabulary rows, or the vocabulary-parallel loss
+  kFollowsSplit,  // runs on each rank's slice of its producer's split
+};
+// The TP degrees the planner considers: a TP group stays inside one node of at most 8 devices.
+inline constexpr int kTpDegrees[] = {1, 2, 4, 8};
+// "attention", "mlp", "embedding", "lm_head"; "replicated", "column", "row", "vocab", "follows-split".
+std::string_view tp_region_kind_name(TpRegionKind k);
+std::string_view tp_role_name(TpRole r);
+TpRegionKind parse_tp_region_kind(std::string_view name);  // InvalidArgument listing the names
+std::string tp_region_kind_names();
+
 // Every value of each enum, in declaration order (tests walk the name tables with these).
 inline constexpr Schedule kSchedules[] = {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved};
 inline constexpr Optimizer kOptimizers[] = {Optimizer::kSgd, Optimizer::kMomentum, Optimizer::kAdam, Optimizer::kAdamW};
 inline constexpr Precision kPrecisions[] = {Precision::kFp32, Precision::kTf32, Precision::kMixed};
+inline constexpr TpRegionKind kTpRegionKinds[] = {TpRegionKind::kAttention, TpRegionKind::kMlp, TpRegionKind::kEmbedding,
+                                                  TpRegionKind::kLmHead};
 
 }  // namespace apart

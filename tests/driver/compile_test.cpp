@@ -90,6 +90,21 @@ TEST(ACompile, ReturnsThePlanItWrites) {
   EXPECT_EQ(r.model.batch, 1) << "read at batch 1 by the importer's batch rule";
 }
 
+TEST(ACompile, ListsTheTensorParallelRegionsOfATransformer) {
+  CompileOptions o = gpt_tiny_options();
+  o.baselines = false;
+  const CompileResult r = compile(o);
+  ASSERT_TRUE(r.document.tensor_parallel.has_value());
+  // gpt-tiny: 2 layers, 2 heads, the embedding and the LM head tied to it.
+  EXPECT_EQ(r.document.tensor_parallel->summary, "2 attention, 2 MLP, embedding, LM head (tied)");
+  ASSERT_EQ(r.document.tensor_parallel->regions.size(), 6u);
+  const PlanTpRegion& attention = r.document.tensor_parallel->regions[1];
+  EXPECT_EQ(attention.kind, TpRegionKind::kAttention);
+  EXPECT_EQ(attention.bounded_by, "2 heads");
+  EXPECT_EQ(attention.degrees, (std::vector<int>{1, 2}));
+  EXPECT_DOUBLE_EQ(attention.end_bytes_per_sample, 32.0 * 64 * 4);  // [seq, hidden] fp32, per sample
+}
+
 TEST(ACompile, PlansTheSameTwiceApartFromSearchTime) {
   CompileOptions o = gpt_tiny_options();
   o.baselines = false;

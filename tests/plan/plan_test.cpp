@@ -80,6 +80,13 @@ TEST(APlanReader, NamesTheFieldOfACorruptRealPlan) {
       {[](json& j) { j["predicted"] = 3; }, "predicted must be an object"},
       {[](json& j) { j["search"]["candidates"] = -2; }, "search.candidates"},
       {[](json& j) { j["options"]["replicas"] = "some"; }, "options.replicas"},
+      {[](json& j) { j["tensor_parallel"] = 1; }, "tensor_parallel must be an object"},
+      {[](json& j) { j["tensor_parallel"] = {{"regions", {{{"kind", "conv"}, {"name", "a"}, {"tasks", 1}, {"degrees", {1}}}}}}; },
+       "tensor_parallel.regions[0].kind is \"conv\", expected attention, mlp, embedding or lm_head"},
+      {[](json& j) { j["tensor_parallel"] = {{"regions", {{{"kind", "mlp"}, {"name", "a"}, {"tasks", 1}, {"degrees", {1, 3}}}}}}; },
+       "tensor_parallel.regions[0].degrees[1] is 3, expected one of 1, 2, 4, 8"},
+      {[](json& j) { j["tensor_parallel"] = {{"regions", {{{"kind", "mlp"}, {"tasks", 1}, {"degrees", {1}}}}}}; },
+       "tensor_parallel.regions[0].name"},
   };
   for (const Case& c : cases) {
     json j = real;
@@ -97,6 +104,36 @@ TEST(APlanReader, ReadsNullFiguresThatAreOnlyShownAsAbsent) {
   EXPECT_FALSE(plan.predicted->compute_lower_bound_s.has_value());
   j["stages"][0]["forward_s"] = nullptr;  // what the simulator replays may not be null
   EXPECT_NE(error_of(j).find("stages[0].forward_s"), std::string::npos);
+}
+
+TEST(APlanReader, ReadsAPlanWithoutTensorParallelRegions) {
+  json j = json::parse(read_text(golden_plans().front()));
+  j.erase("tensor_parallel");  // plans before the field, and plans of models without regions
+  EXPECT_FALSE(plan_from_json(j).tensor_parallel.has_value());
+  EXPECT_FALSE(plan_to_json(plan_from_json(j)).contains("tensor_parallel"));
+}
+
+TEST(APlanDocument, KeepsItsTensorParallelRegionsThroughTheWriterAndTheReader) {
+  PlanDocument plan = read_plan(golden_plans().front());
+  PlanTensorParallel tp;
+  tp.summary = "1 attention, embedding";
+  tp.regions.push_back({TpRegionKind::kAttention, "/h.0/attn", 21, {1, 2, 4}, "12 heads", "/h.0/attn/proj/MatMul_output_0", 3072});
+  tp.regions.push_back({TpRegionKind::kEmbedding, "/wte", 1, {1}, "50257 vocabulary rows", "/wte/Gather_output_0", 3072});
+  plan.tensor_parallel = tp;
+  const PlanDocument back = plan_from_json(json::parse(plan_to_json(plan).dump()));
+  ASSERT_TRUE(back.tensor_parallel.has_value());
+  EXPECT_EQ(back.tensor_parallel->summary, tp.summary);
+  ASSERT_EQ(back.tensor_parallel->regions.size(), 2u);
+  const PlanTpRegion& a = back.tensor_parallel->regions[0];
+  EXPECT_EQ(a.kind, TpRegionKind::kAttention);
+  EXPECT_EQ(a.name, "/h.0/attn");
+  EXPECT_EQ(a.tasks, 21);
+  EXPECT_EQ(a.degrees, (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(a.bounded_by, "12 heads");
+  EXPECT_EQ(a.end_value, "/h.0/attn/proj/MatMul_output_0");
+  EXPECT_EQ(a.end_bytes_per_sample, 3072);
+  EXPECT_EQ(back.tensor_parallel->regions[1].kind, TpRegionKind::kEmbedding);
+  EXPECT_EQ(plan_to_json(back).dump(), plan_to_json(plan).dump());
 }
 
 TEST(APlanReader, RefusesAPathThatIsNeitherAPlanDirectoryNorAFile) {

@@ -14,6 +14,14 @@ TEST(TheNameTables, RoundTripEveryValue) {
   for (Schedule s : kSchedules) EXPECT_EQ(parse_schedule(schedule_name(s)), s) << schedule_name(s);
   for (Optimizer o : kOptimizers) EXPECT_EQ(parse_optimizer(optimizer_name(o)), o) << optimizer_name(o);
   for (Precision p : kPrecisions) EXPECT_EQ(parse_precision(precision_name(p)), p) << precision_name(p);
+  for (TpRegionKind k : kTpRegionKinds) EXPECT_EQ(parse_tp_region_kind(tp_region_kind_name(k)), k) << tp_region_kind_name(k);
+}
+
+TEST(TheTensorParallelNames, SpellTheKindsAndRolesAsPlanJsonDoes) {
+  EXPECT_EQ(tp_region_kind_names(), "attention, mlp, embedding or lm_head");
+  EXPECT_EQ(tp_role_name(TpRole::kFollowsSplit), "follows-split");
+  EXPECT_EQ(tp_role_name(TpRole::kColumn), "column");
+  EXPECT_THROW(parse_tp_region_kind("conv"), InvalidArgument);
 }
 
 TEST(TheNameTables, SpellTheNamesPlanJsonHasAlwaysUsed) {

@@ -209,27 +209,25 @@ Split with_layout(const Split& split, Layout layout, std::string source) {
 }
 
 bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
-                         StageRecompute recompute, std::optional<int> pinned_replicas) {
-  // Memory depends on the replicas only through the per-replica micro-batch, which falls as they grow: the most
-  // replicas the DP may give a stage (its last replica candidate, stage_dp.h) use the least. The same test as the
-  // DP's (stage_dp.cpp first_fitting), so a block that fails it fails every candidate there.
+                         StageRecompute recompute, StageZero zero, std::optional<int> pinned_replicas) {
+  // Memory depends on the replicas only through the per-replica micro-batch and the ZeRO shard, which fall as they
+  // grow: the most replicas the DP may give a stage (its last replica candidate, stage_dp.h) use the least. The same
+  // test as the DP's (stage_dp.cpp first_fitting), so a block that fails it fails every candidate there.
   const int64_t per_microbatch = evaluator.training().global_batch / microbatches;
   const int devices = evaluator.cluster().devices;
   const int most = pinned_replicas ? *pinned_replicas : static_cast<int>(std::min<int64_t>(devices, per_microbatch));
   if (most < 1 || most > devices || most > per_microbatch) return false;
   const double budget = static_cast<double>(evaluator.cluster().usable_memory_bytes());
   const int stages = static_cast<int>(evaluator.blocks());
+  const std::vector<StageVariant> variants = stage_variants(recompute, zero);
   for (int b = 0; b < stages; ++b) {
     const int64_t flight = stage_in_flight_microbatches(schedule, b, stages, microbatches);
-    auto fits = [&](bool rc) {
+    auto fits = [&](const StageVariant& v) {
       const StageCost c = evaluator.evaluate(static_cast<uint32_t>(b), static_cast<uint32_t>(b + 1), most,
-                                             microbatches, 0, rc);
+                                             microbatches, 0, v.recompute, nullptr, v.zero);
       return std::ceil(c.memory_static + static_cast<double>(flight) * c.memory_per_in_flight) <= budget;
     };
-    const bool fit = recompute == StageRecompute::kAll   ? fits(true)
-                     : recompute == StageRecompute::kOff ? fits(false)
-                                                         : fits(false) || fits(true);
-    if (!fit) return false;
+    if (std::none_of(variants.begin(), variants.end(), fits)) return false;
   }
   return true;
 }
@@ -262,10 +260,13 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
     if (stop.load()) return;
     const GridPoint& p = points[i];
     ran[i] = 1;
-    if (fixed_split && !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, o.replicas)) return;
+    const StageZero zero = stage_zero_of(o.zero);
+    if (fixed_split && !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, zero, o.replicas))
+      return;
     const StageDp dp(evaluator, {.microbatches = p.microbatches,
                                  .schedule = p.schedule,
                                  .recompute = p.recompute,
+                                 .zero = zero,
                                  .pinned_replicas = o.replicas,
                                  .fixed_split = fixed_split});
     for (auto& solution : dp.solve_many(counts)) {
@@ -327,6 +328,7 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
     const StageDp dp(pipeline, {.microbatches = p.microbatches,
                                 .schedule = p.schedule,
                                 .recompute = p.recompute,
+                                .zero = stage_zero_of(o.stage.zero),
                                 .pinned_replicas = p.replicas});
     solutions[i] = dp.solve(p.stages);
   });
@@ -452,6 +454,7 @@ CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOpti
         sol.microbatches = m;
         sol.schedule = schedule;
         sol.recompute = mode != StageRecompute::kOff;  // PipeDream's split: all stages or none
+        sol.zero = o.stage.zero.value_or(0);            // and one ZeRO stage (auto: none)
         sol.boundaries.assign(pd.split.boundaries.begin(), pd.split.boundaries.end());
         sol.replicas = pd.split.replicas;
         if (*std::max_element(sol.replicas.begin(), sol.replicas.end()) > o.training.global_batch / m) continue;

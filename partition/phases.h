@@ -108,7 +108,7 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
 // schedule and recomputation mode, with the most replicas the DP could give it (the least per-replica micro-batch):
 // when not, the fixed-split DP at that grid point finds nothing, so it need not be built.
 bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
-                         StageRecompute recompute, std::optional<int> pinned_replicas);
+                         StageRecompute recompute, StageZero zero, std::optional<int> pinned_replicas);
 
 // ---------------- Candidates: solutions placed on devices ----------------
 struct CandidateSet {

@@ -164,8 +164,8 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   if (replicas > 1 && c.param_bytes > 0) {
     const double grad_bytes = static_cast<double>(c.param_bytes) * gradient_bytes_per_param_byte(training.precision);
     // The working copy of the weights, which ZeRO all-gathers (mixed: 16-bit, as many bytes as the gradients).
-    const double weight_bytes = static_cast<double>(c.param_bytes) *
-                                working_weight_bytes_per_param(training.precision) / kParamStorageBytes;
+    const double weight_bytes =
+        static_cast<double>(c.param_bytes) * working_weight_bytes_per_param_byte(training.precision);
     // Buckets go out as the last backward (without its recomputed forward) produces them.
     const double backward_only = c.backward_s - (recompute ? c.forward_s : 0.0);
     auto exposed = [&](double collective_s, double bytes, double behind_s) {

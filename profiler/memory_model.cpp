@@ -55,7 +55,7 @@ ParamStateBytes param_state_bytes(Optimizer optimizer, Precision precision, int 
 
 double zero_gathered_bytes(double largest_task_param_bytes, Precision precision, int zero, int replicas) {
   if (effective_zero(zero, replicas) < 3) return 0;
-  return largest_task_param_bytes / kParamStorageBytes * working_weight_bytes_per_param(precision);
+  return largest_task_param_bytes * working_weight_bytes_per_param_byte(precision);
 }
 
 double state_bytes_per_param_byte(Optimizer optimizer, Precision precision, int zero, int replicas) {
@@ -64,6 +64,10 @@ double state_bytes_per_param_byte(Optimizer optimizer, Precision precision, int 
 
 double gradient_bytes_per_param_byte(Precision precision) {
   return gradient_bytes_per_param(precision) / kParamStorageBytes;
+}
+
+double working_weight_bytes_per_param_byte(Precision precision) {
+  return working_weight_bytes_per_param(precision) / kParamStorageBytes;
 }
 
 double optimizer_traffic_bytes_per_param_byte(Optimizer optimizer, Precision precision) {

@@ -52,6 +52,9 @@ double zero_gathered_bytes(double largest_task_param_bytes, Precision precision,
 double state_bytes_per_param_byte(Optimizer optimizer, Precision precision, int zero = 0, int replicas = 1);
 // Gradient bytes all-reduced per stored parameter byte: gradient_bytes_per_param / kParamStorageBytes (mixed: 0.5).
 double gradient_bytes_per_param_byte(Precision precision);
+// Working-weight bytes (what ZeRO all-gathers) per stored parameter byte: working_weight_bytes_per_param /
+// kParamStorageBytes (mixed: 0.5).
+double working_weight_bytes_per_param_byte(Precision precision);
 // Bytes the optimizer step moves through memory per stored parameter byte: it reads the fp32 master weights,
 // the gradients and the state, writes the weights (and their 16-bit copy under mixed), the state, and zeroes the
 // gradients for the next iteration: (4 + weight + 2 · gradient + 2 · state bytes per param) / kParamStorageBytes.

@@ -114,6 +114,11 @@ SearchGrid search_grid(const PartitionOptions& o) {
   if (o.stage.recompute != Recompute::kOn) grid.recomputes.push_back(StageRecompute::kOff);
   if (o.stage.recompute == Recompute::kOn) grid.recomputes.push_back(StageRecompute::kAll);
   if (o.stage.recompute == Recompute::kAuto) grid.recomputes.push_back(StageRecompute::kWhereNeeded);
+  // auto: none, or per stage. The per-stage DP ties on its bottleneck by the fewest devices, which may pick a
+  // variant that simulates slower; with the plain DP's solutions among the candidates too, the simulated choice is
+  // never worse than --zero 0's (as recomputation's off and where-needed points are).
+  grid.zeros = {stage_zero_of(o.stage.zero)};
+  if (!o.stage.zero) grid.zeros.insert(grid.zeros.begin(), stage_zero_of(0));
   grid.microbatches = microbatch_candidates(o.training.global_batch, o.stage);
   grid.reference_microbatch = std::max<double>(1.0, static_cast<double>(o.training.global_batch) / o.cluster.devices);
   return grid;
@@ -241,12 +246,14 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
   struct GridPoint {
     Schedule schedule;
     StageRecompute recompute;
+    StageZero zero;
     int64_t microbatches;
   };
   std::vector<GridPoint> points;
   for (Schedule schedule : grid.schedules)
     for (StageRecompute recompute : grid.recomputes)
-      for (int64_t m : grid.microbatches) points.push_back({schedule, recompute, m});
+      for (StageZero zero : grid.zeros)
+        for (int64_t m : grid.microbatches) points.push_back({schedule, recompute, zero, m});
 
   // Grid points are independent DPs: run on clock.threads, gathered in grid order. A point that ends past the time
   // limit once something was found stops the ones not yet started.
@@ -260,13 +267,12 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
     if (stop.load()) return;
     const GridPoint& p = points[i];
     ran[i] = 1;
-    const StageZero zero = stage_zero_of(o.zero);
-    if (fixed_split && !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, zero, o.replicas))
+    if (fixed_split && !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, p.zero, o.replicas))
       return;
     const StageDp dp(evaluator, {.microbatches = p.microbatches,
                                  .schedule = p.schedule,
                                  .recompute = p.recompute,
-                                 .zero = zero,
+                                 .zero = p.zero,
                                  .pinned_replicas = o.replicas,
                                  .fixed_split = fixed_split});
     for (auto& solution : dp.solve_many(counts)) {
@@ -307,6 +313,7 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
   struct Point {
     Schedule schedule;
     StageRecompute recompute;
+    StageZero zero;
     int64_t microbatches;
     int stages, replicas;
   };
@@ -314,21 +321,22 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
   const int64_t batch = o.training.global_batch;
   for (Schedule schedule : grid.schedules)
     for (StageRecompute recompute : grid.recomputes)
-      for (int64_t m : grid.microbatches)
-        for (int s : stage_candidates(max_stages, o.stage)) {
-          if (s < 2 || s > max_stages) continue;
-          const int replicas = o.stage.replicas ? *o.stage.replicas
-                                                : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
-          if (replicas < 1 || replicas * s > o.cluster.devices) continue;
-          points.push_back({schedule, recompute, m, s, replicas});
-        }
+      for (StageZero zero : grid.zeros)
+        for (int64_t m : grid.microbatches)
+          for (int s : stage_candidates(max_stages, o.stage)) {
+            if (s < 2 || s > max_stages) continue;
+            const int replicas = o.stage.replicas ? *o.stage.replicas
+                                                  : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
+            if (replicas < 1 || replicas * s > o.cluster.devices) continue;
+            points.push_back({schedule, recompute, zero, m, s, replicas});
+          }
   std::vector<std::optional<StageSolution>> solutions(points.size());
   run_indexed(points.size(), clock.threads, [&](size_t i) {
     const Point& p = points[i];
     const StageDp dp(pipeline, {.microbatches = p.microbatches,
                                 .schedule = p.schedule,
                                 .recompute = p.recompute,
-                                .zero = stage_zero_of(o.stage.zero),
+                                .zero = p.zero,
                                 .pinned_replicas = p.replicas});
     solutions[i] = dp.solve(p.stages);
   });

@@ -45,10 +45,11 @@ struct SearchClock {
 // --batch, --replicas beyond --devices or beyond the samples of a micro-batch.
 void check_request(const PartitionOptions& options);
 
-// The (schedule, recomputation, micro-batch count) combinations every stage DP runs for, fixed by the options.
+// The (schedule, recomputation, ZeRO, micro-batch count) combinations every stage DP runs for, fixed by the options.
 struct SearchGrid {
   std::vector<Schedule> schedules;          // the pinned one, else 1F1B (GPipe never beats it here)
   std::vector<StageRecompute> recomputes;   // off and/or where needed; on when pinned
+  std::vector<StageZero> zeros;             // the pinned ZeRO stage; auto: none and per stage (stage_dp.h)
   std::vector<int64_t> microbatches;        // microbatch_candidates
   double reference_microbatch = 1;          // per-replica micro-batch the block level and baselines weigh tasks at
 };

@@ -35,6 +35,7 @@ struct PartitionArgs {
   std::string stages = "auto";
   std::string replicas = "auto";
   std::string recompute = "auto";
+  std::string zero = "0";
   std::string overlap_allreduce = "on";
   std::string profile;
   std::string profile_device_mismatch = "error";
@@ -76,6 +77,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
   if (auto s = auto_or_int("--stages", a.stages, limits::kMaxDevices)) o.stage.stages = static_cast<int>(*s);
   if (auto r = auto_or_int("--replicas", a.replicas, limits::kMaxDevices)) o.stage.replicas = static_cast<int>(*r);
   o.stage.recompute = parse_recompute(a.recompute);
+  o.stage.zero = parse_zero(a.zero);
   if (a.overlap_allreduce != "on" && a.overlap_allreduce != "off")
     throw InvalidArgument("--overlap-allreduce must be on or off, not '" + a.overlap_allreduce + "'");
   o.training.overlap_allreduce = a.overlap_allreduce == "on";
@@ -162,6 +164,10 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("--stages", a->stages, "Pipeline stages, or auto")->capture_default_str();
   cmd->add_option("--replicas", a->replicas, "Replicas of every stage, or auto (per stage, any count)")->capture_default_str();
   cmd->add_option("--recompute", a->recompute, "Activation recomputation: auto, on or off")->capture_default_str();
+  cmd->add_option("--zero", a->zero,
+                  "ZeRO stage of every stage with replicas: 0 (none), 1 (optimizer state), 2 (+ gradients), "
+                  "3 (+ weights), or auto (per stage)")
+      ->capture_default_str();
   cmd->add_option("--overlap-allreduce", a->overlap_allreduce,
                   "on: gradients all-reduce in 25 MB buckets during the last backward (as PyTorch DDP); off: after it")
       ->capture_default_str();

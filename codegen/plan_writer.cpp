@@ -150,7 +150,8 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
   const std::string limit = format_bytes(static_cast<double>(memory));
   for (const PlanStageRecord& s : plan.stages) {
     const std::string mem = format_bytes(static_cast<double>(s.memory_bytes.value_or(0))) + " / " + limit;
-    const std::string devices = device_range(s.devices);
+    // A stage whose replicas shard with ZeRO says so after its devices; plans without ZeRO read as before.
+    const std::string devices = device_range(s.devices) + (s.zero > 0 ? "  ZeRO-" + std::to_string(s.zero) : "");
     // Compute is forward + backward (the backward includes a recomputed forward): partition/stage_cost.h.
     std::snprintf(line, sizeof line, "%5d  %-32s %9s %10s %10s %10s  %-22s %8d %s%s\n", s.id,
                   format_task_counts(s.tasks.size(), static_cast<size_t>(s.batch_tasks.value_or(0))).c_str(),

@@ -101,6 +101,8 @@ AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, c
     for (uint32_t c : readers) atomic.components[c].cost.param_bytes += value.bytes;
     atomic.params.push_back(ParamUse{value.bytes, std::vector<uint32_t>(readers.begin(), readers.end())});
   }
+  // A component is one batch task (with the constant tasks feeding it): its weights are one task's.
+  for (AtomicComponent& c : atomic.components) c.cost.largest_task_param_bytes = c.cost.param_bytes;
 
   // Transfers: values produced by a batch task and read by batch tasks of other components.
   for (uint32_t v = 0; v < graph.num_values(); ++v) {
@@ -135,6 +137,7 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
     b.saved_per_sample += a.saved_per_sample;
     b.workspace_per_sample = std::max(b.workspace_per_sample, a.workspace_per_sample);
     b.workspace_fixed = std::max(b.workspace_fixed, a.workspace_fixed);
+    b.largest_task_param_bytes = std::max(b.largest_task_param_bytes, a.largest_task_param_bytes);
   }
   // Identical (producer, consumers) transfers are summed: the evaluator's setup is linear in their number.
   // Most transfers stay inside a block: they are dropped without allocating (one scratch list for the rest).

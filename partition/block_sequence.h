@@ -29,6 +29,7 @@ struct BlockCost {
   double saved_per_sample = 0;     // bytes kept for backward per sample
   double workspace_per_sample = 0; // transient working set per sample (largest task)
   double workspace_fixed = 0;
+  int64_t largest_task_param_bytes = 0;  // the most weights one task reads: ZeRO-3 gathers one task's at a time
 };
 
 // A value produced in one block and read in later blocks. Sent once to each later stage reading it.

@@ -39,6 +39,15 @@ Recompute parse_recompute(std::string_view t) {
   throw InvalidArgument("--recompute " + std::string(t) + ": expected auto, on or off");
 }
 
+std::optional<int> parse_zero(std::string_view t) {
+  if (t == "auto") return std::nullopt;
+  if (t.size() == 1 && t[0] >= '0' && t[0] <= '0' + kMaxZeroStage) return t[0] - '0';
+  throw InvalidArgument("--zero " + std::string(t) + ": expected 0, 1, 2, 3 or auto (the ZeRO stage every stage with "
+                        "replicas shards with; auto: the planner chooses per stage)");
+}
+
+std::string zero_option_name(std::optional<int> zero) { return zero ? std::to_string(*zero) : "auto"; }
+
 void PartitionOptions::validate() const {
   // The documented limits (graph/checked.h, README "Limits"): every count, time, size and rate in range.
   cluster.validate();
@@ -51,6 +60,11 @@ void PartitionOptions::validate() const {
   if (stage.replicas) checked_integer(*stage.replicas, 1, limits::kMaxDevices, "--replicas (or auto)");
   // A micro-batch holds at least one sample.
   if (stage.microbatches) checked_integer(*stage.microbatches, 1, training.global_batch, "--microbatches (at most --batch, or auto)");
+  if (stage.zero) checked_integer(*stage.zero, 0, kMaxZeroStage, "--zero (0, 1, 2, 3 or auto)");
+  if (stage.zero.value_or(1) > 0 && stage.replicas == 1)
+    throw InvalidArgument("--zero " + zero_option_name(stage.zero) +
+                          " shards across a stage's data-parallel replicas, and --replicas 1 leaves each stage one; "
+                          "give stages replicas (--replicas N > 1 or auto) or use --zero 0");
   checked_number(stage.time_limit_s, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
   checked_integer(block.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
   if (!(block.balance_cap >= 1 && block.balance_cap <= 1e6)) throw InvalidArgument("the block balance cap must be in [1, 1e6]");

@@ -23,6 +23,9 @@ std::string_view recompute_name(Recompute r);
 // Parsers throw InvalidArgument naming the accepted spellings.
 Method parse_method(std::string_view text);
 Recompute parse_recompute(std::string_view text);
+// --zero: "0", "1", "2", "3" or "auto" (nullopt).
+std::optional<int> parse_zero(std::string_view text);
+std::string zero_option_name(std::optional<int> zero);  // "0".."3" or "auto"
 
 struct TrainingSpec {
   int64_t global_batch = 1;
@@ -54,6 +57,10 @@ struct StageOptions {
   std::optional<int> microbatches;  // --microbatches N
   std::optional<Schedule> schedule; // --schedule; nullopt = auto
   Recompute recompute = Recompute::kAuto;
+  // --zero 0|1|2|3|auto: the ZeRO stage (Rajbhandari et al., SC20) every stage with replicas shards its optimizer
+  // state (1), gradients (2) and weights (3) with across them; nullopt = auto, the stage DP chooses per stage.
+  // 0 (the default) is plain data parallelism.
+  std::optional<int> zero = 0;
   double time_limit_s = 0;          // 0 = no limit; the search stops early and keeps the best plan so far
   int max_stages = 0;               // 0 = min(blocks, devices)
   bool spend_leftover_devices = true;  // after the DP, give unused devices to stages while the estimate improves

@@ -114,6 +114,11 @@ SearchGrid search_grid(const PartitionOptions& o) {
   if (o.stage.recompute != Recompute::kOn) grid.recomputes.push_back(StageRecompute::kOff);
   if (o.stage.recompute == Recompute::kOn) grid.recomputes.push_back(StageRecompute::kAll);
   if (o.stage.recompute == Recompute::kAuto) grid.recomputes.push_back(StageRecompute::kWhereNeeded);
+  // auto: none, or per stage. The per-stage DP ties on its bottleneck by the fewest devices, which may pick a
+  // variant that simulates slower; with the plain DP's solutions among the candidates too, the simulated choice is
+  // never worse than --zero 0's (as recomputation's off and where-needed points are).
+  grid.zeros = {stage_zero_of(o.stage.zero)};
+  if (!o.stage.zero) grid.zeros.insert(grid.zeros.begin(), stage_zero_of(0));
   grid.microbatches = microbatch_candidates(o.training.global_batch, o.stage);
   grid.reference_microbatch = std::max<double>(1.0, static_cast<double>(o.training.global_batch) / o.cluster.devices);
   return grid;
@@ -209,27 +214,25 @@ Split with_layout(const Split& split, Layout layout, std::string source) {
 }
 
 bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
-                         StageRecompute recompute, std::optional<int> pinned_replicas) {
-  // Memory depends on the replicas only through the per-replica micro-batch, which falls as they grow: the most
-  // replicas the DP may give a stage (its last replica candidate, stage_dp.h) use the least. The same test as the
-  // DP's (stage_dp.cpp first_fitting), so a block that fails it fails every candidate there.
+                         StageRecompute recompute, StageZero zero, std::optional<int> pinned_replicas) {
+  // Memory depends on the replicas only through the per-replica micro-batch and the ZeRO shard, which fall as they
+  // grow: the most replicas the DP may give a stage (its last replica candidate, stage_dp.h) use the least. The same
+  // test as the DP's (stage_dp.cpp first_fitting), so a block that fails it fails every candidate there.
   const int64_t per_microbatch = evaluator.training().global_batch / microbatches;
   const int devices = evaluator.cluster().devices;
   const int most = pinned_replicas ? *pinned_replicas : static_cast<int>(std::min<int64_t>(devices, per_microbatch));
   if (most < 1 || most > devices || most > per_microbatch) return false;
   const double budget = static_cast<double>(evaluator.cluster().usable_memory_bytes());
   const int stages = static_cast<int>(evaluator.blocks());
+  const std::vector<StageVariant> variants = stage_variants(recompute, zero);
   for (int b = 0; b < stages; ++b) {
     const int64_t flight = stage_in_flight_microbatches(schedule, b, stages, microbatches);
-    auto fits = [&](bool rc) {
+    auto fits = [&](const StageVariant& v) {
       const StageCost c = evaluator.evaluate(static_cast<uint32_t>(b), static_cast<uint32_t>(b + 1), most,
-                                             microbatches, 0, rc);
+                                             microbatches, 0, v.recompute, nullptr, v.zero);
       return std::ceil(c.memory_static + static_cast<double>(flight) * c.memory_per_in_flight) <= budget;
     };
-    const bool fit = recompute == StageRecompute::kAll   ? fits(true)
-                     : recompute == StageRecompute::kOff ? fits(false)
-                                                         : fits(false) || fits(true);
-    if (!fit) return false;
+    if (std::none_of(variants.begin(), variants.end(), fits)) return false;
   }
   return true;
 }
@@ -243,12 +246,14 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
   struct GridPoint {
     Schedule schedule;
     StageRecompute recompute;
+    StageZero zero;
     int64_t microbatches;
   };
   std::vector<GridPoint> points;
   for (Schedule schedule : grid.schedules)
     for (StageRecompute recompute : grid.recomputes)
-      for (int64_t m : grid.microbatches) points.push_back({schedule, recompute, m});
+      for (StageZero zero : grid.zeros)
+        for (int64_t m : grid.microbatches) points.push_back({schedule, recompute, zero, m});
 
   // Grid points are independent DPs: run on clock.threads, gathered in grid order. A point that ends past the time
   // limit once something was found stops the ones not yet started.
@@ -262,10 +267,12 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
     if (stop.load()) return;
     const GridPoint& p = points[i];
     ran[i] = 1;
-    if (fixed_split && !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, o.replicas)) return;
+    if (fixed_split && !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, p.zero, o.replicas))
+      return;
     const StageDp dp(evaluator, {.microbatches = p.microbatches,
                                  .schedule = p.schedule,
                                  .recompute = p.recompute,
+                                 .zero = p.zero,
                                  .pinned_replicas = o.replicas,
                                  .fixed_split = fixed_split});
     for (auto& solution : dp.solve_many(counts)) {
@@ -306,6 +313,7 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
   struct Point {
     Schedule schedule;
     StageRecompute recompute;
+    StageZero zero;
     int64_t microbatches;
     int stages, replicas;
   };
@@ -313,20 +321,22 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
   const int64_t batch = o.training.global_batch;
   for (Schedule schedule : grid.schedules)
     for (StageRecompute recompute : grid.recomputes)
-      for (int64_t m : grid.microbatches)
-        for (int s : stage_candidates(max_stages, o.stage)) {
-          if (s < 2 || s > max_stages) continue;
-          const int replicas = o.stage.replicas ? *o.stage.replicas
-                                                : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
-          if (replicas < 1 || replicas * s > o.cluster.devices) continue;
-          points.push_back({schedule, recompute, m, s, replicas});
-        }
+      for (StageZero zero : grid.zeros)
+        for (int64_t m : grid.microbatches)
+          for (int s : stage_candidates(max_stages, o.stage)) {
+            if (s < 2 || s > max_stages) continue;
+            const int replicas = o.stage.replicas ? *o.stage.replicas
+                                                  : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
+            if (replicas < 1 || replicas * s > o.cluster.devices) continue;
+            points.push_back({schedule, recompute, zero, m, s, replicas});
+          }
   std::vector<std::optional<StageSolution>> solutions(points.size());
   run_indexed(points.size(), clock.threads, [&](size_t i) {
     const Point& p = points[i];
     const StageDp dp(pipeline, {.microbatches = p.microbatches,
                                 .schedule = p.schedule,
                                 .recompute = p.recompute,
+                                .zero = p.zero,
                                 .pinned_replicas = p.replicas});
     solutions[i] = dp.solve(p.stages);
   });
@@ -452,6 +462,7 @@ CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOpti
         sol.microbatches = m;
         sol.schedule = schedule;
         sol.recompute = mode != StageRecompute::kOff;  // PipeDream's split: all stages or none
+        sol.zero = o.stage.zero.value_or(0);            // and one ZeRO stage (auto: none)
         sol.boundaries.assign(pd.split.boundaries.begin(), pd.split.boundaries.end());
         sol.replicas = pd.split.replicas;
         if (*std::max_element(sol.replicas.begin(), sol.replicas.end()) > o.training.global_batch / m) continue;

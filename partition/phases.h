@@ -45,10 +45,11 @@ struct SearchClock {
 // --batch, --replicas beyond --devices or beyond the samples of a micro-batch.
 void check_request(const PartitionOptions& options);
 
-// The (schedule, recomputation, micro-batch count) combinations every stage DP runs for, fixed by the options.
+// The (schedule, recomputation, ZeRO, micro-batch count) combinations every stage DP runs for, fixed by the options.
 struct SearchGrid {
   std::vector<Schedule> schedules;          // the pinned one, else 1F1B (GPipe never beats it here)
   std::vector<StageRecompute> recomputes;   // off and/or where needed; on when pinned
+  std::vector<StageZero> zeros;             // the pinned ZeRO stage; auto: none and per stage (stage_dp.h)
   std::vector<int64_t> microbatches;        // microbatch_candidates
   double reference_microbatch = 1;          // per-replica micro-batch the block level and baselines weigh tasks at
 };
@@ -108,7 +109,7 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
 // schedule and recomputation mode, with the most replicas the DP could give it (the least per-replica micro-batch):
 // when not, the fixed-split DP at that grid point finds nothing, so it need not be built.
 bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
-                         StageRecompute recompute, std::optional<int> pinned_replicas);
+                         StageRecompute recompute, StageZero zero, std::optional<int> pinned_replicas);
 
 // ---------------- Candidates: solutions placed on devices ----------------
 struct CandidateSet {

@@ -46,6 +46,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
     r.forward_s = s.cost.forward_s;
     r.backward_s = s.cost.backward_s;
     r.recompute = s.recompute;
+    r.zero = s.cost.zero;
     r.comm_s = s.cost.comm_s;
     r.allreduce_s = s.cost.allreduce_s;
     r.allreduce_exposed_s = s.cost.allreduce_exposed_s;
@@ -75,6 +76,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
   if (o.block.blocks > 0) options.blocks = o.block.blocks;
   options.balance_cap = o.block.balance_cap;
   options.time_limit_s = o.stage.time_limit_s;
+  if (o.stage.zero != 0) options.zero = zero_option_name(o.stage.zero);
   d.options = options;
 
   // The prediction is the event-level replay of this plan (what chose it); the analytic estimate rides along.

@@ -78,13 +78,17 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
     }
   ws_ps_max_.assign(n * n, 0);
   ws_fixed_max_.assign(n * n, 0);
+  largest_task_params_max_.assign(n * n, 0);
   for (size_t first = 0; first < k_; ++first) {
     double ps = 0, fx = 0;
+    int64_t task_params = 0;
     for (size_t last = first + 1; last < n; ++last) {
       ps = std::max(ps, seq.blocks[last - 1].workspace_per_sample);
       fx = std::max(fx, seq.blocks[last - 1].workspace_fixed);
+      task_params = std::max(task_params, seq.blocks[last - 1].largest_task_param_bytes);
       ws_ps_max_[first * n + last] = ps;
       ws_fixed_max_[first * n + last] = fx;
+      largest_task_params_max_[first * n + last] = task_params;
     }
   }
 }
@@ -129,18 +133,20 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
   r.param_bytes = params_[first * n + last];
   r.workspace_per_sample = ws_ps_max_[first * n + last];
   r.workspace_fixed = ws_fixed_max_[first * n + last];
+  r.largest_task_param_bytes = largest_task_params_max_[first * n + last];
   return r;
 }
 
 StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches,
-                                   int64_t in_flight, bool recompute, const StageLinks* placed) const {
+                                   int64_t in_flight, bool recompute, const StageLinks* placed, int zero) const {
   return stage_cost(range(first, last), replicas, microbatches, in_flight, recompute,
-                    placed ? *placed : assumed_links(replicas), training_);
+                    placed ? *placed : assumed_links(replicas), training_, zero);
 }
 
 StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
-                     const StageLinks& links, const TrainingSpec& training) {
+                     const StageLinks& links, const TrainingSpec& training, int zero) {
   StageCost c;
+  c.zero = effective_zero(zero, replicas);
   const int64_t u = microbatch_size(training.global_batch, microbatches, replicas);
   c.microbatch = u;
   c.forward_s = range.forward.fixed_s + range.forward.per_sample_s * static_cast<double>(u);
@@ -156,27 +162,65 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   if (c.out_bytes > 0) c.comm_s += 2 * transfer_time(links.next, c.out_bytes);
   c.param_bytes = range.param_bytes;
   if (replicas > 1 && c.param_bytes > 0) {
-    // The replicas' ring all-reduce of the gradients, over the ring's link.
     const double grad_bytes = static_cast<double>(c.param_bytes) * gradient_bytes_per_param_byte(training.precision);
-    c.allreduce_s = ring_allreduce_time(replicas, grad_bytes, links.replicas);
-    c.allreduce_exposed_s = c.allreduce_s;
-    if (training.overlap_allreduce) {
-      // Buckets go out as the last backward (without its recomputed forward) produces them.
-      const double backward_only = c.backward_s - (recompute ? c.forward_s : 0.0);
-      c.allreduce_exposed_s = exposed_allreduce_time(c.allreduce_s, grad_bytes, backward_only);
+    // The working copy of the weights, which ZeRO all-gathers (mixed: 16-bit, as many bytes as the gradients).
+    const double weight_bytes =
+        static_cast<double>(c.param_bytes) * working_weight_bytes_per_param_byte(training.precision);
+    // Buckets go out as the last backward (without its recomputed forward) produces them.
+    const double backward_only = c.backward_s - (recompute ? c.forward_s : 0.0);
+    auto exposed = [&](double collective_s, double bytes, double behind_s) {
+      return training.overlap_allreduce ? exposed_allreduce_time(collective_s, bytes, behind_s) : collective_s;
+    };
+    if (c.zero == 0) {
+      // The replicas' ring all-reduce of the gradients, over the ring's link.
+      c.allreduce_s = ring_allreduce_time(replicas, grad_bytes, links.replicas);
+      c.allreduce_exposed_s = exposed(c.allreduce_s, grad_bytes, backward_only);
+    } else if (c.zero == 1) {
+      // Gradients accumulate whole over the micro-batches; after the last backward they reduce-scatter (bucketed
+      // behind it, as the all-reduce is), each replica steps its shard, then the updated weights all-gather: the
+      // all-reduce's ring volume, but the all-gather waits for the step and is all exposed.
+      const double reduce_scatter = ring_reduce_scatter_time(replicas, grad_bytes, links.replicas);
+      const double allgather = ring_allgather_time(replicas, weight_bytes, links.replicas);
+      c.allreduce_s = reduce_scatter + allgather;
+      c.allreduce_exposed_s = exposed(reduce_scatter, grad_bytes, backward_only) + allgather;
+    } else {
+      // Sharded gradients cannot accumulate whole: every micro-batch's backward reduce-scatters its gradients into
+      // the shards, bucketed behind that backward. ZeRO-3 keeps no whole weights either: every micro-batch
+      // all-gathers them before its forward and again before its backward (none kept across micro-batches), each
+      // prefetched behind the compute it feeds. With one micro-batch that is ZeRO's 1.5× the all-reduce volume.
+      // The exposed parts lengthen the forward and backward themselves; what the simulator replays.
+      double forward_collective = 0, backward_collective = ring_reduce_scatter_time(replicas, grad_bytes, links.replicas);
+      double backward_bytes = grad_bytes;
+      if (c.zero == 3) {
+        forward_collective = ring_allgather_time(replicas, weight_bytes, links.replicas);
+        backward_collective += forward_collective;
+        backward_bytes += weight_bytes;
+      }
+      c.zero_collective_s = forward_collective + backward_collective;
+      const double forward_exposed = forward_collective > 0 ? exposed(forward_collective, weight_bytes, c.forward_s) : 0;
+      const double backward_exposed = exposed(backward_collective, backward_bytes, backward_only);
+      if (recompute) c.backward_s += forward_exposed;  // the recomputed forward reads the backward's gathered weights
+      c.forward_s += forward_exposed;
+      c.backward_s += backward_exposed;
+      c.compute_s = c.forward_s + c.backward_s;
+      // ZeRO-2 then all-gathers the updated weights after the step; ZeRO-3 leaves them sharded for the next forward.
+      if (c.zero == 2) c.allreduce_s = c.allreduce_exposed_s = ring_allgather_time(replicas, weight_bytes, links.replicas);
     }
   }
   c.step_s = c.compute_s + c.comm_s;
-  c.optimizer_s = optimizer_step_time(c.param_bytes, training.optimizer, training.precision, links.memory_bandwidth);
+  c.optimizer_s = optimizer_step_time(c.param_bytes, training.optimizer, training.precision, links.memory_bandwidth,
+                                      c.zero, replicas);
   c.h = c.step_s + (c.allreduce_exposed_s + c.optimizer_s) / static_cast<double>(microbatches);
   // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
   // The cost table's saved bytes are already at the run's precision; boundary values are stored fp32.
   const double saved = range.saved_per_sample * static_cast<double>(u);
   const double workspace = range.workspace_fixed + range.workspace_per_sample * static_cast<double>(u);
   const double state = static_cast<double>(c.param_bytes) *
-                       state_bytes_per_param_byte(training.optimizer, training.precision);
+                       state_bytes_per_param_byte(training.optimizer, training.precision, c.zero, replicas);
+  const double workspace_gathered = zero_gathered_bytes(static_cast<double>(range.largest_task_param_bytes),
+                                                        training.precision, c.zero, replicas);
   // With recomputation only the stage's inputs stay per micro-batch; one micro-batch is rebuilt at a time.
-  c.memory_static = state + workspace + (recompute ? saved : 0.0);
+  c.memory_static = state + workspace + workspace_gathered + (recompute ? saved : 0.0);
   c.memory_per_in_flight = recompute ? c.in_bytes : saved;
   c.memory_bytes = saturated_bytes(c.memory_static + static_cast<double>(in_flight) * c.memory_per_in_flight);
   return c;

@@ -19,8 +19,11 @@ struct StageCost {
   double forward_s = 0;
   double backward_s = 0;    // includes the recomputed forward when recompute is on
   double comm_s = 0;        // boundary transfers: activations in/out and their gradients
-  double allreduce_s = 0;   // gradient all-reduce among the replicas, once per iteration
+  double allreduce_s = 0;   // gradient all-reduce among the replicas, once per iteration (ZeRO: the collectives
+                            // after the pipeline, see stage_cost.cpp)
   double allreduce_exposed_s = 0;  // the part of it not hidden behind the last backward (TrainingSpec)
+  double zero_collective_s = 0;    // ZeRO-2/3: per micro-batch collectives beside forward/backward (all of them)
+  int zero = 0;             // the ZeRO stage costed (effective: 0 with one replica)
   double step_s = 0;        // compute + comm: one pipeline step
   double optimizer_s = 0;   // the optimizer step after the all-reduce, once per iteration (memory-bound)
   double h = 0;             // the DP's objective term: step + (exposed all-reduce + optimizer step) / m
@@ -60,13 +63,15 @@ struct StageRange {
   int64_t param_bytes = 0;    // distinct weights
   double workspace_per_sample = 0;  // the largest working set among its blocks
   double workspace_fixed = 0;
+  int64_t largest_task_param_bytes = 0;  // among its blocks (ZeRO-3's gathered working set)
 };
 
 // The stage cost model h (paper §IV-C) of one range with `replicas` replicas over `links`: the one formula, which
 // StageEvaluator evaluates over block ranges and the component-level cut search (stage_refine.cpp) over runs of
-// components.
+// components. `zero`: the ZeRO stage (0..3) its replicas shard with (profiler/memory_model.h; a 1-replica stage
+// runs as stage 0).
 StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
-                     const StageLinks& links, const TrainingSpec& training);
+                     const StageLinks& links, const TrainingSpec& training, int zero = 0);
 // The links `layout` assumes for a stage with `replicas` replicas before devices are placed (see Layout).
 StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas);
 // Per-replica micro-batch size: ceil(B / m / replicas).
@@ -81,9 +86,9 @@ class StageEvaluator {
   size_t blocks() const { return k_; }
   // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches whose
   // activations the stage keeps (profiler's stage_in_flight_microbatches).
-  // `links`: the placed stage's links; without, the ones the layout assumes (see Layout).
+  // `links`: the placed stage's links; without, the ones the layout assumes (see Layout). `zero`: stage_cost's.
   StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, int64_t in_flight,
-                     bool recompute, const StageLinks* links = nullptr) const;
+                     bool recompute, const StageLinks* links = nullptr, int zero = 0) const;
   // The sums stage_cost takes for blocks [first, last).
   StageRange range(uint32_t first, uint32_t last) const;
   // The links the layout assumes for a stage with `replicas` replicas before devices are placed.
@@ -108,6 +113,7 @@ class StageEvaluator {
   // Range tables, (k+1)×(k+1), row = first, column = last.
   std::vector<int64_t> params_;  // distinct weight bytes read by blocks [first, last)
   std::vector<double> in_, out_, ws_ps_max_, ws_fixed_max_;
+  std::vector<int64_t> largest_task_params_max_;
 };
 
 // The analytic pipeline estimate, in one place so a simulator can replace it:

@@ -61,6 +61,10 @@ int FirstAtMost::find(size_t row_begin, size_t lo, double limit) const {
   return static_cast<int>(a);
 }
 
+int StageSolution::zero_of(int stage) const {
+  return effective_zero(stage_zero.empty() ? zero : stage_zero[stage], replicas[stage]);
+}
+
 int StageSolution::devices_used() const { return std::accumulate(replicas.begin(), replicas.end(), 0); }
 
 bool StageSolution::any_recompute() const {
@@ -81,7 +85,7 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
     const int64_t flight = stage_in_flight_microbatches(solution.schedule, s, stages, solution.microbatches);
     StageCost c = evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
                                      solution.microbatches, flight, solution.recomputes(s),
-                                     links.empty() ? nullptr : &links[static_cast<size_t>(s)]);
+                                     links.empty() ? nullptr : &links[static_cast<size_t>(s)], solution.zero_of(s));
     if (c.memory_bytes > evaluator.cluster().usable_memory_bytes()) fits = false;
     solution.bottleneck_h = std::max(solution.bottleneck_h, c.h);
     solution.costs.push_back(c);
@@ -99,6 +103,26 @@ std::string_view stage_recompute_name(StageRecompute mode) {
   return "?";
 }
 
+StageZero stage_zero_of(std::optional<int> option) {
+  if (!option) return {.stage = 0, .automatic = true};
+  return {.stage = *option, .automatic = false};
+}
+
+std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zero) {
+  std::vector<bool> recomputes;
+  if (recompute != StageRecompute::kAll) recomputes.push_back(false);
+  if (recompute != StageRecompute::kOff) recomputes.push_back(true);
+  std::vector<StageVariant> variants;
+  for (bool rc : recomputes) {
+    if (!zero.automatic) {
+      variants.push_back({rc, zero.stage});
+      continue;
+    }
+    for (int z = 0; z <= kMaxZeroStage; ++z) variants.push_back({rc, z});
+  }
+  return variants;
+}
+
 StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     : evaluator_(evaluator),
       microbatches_(options.microbatches),
@@ -106,6 +130,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       recompute_(options.recompute == StageRecompute::kAll),
       fixed_split_(options.fixed_split),
       where_needed_(options.recompute == StageRecompute::kWhereNeeded),
+      zero_(options.zero),
       k_(evaluator.blocks()),
       devices_(evaluator.cluster().devices),
       memory_limit_(evaluator.cluster().usable_memory_bytes()) {
@@ -113,44 +138,47 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   const bool fixed_split = options.fixed_split;
   const std::optional<int>& pinned_replicas = options.pinned_replicas;
   const int64_t per_microbatch = evaluator.training().global_batch / microbatches;
+  const bool may_shard = zero_.automatic || zero_.stage > 0;
   if (pinned_replicas) {
     if (*pinned_replicas <= per_microbatch && *pinned_replicas <= devices_) candidates_.push_back(*pinned_replicas);
   } else {
     int64_t previous_u = std::numeric_limits<int64_t>::max();
     for (int sd = 1; sd <= devices_ && sd <= per_microbatch; ++sd) {
       const int64_t u = evaluator.microbatch_size(microbatches, sd);
-      if (u < previous_u) candidates_.push_back(sd);
+      const bool last_at_u = sd == devices_ || sd == per_microbatch || evaluator.microbatch_size(microbatches, sd + 1) < u;
+      if (u < previous_u || (may_shard && last_at_u)) candidates_.push_back(sd);
       previous_u = u;
     }
   }
   const size_t cands = candidates_.size();
-  h_.assign((fixed_split ? k_ : (k_ + 1) * (k_ + 1)) * cands, std::numeric_limits<double>::infinity());
-  mem_base_.assign(h_.size(), 0);
-  mem_per_flight_.assign(h_.size(), 0);
-  if (where_needed_) {
-    h_rc_.assign(h_.size(), std::numeric_limits<double>::infinity());
-    mem_base_rc_.assign(h_.size(), 0);
-    mem_per_flight_rc_.assign(h_.size(), 0);
+  entries_ = (fixed_split ? k_ : (k_ + 1) * (k_ + 1)) * cands;
+  for (const StageVariant& v : stage_variants(options.recompute, zero_)) {
+    VariantTable& table = variants_.emplace_back();
+    table.variant = v;
+    table.h.assign(entries_, std::numeric_limits<double>::infinity());
+    table.mem_base.assign(entries_, 0);
+    table.mem_per_flight.assign(entries_, 0);
   }
   // A stage holds at least this many micro-batches in flight (the last one under 1F1B), and memory only grows with
-  // it and falls as replicas grow (a smaller micro-batch): the candidates below the first that fits there fit
-  // nowhere, so they are not evaluated (never fitting, h infinite) and their h is never a bottleneck; the rest go
-  // into h_values_.
+  // it and falls as replicas grow (a smaller micro-batch, a smaller ZeRO shard): the candidates below the first that
+  // fits there fit nowhere, so they are not evaluated (never fitting, h infinite) and their h is never a
+  // bottleneck; the rest go into h_values_.
   const double least_flight = static_cast<double>(stage_in_flight_microbatches(schedule_, 0, 1, microbatches));
   const double budget = static_cast<double>(memory_limit_);
   auto fits = [&](const StageCost& cost) {
     return std::ceil(cost.memory_static + least_flight * cost.memory_per_in_flight) <= budget;
   };
-  h_values_.reserve(h_.size() + h_rc_.size());
+  h_values_.reserve(entries_ * variants_.size());
   least_compute_.assign((k_ + 1) * (k_ + 1), 0);
   std::vector<StageCost> costs(cands);
   std::vector<char> evaluated(cands);
   // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
-  auto tabulate = [&](uint32_t first, uint32_t last, bool rc, std::vector<double>& h, std::vector<double>& mem_base,
-                      std::vector<double>& mem_per_flight) {
+  auto tabulate = [&](uint32_t first, uint32_t last, VariantTable& table) {
+    const StageVariant v = table.variant;
     std::fill(evaluated.begin(), evaluated.end(), 0);
     auto cost = [&](size_t c) -> const StageCost& {
-      if (!evaluated[c]) costs[c] = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, rc);
+      if (!evaluated[c])
+        costs[c] = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, v.recompute, nullptr, v.zero);
       evaluated[c] = 1;
       return costs[c];
     };
@@ -162,30 +190,35 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       }
     for (size_t c = 0; c < cands; ++c) {
       const size_t at = index(first, last, c);
-      if (c < lo) {
-        mem_base[at] = std::numeric_limits<double>::infinity();  // h stays infinite
+      // Under --zero auto a 1-replica stage runs ZeRO 0 whatever its variant says: that is the ZeRO-0 variant's
+      // entry, so the others leave it out as never fitting (memory stays monotone for first_fitting).
+      if (c < lo || (zero_.automatic && v.zero > 0 && candidates_[c] == 1)) {
+        table.mem_base[at] = std::numeric_limits<double>::infinity();  // h stays infinite
         continue;
       }
       const StageCost& e = cost(c);
-      h[at] = e.h;
-      mem_base[at] = e.memory_static;
-      mem_per_flight[at] = e.memory_per_in_flight;
+      table.h[at] = e.h;
+      table.mem_base[at] = e.memory_static;
+      table.mem_per_flight[at] = e.memory_per_in_flight;
       if (std::isfinite(e.h)) h_values_.push_back(e.h);
     }
-    if (!rc || recompute_) least_compute_[first * (k_ + 1) + last] = cost(cands - 1).compute_s;
   };
   for (uint32_t first = 0; first < k_ && cands > 0; ++first)
     for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last) {
-      tabulate(first, last, recompute_, h_, mem_base_, mem_per_flight_);
-      if (where_needed_) tabulate(first, last, true, h_rc_, mem_base_rc_, mem_per_flight_rc_);
+      for (VariantTable& table : variants_) tabulate(first, last, table);
+      // A lower bound on h for every candidate and variant: the compute at the most replicas under ZeRO 0 (ZeRO
+      // only adds exposed collectives to forward and backward) and the first variant's recomputation.
+      least_compute_[first * (k_ + 1) + last] =
+          evaluator.evaluate(first, last, candidates_.back(), microbatches, 0, variants_.front().variant.recompute)
+              .compute_s;
     }
   const bool non_negative =
       std::all_of(h_values_.begin(), h_values_.end(), [](double h) { return h >= 0 && !std::signbit(h); });
   if (non_negative) sort_non_negative(h_values_);
   else std::sort(h_values_.begin(), h_values_.end());
   h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());
-  first_h_ = FirstAtMost(&h_, cands);
-  if (where_needed_) first_h_rc_ = FirstAtMost(&h_rc_, cands);
+  // After variants_ is complete: each FirstAtMost points at its table's h.
+  for (VariantTable& table : variants_) table.first_h = FirstAtMost(&table.h, cands);
 }
 
 int64_t StageDp::in_flight(int stage, int stages) const {
@@ -208,46 +241,47 @@ int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double
 StageDp::Fitting& StageDp::fitting_starts(int64_t flight) const {
   for (Fitting& f : fitting_)
     if (f.flight == flight) return f;
-  // Two entries per stored range (index() / candidates): the plain and the recomputing variant, found on first use.
+  // One entry per stored range (index() / candidates) and variant, found on first use.
   const size_t cands = candidates_.size();
-  fitting_.push_back({flight, std::vector<int32_t>(cands == 0 ? 0 : 2 * (h_.size() / cands), kUnknown)});
+  fitting_.push_back({flight, std::vector<int32_t>(cands == 0 ? 0 : variants_.size() * (entries_ / cands), kUnknown)});
   return fitting_.back();
 }
 
 const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const {
   const size_t base = index(first, last, 0);
-  int32_t* starts = &fitting.starts[2 * (base / candidates_.size())];
-  if (starts[0] == kUnknown) {
-    starts[0] = first_fitting(base, fitting.flight, mem_base_, mem_per_flight_);
-    starts[1] = where_needed_ ? first_fitting(base, fitting.flight, mem_base_rc_, mem_per_flight_rc_) : 0;
-  }
+  int32_t* starts = &fitting.starts[variants_.size() * (base / candidates_.size())];
+  if (starts[0] == kUnknown)
+    for (size_t v = 0; v < variants_.size(); ++v)
+      starts[v] = first_fitting(base, fitting.flight, variants_[v].mem_base, variants_[v].mem_per_flight);
   return starts;
 }
 
 int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit,
-                           std::vector<int32_t>& under_limit, bool* recompute) const {
+                           std::vector<int32_t>& under_limit, int* variant) const {
   const size_t base = index(first, last, 0);
-  const size_t range = 2 * (base / candidates_.size());
+  const size_t range = variants_.size() * (base / candidates_.size());
   const int32_t* starts = fitting_of(fitting, first, last);
   // The first candidate ≥ the fitting one with h ≤ limit. The first one with h ≤ limit at all depends only on the
   // range and the limit, so it is found once per fill and answers every in-flight count whose fitting candidate is
   // not after it.
-  auto first_under = [&](const FirstAtMost& h, size_t variant) {
-    int32_t& any = under_limit[range + variant];
-    if (any == kUnknown) any = h.find(base, 0, limit);
-    if (any < 0 || any >= starts[variant]) return static_cast<int>(any);
-    return h.find(base, static_cast<size_t>(starts[variant]), limit);
+  auto first_under = [&](size_t v) {
+    int32_t& any = under_limit[range + v];
+    if (any == kUnknown) any = variants_[v].first_h.find(base, 0, limit);
+    if (any < 0 || any >= starts[v]) return static_cast<int>(any);
+    return variants_[v].first_h.find(base, static_cast<size_t>(starts[v]), limit);
   };
-  *recompute = recompute_;
-  const int c = first_under(first_h_, 0);
-  if (!where_needed_) return c;
-  // Recomputation only where it lets the stage use fewer replicas (or fit at all) under the same limit.
-  const int r = first_under(first_h_rc_, 1);
-  if (r >= 0 && (c < 0 || r < c)) {
-    *recompute = true;
-    return r;
+  // A later variant (recomputation, a higher ZeRO stage) only where it lets the stage use fewer replicas (or fit at
+  // all) under the same limit.
+  int best = -1;
+  *variant = 0;
+  for (size_t v = 0; v < variants_.size(); ++v) {
+    const int c = first_under(v);
+    if (c >= 0 && (best < 0 || c < best)) {
+      best = c;
+      *variant = static_cast<int>(v);
+    }
   }
-  return c;
+  return best;
 }
 
 void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
@@ -259,8 +293,8 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
   t.devices.assign(static_cast<size_t>(stages) * n, kNone);
   t.last.assign(t.devices.size(), 0);
   t.cand.assign(t.devices.size(), -1);
-  t.rc.assign(t.devices.size(), 0);
-  t.under_limit.assign(candidates_.empty() ? 0 : 2 * (h_.size() / candidates_.size()), kUnknown);
+  t.variant.assign(t.devices.size(), 0);
+  t.under_limit.assign(candidates_.empty() ? 0 : variants_.size() * (entries_ / candidates_.size()), kUnknown);
   for (int r = 0; r < stages; ++r) {
     Fitting& fitting = fitting_starts(in_flight(stages - 1 - r, stages));
     const uint32_t i_min = every_start ? 0u : static_cast<uint32_t>(stages - 1 - r);
@@ -269,10 +303,15 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
       int best = kNone;
       uint32_t best_last = 0;
       int best_cand = -1;
-      bool best_rc = false, rc = false;
+      int best_variant = 0, variant = 0;
       if (r == 0) {
-        const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, &rc);
-        if (c >= 0) { best = candidates_[c]; best_last = static_cast<uint32_t>(k_); best_cand = c; best_rc = rc; }
+        const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, &variant);
+        if (c >= 0) {
+          best = candidates_[c];
+          best_last = static_cast<uint32_t>(k_);
+          best_cand = c;
+          best_variant = variant;
+        }
       } else {
         for (uint32_t last = i + 1; last + r <= k_ && (!fixed_split_ || last == i + 1); ++last) {
           // h ≥ compute time ≥ its least (most replicas, no recomputation), which only grows with `last`.
@@ -280,26 +319,31 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
           const int rest = t.devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
           const int32_t* starts = fitting_of(fitting, i, last);
-          const size_t fewest = static_cast<size_t>(where_needed_ ? std::min(starts[0], starts[1]) : starts[0]);
+          const size_t fewest = static_cast<size_t>(*std::min_element(starts, starts + variants_.size()));
           if (fewest >= candidates_.size() || rest + candidates_[fewest] >= best) continue;
-          const int c = min_candidate(i, last, fitting, limit, t.under_limit, &rc);
+          const int c = min_candidate(i, last, fitting, limit, t.under_limit, &variant);
           if (c < 0) continue;
           const int total = rest + candidates_[c];
-          if (total < best) { best = total; best_last = last; best_cand = c; best_rc = rc; }
+          if (total < best) {
+            best = total;
+            best_last = last;
+            best_cand = c;
+            best_variant = variant;
+          }
         }
       }
       if (best <= devices_) {
         t.devices[r * n + i] = best;
         t.last[r * n + i] = best_last;
         t.cand[r * n + i] = best_cand;
-        t.rc[r * n + i] = best_rc;
+        t.variant[r * n + i] = static_cast<uint8_t>(best_variant);
       }
     }
   }
 }
 
 bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
-                       std::vector<bool>* recomputes) const {
+                       std::vector<int>* variants) const {
   Table t;
   fill(stages, limit, false, t);
   const size_t n = k_ + 1;
@@ -308,12 +352,12 @@ bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundari
   if (boundaries) {
     boundaries->assign(1, 0);
     replicas->clear();
-    recomputes->clear();
+    variants->clear();
     uint32_t i = 0;
     for (int r = stages - 1; r >= 0; --r) {
       const size_t at = r * n + i;
       replicas->push_back(candidates_[t.cand[at]]);
-      recomputes->push_back(t.rc[at] != 0);
+      variants->push_back(t.variant[at]);
       i = t.last[at];
       boundaries->push_back(i);
     }
@@ -383,13 +427,16 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
     solution.microbatches = microbatches_;
     solution.schedule = schedule_;
     solution.recompute = recompute_;
-    std::vector<bool> per_stage;
-    APART_CHECK(feasible(s.stages, h_values_[s.hi], &solution.boundaries, &solution.replicas, &per_stage),
+    solution.zero = zero_.automatic ? 0 : zero_.stage;
+    std::vector<int> chosen;
+    APART_CHECK(feasible(s.stages, h_values_[s.hi], &solution.boundaries, &solution.replicas, &chosen),
                 "DP lost feasibility");
     if (where_needed_) {
-      solution.stage_recompute = std::move(per_stage);
+      for (int v : chosen) solution.stage_recompute.push_back(variants_[static_cast<size_t>(v)].variant.recompute);
       solution.recompute = solution.any_recompute();
     }
+    if (zero_.automatic)
+      for (int v : chosen) solution.stage_zero.push_back(variants_[static_cast<size_t>(v)].variant.zero);
     const bool fits = evaluate_solution(evaluator_, solution);
     APART_CHECK(fits, "DP returned a split that does not fit memory");
     out[q] = std::move(solution);
@@ -405,19 +452,20 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
     const int used = solution.devices_used();
     double best_time = solution.estimate.iteration_s;
     int best_stage = -1, best_replicas = 0;
-    bool best_rc = false;
+    StageVariant best_variant;
     StageCost best_cost;
     for (int s = 0; s < solution.stages; ++s) {
       auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
       if (it == candidates_.end() || used - solution.replicas[s] + *it > devices_) continue;
-      // Where needed: without recomputation if the stage now fits so, else with it.
-      bool rc = where_needed_ ? false : solution.recomputes(s);
-      StageCost c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
-                                        in_flight(s, solution.stages), rc);
-      if (where_needed_ && c.memory_bytes > memory_limit_) {
-        rc = true;
+      // Per stage (where needed, --zero auto): the first variant in the DP's order that now fits; else the
+      // solution's own.
+      StageVariant variant = variants_.front().variant;
+      StageCost c;
+      for (const VariantTable& table : variants_) {
+        variant = table.variant;
         c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
-                                in_flight(s, solution.stages), true);
+                                in_flight(s, solution.stages), variant.recompute, nullptr, variant.zero);
+        if (c.memory_bytes <= memory_limit_) break;
       }
       if (c.memory_bytes > memory_limit_) continue;
       trial_costs[s] = c;
@@ -429,12 +477,13 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
         best_stage = s;
         best_replicas = *it;
         best_cost = c;
-        best_rc = rc;
+        best_variant = variant;
       }
     }
     if (best_stage < 0) break;
     solution.replicas[best_stage] = best_replicas;
-    if (where_needed_) solution.stage_recompute[best_stage] = best_rc;
+    if (where_needed_) solution.stage_recompute[best_stage] = best_variant.recompute;
+    if (zero_.automatic) solution.stage_zero[best_stage] = best_variant.zero;
     solution.costs[best_stage] = best_cost;
     trial_costs[best_stage] = best_cost;
     solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_);

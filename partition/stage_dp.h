@@ -38,6 +38,8 @@ struct StageSolution {
   Schedule schedule = Schedule::k1F1B;
   bool recompute = false;            // every stage recomputes (unless stage_recompute says per stage)
   std::vector<bool> stage_recompute; // per stage when the DP chose it per stage; empty: all = recompute
+  int zero = 0;                      // ZeRO stage of every stage with replicas (unless stage_zero says per stage)
+  std::vector<int> stage_zero;       // per stage when the DP chose it per stage (--zero auto); empty: all = zero
   std::vector<uint32_t> boundaries;  // S + 1 entries: 0 = b0 < b1 < … < bS = k; stage i is [b_i, b_{i+1})
   std::vector<int> replicas;         // per stage
   std::vector<StageCost> costs;      // per stage
@@ -45,6 +47,8 @@ struct StageSolution {
   PipelineEstimate estimate;         // the selection objective
   int devices_used() const;
   bool recomputes(int stage) const { return stage_recompute.empty() ? recompute : stage_recompute[stage]; }
+  // The ZeRO stage stage `stage` runs: 0 on one replica (nothing to shard), else its own or the solution's.
+  int zero_of(int stage) const;
   bool any_recompute() const;
 };
 
@@ -63,18 +67,39 @@ enum class StageRecompute : uint8_t {
 };
 std::string_view stage_recompute_name(StageRecompute mode);  // "off", "on", "where needed"
 
+// How a DP run treats ZeRO (profiler/memory_model.h): one stage for every stage with replicas, or per stage.
+struct StageZero {
+  int stage = 0;            // 0..3, every stage (a 1-replica stage runs 0)
+  bool automatic = false;   // --zero auto: each stage's least-replica variant under the limit, 0 before 1 before 2
+                            // before 3 on ties; the DP is exact over that per-stage choice too
+};
+// --zero's option (nullopt: auto) as a DP setting.
+StageZero stage_zero_of(std::optional<int> option);
+
+// One way a stage may run: with or without recomputation, under one ZeRO stage. The DP's per-stage choices.
+struct StageVariant {
+  bool recompute = false;
+  int zero = 0;
+};
+// The variants a DP with these settings lets each stage choose from, in its tie-breaking order: without
+// recomputation first, and within that ZeRO 0, 1, 2, 3 (the cheaper in time first).
+std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zero);
+
 // What one StageDp solves for: everything but the stage count, which solve() takes.
 struct StageDpOptions {
   int64_t microbatches = 1;
   Schedule schedule = Schedule::k1F1B;
   StageRecompute recompute = StageRecompute::kOff;
+  StageZero zero = {};
   std::optional<int> pinned_replicas = std::nullopt;  // every stage gets exactly this many replicas (--replicas)
   bool fixed_split = false;  // every block is a stage (baselines): only single-block ranges are tabulated
 };
 
-// The DP for one (m, schedule, recompute), reusable across stage counts S. Replica candidates are, for each
+// The DP for one (m, schedule, recompute, zero), reusable across stage counts S. Replica candidates are, for each
 // distinct per-replica micro-batch size ceil(B/(m·sd)), the least sd giving it (more replicas at the same
-// size only add all-reduce time and devices), so any sd ≤ devices is reachable, not only powers of two.
+// size only add all-reduce time and devices), so any sd ≤ devices is reachable, not only powers of two. When ZeRO
+// may shard, more replicas at the same size also hold less state: the most sd giving each size is a candidate
+// too (the one that fits best there; the sizes between are not tried — on up to four devices there are none).
 class StageDp {
  public:
   StageDp(const StageEvaluator& evaluator, const StageDpOptions& options);
@@ -101,11 +126,11 @@ class StageDp {
   };
   Fitting& fitting_starts(int64_t in_flight) const;
   const int32_t* fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const;
-  // Least candidate index whose memory fits and h ≤ limit, or -1; *recompute: whether that needs recomputation
-  // (tried only when recompute_where_needed). `fitting`: the stage's in-flight count's; `under_limit`: per range and
-  // variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().
+  // Least candidate index whose memory fits and h ≤ limit, or -1; *variant: the variant (index into variants_)
+  // that gives it, the first in order on ties. `fitting`: the stage's in-flight count's; `under_limit`: per range
+  // and variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().
   int min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit, std::vector<int32_t>& under_limit,
-                    bool* recompute) const;
+                    int* variant) const;
   int first_fitting(size_t base, int64_t in_flight, const std::vector<double>& mem_base,
                     const std::vector<double>& per_flight) const;
   // Min devices for blocks [first, k) in `stages_left` stages when every h ≤ limit; fills choice tables.
@@ -114,12 +139,12 @@ class StageDp {
     std::vector<int> devices;
     std::vector<uint32_t> last;
     std::vector<int> cand;
-    std::vector<uint8_t> rc;
+    std::vector<uint8_t> variant;
     std::vector<int32_t> under_limit;  // min_candidate's per-range cache at this table's limit
   };
   void fill(int stages, double limit, bool every_start, Table& table) const;
   bool feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
-                std::vector<bool>* recomputes) const;
+                std::vector<int>* variants) const;
   int64_t in_flight(int stage, int stages) const;
 
   const StageEvaluator& evaluator_;
@@ -128,17 +153,23 @@ class StageDp {
   bool recompute_;
   bool fixed_split_;
   bool where_needed_;
+  StageZero zero_;
   size_t k_;
   int devices_;
   int64_t memory_limit_;
   std::vector<int> candidates_;          // replica counts, ascending
-  // Per (first, last, candidate), flattened: h, memory without in-flight activations, per in-flight bytes.
-  std::vector<double> h_, mem_base_, mem_per_flight_;
-  std::vector<double> h_rc_, mem_base_rc_, mem_per_flight_rc_;  // the recomputing variant (where_needed_ only)
+  // Per variant and (first, last, candidate), flattened: h, memory without in-flight activations, per in-flight
+  // bytes; the first h ≤ a limit from a candidate on.
+  struct VariantTable {
+    StageVariant variant;
+    std::vector<double> h, mem_base, mem_per_flight;
+    FirstAtMost first_h;
+  };
+  std::vector<VariantTable> variants_;
+  size_t entries_ = 0;  // per variant: ranges stored × candidates
   // Per (first, last), (k + 1)²: the least compute time of the range (most replicas, no recomputation), a lower
   // bound on its h for every candidate, rising with `last`: fill() stops widening a range past the limit there.
   std::vector<double> least_compute_;
-  FirstAtMost first_h_, first_h_rc_;
   mutable std::deque<Fitting> fitting_;  // per in-flight count (a deque: fill() holds one while adding another)
   std::vector<double> h_values_;         // sorted distinct h values
   // Fixed splits store only the ranges [i, i+1).

@@ -120,7 +120,7 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
           if (i >= j) break;
           const StageCost c = candidate.evaluator->evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j),
                                                            coarse.replicas[s], coarse.microbatches, flight,
-                                                           coarse.recompute);
+                                                           coarse.recompute, nullptr, coarse.zero_of(s));
           if (c.memory_bytes > cluster.usable_memory_bytes()) continue;
           const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
           if (!best.reached || max_h < best.max_h || (max_h == best.max_h && sum_step < best.sum_step))
@@ -187,19 +187,24 @@ class ComponentRuns {
     for (size_t c = 0; c < n_; ++c) first_read_bytes_[c + 1] += first_read_bytes_[c];
     ws_ps_.emplace_back(n_);
     ws_fixed_.emplace_back(n_);
+    task_params_.emplace_back(n_);
     for (size_t c = 0; c < n_; ++c) {
       ws_ps_[0][c] = atomic.components[c].cost.workspace_per_sample;
       ws_fixed_[0][c] = atomic.components[c].cost.workspace_fixed;
+      task_params_[0][c] = atomic.components[c].cost.largest_task_param_bytes;
     }
     for (size_t width = 2; width <= n_; width *= 2) {
       const size_t half = width / 2;
       std::vector<double> ps(n_ - width + 1), fx(n_ - width + 1);
+      std::vector<int64_t> tp(n_ - width + 1);
       for (size_t c = 0; c + width <= n_; ++c) {
         ps[c] = std::max(ws_ps_.back()[c], ws_ps_.back()[c + half]);
         fx[c] = std::max(ws_fixed_.back()[c], ws_fixed_.back()[c + half]);
+        tp[c] = std::max(task_params_.back()[c], task_params_.back()[c + half]);
       }
       ws_ps_.push_back(std::move(ps));
       ws_fixed_.push_back(std::move(fx));
+      task_params_.push_back(std::move(tp));
     }
   }
 
@@ -282,6 +287,7 @@ class ComponentRuns {
     const size_t width = size_t{1} << level;
     r.workspace_per_sample = std::max(ws_ps_[level][i], ws_ps_[level][j - width]);
     r.workspace_fixed = std::max(ws_fixed_[level][i], ws_fixed_[level][j - width]);
+    r.largest_task_param_bytes = std::max(task_params_[level][i], task_params_[level][j - width]);
     return r;
   }
 
@@ -301,6 +307,7 @@ class ComponentRuns {
   std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
   std::vector<int64_t> first_read_bytes_;  // prefix: weights whose first reader is before c
   std::vector<std::vector<double>> ws_ps_, ws_fixed_;  // sparse tables of range maxima
+  std::vector<std::vector<int64_t>> task_params_;      // the same, of the largest task's weights (ZeRO-3)
   std::map<size_t, Cut> cuts_;
 };
 
@@ -308,6 +315,7 @@ class ComponentRuns {
 struct StagePins {
   int replicas = 1;
   bool recompute = false;
+  int zero = 0;
   int64_t microbatch = 1;  // per replica
   int64_t in_flight = 1;
   StageLinks links;
@@ -415,6 +423,7 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
     StagePins& p = pins[s];
     p.replicas = coarse.replicas[s];
     p.recompute = coarse.recomputes(s);
+    p.zero = coarse.zero_of(s);
     p.microbatch = microbatch_size(training.global_batch, coarse.microbatches, p.replicas);
     p.in_flight = stage_in_flight_microbatches(coarse.schedule, s, stages, coarse.microbatches);
     p.links = assumed_links(cluster, Layout::kStageMajor, p.replicas);
@@ -464,7 +473,7 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
         for (size_t j = std::max(i + 1, earliest[s + 1]); j <= latest[s + 1]; ++j) {
           if (runs.compute_s(i, j, p.microbatch, p.recompute) > limit) break;  // and for every later end
           const StageCost c = stage_cost(runs.range(i, j), p.replicas, coarse.microbatches, p.in_flight, p.recompute,
-                                         p.links, training);
+                                         p.links, training, p.zero);
           if (c.h > limit || c.memory_bytes > memory_limit) continue;
           const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
           State& to = state[s + 1][j - earliest[s + 1]];

@@ -62,6 +62,7 @@ ordered options_json(const PlanOptions& o) {
   j["blocks"] = o.blocks ? ordered(*o.blocks) : ordered("auto");
   j["balance_cap"] = o.balance_cap;
   j["time_limit_s"] = o.time_limit_s;
+  put(j, "zero", o.zero);
   return j;
 }
 
@@ -76,6 +77,7 @@ ordered stage_json(const PlanStageRecord& s) {
   j["forward_s"] = s.forward_s;
   j["backward_s"] = s.backward_s;
   j["recompute"] = s.recompute;
+  if (s.zero > 0) j["zero"] = s.zero;  // absent = 0: plans without ZeRO read and write as before
   put(j, "comm_s", s.comm_s);
   put(j, "allreduce_s", s.allreduce_s);
   put(j, "allreduce_exposed_s", s.allreduce_exposed_s);
@@ -247,6 +249,7 @@ void read_options(const Readers& rs, const json& j, PlanDocument& plan) {
   o.blocks = integer_or_auto(l, oj, p, "blocks");
   o.balance_cap = l.optional_number(oj, p, "balance_cap", 1e6).value_or(0);
   o.time_limit_s = l.optional_seconds(oj, p, "time_limit_s").value_or(0);
+  o.zero = l.optional_string(oj, p, "zero");
   plan.options = o;
 }
 
@@ -296,6 +299,11 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
     // partition/ writes backward_s with the recomputed forward included (partition/stage_cost.cpp).
     if (stage.recompute && stage.backward_s + 1e-12 * stage.forward_s < stage.forward_s)
       r.fail(p + "backward_s", "is smaller than forward_s although recompute is true (backward_s must include the recomputed forward)");
+    stage.zero = static_cast<int>(r.optional_integer(st, p, "zero", 0, kMaxZeroStage).value_or(0));
+    if (stage.zero > 0 && stage.replicas == 1)
+      r.fail(p + "zero", "is " + std::to_string(stage.zero) +
+                             " on a stage with one replica: ZeRO shards across a stage's data-parallel replicas, and "
+                             "one replica has nothing to shard with (write 0, or give the stage replicas)");
     stage.comm_s = l.optional_seconds(st, p, "comm_s");
     stage.allreduce_s = r.optional_seconds(st, p, "allreduce_s");
     stage.allreduce_exposed_s = r.optional_seconds(st, p, "allreduce_exposed_s");

@@ -62,6 +62,7 @@ struct PlanOptions {
   std::optional<int64_t> blocks;    // nullopt: "auto"
   double balance_cap = 0;
   double time_limit_s = 0;
+  std::optional<std::string> zero;  // --zero as given: "1".."3" or "auto"; absent: 0
 };
 
 struct PlanInput {
@@ -85,6 +86,9 @@ struct PlanStageRecord {
   double forward_s = 0;
   double backward_s = 0;  // includes the recomputed forward when recompute
   bool recompute = false;
+  // ZeRO stage 0..kMaxZeroStage its replicas shard with (plan/training.h); absent in the file: 0. Its collectives and
+  // sharded optimizer step are already in forward_s, backward_s, allreduce_s and optimizer_s (docs/plan.md).
+  int zero = 0;
   std::optional<double> comm_s;
   std::optional<double> allreduce_s;
   std::optional<double> allreduce_exposed_s;  // the part of the all-reduce not hidden behind the last backward

@@ -22,6 +22,10 @@ enum class Precision : uint8_t { kFp32, kTf32, kMixed };
 // report.txt and the HTML report all divide by this one constant.
 inline constexpr int kParamStorageBytes = 4;
 
+// ZeRO stages (Rajbhandari et al., SC20) a stage's data-parallel replicas may shard with: 0 (none, plain data
+// parallelism) to 3 (optimizer state, gradients and weights); plan.json's stages[].zero, partition's --zero.
+inline constexpr int kMaxZeroStage = 3;
+
 // The canonical names: "gpipe", "1f1b", "interleaved"; "sgd", "momentum", "adam", "adamw"; "fp32", "tf32", "mixed".
 std::string_view schedule_name(Schedule s);
 std::string_view optimizer_name(Optimizer o);

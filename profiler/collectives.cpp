@@ -11,10 +11,18 @@ double p2p_time(const Cluster& c, int a, int b, double bytes) {
   return a == b ? 0.0 : transfer_time(c.link_between(a, b), bytes);
 }
 
-double ring_allreduce_time(int ranks, double bytes, const Link& link) {
+double ring_reduce_scatter_time(int ranks, double bytes, const Link& link) {
   if (ranks <= 1) return 0;
   const double r = ranks;
-  return 2.0 * (r - 1) / r * bytes / link.bandwidth + 2.0 * (r - 1) * link.latency_s;
+  return (r - 1) / r * bytes / link.bandwidth + (r - 1) * link.latency_s;
+}
+
+double ring_allgather_time(int ranks, double bytes, const Link& link) {
+  return ring_reduce_scatter_time(ranks, bytes, link);  // the same ring steps, data flowing the other way
+}
+
+double ring_allreduce_time(int ranks, double bytes, const Link& link) {
+  return ring_reduce_scatter_time(ranks, bytes, link) + ring_allgather_time(ranks, bytes, link);
 }
 
 double allreduce_time(const Cluster& c, std::span<const int> devices, double bytes) {

@@ -13,6 +13,11 @@ double transfer_time(const Link& link, double bytes);
 // Between devices a and b of a cluster: transfer_time over the link they share; 0 when a == b.
 double p2p_time(const Cluster& c, int a, int b, double bytes);
 
+// Ring reduce-scatter of `bytes` among `ranks` over one link (each rank ends with the reduced 1/r of them): r − 1
+// steps of bytes / r, (r−1)/r · bytes / bandwidth + (r−1) · latency; 0 for one rank.
+double ring_reduce_scatter_time(int ranks, double bytes, const Link& link);
+// Ring all-gather of `bytes` in all (each rank contributes bytes / r): the same r − 1 steps, the same time.
+double ring_allgather_time(int ranks, double bytes, const Link& link);
 // Ring all-reduce of `bytes` among `ranks` over one link (reduce-scatter then all-gather, each r − 1 steps of
 // bytes / r): 2(r−1)/r · bytes / bandwidth + 2(r−1) · latency; 0 for one rank.
 double ring_allreduce_time(int ranks, double bytes, const Link& link);
@@ -24,6 +29,8 @@ inline constexpr double kAllreduceBucketBytes = 25e6;
 // Gradients all-reduce in buckets while the last micro-batch's backward still runs (PyTorch DDP, Megatron's
 // --overlap-grad-reduce): the part of an all-reduce of `allreduce_s` over `gradient_bytes` that does not fit behind
 // `backward_s` of that backward, and at least the last bucket's share (it can only start when backward ends).
+// The same rule prices any bucketed collective run beside compute: ZeRO's gradient reduce-scatter behind backward,
+// ZeRO-3's weight all-gathers prefetched behind forward and backward (partition/stage_cost.cpp).
 double exposed_allreduce_time(double allreduce_s, double gradient_bytes, double backward_s);
 
 }  // namespace apart

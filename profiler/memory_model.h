@@ -17,17 +17,44 @@ int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, i
 //   fp32/tf32: 4 + 4 + {SGD 0, momentum 4, Adam 8}        → 8, 12, 16
 //   mixed:     2 + 2 + 4 (fp32 master) + {0, 4, 8}          → 8, 12, 16
 double weight_bytes_per_param(Precision precision);       // 4; mixed: 2 + 4 (fp16 copy + fp32 master)
+double working_weight_bytes_per_param(Precision precision);  // the copy forward and backward read: 4; mixed: 2
+double master_weight_bytes_per_param(Precision precision);   // the fp32 master beside it: 0; mixed: 4
 double gradient_bytes_per_param(Precision precision);     // 4; mixed: 2
 double optimizer_state_bytes_per_param(Optimizer optimizer);  // fp32 state: 0, 4 (velocity), 8 (moments)
 double bytes_per_param(Optimizer optimizer, Precision precision);  // the three together
+
+// ZeRO (Rajbhandari et al., SC20, §5): a stage's `replicas` data-parallel replicas each keep 1/N_d of
+//   stage 1 (P_os):     the optimizer state and, under mixed precision, the fp32 master weights;
+//   stage 2 (P_os+g):   also the gradients;
+//   stage 3 (P_os+g+p): also the working copy of the weights.
+// Mixed Adam (K = 12): 2 + 2 + 12 → 2 + 2 + 12/N_d, 2 + 14/N_d, 16/N_d bytes per parameter. Stage 0 is plain data
+// parallelism (stages 0..kMaxZeroStage, plan/training.h). A stage with one replica has nothing to shard across:
+// effective_zero is 0 there.
+int effective_zero(int zero, int replicas);
+// Bytes per parameter on one device, split as StageMemory splits them (weights include the master copy).
+struct ParamStateBytes {
+  double weights = 0;
+  double gradients = 0;
+  double optimizer_state = 0;
+  double total() const { return weights + gradients + optimizer_state; }
+};
+ParamStateBytes param_state_bytes(Optimizer optimizer, Precision precision, int zero = 0, int replicas = 1);
+// ZeRO-3 gathers each task's full working weights just before it runs (forward, and again for backward) and frees
+// them after: the largest task's gathered weights, `largest_task_param_bytes` as stored, are workspace on top of the
+// 1/N_d shard (one task's set in flight at a time; prefetching the next would double it). 0 below stage 3.
+double zero_gathered_bytes(double largest_task_param_bytes, Precision precision, int zero, int replicas);
 
 // The stage rules below take a stage's parameters as bytes the way the model stores them (the cost table's
 // param_bytes, plan.json's stages[].param_bytes) and count elements as kParamStorageBytes each (plan/training.h).
 // Weights + gradients + optimizer state per stored parameter byte: bytes_per_param / kParamStorageBytes
 // (fp32 and mixed alike: 2, 3, 4 for sgd, momentum, adam).
-double state_bytes_per_param_byte(Optimizer optimizer, Precision precision);
+// Under ZeRO `zero` over `replicas` replicas: param_state_bytes(...).total() / kParamStorageBytes.
+double state_bytes_per_param_byte(Optimizer optimizer, Precision precision, int zero = 0, int replicas = 1);
 // Gradient bytes all-reduced per stored parameter byte: gradient_bytes_per_param / kParamStorageBytes (mixed: 0.5).
 double gradient_bytes_per_param_byte(Precision precision);
+// Working-weight bytes (what ZeRO all-gathers) per stored parameter byte: working_weight_bytes_per_param /
+// kParamStorageBytes (mixed: 0.5).
+double working_weight_bytes_per_param_byte(Precision precision);
 // Bytes the optimizer step moves through memory per stored parameter byte: it reads the fp32 master weights,
 // the gradients and the state, writes the weights (and their 16-bit copy under mixed), the state, and zeroes the
 // gradients for the next iteration: (4 + weight + 2 · gradient + 2 · state bytes per param) / kParamStorageBytes.
@@ -35,7 +62,9 @@ double gradient_bytes_per_param_byte(Precision precision);
 double optimizer_traffic_bytes_per_param_byte(Optimizer optimizer, Precision precision);
 // The optimizer step of `param_bytes` stored parameter bytes on a device whose memory streams `memory_bandwidth`
 // bytes/s: a memory-bound update, traffic / bandwidth (docs/cost-model.md, "Optimizer step"); 0 without a bandwidth.
-double optimizer_step_time(int64_t param_bytes, Optimizer optimizer, Precision precision, double memory_bandwidth);
+// Under ZeRO stage ≥ 1 each of the `replicas` replicas updates only its 1/N_d shard: the time over N_d.
+double optimizer_step_time(int64_t param_bytes, Optimizer optimizer, Precision precision, double memory_bandwidth,
+                           int zero = 0, int replicas = 1);
 // Activation bytes per fp32 byte the graph stores: mixed precision keeps activations (and moves whole-kernel
 // traffic) in fp16/bf16, half; fp32 and tf32 keep fp32.
 double activation_bytes_factor(Precision precision);
@@ -50,6 +79,9 @@ struct StageMemoryInput {
   Optimizer optimizer = Optimizer::kAdam;
   Precision precision = Precision::kFp32;
   bool recompute = false;
+  int zero = 0;                                  // ZeRO stage 0..3 across the stage's replicas
+  int replicas = 1;                              // N_d
+  int64_t largest_task_param_bytes = 0;          // ZeRO-3's gathered working set (zero_gathered_bytes)
 };
 
 struct StageMemory {
@@ -57,7 +89,7 @@ struct StageMemory {
   int64_t gradients = 0;
   int64_t optimizer_state = 0;
   int64_t activations = 0;      // saved for backward, over the in-flight micro-batches
-  int64_t workspace = 0;
+  int64_t workspace = 0;        // the largest task's working set (+ its gathered weights under ZeRO-3)
   int64_t total = 0;
 };
 

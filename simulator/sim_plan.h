@@ -29,6 +29,7 @@ struct SimStage {
   double forward_s = 0;
   double backward_s = 0;  // without the recomputed forward (plan.json's backward_s includes it when recompute)
   bool recompute = false;
+  int zero = 0;  // ZeRO stage (plan.json's stages[].zero): its collectives are in the times; shards the state memory
   double allreduce_s = 0;
   // The part of the all-reduce not hidden behind the last backward (overlapped bucketed all-reduce); absent: all.
   std::optional<double> allreduce_exposed_s;

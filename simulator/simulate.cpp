@@ -72,7 +72,8 @@ void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<St
       fixed = std::max(0.0, total - planned * per_mb);
       ++methods["recompute: stage inputs"];
     } else if (st.param_bytes) {
-      fixed = std::min(total, static_cast<double>(*st.param_bytes) * state_bytes_per_param_byte(optimizer, precision));
+      fixed = std::min(total, static_cast<double>(*st.param_bytes) *
+                                  state_bytes_per_param_byte(optimizer, precision, st.zero, st.replicas));
       per_mb = std::max(0.0, total - fixed) / planned;
       ++methods["(memory_bytes - param state) / planned in-flight"];
     } else {

@@ -108,6 +108,52 @@ TEST(ApartPartition, ExitsInfeasibleWithAHintAndWritesNothingWhenTheModelCannotF
     EXPECT_EQ(e.path().filename().string().find("plan"), std::string::npos) << "left behind: " << e.path();
 }
 
+// A 2.8B-parameter GPT on 8 × A100-40GB, mixed-precision Adam: 16 B/param is 45 GB of state, more than a device
+// holds, so plain data parallelism cannot run it and --zero 0 must pipeline; --zero auto may shard instead.
+TEST(ApartPartition, FindsAFasterPlanWithZeroAutoWhereDataParallelismDoesNotFit) {
+  TempDir dir;
+  const std::string model = (dir / "gpt.onnx").string();
+  ASSERT_EQ(run_apart("zoo gpt --layers 8 --hidden 5120 --heads 40 --seq 1024 --vocab 50257 -q -o " + model).code, 0);
+  const std::string flags = " --devices 8 --device a100-40gb --batch 64 --no-stage-models -q";
+  auto data_parallel = run_apart("partition " + model + flags + " --zero 0 --stages 1 -o " + (dir / "dp").string());
+  EXPECT_EQ(data_parallel.code, 5) << data_parallel.out;
+  auto plain = run_apart("partition " + model + flags + " --zero 0 -o " + (dir / "z0").string());
+  auto sharded = run_apart("partition " + model + flags + " --zero auto -o " + (dir / "auto").string());
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  ASSERT_EQ(sharded.code, 0) << sharded.out;
+  const auto z0 = nlohmann::json::parse(read_file(dir / "z0" / "plan.json"));
+  const auto za = nlohmann::json::parse(read_file(dir / "auto" / "plan.json"));
+  EXPECT_GT(z0["stages"].size(), 1u) << "without ZeRO the model must be pipelined to fit";
+  for (const auto& st : z0["stages"]) EXPECT_FALSE(st.contains("zero"));
+  int sharding = 0;
+  for (const auto& st : za["stages"])
+    if (st.value("zero", 0) > 0) {
+      ++sharding;
+      EXPECT_GT(st["replicas"].get<int>(), 1);
+    }
+  EXPECT_GT(sharding, 0) << za.dump(1);
+  EXPECT_EQ(za["options"]["zero"], "auto");
+  const double t0 = z0["predicted"]["iteration_s"], ta = za["predicted"]["iteration_s"];
+  EXPECT_LT(ta, t0) << "--zero auto " << ta << " s vs --zero 0 " << t0 << " s";
+  EXPECT_NE(read_file(dir / "auto" / "report.txt").find("ZeRO-"), std::string::npos);
+  // The plan it wrote simulates as it predicted: the simulator reads stages[].zero and the costs carry it.
+  auto simulated = run_apart("simulate " + (dir / "auto").string());
+  EXPECT_EQ(simulated.code, 0) << simulated.out;
+}
+
+TEST(ApartPartition, RefusesZeroOnStagesPinnedToOneReplica) {
+  TempDir dir;
+  const std::string model = apart::testing::write_tiny_mlp(dir / "mlp.onnx");
+  auto r = run_apart("partition " + model + " --devices 2 --batch 8 --replicas 1 --zero 2 -o " + (dir / "p").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--zero 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--replicas 1"), std::string::npos) << r.out;
+  auto bad = run_apart("partition " + model + " --devices 2 --batch 8 --zero 4 -o " + (dir / "p").string());
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--zero 4"), std::string::npos) << bad.out;
+  EXPECT_FALSE(fs::exists(dir / "p"));
+}
+
 TEST(ApartPartition, RejectsBadFlagsWithExitCode2) {
   TempDir dir;
   const std::string model = (fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx").string();

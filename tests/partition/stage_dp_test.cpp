@@ -7,6 +7,7 @@
 
 #include "brute_force.h"
 #include "partition/stage_dp.h"
+#include "profiler/collectives.h"
 #include "random_models.h"
 #include "test_cluster.h"
 
@@ -101,6 +102,168 @@ TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeOnItsOwn) {
   }
   EXPECT_GT(compared, 100);
   EXPECT_GT(mixed, 0) << "some optimum recomputes in some stages only";
+}
+
+// Weights large enough that ZeRO decides what fits; each block's largest task reads a third of its weights.
+BlockSequence weight_heavy_sequence(std::mt19937& rng, int k) {
+  BlockSequence seq = testing::random_sequence(rng, k);
+  for (BlockCost& b : seq.blocks) {
+    b.param_bytes *= 8;
+    b.largest_task_param_bytes = b.param_bytes / 3;
+  }
+  return seq;
+}
+
+// Least max h over every split × replica vector × per-stage (recompute, ZeRO stage) among `variants`.
+double brute_force_variants(const StageEvaluator& ev, int stages, int64_t m, const std::vector<StageVariant>& variants) {
+  return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
+    double h = std::numeric_limits<double>::infinity();
+    for (const StageVariant& v : variants)
+      h = std::min(h, testing::fitting_h(ev, ev.evaluate(first, last, replicas, m,
+                                                          stage_in_flight_microbatches(Schedule::k1F1B, s, stages, m),
+                                                          v.recompute, nullptr, v.zero)));
+    return h;
+  });
+}
+
+TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayChooseItsZeroStage) {
+  std::mt19937 rng(23);
+  int compared = 0, mixed = 0, only_with_zero = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    const int k = 2 + trial % 4;
+    const Cluster cluster = small_cluster(2 + trial % 3, rng, 3e9, 14e9);
+    TrainingSpec training;
+    training.global_batch = 12;
+    training.precision = trial % 2 ? Precision::kMixed : Precision::kFp32;
+    const BlockSequence seq = weight_heavy_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    for (StageRecompute recompute : {StageRecompute::kOff, StageRecompute::kWhereNeeded})
+      for (int64_t m : {1, 2, 4}) {
+        const StageZero automatic{.stage = 0, .automatic = true};
+        const StageDp dp(ev, {.microbatches = m, .recompute = recompute, .zero = automatic});
+        const StageDp plain(ev, {.microbatches = m, .recompute = recompute});
+        for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) {
+          const double expected = brute_force_variants(ev, stages, m, stage_variants(recompute, automatic));
+          const auto got = dp.solve(stages);
+          ASSERT_EQ(got.has_value(), !std::isinf(expected)) << "trial " << trial << " S=" << stages << " m=" << m;
+          if (!got) continue;
+          EXPECT_NEAR(got->bottleneck_h, expected, 1e-12 * expected) << "trial " << trial << " S=" << stages;
+          ASSERT_EQ(got->stage_zero.size(), static_cast<size_t>(stages));
+          bool any = false, all = true;
+          for (int s = 0; s < stages; ++s) {
+            any |= got->zero_of(s) > 0;
+            all &= got->zero_of(s) > 0;
+            EXPECT_TRUE(got->replicas[s] > 1 || got->zero_of(s) == 0) << "ZeRO on one replica";
+            EXPECT_EQ(got->costs[s].zero, got->zero_of(s));
+            EXPECT_LE(got->costs[s].memory_bytes, cluster.usable_memory_bytes());
+          }
+          mixed += any && !all;
+          only_with_zero += !plain.solve(stages).has_value();
+          ++compared;
+        }
+      }
+  }
+  EXPECT_GT(compared, 100);
+  EXPECT_GT(mixed, 0) << "some optimum shards in some stages only";
+  EXPECT_GT(only_with_zero, 0) << "some instance fits only with ZeRO";
+}
+
+TEST(AStageDp, FindsTheBruteForceBottleneckUnderAFixedZeroStage) {
+  std::mt19937 rng(29);
+  int compared = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    const int k = 2 + trial % 4;
+    const Cluster cluster = small_cluster(2 + trial % 3, rng, 3e9, 14e9);
+    TrainingSpec training;
+    training.global_batch = 12;
+    training.precision = Precision::kMixed;
+    const BlockSequence seq = weight_heavy_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    for (int zero = 1; zero <= kMaxZeroStage; ++zero)
+      for (int64_t m : {1, 3}) {
+        const StageZero fixed{.stage = zero};
+        const StageDp dp(ev, {.microbatches = m, .zero = fixed});
+        for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) {
+          const double expected = brute_force_variants(ev, stages, m, stage_variants(StageRecompute::kOff, fixed));
+          const auto got = dp.solve(stages);
+          ASSERT_EQ(got.has_value(), !std::isinf(expected)) << "trial " << trial << " S=" << stages << " ZeRO-" << zero;
+          if (!got) continue;
+          EXPECT_NEAR(got->bottleneck_h, expected, 1e-12 * expected) << "trial " << trial << " S=" << stages;
+          EXPECT_TRUE(got->stage_zero.empty());
+          for (int s = 0; s < stages; ++s) EXPECT_EQ(got->zero_of(s), got->replicas[s] > 1 ? zero : 0);
+          ++compared;
+        }
+      }
+  }
+  EXPECT_GT(compared, 30);
+}
+
+TEST(AStageDp, ChoosesTheSameZeroStagesEveryRun) {
+  std::mt19937 rng(31);
+  const Cluster cluster = testing::test_cluster(4, 2, 6'000'000'000);
+  TrainingSpec training;
+  training.global_batch = 12;
+  training.precision = Precision::kMixed;
+  const BlockSequence seq = weight_heavy_sequence(rng, 5);
+  const StageEvaluator ev(seq, cluster, training);
+  const StageDpOptions options{.microbatches = 2, .recompute = StageRecompute::kWhereNeeded,
+                               .zero = {.stage = 0, .automatic = true}};
+  const StageDp first(ev, options), second(ev, options);
+  for (int stages = 1; stages <= 4; ++stages) {
+    auto a = first.solve(stages), b = second.solve(stages);
+    ASSERT_EQ(a.has_value(), b.has_value());
+    if (!a) continue;
+    first.spend_leftover_devices(*a);
+    second.spend_leftover_devices(*b);
+    EXPECT_EQ(a->boundaries, b->boundaries);
+    EXPECT_EQ(a->replicas, b->replicas);
+    EXPECT_EQ(a->stage_zero, b->stage_zero);
+    EXPECT_EQ(a->stage_recompute, b->stage_recompute);
+    EXPECT_EQ(a->estimate.iteration_s, b->estimate.iteration_s);
+  }
+}
+
+TEST(AStageEvaluator, CostsZeroCollectivesAsTheirRingVolumes) {
+  // One block of 400 MB fp32-stored weights on 4 replicas, mixed precision (16-bit gradients and working weights:
+  // 200 MB each), nothing overlapped, one micro-batch: ZeRO-1/2 move an all-reduce's volume, ZeRO-3 1.5 times it.
+  BlockSequence seq;
+  BlockCost b;
+  b.forward = {1e-3, 0};
+  b.backward = {2e-3, 0};
+  b.param_bytes = 400'000'000;
+  b.largest_task_param_bytes = 100'000'000;
+  seq.blocks.push_back(b);
+  TrainingSpec training;
+  training.global_batch = 4;
+  training.precision = Precision::kMixed;
+  training.overlap_allreduce = false;
+  const Cluster cluster = testing::test_cluster(4, 4, 1'000'000'000'000);
+  const StageEvaluator ev(seq, cluster, training);
+  const Link ring = ev.assumed_links(4).replicas;
+  const double allreduce = ring_allreduce_time(4, 200e6, ring), half = ring_reduce_scatter_time(4, 200e6, ring);
+  const StageCost z0 = ev.evaluate(0, 1, 4, 1, 1, false);
+  const StageCost z1 = ev.evaluate(0, 1, 4, 1, 1, false, nullptr, 1);
+  const StageCost z2 = ev.evaluate(0, 1, 4, 1, 1, false, nullptr, 2);
+  const StageCost z3 = ev.evaluate(0, 1, 4, 1, 1, false, nullptr, 3);
+  EXPECT_DOUBLE_EQ(z0.allreduce_s, allreduce);
+  EXPECT_DOUBLE_EQ(z1.allreduce_s, allreduce);            // reduce-scatter + all-gather
+  EXPECT_DOUBLE_EQ(z1.compute_s, z0.compute_s);
+  EXPECT_DOUBLE_EQ(z2.allreduce_s, half);                 // the all-gather after the step
+  EXPECT_DOUBLE_EQ(z2.backward_s, z0.backward_s + half);  // the reduce-scatter with the micro-batch's backward
+  EXPECT_DOUBLE_EQ(z3.allreduce_s, 0);
+  EXPECT_DOUBLE_EQ(z3.zero_collective_s, 3 * half);       // gather for forward, gather for backward, reduce-scatter
+  EXPECT_DOUBLE_EQ(z3.forward_s, z0.forward_s + half);
+  EXPECT_DOUBLE_EQ(z3.backward_s, z0.backward_s + 2 * half);
+  for (const StageCost* z : {&z1, &z2, &z3}) EXPECT_DOUBLE_EQ(z->optimizer_s, z0.optimizer_s / 4);
+  // Memory: 1e8 params × 16 B → 2 + 2 + 12/4, 2 + 14/4, 16/4 bytes each; ZeRO-3 adds the largest task's 16-bit copy.
+  EXPECT_NEAR(z0.memory_static, 1e8 * 16, 1);
+  EXPECT_NEAR(z1.memory_static, 1e8 * 7, 1);
+  EXPECT_NEAR(z2.memory_static, 1e8 * 5.5, 1);
+  EXPECT_NEAR(z3.memory_static, 1e8 * 4 + 25e6 * 2, 1);
+  // One replica: nothing to shard, plain data parallelism whatever was asked.
+  const StageCost alone = ev.evaluate(0, 1, 1, 1, 1, false, nullptr, 3);
+  EXPECT_EQ(alone.zero, 0);
+  EXPECT_DOUBLE_EQ(alone.memory_static, ev.evaluate(0, 1, 1, 1, 1, false).memory_static);
 }
 
 TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {

@@ -97,6 +97,47 @@ TEST(APlanReader, NamesTheFieldOfACorruptRealPlan) {
   }
 }
 
+// A golden plan with one stage made to have `replicas` replicas (devices 0..replicas-1, the rest dropped).
+json one_stage_plan(int replicas) {
+  json j = json::parse(read_text(golden_plans().front()));
+  json stage = j["stages"][0];
+  stage["replicas"] = replicas;
+  stage["devices"] = json::array();
+  for (int d = 0; d < replicas; ++d) stage["devices"].push_back(d);
+  stage["inputs"] = json::array();
+  stage["outputs"] = json::array();
+  j["stages"] = json::array({stage});
+  j["cluster"]["devices"] = std::max(replicas, 1);
+  return j;
+}
+
+TEST(APlanReader, ReadsAStagesZeroStageAndWritesItBack) {
+  json j = one_stage_plan(4);
+  EXPECT_EQ(plan_from_json(j).stages[0].zero, 0) << "absent: 0";
+  EXPECT_FALSE(plan_to_json(plan_from_json(j))["stages"][0].contains("zero")) << "0 is not written";
+  for (int zero = 1; zero <= kMaxZeroStage; ++zero) {
+    j["stages"][0]["zero"] = zero;
+    const PlanDocument plan = plan_from_json(j);
+    EXPECT_EQ(plan.stages[0].zero, zero);
+    EXPECT_EQ(plan_to_json(plan)["stages"][0]["zero"], zero);
+  }
+}
+
+TEST(APlanReader, RefusesAZeroStageOutOfRangeOrOnAOneReplicaStage) {
+  json j = one_stage_plan(4);
+  j["stages"][0]["zero"] = 4;
+  EXPECT_NE(error_of(j).find("stages[0].zero"), std::string::npos) << error_of(j);
+  j["stages"][0]["zero"] = -1;
+  EXPECT_NE(error_of(j).find("stages[0].zero"), std::string::npos) << error_of(j);
+  json single = one_stage_plan(1);
+  single["stages"][0]["zero"] = 2;
+  const std::string message = error_of(single);
+  EXPECT_NE(message.find("stages[0].zero is 2 on a stage with one replica"), std::string::npos) << message;
+  EXPECT_NE(message.find("nothing to shard"), std::string::npos) << message;
+  single["stages"][0]["zero"] = 0;
+  EXPECT_EQ(error_of(single), "no error");
+}
+
 TEST(APlanReader, ReadsNullFiguresThatAreOnlyShownAsAbsent) {
   json j = json::parse(read_text(golden_plans().front()));
   j["predicted"]["compute_lower_bound_s"] = nullptr;  // partition writes a figure it could not compute as null

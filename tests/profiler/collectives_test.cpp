@@ -88,6 +88,20 @@ TEST(ARingAllReduce, TakesTwoRMinusOneStepsOfBOverR) {
   EXPECT_DOUBLE_EQ(allreduce_time(c, spread, 1e9), ring_allreduce_time(2, 1e9, c.inter_node));
 }
 
+// ZeRO's collectives: a ring reduce-scatter or all-gather of B bytes among r ranks is r − 1 steps of B / r.
+TEST(ARingReduceScatterAndAllGather, EachTakeRMinusOneStepsOfBOverRAndTogetherAnAllReduce) {
+  const Link l{10e9, 5e-6};
+  EXPECT_DOUBLE_EQ(ring_reduce_scatter_time(1, 1e9, l), 0);
+  EXPECT_DOUBLE_EQ(ring_allgather_time(1, 1e9, l), 0);
+  // r = 2: one step of 0.5 GB at 10 GB/s = 0.05 s plus one latency.
+  EXPECT_DOUBLE_EQ(ring_reduce_scatter_time(2, 1e9, l), 0.05 + 5e-6);
+  // r = 8: 7 steps of 0.125 GB = 0.0875 s plus 7 latencies.
+  EXPECT_DOUBLE_EQ(ring_reduce_scatter_time(8, 1e9, l), 0.0875 + 35e-6);
+  EXPECT_DOUBLE_EQ(ring_allgather_time(8, 1e9, l), 0.0875 + 35e-6);
+  for (int r : {2, 3, 5, 8, 64})
+    EXPECT_EQ(ring_reduce_scatter_time(r, 3e8, l) + ring_allgather_time(r, 3e8, l), ring_allreduce_time(r, 3e8, l));
+}
+
 TEST(AnOverlappedAllReduce, ExposesWhatBackwardDoesNotHideButAtLeastTheLastBucket) {
   // 100 MB of gradients in four 25 MB buckets taking 1 s in all: the last bucket's quarter is always exposed.
   EXPECT_DOUBLE_EQ(exposed_allreduce_time(1.0, 100e6, 10.0), 0.25);

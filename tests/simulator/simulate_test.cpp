@@ -5,6 +5,7 @@
 #include <map>
 
 #include "graph/error.h"
+#include "profiler/memory_model.h"
 #include "simulator/simulate.h"
 #include "tests/simulator/sim_test_util.h"
 
@@ -93,6 +94,27 @@ TEST(ASimulatedPipeline, Holds1F1BsAndGPipesInFlightMicrobatches) {
       // Test plans give 1000 static bytes + 100 per micro-batch.
       EXPECT_DOUBLE_EQ(one.stages[static_cast<size_t>(s)].peak_memory_bytes, 1000.0 + 100.0 * std::min<int64_t>(stages - s, m));
     }
+  }
+}
+
+TEST(ASimulatedPipeline, ShardsAZeroStagesStateWhenThePlanHasNoFinerMemoryFields) {
+  // A plan with only memory_bytes and param_bytes: the static part is the stage's state, sharded by its ZeRO stage.
+  for (int zero = 0; zero <= kMaxZeroStage; ++zero) {
+    SimPlan plan = chain_plan(1, 2, kF, kB);
+    SimStage& st = plan.stages[0];
+    st.memory_static_bytes.reset();
+    st.activation_bytes_per_microbatch.reset();
+    st.param_bytes = 4'000'000;  // 1M params
+    st.memory_bytes = 100'000'000;
+    st.replicas = 4;
+    st.devices = {0, 1, 2, 3};
+    plan.cluster.devices = 4;
+    plan.cluster.devices_per_node = 4;
+    st.zero = zero;
+    const SimResult r = simulate(plan, with(Schedule::k1F1B));
+    EXPECT_DOUBLE_EQ(r.stages[0].memory_static_bytes,
+                     4e6 * state_bytes_per_param_byte(plan.training.optimizer, plan.training.precision, zero, 4))
+        << "ZeRO-" << zero;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "graph/error.h"
+#include "partition/tensor_parallel.h"
 
 namespace apart {
 namespace {
@@ -26,6 +27,46 @@ WorkCurve fit(double t0, int64_t u0, const TaskCost* other, double t1, int64_t u
   w.per_sample_s = slope;
   w.fixed_s = std::max(0.0, t0 - slope * static_cast<double>(u0));
   return w;
+}
+
+// The tensor-parallel share of each component (BlockCost::tp): a component whose batch task a region splits puts its
+// whole work, saved bytes and weights there; the component producing a region's end value pays its closing
+// all-reduce forward, the one of its first column linear the all-reduces of its inputs' gradients backward. An LM
+// head's all-gather of its logits moves half an all-reduce's ring volume: counted as half the bytes.
+void add_tensor_parallel_work(const TaskGraph& graph, const std::vector<uint32_t>& component_of, AtomicGraph& atomic) {
+  const TensorParallelRegions found = find_tensor_parallel_regions(graph, atomic.graph_batch);
+  auto component = [&](TaskId t) -> AtomicComponent* {
+    const uint32_t c = t.valid() ? component_of[t.value()] : kNoComponent;
+    return c == kNoComponent ? nullptr : &atomic.components[c];
+  };
+  for (uint32_t t = 0; t < graph.num_tasks(); ++t) {
+    AtomicComponent* c = component(TaskId(t));
+    if (!c || found.roles[t] == TpRole::kReplicated) continue;
+    c->cost.tp.forward = c->cost.forward;
+    c->cost.tp.backward = c->cost.backward;
+    c->cost.tp.saved_per_sample = c->cost.saved_per_sample;
+    c->cost.tp.param_bytes = c->cost.param_bytes;
+  }
+  const double batch = static_cast<double>(atomic.graph_batch);
+  for (const TpRegion& region : found.regions) {
+    uint8_t refused = 0;
+    for (size_t i = 1; i < std::size(kTpDegrees); ++i)
+      if (std::find(region.degrees.begin(), region.degrees.end(), kTpDegrees[i]) == region.degrees.end())
+        refused |= static_cast<uint8_t>(1u << (i - 1));
+    for (TaskId t : region.tasks)
+      if (AtomicComponent* c = component(t)) c->cost.tp.refused |= refused;
+    if (AtomicComponent* end = component(graph.value(region.end_value).producer)) {
+      end->cost.tp.forward_collective_per_sample +=
+          region.closing == TpClosing::kAllGather ? region.end_bytes_per_sample / 2 : region.end_bytes_per_sample;
+      ++end->cost.tp.forward_collectives;
+    }
+    if (region.column_tasks.empty()) continue;
+    if (AtomicComponent* first = component(region.column_tasks.front()))
+      for (ValueId in : region.inputs) {
+        first->cost.tp.backward_collective_per_sample += static_cast<double>(graph.value(in).bytes) / batch;
+        ++first->cost.tp.backward_collectives;
+      }
+  }
 }
 
 }  // namespace
@@ -103,6 +144,7 @@ AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, c
   }
   // A component is one batch task (with the constant tasks feeding it): its weights are one task's.
   for (AtomicComponent& c : atomic.components) c.cost.largest_task_param_bytes = c.cost.param_bytes;
+  add_tensor_parallel_work(graph, component_of, atomic);
 
   // Transfers: values produced by a batch task and read by batch tasks of other components.
   for (uint32_t v = 0; v < graph.num_values(); ++v) {
@@ -138,6 +180,7 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
     b.workspace_per_sample = std::max(b.workspace_per_sample, a.workspace_per_sample);
     b.workspace_fixed = std::max(b.workspace_fixed, a.workspace_fixed);
     b.largest_task_param_bytes = std::max(b.largest_task_param_bytes, a.largest_task_param_bytes);
+    b.tp += a.tp;
   }
   // Identical (producer, consumers) transfers are summed: the evaluator's setup is linear in their number.
   // Most transfers stay inside a block: they are dropped without allocating (one scratch list for the rest).

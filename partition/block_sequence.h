@@ -21,6 +21,32 @@ struct WorkCurve {
   }
 };
 
+// What a tensor-parallel degree t changes in a block (partition/tensor_parallel.h, docs/cost-model.md "Tensor
+// parallelism"): the work, saved activations and weights of its split tasks divide by t, and its regions'
+// all-reduces run over the TP group. Parts of the block's totals (BlockCost), not additions to them.
+struct TpWork {
+  WorkCurve forward, backward;                 // the split tasks' share of the block's forward and backward
+  double saved_per_sample = 0;                 // their saved activations (bytes per sample, fp32 as stored)
+  int64_t param_bytes = 0;                     // the weights they read
+  double forward_collective_per_sample = 0;    // bytes the regions' closing all-reduces carry (fp32 as stored)
+  double backward_collective_per_sample = 0;   // bytes of the gradients of the regions' inputs, all-reduced
+  int64_t forward_collectives = 0;             // how many of each per micro-batch (each pays the ring's latency)
+  int64_t backward_collectives = 0;
+  uint8_t refused = 0;  // bit i set: degree kTpDegrees[i + 1] (2, 4, 8) does not divide a region's heads/features
+  TpWork& operator+=(const TpWork& o) {
+    forward += o.forward;
+    backward += o.backward;
+    saved_per_sample += o.saved_per_sample;
+    param_bytes += o.param_bytes;
+    forward_collective_per_sample += o.forward_collective_per_sample;
+    backward_collective_per_sample += o.backward_collective_per_sample;
+    forward_collectives += o.forward_collectives;
+    backward_collectives += o.backward_collectives;
+    refused |= o.refused;
+    return *this;
+  }
+};
+
 // Aggregated costs of one block (or atomic component) per micro-batch.
 struct BlockCost {
   WorkCurve forward;
@@ -30,6 +56,7 @@ struct BlockCost {
   double workspace_per_sample = 0; // transient working set per sample (largest task)
   double workspace_fixed = 0;
   int64_t largest_task_param_bytes = 0;  // the most weights one task reads: ZeRO-3 gathers one task's at a time
+  TpWork tp;                             // the part a tensor-parallel degree divides, and its collectives
 };
 
 // A value produced in one block and read in later blocks. Sent once to each later stage reading it.

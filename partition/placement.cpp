@@ -67,6 +67,7 @@ std::vector<StageLinks> placed_links(const Placement& placement, const Cluster& 
     const std::vector<int>& d = placement.devices[s];
     links[s].replicas = cluster.link_among(d);
     links[s].memory_bandwidth = cluster.device.memory_bandwidth;
+    links[s].tensor = cluster.intra_node;  // a TP group is devices of one node
     // The first and last stage have no neighbour on one side; the link there carries nothing.
     links[s].previous = cluster.link_between_groups(placement.devices[s > 0 ? s - 1 : s], d);
     links[s].next = cluster.link_between_groups(d, placement.devices[s + 1 < stages ? s + 1 : s]);

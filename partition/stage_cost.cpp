@@ -23,8 +23,14 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
   bwd_fixed_.assign(n, 0);
   bwd_ps_.assign(n, 0);
   saved_ps_.assign(n, 0);
+  tp_ps_.assign(n, TpWork{});
+  tp_refusing_.assign(std::size(kTpDegrees) - 1, std::vector<uint32_t>(n, 0));
   for (size_t b = 0; b < k_; ++b) {
     const BlockCost& c = seq.blocks[b];
+    tp_ps_[b + 1] = tp_ps_[b];
+    tp_ps_[b + 1] += c.tp;
+    for (size_t i = 0; i < tp_refusing_.size(); ++i)
+      tp_refusing_[i][b + 1] = tp_refusing_[i][b] + ((c.tp.refused >> i) & 1u);
     fwd_fixed_[b + 1] = fwd_fixed_[b] + c.forward.fixed_s;
     fwd_ps_[b + 1] = fwd_ps_[b] + c.forward.per_sample_s;
     bwd_fixed_[b + 1] = bwd_fixed_[b] + c.backward.fixed_s;
@@ -93,12 +99,19 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
   }
 }
 
+bool tp_allows(const StageRange& range, int tp) {
+  for (size_t i = 0; i < std::size(kTpDegrees); ++i)
+    if (kTpDegrees[i] == tp) return i == 0 || !((range.tp.refused >> (i - 1)) & 1u);
+  return false;
+}
+
 StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas) {
   const Link& intra = cluster.intra_node;
   const Link& inter = cluster.inter_node;
   const bool one_node = cluster.fits_one_node();
   StageLinks l;
   l.memory_bandwidth = cluster.device.memory_bandwidth;
+  l.tensor = intra;
   if (layout == Layout::kPipelineMajor) {
     l.previous = l.next = intra;
     l.replicas = one_node ? intra : inter;
@@ -134,6 +147,18 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
   r.workspace_per_sample = ws_ps_max_[first * n + last];
   r.workspace_fixed = ws_fixed_max_[first * n + last];
   r.largest_task_param_bytes = largest_task_params_max_[first * n + last];
+  const TpWork& a = tp_ps_[first];
+  const TpWork& b = tp_ps_[last];
+  r.tp.forward = {b.forward.fixed_s - a.forward.fixed_s, b.forward.per_sample_s - a.forward.per_sample_s};
+  r.tp.backward = {b.backward.fixed_s - a.backward.fixed_s, b.backward.per_sample_s - a.backward.per_sample_s};
+  r.tp.saved_per_sample = b.saved_per_sample - a.saved_per_sample;
+  r.tp.param_bytes = b.param_bytes - a.param_bytes;
+  r.tp.forward_collective_per_sample = b.forward_collective_per_sample - a.forward_collective_per_sample;
+  r.tp.backward_collective_per_sample = b.backward_collective_per_sample - a.backward_collective_per_sample;
+  r.tp.forward_collectives = b.forward_collectives - a.forward_collectives;
+  r.tp.backward_collectives = b.backward_collectives - a.backward_collectives;
+  for (size_t i = 0; i < tp_refusing_.size(); ++i)
+    if (tp_refusing_[i][last] > tp_refusing_[i][first]) r.tp.refused |= static_cast<uint8_t>(1u << i);
   return r;
 }
 
@@ -144,23 +169,39 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
 }
 
 StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
-                     const StageLinks& links, const TrainingSpec& training, int zero) {
+                     const StageLinks& links, const TrainingSpec& training, int zero, int tp) {
+  if (!tp_allows(range, tp))
+    throw InvalidArgument("tensor-parallel degree " + std::to_string(tp) + " is not one the stage's regions allow "
+                          "(1, 2, 4 or 8 dividing every region's heads and features)");
   StageCost c;
   c.zero = effective_zero(zero, replicas);
   const int64_t u = microbatch_size(training.global_batch, microbatches, replicas);
+  const double ud = static_cast<double>(u);
   c.microbatch = u;
-  c.forward_s = range.forward.fixed_s + range.forward.per_sample_s * static_cast<double>(u);
-  c.backward_s = range.backward.fixed_s + range.backward.per_sample_s * static_cast<double>(u);
-  if (recompute) c.backward_s += c.forward_s;  // the forward runs again before backward
-  c.compute_s = c.forward_s + c.backward_s;
+  // Of the split tasks' part, each device of the TP group runs 1/tp.
+  const double kept = 1.0 - 1.0 / tp;
+  c.forward_s = range.forward.at(ud) - kept * range.tp.forward.at(ud);
+  c.backward_s = range.backward.at(ud) - kept * range.tp.backward.at(ud);
   // Boundary values as the graph stores them (fp32), halved under mixed precision.
   const double act = activation_bytes_factor(training.precision);
+  // The regions' all-reduces inside the TP group, on the critical path of the forward and the backward.
+  auto tp_collectives = [&](double bytes_per_sample, int64_t count) {
+    if (tp == 1 || count == 0) return 0.0;
+    return static_cast<double>(count) *
+           ring_allreduce_time(tp, bytes_per_sample * ud * act / static_cast<double>(count), links.tensor);
+  };
+  c.forward_s += tp_collectives(range.tp.forward_collective_per_sample, range.tp.forward_collectives);
+  c.backward_s += tp_collectives(range.tp.backward_collective_per_sample, range.tp.backward_collectives);
+  if (recompute) c.backward_s += c.forward_s;  // the forward runs again before backward
+  c.compute_s = c.forward_s + c.backward_s;
   c.in_bytes = range.in_per_sample * static_cast<double>(u) * act;
   c.out_bytes = range.out_per_sample * static_cast<double>(u) * act;
   // Forward receives inputs and sends outputs; backward sends and receives their gradients.
   if (c.in_bytes > 0) c.comm_s += 2 * transfer_time(links.previous, c.in_bytes);
   if (c.out_bytes > 0) c.comm_s += 2 * transfer_time(links.next, c.out_bytes);
-  c.param_bytes = range.param_bytes;
+  // A device of a TP group holds 1/tp of the split tasks' weights (a tied table split twice counts once).
+  c.param_bytes = range.param_bytes -
+                  std::llround(kept * static_cast<double>(std::min(range.tp.param_bytes, range.param_bytes)));
   if (replicas > 1 && c.param_bytes > 0) {
     const double grad_bytes = static_cast<double>(c.param_bytes) * gradient_bytes_per_param_byte(training.precision);
     // The working copy of the weights, which ZeRO all-gathers (mixed: 16-bit, as many bytes as the gradients).
@@ -213,7 +254,7 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   c.h = c.step_s + (c.allreduce_exposed_s + c.optimizer_s) / static_cast<double>(microbatches);
   // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
   // The cost table's saved bytes are already at the run's precision; boundary values are stored fp32.
-  const double saved = range.saved_per_sample * static_cast<double>(u);
+  const double saved = (range.saved_per_sample - kept * range.tp.saved_per_sample) * ud;
   const double workspace = range.workspace_fixed + range.workspace_per_sample * static_cast<double>(u);
   const double state = static_cast<double>(c.param_bytes) *
                        state_bytes_per_param_byte(training.optimizer, training.precision, c.zero, replicas);

@@ -40,6 +40,7 @@ struct StageCost {
 // and among its replicas (the gradient all-reduce ring).
 struct StageLinks {
   Link previous, next, replicas;
+  Link tensor;  // among a tensor-parallel group's devices: inside one node (DESIGN.md: a TP group never straddles one)
   double memory_bandwidth = 0;  // bytes/s of each device's own memory, which the optimizer step streams through
 };
 
@@ -64,14 +65,21 @@ struct StageRange {
   double workspace_per_sample = 0;  // the largest working set among its blocks
   double workspace_fixed = 0;
   int64_t largest_task_param_bytes = 0;  // among its blocks (ZeRO-3's gathered working set)
+  TpWork tp;                  // its blocks' tensor-parallel shares (refused: any block's)
 };
+
+// Whether every block of `range` allows tensor-parallel degree `tp` (1 always; 2, 4, 8 when no region's heads or
+// features refuse it).
+bool tp_allows(const StageRange& range, int tp);
 
 // The stage cost model h (paper §IV-C) of one range with `replicas` replicas over `links`: the one formula, which
 // StageEvaluator evaluates over block ranges and the component-level cut search (stage_refine.cpp) over runs of
 // components. `zero`: the ZeRO stage (0..3) its replicas shard with (profiler/memory_model.h; a 1-replica stage
-// runs as stage 0).
+// runs as stage 0). `tp`: each replica is a tensor-parallel group of `tp` devices (1, 2, 4 or 8, one tp_allows;
+// InvalidArgument otherwise): the split tasks' work, saved bytes and weights divide by it, and the regions'
+// all-reduces run over links.tensor inside the forward and backward (docs/cost-model.md "Tensor parallelism").
 StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
-                     const StageLinks& links, const TrainingSpec& training, int zero = 0);
+                     const StageLinks& links, const TrainingSpec& training, int zero = 0, int tp = 1);
 // The links `layout` assumes for a stage with `replicas` replicas before devices are placed (see Layout).
 StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas);
 // Per-replica micro-batch size: ceil(B / m / replicas).
@@ -114,6 +122,8 @@ class StageEvaluator {
   std::vector<int64_t> params_;  // distinct weight bytes read by blocks [first, last)
   std::vector<double> in_, out_, ws_ps_max_, ws_fixed_max_;
   std::vector<int64_t> largest_task_params_max_;
+  std::vector<TpWork> tp_ps_;                  // prefix sums of the blocks' TP shares (refused unused)
+  std::vector<std::vector<uint32_t>> tp_refusing_;  // [degree index − 1][b]: blocks before b refusing that degree
 };
 
 // The analytic pipeline estimate, in one place so a simulator can replace it:

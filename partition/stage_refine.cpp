@@ -265,7 +265,8 @@ class ComponentRuns {
     }
   }
 
-  // The sums stage_cost takes for [i, j); i and j must have been prepared.
+  // The sums stage_cost takes for [i, j); i and j must have been prepared. The tensor-parallel shares stay 0: the
+  // cut search evaluates degree 1 only (as the stage DP does, for now).
   StageRange range(size_t i, size_t j) const {
     StageRange r;
     r.forward = {fwd_fixed_[j] - fwd_fixed_[i], fwd_ps_[j] - fwd_ps_[i]};

@@ -1,0 +1,172 @@
+// Tensor parallelism in the stage cost model: what the atomic level records per component (the split tasks' work,
+// the regions' collectives, the degrees they refuse) against the detection itself, and stage_cost's arithmetic
+// at a degree t against the definitions (docs/cost-model.md "Tensor parallelism").
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <cmath>
+#include <string>
+
+#include "graph/error.h"
+#include "importer/importer.h"
+#include "models/zoo.h"
+#include "partition/atomic.h"
+#include "partition/stage_cost.h"
+#include "partition/tensor_parallel.h"
+#include "profiler/collectives.h"
+#include "profiler/cost_model.h"
+#include "profiler/device.h"
+#include "test_cluster.h"
+
+namespace apart {
+namespace {
+
+ImportedModel zoo_gpt(int64_t layers, int64_t batch) {
+  models::ZooOptions o;
+  o.family = models::Family::kGpt;
+  o.name = "gpt";
+  o.layers = layers;
+  o.hidden = 64;
+  o.heads = 4;  // attention allows 1, 2, 4: degree 8 is refused there
+  o.seq = 16;
+  o.vocab = 96;
+  o.weights = models::WeightsMode::kNone;
+  ImportOptions io;
+  io.batch = batch;
+  return import_model_bytes(models::build_zoo_model(o).SerializeAsString(), ".", "gpt.onnx", io);
+}
+
+TEST(TheAtomicLevel, RecordsEachSplitTasksWorkAndEachRegionsCollectivesOnceAsTheDetectionFindsThem) {
+  const ImportedModel m = zoo_gpt(2, 2);
+  CostOptions at_two;
+  at_two.reference_batch = m.bound_samples();  // the graph is bound at 2 samples
+  const CostTable costs = estimate_costs(m.graph, device_preset("a100-80gb"), at_two);
+  const AtomicGraph atomic = build_atomic_graph(m.graph, costs, {});
+  ASSERT_EQ(atomic.graph_batch, 2);
+  const TensorParallelRegions found = find_tensor_parallel_regions(m.graph, atomic.graph_batch);
+  double split_forward = 0, recorded_forward = 0, recorded_saved = 0, split_saved = 0;
+  double forward_bytes = 0, backward_bytes = 0;
+  int64_t forward_count = 0, backward_count = 0;
+  bool refuses_eight = false, refuses_two = false;
+  for (const AtomicComponent& c : atomic.components) {
+    const bool split = found.roles[c.batch_task.value()] != TpRole::kReplicated;
+    if (split) split_forward += c.cost.forward.per_sample_s, split_saved += c.cost.saved_per_sample;
+    else EXPECT_EQ(c.cost.tp.forward.per_sample_s, 0) << m.graph.task(c.batch_task).name;
+    recorded_forward += c.cost.tp.forward.per_sample_s;
+    recorded_saved += c.cost.tp.saved_per_sample;
+    forward_bytes += c.cost.tp.forward_collective_per_sample;
+    backward_bytes += c.cost.tp.backward_collective_per_sample;
+    forward_count += c.cost.tp.forward_collectives;
+    backward_count += c.cost.tp.backward_collectives;
+    refuses_eight |= (c.cost.tp.refused & 4u) != 0;
+    refuses_two |= (c.cost.tp.refused & 1u) != 0;
+  }
+  EXPECT_GT(split_forward, 0);
+  EXPECT_DOUBLE_EQ(recorded_forward, split_forward);
+  EXPECT_DOUBLE_EQ(recorded_saved, split_saved);
+  // One closing collective per region, one backward all-reduce per region input.
+  double ends = 0, inputs = 0;
+  int64_t input_count = 0;
+  for (const TpRegion& r : found.regions) {
+    ends += r.closing == TpClosing::kAllGather ? r.end_bytes_per_sample / 2 : r.end_bytes_per_sample;
+    for (ValueId v : r.inputs) inputs += static_cast<double>(m.graph.value(v).bytes) / 2, ++input_count;
+  }
+  EXPECT_EQ(forward_count, static_cast<int64_t>(found.regions.size()));
+  EXPECT_EQ(backward_count, input_count);
+  EXPECT_DOUBLE_EQ(forward_bytes, ends);
+  EXPECT_DOUBLE_EQ(backward_bytes, inputs);
+  EXPECT_TRUE(refuses_eight) << "4 heads refuse degree 8";
+  EXPECT_FALSE(refuses_two);
+}
+
+// A hand-made range: 10 ms of forward per sample of which 6 split, 20 of backward of which 12, 1 MB saved per
+// sample of which 0.5 split, 100 MB of weights of which 80 split, two forward and two backward collectives.
+StageRange range_with_tp() {
+  StageRange r;
+  r.forward = {0.001, 0.010};
+  r.backward = {0.002, 0.020};
+  r.saved_per_sample = 1e6;
+  r.param_bytes = 100'000'000;
+  r.tp.forward = {0.0, 0.006};
+  r.tp.backward = {0.0, 0.012};
+  r.tp.saved_per_sample = 0.5e6;
+  r.tp.param_bytes = 80'000'000;
+  r.tp.forward_collective_per_sample = 2 * 32768.0;
+  r.tp.backward_collective_per_sample = 2 * 32768.0;
+  r.tp.forward_collectives = 2;
+  r.tp.backward_collectives = 2;
+  return r;
+}
+
+TrainingSpec training(int64_t batch) {
+  TrainingSpec t;
+  t.global_batch = batch;
+  t.optimizer = Optimizer::kAdam;
+  t.precision = Precision::kFp32;
+  return t;
+}
+
+TEST(AStageCostAtATensorParallelDegree, DividesTheSplitWorkWeightsAndSavedBytesAndAddsTheGroupsAllReduces) {
+  const Cluster cluster = testing::test_cluster(8);
+  const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 1);
+  const StageRange r = range_with_tp();
+  const TrainingSpec t = training(8);
+  const StageCost one = stage_cost(r, 1, 1, 1, false, links, t, 0, 1);
+  const StageCost four = stage_cost(r, 1, 1, 1, false, links, t, 0, 4);
+  const double u = 8;
+  // Degree 1 is the range as it stands.
+  EXPECT_DOUBLE_EQ(one.forward_s, 0.001 + 0.010 * u);
+  EXPECT_DOUBLE_EQ(one.backward_s, 0.002 + 0.020 * u);
+  EXPECT_EQ(one.param_bytes, 100'000'000);
+  // Degree 4: 3/4 of the split part goes; each of the two collectives carries half the bytes over the node's link.
+  const double collective = 2 * ring_allreduce_time(4, 32768.0 * u, links.tensor);
+  EXPECT_NEAR(four.forward_s, 0.001 + 0.010 * u - 0.75 * 0.006 * u + collective, 1e-15);
+  EXPECT_NEAR(four.backward_s, 0.002 + 0.020 * u - 0.75 * 0.012 * u + collective, 1e-15);
+  EXPECT_EQ(four.param_bytes, 100'000'000 - 60'000'000);
+  const double state = state_bytes_per_param_byte(t.optimizer, t.precision);
+  EXPECT_NEAR(four.memory_static, 40e6 * state + 0.0, 1.0);  // no workspace in this range
+  EXPECT_NEAR(four.memory_per_in_flight, (1e6 - 0.75 * 0.5e6) * u, 1e-6);
+  EXPECT_LT(four.optimizer_s, one.optimizer_s);
+  // With recomputation the forward, its collectives too, runs again before the backward.
+  const StageCost recomputed = stage_cost(r, 1, 1, 1, true, links, t, 0, 4);
+  EXPECT_NEAR(recomputed.backward_s, four.backward_s + four.forward_s, 1e-15);
+}
+
+TEST(AStageCostAtATensorParallelDegree, IsRefusedForADegreeARegionDoesNotDivideOrOutsideOneTwoFourEight) {
+  const Cluster cluster = testing::test_cluster(8);
+  const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 1);
+  StageRange r = range_with_tp();
+  r.tp.refused = 4;  // degree 8
+  EXPECT_TRUE(tp_allows(r, 1));
+  EXPECT_TRUE(tp_allows(r, 4));
+  EXPECT_FALSE(tp_allows(r, 8));
+  EXPECT_FALSE(tp_allows(r, 3));
+  EXPECT_THROW(stage_cost(r, 1, 1, 1, false, links, training(8), 0, 8), InvalidArgument);
+  EXPECT_THROW(stage_cost(r, 1, 1, 1, false, links, training(8), 0, 16), InvalidArgument);
+  EXPECT_NO_THROW(stage_cost(r, 1, 1, 1, false, links, training(8), 0, 2));
+}
+
+// The evaluator's ranges sum the blocks' TP shares and OR their refusals.
+TEST(AStageEvaluator, SumsTheBlocksTensorParallelSharesOverARange) {
+  BlockSequence seq;
+  for (int b = 0; b < 3; ++b) {
+    BlockCost c;
+    c.forward = {0, 0.001 * (b + 1)};
+    c.backward = {0, 0.002 * (b + 1)};
+    c.tp.forward = {0, 0.0005 * (b + 1)};
+    c.tp.forward_collectives = b;
+    c.tp.refused = b == 2 ? 2 : 0;  // the last block refuses degree 4
+    seq.blocks.push_back(c);
+  }
+  const StageEvaluator ev(seq, testing::test_cluster(8), training(8));
+  const StageRange ab = ev.range(0, 2), abc = ev.range(0, 3), c = ev.range(2, 3);
+  EXPECT_DOUBLE_EQ(ab.tp.forward.per_sample_s, 0.0015);
+  EXPECT_EQ(ab.tp.forward_collectives, 1);
+  EXPECT_TRUE(tp_allows(ab, 4));
+  EXPECT_FALSE(tp_allows(abc, 4));
+  EXPECT_FALSE(tp_allows(c, 4));
+  EXPECT_EQ(abc.tp.forward_collectives, 3);
+}
+
+}  // namespace
+}  // namespace apart

@@ -36,6 +36,7 @@ struct PartitionArgs {
   std::string replicas = "auto";
   std::string recompute = "auto";
   std::string zero = "0";
+  std::string tp = "1";
   std::string overlap_allreduce = "on";
   std::string profile;
   std::string profile_device_mismatch = "error";
@@ -78,6 +79,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
   if (auto r = auto_or_int("--replicas", a.replicas, limits::kMaxDevices)) o.stage.replicas = static_cast<int>(*r);
   o.stage.recompute = parse_recompute(a.recompute);
   o.stage.zero = parse_zero(a.zero);
+  o.stage.tp = parse_tp(a.tp);
   if (a.overlap_allreduce != "on" && a.overlap_allreduce != "off")
     throw InvalidArgument("--overlap-allreduce must be on or off, not '" + a.overlap_allreduce + "'");
   o.training.overlap_allreduce = a.overlap_allreduce == "on";
@@ -161,8 +163,13 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
   cmd->add_option("--schedule", a->schedule, "1f1b, gpipe or auto")->capture_default_str();
   cmd->add_option("--microbatches", a->microbatches, "Micro-batches per iteration, or auto")->capture_default_str();
-  cmd->add_option("--stages", a->stages, "Pipeline stages, or auto")->capture_default_str();
-  cmd->add_option("--replicas", a->replicas, "Replicas of every stage, or auto (per stage, any count)")->capture_default_str();
+  cmd->add_option("--stages,--pp", a->stages, "Pipeline stages (pipeline-parallel degree), or auto")->capture_default_str();
+  cmd->add_option("--replicas,--dp", a->replicas,
+                  "Data-parallel replicas of every stage, or auto (per stage, any count)")->capture_default_str();
+  cmd->add_option("--tp", a->tp,
+                  "Tensor-parallel degree of every stage: 1, 2, 4 or 8 devices of one node per replica, or auto (per "
+                  "stage, among the degrees dividing --devices-per-node); plans with degree > 1 are not yet executable")
+      ->capture_default_str();
   cmd->add_option("--recompute", a->recompute, "Activation recomputation: auto, on or off")->capture_default_str();
   cmd->add_option("--zero", a->zero,
                   "ZeRO stage of every stage with replicas: 0 (none), 1 (optimizer state), 2 (+ gradients), "

@@ -150,8 +150,10 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
   const std::string limit = format_bytes(static_cast<double>(memory));
   for (const PlanStageRecord& s : plan.stages) {
     const std::string mem = format_bytes(static_cast<double>(s.memory_bytes.value_or(0))) + " / " + limit;
-    // A stage whose replicas shard with ZeRO says so after its devices; plans without ZeRO read as before.
-    const std::string devices = device_range(s.devices) + (s.zero > 0 ? "  ZeRO-" + std::to_string(s.zero) : "");
+    // A stage whose replicas are tensor-parallel groups or shard with ZeRO says so after its devices; plans without
+    // either read as before.
+    const std::string devices = device_range(s.devices) + (s.tp > 1 ? "  TP-" + std::to_string(s.tp) : "") +
+                                (s.zero > 0 ? "  ZeRO-" + std::to_string(s.zero) : "");
     // Compute is forward + backward (the backward includes a recomputed forward): partition/stage_cost.h.
     std::snprintf(line, sizeof line, "%5d  %-32s %9s %10s %10s %10s  %-22s %8d %s%s\n", s.id,
                   format_task_counts(s.tasks.size(), static_cast<size_t>(s.batch_tasks.value_or(0))).c_str(),
@@ -162,7 +164,11 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
     r << line;
   }
   int used = 0;
-  for (const PlanStageRecord& s : plan.stages) used += s.replicas;
+  int split = 0;  // stages with tensor-parallel groups
+  for (const PlanStageRecord& s : plan.stages) {
+    used += static_cast<int>(s.devices.size());
+    split += s.tp > 1 ? 1 : 0;
+  }
   r << "\n";
   r << "predicted iteration  " << format_seconds(iteration_s) << "   (simulated: pipeline "
     << format_seconds(predicted.pipeline_s.value_or(0)) << ", then all-reduce and optimizer step; analytic estimate "
@@ -182,8 +188,15 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
     << " ruled out by a lower bound), chosen split: " << search.chosen_split << ", "
     << fixed(search.seconds, 2) << " s" << (search.stopped_by_time_limit ? " (stopped by --time-limit)" : "")
     << "\n";
-  if (plan.tensor_parallel)
-    r << "tensor-parallel      regions: " << plan.tensor_parallel->summary << " (found, not split yet)\n";
+  if (plan.tensor_parallel) {
+    r << "tensor-parallel      regions: " << plan.tensor_parallel->summary;
+    if (split > 0)
+      r << "; split in " << split << " of " << plan.stages.size() << " stages (TP-N after their devices)\n";
+    else if (!plan.options || !plan.options->tp)
+      r << " (found, not split: --tp 1; --tp auto lets the planner split them)\n";
+    else
+      r << " (found; the search split no stage)\n";
+  }
   return r.str();
 }
 

@@ -45,6 +45,20 @@ struct TpWork {
     refused |= o.refused;
     return *this;
   }
+  // The difference of two prefix sums: a range's shares. `refused` is left alone (it is no sum).
+  TpWork& operator-=(const TpWork& o) {
+    forward.fixed_s -= o.forward.fixed_s;
+    forward.per_sample_s -= o.forward.per_sample_s;
+    backward.fixed_s -= o.backward.fixed_s;
+    backward.per_sample_s -= o.backward.per_sample_s;
+    saved_per_sample -= o.saved_per_sample;
+    param_bytes -= o.param_bytes;
+    forward_collective_per_sample -= o.forward_collective_per_sample;
+    backward_collective_per_sample -= o.backward_collective_per_sample;
+    forward_collectives -= o.forward_collectives;
+    backward_collectives -= o.backward_collectives;
+    return *this;
+  }
 };
 
 // Aggregated costs of one block (or atomic component) per micro-batch.

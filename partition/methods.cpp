@@ -49,7 +49,7 @@ MethodResult method_result(const Plan& plan, Method method, double planning_s) {
   r.recompute = plan.recompute;
   for (const PlanStage& s : plan.stages) {
     r.replicas.push_back(s.replicas);
-    r.devices_used += s.replicas;
+    r.devices_used += static_cast<int>(s.devices.size());  // replicas × tensor-parallel degree
   }
   r.compute_lower_bound_s = plan.compute_lower_bound_s;
   return r;

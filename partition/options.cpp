@@ -1,6 +1,9 @@
 // Names, parsers and validation of the partition options.
 #include "partition/options.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/threads.h"
@@ -48,6 +51,16 @@ std::optional<int> parse_zero(std::string_view t) {
 
 std::string zero_option_name(std::optional<int> zero) { return zero ? std::to_string(*zero) : "auto"; }
 
+std::optional<int> parse_tp(std::string_view t) {
+  if (t == "auto") return std::nullopt;
+  for (int tp : kTpDegrees)
+    if (t == std::to_string(tp)) return tp;
+  throw InvalidArgument("--tp " + std::string(t) + ": expected 1, 2, 4, 8 or auto (the tensor-parallel degree of every "
+                        "stage; auto: the planner chooses per stage)");
+}
+
+std::string tp_option_name(std::optional<int> tp) { return tp ? std::to_string(*tp) : "auto"; }
+
 void PartitionOptions::validate() const {
   // The documented limits (graph/checked.h, README "Limits"): every count, time, size and rate in range.
   cluster.validate();
@@ -65,6 +78,16 @@ void PartitionOptions::validate() const {
     throw InvalidArgument("--zero " + zero_option_name(stage.zero) +
                           " shards across a stage's data-parallel replicas, and --replicas 1 leaves each stage one; "
                           "give stages replicas (--replicas N > 1 or auto) or use --zero 0");
+  if (stage.tp) {
+    if (std::find(std::begin(kTpDegrees), std::end(kTpDegrees), *stage.tp) == std::end(kTpDegrees))
+      throw InvalidArgument("--tp " + std::to_string(*stage.tp) + ": expected 1, 2, 4, 8 or auto");
+    // A tensor-parallel group is devices of one node, and groups tile the node.
+    if (cluster.devices_per_node % *stage.tp != 0 || *stage.tp > cluster.devices)
+      throw InvalidArgument("--tp " + std::to_string(*stage.tp) + ": a tensor-parallel group is " +
+                            std::to_string(*stage.tp) + " devices of one node, and the cluster has " +
+                            std::to_string(cluster.devices) + " devices, " + std::to_string(cluster.devices_per_node) +
+                            " per node; use a degree dividing the devices per node (or --tp auto)");
+  }
   checked_number(stage.time_limit_s, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
   checked_integer(block.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
   if (!(block.balance_cap >= 1 && block.balance_cap <= 1e6)) throw InvalidArgument("the block balance cap must be in [1, 1e6]");

@@ -26,6 +26,9 @@ Recompute parse_recompute(std::string_view text);
 // --zero: "0", "1", "2", "3" or "auto" (nullopt).
 std::optional<int> parse_zero(std::string_view text);
 std::string zero_option_name(std::optional<int> zero);  // "0".."3" or "auto"
+// --tp: "1", "2", "4", "8" or "auto" (nullopt).
+std::optional<int> parse_tp(std::string_view text);
+std::string tp_option_name(std::optional<int> tp);  // "1".."8" or "auto"
 
 struct TrainingSpec {
   int64_t global_batch = 1;
@@ -61,6 +64,11 @@ struct StageOptions {
   // state (1), gradients (2) and weights (3) with across them; nullopt = auto, the stage DP chooses per stage.
   // 0 (the default) is plain data parallelism.
   std::optional<int> zero = 0;
+  // --tp 1|2|4|8|auto: the tensor-parallel degree (Megatron-LM's, Shoeybi et al. 2019) of every stage, each replica a
+  // group of that many devices of one node splitting the model's attention, MLP and vocabulary regions
+  // (partition/tensor_parallel.h); nullopt = auto, the stage DP chooses per stage among the degrees dividing the
+  // node's devices. 1 (the default) splits nothing: the runtime does not execute tensor-parallel stages yet.
+  std::optional<int> tp = 1;
   double time_limit_s = 0;          // 0 = no limit; the search stops early and keeps the best plan so far
   int max_stages = 0;               // 0 = min(blocks, devices)
   bool spend_leftover_devices = true;  // after the DP, give unused devices to stages while the estimate improves

@@ -165,9 +165,11 @@ AtomicGraph atomic_level(const TaskGraph& graph, const CostTable& costs, const P
   if (o.stage.stages && *o.stage.stages > components)
     throw Infeasible("--stages " + std::to_string(*o.stage.stages) + " is more than the model's " +
                      std::to_string(components) + " batch tasks; use at most " + std::to_string(components));
-  if (o.stage.stages && *o.stage.stages * o.stage.replicas.value_or(1) > o.cluster.devices)
+  const int tp = o.stage.tp.value_or(1);
+  if (o.stage.stages && *o.stage.stages * o.stage.replicas.value_or(1) * tp > o.cluster.devices)
     throw Infeasible("--stages " + std::to_string(*o.stage.stages) + " × " +
-                     std::to_string(o.stage.replicas.value_or(1)) + " replicas needs more than --devices " +
+                     std::to_string(o.stage.replicas.value_or(1)) + " replicas" +
+                     (tp > 1 ? " × --tp " + std::to_string(tp) : std::string()) + " needs more than --devices " +
                      std::to_string(o.cluster.devices));
   return atomic;
 }
@@ -214,7 +216,8 @@ Split with_layout(const Split& split, Layout layout, std::string source) {
 }
 
 bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
-                         StageRecompute recompute, StageZero zero, std::optional<int> pinned_replicas) {
+                         StageRecompute recompute, StageZero zero, const std::vector<int>& tp_degrees,
+                         std::optional<int> pinned_replicas) {
   // Memory depends on the replicas only through the per-replica micro-batch and the ZeRO shard, which fall as they
   // grow: the most replicas the DP may give a stage (its last replica candidate, stage_dp.h) use the least. The same
   // test as the DP's (stage_dp.cpp first_fitting), so a block that fails it fails every candidate there.
@@ -224,12 +227,13 @@ bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, 
   if (most < 1 || most > devices || most > per_microbatch) return false;
   const double budget = static_cast<double>(evaluator.cluster().usable_memory_bytes());
   const int stages = static_cast<int>(evaluator.blocks());
-  const std::vector<StageVariant> variants = stage_variants(recompute, zero);
+  const std::vector<StageVariant> variants = stage_variants(recompute, zero, tp_degrees);
   for (int b = 0; b < stages; ++b) {
     const int64_t flight = stage_in_flight_microbatches(schedule, b, stages, microbatches);
     auto fits = [&](const StageVariant& v) {
+      if (!evaluator.allows_tp(static_cast<uint32_t>(b), static_cast<uint32_t>(b + 1), v.tp)) return false;
       const StageCost c = evaluator.evaluate(static_cast<uint32_t>(b), static_cast<uint32_t>(b + 1), most,
-                                             microbatches, 0, v.recompute, nullptr, v.zero);
+                                             microbatches, 0, v.recompute, nullptr, v.zero, v.tp);
       return std::ceil(c.memory_static + static_cast<double>(flight) * c.memory_per_in_flight) <= budget;
     };
     if (std::none_of(variants.begin(), variants.end(), fits)) return false;
@@ -249,6 +253,7 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
     StageZero zero;
     int64_t microbatches;
   };
+  const std::vector<int> tp = tp_degrees(o.tp, evaluator.cluster());
   std::vector<GridPoint> points;
   for (Schedule schedule : grid.schedules)
     for (StageRecompute recompute : grid.recomputes)
@@ -267,12 +272,14 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
     if (stop.load()) return;
     const GridPoint& p = points[i];
     ran[i] = 1;
-    if (fixed_split && !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, p.zero, o.replicas))
+    if (fixed_split &&
+        !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, p.zero, tp, o.replicas))
       return;
     const StageDp dp(evaluator, {.microbatches = p.microbatches,
                                  .schedule = p.schedule,
                                  .recompute = p.recompute,
                                  .zero = p.zero,
+                                 .tp_degrees = tp,
                                  .pinned_replicas = o.replicas,
                                  .fixed_split = fixed_split});
     for (auto& solution : dp.solve_many(counts)) {
@@ -416,7 +423,8 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
 
   // Pipeline-major: one pipeline replica per node (or several per node), stages talking over NVLink and every
   // stage's replicas all-reducing across nodes. Only for S ≤ devices per node, with equal replica counts.
-  const bool multi_node = o.cluster.devices > o.cluster.devices_per_node;
+  // Pipeline-major lays one device of every stage side by side: stages of degree 1 only.
+  const bool multi_node = o.cluster.devices > o.cluster.devices_per_node && o.stage.tp.value_or(1) == 1;
   if (multi_node && (!clock.limited() || clock.elapsed_s() < clock.time_limit_s)) {
     clock.report("stage DP, pipeline-major layout (stages inside a node)");
     const Split pipeline = with_layout(split, Layout::kPipelineMajor, split.source + " pipeline-major");

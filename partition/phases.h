@@ -106,10 +106,12 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
 StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const SearchGrid& grid, int max_stages,
                                     const PartitionOptions& options, const SearchClock& clock);
 // Whether every block of `evaluator` can fit a device as a stage of its own at micro-batch count m under the
-// schedule and recomputation mode, with the most replicas the DP could give it (the least per-replica micro-batch):
-// when not, the fixed-split DP at that grid point finds nothing, so it need not be built.
+// schedule and recomputation mode, with the most replicas the DP could give it (the least per-replica micro-batch)
+// at any of `tp_degrees` its block allows: when not, the fixed-split DP at that grid point finds nothing, so it need
+// not be built.
 bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
-                         StageRecompute recompute, StageZero zero, std::optional<int> pinned_replicas);
+                         StageRecompute recompute, StageZero zero, const std::vector<int>& tp_degrees,
+                         std::optional<int> pinned_replicas);
 
 // ---------------- Candidates: solutions placed on devices ----------------
 struct CandidateSet {

@@ -13,17 +13,26 @@ namespace apart {
 
 struct Placement {
   Layout layout = Layout::kStageMajor;  // the layout actually used (pipeline-major needs equal replica counts)
-  std::vector<std::vector<int>> devices;  // per stage, one device per replica
+  // Per stage, replicas × tp devices, replica by replica: replica j's tensor-parallel group is devices
+  // [j·tp, (j+1)·tp), consecutive devices of one node.
+  std::vector<std::vector<int>> devices;
+  std::vector<int> tp;  // per stage, the tensor-parallel degree (1: one device per replica)
 };
 
 // Stage-major: stages in order on consecutive devices; a stage that fits in a node starts a new node rather than
-// straddle two, and a larger one starts on a node boundary, as long as the remaining stages still fit.
-// Pipeline-major (all replica counts equal, else stage-major): pipeline replica j holds device d_j + s for stage s,
-// with as many whole pipelines per node as fit, so boundary transfers stay inside a node.
-Placement place_stages(std::span<const int> replicas, const Cluster& cluster, Layout layout);
+// straddle two, and a larger one starts on a node boundary, as long as the remaining stages still fit. A stage of
+// degree tp > 1 starts on a multiple of tp (tp divides the node's devices, so no group straddles a node); when that
+// padding would not leave room for every stage, stages are laid out by falling degree instead (each then starts
+// aligned with no padding at all).
+// Pipeline-major (all replica counts equal and every degree 1, else stage-major): pipeline replica j holds device
+// d_j + s for stage s, with as many whole pipelines per node as fit, so boundary transfers stay inside a node.
+// `tp`: per stage (empty: all 1).
+Placement place_stages(std::span<const int> replicas, const Cluster& cluster, Layout layout,
+                       std::span<const int> tp = {});
 
-// Per stage: the link to the previous and next stage (Cluster::link_between_groups) and the all-reduce ring's link
-// (Cluster::link_among: inside a node only if all the stage's devices are).
+// Per stage: the link to the previous and next stage (Cluster::link_between_groups), the all-reduce ring's link
+// (Cluster::link_among over one device of each replica's group: inside a node only if all of those are) and the
+// tensor-parallel group's (inside its node).
 std::vector<StageLinks> placed_links(const Placement& placement, const Cluster& cluster);
 
 }  // namespace apart

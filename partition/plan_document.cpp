@@ -39,6 +39,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
     PlanStageRecord r;
     r.id = static_cast<int>(s.id.value());
     r.replicas = s.replicas;
+    r.tp = s.cost.tp;
     r.devices = s.devices;
     for (TaskId task : s.tasks) r.tasks.push_back(graph.task(task).name);
     r.batch_tasks = static_cast<int64_t>(s.batch_tasks);
@@ -77,6 +78,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
   options.balance_cap = o.block.balance_cap;
   options.time_limit_s = o.stage.time_limit_s;
   if (o.stage.zero != 0) options.zero = zero_option_name(o.stage.zero);
+  if (o.stage.tp != 1) options.tp = tp_option_name(o.stage.tp);
   d.options = options;
 
   // The prediction is the event-level replay of this plan (what chose it); the analytic estimate rides along.

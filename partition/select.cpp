@@ -16,7 +16,7 @@ Candidate place_candidate(StageSolution solution, std::shared_ptr<const BlockSeq
                           std::shared_ptr<const BlockAssignment> assignment,
                           std::shared_ptr<const StageEvaluator> evaluator, std::string source) {
   Candidate c;
-  c.placement = place_stages(solution.replicas, evaluator->cluster(), evaluator->layout());
+  c.placement = place_stages(solution.replicas, evaluator->cluster(), evaluator->layout(), solution.stage_tp);
   const std::vector<StageLinks> links = placed_links(c.placement, evaluator->cluster());
   APART_CHECK(evaluate_solution(*evaluator, solution, links), "placing a stage changed whether it fits memory");
   c.solution = std::move(solution);
@@ -47,6 +47,7 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
     sim::SimStage st;
     st.id = s;
     st.replicas = sol.replicas[s];
+    st.tp = sol.tp_of(s);
     st.devices = candidate.placement.devices[s];
     st.forward_s = c.forward_s;
     st.backward_s = c.backward_s - (sol.recomputes(s) ? c.forward_s : 0.0);

@@ -99,13 +99,15 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
   }
 }
 
+double tp_device_time(double total_s, double split_s, int tp) { return total_s - (1.0 - 1.0 / tp) * split_s; }
+
 bool tp_allows(const StageRange& range, int tp) {
   for (size_t i = 0; i < std::size(kTpDegrees); ++i)
     if (kTpDegrees[i] == tp) return i == 0 || !((range.tp.refused >> (i - 1)) & 1u);
   return false;
 }
 
-StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas) {
+StageLinks assumed_links(const Cluster& cluster, Layout layout, int devices) {
   const Link& intra = cluster.intra_node;
   const Link& inter = cluster.inter_node;
   const bool one_node = cluster.fits_one_node();
@@ -117,12 +119,12 @@ StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas) {
     l.replicas = one_node ? intra : inter;
   } else {
     l.previous = l.next = one_node ? intra : inter;
-    l.replicas = replicas <= cluster.devices_per_node ? intra : inter;
+    l.replicas = devices <= cluster.devices_per_node ? intra : inter;
   }
   return l;
 }
 
-StageLinks StageEvaluator::assumed_links(int replicas) const { return apart::assumed_links(cluster_, layout_, replicas); }
+StageLinks StageEvaluator::assumed_links(int devices) const { return apart::assumed_links(cluster_, layout_, devices); }
 
 int64_t microbatch_size(int64_t global_batch, int64_t microbatches, int replicas) {
   const int64_t per_microbatch = global_batch / microbatches;
@@ -147,26 +149,21 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
   r.workspace_per_sample = ws_ps_max_[first * n + last];
   r.workspace_fixed = ws_fixed_max_[first * n + last];
   r.largest_task_param_bytes = largest_task_params_max_[first * n + last];
-  const TpWork& a = tp_ps_[first];
-  const TpWork& b = tp_ps_[last];
-  r.tp.forward = {b.forward.fixed_s - a.forward.fixed_s, b.forward.per_sample_s - a.forward.per_sample_s};
-  r.tp.backward = {b.backward.fixed_s - a.backward.fixed_s, b.backward.per_sample_s - a.backward.per_sample_s};
-  r.tp.saved_per_sample = b.saved_per_sample - a.saved_per_sample;
-  r.tp.param_bytes = b.param_bytes - a.param_bytes;
-  r.tp.forward_collective_per_sample = b.forward_collective_per_sample - a.forward_collective_per_sample;
-  r.tp.backward_collective_per_sample = b.backward_collective_per_sample - a.backward_collective_per_sample;
-  r.tp.forward_collectives = b.forward_collectives - a.forward_collectives;
-  r.tp.backward_collectives = b.backward_collectives - a.backward_collectives;
+  r.tp = tp_ps_[last];
+  r.tp -= tp_ps_[first];
+  r.tp.refused = 0;
   for (size_t i = 0; i < tp_refusing_.size(); ++i)
     if (tp_refusing_[i][last] > tp_refusing_[i][first]) r.tp.refused |= static_cast<uint8_t>(1u << i);
   return r;
 }
 
 StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches,
-                                   int64_t in_flight, bool recompute, const StageLinks* placed, int zero) const {
+                                   int64_t in_flight, bool recompute, const StageLinks* placed, int zero, int tp) const {
   return stage_cost(range(first, last), replicas, microbatches, in_flight, recompute,
-                    placed ? *placed : assumed_links(replicas), training_, zero);
+                    placed ? *placed : assumed_links(replicas * tp), training_, zero, tp);
 }
+
+bool StageEvaluator::allows_tp(uint32_t first, uint32_t last, int tp) const { return tp_allows(range(first, last), tp); }
 
 StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
                      const StageLinks& links, const TrainingSpec& training, int zero, int tp) {
@@ -175,13 +172,14 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
                           "(1, 2, 4 or 8 dividing every region's heads and features)");
   StageCost c;
   c.zero = effective_zero(zero, replicas);
+  c.tp = tp;
   const int64_t u = microbatch_size(training.global_batch, microbatches, replicas);
   const double ud = static_cast<double>(u);
   c.microbatch = u;
   // Of the split tasks' part, each device of the TP group runs 1/tp.
   const double kept = 1.0 - 1.0 / tp;
-  c.forward_s = range.forward.at(ud) - kept * range.tp.forward.at(ud);
-  c.backward_s = range.backward.at(ud) - kept * range.tp.backward.at(ud);
+  c.forward_s = tp_device_time(range.forward.at(ud), range.tp.forward.at(ud), tp);
+  c.backward_s = tp_device_time(range.backward.at(ud), range.tp.backward.at(ud), tp);
   // Boundary values as the graph stores them (fp32), halved under mixed precision.
   const double act = activation_bytes_factor(training.precision);
   // The regions' all-reduces inside the TP group, on the critical path of the forward and the backward.

@@ -24,6 +24,7 @@ struct StageCost {
   double allreduce_exposed_s = 0;  // the part of it not hidden behind the last backward (TrainingSpec)
   double zero_collective_s = 0;    // ZeRO-2/3: per micro-batch collectives beside forward/backward (all of them)
   int zero = 0;             // the ZeRO stage costed (effective: 0 with one replica)
+  int tp = 1;               // the tensor-parallel degree costed: each replica is a group of tp devices
   double step_s = 0;        // compute + comm: one pipeline step
   double optimizer_s = 0;   // the optimizer step after the all-reduce, once per iteration (memory-bound)
   double h = 0;             // the DP's objective term: step + (exposed all-reduce + optimizer step) / m
@@ -71,6 +72,9 @@ struct StageRange {
 // Whether every block of `range` allows tensor-parallel degree `tp` (1 always; 2, 4, 8 when no region's heads or
 // features refuse it).
 bool tp_allows(const StageRange& range, int tp);
+// Seconds one device of a tensor-parallel group of `tp` spends on work of `total_s` whose split tasks take `split_s`
+// (the group's devices run 1/tp of those each); without the group's collectives.
+double tp_device_time(double total_s, double split_s, int tp);
 
 // The stage cost model h (paper §IV-C) of one range with `replicas` replicas over `links`: the one formula, which
 // StageEvaluator evaluates over block ranges and the component-level cut search (stage_refine.cpp) over runs of
@@ -80,8 +84,9 @@ bool tp_allows(const StageRange& range, int tp);
 // all-reduces run over links.tensor inside the forward and backward (docs/cost-model.md "Tensor parallelism").
 StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
                      const StageLinks& links, const TrainingSpec& training, int zero = 0, int tp = 1);
-// The links `layout` assumes for a stage with `replicas` replicas before devices are placed (see Layout).
-StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas);
+// The links `layout` assumes for a stage on `devices` devices (replicas × tensor-parallel degree) before devices are
+// placed (see Layout): its replicas' rings stay inside a node when all its devices fit in one.
+StageLinks assumed_links(const Cluster& cluster, Layout layout, int devices);
 // Per-replica micro-batch size: ceil(B / m / replicas).
 int64_t microbatch_size(int64_t global_batch, int64_t microbatches, int replicas);
 
@@ -94,13 +99,15 @@ class StageEvaluator {
   size_t blocks() const { return k_; }
   // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches whose
   // activations the stage keeps (profiler's stage_in_flight_microbatches).
-  // `links`: the placed stage's links; without, the ones the layout assumes (see Layout). `zero`: stage_cost's.
+  // `links`: the placed stage's links; without, the ones the layout assumes (see Layout). `zero`, `tp`: stage_cost's.
   StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, int64_t in_flight,
-                     bool recompute, const StageLinks* links = nullptr, int zero = 0) const;
+                     bool recompute, const StageLinks* links = nullptr, int zero = 0, int tp = 1) const;
+  // Whether every block of [first, last) allows tensor-parallel degree `tp` (tp_allows of its range).
+  bool allows_tp(uint32_t first, uint32_t last, int tp) const;
   // The sums stage_cost takes for blocks [first, last).
   StageRange range(uint32_t first, uint32_t last) const;
-  // The links the layout assumes for a stage with `replicas` replicas before devices are placed.
-  StageLinks assumed_links(int replicas) const;
+  // The links the layout assumes for a stage on `devices` devices before they are placed.
+  StageLinks assumed_links(int devices) const;
   // Per-replica micro-batch size: ceil(B / (m · replicas)).
   int64_t microbatch_size(int64_t microbatches, int replicas) const;
   double in_bytes_per_sample(uint32_t first, uint32_t last) const { return in_[first * (k_ + 1) + last]; }

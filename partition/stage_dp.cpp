@@ -65,7 +65,11 @@ int StageSolution::zero_of(int stage) const {
   return effective_zero(stage_zero.empty() ? zero : stage_zero[stage], replicas[stage]);
 }
 
-int StageSolution::devices_used() const { return std::accumulate(replicas.begin(), replicas.end(), 0); }
+int StageSolution::devices_used() const {
+  int devices = 0;
+  for (int s = 0; s < stages; ++s) devices += devices_of(s);
+  return devices;
+}
 
 bool StageSolution::any_recompute() const {
   for (int s = 0; s < stages; ++s)
@@ -83,9 +87,21 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
   bool fits = true;
   for (int s = 0; s < stages; ++s) {
     const int64_t flight = stage_in_flight_microbatches(solution.schedule, s, stages, solution.microbatches);
+    if (!evaluator.allows_tp(solution.boundaries[s], solution.boundaries[s + 1], solution.tp_of(s))) {
+      // A split whose stage its tensor-parallel degree cannot divide (cuts moved under a pinned degree): no plan.
+      StageCost refused;
+      refused.tp = solution.tp_of(s);
+      refused.h = refused.step_s = std::numeric_limits<double>::infinity();
+      refused.memory_bytes = std::numeric_limits<int64_t>::max();
+      fits = false;
+      solution.bottleneck_h = refused.h;
+      solution.costs.push_back(refused);
+      continue;
+    }
     StageCost c = evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
                                      solution.microbatches, flight, solution.recomputes(s),
-                                     links.empty() ? nullptr : &links[static_cast<size_t>(s)], solution.zero_of(s));
+                                     links.empty() ? nullptr : &links[static_cast<size_t>(s)], solution.zero_of(s),
+                                     solution.tp_of(s));
     if (c.memory_bytes > evaluator.cluster().usable_memory_bytes()) fits = false;
     solution.bottleneck_h = std::max(solution.bottleneck_h, c.h);
     solution.costs.push_back(c);
@@ -108,19 +124,28 @@ StageZero stage_zero_of(std::optional<int> option) {
   return {.stage = *option, .automatic = false};
 }
 
-std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zero) {
+std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zero, const std::vector<int>& tp_degrees) {
   std::vector<bool> recomputes;
   if (recompute != StageRecompute::kAll) recomputes.push_back(false);
   if (recompute != StageRecompute::kOff) recomputes.push_back(true);
   std::vector<StageVariant> variants;
-  for (bool rc : recomputes) {
-    if (!zero.automatic) {
-      variants.push_back({rc, zero.stage});
-      continue;
+  for (int tp : tp_degrees)
+    for (bool rc : recomputes) {
+      if (!zero.automatic) {
+        variants.push_back({rc, zero.stage, tp});
+        continue;
+      }
+      for (int z = 0; z <= kMaxZeroStage; ++z) variants.push_back({rc, z, tp});
     }
-    for (int z = 0; z <= kMaxZeroStage; ++z) variants.push_back({rc, z});
-  }
   return variants;
+}
+
+std::vector<int> tp_degrees(std::optional<int> pinned, const Cluster& cluster) {
+  if (pinned) return {*pinned};
+  std::vector<int> degrees;
+  for (int tp : kTpDegrees)
+    if (cluster.devices_per_node % tp == 0 && tp <= cluster.devices) degrees.push_back(tp);
+  return degrees;
 }
 
 StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
@@ -152,7 +177,9 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   }
   const size_t cands = candidates_.size();
   entries_ = (fixed_split ? k_ : (k_ + 1) * (k_ + 1)) * cands;
-  for (const StageVariant& v : stage_variants(options.recompute, zero_)) {
+  APART_CHECK(!options.tp_degrees.empty() && std::is_sorted(options.tp_degrees.begin(), options.tp_degrees.end()),
+              "tensor-parallel degrees");
+  for (const StageVariant& v : stage_variants(options.recompute, zero_, options.tp_degrees)) {
     VariantTable& table = variants_.emplace_back();
     table.variant = v;
     table.h.assign(entries_, std::numeric_limits<double>::infinity());
@@ -175,15 +202,29 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
   auto tabulate = [&](uint32_t first, uint32_t last, VariantTable& table) {
     const StageVariant v = table.variant;
+    if (v.tp > 1) {
+      // A degree the range's regions refuse never fits; where degree 1 is a choice too, one over a range without
+      // split work only adds devices (the same h on t× the devices), so the DP never needs it either.
+      const StageRange range = evaluator.range(first, last);
+      const bool split_work = range.tp.forward.at(1) > 0 || range.tp.backward.at(1) > 0 || range.tp.param_bytes > 0;
+      if (!tp_allows(range, v.tp) || (!split_work && options.tp_degrees.front() == 1)) {
+        for (size_t c = 0; c < cands; ++c) table.mem_base[index(first, last, c)] = std::numeric_limits<double>::infinity();
+        return;
+      }
+    }
     std::fill(evaluated.begin(), evaluated.end(), 0);
     auto cost = [&](size_t c) -> const StageCost& {
       if (!evaluated[c])
-        costs[c] = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, v.recompute, nullptr, v.zero);
+        costs[c] = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, v.recompute, nullptr, v.zero, v.tp);
       evaluated[c] = 1;
       return costs[c];
     };
-    size_t lo = 0, hi = cands;  // the first candidate that fits at the least in-flight count: in [lo, hi]
-    if (!fits(cost(0)))
+    // Candidates whose groups would need more devices than the cluster has are never evaluated: memory 0 (fits, so
+    // memory stays monotone for first_fitting) and h infinite.
+    size_t placeable = 0;
+    while (placeable < cands && candidates_[placeable] * v.tp <= devices_) ++placeable;
+    size_t lo = 0, hi = placeable;  // the first candidate that fits at the least in-flight count: in [lo, hi]
+    if (placeable > 0 && !fits(cost(0)))
       for (lo = 1; lo < hi;) {
         const size_t mid = (lo + hi) / 2;
         if (fits(cost(mid))) hi = mid; else lo = mid + 1;
@@ -196,10 +237,11 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
         table.mem_base[at] = std::numeric_limits<double>::infinity();  // h stays infinite
         continue;
       }
+      if (c >= placeable) continue;  // mem_base and mem_per_flight stay 0, h infinite
       const StageCost& e = cost(c);
-      table.h[at] = e.h;
       table.mem_base[at] = e.memory_static;
       table.mem_per_flight[at] = e.memory_per_in_flight;
+      table.h[at] = e.h;
       if (std::isfinite(e.h)) h_values_.push_back(e.h);
     }
   };
@@ -207,10 +249,15 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last) {
       for (VariantTable& table : variants_) tabulate(first, last, table);
       // A lower bound on h for every candidate and variant: the compute at the most replicas under ZeRO 0 (ZeRO
-      // only adds exposed collectives to forward and backward) and the first variant's recomputation.
-      least_compute_[first * (k_ + 1) + last] =
-          evaluator.evaluate(first, last, candidates_.back(), microbatches, 0, variants_.front().variant.recompute)
-              .compute_s;
+      // only adds exposed collectives to forward and backward) and the first variant's recomputation, the least
+      // over the tensor-parallel degrees the range allows.
+      double least = std::numeric_limits<double>::infinity();
+      for (int tp : options.tp_degrees)
+        if (evaluator.allows_tp(first, last, tp))
+          least = std::min(least, evaluator.evaluate(first, last, candidates_.back(), microbatches, 0,
+                                                     variants_.front().variant.recompute, nullptr, 0, tp)
+                                      .compute_s);
+      least_compute_[first * (k_ + 1) + last] = least;
     }
   const bool non_negative =
       std::all_of(h_values_.begin(), h_values_.end(), [](double h) { return h >= 0 && !std::signbit(h); });
@@ -270,13 +317,13 @@ int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, doub
     if (any < 0 || any >= starts[v]) return static_cast<int>(any);
     return variants_[v].first_h.find(base, static_cast<size_t>(starts[v]), limit);
   };
-  // A later variant (recomputation, a higher ZeRO stage) only where it lets the stage use fewer replicas (or fit at
-  // all) under the same limit.
+  // A later variant (a higher tensor-parallel degree, recomputation, a higher ZeRO stage) only where it lets the stage
+  // use fewer devices (or fit at all) under the same limit.
   int best = -1;
   *variant = 0;
   for (size_t v = 0; v < variants_.size(); ++v) {
     const int c = first_under(v);
-    if (c >= 0 && (best < 0 || c < best)) {
+    if (c >= 0 && (best < 0 || devices_of(c, v) < devices_of(best, static_cast<size_t>(*variant)))) {
       best = c;
       *variant = static_cast<int>(v);
     }
@@ -307,7 +354,7 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
       if (r == 0) {
         const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, &variant);
         if (c >= 0) {
-          best = candidates_[c];
+          best = devices_of(c, static_cast<size_t>(variant));
           best_last = static_cast<uint32_t>(k_);
           best_cand = c;
           best_variant = variant;
@@ -319,11 +366,13 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
           const int rest = t.devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
           const int32_t* starts = fitting_of(fitting, i, last);
-          const size_t fewest = static_cast<size_t>(*std::min_element(starts, starts + variants_.size()));
-          if (fewest >= candidates_.size() || rest + candidates_[fewest] >= best) continue;
+          int fewest = kNone;  // the fewest devices any variant fits in
+          for (size_t v = 0; v < variants_.size(); ++v)
+            if (static_cast<size_t>(starts[v]) < candidates_.size()) fewest = std::min(fewest, devices_of(starts[v], v));
+          if (fewest == kNone || rest + fewest >= best) continue;
           const int c = min_candidate(i, last, fitting, limit, t.under_limit, &variant);
           if (c < 0) continue;
-          const int total = rest + candidates_[c];
+          const int total = rest + devices_of(c, static_cast<size_t>(variant));
           if (total < best) {
             best = total;
             best_last = last;
@@ -437,6 +486,8 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
     }
     if (zero_.automatic)
       for (int v : chosen) solution.stage_zero.push_back(variants_[static_cast<size_t>(v)].variant.zero);
+    if (variants_.back().variant.tp > 1)
+      for (int v : chosen) solution.stage_tp.push_back(variants_[static_cast<size_t>(v)].variant.tp);
     const bool fits = evaluate_solution(evaluator_, solution);
     APART_CHECK(fits, "DP returned a split that does not fit memory");
     out[q] = std::move(solution);
@@ -455,16 +506,18 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
     StageVariant best_variant;
     StageCost best_cost;
     for (int s = 0; s < solution.stages; ++s) {
+      const int tp = solution.tp_of(s);
       auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
-      if (it == candidates_.end() || used - solution.replicas[s] + *it > devices_) continue;
-      // Per stage (where needed, --zero auto): the first variant in the DP's order that now fits; else the
-      // solution's own.
+      if (it == candidates_.end() || used + (*it - solution.replicas[s]) * tp > devices_) continue;
+      // Per stage (where needed, --zero auto): the first variant in the DP's order, at the stage's tensor-parallel
+      // degree, that now fits; else the solution's own.
       StageVariant variant = variants_.front().variant;
       StageCost c;
       for (const VariantTable& table : variants_) {
+        if (table.variant.tp != tp) continue;
         variant = table.variant;
         c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
-                                in_flight(s, solution.stages), variant.recompute, nullptr, variant.zero);
+                                in_flight(s, solution.stages), variant.recompute, nullptr, variant.zero, tp);
         if (c.memory_bytes <= memory_limit_) break;
       }
       if (c.memory_bytes > memory_limit_) continue;

@@ -40,21 +40,25 @@ struct StageSolution {
   std::vector<bool> stage_recompute; // per stage when the DP chose it per stage; empty: all = recompute
   int zero = 0;                      // ZeRO stage of every stage with replicas (unless stage_zero says per stage)
   std::vector<int> stage_zero;       // per stage when the DP chose it per stage (--zero auto); empty: all = zero
+  std::vector<int> stage_tp;         // per stage: tensor-parallel degree of each replica; empty: all 1
   std::vector<uint32_t> boundaries;  // S + 1 entries: 0 = b0 < b1 < … < bS = k; stage i is [b_i, b_{i+1})
-  std::vector<int> replicas;         // per stage
+  std::vector<int> replicas;         // per stage (each a tensor-parallel group of tp_of(stage) devices)
   std::vector<StageCost> costs;      // per stage
   double bottleneck_h = 0;           // the DP objective: max_i h_i
   PipelineEstimate estimate;         // the selection objective
-  int devices_used() const;
+  int devices_used() const;  // Σ replicas × tensor-parallel degree
   bool recomputes(int stage) const { return stage_recompute.empty() ? recompute : stage_recompute[stage]; }
   // The ZeRO stage stage `stage` runs: 0 on one replica (nothing to shard), else its own or the solution's.
   int zero_of(int stage) const;
   bool any_recompute() const;
+  int tp_of(int stage) const { return stage_tp.empty() ? 1 : stage_tp[static_cast<size_t>(stage)]; }
+  int devices_of(int stage) const { return replicas[static_cast<size_t>(stage)] * tp_of(stage); }
 };
 
 // Evaluates every stage of a fixed split with fixed replicas; fills costs, bottleneck and estimate.
 // `links`: per stage, the placed links (partition/placement.h); empty: the evaluator's layout assumption.
-// Returns false when a stage exceeds device memory.
+// Returns false when a stage exceeds device memory, or its blocks refuse its tensor-parallel degree (that stage's
+// cost is then infinite).
 bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
                        std::span<const StageLinks> links = {});
 
@@ -76,14 +80,21 @@ struct StageZero {
 // --zero's option (nullopt: auto) as a DP setting.
 StageZero stage_zero_of(std::optional<int> option);
 
-// One way a stage may run: with or without recomputation, under one ZeRO stage. The DP's per-stage choices.
+// One way a stage may run: with or without recomputation, under one ZeRO stage, each replica a tensor-parallel group
+// of `tp` devices. The DP's per-stage choices.
 struct StageVariant {
   bool recompute = false;
   int zero = 0;
+  int tp = 1;
 };
-// The variants a DP with these settings lets each stage choose from, in its tie-breaking order: without
-// recomputation first, and within that ZeRO 0, 1, 2, 3 (the cheaper in time first).
-std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zero);
+// The variants a DP with these settings lets each stage choose from, in its tie-breaking order: the lower
+// tensor-parallel degree first (`tp_degrees`, ascending), within that without recomputation first, and within that
+// ZeRO 0, 1, 2, 3 (the cheaper in time first).
+std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zero, const std::vector<int>& tp_degrees = {1});
+
+// The tensor-parallel degrees a search may give a stage: `pinned` (--tp T) alone, or (nullopt, --tp auto) each of
+// kTpDegrees that divides the node's devices (a TP group never straddles a node) and is at most the cluster's.
+std::vector<int> tp_degrees(std::optional<int> pinned, const Cluster& cluster);
 
 // What one StageDp solves for: everything but the stage count, which solve() takes.
 struct StageDpOptions {
@@ -91,6 +102,7 @@ struct StageDpOptions {
   Schedule schedule = Schedule::k1F1B;
   StageRecompute recompute = StageRecompute::kOff;
   StageZero zero = {};
+  std::vector<int> tp_degrees = {1};  // the tensor-parallel degrees each stage may choose among (ascending)
   std::optional<int> pinned_replicas = std::nullopt;  // every stage gets exactly this many replicas (--replicas)
   bool fixed_split = false;  // every block is a stage (baselines): only single-block ranges are tabulated
 };
@@ -131,6 +143,8 @@ class StageDp {
   // and variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().
   int min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit, std::vector<int32_t>& under_limit,
                     int* variant) const;
+  // Devices a stage takes at candidate c under variant v: replicas × its tensor-parallel degree.
+  int devices_of(int c, size_t v) const { return candidates_[static_cast<size_t>(c)] * variants_[v].variant.tp; }
   int first_fitting(size_t base, int64_t in_flight, const std::vector<double>& mem_base,
                     const std::vector<double>& per_flight) const;
   // Min devices for blocks [first, k) in `stages_left` stages when every h ≤ limit; fills choice tables.

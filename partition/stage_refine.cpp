@@ -118,9 +118,12 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
         WindowDpState best;
         for (const auto& [i, from] : state[s]) {
           if (i >= j) break;
+          if (!candidate.evaluator->allows_tp(static_cast<uint32_t>(i), static_cast<uint32_t>(j), coarse.tp_of(s)))
+            continue;
           const StageCost c = candidate.evaluator->evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j),
                                                            coarse.replicas[s], coarse.microbatches, flight,
-                                                           coarse.recompute, nullptr, coarse.zero_of(s));
+                                                           coarse.recompute, nullptr, coarse.zero_of(s),
+                                                           coarse.tp_of(s));
           if (c.memory_bytes > cluster.usable_memory_bytes()) continue;
           const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
           if (!best.reached || max_h < best.max_h || (max_h == best.max_h && sum_step < best.sum_step))
@@ -174,8 +177,14 @@ class ComponentRuns {
     bwd_fixed_.assign(n_ + 1, 0);
     bwd_ps_.assign(n_ + 1, 0);
     saved_ps_.assign(n_ + 1, 0);
+    tp_ps_.assign(n_ + 1, TpWork{});
+    tp_refusing_.assign(std::size(kTpDegrees) - 1, std::vector<uint32_t>(n_ + 1, 0));
     for (size_t c = 0; c < n_; ++c) {
       const BlockCost& b = atomic.components[c].cost;
+      tp_ps_[c + 1] = tp_ps_[c];
+      tp_ps_[c + 1] += b.tp;
+      for (size_t d = 0; d < tp_refusing_.size(); ++d)
+        tp_refusing_[d][c + 1] = tp_refusing_[d][c] + ((b.tp.refused >> d) & 1u);
       fwd_fixed_[c + 1] = fwd_fixed_[c] + b.forward.fixed_s;
       fwd_ps_[c + 1] = fwd_ps_[c] + b.forward.per_sample_s;
       bwd_fixed_[c + 1] = bwd_fixed_[c] + b.backward.fixed_s;
@@ -210,11 +219,15 @@ class ComponentRuns {
 
   size_t size() const { return n_; }
 
-  // Forward + backward (+ the recomputed forward) seconds of [i, j) at micro-batch u: StageCost::compute_s.
-  double compute_s(size_t i, size_t j, int64_t u, bool recompute) const {
+  // Forward + backward (+ the recomputed forward) seconds of [i, j) at micro-batch u on one device of a
+  // tensor-parallel group of `tp`: StageCost::compute_s less the group's collectives, a lower bound on it that also
+  // grows with the run.
+  double compute_s(size_t i, size_t j, int64_t u, bool recompute, int tp) const {
     const double uu = static_cast<double>(u);
-    const double forward = (fwd_fixed_[j] - fwd_fixed_[i]) + (fwd_ps_[j] - fwd_ps_[i]) * uu;
-    double backward = (bwd_fixed_[j] - bwd_fixed_[i]) + (bwd_ps_[j] - bwd_ps_[i]) * uu;
+    const double forward = tp_device_time((fwd_fixed_[j] - fwd_fixed_[i]) + (fwd_ps_[j] - fwd_ps_[i]) * uu,
+                                          tp_share(i, j, true, uu), tp);
+    double backward = tp_device_time((bwd_fixed_[j] - bwd_fixed_[i]) + (bwd_ps_[j] - bwd_ps_[i]) * uu,
+                                     tp_share(i, j, false, uu), tp);
     if (recompute) backward += forward;
     return forward + backward;
   }
@@ -265,8 +278,7 @@ class ComponentRuns {
     }
   }
 
-  // The sums stage_cost takes for [i, j); i and j must have been prepared. The tensor-parallel shares stay 0: the
-  // cut search evaluates degree 1 only (as the stage DP does, for now).
+  // The sums stage_cost takes for [i, j); i and j must have been prepared.
   StageRange range(size_t i, size_t j) const {
     StageRange r;
     r.forward = {fwd_fixed_[j] - fwd_fixed_[i], fwd_ps_[j] - fwd_ps_[i]};
@@ -289,6 +301,11 @@ class ComponentRuns {
     r.workspace_per_sample = std::max(ws_ps_[level][i], ws_ps_[level][j - width]);
     r.workspace_fixed = std::max(ws_fixed_[level][i], ws_fixed_[level][j - width]);
     r.largest_task_param_bytes = std::max(task_params_[level][i], task_params_[level][j - width]);
+    r.tp = tp_ps_[j];
+    r.tp -= tp_ps_[i];
+    r.tp.refused = 0;
+    for (size_t d = 0; d < tp_refusing_.size(); ++d)
+      if (tp_refusing_[d][j] > tp_refusing_[d][i]) r.tp.refused |= static_cast<uint8_t>(1u << d);
     return r;
   }
 
@@ -310,6 +327,14 @@ class ComponentRuns {
   std::vector<std::vector<double>> ws_ps_, ws_fixed_;  // sparse tables of range maxima
   std::vector<std::vector<int64_t>> task_params_;      // the same, of the largest task's weights (ZeRO-3)
   std::map<size_t, Cut> cuts_;
+  std::vector<TpWork> tp_ps_;                       // prefix sums of the components' tensor-parallel shares
+  std::vector<std::vector<uint32_t>> tp_refusing_;  // [degree index − 1][c]: components before c refusing it
+
+  double tp_share(size_t i, size_t j, bool forward, double u) const {
+    const WorkCurve& a = forward ? tp_ps_[i].forward : tp_ps_[i].backward;
+    const WorkCurve& b = forward ? tp_ps_[j].forward : tp_ps_[j].backward;
+    return (b.fixed_s - a.fixed_s) + (b.per_sample_s - a.per_sample_s) * u;
+  }
 };
 
 // What each stage of the split keeps from the coarse candidate.
@@ -317,6 +342,7 @@ struct StagePins {
   int replicas = 1;
   bool recompute = false;
   int zero = 0;
+  int tp = 1;
   int64_t microbatch = 1;  // per replica
   int64_t in_flight = 1;
   StageLinks links;
@@ -331,7 +357,7 @@ std::vector<size_t> latest_cuts(const ComponentRuns& runs, const std::vector<Sta
     const size_t lo = cut[s] + 1, hi = n - (stages - s - 1);  // every later stage keeps a component
     if (lo > hi) return {};
     if (s + 1 == stages) {
-      if (runs.compute_s(cut[s], n, pins[s].microbatch, pins[s].recompute) > limit) return {};
+      if (runs.compute_s(cut[s], n, pins[s].microbatch, pins[s].recompute, pins[s].tp) > limit) return {};
       cut[s + 1] = n;
       break;
     }
@@ -339,7 +365,7 @@ std::vector<size_t> latest_cuts(const ComponentRuns& runs, const std::vector<Sta
     size_t a = lo, b = hi + 1;  // first end past the limit lies in [a, b]
     while (a < b) {
       const size_t mid = (a + b) / 2;
-      if (runs.compute_s(cut[s], mid, pins[s].microbatch, pins[s].recompute) <= limit) a = mid + 1; else b = mid;
+      if (runs.compute_s(cut[s], mid, pins[s].microbatch, pins[s].recompute, pins[s].tp) <= limit) a = mid + 1; else b = mid;
     }
     if (a == lo) return {};  // not even one component fits
     cut[s + 1] = a - 1;
@@ -356,21 +382,21 @@ std::vector<size_t> earliest_cuts(const ComponentRuns& runs, const std::vector<S
     const size_t hi = cut[s + 1] - 1, lo = s;  // every earlier stage keeps a component
     if (lo > hi) return {};
     size_t a = lo, b = hi;  // the first start within the limit lies in [a, b]; hi always is
-    if (runs.compute_s(hi, cut[s + 1], pins[s].microbatch, pins[s].recompute) > limit) return {};
+    if (runs.compute_s(hi, cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp) > limit) return {};
     while (a < b) {
       const size_t mid = (a + b) / 2;
-      if (runs.compute_s(mid, cut[s + 1], pins[s].microbatch, pins[s].recompute) <= limit) b = mid; else a = mid + 1;
+      if (runs.compute_s(mid, cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp) <= limit) b = mid; else a = mid + 1;
     }
     cut[s] = a;
   }
-  if (runs.compute_s(0, cut[1], pins[0].microbatch, pins[0].recompute) > limit) return {};
+  if (runs.compute_s(0, cut[1], pins[0].microbatch, pins[0].recompute, pins[0].tp) > limit) return {};
   return cut;
 }
 
 double max_compute(const ComponentRuns& runs, const std::vector<StagePins>& pins, const std::vector<size_t>& cut) {
   double worst = 0;
   for (size_t s = 0; s < pins.size(); ++s)
-    worst = std::max(worst, runs.compute_s(cut[s], cut[s + 1], pins[s].microbatch, pins[s].recompute));
+    worst = std::max(worst, runs.compute_s(cut[s], cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp));
   return worst;
 }
 
@@ -425,9 +451,10 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
     p.replicas = coarse.replicas[s];
     p.recompute = coarse.recomputes(s);
     p.zero = coarse.zero_of(s);
+    p.tp = coarse.tp_of(s);
     p.microbatch = microbatch_size(training.global_batch, coarse.microbatches, p.replicas);
     p.in_flight = stage_in_flight_microbatches(coarse.schedule, s, stages, coarse.microbatches);
-    p.links = assumed_links(cluster, Layout::kStageMajor, p.replicas);
+    p.links = assumed_links(cluster, Layout::kStageMajor, p.replicas * p.tp);
   }
   const int64_t memory_limit = cluster.usable_memory_bytes();
 
@@ -472,9 +499,11 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
         const State& from = state[s][i - earliest[s]];
         if (!from.reached) continue;
         for (size_t j = std::max(i + 1, earliest[s + 1]); j <= latest[s + 1]; ++j) {
-          if (runs.compute_s(i, j, p.microbatch, p.recompute) > limit) break;  // and for every later end
-          const StageCost c = stage_cost(runs.range(i, j), p.replicas, coarse.microbatches, p.in_flight, p.recompute,
-                                         p.links, training, p.zero);
+          if (runs.compute_s(i, j, p.microbatch, p.recompute, p.tp) > limit) break;  // and for every later end
+          const StageRange range = runs.range(i, j);
+          if (!tp_allows(range, p.tp)) continue;
+          const StageCost c = stage_cost(range, p.replicas, coarse.microbatches, p.in_flight, p.recompute, p.links,
+                                         training, p.zero, p.tp);
           if (c.h > limit || c.memory_bytes > memory_limit) continue;
           const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
           State& to = state[s + 1][j - earliest[s + 1]];

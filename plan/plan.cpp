@@ -63,6 +63,7 @@ ordered options_json(const PlanOptions& o) {
   j["balance_cap"] = o.balance_cap;
   j["time_limit_s"] = o.time_limit_s;
   put(j, "zero", o.zero);
+  put(j, "tp", o.tp);
   return j;
 }
 
@@ -70,6 +71,7 @@ ordered stage_json(const PlanStageRecord& s) {
   ordered j;
   j["id"] = s.id;
   j["replicas"] = s.replicas;
+  if (s.tp > 1) j["tp"] = s.tp;  // absent = 1: plans without tensor parallelism read and write as before
   j["devices"] = s.devices;
   j["tasks"] = s.tasks;
   put(j, "batch_tasks", s.batch_tasks);
@@ -250,6 +252,7 @@ void read_options(const Readers& rs, const json& j, PlanDocument& plan) {
   o.balance_cap = l.optional_number(oj, p, "balance_cap", 1e6).value_or(0);
   o.time_limit_s = l.optional_seconds(oj, p, "time_limit_s").value_or(0);
   o.zero = l.optional_string(oj, p, "zero");
+  o.tp = l.optional_string(oj, p, "tp");
   plan.options = o;
 }
 
@@ -272,9 +275,13 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
     stage.id = static_cast<int>(r.optional_integer(st, p, "id", 0, limits::kMaxDevices).value_or(s));
     if (stage.id != s) r.fail(p + "id", "is " + std::to_string(stage.id) + ", expected " + std::to_string(s) + " (stages in order)");
     stage.replicas = static_cast<int>(r.integer(st, p, "replicas", 1, devices));
+    stage.tp = static_cast<int>(r.optional_integer(st, p, "tp", 1, kTpDegrees[std::size(kTpDegrees) - 1]).value_or(1));
+    if (std::find(std::begin(kTpDegrees), std::end(kTpDegrees), stage.tp) == std::end(kTpDegrees))
+      r.fail(p + "tp", "is " + std::to_string(stage.tp) + ", expected 1, 2, 4 or 8 (the tensor-parallel degree)");
     const json& dj = r.array(st, p, "devices");
-    if (static_cast<int>(dj.size()) != stage.replicas)
-      r.fail(p + "devices", "has " + std::to_string(dj.size()) + " entries, expected replicas = " + std::to_string(stage.replicas));
+    if (static_cast<int64_t>(dj.size()) != int64_t{stage.replicas} * stage.tp)
+      r.fail(p + "devices", "has " + std::to_string(dj.size()) + " entries, expected replicas × tp = " +
+                                std::to_string(stage.replicas) + " × " + std::to_string(stage.tp));
     for (size_t d = 0; d < dj.size(); ++d) {
       const std::string f = p + "devices[" + std::to_string(d) + "]";
       const int dev = static_cast<int>(r.integer_at(dj[d], f, 0, limits::kMaxDevices));
@@ -284,6 +291,15 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
       owner[static_cast<size_t>(dev)] = s;
       stage.devices.push_back(dev);
     }
+    // A tensor-parallel group (replica j: devices[j·tp, (j+1)·tp)) is devices of one node.
+    const int per_node = plan.cluster.devices_per_node.value_or(devices);
+    for (size_t g = 0; stage.tp > 1 && g < stage.devices.size(); g += static_cast<size_t>(stage.tp))
+      for (size_t d = g + 1; d < g + static_cast<size_t>(stage.tp); ++d)
+        if (stage.devices[d] / per_node != stage.devices[g] / per_node)
+          r.fail(p + "devices[" + std::to_string(d) + "]",
+                 "is device " + std::to_string(stage.devices[d]) + ", in another node (of " + std::to_string(per_node) +
+                     " devices) than device " + std::to_string(stage.devices[g]) + " of the same tensor-parallel group; "
+                     "a group's tp devices must share a node");
     if (st.contains("tasks")) {
       const json& tasks = r.array(st, p, "tasks");
       for (size_t k = 0; k < tasks.size(); ++k) {

@@ -63,6 +63,7 @@ struct PlanOptions {
   double balance_cap = 0;
   double time_limit_s = 0;
   std::optional<std::string> zero;  // --zero as given: "1".."3" or "auto"; absent: 0
+  std::optional<std::string> tp;    // --tp as given: "2".."8" or "auto"; absent: 1
 };
 
 struct PlanInput {
@@ -79,7 +80,10 @@ struct PlanOutput {
 struct PlanStageRecord {
   int id = 0;
   int replicas = 1;
-  std::vector<int> devices;
+  // Tensor-parallel degree (kTpDegrees): each replica is a group of tp devices of one node; absent in the file: 1.
+  // Its collectives and split work are already in forward_s and backward_s; memory and param_bytes are one device's.
+  int tp = 1;
+  std::vector<int> devices;  // replicas × tp, replica by replica (replica j: devices[j·tp, (j+1)·tp))
   std::vector<std::string> tasks;  // task names (graph/), topological order; constant tasks may repeat across stages
   std::optional<int64_t> batch_tasks;
   std::optional<int64_t> microbatch_size;  // samples per replica per micro-batch

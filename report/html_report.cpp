@@ -224,7 +224,7 @@ void card(std::ostringstream& out, const std::string& key, const std::string& va
 void summary_section(std::ostringstream& out, const ReportPlan& p, const sim::SimResult& r) {
   out << "<section id=\"summary\"><h2>Summary</h2><div class=\"cards\">\n";
   int devices_used = 0;
-  for (const ReportStage& s : p.stages) devices_used += s.replicas;
+  for (const ReportStage& s : p.stages) devices_used += static_cast<int>(s.devices.size());
   card(out, "predicted iteration", p.iteration_s > 0 ? format_seconds(p.iteration_s) : "not recorded",
        "partition's prediction (simulated)" + (p.pipeline_s ? " (pipeline " + format_seconds(*p.pipeline_s) + ")" : std::string()),
        "sum-iteration");
@@ -322,7 +322,8 @@ void layout_section(std::ostringstream& out, const ReportPlan& p) {
         << (s.id == p.bottleneck_stage ? " ★" : "") << "</td><td class=\"l\">" << esc(first) << "</td><td class=\"l\">"
         << esc(last) << "</td><td>" << s.tasks.size() << "</td><td>"
         << (s.param_bytes ? format_count(static_cast<double>(*s.param_bytes) / bytes_per_param) : std::string("-"))
-        << "</td><td>" << s.replicas << "</td><td class=\"l\">" << devices_text(s.devices) << "</td><td>"
+        << "</td><td>" << s.replicas << (s.tp > 1 ? " × TP-" + std::to_string(s.tp) : std::string())
+        << "</td><td class=\"l\">" << devices_text(s.devices) << "</td><td>"
         << format_seconds(s.forward_s) << "</td><td>" << format_seconds(s.backward_s)
         << (s.recompute ? " (recompute)" : "") << "</td><td>" << (s.allreduce_s > 0 ? format_seconds(s.allreduce_s) : std::string("–")) << "</td><td class=\"l\">";
     const double limit = static_cast<double>(p.device_memory_bytes);

@@ -65,6 +65,7 @@ void fill_plan_fields(const PlanDocument& d, ReportPlan& p) {
     ReportStage st;
     st.id = s.id;
     st.replicas = s.replicas;
+    st.tp = s.tp;
     st.devices = s.devices;
     st.tasks = s.tasks;
     st.batch_tasks = s.batch_tasks;

@@ -24,6 +24,7 @@ struct LayerRun {
 struct ReportStage {
   int id = 0;
   int replicas = 1;
+  int tp = 1;  // each replica a tensor-parallel group of tp devices
   std::vector<int> devices;
   std::vector<std::string> tasks;  // onnx node names, topological order
   std::optional<int64_t> batch_tasks;

@@ -215,6 +215,10 @@ int action_tag(const Action& action, const PlanDocument& plan) {
 // --- Each rank's actions ---------------------------------------------------------------------------------------
 
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
+  for (const PlanStageRecord& stage : plan.stages)
+    if (stage.tp > 1)
+      throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel (tp " + std::to_string(stage.tp) +
+                        "): the runtime does not execute tensor-parallel stages yet; re-plan with --tp 1");
   check_stage_devices(plan);
   if (plan.training.schedule == Schedule::kInterleaved)
     throw Unsupported("the plan's schedule is interleaved (virtual stages): the runtime executes gpipe and 1f1b plans"

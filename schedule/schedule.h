@@ -92,8 +92,8 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // with kAllReduce, every rank with kStep. Sends are non-blocking and receives blocking: check_schedule proves that
 // this never deadlocks. Receives before an op go by from_stage (gradients: to_stage), then peer rank; sends after it
 // likewise. InvalidArgument when `rank` is not in the plan or a stage has more replicas than a micro-batch has samples
-// (microbatch_samples); Unsupported for the interleaved schedule (device_op_order has it; the runtime does not yet)
-// and for plans whose tags would pass kMaxActionTag.
+// (microbatch_samples); Unsupported for the interleaved schedule (device_op_order has it; the runtime does not yet),
+// for tensor-parallel stages (tp > 1) and for plans whose tags would pass kMaxActionTag.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
 
 // Runs every rank's action list abstractly (actions[r]: rank r's; ranks the plan does not use must have none):

@@ -33,6 +33,7 @@ SimPlan sim_plan(const PlanDocument& document, const std::string& source) {
     SimStage stage;
     stage.id = s.id;
     stage.replicas = s.replicas;
+    stage.tp = s.tp;
     stage.devices = s.devices;
     stage.forward_s = s.forward_s;
     // plan.json's backward_s includes the recomputed forward (partition/stage_cost.cpp); the replay runs it apart.

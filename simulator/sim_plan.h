@@ -25,7 +25,8 @@ using SimOutput = PlanOutput;
 struct SimStage {
   int id = 0;
   int replicas = 1;
-  std::vector<int> devices;
+  int tp = 1;  // tensor-parallel degree (plan.json's stages[].tp): its collectives are in the times
+  std::vector<int> devices;  // replicas × tp
   double forward_s = 0;
   double backward_s = 0;  // without the recomputed forward (plan.json's backward_s includes it when recompute)
   bool recompute = false;

@@ -19,32 +19,39 @@ inline double fitting_h(const StageEvaluator& ev, const StageCost& cost) {
 
 // h of stage `stage` as blocks [first, last) with `replicas` replicas; infinity when it fits in no variant.
 using StageH = std::function<double(int stage, uint32_t first, uint32_t last, int replicas)>;
+// The same with each replica a tensor-parallel group of `tp` devices.
+using StageHAtDegree = std::function<double(int stage, uint32_t first, uint32_t last, int replicas, int tp)>;
 
-// Least max_i h over every split of ev's blocks into `stages` contiguous stages × every replica vector with
-// Σ ≤ devices and each ≤ the samples of a micro-batch (B / m); infinity when no stage assignment fits.
-inline double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, const StageH& stage_h) {
+// Least max_i h over every split of ev's blocks into `stages` contiguous stages × every per-stage (replicas sd,
+// degree t of `degrees`) with Σ sd·t ≤ devices and each sd ≤ the samples of a micro-batch (B / m); infinity when no
+// stage assignment fits.
+inline double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, const std::vector<int>& degrees,
+                                     const StageHAtDegree& stage_h) {
   const int k = static_cast<int>(ev.blocks());
   const int devices = ev.cluster().devices;
   const int64_t per_microbatch = ev.training().global_batch / m;
   double best = std::numeric_limits<double>::infinity();
   std::vector<uint32_t> bounds{0};
-  std::vector<int> replicas;
+  std::vector<int> replicas, tps;
   std::function<void(int, int)> place_replicas = [&](int s, int used) {
     if (s == stages) {
       double worst = 0;
       for (int i = 0; i < stages; ++i) {
-        const double h = stage_h(i, bounds[i], bounds[i + 1], replicas[i]);
+        const double h = stage_h(i, bounds[i], bounds[i + 1], replicas[i], tps[i]);
         if (std::isinf(h)) return;
         worst = std::max(worst, h);
       }
       best = std::min(best, worst);
       return;
     }
-    for (int sd = 1; used + sd + (stages - s - 1) <= devices && sd <= per_microbatch; ++sd) {
-      replicas.push_back(sd);
-      place_replicas(s + 1, used + sd);
-      replicas.pop_back();
-    }
+    for (int t : degrees)
+      for (int sd = 1; used + sd * t + (stages - s - 1) <= devices && sd <= per_microbatch; ++sd) {
+        replicas.push_back(sd);
+        tps.push_back(t);
+        place_replicas(s + 1, used + sd * t);
+        replicas.pop_back();
+        tps.pop_back();
+      }
   };
   std::function<void(int)> split = [&](int s) {
     if (s == stages - 1) {
@@ -61,6 +68,13 @@ inline double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64
   };
   split(0);
   return best;
+}
+
+// Every replica one device (degree 1).
+inline double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, const StageH& stage_h) {
+  return brute_force_bottleneck(ev, stages, m, {1}, [&](int s, uint32_t first, uint32_t last, int replicas, int) {
+    return stage_h(s, first, last, replicas);
+  });
 }
 
 }  // namespace apart::testing

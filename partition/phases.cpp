@@ -460,6 +460,11 @@ CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOpti
   if (pd.split.replicas.empty()) return found;
   const int stages = static_cast<int>(pd.split.replicas.size());
   if (o.stage.stages && *o.stage.stages != stages) return found;
+  // PipeDream chooses its own replica counts, each replica one device: nothing to offer under those pins.
+  if (o.stage.replicas && std::any_of(pd.split.replicas.begin(), pd.split.replicas.end(),
+                                      [&](int r) { return r != *o.stage.replicas; }))
+    return found;
+  if (o.stage.tp.value_or(1) != 1) return found;
   const Split split = make_split(atomic, std::move(pd.layers), o, "pipedream");
   StageSolutions evaluated;
   for (Schedule schedule : grid.schedules)

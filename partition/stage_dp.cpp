@@ -288,23 +288,28 @@ int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double
 StageDp::Fitting& StageDp::fitting_starts(int64_t flight) const {
   for (Fitting& f : fitting_)
     if (f.flight == flight) return f;
-  // One entry per stored range (index() / candidates) and variant, found on first use.
+  // Per stored range (index() / candidates): one entry per variant and the fewest devices, found on first use.
   const size_t cands = candidates_.size();
-  fitting_.push_back({flight, std::vector<int32_t>(cands == 0 ? 0 : variants_.size() * (entries_ / cands), kUnknown)});
+  fitting_.push_back({flight, std::vector<int32_t>(cands == 0 ? 0 : (variants_.size() + 1) * (entries_ / cands), kUnknown)});
   return fitting_.back();
 }
 
 const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const {
   const size_t base = index(first, last, 0);
-  int32_t* starts = &fitting.starts[variants_.size() * (base / candidates_.size())];
-  if (starts[0] == kUnknown)
-    for (size_t v = 0; v < variants_.size(); ++v)
+  int32_t* starts = &fitting.starts[(variants_.size() + 1) * (base / candidates_.size())];
+  if (starts[0] == kUnknown) {
+    int32_t fewest = kNone;  // the fewest devices any variant fits in, after the variants' starts
+    for (size_t v = 0; v < variants_.size(); ++v) {
       starts[v] = first_fitting(base, fitting.flight, variants_[v].mem_base, variants_[v].mem_per_flight);
+      if (static_cast<size_t>(starts[v]) < candidates_.size()) fewest = std::min(fewest, devices_of(starts[v], v));
+    }
+    starts[variants_.size()] = fewest;
+  }
   return starts;
 }
 
 int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit,
-                           std::vector<int32_t>& under_limit, int* variant) const {
+                           std::vector<int32_t>& under_limit, int device_cap, int* variant) const {
   const size_t base = index(first, last, 0);
   const size_t range = variants_.size() * (base / candidates_.size());
   const int32_t* starts = fitting_of(fitting, first, last);
@@ -319,11 +324,15 @@ int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, doub
   };
   // A later variant (a higher tensor-parallel degree, recomputation, a higher ZeRO stage) only where it lets the stage
   // use fewer devices (or fit at all) under the same limit.
+  // Only fewer devices than `device_cap`, and than the best so far, count: a variant whose first fitting candidate
+  // already takes as many is not searched.
   int best = -1;
   *variant = 0;
   for (size_t v = 0; v < variants_.size(); ++v) {
+    const int cap = best < 0 ? device_cap : devices_of(best, static_cast<size_t>(*variant));
+    if (static_cast<size_t>(starts[v]) >= candidates_.size() || devices_of(starts[v], v) >= cap) continue;
     const int c = first_under(v);
-    if (c >= 0 && (best < 0 || devices_of(c, v) < devices_of(best, static_cast<size_t>(*variant)))) {
+    if (c >= 0 && devices_of(c, v) < cap) {
       best = c;
       *variant = static_cast<int>(v);
     }
@@ -352,7 +361,7 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
       int best_cand = -1;
       int best_variant = 0, variant = 0;
       if (r == 0) {
-        const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, &variant);
+        const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, devices_ + 1, &variant);
         if (c >= 0) {
           best = devices_of(c, static_cast<size_t>(variant));
           best_last = static_cast<uint32_t>(k_);
@@ -365,12 +374,9 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
           if (least_compute_[i * n + last] > limit) break;
           const int rest = t.devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
-          const int32_t* starts = fitting_of(fitting, i, last);
-          int fewest = kNone;  // the fewest devices any variant fits in
-          for (size_t v = 0; v < variants_.size(); ++v)
-            if (static_cast<size_t>(starts[v]) < candidates_.size()) fewest = std::min(fewest, devices_of(starts[v], v));
+          const int fewest = fitting_of(fitting, i, last)[variants_.size()];  // devices any variant fits in
           if (fewest == kNone || rest + fewest >= best) continue;
-          const int c = min_candidate(i, last, fitting, limit, t.under_limit, &variant);
+          const int c = min_candidate(i, last, fitting, limit, t.under_limit, best - rest, &variant);
           if (c < 0) continue;
           const int total = rest + devices_of(c, static_cast<size_t>(variant));
           if (total < best) {

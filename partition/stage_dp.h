@@ -134,15 +134,16 @@ class StageDp {
   static constexpr int32_t kUnknown = -2;
   struct Fitting {
     int64_t flight;
-    std::vector<int32_t> starts;
+    std::vector<int32_t> starts;  // per stored range: each variant's first fitting candidate, then the fewest devices
   };
   Fitting& fitting_starts(int64_t in_flight) const;
   const int32_t* fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const;
   // Least candidate index whose memory fits and h ≤ limit, or -1; *variant: the variant (index into variants_)
   // that gives it, the first in order on ties. `fitting`: the stage's in-flight count's; `under_limit`: per range
   // and variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().
+  // Only candidates on fewer than `device_cap` devices are looked for (-1 when none).
   int min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit, std::vector<int32_t>& under_limit,
-                    int* variant) const;
+                    int device_cap, int* variant) const;
   // Devices a stage takes at candidate c under variant v: replicas × its tensor-parallel degree.
   int devices_of(int c, size_t v) const { return candidates_[static_cast<size_t>(c)] * variants_[v].variant.tp; }
   int first_fitting(size_t base, int64_t in_flight, const std::vector<double>& mem_base,

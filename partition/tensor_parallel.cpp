@@ -685,8 +685,13 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
       } else {
         region.end_bytes_per_sample = static_cast<double>(end.bytes) / batch;
       }
+      // A vocabulary split takes every degree: Megatron-LM pads the table to a multiple of it
+      // (--make-vocab-size-divisible-by), each rank holding ⌈V/t⌉ rows; costed as V/t (the padding is < t rows).
+      const bool vocabulary = region.kind == TpRegionKind::kEmbedding || region.kind == TpRegionKind::kLmHead;
+      if (vocabulary && region.split_units % kTpDegrees[std::size(kTpDegrees) - 1] != 0)
+        region.bounded_by += ", padded to a multiple of the degree";
       for (int d : kTpDegrees)
-        if (region.split_units > 0 && region.split_units % d == 0) region.degrees.push_back(d);
+        if (region.split_units > 0 && (vocabulary || region.split_units % d == 0)) region.degrees.push_back(d);
       const size_t index = result.regions.size();
       for (TaskId t : gr.tasks) {
         result.roles[t.value()] = pass.role[t.value()];

@@ -89,7 +89,7 @@ struct TpRegion {
   double end_bytes_per_sample = 0;
   int64_t split_units = 0;            // gcd of every split axis's size in the region: what a degree must divide
   std::string bounded_by;             // what split_units counts: "12 heads", "3072 ffn features", "50257 vocabulary rows"
-  std::vector<int> degrees;           // the kTpDegrees dividing split_units (1 always)
+  std::vector<int> degrees;           // the kTpDegrees dividing split_units (1 always; a vocabulary: all, padded)
   int64_t heads = 0;                  // attention: the heads the score MatMul runs over
   // Params and constants read sliced along the split axis (a column linear's bias, T5's position bias).
   std::vector<ValueId> sliced_inputs;

@@ -141,6 +141,59 @@ TEST(ApartPartition, FindsAFasterPlanWithZeroAutoWhereDataParallelismDoesNotFit)
   EXPECT_EQ(simulated.code, 0) << simulated.out;
 }
 
+// A 2.8B-parameter GPT on 8 × A100-40GB (one node): its state does not fit one device, so without tensor
+// parallelism it must pipeline; --tp auto may split stages across devices of the node instead, and --tp 8 --pp 1
+// --dp 1 pins Megatron's configuration.
+TEST(ApartPartition, SplitsStagesTensorParallelUnderTpAutoAndPinsTpPpDp) {
+  TempDir dir;
+  const std::string model = (dir / "gpt.onnx").string();
+  ASSERT_EQ(run_apart("zoo gpt --layers 8 --hidden 5120 --heads 40 --seq 1024 --vocab 50257 -q -o " + model).code, 0);
+  const std::string flags = " --devices 8 --device a100-40gb --batch 64 --precision mixed --no-stage-models -q";
+  auto plain = run_apart("partition " + model + flags + " -o " + (dir / "tp1").string());
+  auto searched = run_apart("partition " + model + flags + " --tp auto -o " + (dir / "auto").string());
+  auto pinned = run_apart("partition " + model + flags + " --tp 8 --pp 1 --dp 1 -o " + (dir / "pinned").string());
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  ASSERT_EQ(searched.code, 0) << searched.out;
+  ASSERT_EQ(pinned.code, 0) << pinned.out;
+  const auto p1 = nlohmann::json::parse(read_file(dir / "tp1" / "plan.json"));
+  const auto pa = nlohmann::json::parse(read_file(dir / "auto" / "plan.json"));
+  const auto pp = nlohmann::json::parse(read_file(dir / "pinned" / "plan.json"));
+  for (const auto& st : p1["stages"]) EXPECT_FALSE(st.contains("tp"));
+  int split = 0;
+  for (const auto& st : pa["stages"]) {
+    const int tp = st.value("tp", 1);
+    split += tp > 1;
+    EXPECT_EQ(st["devices"].size(), static_cast<size_t>(st["replicas"].get<int>() * tp));
+  }
+  EXPECT_GT(split, 0) << pa.dump(1);
+  EXPECT_EQ(pa["options"]["tp"], "auto");
+  const double t1 = p1["predicted"]["iteration_s"], ta = pa["predicted"]["iteration_s"];
+  EXPECT_LT(ta, t1) << "--tp auto " << ta << " s vs --tp 1 " << t1 << " s";
+  ASSERT_EQ(pp["stages"].size(), 1u);
+  EXPECT_EQ(pp["stages"][0]["tp"], 8);
+  EXPECT_EQ(pp["stages"][0]["replicas"], 1);
+  EXPECT_EQ(pp["stages"][0]["devices"], nlohmann::json::array({0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_NE(read_file(dir / "pinned" / "report.txt").find("TP-8"), std::string::npos);
+  EXPECT_LE(ta, pp["predicted"]["iteration_s"].get<double>() * (1 + 1e-9)) << "the search never loses to a pin";
+  // The simulator reads the plan; the runtime refuses it, saying why.
+  EXPECT_EQ(run_apart("simulate " + (dir / "auto").string()).code, 0);
+  auto run = run_apart("run " + (dir / "pinned").string() + " --in-process --steps 1");
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.out.find("tensor-parallel"), std::string::npos) << run.out;
+}
+
+TEST(ApartPartition, RefusesATensorParallelDegreeThatDoesNotDivideTheNode) {
+  TempDir dir;
+  const std::string model = apart::testing::write_tiny_mlp(dir / "mlp.onnx");
+  auto r = run_apart("partition " + model + " --devices 6 --devices-per-node 6 --batch 8 --tp 4 -o " + (dir / "p").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--tp 4"), std::string::npos) << r.out;
+  r = run_apart("partition " + model + " --devices 8 --batch 8 --tp 3 -o " + (dir / "p").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("expected 1, 2, 4, 8 or auto"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "p"));
+}
+
 TEST(ApartPartition, RefusesZeroOnStagesPinnedToOneReplica) {
   TempDir dir;
   const std::string model = apart::testing::write_tiny_mlp(dir / "mlp.onnx");

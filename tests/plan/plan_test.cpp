@@ -123,6 +123,39 @@ TEST(APlanReader, ReadsAStagesZeroStageAndWritesItBack) {
   }
 }
 
+TEST(APlanReader, ReadsAStagesTensorParallelDegreeWithReplicasTimesDegreeDevicesAndWritesItBack) {
+  json j = one_stage_plan(8);  // 8 devices, one node (devices_per_node absent or ≥ 8 in the golden)
+  j["cluster"]["devices_per_node"] = 8;
+  EXPECT_EQ(plan_from_json(j).stages[0].tp, 1) << "absent: 1";
+  EXPECT_FALSE(plan_to_json(plan_from_json(j))["stages"][0].contains("tp")) << "1 is not written";
+  for (int tp : {2, 4, 8}) {
+    j["stages"][0]["tp"] = tp;
+    j["stages"][0]["replicas"] = 8 / tp;
+    const PlanDocument plan = plan_from_json(j);
+    EXPECT_EQ(plan.stages[0].tp, tp);
+    EXPECT_EQ(plan.stages[0].replicas, 8 / tp);
+    EXPECT_EQ(plan_to_json(plan)["stages"][0]["tp"], tp);
+  }
+}
+
+TEST(APlanReader, RefusesADegreeOutsideOneTwoFourEightADeviceCountOtherThanReplicasTimesDegreeAndAGroupAcrossNodes) {
+  json j = one_stage_plan(8);
+  j["cluster"]["devices_per_node"] = 4;
+  j["stages"][0]["replicas"] = 2;
+  j["stages"][0]["tp"] = 3;
+  EXPECT_NE(error_of(j).find("stages[0].tp is 3"), std::string::npos) << error_of(j);
+  j["stages"][0]["tp"] = 16;
+  EXPECT_NE(error_of(j).find("stages[0].tp"), std::string::npos) << error_of(j);
+  j["stages"][0]["tp"] = 2;  // 2 × 2 = 4 devices, 8 listed
+  EXPECT_NE(error_of(j).find("expected replicas × tp = 2 × 2"), std::string::npos) << error_of(j);
+  j["stages"][0]["tp"] = 4;
+  EXPECT_EQ(error_of(j), "no error");  // groups 0-3 and 4-7, one node each
+  j["stages"][0]["devices"] = json::array({0, 1, 2, 4, 3, 5, 6, 7});  // group 0 holds device 4 of the next node
+  const std::string message = error_of(j);
+  EXPECT_NE(message.find("stages[0].devices[3]"), std::string::npos) << message;
+  EXPECT_NE(message.find("must share a node"), std::string::npos) << message;
+}
+
 TEST(APlanReader, RefusesAZeroStageOutOfRangeOrOnAOneReplicaStage) {
   json j = one_stage_plan(4);
   j["stages"][0]["zero"] = 4;

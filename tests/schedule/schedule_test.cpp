@@ -155,6 +155,19 @@ TEST(RankActions, RefuseTheInterleavedScheduleForNow) {
   EXPECT_THROW(rank_actions(plan, 0), Unsupported);
 }
 
+TEST(RankActions, RefuseATensorParallelStageNamingItForNow) {
+  PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::k1F1B);
+  plan.stages[1].tp = 2;
+  plan.stages[1].devices = {1, 2};
+  plan.cluster.devices = 3;
+  try {
+    rank_actions(plan, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 1 is tensor-parallel"), std::string::npos) << e.what();
+  }
+}
+
 // --- Exact lists on hand-built plans ------------------------------------------------------------------------------
 
 TEST(RankActions, RunEveryMicrobatchOnBothReplicasOfOneStageThenAllReduce) {

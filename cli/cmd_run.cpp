@@ -161,8 +161,7 @@ void run_command(const RunArgs& a) {
     return;
   }
   const PlanDocument plan = read_plan(a.plan);
-  int devices = 0;
-  for (const auto& stage : plan.stages) devices += static_cast<int>(stage.devices.size());
+  const int devices = plan_devices(plan);
   if (devices > 1 && !a.in_process)
     throw InvalidArgument("the plan " + a.plan + " runs on " + std::to_string(devices) + " processes: launch it with mpirun -np " +
                           std::to_string(devices) + " apart run " + a.plan + " (or pass --in-process to run its ranks as "

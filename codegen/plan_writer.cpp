@@ -163,12 +163,9 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
                   s.id == bottleneck ? "  ← bottleneck" : "");
     r << line;
   }
-  int used = 0;
+  const int used = plan_devices(plan);
   int split = 0;  // stages with tensor-parallel groups
-  for (const PlanStageRecord& s : plan.stages) {
-    used += static_cast<int>(s.devices.size());
-    split += s.tp > 1 ? 1 : 0;
-  }
+  for (const PlanStageRecord& s : plan.stages) split += s.tp > 1 ? 1 : 0;
   r << "\n";
   r << "predicted iteration  " << format_seconds(iteration_s) << "   (simulated: pipeline "
     << format_seconds(predicted.pipeline_s.value_or(0)) << ", then all-reduce and optimizer step; analytic estimate "

@@ -444,6 +444,12 @@ void read_tensor_parallel(const Readers& rs, const json& j, PlanDocument& plan) 
 
 }  // namespace
 
+int plan_devices(const PlanDocument& plan) {
+  int devices = 0;
+  for (const PlanStageRecord& stage : plan.stages) devices += static_cast<int>(stage.devices.size());
+  return devices;
+}
+
 PlanDocument plan_from_json(const json& j, const std::string& source) {
   const Readers rs(source);
   const JsonReader& r = rs.strict;

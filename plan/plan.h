@@ -159,6 +159,9 @@ struct PlanDocument {
   std::optional<PlanTensorParallel> tensor_parallel;  // absent in plans before it
 };
 
+// Devices (processes) the plan runs on: Σ over stages of replicas × tp, the length of every stages[k].devices.
+int plan_devices(const PlanDocument& plan);
+
 // "off", "on" (every stage) or "3 of 8 stages" (recomputation where a stage needs it).
 std::string recompute_summary(const PlanDocument& plan);
 

@@ -106,8 +106,8 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
   s.plan = read_plan(options.plan);
   s.plan_dir = fs::is_directory(options.plan) ? fs::path(options.plan) : fs::path(options.plan).parent_path();
   const PlanDocument& plan = s.plan;
-  int devices = 0;
-  for (const auto& stage : plan.stages) devices += stage.replicas;
+  check_executable(plan);  // before the stage files: a plan the runtime cannot run says so first
+  const int devices = plan_devices(plan);
   if (devices != world)
     throw InvalidArgument("the plan " + options.plan + " runs on " + std::to_string(devices) + " processes (" +
                           std::to_string(plan.stages.size()) + " stages); this run has " + std::to_string(world) +

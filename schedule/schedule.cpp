@@ -214,15 +214,19 @@ int action_tag(const Action& action, const PlanDocument& plan) {
 
 // --- Each rank's actions ---------------------------------------------------------------------------------------
 
-std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
+void check_executable(const PlanDocument& plan) {
   for (const PlanStageRecord& stage : plan.stages)
     if (stage.tp > 1)
       throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel (tp " + std::to_string(stage.tp) +
                         "): the runtime does not execute tensor-parallel stages yet; re-plan with --tp 1");
-  check_stage_devices(plan);
   if (plan.training.schedule == Schedule::kInterleaved)
     throw Unsupported("the plan's schedule is interleaved (virtual stages): the runtime executes gpipe and 1f1b plans"
                       " only; re-plan with --schedule 1f1b");
+}
+
+std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
+  check_executable(plan);
+  check_stage_devices(plan);
   const RankRole role = rank_role(plan, rank);
   const StageEdges graph(plan);
   const int64_t samples = microbatch_samples(plan);

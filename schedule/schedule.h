@@ -95,6 +95,9 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // (microbatch_samples); Unsupported for the interleaved schedule (device_op_order has it; the runtime does not yet),
 // for tensor-parallel stages (tp > 1) and for plans whose tags would pass kMaxActionTag.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
+// What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming a tensor-parallel
+// stage or the interleaved schedule; nothing otherwise.
+void check_executable(const PlanDocument& plan);
 
 // Runs every rank's action list abstractly (actions[r]: rank r's; ranks the plan does not use must have none):
 // sends post a message on a (src, dst, tag) queue, receives block until one is there and must match it exactly

@@ -30,6 +30,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
   t.microbatches = plan.microbatches;
   t.microbatch_size = plan.microbatch_size;
   t.schedule = plan.schedule;
+  if (plan.schedule == Schedule::kInterleaved) t.virtual_stages = plan.virtual_stages;
   t.optimizer = o.training.optimizer;
   t.precision = o.training.precision;
   t.recompute = plan.recompute;

@@ -163,12 +163,12 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
 }
 
 StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches,
-                                   int64_t in_flight, bool recompute, const StageLinks* placed, int zero) const {
+                                   double in_flight, bool recompute, const StageLinks* placed, int zero) const {
   return stage_cost(range(first, last), replicas, microbatches, in_flight, recompute,
                     placed ? *placed : assumed_links(replicas), training_, zero);
 }
 
-StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
+StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight, bool recompute,
                      const StageLinks& links, const TrainingSpec& training, int zero, int tp) {
   if (!tp_allows(range, tp))
     throw InvalidArgument("tensor-parallel degree " + std::to_string(tp) + " is not one the stage's regions allow "
@@ -263,30 +263,43 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   // With recomputation only the stage's inputs stay per micro-batch; one micro-batch is rebuilt at a time.
   c.memory_static = state + workspace + workspace_gathered + (recompute ? saved : 0.0);
   c.memory_per_in_flight = recompute ? c.in_bytes : saved;
-  c.memory_bytes = saturated_bytes(c.memory_static + static_cast<double>(in_flight) * c.memory_per_in_flight);
+  c.memory_bytes = saturated_bytes(c.memory_static + in_flight * c.memory_per_in_flight);
   return c;
 }
 
 PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches,
-                                         Schedule schedule) {
+                                         Schedule schedule, int chunks) {
   // GPipe and 1F1B have the same critical path in this model: fill (Σ steps) + (m − 1) bottleneck
   // steps; they differ in memory only. A discrete-event simulator can replace this function.
+  APART_CHECK(chunks >= 1 && (chunks == 1 || schedule == Schedule::kInterleaved), "only interleaving runs chunks");
+  const bool interleaved = schedule == Schedule::kInterleaved;
+  const size_t count = stages.size();
+  // Interleaved: the wrap from the last device to the first carries the last boundary (simulate.cpp's rule), both
+  // ways, as the last stage's own input transfers do.
+  const double wrap_s = interleaved && count > 1 ? stages[count - 1].comm_s : 0.0;
+  auto device_step = [&](size_t s) {
+    if (!interleaved) return stages[s].step_s;
+    const double more = static_cast<double>(chunks - 1);
+    return stages[s].step_s + more * stages[s].comm_s + ((s == 0 || s + 1 == count) ? more * wrap_s : 0.0);
+  };
   PipelineEstimate e;
   double max_step = 0, sum_steps = 0, max_allreduce = 0, max_optimizer = 0;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    sum_steps += stages[s].step_s;
+  for (size_t s = 0; s < count; ++s) {
+    const double step = device_step(s);
+    sum_steps += step;
     max_allreduce = std::max(max_allreduce, stages[s].allreduce_exposed_s);
     max_optimizer = std::max(max_optimizer, stages[s].optimizer_s);
-    if (stages[s].step_s > max_step) {
-      max_step = stages[s].step_s;
+    if (step > max_step) {
+      max_step = step;
       e.bottleneck_stage = static_cast<int>(s);
     }
   }
-  e.pipeline_s = static_cast<double>(microbatches - 1) * max_step + sum_steps;
-  e.iteration_s = e.pipeline_s + max_allreduce + max_optimizer;
   const double busy = static_cast<double>(microbatches) * max_step;
+  // Interleaving (Narayanan et al., SC'21 §2.2): the fill and drain run chunks of 1/v of each stage.
+  e.pipeline_s = interleaved ? busy + (sum_steps - max_step) / static_cast<double>(chunks)
+                             : static_cast<double>(microbatches - 1) * max_step + sum_steps;
+  e.iteration_s = e.pipeline_s + max_allreduce + max_optimizer;
   e.bubble_fraction = e.pipeline_s > 0 ? 1.0 - busy / e.pipeline_s : 0.0;
-  (void)schedule;
   return e;
 }
 

@@ -78,7 +78,7 @@ bool tp_allows(const StageRange& range, int tp);
 // runs as stage 0). `tp`: each replica is a tensor-parallel group of `tp` devices (1, 2, 4 or 8, one tp_allows;
 // InvalidArgument otherwise): the split tasks' work, saved bytes and weights divide by it, and the regions'
 // all-reduces run over links.tensor inside the forward and backward (docs/cost-model.md "Tensor parallelism").
-StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
+StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight, bool recompute,
                      const StageLinks& links, const TrainingSpec& training, int zero = 0, int tp = 1);
 // The links `layout` assumes for a stage with `replicas` replicas before devices are placed (see Layout).
 StageLinks assumed_links(const Cluster& cluster, Layout layout, int replicas);
@@ -92,10 +92,10 @@ class StageEvaluator {
                  Layout layout = Layout::kStageMajor);
 
   size_t blocks() const { return k_; }
-  // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches whose
-  // activations the stage keeps (profiler's stage_in_flight_microbatches).
+  // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches' activations
+  // the stage keeps (profiler's stage_in_flight_activations: a fraction under interleaving).
   // `links`: the placed stage's links; without, the ones the layout assumes (see Layout). `zero`: stage_cost's.
-  StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, int64_t in_flight,
+  StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, double in_flight,
                      bool recompute, const StageLinks* links = nullptr, int zero = 0) const;
   // The sums stage_cost takes for blocks [first, last).
   StageRange range(uint32_t first, uint32_t last) const;
@@ -126,15 +126,19 @@ class StageEvaluator {
   std::vector<std::vector<uint32_t>> tp_refusing_;  // [degree index − 1][b]: blocks before b refusing that degree
 };
 
-// The analytic pipeline estimate, in one place so a simulator can replace it:
+// The analytic pipeline estimate, in one place so a simulator can replace it (docs/cost-model.md, "Pipeline"):
 // (m − 1) · max step + Σ steps + max exposed all-reduce + max optimizer step (the stages' replicas all-reduce, then
-// step, concurrently at the end).
+// step, concurrently at the end). Interleaved with `chunks` = v: each device's step grows by the transfers its
+// chunks add (v − 1 more of its own, and on the first and last device the v − 1 wraps from the last device to the
+// first, each carrying the last stage boundary's bytes as the simulator's do), and the fill shrinks v-fold:
+// m · max step + (Σ steps − max step) / v, the bubble (p − 1)/(v · m) of the bottleneck on equal stages.
 struct PipelineEstimate {
   double iteration_s = 0;
   double pipeline_s = 0;      // without all-reduce
   double bubble_fraction = 0; // idle share of the bottleneck stage's devices during the pipeline
   int bottleneck_stage = 0;
 };
-PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule);
+PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule,
+                                         int chunks = 1);
 
 }  // namespace apart

@@ -113,7 +113,8 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
     std::vector<std::map<size_t, WindowDpState>> state(stages + 1);
     state[0][0] = WindowDpState{0, 0, 0, true};
     for (int s = 0; s < stages; ++s) {
-      const int64_t flight = stage_in_flight_microbatches(coarse.schedule, s, stages, coarse.microbatches);
+      const double flight =
+          stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
       for (size_t j : allowed[s + 1]) {
         WindowDpState best;
         for (const auto& [i, from] : state[s]) {
@@ -318,7 +319,7 @@ struct StagePins {
   bool recompute = false;
   int zero = 0;
   int64_t microbatch = 1;  // per replica
-  int64_t in_flight = 1;
+  double in_flight = 1;  // stage_in_flight_activations
   StageLinks links;
 };
 
@@ -426,7 +427,7 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
     p.recompute = coarse.recomputes(s);
     p.zero = coarse.zero_of(s);
     p.microbatch = microbatch_size(training.global_batch, coarse.microbatches, p.replicas);
-    p.in_flight = stage_in_flight_microbatches(coarse.schedule, s, stages, coarse.microbatches);
+    p.in_flight = stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
     p.links = assumed_links(cluster, Layout::kStageMajor, p.replicas);
   }
   const int64_t memory_limit = cluster.usable_memory_bytes();

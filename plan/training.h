@@ -9,8 +9,12 @@
 namespace apart {
 
 // GPipe: all forwards, then all backwards. 1F1B: PipeDream-Flush. Interleaved: Megatron-LM's interleaved 1F1B
-// (virtual stages); the simulator runs it, the planner plans gpipe and 1f1b.
+// (virtual stages: each plan stage runs as v chunks); the planner plans it when asked (--schedule interleaved), the
+// simulator replays it, the runtime does not run it yet.
 enum class Schedule : uint8_t { kGPipe, k1F1B, kInterleaved };
+// Chunks per device of the interleaved schedule when neither --virtual-stages nor the plan says (Megatron-LM's
+// smallest interleaving); at most limits::kMaxVirtualStages.
+inline constexpr int kDefaultVirtualStages = 2;
 // PyTorch semantics (runtime/optimizer.h). For memory, adamw is adam: two state slots per parameter.
 enum class Optimizer : uint8_t { kSgd, kMomentum, kAdam, kAdamW };
 // kMixed: fp16/bf16 math and activations, fp32 master weights.

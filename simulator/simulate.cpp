@@ -50,6 +50,11 @@ double cut_bytes(const SimPlan& plan, int k) {
   return bytes;
 }
 
+// Chunks per device a plan was made for under interleaving: training.virtual_stages, else the default.
+int plan_chunks(const SimPlan& plan) {
+  return plan.training.virtual_stages > 1 ? plan.training.virtual_stages : kDefaultVirtualStages;
+}
+
 // Activation memory per stage: see docs/simulator.md §Memory for the approximation.
 void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<StageStats>& stats, std::string& note) {
   const Optimizer optimizer = plan.training.optimizer;
@@ -58,9 +63,13 @@ void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<St
   std::map<std::string, int> methods;
   for (int s = 0; s < stages; ++s) {
     const SimStage& st = plan.stages[static_cast<size_t>(s)];
-    const double planned = static_cast<double>(stage_in_flight_microbatches(
-        plan_schedule == Schedule::kGPipe ? Schedule::kGPipe : Schedule::k1F1B, s, stages,
-        plan.training.microbatches));
+    // The activations the plan's own schedule counted into memory_bytes (interleaved: its chunks, each 1/v).
+    const double planned = plan_schedule == Schedule::kInterleaved
+                               ? stage_in_flight_activations(plan_schedule, s, stages, plan.training.microbatches,
+                                                             plan_chunks(plan))
+                               : static_cast<double>(stage_in_flight_microbatches(
+                                     plan_schedule == Schedule::kGPipe ? Schedule::kGPipe : Schedule::k1F1B, s, stages,
+                                     plan.training.microbatches));
     const double total = static_cast<double>(st.memory_bytes);
     double fixed = 0, per_mb = 0;
     if (st.memory_static_bytes && st.activation_bytes_per_microbatch) {
@@ -399,8 +408,7 @@ SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
   if (options.virtual_stages < 0) throw InvalidArgument("--virtual-stages must be at least 1");
   int chunks = 1;
   if (schedule == Schedule::kInterleaved) {
-    chunks = options.virtual_stages > 0 ? options.virtual_stages
-             : plan.training.virtual_stages > 1 ? plan.training.virtual_stages : 2;
+    chunks = options.virtual_stages > 0 ? options.virtual_stages : plan_chunks(plan);
   } else if (options.virtual_stages > 1) {
     throw InvalidArgument("--virtual-stages " + std::to_string(options.virtual_stages) +
                           " needs --schedule interleaved (GPipe and 1F1B run one chunk per device)");

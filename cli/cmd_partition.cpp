@@ -163,7 +163,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
       ->required();
   cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
   cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
-  cmd->add_option("--schedule", a->schedule, "1f1b, gpipe, interleaved or auto (auto: 1f1b)")->capture_default_str();
+  cmd->add_option("--schedule", a->schedule, "1f1b, gpipe, interleaved, zb-h1 or auto (auto: 1f1b)")->capture_default_str();
   cmd->add_option("--virtual-stages", a->virtual_stages,
                   "Chunks per device under --schedule interleaved, 2 to 64 (0: 2); m must be a multiple of the stages")
       ->capture_default_str();

@@ -52,6 +52,7 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
     st.forward_s = c.forward_s;
     st.backward_s = c.backward_s - (sol.recomputes(s) ? c.forward_s : 0.0);
     st.recompute = sol.recomputes(s);
+    st.backward_weight_s = c.backward_weight_s;
     st.zero = c.zero;
     st.allreduce_s = c.allreduce_s;
     st.allreduce_exposed_s = c.allreduce_exposed_s;

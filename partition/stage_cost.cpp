@@ -23,6 +23,7 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
   bwd_fixed_.assign(n, 0);
   bwd_ps_.assign(n, 0);
   saved_ps_.assign(n, 0);
+  bwd_weight_.assign(n, WorkCurve{});
   tp_ps_.assign(n, TpWork{});
   tp_refusing_.assign(std::size(kTpDegrees) - 1, std::vector<uint32_t>(n, 0));
   for (size_t b = 0; b < k_; ++b) {
@@ -36,6 +37,8 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
     bwd_fixed_[b + 1] = bwd_fixed_[b] + c.backward.fixed_s;
     bwd_ps_[b + 1] = bwd_ps_[b] + c.backward.per_sample_s;
     saved_ps_[b + 1] = saved_ps_[b] + c.saved_per_sample;
+    bwd_weight_[b + 1] = bwd_weight_[b];
+    bwd_weight_[b + 1] += c.backward_weight;
   }
   // Distinct weights per range: a weight counts in [first, last) when its first reader at or after
   // `first` lies before `last` — a difference along the row at that reader, prefix-summed below.
@@ -141,6 +144,8 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
   r.forward = {fwd_fixed_[last] - fwd_fixed_[first], fwd_ps_[last] - fwd_ps_[first]};
   r.backward = {bwd_fixed_[last] - bwd_fixed_[first], bwd_ps_[last] - bwd_ps_[first]};
   r.saved_per_sample = saved_ps_[last] - saved_ps_[first];
+  r.backward_weight = {bwd_weight_[last].fixed_s - bwd_weight_[first].fixed_s,
+                       bwd_weight_[last].per_sample_s - bwd_weight_[first].per_sample_s};
   r.in_per_sample = in_[first * n + last];
   r.out_per_sample = out_[first * n + last];
   r.param_bytes = params_[first * n + last];
@@ -182,6 +187,9 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   const double kept = 1.0 - 1.0 / tp;
   c.forward_s = range.forward.at(ud) - kept * range.tp.forward.at(ud);
   c.backward_s = range.backward.at(ud) - kept * range.tp.backward.at(ud);
+  // The weight gradients keep their share of what each device of a TP group runs.
+  const double whole_backward = range.backward.at(ud);
+  c.backward_weight_s = whole_backward > 0 ? range.backward_weight.at(ud) * (c.backward_s / whole_backward) : 0.0;
   // Boundary values as the graph stores them (fp32), halved under mixed precision.
   const double act = activation_bytes_factor(training.precision);
   // The regions' all-reduces inside the TP group, on the critical path of the forward and the backward.
@@ -295,9 +303,21 @@ PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int6
     }
   }
   const double busy = static_cast<double>(microbatches) * max_step;
-  // Interleaving (Narayanan et al., SC'21 §2.2): the fill and drain run chunks of 1/v of each stage.
-  e.pipeline_s = interleaved ? busy + (sum_steps - max_step) / static_cast<double>(chunks)
-                             : static_cast<double>(microbatches - 1) * max_step + sum_steps;
+  // Interleaving (Narayanan et al., SC'21 §2.2): the fill and drain run chunks of 1/v of each stage. ZB-H1: every
+  // stage but the bottleneck adds its step less its W pass and less what a deferred W fills of each drain gap,
+  // which is a forward and an input-gradient pass long: min(W, F, B).
+  if (interleaved) {
+    e.pipeline_s = busy + (sum_steps - max_step) / static_cast<double>(chunks);
+  } else if (schedule == Schedule::kZbH1) {
+    e.pipeline_s = busy;
+    for (size_t s = 0; s < count; ++s)
+      if (static_cast<int>(s) != e.bottleneck_stage)
+        e.pipeline_s += std::max(0.0, stages[s].step_s - stages[s].backward_weight_s -
+                                          std::min({stages[s].backward_weight_s, stages[s].forward_s,
+                                                    stages[s].backward_s - stages[s].backward_weight_s}));
+  } else {
+    e.pipeline_s = static_cast<double>(microbatches - 1) * max_step + sum_steps;
+  }
   e.iteration_s = e.pipeline_s + max_allreduce + max_optimizer;
   e.bubble_fraction = e.pipeline_s > 0 ? 1.0 - busy / e.pipeline_s : 0.0;
   return e;

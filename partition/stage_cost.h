@@ -18,6 +18,7 @@ struct StageCost {
   double compute_s = 0;     // forward + backward (+ recomputed forward)
   double forward_s = 0;
   double backward_s = 0;    // includes the recomputed forward when recompute is on
+  double backward_weight_s = 0;  // the weight-gradient part of backward_s (ZB-H1's W pass; BlockCost)
   double comm_s = 0;        // boundary transfers: activations in/out and their gradients
   double allreduce_s = 0;   // gradient all-reduce among the replicas, once per iteration (ZeRO: the collectives
                             // after the pipeline, see stage_cost.cpp)
@@ -58,6 +59,7 @@ std::string_view layout_name(Layout layout);
 struct StageRange {
   WorkCurve forward;
   WorkCurve backward;
+  WorkCurve backward_weight;  // the weight-gradient part of backward
   double saved_per_sample = 0;
   double in_per_sample = 0;   // boundary values received from earlier stages
   double out_per_sample = 0;  // boundary values sent to later stages
@@ -118,6 +120,7 @@ class StageEvaluator {
   Layout layout_;
   // Prefix sums over blocks (index 0..k).
   std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
+  std::vector<WorkCurve> bwd_weight_;  // prefix sums of BlockCost::backward_weight
   // Range tables, (k+1)×(k+1), row = first, column = last.
   std::vector<int64_t> params_;  // distinct weight bytes read by blocks [first, last)
   std::vector<double> in_, out_, ws_ps_max_, ws_fixed_max_;
@@ -132,6 +135,10 @@ class StageEvaluator {
 // chunks add (v − 1 more of its own, and on the first and last device the v − 1 wraps from the last device to the
 // first, each carrying the last stage boundary's bytes as the simulator's do), and the fill shrinks v-fold:
 // m · max step + (Σ steps − max step) / v, the bubble (p − 1)/(v · m) of the bottleneck on equal stages.
+// ZB-H1 (Qi et al., ICLR 2024 §3.1): the deferred weight-gradient passes fill the bubble, each stage but the
+// bottleneck adding step − W − min(W, F, B) (at least 0; B = backward − W) instead of its step: m · max step +
+// Σ_{s ≠ bottleneck} max(0, step_s − W_s − min(W_s, F_s, B_s)), (p − 1)(T_F + T_B − min(T_W, T_F, T_B)) on equal
+// stages (the paper's (p − 1)(T_F + T_B − T_W) when W is the shortest), where 1F1B has (p − 1)(T_F + T_B + T_W).
 struct PipelineEstimate {
   double iteration_s = 0;
   double pipeline_s = 0;      // without all-reduce

@@ -375,14 +375,17 @@ std::optional<StageSolution> StageDp::solve(int stages) const {
 
 std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<int>& stage_counts) const {
   std::vector<std::optional<StageSolution>> out(stage_counts.size());
-  if (schedule_ == Schedule::kInterleaved) {
-    // Interleaved in-flight counts depend on S itself ((v − 1)·S), not only on the stages after: one table per
-    // count. Megatron-LM's order needs m to be a multiple of S: other counts have no interleaved plan.
+  if (schedule_ == Schedule::kInterleaved || schedule_ == Schedule::kZbH1) {
+    // Their in-flight counts depend on S itself (interleaved (v − 1)·S, ZB-H1 min(S, m)), not only on the stages
+    // after: one table per count. Megatron-LM's interleaved order needs m to be a multiple of S: other counts have
+    // no interleaved plan.
     if (stage_counts.size() > 1) {
       for (size_t q = 0; q < stage_counts.size(); ++q) out[q] = std::move(solve_many({stage_counts[q]}).front());
       return out;
     }
-    if (stage_counts.size() == 1 && (stage_counts[0] < 1 || microbatches_ % stage_counts[0] != 0)) return out;
+    if (schedule_ == Schedule::kInterleaved && stage_counts.size() == 1 &&
+        (stage_counts[0] < 1 || microbatches_ % stage_counts[0] != 0))
+      return out;
   }
   // Per stage count, the index range of h_values_ its least feasible bottleneck lies in; nothing to search for
   // counts that cannot be feasible.

@@ -175,8 +175,11 @@ class ComponentRuns {
     bwd_fixed_.assign(n_ + 1, 0);
     bwd_ps_.assign(n_ + 1, 0);
     saved_ps_.assign(n_ + 1, 0);
+    bwd_weight_.assign(n_ + 1, WorkCurve{});
     for (size_t c = 0; c < n_; ++c) {
       const BlockCost& b = atomic.components[c].cost;
+      bwd_weight_[c + 1] = bwd_weight_[c];
+      bwd_weight_[c + 1] += b.backward_weight;
       fwd_fixed_[c + 1] = fwd_fixed_[c] + b.forward.fixed_s;
       fwd_ps_[c + 1] = fwd_ps_[c] + b.forward.per_sample_s;
       bwd_fixed_[c + 1] = bwd_fixed_[c] + b.backward.fixed_s;
@@ -272,6 +275,8 @@ class ComponentRuns {
     StageRange r;
     r.forward = {fwd_fixed_[j] - fwd_fixed_[i], fwd_ps_[j] - fwd_ps_[i]};
     r.backward = {bwd_fixed_[j] - bwd_fixed_[i], bwd_ps_[j] - bwd_ps_[i]};
+    r.backward_weight = {bwd_weight_[j].fixed_s - bwd_weight_[i].fixed_s,
+                         bwd_weight_[j].per_sample_s - bwd_weight_[i].per_sample_s};
     r.saved_per_sample = saved_ps_[j] - saved_ps_[i];
     const Cut& at_start = cuts_.at(i);
     const Cut& at_end = cuts_.at(j);
@@ -307,6 +312,7 @@ class ComponentRuns {
   const AtomicGraph& atomic_;
   size_t n_;
   std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
+  std::vector<WorkCurve> bwd_weight_;  // prefix sums of BlockCost::backward_weight
   std::vector<int64_t> first_read_bytes_;  // prefix: weights whose first reader is before c
   std::vector<std::vector<double>> ws_ps_, ws_fixed_;  // sparse tables of range maxima
   std::vector<std::vector<int64_t>> task_params_;      // the same, of the largest task's weights (ZeRO-3)

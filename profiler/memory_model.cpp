@@ -16,6 +16,7 @@ int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, i
   switch (schedule) {
     case Schedule::kGPipe: return microbatches;
     case Schedule::k1F1B: break;
+    case Schedule::kZbH1: return std::min<int64_t>(stages, microbatches);
     case Schedule::kInterleaved: {
       const int64_t warmup = static_cast<int64_t>(stages - stage - 1) * 2 + static_cast<int64_t>(chunks - 1) * stages;
       return std::min<int64_t>(warmup + 1, microbatches * chunks);

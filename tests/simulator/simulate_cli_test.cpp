@@ -173,6 +173,25 @@ TEST_F(ASimulateCommand, ReplaysAnInterleavedPlanAsPartitionPlannedIt) {
   EXPECT_NE(without.out.find("needs --schedule interleaved"), std::string::npos) << without.out;
 }
 
+TEST_F(ASimulateCommand, ReplaysAZbH1PlanAsPartitionPlannedItAndFasterThan1F1B) {
+  const fs::path model = fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx";
+  ASSERT_TRUE(fs::exists(model));
+  expect_simulation_agrees(dir_, model, " --devices 4 --device a100-80gb --batch 32 --stages 4 --microbatches 8 --schedule zb-h1");
+  std::ifstream plan_file(dir_ / "real" / "plan.json");
+  const json plan = json::parse(plan_file);
+  EXPECT_EQ(plan["training"]["schedule"], "zb-h1");
+  for (const auto& stage : plan["stages"]) {
+    ASSERT_TRUE(stage.contains("backward_weight_s"));
+    EXPECT_GT(stage["backward_weight_s"].get<double>(), 0);  // every stage of gpt-tiny holds linears
+    EXPECT_LT(stage["backward_weight_s"].get<double>(), stage["backward_s"].get<double>());
+  }
+  const CommandRun zb = run("simulate " + (dir_ / "real").string() + " --json", false);
+  const CommandRun one = run("simulate " + (dir_ / "real").string() + " --schedule 1f1b --json", false);
+  ASSERT_EQ(zb.code, 0) << zb.out;
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_LT(json::parse(zb.out)["iteration_s"].get<double>(), json::parse(one.out)["iteration_s"].get<double>());
+}
+
 TEST_F(ASimulateCommand, AgreesWithPartitionsEstimateOnPipelinedPlansOfTheSharedModels) {
   bool any = false;
   for (const char* name : {"resnet50.onnx", "gpt2_small.onnx"}) {

@@ -31,6 +31,7 @@ struct PartitionArgs {
   std::string optimizer = "adam";
   std::string precision = "auto";
   std::string schedule = "auto";
+  int64_t virtual_stages = 0;  // 0: kDefaultVirtualStages under --schedule interleaved
   std::string microbatches = "auto";
   std::string stages = "auto";
   std::string replicas = "auto";
@@ -74,6 +75,9 @@ CompileOptions compile_options(const PartitionArgs& a) {
   o.training.global_batch = a.batch;
   o.training.optimizer = parse_optimizer(a.optimizer);
   if (a.schedule != "auto") o.stage.schedule = parse_schedule(a.schedule);
+  // Range-checked here against the type's range; PartitionOptions::validate checks it against the schedule.
+  o.stage.virtual_stages = checked_int(a.virtual_stages, 0, limits::kMaxVirtualStages,
+                                       "--virtual-stages (chunks per device under --schedule interleaved; 0: default)");
   if (auto m = auto_or_int("--microbatches", a.microbatches, a.batch)) o.stage.microbatches = *m;
   if (auto s = auto_or_int("--stages", a.stages, limits::kMaxDevices)) o.stage.stages = static_cast<int>(*s);
   if (auto r = auto_or_int("--replicas", a.replicas, limits::kMaxDevices)) o.stage.replicas = static_cast<int>(*r);
@@ -161,7 +165,10 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
       ->required();
   cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
   cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
-  cmd->add_option("--schedule", a->schedule, "1f1b, gpipe or auto")->capture_default_str();
+  cmd->add_option("--schedule", a->schedule, "1f1b, gpipe, interleaved, zb-h1 or auto (auto: 1f1b)")->capture_default_str();
+  cmd->add_option("--virtual-stages", a->virtual_stages,
+                  "Chunks per device under --schedule interleaved, 2 to 64 (0: 2); m must be a multiple of the stages")
+      ->capture_default_str();
   cmd->add_option("--microbatches", a->microbatches, "Micro-batches per iteration, or auto")->capture_default_str();
   cmd->add_option("--stages,--pp", a->stages, "Pipeline stages (pipeline-parallel degree), or auto")->capture_default_str();
   cmd->add_option("--replicas,--dp", a->replicas,

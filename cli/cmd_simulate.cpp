@@ -86,7 +86,7 @@ const bool kRegistered = register_command({"simulate", 60, [](CLI::App& app) {
   auto args = std::make_shared<SimulateArgs>();
   CLI::App* cmd = app.add_subcommand("simulate", "Replay one training iteration of a plan event by event (schedules, trace)");
   cmd->add_option("plan", args->plan, "Plan directory (written by `apart partition`) or its plan.json")->required();
-  cmd->add_option("--schedule", args->schedule, "plan, gpipe, 1f1b or interleaved")->capture_default_str();
+  cmd->add_option("--schedule", args->schedule, "plan, gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
   cmd->add_option("--virtual-stages", args->virtual_stages, "Chunks per device for --schedule interleaved (default 2)");
   cmd->add_option("--recompute", args->recompute, "plan, on or off")->capture_default_str();
   cmd->add_option("--optimizer-step-ms", args->optimizer_step_ms,

@@ -96,6 +96,9 @@ AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, c
     const TaskCost* oc = other ? &other->tasks[t] : nullptr;
     c.cost.forward = fit(tc.forward_s, u0, oc, oc ? oc->forward_s : 0, u1);
     c.cost.backward = fit(tc.backward_s, u0, oc, oc ? oc->backward_s : 0, u1);
+    // The batch task's own backward: the constant tasks' fixed share added below stays with B.
+    c.cost.backward_weight = {kWeightGradientShare * c.cost.backward.fixed_s,
+                              kWeightGradientShare * c.cost.backward.per_sample_s};
     c.cost.saved_per_sample = static_cast<double>(tc.saved_bytes) / static_cast<double>(u0);
     c.cost.workspace_per_sample = static_cast<double>(tc.workspace_bytes) / static_cast<double>(u0);
     atomic.components.push_back(std::move(c));
@@ -142,8 +145,12 @@ AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, c
     for (uint32_t c : readers) atomic.components[c].cost.param_bytes += value.bytes;
     atomic.params.push_back(ParamUse{value.bytes, std::vector<uint32_t>(readers.begin(), readers.end())});
   }
-  // A component is one batch task (with the constant tasks feeding it): its weights are one task's.
-  for (AtomicComponent& c : atomic.components) c.cost.largest_task_param_bytes = c.cost.param_bytes;
+  // A component is one batch task (with the constant tasks feeding it): its weights are one task's. Only a task
+  // that reads weights has a weight gradient to compute.
+  for (AtomicComponent& c : atomic.components) {
+    c.cost.largest_task_param_bytes = c.cost.param_bytes;
+    if (c.cost.param_bytes == 0) c.cost.backward_weight = {};
+  }
   add_tensor_parallel_work(graph, component_of, atomic);
 
   // Transfers: values produced by a batch task and read by batch tasks of other components.
@@ -175,6 +182,7 @@ BlockSequence make_block_sequence(const AtomicGraph& atomic, const BlockAssignme
     const BlockCost& a = atomic.components[c].cost;
     b.forward += a.forward;
     b.backward += a.backward;
+    b.backward_weight += a.backward_weight;
     b.param_bytes += a.param_bytes;
     b.saved_per_sample += a.saved_per_sample;
     b.workspace_per_sample = std::max(b.workspace_per_sample, a.workspace_per_sample);

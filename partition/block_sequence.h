@@ -62,9 +62,16 @@ struct TpWork {
 };
 
 // Aggregated costs of one block (or atomic component) per micro-batch.
+// The share of a weight-reading task's backward that is its weight gradient: for a MatMul, Gemm or Conv, dW and dX
+// cost the same FLOPs (docs/cost-model.md §2). ZB-H1 runs that share as the deferred W pass.
+inline constexpr double kWeightGradientShare = 0.5;
+
 struct BlockCost {
   WorkCurve forward;
   WorkCurve backward;
+  // The weight-gradient part of `backward` (ZB-H1's W pass): half the backward of each task that reads weights
+  // (a MatMul/Gemm/Conv's dW costs the FLOPs of its dX), none of the others' (docs/cost-model.md §2).
+  WorkCurve backward_weight;
   int64_t param_bytes = 0;         // distinct weights the block reads (as stored in the model)
   double saved_per_sample = 0;     // bytes kept for backward per sample
   double workspace_per_sample = 0; // transient working set per sample (largest task)

@@ -66,10 +66,16 @@ void PartitionOptions::validate() const {
   cluster.validate();
   checked_integer(training.global_batch, 1, limits::kMaxBatch, "--batch");
   if (stage.stages) checked_integer(*stage.stages, 1, limits::kMaxDevices, "--stages (or auto)");
-  // The DP's in-flight and memory rules are gpipe's and 1f1b's; the simulator replays a plan interleaved.
-  if (stage.schedule == Schedule::kInterleaved)
-    throw InvalidArgument("--schedule interleaved: apart partition plans gpipe or 1f1b (or auto); replay a plan "
-                          "interleaved with `apart simulate PLAN --schedule interleaved`");
+  if (stage.schedule == Schedule::kInterleaved) {
+    // One chunk is 1F1B; more than kMaxVirtualStages only add transfers (graph/checked.h).
+    if (stage.virtual_stages != 0)
+      checked_integer(stage.virtual_stages, 2, limits::kMaxVirtualStages,
+                      "--virtual-stages (chunks per device under --schedule interleaved; 0: " +
+                          std::to_string(kDefaultVirtualStages) + ")");
+  } else if (stage.virtual_stages != 0) {
+    throw InvalidArgument("--virtual-stages " + std::to_string(stage.virtual_stages) +
+                          " needs --schedule interleaved (gpipe and 1f1b run one chunk per device)");
+  }
   if (stage.replicas) checked_integer(*stage.replicas, 1, limits::kMaxDevices, "--replicas (or auto)");
   // A micro-batch holds at least one sample.
   if (stage.microbatches) checked_integer(*stage.microbatches, 1, training.global_batch, "--microbatches (at most --batch, or auto)");
@@ -92,6 +98,11 @@ void PartitionOptions::validate() const {
   checked_integer(block.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
   if (!(block.balance_cap >= 1 && block.balance_cap <= 1e6)) throw InvalidArgument("the block balance cap must be in [1, 1e6]");
   checked_integer(threads, 0, kMaxThreads, "--threads (0: APART_NUM_THREADS, OMP_NUM_THREADS or the cores)");
+}
+
+int schedule_chunks(Schedule schedule, int virtual_stages) {
+  if (schedule != Schedule::kInterleaved) return 1;
+  return virtual_stages > 0 ? virtual_stages : kDefaultVirtualStages;
 }
 
 int PartitionOptions::search_threads() const { return threads > 0 ? threads : default_thread_count(); }

@@ -58,7 +58,10 @@ struct StageOptions {
   std::optional<int> stages;        // --stages S (pinned) or automatic
   std::optional<int> replicas;      // --replicas R: every stage gets R replicas
   std::optional<int> microbatches;  // --microbatches N
-  std::optional<Schedule> schedule; // --schedule; nullopt = auto
+  std::optional<Schedule> schedule; // --schedule; nullopt = auto (1f1b: auto never picks interleaved, see phases.cpp)
+  // --virtual-stages V: chunks per device under --schedule interleaved (2..limits::kMaxVirtualStages); 0 = the
+  // default, kDefaultVirtualStages. The DP still plans one contiguous stage per device group; each runs as V chunks.
+  int virtual_stages = 0;
   Recompute recompute = Recompute::kAuto;
   // --zero 0|1|2|3|auto: the ZeRO stage (Rajbhandari et al., SC20) every stage with replicas shards its optimizer
   // state (1), gradients (2) and weights (3) with across them; nullopt = auto, the stage DP chooses per stage.
@@ -76,6 +79,9 @@ struct StageOptions {
                                   // gpipe-balance, pipedream, metis), so none of them can plan faster
   int max_simulations = 1024;     // the final choice replays at most this many candidates (0 = all; select.h)
 };
+
+// Chunks per device a schedule runs: interleaved, `virtual_stages` (0: kDefaultVirtualStages); the others, 1.
+int schedule_chunks(Schedule schedule, int virtual_stages);
 
 struct PartitionOptions {
   Method method = Method::kApart;

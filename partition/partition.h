@@ -58,6 +58,7 @@ struct Plan {
   int64_t microbatches = 0;
   int64_t microbatch_size = 0;  // B / m, before it is split among a stage's replicas
   Schedule schedule = Schedule::k1F1B;
+  int virtual_stages = 1;  // chunks per device: > 1 only interleaved (plan.json training.virtual_stages)
   bool recompute = false;
   Layout layout = Layout::kStageMajor;
   std::vector<PlanStage> stages;

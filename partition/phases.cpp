@@ -98,6 +98,11 @@ void check_request(const PartitionOptions& o) {
   if (o.stage.microbatches && batch % *o.stage.microbatches != 0)
     throw Infeasible("--batch " + std::to_string(batch) + " is not divisible by --microbatches " +
                      std::to_string(*o.stage.microbatches) + "; use a divisor of the batch or --microbatches auto");
+  if (o.stage.schedule == Schedule::kInterleaved && o.stage.stages && o.stage.microbatches &&
+      *o.stage.microbatches % *o.stage.stages != 0)
+    throw Infeasible("--schedule interleaved needs --microbatches (" + std::to_string(*o.stage.microbatches) +
+                     ") to be a multiple of --stages (" + std::to_string(*o.stage.stages) + "), as Megatron-LM's "
+                     "interleaved order does; pick a multiple, --stages auto, or --schedule 1f1b");
   if (o.stage.replicas && *o.stage.replicas > o.cluster.devices)
     throw Infeasible("--replicas " + std::to_string(*o.stage.replicas) + " exceeds --devices " +
                      std::to_string(o.cluster.devices));
@@ -109,7 +114,10 @@ void check_request(const PartitionOptions& o) {
 
 SearchGrid search_grid(const PartitionOptions& o) {
   SearchGrid grid;
-  grid.schedules = {o.stage.schedule.value_or(Schedule::k1F1B)};  // auto: 1F1B never loses here
+  // auto: 1F1B never loses to GPipe here. Interleaving only when asked: it needs m to be a multiple of S and adds
+  // transfers, and leaving it out of auto keeps every plan the search made before the same.
+  grid.schedules = {o.stage.schedule.value_or(Schedule::k1F1B)};
+  grid.virtual_stages = schedule_chunks(grid.schedules.front(), o.stage.virtual_stages);
   // auto: none, or per stage where a stage needs it (which the DP chooses exactly; it subsumes "every stage").
   if (o.stage.recompute != Recompute::kOn) grid.recomputes.push_back(StageRecompute::kOff);
   if (o.stage.recompute == Recompute::kOn) grid.recomputes.push_back(StageRecompute::kAll);
@@ -215,7 +223,7 @@ Split with_layout(const Split& split, Layout layout, std::string source) {
   return other;
 }
 
-bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
+bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, int chunks,
                          StageRecompute recompute, StageZero zero, const std::vector<int>& tp_degrees,
                          std::optional<int> pinned_replicas) {
   // Memory depends on the replicas only through the per-replica micro-batch and the ZeRO shard, which fall as they
@@ -229,12 +237,12 @@ bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, 
   const int stages = static_cast<int>(evaluator.blocks());
   const std::vector<StageVariant> variants = stage_variants(recompute, zero, tp_degrees);
   for (int b = 0; b < stages; ++b) {
-    const int64_t flight = stage_in_flight_microbatches(schedule, b, stages, microbatches);
+    const double flight = stage_in_flight_activations(schedule, b, stages, microbatches, chunks);
     auto fits = [&](const StageVariant& v) {
       if (!evaluator.allows_tp(static_cast<uint32_t>(b), static_cast<uint32_t>(b + 1), v.tp)) return false;
       const StageCost c = evaluator.evaluate(static_cast<uint32_t>(b), static_cast<uint32_t>(b + 1), most,
                                              microbatches, 0, v.recompute, nullptr, v.zero, v.tp);
-      return std::ceil(c.memory_static + static_cast<double>(flight) * c.memory_per_in_flight) <= budget;
+      return std::ceil(c.memory_static + flight * c.memory_per_in_flight) <= budget;
     };
     if (std::none_of(variants.begin(), variants.end(), fits)) return false;
   }
@@ -272,11 +280,13 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
     if (stop.load()) return;
     const GridPoint& p = points[i];
     ran[i] = 1;
+    const int chunks = schedule_chunks(p.schedule, grid.virtual_stages);
     if (fixed_split &&
-        !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, p.recompute, p.zero, tp, o.replicas))
+        !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, chunks, p.recompute, p.zero, tp, o.replicas))
       return;
     const StageDp dp(evaluator, {.microbatches = p.microbatches,
                                  .schedule = p.schedule,
+                                 .virtual_stages = chunks,
                                  .recompute = p.recompute,
                                  .zero = p.zero,
                                  .tp_degrees = tp,
@@ -342,6 +352,7 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
     const Point& p = points[i];
     const StageDp dp(pipeline, {.microbatches = p.microbatches,
                                 .schedule = p.schedule,
+                                .virtual_stages = schedule_chunks(p.schedule, grid.virtual_stages),
                                 .recompute = p.recompute,
                                 .zero = p.zero,
                                 .pinned_replicas = p.replicas});
@@ -474,6 +485,8 @@ CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOpti
         sol.stages = stages;
         sol.microbatches = m;
         sol.schedule = schedule;
+        sol.virtual_stages = schedule_chunks(schedule, grid.virtual_stages);
+        if (schedule == Schedule::kInterleaved && m % stages != 0) continue;  // Megatron-LM's constraint
         sol.recompute = mode != StageRecompute::kOff;  // PipeDream's split: all stages or none
         sol.zero = o.stage.zero.value_or(0);            // and one ZeRO stage (auto: none)
         sol.boundaries.assign(pd.split.boundaries.begin(), pd.split.boundaries.end());
@@ -521,6 +534,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
   plan.microbatches = best.microbatches;
   plan.microbatch_size = batch / best.microbatches;
   plan.schedule = best.schedule;
+  plan.virtual_stages = best.virtual_stages;
   plan.recompute = best.recompute;
   plan.estimate = best.estimate;
   plan.simulated.iteration_s = replay.iteration_s;
@@ -531,6 +545,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
   plan.options.stage.stages = best.stages;
   plan.options.stage.microbatches = best.microbatches;
   plan.options.stage.schedule = best.schedule;
+  if (best.schedule == Schedule::kInterleaved) plan.options.stage.virtual_stages = best.virtual_stages;
   plan.options.stage.recompute = !best.any_recompute() ? Recompute::kOff
                                  : best.stage_recompute.empty() ? Recompute::kOn
                                                                 : o.stage.recompute;

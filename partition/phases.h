@@ -48,6 +48,7 @@ void check_request(const PartitionOptions& options);
 // The (schedule, recomputation, ZeRO, micro-batch count) combinations every stage DP runs for, fixed by the options.
 struct SearchGrid {
   std::vector<Schedule> schedules;          // the pinned one, else 1F1B (GPipe never beats it here)
+  int virtual_stages = 1;                   // chunks per device under interleaved (schedule_chunks of the options)
   std::vector<StageRecompute> recomputes;   // off and/or where needed; on when pinned
   std::vector<StageZero> zeros;             // the pinned ZeRO stage; auto: none and per stage (stage_dp.h)
   std::vector<int64_t> microbatches;        // microbatch_candidates
@@ -109,7 +110,7 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
 // schedule and recomputation mode, with the most replicas the DP could give it (the least per-replica micro-batch)
 // at any of `tp_degrees` its block allows: when not, the fixed-split DP at that grid point finds nothing, so it need
 // not be built.
-bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule,
+bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, Schedule schedule, int chunks,
                          StageRecompute recompute, StageZero zero, const std::vector<int>& tp_degrees,
                          std::optional<int> pinned_replicas);
 

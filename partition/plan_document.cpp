@@ -30,6 +30,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
   t.microbatches = plan.microbatches;
   t.microbatch_size = plan.microbatch_size;
   t.schedule = plan.schedule;
+  if (plan.schedule == Schedule::kInterleaved) t.virtual_stages = plan.virtual_stages;
   t.optimizer = o.training.optimizer;
   t.precision = o.training.precision;
   t.recompute = plan.recompute;
@@ -46,6 +47,8 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
     r.microbatch_size = s.cost.microbatch;
     r.forward_s = s.cost.forward_s;
     r.backward_s = s.cost.backward_s;
+    // Only ZB-H1 runs it apart; the other schedules' plans keep their bytes.
+    if (plan.schedule == Schedule::kZbH1) r.backward_weight_s = s.cost.backward_weight_s;
     r.recompute = s.recompute;
     r.zero = s.cost.zero;
     r.comm_s = s.cost.comm_s;

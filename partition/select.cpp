@@ -37,6 +37,7 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
   plan.links_source = "partition's cluster";
   plan.training.microbatches = sol.microbatches;
   plan.training.schedule = sol.schedule;
+  plan.training.virtual_stages = sol.virtual_stages;
   plan.training.optimizer = training.optimizer;
   plan.training.precision = training.precision;
   std::vector<int> stage_of_block(ev.blocks(), 0);
@@ -52,6 +53,7 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
     st.forward_s = c.forward_s;
     st.backward_s = c.backward_s - (sol.recomputes(s) ? c.forward_s : 0.0);
     st.recompute = sol.recomputes(s);
+    st.backward_weight_s = c.backward_weight_s;
     st.zero = c.zero;
     st.allreduce_s = c.allreduce_s;
     st.allreduce_exposed_s = c.allreduce_exposed_s;
@@ -114,6 +116,8 @@ double lower_bound(const sim::SimPlan& plan) {
   std::vector<double> first_forward(stages, 0.0);  // earliest start of micro-batch 0's forward at s
   for (size_t s = 1; s < stages; ++s) first_forward[s] = first_forward[s - 1] + f[s - 1] + d[s];
   const double bottom = first_forward[stages - 1] + f[stages - 1];  // micro-batch 0 leaves the last forward
+  // The chain bound below follows GPipe's and 1F1B's op orders; other schedules keep the busy-time bound.
+  if (plan.training.schedule != Schedule::kGPipe && plan.training.schedule != Schedule::k1F1B) return bound;
   const bool gpipe = plan.training.schedule == Schedule::kGPipe;
   double returning = 0;  // Σ_{i>s} (b_i + d_i): micro-batch 0's gradient from the last stage back to s
   std::vector<double> back_to_first(stages, 0.0);  // Σ_{i<s} (b_i + d_{i+1}): the last gradient from s to stage 0

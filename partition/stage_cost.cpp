@@ -23,6 +23,7 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
   bwd_fixed_.assign(n, 0);
   bwd_ps_.assign(n, 0);
   saved_ps_.assign(n, 0);
+  bwd_weight_.assign(n, WorkCurve{});
   tp_ps_.assign(n, TpWork{});
   tp_refusing_.assign(std::size(kTpDegrees) - 1, std::vector<uint32_t>(n, 0));
   for (size_t b = 0; b < k_; ++b) {
@@ -36,6 +37,8 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
     bwd_fixed_[b + 1] = bwd_fixed_[b] + c.backward.fixed_s;
     bwd_ps_[b + 1] = bwd_ps_[b] + c.backward.per_sample_s;
     saved_ps_[b + 1] = saved_ps_[b] + c.saved_per_sample;
+    bwd_weight_[b + 1] = bwd_weight_[b];
+    bwd_weight_[b + 1] += c.backward_weight;
   }
   // Distinct weights per range: a weight counts in [first, last) when its first reader at or after
   // `first` lies before `last` — a difference along the row at that reader, prefix-summed below.
@@ -143,6 +146,8 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
   r.forward = {fwd_fixed_[last] - fwd_fixed_[first], fwd_ps_[last] - fwd_ps_[first]};
   r.backward = {bwd_fixed_[last] - bwd_fixed_[first], bwd_ps_[last] - bwd_ps_[first]};
   r.saved_per_sample = saved_ps_[last] - saved_ps_[first];
+  r.backward_weight = {bwd_weight_[last].fixed_s - bwd_weight_[first].fixed_s,
+                       bwd_weight_[last].per_sample_s - bwd_weight_[first].per_sample_s};
   r.in_per_sample = in_[first * n + last];
   r.out_per_sample = out_[first * n + last];
   r.param_bytes = params_[first * n + last];
@@ -158,14 +163,14 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
 }
 
 StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches,
-                                   int64_t in_flight, bool recompute, const StageLinks* placed, int zero, int tp) const {
+                                   double in_flight, bool recompute, const StageLinks* placed, int zero, int tp) const {
   return stage_cost(range(first, last), replicas, microbatches, in_flight, recompute,
                     placed ? *placed : assumed_links(replicas * tp), training_, zero, tp);
 }
 
 bool StageEvaluator::allows_tp(uint32_t first, uint32_t last, int tp) const { return tp_allows(range(first, last), tp); }
 
-StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
+StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight, bool recompute,
                      const StageLinks& links, const TrainingSpec& training, int zero, int tp) {
   if (!tp_allows(range, tp))
     throw InvalidArgument("tensor-parallel degree " + std::to_string(tp) + " is not one the stage's regions allow "
@@ -180,6 +185,9 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   const double kept = 1.0 - 1.0 / tp;
   c.forward_s = tp_device_time(range.forward.at(ud), range.tp.forward.at(ud), tp);
   c.backward_s = tp_device_time(range.backward.at(ud), range.tp.backward.at(ud), tp);
+  // The weight gradients keep their share of what each device of a TP group runs.
+  const double whole_backward = range.backward.at(ud);
+  c.backward_weight_s = whole_backward > 0 ? range.backward_weight.at(ud) * (c.backward_s / whole_backward) : 0.0;
   // Boundary values as the graph stores them (fp32), halved under mixed precision.
   const double act = activation_bytes_factor(training.precision);
   // The regions' all-reduces inside the TP group, on the critical path of the forward and the backward.
@@ -261,30 +269,55 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   // With recomputation only the stage's inputs stay per micro-batch; one micro-batch is rebuilt at a time.
   c.memory_static = state + workspace + workspace_gathered + (recompute ? saved : 0.0);
   c.memory_per_in_flight = recompute ? c.in_bytes : saved;
-  c.memory_bytes = saturated_bytes(c.memory_static + static_cast<double>(in_flight) * c.memory_per_in_flight);
+  c.memory_bytes = saturated_bytes(c.memory_static + in_flight * c.memory_per_in_flight);
   return c;
 }
 
 PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches,
-                                         Schedule schedule) {
+                                         Schedule schedule, int chunks) {
   // GPipe and 1F1B have the same critical path in this model: fill (Σ steps) + (m − 1) bottleneck
   // steps; they differ in memory only. A discrete-event simulator can replace this function.
+  APART_CHECK(chunks >= 1 && (chunks == 1 || schedule == Schedule::kInterleaved), "only interleaving runs chunks");
+  const bool interleaved = schedule == Schedule::kInterleaved;
+  const size_t count = stages.size();
+  // Interleaved: the wrap from the last device to the first carries the last boundary (simulate.cpp's rule), both
+  // ways, as the last stage's own input transfers do.
+  const double wrap_s = interleaved && count > 1 ? stages[count - 1].comm_s : 0.0;
+  auto device_step = [&](size_t s) {
+    if (!interleaved) return stages[s].step_s;
+    const double more = static_cast<double>(chunks - 1);
+    return stages[s].step_s + more * stages[s].comm_s + ((s == 0 || s + 1 == count) ? more * wrap_s : 0.0);
+  };
   PipelineEstimate e;
   double max_step = 0, sum_steps = 0, max_allreduce = 0, max_optimizer = 0;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    sum_steps += stages[s].step_s;
+  for (size_t s = 0; s < count; ++s) {
+    const double step = device_step(s);
+    sum_steps += step;
     max_allreduce = std::max(max_allreduce, stages[s].allreduce_exposed_s);
     max_optimizer = std::max(max_optimizer, stages[s].optimizer_s);
-    if (stages[s].step_s > max_step) {
-      max_step = stages[s].step_s;
+    if (step > max_step) {
+      max_step = step;
       e.bottleneck_stage = static_cast<int>(s);
     }
   }
-  e.pipeline_s = static_cast<double>(microbatches - 1) * max_step + sum_steps;
-  e.iteration_s = e.pipeline_s + max_allreduce + max_optimizer;
   const double busy = static_cast<double>(microbatches) * max_step;
+  // Interleaving (Narayanan et al., SC'21 §2.2): the fill and drain run chunks of 1/v of each stage. ZB-H1: every
+  // stage but the bottleneck adds its step less its W pass and less what a deferred W fills of each drain gap,
+  // which is a forward and an input-gradient pass long: min(W, F, B).
+  if (interleaved) {
+    e.pipeline_s = busy + (sum_steps - max_step) / static_cast<double>(chunks);
+  } else if (schedule == Schedule::kZbH1) {
+    e.pipeline_s = busy;
+    for (size_t s = 0; s < count; ++s)
+      if (static_cast<int>(s) != e.bottleneck_stage)
+        e.pipeline_s += std::max(0.0, stages[s].step_s - stages[s].backward_weight_s -
+                                          std::min({stages[s].backward_weight_s, stages[s].forward_s,
+                                                    stages[s].backward_s - stages[s].backward_weight_s}));
+  } else {
+    e.pipeline_s = static_cast<double>(microbatches - 1) * max_step + sum_steps;
+  }
+  e.iteration_s = e.pipeline_s + max_allreduce + max_optimizer;
   e.bubble_fraction = e.pipeline_s > 0 ? 1.0 - busy / e.pipeline_s : 0.0;
-  (void)schedule;
   return e;
 }
 

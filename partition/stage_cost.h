@@ -18,6 +18,7 @@ struct StageCost {
   double compute_s = 0;     // forward + backward (+ recomputed forward)
   double forward_s = 0;
   double backward_s = 0;    // includes the recomputed forward when recompute is on
+  double backward_weight_s = 0;  // the weight-gradient part of backward_s (ZB-H1's W pass; BlockCost)
   double comm_s = 0;        // boundary transfers: activations in/out and their gradients
   double allreduce_s = 0;   // gradient all-reduce among the replicas, once per iteration (ZeRO: the collectives
                             // after the pipeline, see stage_cost.cpp)
@@ -59,6 +60,7 @@ std::string_view layout_name(Layout layout);
 struct StageRange {
   WorkCurve forward;
   WorkCurve backward;
+  WorkCurve backward_weight;  // the weight-gradient part of backward
   double saved_per_sample = 0;
   double in_per_sample = 0;   // boundary values received from earlier stages
   double out_per_sample = 0;  // boundary values sent to later stages
@@ -82,7 +84,7 @@ double tp_device_time(double total_s, double split_s, int tp);
 // runs as stage 0). `tp`: each replica is a tensor-parallel group of `tp` devices (1, 2, 4 or 8, one tp_allows;
 // InvalidArgument otherwise): the split tasks' work, saved bytes and weights divide by it, and the regions'
 // all-reduces run over links.tensor inside the forward and backward (docs/cost-model.md "Tensor parallelism").
-StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, int64_t in_flight, bool recompute,
+StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight, bool recompute,
                      const StageLinks& links, const TrainingSpec& training, int zero = 0, int tp = 1);
 // The links `layout` assumes for a stage on `devices` devices (replicas × tensor-parallel degree) before devices are
 // placed (see Layout): its replicas' rings stay inside a node when all its devices fit in one.
@@ -97,10 +99,10 @@ class StageEvaluator {
                  Layout layout = Layout::kStageMajor);
 
   size_t blocks() const { return k_; }
-  // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches whose
-  // activations the stage keeps (profiler's stage_in_flight_microbatches).
+  // Stage = blocks [first, last) with `replicas` replicas; m micro-batches; `in_flight` micro-batches' activations
+  // the stage keeps (profiler's stage_in_flight_activations: a fraction under interleaving).
   // `links`: the placed stage's links; without, the ones the layout assumes (see Layout). `zero`, `tp`: stage_cost's.
-  StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, int64_t in_flight,
+  StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, double in_flight,
                      bool recompute, const StageLinks* links = nullptr, int zero = 0, int tp = 1) const;
   // Whether every block of [first, last) allows tensor-parallel degree `tp` (tp_allows of its range).
   bool allows_tp(uint32_t first, uint32_t last, int tp) const;
@@ -125,6 +127,7 @@ class StageEvaluator {
   Layout layout_;
   // Prefix sums over blocks (index 0..k).
   std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
+  std::vector<WorkCurve> bwd_weight_;  // prefix sums of BlockCost::backward_weight
   // Range tables, (k+1)×(k+1), row = first, column = last.
   std::vector<int64_t> params_;  // distinct weight bytes read by blocks [first, last)
   std::vector<double> in_, out_, ws_ps_max_, ws_fixed_max_;
@@ -133,15 +136,23 @@ class StageEvaluator {
   std::vector<std::vector<uint32_t>> tp_refusing_;  // [degree index − 1][b]: blocks before b refusing that degree
 };
 
-// The analytic pipeline estimate, in one place so a simulator can replace it:
+// The analytic pipeline estimate, in one place so a simulator can replace it (docs/cost-model.md, "Pipeline"):
 // (m − 1) · max step + Σ steps + max exposed all-reduce + max optimizer step (the stages' replicas all-reduce, then
-// step, concurrently at the end).
+// step, concurrently at the end). Interleaved with `chunks` = v: each device's step grows by the transfers its
+// chunks add (v − 1 more of its own, and on the first and last device the v − 1 wraps from the last device to the
+// first, each carrying the last stage boundary's bytes as the simulator's do), and the fill shrinks v-fold:
+// m · max step + (Σ steps − max step) / v, the bubble (p − 1)/(v · m) of the bottleneck on equal stages.
+// ZB-H1 (Qi et al., ICLR 2024 §3.1): the deferred weight-gradient passes fill the bubble, each stage but the
+// bottleneck adding step − W − min(W, F, B) (at least 0; B = backward − W) instead of its step: m · max step +
+// Σ_{s ≠ bottleneck} max(0, step_s − W_s − min(W_s, F_s, B_s)), (p − 1)(T_F + T_B − min(T_W, T_F, T_B)) on equal
+// stages (the paper's (p − 1)(T_F + T_B − T_W) when W is the shortest), where 1F1B has (p − 1)(T_F + T_B + T_W).
 struct PipelineEstimate {
   double iteration_s = 0;
   double pipeline_s = 0;      // without all-reduce
   double bubble_fraction = 0; // idle share of the bottleneck stage's devices during the pipeline
   int bottleneck_stage = 0;
 };
-PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule);
+PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule,
+                                         int chunks = 1);
 
 }  // namespace apart

@@ -86,7 +86,8 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
   solution.bottleneck_h = 0;
   bool fits = true;
   for (int s = 0; s < stages; ++s) {
-    const int64_t flight = stage_in_flight_microbatches(solution.schedule, s, stages, solution.microbatches);
+    const double flight = stage_in_flight_activations(solution.schedule, s, stages, solution.microbatches,
+                                                      solution.virtual_stages);
     if (!evaluator.allows_tp(solution.boundaries[s], solution.boundaries[s + 1], solution.tp_of(s))) {
       // A split whose stage its tensor-parallel degree cannot divide (cuts moved under a pinned degree): no plan.
       StageCost refused;
@@ -106,7 +107,8 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
     solution.bottleneck_h = std::max(solution.bottleneck_h, c.h);
     solution.costs.push_back(c);
   }
-  solution.estimate = estimate_iteration_time(solution.costs, solution.microbatches, solution.schedule);
+  solution.estimate =
+      estimate_iteration_time(solution.costs, solution.microbatches, solution.schedule, solution.virtual_stages);
   return fits;
 }
 
@@ -152,6 +154,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     : evaluator_(evaluator),
       microbatches_(options.microbatches),
       schedule_(options.schedule),
+      chunks_(options.virtual_stages),
       recompute_(options.recompute == StageRecompute::kAll),
       fixed_split_(options.fixed_split),
       where_needed_(options.recompute == StageRecompute::kWhereNeeded),
@@ -190,7 +193,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   // it and falls as replicas grow (a smaller micro-batch, a smaller ZeRO shard): the candidates below the first that
   // fits there fit nowhere, so they are not evaluated (never fitting, h infinite) and their h is never a
   // bottleneck; the rest go into h_values_.
-  const double least_flight = static_cast<double>(stage_in_flight_microbatches(schedule_, 0, 1, microbatches));
+  const double least_flight = stage_in_flight_activations(schedule_, 0, 1, microbatches, chunks_);
   const double budget = static_cast<double>(memory_limit_);
   auto fits = [&](const StageCost& cost) {
     return std::ceil(cost.memory_static + least_flight * cost.memory_per_in_flight) <= budget;
@@ -268,24 +271,24 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   for (VariantTable& table : variants_) table.first_h = FirstAtMost(&table.h, cands);
 }
 
-int64_t StageDp::in_flight(int stage, int stages) const {
-  return stage_in_flight_microbatches(schedule_, stage, stages, microbatches_);
+double StageDp::in_flight(int stage, int stages) const {
+  return stage_in_flight_activations(schedule_, stage, stages, microbatches_, chunks_);
 }
 
-int StageDp::first_fitting(size_t base, int64_t flight, const std::vector<double>& mem_base,
+int StageDp::first_fitting(size_t base, double flight, const std::vector<double>& mem_base,
                            const std::vector<double>& per_flight) const {
   // Memory falls as replicas grow (smaller micro-batches): binary search for the first that fits.
   const double budget = static_cast<double>(memory_limit_);
   size_t lo = 0, hi = candidates_.size();
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
-    const double mem = mem_base[base + mid] + static_cast<double>(flight) * per_flight[base + mid];
+    const double mem = mem_base[base + mid] + flight * per_flight[base + mid];
     if (std::ceil(mem) <= budget) hi = mid; else lo = mid + 1;
   }
   return static_cast<int>(lo);
 }
 
-StageDp::Fitting& StageDp::fitting_starts(int64_t flight) const {
+StageDp::Fitting& StageDp::fitting_starts(double flight) const {
   for (Fitting& f : fitting_)
     if (f.flight == flight) return f;
   // Per stored range (index() / candidates): one entry per variant and the fewest devices, found on first use.
@@ -427,6 +430,18 @@ std::optional<StageSolution> StageDp::solve(int stages) const {
 
 std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<int>& stage_counts) const {
   std::vector<std::optional<StageSolution>> out(stage_counts.size());
+  if (schedule_ == Schedule::kInterleaved || schedule_ == Schedule::kZbH1) {
+    // Their in-flight counts depend on S itself (interleaved (v − 1)·S, ZB-H1 min(S, m)), not only on the stages
+    // after: one table per count. Megatron-LM's interleaved order needs m to be a multiple of S: other counts have
+    // no interleaved plan.
+    if (stage_counts.size() > 1) {
+      for (size_t q = 0; q < stage_counts.size(); ++q) out[q] = std::move(solve_many({stage_counts[q]}).front());
+      return out;
+    }
+    if (schedule_ == Schedule::kInterleaved && stage_counts.size() == 1 &&
+        (stage_counts[0] < 1 || microbatches_ % stage_counts[0] != 0))
+      return out;
+  }
   // Per stage count, the index range of h_values_ its least feasible bottleneck lies in; nothing to search for
   // counts that cannot be feasible.
   struct Search {
@@ -481,6 +496,7 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
     solution.stages = s.stages;
     solution.microbatches = microbatches_;
     solution.schedule = schedule_;
+    solution.virtual_stages = chunks_;
     solution.recompute = recompute_;
     solution.zero = zero_.automatic ? 0 : zero_.stage;
     std::vector<int> chosen;
@@ -528,7 +544,7 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
       }
       if (c.memory_bytes > memory_limit_) continue;
       trial_costs[s] = c;
-      const double t = estimate_iteration_time(trial_costs, microbatches_, schedule_).iteration_s;
+      const double t = estimate_iteration_time(trial_costs, microbatches_, schedule_, chunks_).iteration_s;
       trial_costs[s] = solution.costs[s];
       // Strictly better by a margin, so float noise cannot make the choice depend on evaluation order.
       if (t < best_time * (1 - 1e-12)) {
@@ -545,7 +561,7 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
     if (zero_.automatic) solution.stage_zero[best_stage] = best_variant.zero;
     solution.costs[best_stage] = best_cost;
     trial_costs[best_stage] = best_cost;
-    solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_);
+    solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_, chunks_);
   }
   if (where_needed_) solution.recompute = solution.any_recompute();
   evaluate_solution(evaluator_, solution);

@@ -36,6 +36,7 @@ struct StageSolution {
   int stages = 0;
   int64_t microbatches = 0;
   Schedule schedule = Schedule::k1F1B;
+  int virtual_stages = 1;            // chunks per device: > 1 only interleaved (options.h schedule_chunks)
   bool recompute = false;            // every stage recomputes (unless stage_recompute says per stage)
   std::vector<bool> stage_recompute; // per stage when the DP chose it per stage; empty: all = recompute
   int zero = 0;                      // ZeRO stage of every stage with replicas (unless stage_zero says per stage)
@@ -100,6 +101,7 @@ std::vector<int> tp_degrees(std::optional<int> pinned, const Cluster& cluster);
 struct StageDpOptions {
   int64_t microbatches = 1;
   Schedule schedule = Schedule::k1F1B;
+  int virtual_stages = 1;  // chunks per device (interleaved only; schedule_chunks)
   StageRecompute recompute = StageRecompute::kOff;
   StageZero zero = {};
   std::vector<int> tp_degrees = {1};  // the tensor-parallel degrees each stage may choose among (ascending)
@@ -133,10 +135,10 @@ class StageDp {
   // the plain and the recomputing variant, kUnknown until fitting_of finds them.
   static constexpr int32_t kUnknown = -2;
   struct Fitting {
-    int64_t flight;
+    double flight;
     std::vector<int32_t> starts;  // per stored range: each variant's first fitting candidate, then the fewest devices
   };
-  Fitting& fitting_starts(int64_t in_flight) const;
+  Fitting& fitting_starts(double in_flight) const;
   const int32_t* fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const;
   // Least candidate index whose memory fits and h ≤ limit, or -1; *variant: the variant (index into variants_)
   // that gives it, the first in order on ties. `fitting`: the stage's in-flight count's; `under_limit`: per range
@@ -146,7 +148,7 @@ class StageDp {
                     int device_cap, int* variant) const;
   // Devices a stage takes at candidate c under variant v: replicas × its tensor-parallel degree.
   int devices_of(int c, size_t v) const { return candidates_[static_cast<size_t>(c)] * variants_[v].variant.tp; }
-  int first_fitting(size_t base, int64_t in_flight, const std::vector<double>& mem_base,
+  int first_fitting(size_t base, double in_flight, const std::vector<double>& mem_base,
                     const std::vector<double>& per_flight) const;
   // Min devices for blocks [first, k) in `stages_left` stages when every h ≤ limit; fills choice tables.
   static constexpr int kNone = std::numeric_limits<int>::max();
@@ -160,11 +162,12 @@ class StageDp {
   void fill(int stages, double limit, bool every_start, Table& table) const;
   bool feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
                 std::vector<int>* variants) const;
-  int64_t in_flight(int stage, int stages) const;
+  double in_flight(int stage, int stages) const;
 
   const StageEvaluator& evaluator_;
   int64_t microbatches_;
   Schedule schedule_;
+  int chunks_;
   bool recompute_;
   bool fixed_split_;
   bool where_needed_;

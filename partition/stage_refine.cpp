@@ -113,7 +113,8 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
     std::vector<std::map<size_t, WindowDpState>> state(stages + 1);
     state[0][0] = WindowDpState{0, 0, 0, true};
     for (int s = 0; s < stages; ++s) {
-      const int64_t flight = stage_in_flight_microbatches(coarse.schedule, s, stages, coarse.microbatches);
+      const double flight =
+          stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
       for (size_t j : allowed[s + 1]) {
         WindowDpState best;
         for (const auto& [i, from] : state[s]) {
@@ -179,12 +180,15 @@ class ComponentRuns {
     saved_ps_.assign(n_ + 1, 0);
     tp_ps_.assign(n_ + 1, TpWork{});
     tp_refusing_.assign(std::size(kTpDegrees) - 1, std::vector<uint32_t>(n_ + 1, 0));
+    bwd_weight_.assign(n_ + 1, WorkCurve{});
     for (size_t c = 0; c < n_; ++c) {
       const BlockCost& b = atomic.components[c].cost;
       tp_ps_[c + 1] = tp_ps_[c];
       tp_ps_[c + 1] += b.tp;
       for (size_t d = 0; d < tp_refusing_.size(); ++d)
         tp_refusing_[d][c + 1] = tp_refusing_[d][c] + ((b.tp.refused >> d) & 1u);
+      bwd_weight_[c + 1] = bwd_weight_[c];
+      bwd_weight_[c + 1] += b.backward_weight;
       fwd_fixed_[c + 1] = fwd_fixed_[c] + b.forward.fixed_s;
       fwd_ps_[c + 1] = fwd_ps_[c] + b.forward.per_sample_s;
       bwd_fixed_[c + 1] = bwd_fixed_[c] + b.backward.fixed_s;
@@ -283,6 +287,8 @@ class ComponentRuns {
     StageRange r;
     r.forward = {fwd_fixed_[j] - fwd_fixed_[i], fwd_ps_[j] - fwd_ps_[i]};
     r.backward = {bwd_fixed_[j] - bwd_fixed_[i], bwd_ps_[j] - bwd_ps_[i]};
+    r.backward_weight = {bwd_weight_[j].fixed_s - bwd_weight_[i].fixed_s,
+                         bwd_weight_[j].per_sample_s - bwd_weight_[i].per_sample_s};
     r.saved_per_sample = saved_ps_[j] - saved_ps_[i];
     const Cut& at_start = cuts_.at(i);
     const Cut& at_end = cuts_.at(j);
@@ -323,6 +329,7 @@ class ComponentRuns {
   const AtomicGraph& atomic_;
   size_t n_;
   std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
+  std::vector<WorkCurve> bwd_weight_;  // prefix sums of BlockCost::backward_weight
   std::vector<int64_t> first_read_bytes_;  // prefix: weights whose first reader is before c
   std::vector<std::vector<double>> ws_ps_, ws_fixed_;  // sparse tables of range maxima
   std::vector<std::vector<int64_t>> task_params_;      // the same, of the largest task's weights (ZeRO-3)
@@ -344,7 +351,7 @@ struct StagePins {
   int zero = 0;
   int tp = 1;
   int64_t microbatch = 1;  // per replica
-  int64_t in_flight = 1;
+  double in_flight = 1;  // stage_in_flight_activations
   StageLinks links;
 };
 
@@ -453,7 +460,7 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
     p.zero = coarse.zero_of(s);
     p.tp = coarse.tp_of(s);
     p.microbatch = microbatch_size(training.global_batch, coarse.microbatches, p.replicas);
-    p.in_flight = stage_in_flight_microbatches(coarse.schedule, s, stages, coarse.microbatches);
+    p.in_flight = stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
     p.links = assumed_links(cluster, Layout::kStageMajor, p.replicas * p.tp);
   }
   const int64_t memory_limit = cluster.usable_memory_bytes();

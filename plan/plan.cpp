@@ -78,6 +78,7 @@ ordered stage_json(const PlanStageRecord& s) {
   put(j, "microbatch_size", s.microbatch_size);
   j["forward_s"] = s.forward_s;
   j["backward_s"] = s.backward_s;
+  put(j, "backward_weight_s", s.backward_weight_s);
   j["recompute"] = s.recompute;
   if (s.zero > 0) j["zero"] = s.zero;  // absent = 0: plans without ZeRO read and write as before
   put(j, "comm_s", s.comm_s);
@@ -312,6 +313,10 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
     stage.forward_s = r.seconds(st, p, "forward_s");
     stage.backward_s = r.seconds(st, p, "backward_s");
     stage.recompute = r.boolean(st, p, "recompute", plan.training.recompute);
+    stage.backward_weight_s = r.optional_seconds(st, p, "backward_weight_s");
+    if (stage.backward_weight_s &&
+        *stage.backward_weight_s > (stage.backward_s - (stage.recompute ? stage.forward_s : 0.0)) * (1 + 1e-12))
+      r.fail(p + "backward_weight_s", "exceeds the backward it is part of (backward_s, less the recomputed forward)");
     // partition/ writes backward_s with the recomputed forward included (partition/stage_cost.cpp).
     if (stage.recompute && stage.backward_s + 1e-12 * stage.forward_s < stage.forward_s)
       r.fail(p + "backward_s", "is smaller than forward_s although recompute is true (backward_s must include the recomputed forward)");

@@ -89,6 +89,9 @@ struct PlanStageRecord {
   std::optional<int64_t> microbatch_size;  // samples per replica per micro-batch
   double forward_s = 0;
   double backward_s = 0;  // includes the recomputed forward when recompute
+  // ZB-H1 plans: the weight-gradient part of backward_s (never the recomputed forward), which ZB-H1 runs as its own
+  // W pass (docs/cost-model.md §2). Absent: 0, and ZB-H1 replays as 1F1B.
+  std::optional<double> backward_weight_s;
   bool recompute = false;
   // ZeRO stage 0..kMaxZeroStage its replicas shard with (plan/training.h); absent in the file: 0. Its collectives and
   // sharded optimizer step are already in forward_s, backward_s, allreduce_s and optimizer_s (docs/plan.md).

@@ -24,6 +24,7 @@ const char* category(TimelineKind k) {
   switch (k) {
     case TimelineKind::kForward: return "forward";
     case TimelineKind::kBackward: return "backward";
+    case TimelineKind::kBackwardWeight: return "backward_weight";
     case TimelineKind::kSend:
     case TimelineKind::kRecv: return "p2p";
     case TimelineKind::kAllReduce: return "allreduce";
@@ -50,6 +51,7 @@ std::string action_name(TimelineKind kind, int stage, int virtual_stage, int64_t
   switch (kind) {
     case TimelineKind::kForward: return v + "F" + mb;
     case TimelineKind::kBackward: return v + "B" + mb;
+    case TimelineKind::kBackwardWeight: return v + "W" + mb;
     case TimelineKind::kSend: return v + (gradient ? "SEND_B" : "SEND_F") + mb;
     case TimelineKind::kRecv: return v + (gradient ? "RECV_B" : "RECV_F") + mb;
     case TimelineKind::kAllReduce: return std::to_string(stage) + "REDUCE_GRAD";
@@ -163,6 +165,7 @@ Timeline timeline_from_chrome_trace(const nlohmann::json& j, const std::string& 
     TimelineEvent ev;
     if (cat == "forward") ev.kind = TimelineKind::kForward;
     else if (cat == "backward") ev.kind = TimelineKind::kBackward;
+    else if (cat == "backward_weight") ev.kind = TimelineKind::kBackwardWeight;
     else if (cat == "allreduce") ev.kind = TimelineKind::kAllReduce;
     else if (cat == "step") ev.kind = TimelineKind::kStep;
     else if (cat == "p2p") ev.kind = TimelineKind::kSend;  // or kRecv: by the thread below
@@ -191,7 +194,8 @@ Timeline timeline_from_chrome_trace(const nlohmann::json& j, const std::string& 
       ev.peer_process = static_cast<int>(r.optional_integer(args, apath, "peer_pid", 0, kMaxId).value_or(-1));
       const std::string name = r.string(e, path, "name");
       ev.gradient = name.find("_B") != std::string::npos;
-    } else if ((ev.kind == TimelineKind::kForward || ev.kind == TimelineKind::kBackward) && ev.microbatch < 0) {
+    } else if ((ev.kind == TimelineKind::kForward || ev.kind == TimelineKind::kBackward ||
+                ev.kind == TimelineKind::kBackwardWeight) && ev.microbatch < 0) {
       r.fail(apath + "microbatch", "is missing (a forward or backward runs one micro-batch)");
     }
     t.events.push_back(ev);

@@ -11,7 +11,8 @@
 
 namespace apart {
 
-enum class TimelineKind { kForward, kBackward, kSend, kRecv, kAllReduce, kStep };
+// kBackwardWeight: ZB-H1's weight-gradient pass ("W" in torch.distributed.pipelining's action names).
+enum class TimelineKind { kForward, kBackward, kSend, kRecv, kAllReduce, kStep, kBackwardWeight };
 
 // One timed action of one process. A transfer is two events: the sender's kSend and the receiver's kRecv (the
 // simulator gives both the transfer's time; the runtime measures posting the send and waiting for the receive).

@@ -19,6 +19,8 @@ constexpr std::pair<std::string_view, Schedule> kScheduleNames[] = {
     {"interleaved", Schedule::kInterleaved},
     {"interleaved-1f1b", Schedule::kInterleaved},
     {"interleaved1f1b", Schedule::kInterleaved},
+    {"zb-h1", Schedule::kZbH1},
+    {"zbh1", Schedule::kZbH1},
 };
 constexpr std::pair<std::string_view, Optimizer> kOptimizerNames[] = {
     {"sgd", Optimizer::kSgd},

@@ -9,8 +9,14 @@
 namespace apart {
 
 // GPipe: all forwards, then all backwards. 1F1B: PipeDream-Flush. Interleaved: Megatron-LM's interleaved 1F1B
-// (virtual stages); the simulator runs it, the planner plans gpipe and 1f1b.
-enum class Schedule : uint8_t { kGPipe, k1F1B, kInterleaved };
+// (virtual stages: each plan stage runs as v chunks). ZB-H1: Qi et al., ICLR 2024 "Zero Bubble Pipeline
+// Parallelism" §3.1, 1F1B with each backward split into the input gradient (B) and the weight gradient (W), the
+// W passes deferred into the bubbles. The planner plans interleaved and zb-h1 when asked (--schedule), the
+// simulator replays them, the runtime does not run them yet.
+enum class Schedule : uint8_t { kGPipe, k1F1B, kInterleaved, kZbH1 };
+// Chunks per device of the interleaved schedule when neither --virtual-stages nor the plan says (Megatron-LM's
+// smallest interleaving); at most limits::kMaxVirtualStages.
+inline constexpr int kDefaultVirtualStages = 2;
 // PyTorch semantics (runtime/optimizer.h). For memory, adamw is adam: two state slots per parameter.
 enum class Optimizer : uint8_t { kSgd, kMomentum, kAdam, kAdamW };
 // kMixed: fp16/bf16 math and activations, fp32 master weights.
@@ -26,12 +32,12 @@ inline constexpr int kParamStorageBytes = 4;
 // parallelism) to 3 (optimizer state, gradients and weights); plan.json's stages[].zero, partition's --zero.
 inline constexpr int kMaxZeroStage = 3;
 
-// The canonical names: "gpipe", "1f1b", "interleaved"; "sgd", "momentum", "adam", "adamw"; "fp32", "tf32", "mixed".
+// The canonical names: "gpipe", "1f1b", "interleaved", "zb-h1"; "sgd", "momentum", "adam", "adamw"; "fp32", "tf32", "mixed".
 std::string_view schedule_name(Schedule s);
 std::string_view optimizer_name(Optimizer o);
 std::string_view precision_name(Precision p);
 
-// A canonical name or an alias ("interleaved-1f1b", "interleaved1f1b"; "fp16", "bf16", "amp" for mixed). Throws
+// A canonical name or an alias ("interleaved-1f1b", "interleaved1f1b", "zbh1"; "fp16", "bf16", "amp" for mixed). Throws
 // InvalidArgument naming the flag (--schedule, --optimizer, --precision), the text and every accepted name.
 Schedule parse_schedule(std::string_view name);
 Optimizer parse_optimizer(std::string_view name);
@@ -60,7 +66,7 @@ TpRegionKind parse_tp_region_kind(std::string_view name);  // InvalidArgument li
 std::string tp_region_kind_names();
 
 // Every value of each enum, in declaration order (tests walk the name tables with these).
-inline constexpr Schedule kSchedules[] = {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved};
+inline constexpr Schedule kSchedules[] = {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZbH1};
 inline constexpr Optimizer kOptimizers[] = {Optimizer::kSgd, Optimizer::kMomentum, Optimizer::kAdam, Optimizer::kAdamW};
 inline constexpr Precision kPrecisions[] = {Precision::kFp32, Precision::kTf32, Precision::kMixed};
 inline constexpr TpRegionKind kTpRegionKinds[] = {TpRegionKind::kAttention, TpRegionKind::kMlp, TpRegionKind::kEmbedding,

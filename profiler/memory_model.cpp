@@ -9,10 +9,25 @@
 
 namespace apart {
 
-int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, int64_t microbatches) {
-  APART_CHECK(stages >= 1 && stage >= 0 && stage < stages && microbatches >= 1, "bad stage/microbatch numbers");
-  if (schedule == Schedule::kGPipe) return microbatches;
+int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, int64_t microbatches, int chunks) {
+  APART_CHECK(stages >= 1 && stage >= 0 && stage < stages && microbatches >= 1 && chunks >= 1,
+              "bad stage/microbatch numbers");
+  APART_CHECK(chunks == 1 || schedule == Schedule::kInterleaved, "only the interleaved schedule runs chunks");
+  switch (schedule) {
+    case Schedule::kGPipe: return microbatches;
+    case Schedule::k1F1B: break;
+    case Schedule::kZbH1: return std::min<int64_t>(stages, microbatches);
+    case Schedule::kInterleaved: {
+      const int64_t warmup = static_cast<int64_t>(stages - stage - 1) * 2 + static_cast<int64_t>(chunks - 1) * stages;
+      return std::min<int64_t>(warmup + 1, microbatches * chunks);
+    }
+  }
   return std::min<int64_t>(stages - stage, microbatches);
+}
+
+double stage_in_flight_activations(Schedule schedule, int stage, int stages, int64_t microbatches, int chunks) {
+  return static_cast<double>(stage_in_flight_microbatches(schedule, stage, stages, microbatches, chunks)) /
+         static_cast<double>(chunks);
 }
 
 double working_weight_bytes_per_param(Precision precision) { return precision == Precision::kMixed ? 2 : 4; }

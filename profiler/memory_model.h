@@ -9,9 +9,20 @@
 
 namespace apart {
 
-// Micro-batches whose activations stage `stage` (0-based) of `stages` holds at its peak:
-// GPipe m; 1F1B min(S − s, m) (the first stage holds S).
-int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, int64_t microbatches);
+// Micro-batches whose activations stage `stage` (0-based) of `stages` holds at its peak, counted in chunks: under
+// interleaving (`chunks` = v virtual stages per device, each 1/v of the stage) a chunk's micro-batch; else whole ones.
+//   GPipe m; 1F1B min(S − s, m) (the first stage holds S);
+//   interleaved: min((S − s − 1)·2 + (v − 1)·S + 1, m·v), Megatron-LM's warm-up forwards and the first steady-state
+//   forward before the first backward (Narayanan et al., SC'21 §2.2; schedule.h device_op_order);
+//   ZB-H1: min(S, m) on every stage, counted from a forward to its weight-gradient pass W: device s defers s of its
+//   W passes, so it holds the first stage's 1F1B count (Qi et al.'s memory limit p · M_B, the same peak as 1F1B).
+// GPipe and 1F1B take chunks = 1. The one home of these counts: the DP, the memory model, the simulator and the
+// report read them through here.
+int64_t stage_in_flight_microbatches(Schedule schedule, int stage, int stages, int64_t microbatches, int chunks = 1);
+// The same in multiples of one micro-batch's activations of the whole stage: stage_in_flight_microbatches / chunks
+// (interleaved: each chunk micro-batch holds 1/v of them). What a stage's memory multiplies its per-micro-batch
+// activation bytes by.
+double stage_in_flight_activations(Schedule schedule, int stage, int stages, int64_t microbatches, int chunks = 1);
 
 // Persistent bytes per parameter: weights + gradients + optimizer state.
 //   fp32/tf32: 4 + 4 + {SGD 0, momentum 4, Adam 8}        → 8, 12, 16

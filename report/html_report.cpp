@@ -412,6 +412,11 @@ void timeline_section(std::ostringstream& out, const ReportPlan& p, const sim::S
         label = "B" + std::to_string(e.microbatch);
         tip = "stage " + std::to_string(e.stage) + " backward, micro-batch " + std::to_string(e.microbatch);
         break;
+      case sim::EventKind::kBackwardWeight:
+        fill = "hsl(" + std::to_string(hue) + ",45%,60%)";
+        label = "W" + std::to_string(e.microbatch);
+        tip = "stage " + std::to_string(e.stage) + " weight gradient, micro-batch " + std::to_string(e.microbatch);
+        break;
       case sim::EventKind::kTransfer:
         fill = e.gradient ? "#57606a" : "#8c959f";
         tip = std::string(e.gradient ? "gradient" : "activation") + " stage " + std::to_string(e.stage) + " → " +

@@ -71,6 +71,22 @@ std::vector<ComputeOp> device_op_order(Schedule schedule, int device, int device
     case Schedule::kInterleaved:
       ops = interleaved_order(device, devices, chunks, microbatches);
       break;
+    case Schedule::kZbH1: {
+      APART_CHECK(chunks == 1, "ZB-H1 has one chunk per device");
+      // Device d defers its W passes by d micro-batches: the B passes that the devices before it wait for run
+      // back to back with the forwards, and the deferred W passes fill the drain where 1F1B idles.
+      const int64_t warmup = std::min<int64_t>(devices - device, microbatches);
+      const int64_t lag = device;
+      for (int64_t mb = 0; mb < warmup; ++mb) ops.push_back({OpKind::kForward, device, mb});
+      for (int64_t mb = 0; mb < microbatches; ++mb) {
+        ops.push_back({OpKind::kBackward, device, mb});
+        if (mb >= lag) ops.push_back({OpKind::kBackwardWeight, device, mb - lag});
+        if (warmup + mb < microbatches) ops.push_back({OpKind::kForward, device, warmup + mb});
+      }
+      for (int64_t mb = std::max<int64_t>(0, microbatches - lag); mb < microbatches; ++mb)
+        ops.push_back({OpKind::kBackwardWeight, device, mb});
+      break;
+    }
   }
   return ops;
 }
@@ -219,9 +235,9 @@ void check_executable(const PlanDocument& plan) {
     if (stage.tp > 1)
       throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel (tp " + std::to_string(stage.tp) +
                         "): the runtime does not execute tensor-parallel stages yet; re-plan with --tp 1");
-  if (plan.training.schedule == Schedule::kInterleaved)
-    throw Unsupported("the plan's schedule is interleaved (virtual stages): the runtime executes gpipe and 1f1b plans"
-                      " only; re-plan with --schedule 1f1b");
+  if (plan.training.schedule == Schedule::kInterleaved || plan.training.schedule == Schedule::kZbH1)
+    throw Unsupported("the plan's schedule is " + std::string(schedule_name(plan.training.schedule)) +
+                      ": the runtime executes gpipe and 1f1b plans only; re-plan with --schedule 1f1b");
 }
 
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {

@@ -11,10 +11,12 @@
 
 namespace apart {
 
-enum class OpKind { kForward, kBackward };
+// kBackward: the whole backward, except under ZB-H1, where it is the input-gradient pass (B) and
+// kBackwardWeight the weight-gradient pass (W) that follows it later.
+enum class OpKind { kForward, kBackward, kBackwardWeight };
 
-// One compute op of a pipeline position: the forward or backward of virtual stage `virtual_stage` on micro-batch
-// `microbatch`.
+// One compute op of a pipeline position: the forward, backward or weight-gradient pass of virtual stage
+// `virtual_stage` on micro-batch `microbatch`.
 struct ComputeOp {
   OpKind kind = OpKind::kForward;
   int virtual_stage = 0;
@@ -29,6 +31,10 @@ struct ComputeOp {
 //   Interleaved: Megatron-LM's order: warm-up (P − d − 1)·2 + (v − 1)·P forwards (capped at m·v), then
 //                forward/backward pairs, then backwards; micro-batches go in rounds of P per chunk.
 //                Needs m to be a multiple of P (Megatron-LM's constraint); throws Unsupported otherwise.
+//   ZB-H1:       1F1B's warm-up, min(P − d, m) forwards; then per micro-batch k its input-gradient pass B, from
+//                k = d on the weight-gradient pass W of micro-batch k − d, and the next forward; the d deferred W
+//                passes end the order, filling the drain (Qi et al., ICLR 2024 §3.1). F < B < W per micro-batch;
+//                at most min(P, m) micro-batches between their forward and their W (v = 1).
 std::vector<ComputeOp> device_op_order(Schedule schedule, int device, int devices, int chunks, int64_t microbatches);
 
 // Where a rank sits in the plan: stage `stage`'s replica `replica` (plan.stages[stage].devices[replica] == rank).
@@ -92,8 +98,8 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // with kAllReduce, every rank with kStep. Sends are non-blocking and receives blocking: check_schedule proves that
 // this never deadlocks. Receives before an op go by from_stage (gradients: to_stage), then peer rank; sends after it
 // likewise. InvalidArgument when `rank` is not in the plan or a stage has more replicas than a micro-batch has samples
-// (microbatch_samples); Unsupported for the interleaved schedule (device_op_order has it; the runtime does not yet),
-// for tensor-parallel stages (tp > 1) and for plans whose tags would pass kMaxActionTag.
+// (microbatch_samples); Unsupported for the interleaved and ZB-H1 schedules (device_op_order has them; the runtime
+// does not yet), for tensor-parallel stages (tp > 1) and for plans whose tags would pass kMaxActionTag.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
 // What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming a tensor-parallel
 // stage or the interleaved schedule; nothing otherwise.

@@ -65,6 +65,7 @@ Comparison compare_with_timeline(const SimPlan& plan, const SimResult& predicted
     switch (e.kind) {
       case TimelineKind::kForward: t.forward += d; ++t.forwards; break;
       case TimelineKind::kBackward: t.backward += d; ++t.backwards; break;
+      case TimelineKind::kBackwardWeight: t.backward += d; break;  // ZB-H1's W: the rest of that backward
       case TimelineKind::kSend:
       case TimelineKind::kRecv: t.comm += d; break;
       case TimelineKind::kAllReduce: t.allreduce += d; break;

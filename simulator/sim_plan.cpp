@@ -39,6 +39,7 @@ SimPlan sim_plan(const PlanDocument& document, const std::string& source) {
     // plan.json's backward_s includes the recomputed forward (partition/stage_cost.cpp); the replay runs it apart.
     stage.backward_s = s.recompute ? std::max(0.0, s.backward_s - s.forward_s) : s.backward_s;
     stage.recompute = s.recompute;
+    stage.backward_weight_s = std::min(s.backward_weight_s.value_or(0.0), stage.backward_s);
     stage.zero = s.zero;
     stage.allreduce_s = s.allreduce_s.value_or(0.0);
     stage.allreduce_exposed_s = s.allreduce_exposed_s;

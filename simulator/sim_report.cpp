@@ -128,6 +128,7 @@ Timeline simulation_timeline(const SimPlan& plan, const SimResult& r) {
     ev.end_s = e.end_s;
     if (e.kind != EventKind::kTransfer) {
       ev.kind = e.kind == EventKind::kForward ? TimelineKind::kForward : e.kind == EventKind::kBackward ? TimelineKind::kBackward
+                : e.kind == EventKind::kBackwardWeight ? TimelineKind::kBackwardWeight
                 : e.kind == EventKind::kAllReduce ? TimelineKind::kAllReduce : TimelineKind::kStep;
       t.events.push_back(ev);
       continue;

@@ -20,6 +20,7 @@ namespace apart::sim {
 
 std::string SimEvent::name() const {
   const TimelineKind k = kind == EventKind::kForward ? TimelineKind::kForward : kind == EventKind::kBackward ? TimelineKind::kBackward
+                         : kind == EventKind::kBackwardWeight ? TimelineKind::kBackwardWeight
                          : kind == EventKind::kTransfer ? TimelineKind::kSend : kind == EventKind::kAllReduce ? TimelineKind::kAllReduce
                          : TimelineKind::kStep;
   return action_name(k, stage, virtual_stage, microbatch, gradient);
@@ -35,7 +36,8 @@ namespace {
 struct VirtualStage {
   int group = 0;  // pipeline position that runs it
   double forward_s = 0;
-  double backward_s = 0;  // including recomputation
+  double backward_s = 0;  // including recomputation; under ZB-H1 without the weight-gradient pass
+  double weight_s = 0;    // ZB-H1's weight-gradient pass W
   double activation_bytes = 0;  // saved per micro-batch
   std::vector<std::pair<int, double>> preds;  // (virtual stage, bytes per micro-batch)
   std::vector<std::pair<int, double>> succs;
@@ -50,6 +52,11 @@ double cut_bytes(const SimPlan& plan, int k) {
   return bytes;
 }
 
+// Chunks per device a plan was made for under interleaving: training.virtual_stages, else the default.
+int plan_chunks(const SimPlan& plan) {
+  return plan.training.virtual_stages > 1 ? plan.training.virtual_stages : kDefaultVirtualStages;
+}
+
 // Activation memory per stage: see docs/simulator.md §Memory for the approximation.
 void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<StageStats>& stats, std::string& note) {
   const Optimizer optimizer = plan.training.optimizer;
@@ -58,9 +65,9 @@ void estimate_memory(const SimPlan& plan, Schedule plan_schedule, std::vector<St
   std::map<std::string, int> methods;
   for (int s = 0; s < stages; ++s) {
     const SimStage& st = plan.stages[static_cast<size_t>(s)];
-    const double planned = static_cast<double>(stage_in_flight_microbatches(
-        plan_schedule == Schedule::kGPipe ? Schedule::kGPipe : Schedule::k1F1B, s, stages,
-        plan.training.microbatches));
+    // The activations the plan's own schedule counted into memory_bytes (interleaved: its chunks, each 1/v).
+    const double planned = stage_in_flight_activations(plan_schedule, s, stages, plan.training.microbatches,
+                                                       plan_schedule == Schedule::kInterleaved ? plan_chunks(plan) : 1);
     const double total = static_cast<double>(st.memory_bytes);
     double fixed = 0, per_mb = 0;
     if (st.memory_static_bytes && st.activation_bytes_per_microbatch) {
@@ -95,7 +102,7 @@ class Engine {
     build_virtual_stages(schedule);
     order_.resize(static_cast<size_t>(groups_));
     for (int g = 0; g < groups_; ++g) order_[static_cast<size_t>(g)] = device_op_order(schedule, g, groups_, chunks_, m_);
-    const size_t ops = vstages_.size() * static_cast<size_t>(m_) * 2;
+    const size_t ops = vstages_.size() * static_cast<size_t>(m_) * kOpKinds;
     need_.assign(ops, 0);
     got_.assign(ops, 0);
     last_arrival_.assign(ops, 0.0);
@@ -104,6 +111,7 @@ class Engine {
       for (int64_t mb = 0; mb < m_; ++mb) {
         need_[op_index(static_cast<int>(c), mb, OpKind::kForward)] = static_cast<int>(vstages_[c].preds.size());
         need_[op_index(static_cast<int>(c), mb, OpKind::kBackward)] = static_cast<int>(vstages_[c].succs.size()) + 1;
+        need_[op_index(static_cast<int>(c), mb, OpKind::kBackwardWeight)] = 1;  // its own B
       }
     const size_t g = static_cast<size_t>(groups_);
     next_.assign(g, 0);
@@ -158,12 +166,15 @@ class Engine {
     size_t target_op;
   };
 
+  static constexpr size_t kOpKinds = 3;  // forward, backward, weight-gradient pass
   size_t op_index(int vs, int64_t mb, OpKind kind) const {
-    return (static_cast<size_t>(vs) * static_cast<size_t>(m_) + static_cast<size_t>(mb)) * 2 + (kind == OpKind::kBackward ? 1 : 0);
+    return (static_cast<size_t>(vs) * static_cast<size_t>(m_) + static_cast<size_t>(mb)) * kOpKinds +
+           static_cast<size_t>(kind);
   }
 
   void build_virtual_stages(Schedule schedule) {
     const bool interleaved = schedule == Schedule::kInterleaved;
+    zb_h1_ = schedule == Schedule::kZbH1;
     const int v = interleaved ? chunks_ : 1;
     vstages_.resize(static_cast<size_t>(groups_ * v));
     for (int c = 0; c < groups_ * v; ++c) {
@@ -175,6 +186,10 @@ class Engine {
       vs.forward_s = st.forward_s / v;
       vs.backward_s = (st.backward_s + (st.recompute ? st.forward_s : 0.0)) / v;
       vs.activation_bytes = result_.stages[static_cast<size_t>(g)].activation_bytes_per_microbatch / v;
+      if (zb_h1_) {  // the weight-gradient part runs as its own pass (v = 1)
+        vs.weight_s = std::min(st.backward_weight_s, vs.backward_s);
+        vs.backward_s -= vs.weight_s;
+      }
     }
     if (interleaved) {
       // Chain of P·v chunks; chunk c on device c mod P sends to c + 1. The wrap from the last device to the first
@@ -233,10 +248,14 @@ class Engine {
       const size_t id = op_index(op.virtual_stage, op.microbatch, op.kind);
       if (got_[id] < need_[id]) return;
       const VirtualStage& vs = vstages_[static_cast<size_t>(op.virtual_stage)];
-      e.kind = op.kind == OpKind::kForward ? EventKind::kForward : EventKind::kBackward;
+      e.kind = op.kind == OpKind::kForward    ? EventKind::kForward
+               : op.kind == OpKind::kBackward ? EventKind::kBackward
+                                              : EventKind::kBackwardWeight;
       e.virtual_stage = op.virtual_stage;
       e.microbatch = op.microbatch;
-      e.end_s = now + (op.kind == OpKind::kForward ? vs.forward_s : vs.backward_s);
+      e.end_s = now + (op.kind == OpKind::kForward    ? vs.forward_s
+                       : op.kind == OpKind::kBackward ? vs.backward_s
+                                                      : vs.weight_s);
       // Data or the device: whichever was ready last (ties go to the data dependency, the pipeline's chain).
       if (last_arrival_event_[id] >= 0 && last_arrival_[id] >= device_free_[gi]) e.critical_predecessor = last_arrival_event_[id];
       ++next_[gi];
@@ -265,7 +284,7 @@ class Engine {
       last_arrival_[op] = now;
       last_arrival_event_[op] = event;
     }
-    const int vs = static_cast<int>(op / 2 / static_cast<size_t>(m_));
+    const int vs = static_cast<int>(op / kOpKinds / static_cast<size_t>(m_));
     try_start_device(vstages_[static_cast<size_t>(vs)].group, now);
   }
 
@@ -331,8 +350,12 @@ class Engine {
       for (const auto& [to, bytes] : vs.succs) send(e.virtual_stage, to, e.microbatch, false, bytes, now, event);
     } else if (e.kind == EventKind::kBackward) {
       const VirtualStage& vs = vstages_[static_cast<size_t>(e.virtual_stage)];
-      set_memory(e.stage, now, -1, -vs.activation_bytes);
+      // ZB-H1 keeps the activations until the W pass has read them.
+      if (zb_h1_) deliver(op_index(e.virtual_stage, e.microbatch, OpKind::kBackwardWeight), now, event);
+      else set_memory(e.stage, now, -1, -vs.activation_bytes);
       for (const auto& [from, bytes] : vs.preds) send(e.virtual_stage, from, e.microbatch, true, bytes, now, event);
+    } else if (e.kind == EventKind::kBackwardWeight) {
+      set_memory(e.stage, now, -1, -vstages_[static_cast<size_t>(e.virtual_stage)].activation_bytes);
     }
     try_start_transfers(now);
     try_start_device(e.stage, now);
@@ -351,6 +374,7 @@ class Engine {
   int groups_;
   int chunks_;
   int64_t m_;
+  bool zb_h1_ = false;
   std::vector<VirtualStage> vstages_;
   std::vector<std::vector<ComputeOp>> order_;
   std::vector<int> need_, got_;
@@ -399,8 +423,7 @@ SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
   if (options.virtual_stages < 0) throw InvalidArgument("--virtual-stages must be at least 1");
   int chunks = 1;
   if (schedule == Schedule::kInterleaved) {
-    chunks = options.virtual_stages > 0 ? options.virtual_stages
-             : plan.training.virtual_stages > 1 ? plan.training.virtual_stages : 2;
+    chunks = options.virtual_stages > 0 ? options.virtual_stages : plan_chunks(plan);
   } else if (options.virtual_stages > 1) {
     throw InvalidArgument("--virtual-stages " + std::to_string(options.virtual_stages) +
                           " needs --schedule interleaved (GPipe and 1F1B run one chunk per device)");
@@ -449,8 +472,9 @@ SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
     switch (e.kind) {
       case EventKind::kForward:
       case EventKind::kBackward:
+      case EventKind::kBackwardWeight:
         st.busy_s += d;
-        if (e.kind == EventKind::kBackward) result.pipeline_s = std::max(result.pipeline_s, e.end_s);
+        if (e.kind != EventKind::kForward) result.pipeline_s = std::max(result.pipeline_s, e.end_s);
         break;
       case EventKind::kTransfer:
         st.send_s += d;

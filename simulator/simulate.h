@@ -23,7 +23,8 @@ struct SimOptions {
   bool communication = true;         // false: transfers take no time (for what-if comparisons)
 };
 
-enum class EventKind { kForward, kBackward, kTransfer, kAllReduce, kStep };
+// kBackward is the whole backward, or ZB-H1's input-gradient pass B, whose weight-gradient pass is kBackwardWeight.
+enum class EventKind { kForward, kBackward, kTransfer, kAllReduce, kStep, kBackwardWeight };
 
 // One timed event. A transfer occupies the sender's send channel and the receiver's recv channel together.
 struct SimEvent {
@@ -40,7 +41,7 @@ struct SimEvent {
   double end_s = 0;
   int critical_predecessor = -1;  // the event whose end fixed this one's start; -1: started at 0
 
-  // torch.distributed.pipelining action names: "2F0", "3B1", "1SEND_F0", "2RECV_F0", "2REDUCE_GRAD", "2STEP".
+  // torch.distributed.pipelining action names: "2F0", "3B1", "3W1", "1SEND_F0", "2RECV_F0", "2REDUCE_GRAD", "2STEP".
   std::string name() const;
   std::string receive_name() const;  // transfers: the receiver's side
 };

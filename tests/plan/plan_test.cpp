@@ -73,7 +73,7 @@ TEST(APlanReader, NamesTheFieldOfACorruptRealPlan) {
   const std::vector<Case> cases = {
       {[](json& j) { j["training"]["optimizer"] = "lamb"; }, "training.optimizer is \"lamb\", expected sgd, momentum, adam or adamw"},
       {[](json& j) { j["training"]["precision"] = "int8"; }, "training.precision is \"int8\""},
-      {[](json& j) { j["training"]["schedule"] = "zb"; }, "training.schedule is \"zb\", expected gpipe, 1f1b or interleaved"},
+      {[](json& j) { j["training"]["schedule"] = "zb"; }, "training.schedule is \"zb\", expected gpipe, 1f1b, interleaved or zb-h1"},
       {[](json& j) { j["stages"][0]["tasks"][0] = 7; }, "stages[0].tasks[0] must be a string"},
       {[](json& j) { j["stages"][0]["forward_s"] = -1; }, "stages[0].forward_s must be a finite number in [0, 32000000]"},
       {[](json& j) { j["cluster"]["memory_bytes"] = "lots"; }, "cluster.memory_bytes"},

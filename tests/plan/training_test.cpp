@@ -46,7 +46,7 @@ TEST(TheParsers, NameTheFlagAndListEveryAcceptedName) {
     parse_schedule("zb");
     FAIL() << "no error";
   } catch (const InvalidArgument& e) {
-    EXPECT_EQ(std::string(e.what()), "--schedule zb: expected gpipe, 1f1b or interleaved (also interleaved-1f1b, interleaved1f1b)");
+    EXPECT_EQ(std::string(e.what()), "--schedule zb: expected gpipe, 1f1b, interleaved or zb-h1 (also interleaved-1f1b, interleaved1f1b, zbh1)");
   }
   try {
     parse_optimizer("lamb");

@@ -54,6 +54,47 @@ TEST(AScheduleOrder, Warms1F1BUpWithOneForwardPerStageBelow) {
   }
 }
 
+TEST(AZbH1Order, RunsEveryForwardBackwardAndWeightPassOnceInThatOrderWithinTheFirstStages1F1BCount) {
+  int compared = 0;
+  for (int devices = 1; devices <= 6; ++devices)
+    for (int64_t m = 1; m <= 9; ++m)
+      for (int d = 0; d < devices; ++d) {
+        const auto ops = device_op_order(Schedule::kZbH1, d, devices, 1, m);
+        ASSERT_EQ(ops.size(), static_cast<size_t>(3 * m));
+        std::map<std::pair<OpKind, int64_t>, size_t> at;  // brute force: where each (kind, micro-batch) runs
+        int64_t held = 0, peak = 0;  // forwards whose weight-gradient pass has not run
+        for (size_t i = 0; i < ops.size(); ++i) {
+          EXPECT_EQ(ops[i].virtual_stage, d);
+          EXPECT_TRUE(at.insert({{ops[i].kind, ops[i].microbatch}, i}).second) << "twice";
+          held += ops[i].kind == OpKind::kForward ? 1 : ops[i].kind == OpKind::kBackwardWeight ? -1 : 0;
+          peak = std::max(peak, held);
+        }
+        for (int64_t mb = 0; mb < m; ++mb) {
+          const auto forward = at.find({OpKind::kForward, mb}), backward = at.find({OpKind::kBackward, mb}),
+                     weight = at.find({OpKind::kBackwardWeight, mb});
+          ASSERT_TRUE(forward != at.end() && backward != at.end() && weight != at.end()) << "micro-batch " << mb;
+          EXPECT_LT(forward->second, backward->second);
+          EXPECT_LT(backward->second, weight->second);
+        }
+        // 1F1B's bound: the first stage's min(P, m), which is what the in-flight rule says for every ZB-H1 stage.
+        EXPECT_LE(peak, stage_in_flight_microbatches(Schedule::k1F1B, 0, devices, m));
+        EXPECT_EQ(peak, stage_in_flight_microbatches(Schedule::kZbH1, d, devices, m)) << d << " of " << devices;
+        ++compared;
+      }
+  EXPECT_EQ(compared, 9 * (1 + 2 + 3 + 4 + 5 + 6));
+}
+
+TEST(AZbH1Order, Runs1F1BsForwardsAndBackwardsInItsOrderWhenTheWeightPassesAreLeftOut) {
+  // The B passes keep 1F1B's positions among the forwards on the last stage, where no W is deferred.
+  for (int devices : {1, 2, 4})
+    for (int64_t m : {1, 3, 8}) {
+      std::vector<ComputeOp> without;
+      for (const ComputeOp& op : device_op_order(Schedule::kZbH1, devices - 1, devices, 1, m))
+        if (op.kind != OpKind::kBackwardWeight) without.push_back(op);
+      EXPECT_EQ(without, device_op_order(Schedule::k1F1B, devices - 1, devices, 1, m));
+    }
+}
+
 TEST(AScheduleOrder, RefusesInterleavedWhenMicrobatchesAreNotAMultipleOfTheDepth) {
   EXPECT_THROW(device_op_order(Schedule::kInterleaved, 0, 4, 2, 6), Unsupported);
 }
@@ -166,6 +207,10 @@ TEST(RankActions, RefuseATensorParallelStageNamingItForNow) {
   } catch (const Unsupported& e) {
     EXPECT_NE(std::string(e.what()).find("stage 1 is tensor-parallel"), std::string::npos) << e.what();
   }
+}
+
+TEST(RankActions, RefuseTheZbH1ScheduleForNow) {
+  EXPECT_THROW(rank_actions(pipeline_plan({1, 1}, 4, Schedule::kZbH1), 0), Unsupported);
 }
 
 // --- Exact lists on hand-built plans ------------------------------------------------------------------------------

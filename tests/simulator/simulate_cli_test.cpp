@@ -146,6 +146,52 @@ TEST_F(ASimulateCommand, AgreesWithPartitionsEstimateOnARealPlan) {
     expect_simulation_agrees(dir_, model, " --devices 4 --device a100-80gb --batch 32" + extra);
 }
 
+TEST_F(ASimulateCommand, ReplaysAnInterleavedPlanAsPartitionPlannedIt) {
+  const fs::path model = fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx";
+  ASSERT_TRUE(fs::exists(model));
+  const std::string base = " --devices 4 --device a100-80gb --batch 32";
+  expect_simulation_agrees(dir_, model, base + " --stages 4 --microbatches 8 --schedule interleaved --virtual-stages 2");
+  std::ifstream plan_file(dir_ / "real" / "plan.json");
+  const json plan = json::parse(plan_file);
+  EXPECT_EQ(plan["training"]["schedule"], "interleaved");
+  EXPECT_EQ(plan["training"]["virtual_stages"], 2);
+  const CommandRun r = run("simulate " + (dir_ / "real").string() + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["schedule"], "interleaved");
+  EXPECT_EQ(j["virtual_stages"], 2);
+  // Megatron-LM's constraint, and the flag's range and schedule, refused with what to do.
+  const std::string tail = " --no-stage-models --no-baselines -o " + (dir_ / "refused").string();
+  const CommandRun uneven = run("partition " + model.string() + base + " --stages 3 --microbatches 8 --schedule interleaved" + tail);
+  EXPECT_EQ(uneven.code, 5) << uneven.out;
+  EXPECT_NE(uneven.out.find("multiple of --stages"), std::string::npos) << uneven.out;
+  const CommandRun one = run("partition " + model.string() + base + " --schedule interleaved --virtual-stages 1" + tail);
+  EXPECT_EQ(one.code, 2) << one.out;
+  EXPECT_NE(one.out.find("--virtual-stages"), std::string::npos) << one.out;
+  const CommandRun without = run("partition " + model.string() + base + " --virtual-stages 2" + tail);
+  EXPECT_EQ(without.code, 2) << without.out;
+  EXPECT_NE(without.out.find("needs --schedule interleaved"), std::string::npos) << without.out;
+}
+
+TEST_F(ASimulateCommand, ReplaysAZbH1PlanAsPartitionPlannedItAndFasterThan1F1B) {
+  const fs::path model = fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx";
+  ASSERT_TRUE(fs::exists(model));
+  expect_simulation_agrees(dir_, model, " --devices 4 --device a100-80gb --batch 32 --stages 4 --microbatches 8 --schedule zb-h1");
+  std::ifstream plan_file(dir_ / "real" / "plan.json");
+  const json plan = json::parse(plan_file);
+  EXPECT_EQ(plan["training"]["schedule"], "zb-h1");
+  for (const auto& stage : plan["stages"]) {
+    ASSERT_TRUE(stage.contains("backward_weight_s"));
+    EXPECT_GT(stage["backward_weight_s"].get<double>(), 0);  // every stage of gpt-tiny holds linears
+    EXPECT_LT(stage["backward_weight_s"].get<double>(), stage["backward_s"].get<double>());
+  }
+  const CommandRun zb = run("simulate " + (dir_ / "real").string() + " --json", false);
+  const CommandRun one = run("simulate " + (dir_ / "real").string() + " --schedule 1f1b --json", false);
+  ASSERT_EQ(zb.code, 0) << zb.out;
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_LT(json::parse(zb.out)["iteration_s"].get<double>(), json::parse(one.out)["iteration_s"].get<double>());
+}
+
 TEST_F(ASimulateCommand, AgreesWithPartitionsEstimateOnPipelinedPlansOfTheSharedModels) {
   bool any = false;
   for (const char* name : {"resnet50.onnx", "gpt2_small.onnx"}) {

@@ -1,8 +1,10 @@
 // The event simulator against closed forms and the schedules' known properties.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "graph/error.h"
 #include "profiler/memory_model.h"
@@ -47,6 +49,77 @@ TEST(ASimulatedPipeline, MatchesMegatronsInterleavedBubbleForEqualStages) {
         const SimResult r = simulate(chain_plan(stages, m, kF, kB), with(Schedule::kInterleaved, v));
         expect_rel(r.iteration_s, static_cast<double>(m) * (kF + kB) + (stages - 1) * (kF + kB) / v);
       }
+}
+
+// A chain whose backwards spend `weight_s` of their time on weight gradients (ZB-H1's W).
+SimPlan with_weight_passes(SimPlan plan, double weight_s) {
+  for (SimStage& st : plan.stages) st.backward_weight_s = weight_s;
+  return plan;
+}
+
+TEST(ASimulatedPipeline, MatchesZeroBubblesClosedFormForEqualStages) {
+  // Qi et al., ICLR 2024 §3.1: ZB-H1's bubble is (p − 1)(T_F + T_B − T_W) where 1F1B's is (p − 1)(T_F + T_B + T_W),
+  // T_B the input-gradient pass, when W is the shortest; a longer W fills only a drain gap's shorter pass:
+  // (p − 1)(T_F + T_B − min(T_W, T_F, T_B)). The cost model's W is half the backward of weight-reading tasks.
+  for (double weight : {0.0, kB / 4, kB / 2})
+    for (int stages : {1, 2, 3, 4, 6})
+      for (int64_t m : {1, 2, 4, 7, 16}) {
+        SCOPED_TRACE("W=" + std::to_string(weight) + " S=" + std::to_string(stages) + " m=" + std::to_string(m));
+        const SimResult r = simulate(with_weight_passes(chain_plan(stages, m, kF, kB), weight), with(Schedule::kZbH1));
+        const double input_gradient = kB - weight;
+        if (m >= stages)  // fewer micro-batches than stages leave too few W passes to fill the drain
+          expect_rel(r.iteration_s,
+                     static_cast<double>(m) * (kF + kB) + (stages - 1) * (kF + input_gradient - std::min({weight, kF, input_gradient})));
+        EXPECT_LE(r.iteration_s, simulate(chain_plan(stages, m, kF, kB), with(Schedule::k1F1B)).iteration_s * (1 + 1e-12));
+      }
+}
+
+TEST(ASimulatedPipeline, RunsZbH1As1F1BWithoutWeightPasses) {
+  for (int stages : {1, 3, 4})
+    for (int64_t m : {2, 5, 8})
+      expect_rel(simulate(chain_plan(stages, m, kF, kB, 2e5), with(Schedule::kZbH1)).iteration_s,
+                 simulate(chain_plan(stages, m, kF, kB, 2e5), with(Schedule::k1F1B)).iteration_s);
+}
+
+TEST(ASimulatedPipeline, IsNeverSlowerUnderZbH1ThanUnder1F1BOnRandomSmallPlans) {
+  std::mt19937 rng(31);
+  auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  int compared = 0, faster = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int stages = 1 + trial % 5;
+    const int64_t m = 1 + static_cast<int64_t>(uniform(0, 12));
+    SimPlan plan = chain_plan(stages, m, kF, kB, trial % 3 == 0 ? 0.0 : uniform(0, 4e5));
+    for (SimStage& st : plan.stages) {
+      st.forward_s = uniform(0.2e-3, 3e-3);
+      st.backward_s = uniform(1.0, 2.5) * st.forward_s;
+      st.backward_weight_s = uniform(0, 0.6) * st.backward_s;
+      st.recompute = trial % 4 == 1;
+    }
+    const double zb = simulate(plan, with(Schedule::kZbH1)).iteration_s;
+    const double one = simulate(plan, with(Schedule::k1F1B)).iteration_s;
+    EXPECT_LE(zb, one * (1 + 1e-12)) << "trial " << trial << " S=" << stages << " m=" << m;
+    faster += zb < one * (1 - 1e-9) ? 1 : 0;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 200);
+  EXPECT_GT(faster, 100);  // the deferred W passes shorten most pipelines of two or more stages
+}
+
+TEST(ASimulatedPipeline, HoldsZbH1sInFlightMicrobatchesUntilTheirWeightPasses) {
+  for (int64_t m : {2, 3, 8}) {
+    const int stages = 4;
+    const SimResult r = simulate(with_weight_passes(chain_plan(stages, m, kF, kB), kB / 2), with(Schedule::kZbH1));
+    for (int s = 0; s < stages; ++s)
+      EXPECT_EQ(r.stages[static_cast<size_t>(s)].peak_in_flight,
+                stage_in_flight_microbatches(Schedule::kZbH1, s, stages, m)) << "stage " << s;
+    int weight_passes = 0;
+    for (const SimEvent& e : r.events)
+      if (e.kind == EventKind::kBackwardWeight) {
+        ++weight_passes;
+        EXPECT_EQ(e.name(), std::to_string(e.stage) + "W" + std::to_string(e.microbatch));
+      }
+    EXPECT_EQ(weight_passes, stages * m);
+  }
 }
 
 TEST(ASimulatedPipeline, HasASmallerBubbleWithMoreMicrobatches) {

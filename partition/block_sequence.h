@@ -1,7 +1,9 @@
 // The stage DP's input: blocks in topological order with affine costs, and the values crossing them.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,37 @@ struct TpWork {
     backward_collectives -= o.backward_collectives;
     return *this;
   }
+};
+
+// Prefix sums of a sequence's TpWork, with per degree the count of elements refusing it: any range's shares and
+// refused degrees in O(1). StageEvaluator keeps one over blocks, the component-level cut search over components.
+class TpPrefix {
+ public:
+  TpPrefix() : sums_(1), refusing_(1, std::array<uint32_t, kRefusable>{}) {}
+  void push_back(const TpWork& w) {
+    sums_.push_back(sums_.back());
+    sums_.back() += w;
+    refusing_.push_back(refusing_.back());
+    for (size_t i = 0; i < kRefusable; ++i) refusing_.back()[i] += (w.refused >> i) & 1u;
+  }
+  // The elements [first, last): their summed shares, refused by any of them.
+  TpWork range(size_t first, size_t last) const {
+    TpWork r = sums_[last];
+    r -= sums_[first];
+    r.refused = refused(first, last);
+    return r;
+  }
+  uint8_t refused(size_t first, size_t last) const {
+    uint8_t bits = 0;
+    for (size_t i = 0; i < kRefusable; ++i)
+      if (refusing_[last][i] > refusing_[first][i]) bits |= static_cast<uint8_t>(1u << i);
+    return bits;
+  }
+
+ private:
+  static constexpr size_t kRefusable = std::size(kTpDegrees) - 1;  // degree 1 is never refused
+  std::vector<TpWork> sums_;
+  std::vector<std::array<uint32_t, kRefusable>> refusing_;
 };
 
 // Aggregated costs of one block (or atomic component) per micro-batch.

@@ -1,9 +1,6 @@
 // Names, parsers and validation of the partition options.
 #include "partition/options.h"
 
-#include <algorithm>
-#include <iterator>
-
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/threads.h"
@@ -85,7 +82,7 @@ void PartitionOptions::validate() const {
                           " shards across a stage's data-parallel replicas, and --replicas 1 leaves each stage one; "
                           "give stages replicas (--replicas N > 1 or auto) or use --zero 0");
   if (stage.tp) {
-    if (std::find(std::begin(kTpDegrees), std::end(kTpDegrees), *stage.tp) == std::end(kTpDegrees))
+    if (tp_degree_index(*stage.tp) < 0)
       throw InvalidArgument("--tp " + std::to_string(*stage.tp) + ": expected 1, 2, 4, 8 or auto");
     // A tensor-parallel group is devices of one node, and groups tile the node.
     if (cluster.devices_per_node % *stage.tp != 0 || *stage.tp > cluster.devices)

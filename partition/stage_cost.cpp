@@ -24,14 +24,9 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
   bwd_ps_.assign(n, 0);
   saved_ps_.assign(n, 0);
   bwd_weight_.assign(n, WorkCurve{});
-  tp_ps_.assign(n, TpWork{});
-  tp_refusing_.assign(std::size(kTpDegrees) - 1, std::vector<uint32_t>(n, 0));
   for (size_t b = 0; b < k_; ++b) {
     const BlockCost& c = seq.blocks[b];
-    tp_ps_[b + 1] = tp_ps_[b];
-    tp_ps_[b + 1] += c.tp;
-    for (size_t i = 0; i < tp_refusing_.size(); ++i)
-      tp_refusing_[i][b + 1] = tp_refusing_[i][b] + ((c.tp.refused >> i) & 1u);
+    tp_.push_back(c.tp);
     fwd_fixed_[b + 1] = fwd_fixed_[b] + c.forward.fixed_s;
     fwd_ps_[b + 1] = fwd_ps_[b] + c.forward.per_sample_s;
     bwd_fixed_[b + 1] = bwd_fixed_[b] + c.backward.fixed_s;
@@ -104,11 +99,15 @@ StageEvaluator::StageEvaluator(const BlockSequence& seq, const Cluster& cluster,
 
 double tp_device_time(double total_s, double split_s, int tp) { return total_s - (1.0 - 1.0 / tp) * split_s; }
 
-bool tp_allows(const StageRange& range, int tp) {
-  for (size_t i = 0; i < std::size(kTpDegrees); ++i)
-    if (kTpDegrees[i] == tp) return i == 0 || !((range.tp.refused >> (i - 1)) & 1u);
-  return false;
+namespace {
+// Whether degree `tp` is one of kTpDegrees and not among the `refused` bits (TpWork::refused).
+bool degree_allowed(uint8_t refused, int tp) {
+  const int i = tp_degree_index(tp);
+  return i == 0 || (i > 0 && !((refused >> (i - 1)) & 1u));
 }
+}  // namespace
+
+bool tp_allows(const StageRange& range, int tp) { return degree_allowed(range.tp.refused, tp); }
 
 StageLinks assumed_links(const Cluster& cluster, Layout layout, int devices) {
   const Link& intra = cluster.intra_node;
@@ -154,11 +153,7 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
   r.workspace_per_sample = ws_ps_max_[first * n + last];
   r.workspace_fixed = ws_fixed_max_[first * n + last];
   r.largest_task_param_bytes = largest_task_params_max_[first * n + last];
-  r.tp = tp_ps_[last];
-  r.tp -= tp_ps_[first];
-  r.tp.refused = 0;
-  for (size_t i = 0; i < tp_refusing_.size(); ++i)
-    if (tp_refusing_[i][last] > tp_refusing_[i][first]) r.tp.refused |= static_cast<uint8_t>(1u << i);
+  r.tp = tp_.range(first, last);
   return r;
 }
 
@@ -168,7 +163,9 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
                     placed ? *placed : assumed_links(replicas * tp), training_, zero, tp);
 }
 
-bool StageEvaluator::allows_tp(uint32_t first, uint32_t last, int tp) const { return tp_allows(range(first, last), tp); }
+bool StageEvaluator::allows_tp(uint32_t first, uint32_t last, int tp) const {
+  return degree_allowed(tp_.refused(first, last), tp);
+}
 
 StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight, bool recompute,
                      const StageLinks& links, const TrainingSpec& training, int zero, int tp) {

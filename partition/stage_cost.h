@@ -104,7 +104,7 @@ class StageEvaluator {
   // `links`: the placed stage's links; without, the ones the layout assumes (see Layout). `zero`, `tp`: stage_cost's.
   StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, double in_flight,
                      bool recompute, const StageLinks* links = nullptr, int zero = 0, int tp = 1) const;
-  // Whether every block of [first, last) allows tensor-parallel degree `tp` (tp_allows of its range).
+  // Whether every block of [first, last) allows tensor-parallel degree `tp` (tp_allows of its range, in O(1)).
   bool allows_tp(uint32_t first, uint32_t last, int tp) const;
   // The sums stage_cost takes for blocks [first, last).
   StageRange range(uint32_t first, uint32_t last) const;
@@ -132,8 +132,7 @@ class StageEvaluator {
   std::vector<int64_t> params_;  // distinct weight bytes read by blocks [first, last)
   std::vector<double> in_, out_, ws_ps_max_, ws_fixed_max_;
   std::vector<int64_t> largest_task_params_max_;
-  std::vector<TpWork> tp_ps_;                  // prefix sums of the blocks' TP shares (refused unused)
-  std::vector<std::vector<uint32_t>> tp_refusing_;  // [degree index − 1][b]: blocks before b refusing that degree
+  TpPrefix tp_;  // the blocks' TP shares and refused degrees
 };
 
 // The analytic pipeline estimate, in one place so a simulator can replace it (docs/cost-model.md, "Pipeline"):

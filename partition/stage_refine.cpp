@@ -178,15 +178,10 @@ class ComponentRuns {
     bwd_fixed_.assign(n_ + 1, 0);
     bwd_ps_.assign(n_ + 1, 0);
     saved_ps_.assign(n_ + 1, 0);
-    tp_ps_.assign(n_ + 1, TpWork{});
-    tp_refusing_.assign(std::size(kTpDegrees) - 1, std::vector<uint32_t>(n_ + 1, 0));
     bwd_weight_.assign(n_ + 1, WorkCurve{});
     for (size_t c = 0; c < n_; ++c) {
       const BlockCost& b = atomic.components[c].cost;
-      tp_ps_[c + 1] = tp_ps_[c];
-      tp_ps_[c + 1] += b.tp;
-      for (size_t d = 0; d < tp_refusing_.size(); ++d)
-        tp_refusing_[d][c + 1] = tp_refusing_[d][c] + ((b.tp.refused >> d) & 1u);
+      tp_.push_back(b.tp);
       bwd_weight_[c + 1] = bwd_weight_[c];
       bwd_weight_[c + 1] += b.backward_weight;
       fwd_fixed_[c + 1] = fwd_fixed_[c] + b.forward.fixed_s;
@@ -228,10 +223,11 @@ class ComponentRuns {
   // grows with the run.
   double compute_s(size_t i, size_t j, int64_t u, bool recompute, int tp) const {
     const double uu = static_cast<double>(u);
-    const double forward = tp_device_time((fwd_fixed_[j] - fwd_fixed_[i]) + (fwd_ps_[j] - fwd_ps_[i]) * uu,
-                                          tp_share(i, j, true, uu), tp);
-    double backward = tp_device_time((bwd_fixed_[j] - bwd_fixed_[i]) + (bwd_ps_[j] - bwd_ps_[i]) * uu,
-                                     tp_share(i, j, false, uu), tp);
+    const TpWork split = tp_.range(i, j);
+    const double forward =
+        tp_device_time((fwd_fixed_[j] - fwd_fixed_[i]) + (fwd_ps_[j] - fwd_ps_[i]) * uu, split.forward.at(uu), tp);
+    double backward =
+        tp_device_time((bwd_fixed_[j] - bwd_fixed_[i]) + (bwd_ps_[j] - bwd_ps_[i]) * uu, split.backward.at(uu), tp);
     if (recompute) backward += forward;
     return forward + backward;
   }
@@ -307,11 +303,7 @@ class ComponentRuns {
     r.workspace_per_sample = std::max(ws_ps_[level][i], ws_ps_[level][j - width]);
     r.workspace_fixed = std::max(ws_fixed_[level][i], ws_fixed_[level][j - width]);
     r.largest_task_param_bytes = std::max(task_params_[level][i], task_params_[level][j - width]);
-    r.tp = tp_ps_[j];
-    r.tp -= tp_ps_[i];
-    r.tp.refused = 0;
-    for (size_t d = 0; d < tp_refusing_.size(); ++d)
-      if (tp_refusing_[d][j] > tp_refusing_[d][i]) r.tp.refused |= static_cast<uint8_t>(1u << d);
+    r.tp = tp_.range(i, j);
     return r;
   }
 
@@ -334,14 +326,7 @@ class ComponentRuns {
   std::vector<std::vector<double>> ws_ps_, ws_fixed_;  // sparse tables of range maxima
   std::vector<std::vector<int64_t>> task_params_;      // the same, of the largest task's weights (ZeRO-3)
   std::map<size_t, Cut> cuts_;
-  std::vector<TpWork> tp_ps_;                       // prefix sums of the components' tensor-parallel shares
-  std::vector<std::vector<uint32_t>> tp_refusing_;  // [degree index − 1][c]: components before c refusing it
-
-  double tp_share(size_t i, size_t j, bool forward, double u) const {
-    const WorkCurve& a = forward ? tp_ps_[i].forward : tp_ps_[i].backward;
-    const WorkCurve& b = forward ? tp_ps_[j].forward : tp_ps_[j].backward;
-    return (b.fixed_s - a.fixed_s) + (b.per_sample_s - a.per_sample_s) * u;
-  }
+  TpPrefix tp_;  // the components' tensor-parallel shares and refused degrees
 };
 
 // What each stage of the split keeps from the coarse candidate.

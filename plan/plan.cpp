@@ -276,8 +276,8 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
     stage.id = static_cast<int>(r.optional_integer(st, p, "id", 0, limits::kMaxDevices).value_or(s));
     if (stage.id != s) r.fail(p + "id", "is " + std::to_string(stage.id) + ", expected " + std::to_string(s) + " (stages in order)");
     stage.replicas = static_cast<int>(r.integer(st, p, "replicas", 1, devices));
-    stage.tp = static_cast<int>(r.optional_integer(st, p, "tp", 1, kTpDegrees[std::size(kTpDegrees) - 1]).value_or(1));
-    if (std::find(std::begin(kTpDegrees), std::end(kTpDegrees), stage.tp) == std::end(kTpDegrees))
+    stage.tp = static_cast<int>(r.optional_integer(st, p, "tp", 1, kMaxTpDegree).value_or(1));
+    if (tp_degree_index(stage.tp) < 0)
       r.fail(p + "tp", "is " + std::to_string(stage.tp) + ", expected 1, 2, 4 or 8 (the tensor-parallel degree)");
     const json& dj = r.array(st, p, "devices");
     if (static_cast<int64_t>(dj.size()) != int64_t{stage.replicas} * stage.tp)
@@ -431,8 +431,8 @@ void read_tensor_parallel(const Readers& rs, const json& j, PlanDocument& plan) 
     const json& dj = r.array(rj, p, "degrees");
     for (size_t d = 0; d < dj.size(); ++d) {
       const std::string f = p + "degrees[" + std::to_string(d) + "]";
-      const int degree = static_cast<int>(r.integer_at(dj[d], f, 1, kTpDegrees[std::size(kTpDegrees) - 1]));
-      if (std::find(std::begin(kTpDegrees), std::end(kTpDegrees), degree) == std::end(kTpDegrees)) {
+      const int degree = static_cast<int>(r.integer_at(dj[d], f, 1, kMaxTpDegree));
+      if (tp_degree_index(degree) < 0) {
         std::string accepted;
         for (int t : kTpDegrees) accepted += (accepted.empty() ? "" : ", ") + std::to_string(t);
         r.fail(f, "is " + std::to_string(degree) + ", expected one of " + accepted);

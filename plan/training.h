@@ -2,7 +2,9 @@
 // an enum with one name table (plan.json, costs.json and the flags spell them the same way).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -59,6 +61,13 @@ enum class TpRole : uint8_t {
 };
 // The TP degrees the planner considers: a TP group stays inside one node of at most 8 devices.
 inline constexpr int kTpDegrees[] = {1, 2, 4, 8};
+inline constexpr int kMaxTpDegree = kTpDegrees[std::size(kTpDegrees) - 1];
+// Where `tp` stands in kTpDegrees, or -1 for a degree the planner does not consider.
+constexpr int tp_degree_index(int tp) {
+  for (size_t i = 0; i < std::size(kTpDegrees); ++i)
+    if (kTpDegrees[i] == tp) return static_cast<int>(i);
+  return -1;
+}
 // "attention", "mlp", "embedding", "lm_head"; "replicated", "column", "row", "vocab", "follows-split".
 std::string_view tp_region_kind_name(TpRegionKind k);
 std::string_view tp_role_name(TpRole r);

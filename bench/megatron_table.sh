@@ -74,7 +74,7 @@ for row in "${rows[@]}"; do
     pinned="failed: $(tail -1 "$dir/pinned.log" | cut -c1-80)"; err="-"; pinned_s=$(echo "$t1 - $t0" | bc)
   fi
   t0=$(date +%s.%N)
-  if "$apart" partition "$model" "${common[@]}" --tp auto -o "$dir/free" > "$dir/free.log" 2>&1; then
+  if "$apart" partition "$model" "${common[@]}" --tp auto --schedule auto -o "$dir/free" > "$dir/free.log" 2>&1; then
     t1=$(date +%s.%N)
     IFS='|' read -r free found < <(tflops "$dir/free/plan.json" "$layers" "$hidden" "$batch" "$gpus")
   else

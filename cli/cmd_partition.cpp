@@ -30,7 +30,7 @@ struct PartitionArgs {
   int64_t batch = 0;
   std::string optimizer = "adam";
   std::string precision = "auto";
-  std::string schedule = "auto";
+  std::string schedule = "1f1b";
   int64_t virtual_stages = 0;  // 0: kDefaultVirtualStages under --schedule interleaved
   std::string microbatches = "auto";
   std::string stages = "auto";
@@ -74,7 +74,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
   o.method = parse_method(a.method);
   o.training.global_batch = a.batch;
   o.training.optimizer = parse_optimizer(a.optimizer);
-  if (a.schedule != "auto") o.stage.schedule = parse_schedule(a.schedule);
+  o.stage.schedule = a.schedule == "auto" ? std::nullopt : std::optional<Schedule>(parse_schedule(a.schedule));
   // Range-checked here against the type's range; PartitionOptions::validate checks it against the schedule.
   o.stage.virtual_stages = checked_int(a.virtual_stages, 0, limits::kMaxVirtualStages,
                                        "--virtual-stages (chunks per device under --schedule interleaved; 0: default)");
@@ -165,9 +165,11 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
       ->required();
   cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
   cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
-  cmd->add_option("--schedule", a->schedule, "1f1b, gpipe, interleaved, zb-h1 or auto (auto: 1f1b)")->capture_default_str();
+  cmd->add_option("--schedule", a->schedule, "1f1b, gpipe, interleaved, zb-h1 or auto (auto: the fastest of 1f1b, zb-h1 and interleaved "
+                  "at 2-4 chunks; apart run executes 1f1b and gpipe)")->capture_default_str();
   cmd->add_option("--virtual-stages", a->virtual_stages,
-                  "Chunks per device under --schedule interleaved, 2 to 64 (0: 2); m must be a multiple of the stages")
+                  "Chunks per device under --schedule interleaved, 2 to 64 (0: 2; under auto 0: 2 to 4); m must be a "
+                  "multiple of the stages")
       ->capture_default_str();
   cmd->add_option("--microbatches", a->microbatches, "Micro-batches per iteration, or auto")->capture_default_str();
   cmd->add_option("--stages,--pp", a->stages, "Pipeline stages (pipeline-parallel degree), or auto")->capture_default_str();

@@ -63,7 +63,7 @@ void PartitionOptions::validate() const {
   cluster.validate();
   checked_integer(training.global_batch, 1, limits::kMaxBatch, "--batch");
   if (stage.stages) checked_integer(*stage.stages, 1, limits::kMaxDevices, "--stages (or auto)");
-  if (stage.schedule == Schedule::kInterleaved) {
+  if (stage.schedule == Schedule::kInterleaved || !stage.schedule) {
     // One chunk is 1F1B; more than kMaxVirtualStages only add transfers (graph/checked.h).
     if (stage.virtual_stages != 0)
       checked_integer(stage.virtual_stages, 2, limits::kMaxVirtualStages,
@@ -71,7 +71,7 @@ void PartitionOptions::validate() const {
                           std::to_string(kDefaultVirtualStages) + ")");
   } else if (stage.virtual_stages != 0) {
     throw InvalidArgument("--virtual-stages " + std::to_string(stage.virtual_stages) +
-                          " needs --schedule interleaved (gpipe and 1f1b run one chunk per device)");
+                          " needs --schedule interleaved or auto (gpipe, 1f1b and zb-h1 run one chunk per device)");
   }
   if (stage.replicas) checked_integer(*stage.replicas, 1, limits::kMaxDevices, "--replicas (or auto)");
   // A micro-batch holds at least one sample.

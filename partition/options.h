@@ -58,9 +58,12 @@ struct StageOptions {
   std::optional<int> stages;        // --stages S (pinned) or automatic
   std::optional<int> replicas;      // --replicas R: every stage gets R replicas
   std::optional<int> microbatches;  // --microbatches N
-  std::optional<Schedule> schedule; // --schedule; nullopt = auto (1f1b: auto never picks interleaved, see phases.cpp)
+  // --schedule; nullopt = auto: the stage DP plans 1F1B and every pipelined candidate is offered again under ZB-H1
+  // and the interleaved order (phases.h schedule_variants). 1F1B (the default) is what `apart run` executes today.
+  std::optional<Schedule> schedule = Schedule::k1F1B;
   // --virtual-stages V: chunks per device under --schedule interleaved (2..limits::kMaxVirtualStages); 0 = the
-  // default, kDefaultVirtualStages. The DP still plans one contiguous stage per device group; each runs as V chunks.
+  // default, kDefaultVirtualStages (auto: every count in kAutoVirtualStages). The DP still plans one contiguous
+  // stage per device group; each runs as V chunks.
   int virtual_stages = 0;
   Recompute recompute = Recompute::kAuto;
   // --zero 0|1|2|3|auto: the ZeRO stage (Rajbhandari et al., SC20) every stage with replicas shards its optimizer
@@ -82,6 +85,9 @@ struct StageOptions {
 
 // Chunks per device a schedule runs: interleaved, `virtual_stages` (0: kDefaultVirtualStages); the others, 1.
 int schedule_chunks(Schedule schedule, int virtual_stages);
+// The chunk counts --schedule auto offers the interleaved order at when --virtual-stages does not pin one:
+// Megatron-LM's usual range (more chunks shrink the bubble by 1/v but add v − 1 transfers per micro-batch).
+inline constexpr int kAutoVirtualStages[] = {2, 3, 4};
 
 struct PartitionOptions {
   Method method = Method::kApart;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "graph/error.h"
 #include "graph/threads.h"
@@ -380,6 +381,22 @@ void CandidateSet::add(CandidateSet other) {
   stopped_by_time_limit |= other.stopped_by_time_limit;
 }
 
+CandidateSet refined_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks, const StageSolutions& coarse,
+                                const PartitionOptions& o, const std::string& source) {
+  CandidateSet found;
+  for (RefinedCandidate& refined : refine_best_candidates(atomic, blocks, coarse.solutions, o.cluster, o.training)) {
+    Split runs;
+    runs.assignment = std::make_shared<const BlockAssignment>(std::move(refined.assignment));
+    runs.sequence = refined.sequence;
+    runs.evaluator = std::shared_ptr<const StageEvaluator>(std::move(refined.evaluator));
+    runs.source = source + " " + refined.kind;
+    StageSolutions one;
+    one.solutions.push_back(std::move(refined.solution));
+    found.add(std::move(one), runs);
+  }
+  return found;
+}
+
 CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks, const PartitionOptions& o,
                               const SearchGrid& grid, const SearchClock& clock, CutRefinement refinement) {
   const Split split = make_split(atomic, blocks, o, std::string(method_name(o.method)));
@@ -387,20 +404,9 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
   StageSolutions stage_major =
       solve_stage_dp(*split.evaluator, grid, stage_candidates(max_stages, o.stage), o.stage, clock);
   CandidateSet found;
-  // Stage-cut refinement (stage_refine.h): the best split of each S with its cuts moved off block edges and solved
-  // exactly at component granularity, more candidates over their own runs of components.
   auto add_refined = [&](const AtomicGraph& components, const BlockAssignment& over, const StageSolutions& coarse,
                          const std::string& source) {
-    for (RefinedCandidate& refined : refine_best_candidates(components, over, coarse.solutions, o.cluster, o.training)) {
-      Split runs;
-      runs.assignment = std::make_shared<const BlockAssignment>(std::move(refined.assignment));
-      runs.sequence = refined.sequence;
-      runs.evaluator = std::shared_ptr<const StageEvaluator>(std::move(refined.evaluator));
-      runs.source = source + " " + refined.kind;
-      StageSolutions one;
-      one.solutions.push_back(std::move(refined.solution));
-      found.add(std::move(one), runs);
-    }
+    found.add(refined_candidates(components, over, coarse, o, source));
   };
   const bool refine = refinement == CutRefinement::kOn && !stage_major.stopped_by_time_limit;
   if (refine) add_refined(atomic, blocks, stage_major, split.source);
@@ -499,14 +505,143 @@ CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOpti
   return found;
 }
 
+// ---------------- Schedules (--schedule auto) ----------------
+
+namespace {
+
+// The fewest atomic components of any of the candidate's stages: a stage runs as at most that many chunks.
+uint32_t fewest_components(const Candidate& c) {
+  const StageSolution& sol = c.solution;
+  std::vector<uint32_t> components(static_cast<size_t>(sol.stages), 0);
+  for (BlockId b : c.assignment->block_of) {
+    const auto after = std::upper_bound(sol.boundaries.begin(), sol.boundaries.end(), b.value());
+    ++components[static_cast<size_t>(after - sol.boundaries.begin() - 1)];
+  }
+  return *std::min_element(components.begin(), components.end());
+}
+
+// The interleaved chunk counts auto offers: kAutoVirtualStages, or the pinned --virtual-stages.
+std::vector<int> interleaved_chunks(const StageOptions& o) {
+  if (o.virtual_stages > 0) return {o.virtual_stages};
+  return {std::begin(kAutoVirtualStages), std::end(kAutoVirtualStages)};
+}
+
+// The candidate under another schedule, the same split, replicas, degrees and placement; stages that no longer fit
+// recompute where allowed. Nothing when it still does not fit or its estimate does not beat the original's.
+std::optional<Candidate> rescheduled(const Candidate& c, Schedule schedule, int chunks, const StageOptions& o) {
+  Candidate v = c;
+  StageSolution& sol = v.solution;
+  sol.schedule = schedule;
+  sol.virtual_stages = chunks;
+  const Cluster& cluster = c.evaluator->cluster();
+  const std::vector<StageLinks> links = placed_links(c.placement, cluster);
+  if (!evaluate_solution(*c.evaluator, sol, links)) {
+    if (o.recompute == Recompute::kOff) return std::nullopt;
+    if (sol.stage_recompute.empty()) sol.stage_recompute.assign(static_cast<size_t>(sol.stages), sol.recompute);
+    bool changed = false;
+    for (int s = 0; s < sol.stages; ++s)
+      if (sol.costs[s].memory_bytes > cluster.usable_memory_bytes() && !sol.stage_recompute[s])
+        sol.stage_recompute[s] = changed = true;
+    if (!changed || !evaluate_solution(*c.evaluator, sol, links)) return std::nullopt;
+  }
+  if (sol.estimate.iteration_s >= c.solution.estimate.iteration_s) return std::nullopt;
+  v.source += " " + std::string(schedule_name(schedule)) + (chunks > 1 ? " v=" + std::to_string(chunks) : "");
+  return v;
+}
+
+}  // namespace
+
+std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::vector<Candidate>& candidates,
+                                         const PartitionOptions& o, const SearchClock& clock) {
+  std::vector<Candidate> variants;
+  std::vector<size_t> pipelined;  // 1F1B candidates of ≥ 2 stages
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const Candidate& c = candidates[i];
+    if (c.solution.schedule != Schedule::k1F1B || c.solution.stages < 2) continue;
+    pipelined.push_back(i);
+    if (auto v = rescheduled(c, Schedule::kZbH1, 1, o.stage)) variants.push_back(std::move(*v));
+    if (c.solution.microbatches % c.solution.stages != 0) continue;  // Megatron-LM's order: m a multiple of S
+    for (int chunks : interleaved_chunks(o.stage))
+      if (static_cast<uint32_t>(chunks) <= fewest_components(c))
+        if (auto v = rescheduled(c, Schedule::kInterleaved, chunks, o.stage)) variants.push_back(std::move(*v));
+  }
+  // Where memory binds, the 1F1B split does not fit the schedules' larger in-flight counts: the stage DP again (and
+  // its cut refinement) near the stage and micro-batch counts of the best few 1F1B candidates by estimate.
+  std::stable_sort(pipelined.begin(), pipelined.end(), [&](size_t a, size_t b) {
+    return candidates[a].solution.estimate.iteration_s < candidates[b].solution.estimate.iteration_s;
+  });
+  const SearchGrid grid = search_grid(o);
+  std::set<std::tuple<const StageEvaluator*, int, int64_t>> resolved;                 // (split, S, m) taken
+  std::set<std::tuple<const StageEvaluator*, Schedule, int, int, int64_t>> solved;  // (split, schedule, v, S, m)
+  for (size_t i : pipelined) {
+    if (resolved.size() >= kScheduleResolves) break;
+    const Candidate& c = candidates[i];
+    if (c.evaluator->layout() != Layout::kStageMajor) continue;  // pipeline-major plans equal replicas per point
+    if (c.evaluator->blocks() > kScheduleResolveBlocks) continue;  // the refined splits' runs: a DP costs O(k²)
+    const int stages = c.solution.stages;
+    const int64_t m = c.solution.microbatches;
+    if (!resolved.insert({c.evaluator.get(), stages, m}).second) continue;
+    auto solve = [&](Schedule schedule, int chunks, int at_stages, int64_t microbatches) {
+      if (!solved.insert({c.evaluator.get(), schedule, chunks, at_stages, microbatches}).second) return;
+      SearchGrid point = grid;
+      point.schedules = {schedule};
+      point.virtual_stages = chunks;
+      point.microbatches = {microbatches};
+      const std::string source = c.source + " " + std::string(schedule_name(schedule)) +
+                                 (chunks > 1 ? " v=" + std::to_string(chunks) : "") + " dp";
+      const StageSolutions solutions = solve_stage_dp(*c.evaluator, point, {at_stages}, o.stage, clock.silent());
+      CandidateSet found = refined_candidates(atomic, *c.assignment, solutions, o, source);
+      found.add(solutions, Split{c.assignment, c.sequence, c.evaluator, source});
+      for (Candidate& v : found.candidates)
+        if (static_cast<uint32_t>(chunks) <= fewest_components(v)) variants.push_back(std::move(v));
+    };
+    solve(Schedule::kZbH1, 1, stages, m);
+    // Interleaving needs S to divide m: at this S and the least micro-batch count above m that it divides, and at
+    // this m and the stage counts nearest S that divide it (unless --stages pins S).
+    std::set<std::pair<int, int64_t>> points;
+    const auto multiple = std::find_if(grid.microbatches.begin(), grid.microbatches.end(),
+                                       [&](int64_t x) { return x >= m && x % stages == 0; });
+    if (multiple != grid.microbatches.end()) points.insert({stages, *multiple});
+    if (!o.stage.stages) {
+      const int most = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(c.evaluator->blocks()),
+                                                          std::min<int64_t>(o.cluster.devices, m)));
+      for (int below = stages; below >= 2; --below)
+        if (m % below == 0) {
+          points.insert({below, m});
+          break;
+        }
+      for (int above = stages; above <= most; ++above)
+        if (m % above == 0) {
+          points.insert({above, m});
+          break;
+        }
+    }
+    for (const auto& [at_stages, microbatches] : points)
+      for (int chunks : interleaved_chunks(o.stage)) solve(Schedule::kInterleaved, chunks, at_stages, microbatches);
+  }
+  return variants;
+}
+
 // ---------------- Simulated selection → the Plan ----------------
 
 Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const CandidateSet& found,
                  const BlockLevel& blocks, const PartitionOptions& o, const SearchClock& clock) {
   if (found.candidates.empty()) throw_infeasible(graph, atomic, o);
-  clock.report("simulating the best of " + std::to_string(found.candidates.size()) + " placed candidates");
-  const Selection selection = select_by_simulation(found.candidates, o.stage.max_simulations, clock.deadline());
-  const Candidate& chosen = found.candidates[selection.index];
+  std::vector<Candidate> variants;
+  if (!o.stage.schedule) {
+    clock.report("the pipelined candidates under ZB-H1 and the interleaved order (--schedule auto)");
+    variants = schedule_variants(atomic, found.candidates, o, clock);
+  }
+  std::vector<Candidate> pool;  // the found candidates, then their schedule variants (ties go to the found)
+  if (!variants.empty()) {
+    pool.reserve(found.candidates.size() + variants.size());
+    pool = found.candidates;
+    for (Candidate& v : variants) pool.push_back(std::move(v));
+  }
+  const std::vector<Candidate>& candidates = variants.empty() ? found.candidates : pool;
+  clock.report("simulating the best of " + std::to_string(candidates.size()) + " placed candidates");
+  const Selection selection = select_by_simulation(candidates, o.stage.max_simulations, clock.deadline());
+  const Candidate& chosen = candidates[selection.index];
   Plan plan = assemble_plan(graph, atomic, chosen, selection.result, o);
   SearchStatistics& search = plan.search;
   search.atomic_components = atomic.size();
@@ -515,7 +650,7 @@ Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candid
   search.refinement_moves = blocks.stats.moves;
   search.candidates = found.solved;
   search.chosen_split = chosen.source;
-  search.candidates_placed = static_cast<int>(found.candidates.size());
+  search.candidates_placed = static_cast<int>(candidates.size());
   search.simulated = selection.stats.simulated;
   search.pruned = selection.stats.pruned;
   search.not_simulated = selection.stats.not_simulated;

@@ -131,6 +131,11 @@ struct CandidateSet {
 // pinned --stages), so that raising --blocks from k to 2k never loses a candidate of a pinned stage count.
 enum class CutRefinement : uint8_t { kOff, kOn };
 inline constexpr int kMinCoarserBlocks = 16;
+// Stage-cut refinement (stage_refine.h refine_best_candidates): the best split of each stage count among `coarse`
+// (solutions over `blocks`) with its cuts moved off block edges and solved exactly at component granularity, as
+// candidates over their own runs of components, their source `source` + " refined" (or the refinement's kind).
+CandidateSet refined_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks, const StageSolutions& coarse,
+                                const PartitionOptions& options, const std::string& source);
 CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                               const PartitionOptions& options, const SearchGrid& grid, const SearchClock& clock,
                               CutRefinement refinement);
@@ -165,7 +170,26 @@ ApartCandidates apart_candidates(const TaskGraph& graph, const CostTable& costs,
                                  const SearchGrid& grid, const SearchClock& clock,
                                  const CostTable* costs_at_other_size = nullptr);
 
+// ---------------- Schedules (--schedule auto) ----------------
+// The stage DP plans 1F1B (the interleaved and ZB-H1 tables cost one DP per stage count, stage_dp.h); under
+// --schedule auto every candidate that pipelines is then offered again:
+// - re-scheduled: ZB-H1, and (where m is a multiple of S) the interleaved order at each of kAutoVirtualStages
+//   chunks (or the pinned --virtual-stages; at most a stage's fewest atomic components), with the same split,
+//   replicas, degrees, placement and ZeRO. Their in-flight counts are higher (docs/cost-model.md §4): a stage that
+//   no longer fits recomputes, unless --recompute off. Kept only if it fits and its estimate beats the original's.
+// - re-solved: where memory binds the 1F1B split cannot take more in flight, so for the kScheduleResolves best
+//   (split, S, m) of the stage-major 1F1B candidates by estimate over at most kScheduleResolveBlocks blocks (the
+//   block levels and the baselines' splits, not the refined splits' component runs, whose DP costs O(k²) over
+//   hundreds), the stage DP again at that S under ZB-H1 at m, and under the interleaved order at (S, the least
+//   micro-batch count ≥ m that S divides) and at (the stage counts nearest S below and above that divide m, m);
+//   each DP's solution also with its cuts refined at component granularity (refined_candidates).
+inline constexpr size_t kScheduleResolves = 8;
+inline constexpr size_t kScheduleResolveBlocks = 128;
+std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::vector<Candidate>& candidates,
+                                         const PartitionOptions& options, const SearchClock& clock);
+
 // ---------------- Simulated selection → the Plan ----------------
+// With --schedule auto the candidates and their schedule_variants.
 // Throws Infeasible (with what would fit) when there is no candidate; else simulates them (select_by_simulation
 // under --time-limit and the simulation cap) and assembles the plan of the fastest, with the search statistics.
 Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const CandidateSet& found,

@@ -182,6 +182,33 @@ TEST(ApartPartition, SplitsStagesTensorParallelUnderTpAutoAndPinsTpPpDp) {
   EXPECT_NE(run.out.find("tensor-parallel"), std::string::npos) << run.out;
 }
 
+TEST(ApartPartition, ChoosesAmong1F1BZbH1AndInterleavedUnderScheduleAutoAndDefaultsTo1F1B) {
+  TempDir dir;
+  const std::string model = (dir / "gpt.onnx").string();
+  ASSERT_EQ(run_apart("zoo gpt --layers 8 --hidden 256 --heads 4 --seq 128 --vocab 1000 -q -o " + model).code, 0);
+  // A pure pipeline of 4 stages, one replica each: the 1F1B bubble is (S − 1)/m of the pipeline.
+  const std::string flags = " --devices 4 --device a100-40gb --batch 16 --pp 4 --dp 1 --no-stage-models -q";
+  auto plain = run_apart("partition " + model + flags + " -o " + (dir / "default").string());
+  auto searched = run_apart("partition " + model + flags + " --schedule auto -o " + (dir / "auto").string());
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  ASSERT_EQ(searched.code, 0) << searched.out;
+  const auto p1 = nlohmann::json::parse(read_file(dir / "default" / "plan.json"));
+  const auto pa = nlohmann::json::parse(read_file(dir / "auto" / "plan.json"));
+  EXPECT_EQ(p1["training"]["schedule"], "1f1b");
+  EXPECT_NE(pa["training"]["schedule"], "1f1b") << pa["search"].dump();
+  EXPECT_LT(pa["predicted"]["iteration_s"].get<double>(), p1["predicted"]["iteration_s"].get<double>());
+  EXPECT_EQ(run_apart("simulate " + (dir / "auto").string()).code, 0);
+  // --virtual-stages pins the interleaved candidates' chunks under auto, and needs interleaved or auto.
+  auto three = run_apart("partition " + model + flags + " --schedule auto --virtual-stages 3 -o " + (dir / "v3").string());
+  ASSERT_EQ(three.code, 0) << three.out;
+  const auto p3 = nlohmann::json::parse(read_file(dir / "v3" / "plan.json"));
+  if (p3["training"]["schedule"] == "interleaved") EXPECT_EQ(p3["training"]["virtual_stages"], 3);
+  auto refused = run_apart("partition " + model + flags + " --virtual-stages 3 -o " + (dir / "no").string());
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("needs --schedule interleaved or auto"), std::string::npos) << refused.out;
+  EXPECT_FALSE(std::filesystem::exists(dir / "no"));
+}
+
 TEST(ApartPartition, RefusesATensorParallelDegreeThatDoesNotDivideTheNode) {
   TempDir dir;
   const std::string model = apart::testing::write_tiny_mlp(dir / "mlp.onnx");

@@ -94,6 +94,43 @@ TEST(ThePartitionPipeline, IsNeverSlowerInSimulationThanAnyPinnedStageAndMicroba
   }
 }
 
+// --schedule auto chooses among the 1F1B search's candidates and their schedule variants (phases.h): never slower
+// in simulation than --schedule 1f1b, and on pipelines with a bubble it finds a ZB-H1 or interleaved plan.
+TEST(ThePartitionPipeline, UnderScheduleAutoIsNeverSlowerThan1F1BAndFillsTheBubbleOfPinnedPipelines) {
+  int other_schedule = 0;
+  for (uint32_t seed = 50; seed < 56; ++seed) {
+    const auto model = random_model(seed, 12, seed % 2 == 0);
+    PartitionOptions o = small_options(4, 8, 1'000'000'000);
+    for (std::optional<int> stages : {std::optional<int>(), std::optional<int>(4)}) {
+      o.stage.stages = stages;
+      o.stage.replicas = stages ? std::optional<int>(1) : std::nullopt;  // a pure pipeline: its bubble is exposed
+      o.stage.schedule = Schedule::k1F1B;
+      const Plan one = partition_graph(model.graph, model.costs, o);
+      o.stage.schedule.reset();
+      const Plan best = partition_graph(model.graph, model.costs, o);
+      EXPECT_LE(best.simulated.iteration_s, one.simulated.iteration_s * (1 + 1e-12)) << "seed " << seed;
+      EXPECT_GE(best.search.candidates_placed, one.search.candidates_placed);
+      EXPECT_EQ(best.schedule == Schedule::kInterleaved, best.virtual_stages > 1);
+      if (stages && best.schedule != Schedule::k1F1B) ++other_schedule;
+      if (best.schedule == Schedule::kInterleaved) EXPECT_EQ(best.microbatches % static_cast<int64_t>(best.stages.size()), 0);
+    }
+  }
+  EXPECT_GT(other_schedule, 3);
+}
+
+TEST(ThePartitionPipeline, UnderScheduleAutoProducesTheSamePlanTwice) {
+  const auto model = random_model(7, 14, true);
+  PartitionOptions o = small_options(4, 16, 1'000'000'000);
+  o.stage.schedule.reset();
+  const Plan a = partition_graph(model.graph, model.costs, o);
+  const Plan b = partition_graph(model.graph, model.costs, o);
+  EXPECT_EQ(a.schedule, b.schedule);
+  EXPECT_EQ(a.virtual_stages, b.virtual_stages);
+  EXPECT_EQ(a.simulated.iteration_s, b.simulated.iteration_s);
+  EXPECT_EQ(a.search.chosen_split, b.search.chosen_split);
+  EXPECT_EQ(a.search.candidates_placed, b.search.candidates_placed);
+}
+
 TEST(ThePartitionPipeline, ProducesTheSamePlanTwice) {
   const auto model = random_model(5, 14, false);
   PartitionOptions o = small_options(4, 16, 1'000'000'000);

@@ -1,6 +1,7 @@
 // The phases of the partition search (partition/phases.h), each on its own plain data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "graph/error.h"
@@ -143,6 +144,82 @@ TEST(TheSelectionPhase, ChoosesACandidateItWasGivenAndCountsTheSearch) {
   size_t batch_tasks = 0;
   for (const PlanStage& s : plan.stages) batch_tasks += s.batch_tasks;
   EXPECT_EQ(batch_tasks, atomic.size());
+}
+
+// Memory tight enough that some ZB-H1 or interleaved variants need recomputation (or do not fit).
+TEST(TheScheduleVariants, KeepTheirOriginalsSplitFitMemoryAndBeatTheirOriginalsEstimate) {
+  int rescheduled = 0, resolved = 0, recomputing = 0;
+  for (uint32_t seed = 60; seed < 66; ++seed) {
+    const auto model = random_model(seed, 12, seed % 2 == 0);
+    for (int64_t memory : {int64_t{1'000'000'000}, int64_t{1'500'000}, int64_t{1'000'000}}) {
+      for (Recompute recompute : {Recompute::kAuto, Recompute::kOff}) {
+        PartitionOptions o = options_for(4, 4, 16);
+        o.cluster.device.memory_bytes = memory;
+        o.stage.schedule.reset();
+        o.stage.recompute = recompute;
+        const AtomicGraph atomic = atomic_level(model.graph, model.costs, o);
+        const BlockLevel blocks = block_level(atomic, o, search_grid(o));
+        const CandidateSet found =
+            block_candidates(atomic, blocks.assignment, o, search_grid(o), SearchClock{}, CutRefinement::kOn);
+        const std::vector<Candidate> variants = schedule_variants(atomic, found.candidates, o, SearchClock{});
+        for (const Candidate& v : variants) {
+          const StageSolution& sol = v.solution;
+          EXPECT_NE(sol.schedule, Schedule::k1F1B);
+          EXPECT_GE(sol.stages, 2);
+          EXPECT_EQ(sol.schedule == Schedule::kInterleaved, sol.virtual_stages > 1);
+          if (sol.schedule == Schedule::kInterleaved) {
+            EXPECT_EQ(sol.microbatches % sol.stages, 0) << v.source;
+            EXPECT_TRUE(std::ranges::find(kAutoVirtualStages, sol.virtual_stages) != std::end(kAutoVirtualStages));
+          }
+          for (const StageCost& c : sol.costs) EXPECT_LE(c.memory_bytes, o.cluster.usable_memory_bytes()) << v.source;
+          if (recompute == Recompute::kOff) EXPECT_FALSE(sol.any_recompute()) << v.source;
+          if (sol.any_recompute()) ++recomputing;
+          if (v.source.find(" dp") != std::string::npos) {  // "… dp", or "… dp refined" and the other refinements
+            ++resolved;
+            continue;
+          }
+          // Re-scheduled: an original with the same split, m, replicas and degrees, a slower estimate, and recomputing
+          // at least where the variant does not.
+          ++rescheduled;
+          const auto original = std::ranges::find_if(found.candidates, [&](const Candidate& c) {
+            return c.evaluator == v.evaluator && c.solution.boundaries == sol.boundaries &&
+                   c.solution.replicas == sol.replicas && c.solution.microbatches == sol.microbatches &&
+                   c.solution.stage_tp == sol.stage_tp && c.solution.schedule == Schedule::k1F1B &&
+                   v.source.starts_with(c.source + " ");
+          });
+          ASSERT_NE(original, found.candidates.end()) << v.source;
+          EXPECT_LT(sol.estimate.iteration_s, original->solution.estimate.iteration_s);
+          for (int s = 0; s < sol.stages; ++s)
+            if (original->solution.recomputes(s)) EXPECT_TRUE(sol.recomputes(s));
+        }
+        // The same variants in the same order again.
+        const std::vector<Candidate> again = schedule_variants(atomic, found.candidates, o, SearchClock{});
+        ASSERT_EQ(again.size(), variants.size());
+        for (size_t i = 0; i < variants.size(); ++i) {
+          EXPECT_EQ(again[i].source, variants[i].source);
+          EXPECT_EQ(again[i].solution.estimate.iteration_s, variants[i].solution.estimate.iteration_s);
+        }
+      }
+    }
+  }
+  EXPECT_GT(rescheduled, 20);
+  EXPECT_GT(resolved, 5);
+  EXPECT_GT(recomputing, 0);
+}
+
+TEST(TheScheduleVariants, AreNoneForAPinnedScheduleOrASingleStage) {
+  const auto model = random_model(61, 8, true);
+  PartitionOptions o = options_for(1, 1, 8);
+  o.stage.schedule.reset();
+  const AtomicGraph atomic = atomic_level(model.graph, model.costs, o);
+  const BlockLevel blocks = block_level(atomic, o, search_grid(o));
+  const CandidateSet found =
+      block_candidates(atomic, blocks.assignment, o, search_grid(o), SearchClock{}, CutRefinement::kOn);
+  ASSERT_FALSE(found.candidates.empty());
+  EXPECT_TRUE(schedule_variants(atomic, found.candidates, o, SearchClock{}).empty());  // one device: one stage
+  o.stage.schedule = Schedule::k1F1B;
+  const Plan plan = choose_plan(model.graph, atomic, found, blocks, o, SearchClock{});
+  EXPECT_EQ(plan.search.candidates_placed, static_cast<int>(found.candidates.size()));
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ for row in "${rows[@]}"; do
     -q -o "$model" >/dev/null
   schedule=(--schedule 1f1b)
   label=1f1b
-  if [ "$v" -gt 1 ] && "$apart" partition --help 2>&1 | grep -q -- "--virtual-stages"; then
+  if [ "$v" -gt 1 ]; then
     schedule=(--schedule interleaved --virtual-stages "$v")
     label="interleaved v=$v"
   fi

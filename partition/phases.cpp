@@ -6,9 +6,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <set>
+#include <span>
 #include <tuple>
 
 #include "graph/error.h"
@@ -404,12 +406,8 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
   StageSolutions stage_major =
       solve_stage_dp(*split.evaluator, grid, stage_candidates(max_stages, o.stage), o.stage, clock);
   CandidateSet found;
-  auto add_refined = [&](const AtomicGraph& components, const BlockAssignment& over, const StageSolutions& coarse,
-                         const std::string& source) {
-    found.add(refined_candidates(components, over, coarse, o, source));
-  };
   const bool refine = refinement == CutRefinement::kOn && !stage_major.stopped_by_time_limit;
-  if (refine) add_refined(atomic, blocks, stage_major, split.source);
+  if (refine) found.add(refined_candidates(atomic, blocks, stage_major, o, split.source));
   const std::vector<int> counts = refine ? refined_stage_counts(stage_major.solutions) : std::vector<int>{};
   found.add(std::move(stage_major), split);
   // More blocks never hurt: the refined stage counts are searched again over the coarser block levels k/2, k/4, …
@@ -433,7 +431,7 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
       const Split coarser = make_split(
           atomic, build_blocks(atomic, level, o.block, o.training, grid.reference_microbatch), o, source);
       StageSolutions solutions = solve_stage_dp(*coarser.evaluator, grid, fitting, o.stage, clock.silent());
-      add_refined(atomic, *coarser.assignment, solutions, source);
+      found.add(refined_candidates(atomic, *coarser.assignment, solutions, o, source));
       found.add(std::move(solutions), coarser);
     }
   }
@@ -526,15 +524,21 @@ std::vector<int> interleaved_chunks(const StageOptions& o) {
   return {std::begin(kAutoVirtualStages), std::end(kAutoVirtualStages)};
 }
 
-// The candidate under another schedule, the same split, replicas, degrees and placement; stages that no longer fit
-// recompute where allowed. Nothing when it still does not fit or its estimate does not beat the original's.
-std::optional<Candidate> rescheduled(const Candidate& c, Schedule schedule, int chunks, const StageOptions& o) {
+// What a variant's source adds to its original's: " zb-h1", " interleaved v=3".
+std::string schedule_label(Schedule schedule, int chunks) {
+  return " " + std::string(schedule_name(schedule)) + (chunks > 1 ? " v=" + std::to_string(chunks) : "");
+}
+
+// The candidate under another schedule, the same split, replicas, degrees and placement (`links`: its placed links);
+// stages that no longer fit recompute where allowed. Nothing when it still does not fit or its estimate does not
+// beat the original's.
+std::optional<Candidate> rescheduled(const Candidate& c, std::span<const StageLinks> links, Schedule schedule,
+                                     int chunks, const StageOptions& o) {
   Candidate v = c;
   StageSolution& sol = v.solution;
   sol.schedule = schedule;
   sol.virtual_stages = chunks;
   const Cluster& cluster = c.evaluator->cluster();
-  const std::vector<StageLinks> links = placed_links(c.placement, cluster);
   if (!evaluate_solution(*c.evaluator, sol, links)) {
     if (o.recompute == Recompute::kOff) return std::nullopt;
     if (sol.stage_recompute.empty()) sol.stage_recompute.assign(static_cast<size_t>(sol.stages), sol.recompute);
@@ -545,7 +549,7 @@ std::optional<Candidate> rescheduled(const Candidate& c, Schedule schedule, int 
     if (!changed || !evaluate_solution(*c.evaluator, sol, links)) return std::nullopt;
   }
   if (sol.estimate.iteration_s >= c.solution.estimate.iteration_s) return std::nullopt;
-  v.source += " " + std::string(schedule_name(schedule)) + (chunks > 1 ? " v=" + std::to_string(chunks) : "");
+  v.source += schedule_label(schedule, chunks);
   return v;
 }
 
@@ -559,11 +563,13 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
     const Candidate& c = candidates[i];
     if (c.solution.schedule != Schedule::k1F1B || c.solution.stages < 2) continue;
     pipelined.push_back(i);
-    if (auto v = rescheduled(c, Schedule::kZbH1, 1, o.stage)) variants.push_back(std::move(*v));
+    const std::vector<StageLinks> links = placed_links(c.placement, c.evaluator->cluster());
+    if (auto v = rescheduled(c, links, Schedule::kZbH1, 1, o.stage)) variants.push_back(std::move(*v));
     if (c.solution.microbatches % c.solution.stages != 0) continue;  // Megatron-LM's order: m a multiple of S
+    const uint32_t fewest = fewest_components(c);
     for (int chunks : interleaved_chunks(o.stage))
-      if (static_cast<uint32_t>(chunks) <= fewest_components(c))
-        if (auto v = rescheduled(c, Schedule::kInterleaved, chunks, o.stage)) variants.push_back(std::move(*v));
+      if (static_cast<uint32_t>(chunks) <= fewest)
+        if (auto v = rescheduled(c, links, Schedule::kInterleaved, chunks, o.stage)) variants.push_back(std::move(*v));
   }
   // Where memory binds, the 1F1B split does not fit the schedules' larger in-flight counts: the stage DP again (and
   // its cut refinement) near the stage and micro-batch counts of the best few 1F1B candidates by estimate.
@@ -587,8 +593,7 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
       point.schedules = {schedule};
       point.virtual_stages = chunks;
       point.microbatches = {microbatches};
-      const std::string source = c.source + " " + std::string(schedule_name(schedule)) +
-                                 (chunks > 1 ? " v=" + std::to_string(chunks) : "") + " dp";
+      const std::string source = c.source + schedule_label(schedule, chunks) + " dp";
       const StageSolutions solutions = solve_stage_dp(*c.evaluator, point, {at_stages}, o.stage, clock.silent());
       CandidateSet found = refined_candidates(atomic, *c.assignment, solutions, o, source);
       found.add(solutions, Split{c.assignment, c.sequence, c.evaluator, source});
@@ -603,8 +608,8 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
                                        [&](int64_t x) { return x >= m && x % stages == 0; });
     if (multiple != grid.microbatches.end()) points.insert({stages, *multiple});
     if (!o.stage.stages) {
-      const int most = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(c.evaluator->blocks()),
-                                                          std::min<int64_t>(o.cluster.devices, m)));
+      const int most = static_cast<int>(std::min({static_cast<int64_t>(c.evaluator->blocks()),
+                                                  static_cast<int64_t>(o.cluster.devices), m}));
       for (int below = stages; below >= 2; --below)
         if (m % below == 0) {
           points.insert({below, m});
@@ -634,9 +639,8 @@ Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candid
   }
   std::vector<Candidate> pool;  // the found candidates, then their schedule variants (ties go to the found)
   if (!variants.empty()) {
-    pool.reserve(found.candidates.size() + variants.size());
     pool = found.candidates;
-    for (Candidate& v : variants) pool.push_back(std::move(v));
+    pool.insert(pool.end(), std::make_move_iterator(variants.begin()), std::make_move_iterator(variants.end()));
   }
   const std::vector<Candidate>& candidates = variants.empty() ? found.candidates : pool;
   clock.report("simulating the best of " + std::to_string(candidates.size()) + " placed candidates");

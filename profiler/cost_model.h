@@ -16,7 +16,9 @@ struct OpEfficiency {
   double compute = 1;
   double memory = 1;
 };
-OpEfficiency default_efficiency(OpClass c);
+// Per class on `device`: the measured cpu device keeps its probe-relative figures, datasheet devices (GPU presets,
+// --cluster devices) the calibration against measured A100 iterations (docs/cost-model.md §3).
+OpEfficiency default_efficiency(OpClass c, const Device& device);
 
 struct CostOptions {
   Precision precision = Precision::kFp32;

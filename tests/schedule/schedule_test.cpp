@@ -467,11 +467,12 @@ TEST(RankActions, RunToTheEndOnThePlannedGoldensWithThousandsOfRanksAndSkipEdges
 }
 
 TEST(RankActions, RunAGoldenPlanWhoseReplicasDoNotDivideItsMicrobatch) {
-  // gpt_tiny_8dev: 64 samples over 5 replicas (the plan costs each at 13): slices 13, 13, 13, 13 and 12.
-  const PlanDocument plan = read_plan(std::string(APART_TEST_DATA_DIR) + "/golden/plans/gpt_tiny_8dev");
-  ASSERT_EQ(plan.stages[0].replicas, 5);
-  EXPECT_EQ(plan.stages[0].microbatch_size, 13);
-  expect_sound(plan, "gpt_tiny_8dev");
+  // gpt_tiny_1024dev: stage 0 takes 8192 samples over 28 replicas (the plan costs each at 293): 27 slices of 293
+  // and one of 281.
+  const PlanDocument plan = read_plan(std::string(APART_TEST_DATA_DIR) + "/golden/plans/gpt_tiny_1024dev");
+  ASSERT_EQ(plan.stages[0].replicas, 28);
+  EXPECT_EQ(plan.stages[0].microbatch_size, 293);
+  expect_sound(plan, "gpt_tiny_1024dev");
 }
 
 // --- Broken lists ---------------------------------------------------------------------------------------------------

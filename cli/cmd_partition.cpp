@@ -39,6 +39,7 @@ struct PartitionArgs {
   std::string zero = "0";
   std::string tp = "1";
   std::string overlap_allreduce = "on";
+  std::string sequence_parallel = "on";
   std::string profile;
   std::string profile_device_mismatch = "error";
   double time_limit = 0;
@@ -87,6 +88,9 @@ CompileOptions compile_options(const PartitionArgs& a) {
   if (a.overlap_allreduce != "on" && a.overlap_allreduce != "off")
     throw InvalidArgument("--overlap-allreduce must be on or off, not '" + a.overlap_allreduce + "'");
   o.training.overlap_allreduce = a.overlap_allreduce == "on";
+  if (a.sequence_parallel != "on" && a.sequence_parallel != "off")
+    throw InvalidArgument("--sequence-parallel must be on or off, not '" + a.sequence_parallel + "'");
+  o.training.sequence_parallel = a.sequence_parallel == "on";
   o.stage.time_limit_s = checked_number(a.time_limit, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
   o.block.blocks = checked_int(a.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
   o.threads = checked_int(a.threads, 0, kMaxThreads, "--threads (0: APART_NUM_THREADS, OMP_NUM_THREADS or the cores)");
@@ -179,7 +183,14 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "Tensor-parallel degree of every stage: 1, 2, 4 or 8 devices of one node per replica, or auto (per "
                   "stage, among the degrees dividing --devices-per-node); plans with degree > 1 are not yet executable")
       ->capture_default_str();
-  cmd->add_option("--recompute", a->recompute, "Activation recomputation: auto, on or off")->capture_default_str();
+  cmd->add_option("--recompute", a->recompute,
+                  "Activation recomputation: auto (per stage: none, the attention cores or the whole forward, as "
+                  "memory needs), on (every stage's whole forward), selective (every stage's attention cores) or off")
+      ->capture_default_str();
+  cmd->add_option("--sequence-parallel", a->sequence_parallel,
+                  "on: stages with --tp > 1 shard the norms, residuals and dropouts between the tensor-parallel regions "
+                  "along the sequence (Megatron-LM's sequence parallelism; not yet executable); off: they run replicated")
+      ->capture_default_str();
   cmd->add_option("--zero", a->zero,
                   "ZeRO stage of every stage with replicas: 0 (none), 1 (optimizer state), 2 (+ gradients), "
                   "3 (+ weights), or auto (per stage)")

@@ -7,6 +7,7 @@
 
 #include "graph/error.h"
 #include "partition/tensor_parallel.h"
+#include "profiler/cost_model.h"
 
 namespace apart {
 namespace {
@@ -47,8 +48,34 @@ void add_tensor_parallel_work(const TaskGraph& graph, const std::vector<uint32_t
     c->cost.tp.saved_per_sample = c->cost.saved_per_sample;
     c->cost.tp.param_bytes = c->cost.param_bytes;
   }
+  for (TaskId t : found.between_regions)
+    if (AtomicComponent* c = component(t)) {
+      c->cost.tp.sp_forward = c->cost.forward;
+      c->cost.tp.sp_backward = c->cost.backward;
+      c->cost.tp.sp_saved_per_sample = c->cost.saved_per_sample;
+    }
+  const std::vector<bool> grad = values_requiring_grad(graph);
   const double batch = static_cast<double>(atomic.graph_batch);
   for (const TpRegion& region : found.regions) {
+    // The core's forward runs again under selective recomputation; of what its tasks save, the values the core
+    // itself produces (scores, probabilities, dropout masks) are dropped, its inputs (q, k, v) kept.
+    std::set<uint32_t> core_values;
+    for (TaskId t : region.core_tasks)
+      for (ValueId out : graph.task(t).outputs)
+        if (out.valid()) core_values.insert(out.value());
+    for (TaskId t : region.core_tasks) {
+      AtomicComponent* c = component(t);
+      if (!c) continue;
+      c->cost.tp.core_forward = c->cost.forward;
+      const BackwardWork bw = backward_work(graph, t, forward_work(graph, t), grad);
+      double dropped = bw.extra_saved_bytes, all = bw.extra_saved_bytes;
+      for (ValueId v : bw.saved) {
+        const double bytes = static_cast<double>(graph.value(v).bytes);
+        all += bytes;
+        if (core_values.count(v.value()) > 0) dropped += bytes;
+      }
+      if (all > 0) c->cost.tp.core_saved_per_sample = c->cost.saved_per_sample * dropped / all;
+    }
     uint8_t refused = 0;
     for (size_t i = 1; i < std::size(kTpDegrees); ++i)
       if (std::find(region.degrees.begin(), region.degrees.end(), kTpDegrees[i]) == region.degrees.end())

@@ -224,7 +224,7 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const Cluster& cluster,
   costs.stage_s = [&](size_t i, size_t j, int r) {
     const int devices = r * plan.unit;
     // The all-reduce alone: the evaluator's ring model for these devices (micro-batch irrelevant to it).
-    const double allreduce = ev.evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j), devices, 1, 0, false).allreduce_s;
+    const double allreduce = ev.evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j), devices, 1, 0, RecomputeScope::kNone).allreduce_s;
     const double minibatches = std::max(1.0, batch / (microbatch * devices));
     return std::max(t_prefix[j] - t_prefix[i], allreduce / minibatches) / devices;
   };
@@ -236,7 +236,7 @@ PipeDreamPlan pipedream_split(const AtomicGraph& atomic, const Cluster& cluster,
   for (size_t i = 0; i < layers; ++i)
     for (size_t j = i + 1; j <= layers; ++j)
       fits[i * (layers + 1) + j] =
-          ev.evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j), 1, m_ref, 1, false).memory_bytes <=
+          ev.evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j), 1, m_ref, 1, RecomputeScope::kNone).memory_bytes <=
           cluster.usable_memory_bytes();
   costs.fits = [&](size_t i, size_t j, int) { return fits[i * (layers + 1) + j] != 0; };
   plan.split = pipedream_dp(costs);

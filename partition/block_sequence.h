@@ -21,6 +21,11 @@ struct WorkCurve {
     per_sample_s += o.per_sample_s;
     return *this;
   }
+  WorkCurve& operator-=(const WorkCurve& o) {
+    fixed_s -= o.fixed_s;
+    per_sample_s -= o.per_sample_s;
+    return *this;
+  }
 };
 
 // What a tensor-parallel degree t changes in a block (partition/tensor_parallel.h, docs/cost-model.md "Tensor
@@ -35,30 +40,42 @@ struct TpWork {
   int64_t forward_collectives = 0;             // how many of each per micro-batch (each pays the ring's latency)
   int64_t backward_collectives = 0;
   uint8_t refused = 0;  // bit i set: degree kTpDegrees[i + 1] (2, 4, 8) does not divide a region's heads/features
+  // Sequence parallelism (Korthikanti et al., MLSys'23 §4.2.2): the replicated tasks between regions (norms, residual
+  // adds, dropouts; TensorParallelRegions::between_regions), which it shards along the sequence.
+  WorkCurve sp_forward, sp_backward;
+  double sp_saved_per_sample = 0;
+  // Selective recomputation (§4.2.3): the attention cores (TpRegion::core_tasks), part of the split share above —
+  // their forward, which a selective stage runs again before backward, and the saved bytes it then does not keep.
+  WorkCurve core_forward;
+  double core_saved_per_sample = 0;
+  // Whether any task is split: without, a degree has nothing to divide (and sequence parallelism nothing to shard).
+  bool splits_work() const { return forward.at(1) > 0 || backward.at(1) > 0 || param_bytes > 0; }
   TpWork& operator+=(const TpWork& o) {
-    forward += o.forward;
-    backward += o.backward;
-    saved_per_sample += o.saved_per_sample;
-    param_bytes += o.param_bytes;
-    forward_collective_per_sample += o.forward_collective_per_sample;
-    backward_collective_per_sample += o.backward_collective_per_sample;
-    forward_collectives += o.forward_collectives;
-    backward_collectives += o.backward_collectives;
     refused |= o.refused;
-    return *this;
+    return each(o, [](auto& a, const auto& b) { a += b; });
   }
   // The difference of two prefix sums: a range's shares. `refused` is left alone (it is no sum).
   TpWork& operator-=(const TpWork& o) {
-    forward.fixed_s -= o.forward.fixed_s;
-    forward.per_sample_s -= o.forward.per_sample_s;
-    backward.fixed_s -= o.backward.fixed_s;
-    backward.per_sample_s -= o.backward.per_sample_s;
-    saved_per_sample -= o.saved_per_sample;
-    param_bytes -= o.param_bytes;
-    forward_collective_per_sample -= o.forward_collective_per_sample;
-    backward_collective_per_sample -= o.backward_collective_per_sample;
-    forward_collectives -= o.forward_collectives;
-    backward_collectives -= o.backward_collectives;
+    return each(o, [](auto& a, const auto& b) { a -= b; });
+  }
+
+ private:
+  // Applies `op` to every summed field, paired with o's.
+  template <class Op>
+  TpWork& each(const TpWork& o, Op op) {
+    op(forward, o.forward);
+    op(backward, o.backward);
+    op(sp_forward, o.sp_forward);
+    op(sp_backward, o.sp_backward);
+    op(sp_saved_per_sample, o.sp_saved_per_sample);
+    op(core_forward, o.core_forward);
+    op(core_saved_per_sample, o.core_saved_per_sample);
+    op(saved_per_sample, o.saved_per_sample);
+    op(param_bytes, o.param_bytes);
+    op(forward_collective_per_sample, o.forward_collective_per_sample);
+    op(backward_collective_per_sample, o.backward_collective_per_sample);
+    op(forward_collectives, o.forward_collectives);
+    op(backward_collectives, o.backward_collectives);
     return *this;
   }
 };

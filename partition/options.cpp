@@ -19,7 +19,13 @@ std::string_view method_name(Method m) {
   return "?";
 }
 std::string_view recompute_name(Recompute r) {
-  return r == Recompute::kAuto ? "auto" : r == Recompute::kOn ? "on" : "off";
+  switch (r) {
+    case Recompute::kAuto: return "auto";
+    case Recompute::kOn: return "on";
+    case Recompute::kOff: return "off";
+    case Recompute::kSelective: return "selective";
+  }
+  return "?";
 }
 
 Method parse_method(std::string_view t) {
@@ -36,7 +42,8 @@ Recompute parse_recompute(std::string_view t) {
   if (t == "auto") return Recompute::kAuto;
   if (t == "on") return Recompute::kOn;
   if (t == "off") return Recompute::kOff;
-  throw InvalidArgument("--recompute " + std::string(t) + ": expected auto, on or off");
+  if (t == "selective") return Recompute::kSelective;
+  throw InvalidArgument("--recompute " + std::string(t) + ": expected auto, on, selective or off");
 }
 
 std::optional<int> parse_zero(std::string_view t) {

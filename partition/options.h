@@ -16,7 +16,9 @@ namespace apart {
 // uniform (Megatron even split), params (DeepSpeed parameter balance), gpipe-balance (torchgpipe
 // balance_by_time), pipedream (PipeDream's replication DP), metis (METIS k-way + cycle repair + stage DP).
 enum class Method : uint8_t { kApart, kUniform, kParams, kGpipeBalance, kPipeDream, kMetis };
-enum class Recompute : uint8_t { kAuto, kOn, kOff };
+// --recompute: auto (the DP chooses per stage among none, selective and full, recomputing only what memory needs),
+// on (every stage recomputes its whole forward), selective (every stage recomputes its attention cores), off.
+enum class Recompute : uint8_t { kAuto, kOn, kOff, kSelective };
 
 std::string_view method_name(Method m);
 std::string_view recompute_name(Recompute r);
@@ -38,6 +40,9 @@ struct TrainingSpec {
   // --overlap-grad-reduce): only the part that does not fit behind that backward, and at least the last bucket's
   // share, is exposed. Off: the whole all-reduce follows the pipeline.
   bool overlap_allreduce = true;
+  // --sequence-parallel on|off: stages with a tensor-parallel degree > 1 run the replicated work between the regions
+  // and their boundaries sharded along the sequence (Korthikanti et al., MLSys'23 §4.2.2; stage_cost.cpp).
+  bool sequence_parallel = true;
 };
 
 // Atomic level (paper §IV-A).

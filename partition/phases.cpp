@@ -122,8 +122,10 @@ SearchGrid search_grid(const PartitionOptions& o) {
   grid.schedules = {o.stage.schedule.value_or(Schedule::k1F1B)};
   grid.virtual_stages = schedule_chunks(grid.schedules.front(), o.stage.virtual_stages);
   // auto: none, or per stage where a stage needs it (which the DP chooses exactly; it subsumes "every stage").
-  if (o.stage.recompute != Recompute::kOn) grid.recomputes.push_back(StageRecompute::kOff);
+  if (o.stage.recompute == Recompute::kAuto || o.stage.recompute == Recompute::kOff)
+    grid.recomputes.push_back(StageRecompute::kOff);
   if (o.stage.recompute == Recompute::kOn) grid.recomputes.push_back(StageRecompute::kAll);
+  if (o.stage.recompute == Recompute::kSelective) grid.recomputes.push_back(StageRecompute::kSelective);
   if (o.stage.recompute == Recompute::kAuto) grid.recomputes.push_back(StageRecompute::kWhereNeeded);
   // auto: none, or per stage. The per-stage DP ties on its bottleneck by the fewest devices, which may pick a
   // variant that simulates slower; with the plain DP's solutions among the candidates too, the simulated choice is
@@ -491,7 +493,10 @@ CandidateSet pipedream_candidates(const AtomicGraph& atomic, const PartitionOpti
         sol.schedule = schedule;
         sol.virtual_stages = schedule_chunks(schedule, grid.virtual_stages);
         if (schedule == Schedule::kInterleaved && m % stages != 0) continue;  // Megatron-LM's constraint
-        sol.recompute = mode != StageRecompute::kOff;  // PipeDream's split: all stages or none
+        // PipeDream's split: all stages or none (per-stage choices recompute everything).
+        sol.recompute = mode == StageRecompute::kOff         ? RecomputeScope::kNone
+                        : mode == StageRecompute::kSelective ? RecomputeScope::kSelective
+                                                             : RecomputeScope::kFull;
         sol.zero = o.stage.zero.value_or(0);            // and one ZeRO stage (auto: none)
         sol.boundaries.assign(pd.split.boundaries.begin(), pd.split.boundaries.end());
         sol.replicas = pd.split.replicas;
@@ -530,8 +535,8 @@ std::string schedule_label(Schedule schedule, int chunks) {
 }
 
 // The candidate under another schedule, the same split, replicas, degrees and placement (`links`: its placed links);
-// stages that no longer fit recompute where allowed. Nothing when it still does not fit or its estimate does not
-// beat the original's.
+// stages that no longer fit recompute more where allowed (none → selective → full, as far as --recompute lets them).
+// Nothing when it still does not fit or its estimate does not beat the original's.
 std::optional<Candidate> rescheduled(const Candidate& c, std::span<const StageLinks> links, Schedule schedule,
                                      int chunks, const StageOptions& o) {
   Candidate v = c;
@@ -541,12 +546,19 @@ std::optional<Candidate> rescheduled(const Candidate& c, std::span<const StageLi
   const Cluster& cluster = c.evaluator->cluster();
   if (!evaluate_solution(*c.evaluator, sol, links)) {
     if (o.recompute == Recompute::kOff) return std::nullopt;
+    const RecomputeScope most = o.recompute == Recompute::kSelective ? RecomputeScope::kSelective : RecomputeScope::kFull;
     if (sol.stage_recompute.empty()) sol.stage_recompute.assign(static_cast<size_t>(sol.stages), sol.recompute);
-    bool changed = false;
-    for (int s = 0; s < sol.stages; ++s)
-      if (sol.costs[s].memory_bytes > cluster.usable_memory_bytes() && !sol.stage_recompute[s])
-        sol.stage_recompute[s] = changed = true;
-    if (!changed || !evaluate_solution(*c.evaluator, sol, links)) return std::nullopt;
+    for (bool fits = false; !fits;) {
+      bool changed = false;
+      for (int s = 0; s < sol.stages; ++s) {
+        RecomputeScope& scope = sol.stage_recompute[static_cast<size_t>(s)];
+        if (sol.costs[s].memory_bytes <= cluster.usable_memory_bytes() || scope == most) continue;
+        scope = scope == RecomputeScope::kNone ? RecomputeScope::kSelective : RecomputeScope::kFull;
+        changed = true;
+      }
+      if (!changed) return std::nullopt;
+      fits = evaluate_solution(*c.evaluator, sol, links);
+    }
   }
   if (sol.estimate.iteration_s >= c.solution.estimate.iteration_s) return std::nullopt;
   v.source += schedule_label(schedule, chunks);
@@ -674,7 +686,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
   plan.microbatch_size = batch / best.microbatches;
   plan.schedule = best.schedule;
   plan.virtual_stages = best.virtual_stages;
-  plan.recompute = best.recompute;
+  plan.recompute = best.any_recompute();
   plan.estimate = best.estimate;
   plan.simulated.iteration_s = replay.iteration_s;
   plan.simulated.pipeline_s = replay.pipeline_s;
@@ -685,9 +697,10 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
   plan.options.stage.microbatches = best.microbatches;
   plan.options.stage.schedule = best.schedule;
   if (best.schedule == Schedule::kInterleaved) plan.options.stage.virtual_stages = best.virtual_stages;
-  plan.options.stage.recompute = !best.any_recompute() ? Recompute::kOff
-                                 : best.stage_recompute.empty() ? Recompute::kOn
-                                                                : o.stage.recompute;
+  plan.options.stage.recompute = !best.any_recompute()             ? Recompute::kOff
+                                 : !best.stage_recompute.empty()   ? o.stage.recompute
+                                 : best.recompute == RecomputeScope::kSelective ? Recompute::kSelective
+                                                                                : Recompute::kOn;
   plan.samples_per_s = plan.simulated.iteration_s > 0 ? static_cast<double>(batch) / plan.simulated.iteration_s : 0;
   plan.compute_lower_bound_s = chosen.evaluator->total_per_sample_s() * static_cast<double>(batch) / o.cluster.devices;
 
@@ -704,6 +717,11 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
     tasks_of[s.value()].insert(component.batch_task.value());
     for (TaskId t : component.constant_tasks) tasks_of[s.value()].insert(t.value());
   }
+  // Samples of a boundary value one device sends or receives per micro-batch: its 1/tp share under sequence
+  // parallelism (stage_cost.cpp).
+  auto boundary_samples = [](const StageCost& c) {
+    return static_cast<double>(c.microbatch) / (c.sequence_parallel ? c.tp : 1);
+  };
   for (int s = 0; s < best.stages; ++s) {
     PlanStage st;
     st.id = StageId(static_cast<uint32_t>(s));
@@ -734,7 +752,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
     for (int s : to) {
       APART_CHECK(s > from, "a value flows backward between stages: " + value.name);
       const StageId from_stage = from >= 0 ? StageId(static_cast<uint32_t>(from)) : StageId::invalid();
-      plan.stages[s].inputs.push_back({ValueId(v), from_stage, per_sample * static_cast<double>(plan.stages[s].cost.microbatch)});
+      plan.stages[s].inputs.push_back({ValueId(v), from_stage, per_sample * boundary_samples(plan.stages[s].cost)});
     }
     const bool model_output = value.kind == ValueKind::kOutput ||
                               std::find(graph.graph_outputs().begin(), graph.graph_outputs().end(), ValueId(v)) !=
@@ -743,7 +761,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
       std::vector<StageId> to_stages;
       for (int t : to) to_stages.push_back(StageId(static_cast<uint32_t>(t)));
       plan.stages[from].outputs.push_back({ValueId(v), std::move(to_stages),
-                                           per_sample * static_cast<double>(plan.stages[from].cost.microbatch)});
+                                           per_sample * boundary_samples(plan.stages[from].cost)});
     }
   }
   return plan;

@@ -50,6 +50,10 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
     // Only ZB-H1 runs it apart; the other schedules' plans keep their bytes.
     if (plan.schedule == Schedule::kZbH1) r.backward_weight_s = s.cost.backward_weight_s;
     r.recompute = s.recompute;
+    r.recompute_scope = s.cost.recompute;
+    // Written only where it is not forward_s (selective), so full-recomputation plans read as before.
+    if (s.cost.recompute == RecomputeScope::kSelective) r.recompute_forward_s = s.cost.recompute_s;
+    r.sequence_parallel = s.cost.sequence_parallel;
     r.zero = s.cost.zero;
     r.comm_s = s.cost.comm_s;
     r.allreduce_s = s.cost.allreduce_s;

@@ -51,8 +51,9 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
     st.tp = sol.tp_of(s);
     st.devices = candidate.placement.devices[s];
     st.forward_s = c.forward_s;
-    st.backward_s = c.backward_s - (sol.recomputes(s) ? c.forward_s : 0.0);
+    st.backward_s = c.backward_s - c.recompute_s;
     st.recompute = sol.recomputes(s);
+    st.recompute_s = c.recompute_s;
     st.backward_weight_s = c.backward_weight_s;
     st.zero = c.zero;
     st.allreduce_s = c.allreduce_s;
@@ -80,8 +81,10 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
   for (const auto& [edge, bytes] : per_sample) {
     const auto [from, to] = edge;
     const std::string name = "stage " + std::to_string(from) + " → " + std::to_string(to);
-    plan.stages[to].inputs.push_back({name, from, bytes * act * static_cast<double>(sol.costs[to].microbatch)});
-    plan.stages[from].outputs.push_back({name, {to}, bytes * act * static_cast<double>(sol.costs[from].microbatch)});
+    // Under sequence parallelism each device of a TP group sends and receives its 1/tp share (stage_cost.cpp).
+    auto share = [&](const StageCost& c) { return act * static_cast<double>(c.microbatch) / (c.sequence_parallel ? c.tp : 1); };
+    plan.stages[to].inputs.push_back({name, from, bytes * share(sol.costs[to])});
+    plan.stages[from].outputs.push_back({name, {to}, bytes * share(sol.costs[from])});
   }
   return plan;
 }
@@ -101,7 +104,7 @@ double lower_bound(const sim::SimPlan& plan) {
   for (size_t s = 0; s < stages; ++s) {
     const sim::SimStage& st = plan.stages[s];
     f[s] = st.forward_s;
-    b[s] = st.backward_s + (st.recompute ? st.forward_s : 0.0);
+    b[s] = st.backward_s + st.recompute_s;
     exposed[s] = st.allreduce_exposed_s.value_or(st.allreduce_s) + st.optimizer_s;  // what follows the last backward
     bound = std::max(bound, static_cast<double>(m) * (f[s] + b[s]) + exposed[s]);
   }

@@ -158,7 +158,8 @@ StageRange StageEvaluator::range(uint32_t first, uint32_t last) const {
 }
 
 StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches,
-                                   double in_flight, bool recompute, const StageLinks* placed, int zero, int tp) const {
+                                   double in_flight, RecomputeScope recompute, const StageLinks* placed, int zero,
+                                   int tp) const {
   return stage_cost(range(first, last), replicas, microbatches, in_flight, recompute,
                     placed ? *placed : assumed_links(replicas * tp), training_, zero, tp);
 }
@@ -167,38 +168,61 @@ bool StageEvaluator::allows_tp(uint32_t first, uint32_t last, int tp) const {
   return degree_allowed(tp_.refused(first, last), tp);
 }
 
-StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight, bool recompute,
-                     const StageLinks& links, const TrainingSpec& training, int zero, int tp) {
+StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight,
+                     RecomputeScope recompute, const StageLinks& links, const TrainingSpec& training, int zero, int tp) {
   if (!tp_allows(range, tp))
     throw InvalidArgument("tensor-parallel degree " + std::to_string(tp) + " is not one the stage's regions allow "
                           "(1, 2, 4 or 8 dividing every region's heads and features)");
   StageCost c;
   c.zero = effective_zero(zero, replicas);
   c.tp = tp;
+  c.recompute = recompute;
+  // Sequence parallelism shards the replicated work between the regions (and the boundaries) across the TP group,
+  // where the stage has regions to split.
+  const bool sp = training.sequence_parallel && tp > 1 && range.tp.splits_work();
+  c.sequence_parallel = sp;
   const int64_t u = microbatch_size(training.global_batch, microbatches, replicas);
   const double ud = static_cast<double>(u);
   c.microbatch = u;
-  // Of the split tasks' part, each device of the TP group runs 1/tp.
+  // Of the split tasks' part (and under sequence parallelism the part between regions), each device runs 1/tp.
   const double kept = 1.0 - 1.0 / tp;
-  c.forward_s = tp_device_time(range.forward.at(ud), range.tp.forward.at(ud), tp);
-  c.backward_s = tp_device_time(range.backward.at(ud), range.tp.backward.at(ud), tp);
+  c.forward_s = tp_device_time(range.forward.at(ud), range.tp.forward.at(ud) + (sp ? range.tp.sp_forward.at(ud) : 0.0), tp);
+  c.backward_s =
+      tp_device_time(range.backward.at(ud), range.tp.backward.at(ud) + (sp ? range.tp.sp_backward.at(ud) : 0.0), tp);
   // The weight gradients keep their share of what each device of a TP group runs.
   const double whole_backward = range.backward.at(ud);
   c.backward_weight_s = whole_backward > 0 ? range.backward_weight.at(ud) * (c.backward_s / whole_backward) : 0.0;
   // Boundary values as the graph stores them (fp32), halved under mixed precision.
   const double act = activation_bytes_factor(training.precision);
-  // The regions' all-reduces inside the TP group, on the critical path of the forward and the backward.
-  auto tp_collectives = [&](double bytes_per_sample, int64_t count) {
+  // The regions' collectives inside the TP group, on the critical path of the forward and the backward: each region's
+  // closing all-reduce forward and its inputs' gradient all-reduce backward. Under sequence parallelism each becomes
+  // a reduce-scatter and an all-gather of the same bytes: the closing one reduce-scatters forward and all-gathers the
+  // gradient backward, the inputs all-gather forward and reduce-scatter their gradients backward.
+  auto tp_collective = [&](double bytes_per_sample, int64_t count, auto&& time) {
     if (tp == 1 || count == 0) return 0.0;
-    return static_cast<double>(count) *
-           ring_allreduce_time(tp, bytes_per_sample * ud * act / static_cast<double>(count), links.tensor);
+    return static_cast<double>(count) * time(tp, bytes_per_sample * ud * act / static_cast<double>(count), links.tensor);
   };
-  c.forward_s += tp_collectives(range.tp.forward_collective_per_sample, range.tp.forward_collectives);
-  c.backward_s += tp_collectives(range.tp.backward_collective_per_sample, range.tp.backward_collectives);
-  if (recompute) c.backward_s += c.forward_s;  // the forward runs again before backward
+  const double closing_bytes = range.tp.forward_collective_per_sample, input_bytes = range.tp.backward_collective_per_sample;
+  const int64_t closings = range.tp.forward_collectives, inputs = range.tp.backward_collectives;
+  if (sp) {
+    c.forward_s += tp_collective(closing_bytes, closings, ring_reduce_scatter_time) +
+                   tp_collective(input_bytes, inputs, ring_allgather_time);
+    c.backward_s += tp_collective(closing_bytes, closings, ring_allgather_time) +
+                    tp_collective(input_bytes, inputs, ring_reduce_scatter_time);
+  } else {
+    c.forward_s += tp_collective(closing_bytes, closings, ring_allreduce_time);
+    c.backward_s += tp_collective(input_bytes, inputs, ring_allreduce_time);
+  }
+  // The forward work run again before backward: all of it, or the attention cores (split tasks: 1/tp each).
+  if (recompute == RecomputeScope::kFull) c.recompute_s = c.forward_s;
+  if (recompute == RecomputeScope::kSelective) c.recompute_s = range.tp.core_forward.at(ud) / tp;
+  c.backward_s += c.recompute_s;
   c.compute_s = c.forward_s + c.backward_s;
-  c.in_bytes = range.in_per_sample * static_cast<double>(u) * act;
-  c.out_bytes = range.out_per_sample * static_cast<double>(u) * act;
+  // Under sequence parallelism each device of the group sends and receives its 1/tp of the boundary (Megatron-LM
+  // keeps them sharded along the sequence between layers).
+  const double boundary = sp ? act / tp : act;
+  c.in_bytes = range.in_per_sample * ud * boundary;
+  c.out_bytes = range.out_per_sample * ud * boundary;
   // Forward receives inputs and sends outputs; backward sends and receives their gradients.
   if (c.in_bytes > 0) c.comm_s += 2 * transfer_time(links.previous, c.in_bytes);
   if (c.out_bytes > 0) c.comm_s += 2 * transfer_time(links.next, c.out_bytes);
@@ -211,7 +235,7 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
     const double weight_bytes =
         static_cast<double>(c.param_bytes) * working_weight_bytes_per_param_byte(training.precision);
     // Buckets go out as the last backward (without its recomputed forward) produces them.
-    const double backward_only = c.backward_s - (recompute ? c.forward_s : 0.0);
+    const double backward_only = c.backward_s - c.recompute_s;
     auto exposed = [&](double collective_s, double bytes, double behind_s) {
       return training.overlap_allreduce ? exposed_allreduce_time(collective_s, bytes, behind_s) : collective_s;
     };
@@ -243,7 +267,11 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
       c.zero_collective_s = forward_collective + backward_collective;
       const double forward_exposed = forward_collective > 0 ? exposed(forward_collective, weight_bytes, c.forward_s) : 0;
       const double backward_exposed = exposed(backward_collective, backward_bytes, backward_only);
-      if (recompute) c.backward_s += forward_exposed;  // the recomputed forward reads the backward's gathered weights
+      // A fully recomputed forward reads the backward's gathered weights (attention cores read none).
+      if (recompute == RecomputeScope::kFull) {
+        c.backward_s += forward_exposed;
+        c.recompute_s += forward_exposed;  // = the forward_s below
+      }
       c.forward_s += forward_exposed;
       c.backward_s += backward_exposed;
       c.compute_s = c.forward_s + c.backward_s;
@@ -257,15 +285,20 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   c.h = c.step_s + (c.allreduce_exposed_s + c.optimizer_s) / static_cast<double>(microbatches);
   // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
   // The cost table's saved bytes are already at the run's precision; boundary values are stored fp32.
-  const double saved = (range.saved_per_sample - kept * range.tp.saved_per_sample) * ud;
+  const double saved =
+      (range.saved_per_sample - kept * (range.tp.saved_per_sample + (sp ? range.tp.sp_saved_per_sample : 0.0))) * ud;
   const double workspace = range.workspace_fixed + range.workspace_per_sample * static_cast<double>(u);
   const double state = static_cast<double>(c.param_bytes) *
                        state_bytes_per_param_byte(training.optimizer, training.precision, c.zero, replicas);
   const double workspace_gathered = zero_gathered_bytes(static_cast<double>(range.largest_task_param_bytes),
                                                         training.precision, c.zero, replicas);
-  // With recomputation only the stage's inputs stay per micro-batch; one micro-batch is rebuilt at a time.
-  c.memory_static = state + workspace + workspace_gathered + (recompute ? saved : 0.0);
-  c.memory_per_in_flight = recompute ? c.in_bytes : saved;
+  // With full recomputation only the stage's inputs stay per micro-batch, with selective all but the attention
+  // cores' own activations; one micro-batch's recomputed part is rebuilt at a time.
+  const double core_saved = recompute == RecomputeScope::kSelective
+                                ? std::min(saved, range.tp.core_saved_per_sample * ud / tp) : 0.0;
+  const double rebuilt = recompute == RecomputeScope::kFull ? saved : core_saved;
+  c.memory_static = state + workspace + workspace_gathered + rebuilt;
+  c.memory_per_in_flight = recompute == RecomputeScope::kFull ? c.in_bytes : saved - core_saved;
   c.memory_bytes = saturated_bytes(c.memory_static + in_flight * c.memory_per_in_flight);
   return c;
 }

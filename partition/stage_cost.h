@@ -17,7 +17,8 @@ namespace apart {
 struct StageCost {
   double compute_s = 0;     // forward + backward (+ recomputed forward)
   double forward_s = 0;
-  double backward_s = 0;    // includes the recomputed forward when recompute is on
+  double backward_s = 0;    // includes the recomputed forward (recompute_s)
+  double recompute_s = 0;   // the forward work backward_s runs again: forward_s (full), the attention cores (selective)
   double backward_weight_s = 0;  // the weight-gradient part of backward_s (ZB-H1's W pass; BlockCost)
   double comm_s = 0;        // boundary transfers: activations in/out and their gradients
   double allreduce_s = 0;   // gradient all-reduce among the replicas, once per iteration (ZeRO: the collectives
@@ -26,6 +27,8 @@ struct StageCost {
   double zero_collective_s = 0;    // ZeRO-2/3: per micro-batch collectives beside forward/backward (all of them)
   int zero = 0;             // the ZeRO stage costed (effective: 0 with one replica)
   int tp = 1;               // the tensor-parallel degree costed: each replica is a group of tp devices
+  bool sequence_parallel = false;  // tp > 1 under TrainingSpec::sequence_parallel
+  RecomputeScope recompute = RecomputeScope::kNone;
   double step_s = 0;        // compute + comm: one pipeline step
   double optimizer_s = 0;   // the optimizer step after the all-reduce, once per iteration (memory-bound)
   double h = 0;             // the DP's objective term: step + (exposed all-reduce + optimizer step) / m
@@ -83,9 +86,13 @@ double tp_device_time(double total_s, double split_s, int tp);
 // components. `zero`: the ZeRO stage (0..3) its replicas shard with (profiler/memory_model.h; a 1-replica stage
 // runs as stage 0). `tp`: each replica is a tensor-parallel group of `tp` devices (1, 2, 4 or 8, one tp_allows;
 // InvalidArgument otherwise): the split tasks' work, saved bytes and weights divide by it, and the regions'
-// all-reduces run over links.tensor inside the forward and backward (docs/cost-model.md "Tensor parallelism").
-StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight, bool recompute,
-                     const StageLinks& links, const TrainingSpec& training, int zero = 0, int tp = 1);
+// all-reduces run over links.tensor inside the forward and backward (docs/cost-model.md "Tensor parallelism");
+// under training.sequence_parallel the work, saved bytes and boundaries between regions divide by it too and each
+// all-reduce is a reduce-scatter plus an all-gather. `recompute`: what backward runs again (recompute_s) and what
+// the stage then does not keep per micro-batch in flight (docs/cost-model.md §4).
+StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches, double in_flight,
+                     RecomputeScope recompute, const StageLinks& links, const TrainingSpec& training, int zero = 0,
+                     int tp = 1);
 // The links `layout` assumes for a stage on `devices` devices (replicas × tensor-parallel degree) before devices are
 // placed (see Layout): its replicas' rings stay inside a node when all its devices fit in one.
 StageLinks assumed_links(const Cluster& cluster, Layout layout, int devices);
@@ -103,7 +110,7 @@ class StageEvaluator {
   // the stage keeps (profiler's stage_in_flight_activations: a fraction under interleaving).
   // `links`: the placed stage's links; without, the ones the layout assumes (see Layout). `zero`, `tp`: stage_cost's.
   StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, double in_flight,
-                     bool recompute, const StageLinks* links = nullptr, int zero = 0, int tp = 1) const;
+                     RecomputeScope recompute, const StageLinks* links = nullptr, int zero = 0, int tp = 1) const;
   // Whether every block of [first, last) allows tensor-parallel degree `tp` (tp_allows of its range, in O(1)).
   bool allows_tp(uint32_t first, uint32_t last, int tp) const;
   // The sums stage_cost takes for blocks [first, last).

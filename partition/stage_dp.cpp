@@ -100,7 +100,7 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
       continue;
     }
     StageCost c = evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
-                                     solution.microbatches, flight, solution.recomputes(s),
+                                     solution.microbatches, flight, solution.recompute_of(s),
                                      links.empty() ? nullptr : &links[static_cast<size_t>(s)], solution.zero_of(s),
                                      solution.tp_of(s));
     if (c.memory_bytes > evaluator.cluster().usable_memory_bytes()) fits = false;
@@ -116,6 +116,7 @@ std::string_view stage_recompute_name(StageRecompute mode) {
   switch (mode) {
     case StageRecompute::kOff: return "off";
     case StageRecompute::kAll: return "on";
+    case StageRecompute::kSelective: return "selective";
     case StageRecompute::kWhereNeeded: return "where needed";
   }
   return "?";
@@ -127,12 +128,18 @@ StageZero stage_zero_of(std::optional<int> option) {
 }
 
 std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zero, const std::vector<int>& tp_degrees) {
-  std::vector<bool> recomputes;
-  if (recompute != StageRecompute::kAll) recomputes.push_back(false);
-  if (recompute != StageRecompute::kOff) recomputes.push_back(true);
+  std::vector<RecomputeScope> recomputes;
+  switch (recompute) {
+    case StageRecompute::kOff: recomputes = {RecomputeScope::kNone}; break;
+    case StageRecompute::kAll: recomputes = {RecomputeScope::kFull}; break;
+    case StageRecompute::kSelective: recomputes = {RecomputeScope::kSelective}; break;
+    case StageRecompute::kWhereNeeded:
+      recomputes = {RecomputeScope::kNone, RecomputeScope::kSelective, RecomputeScope::kFull};
+      break;
+  }
   std::vector<StageVariant> variants;
   for (int tp : tp_degrees)
-    for (bool rc : recomputes) {
+    for (RecomputeScope rc : recomputes) {
       if (!zero.automatic) {
         variants.push_back({rc, zero.stage, tp});
         continue;
@@ -155,7 +162,9 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       microbatches_(options.microbatches),
       schedule_(options.schedule),
       chunks_(options.virtual_stages),
-      recompute_(options.recompute == StageRecompute::kAll),
+      recompute_(options.recompute == StageRecompute::kAll         ? RecomputeScope::kFull
+                 : options.recompute == StageRecompute::kSelective ? RecomputeScope::kSelective
+                                                                   : RecomputeScope::kNone),
       fixed_split_(options.fixed_split),
       where_needed_(options.recompute == StageRecompute::kWhereNeeded),
       zero_(options.zero),
@@ -209,8 +218,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       // A degree the range's regions refuse never fits; where degree 1 is a choice too, one over a range without
       // split work only adds devices (the same h on t× the devices), so the DP never needs it either.
       const StageRange range = evaluator.range(first, last);
-      const bool split_work = range.tp.forward.at(1) > 0 || range.tp.backward.at(1) > 0 || range.tp.param_bytes > 0;
-      if (!tp_allows(range, v.tp) || (!split_work && options.tp_degrees.front() == 1)) {
+      if (!tp_allows(range, v.tp) || (!range.tp.splits_work() && options.tp_degrees.front() == 1)) {
         for (size_t c = 0; c < cands; ++c) table.mem_base[index(first, last, c)] = std::numeric_limits<double>::infinity();
         return;
       }
@@ -504,7 +512,6 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
                 "DP lost feasibility");
     if (where_needed_) {
       for (int v : chosen) solution.stage_recompute.push_back(variants_[static_cast<size_t>(v)].variant.recompute);
-      solution.recompute = solution.any_recompute();
     }
     if (zero_.automatic)
       for (int v : chosen) solution.stage_zero.push_back(variants_[static_cast<size_t>(v)].variant.zero);
@@ -563,7 +570,6 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
     trial_costs[best_stage] = best_cost;
     solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_, chunks_);
   }
-  if (where_needed_) solution.recompute = solution.any_recompute();
   evaluate_solution(evaluator_, solution);
 }
 

@@ -37,8 +37,8 @@ struct StageSolution {
   int64_t microbatches = 0;
   Schedule schedule = Schedule::k1F1B;
   int virtual_stages = 1;            // chunks per device: > 1 only interleaved (options.h schedule_chunks)
-  bool recompute = false;            // every stage recomputes (unless stage_recompute says per stage)
-  std::vector<bool> stage_recompute; // per stage when the DP chose it per stage; empty: all = recompute
+  RecomputeScope recompute = RecomputeScope::kNone;  // what every stage recomputes (unless stage_recompute says)
+  std::vector<RecomputeScope> stage_recompute;       // per stage when the DP chose it per stage; empty: all = recompute
   int zero = 0;                      // ZeRO stage of every stage with replicas (unless stage_zero says per stage)
   std::vector<int> stage_zero;       // per stage when the DP chose it per stage (--zero auto); empty: all = zero
   std::vector<int> stage_tp;         // per stage: tensor-parallel degree of each replica; empty: all 1
@@ -48,7 +48,10 @@ struct StageSolution {
   double bottleneck_h = 0;           // the DP objective: max_i h_i
   PipelineEstimate estimate;         // the selection objective
   int devices_used() const;  // Σ replicas × tensor-parallel degree
-  bool recomputes(int stage) const { return stage_recompute.empty() ? recompute : stage_recompute[stage]; }
+  RecomputeScope recompute_of(int stage) const {
+    return stage_recompute.empty() ? recompute : stage_recompute[static_cast<size_t>(stage)];
+  }
+  bool recomputes(int stage) const { return recompute_of(stage) != RecomputeScope::kNone; }
   // The ZeRO stage stage `stage` runs: 0 on one replica (nothing to shard), else its own or the solution's.
   int zero_of(int stage) const;
   bool any_recompute() const;
@@ -66,11 +69,12 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
 // How a DP run treats activation recomputation.
 enum class StageRecompute : uint8_t {
   kOff,           // no stage recomputes
-  kAll,           // every stage recomputes
-  kWhereNeeded,   // a stage recomputes only if it does not fit (or needs more replicas to fit) without; the DP is
-                  // exact over that per-stage choice too
+  kAll,           // every stage recomputes its whole forward
+  kSelective,     // every stage recomputes its attention cores (RecomputeScope::kSelective)
+  kWhereNeeded,   // a stage recomputes only if it does not fit (or needs more replicas to fit) without, its
+                  // attention cores before its whole forward; the DP is exact over that per-stage choice too
 };
-std::string_view stage_recompute_name(StageRecompute mode);  // "off", "on", "where needed"
+std::string_view stage_recompute_name(StageRecompute mode);  // "off", "on", "selective", "where needed"
 
 // How a DP run treats ZeRO (profiler/memory_model.h): one stage for every stage with replicas, or per stage.
 struct StageZero {
@@ -81,15 +85,16 @@ struct StageZero {
 // --zero's option (nullopt: auto) as a DP setting.
 StageZero stage_zero_of(std::optional<int> option);
 
-// One way a stage may run: with or without recomputation, under one ZeRO stage, each replica a tensor-parallel group
-// of `tp` devices. The DP's per-stage choices.
+// One way a stage may run: recomputing nothing, its attention cores or its whole forward, under one ZeRO stage, each
+// replica a tensor-parallel group of `tp` devices. The DP's per-stage choices.
 struct StageVariant {
-  bool recompute = false;
+  RecomputeScope recompute = RecomputeScope::kNone;
   int zero = 0;
   int tp = 1;
 };
 // The variants a DP with these settings lets each stage choose from, in its tie-breaking order: the lower
-// tensor-parallel degree first (`tp_degrees`, ascending), within that without recomputation first, and within that
+// tensor-parallel degree first (`tp_degrees`, ascending), within that recomputing less first (none, selective,
+// full), and within that
 // ZeRO 0, 1, 2, 3 (the cheaper in time first).
 std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zero, const std::vector<int>& tp_degrees = {1});
 
@@ -168,7 +173,7 @@ class StageDp {
   int64_t microbatches_;
   Schedule schedule_;
   int chunks_;
-  bool recompute_;
+  RecomputeScope recompute_;  // every stage's, unless where_needed_
   bool fixed_split_;
   bool where_needed_;
   StageZero zero_;

@@ -123,7 +123,7 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
             continue;
           const StageCost c = candidate.evaluator->evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j),
                                                            coarse.replicas[s], coarse.microbatches, flight,
-                                                           coarse.recompute, nullptr, coarse.zero_of(s),
+                                                           coarse.recompute_of(s), nullptr, coarse.zero_of(s),
                                                            coarse.tp_of(s));
           if (c.memory_bytes > cluster.usable_memory_bytes()) continue;
           const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
@@ -221,14 +221,16 @@ class ComponentRuns {
   // Forward + backward (+ the recomputed forward) seconds of [i, j) at micro-batch u on one device of a
   // tensor-parallel group of `tp`: StageCost::compute_s less the group's collectives, a lower bound on it that also
   // grows with the run.
-  double compute_s(size_t i, size_t j, int64_t u, bool recompute, int tp) const {
+  // `sp`: under sequence parallelism (the work between regions divides by tp too).
+  double compute_s(size_t i, size_t j, int64_t u, RecomputeScope recompute, int tp, bool sp) const {
     const double uu = static_cast<double>(u);
     const TpWork split = tp_.range(i, j);
-    const double forward =
-        tp_device_time((fwd_fixed_[j] - fwd_fixed_[i]) + (fwd_ps_[j] - fwd_ps_[i]) * uu, split.forward.at(uu), tp);
-    double backward =
-        tp_device_time((bwd_fixed_[j] - bwd_fixed_[i]) + (bwd_ps_[j] - bwd_ps_[i]) * uu, split.backward.at(uu), tp);
-    if (recompute) backward += forward;
+    const double forward = tp_device_time((fwd_fixed_[j] - fwd_fixed_[i]) + (fwd_ps_[j] - fwd_ps_[i]) * uu,
+                                          split.forward.at(uu) + (sp ? split.sp_forward.at(uu) : 0.0), tp);
+    double backward = tp_device_time((bwd_fixed_[j] - bwd_fixed_[i]) + (bwd_ps_[j] - bwd_ps_[i]) * uu,
+                                     split.backward.at(uu) + (sp ? split.sp_backward.at(uu) : 0.0), tp);
+    if (recompute == RecomputeScope::kFull) backward += forward;
+    if (recompute == RecomputeScope::kSelective) backward += split.core_forward.at(uu) / tp;
     return forward + backward;
   }
 
@@ -332,9 +334,10 @@ class ComponentRuns {
 // What each stage of the split keeps from the coarse candidate.
 struct StagePins {
   int replicas = 1;
-  bool recompute = false;
+  RecomputeScope recompute = RecomputeScope::kNone;
   int zero = 0;
   int tp = 1;
+  bool sp = false;  // sequence parallel: tp > 1 under TrainingSpec::sequence_parallel
   int64_t microbatch = 1;  // per replica
   double in_flight = 1;  // stage_in_flight_activations
   StageLinks links;
@@ -349,7 +352,7 @@ std::vector<size_t> latest_cuts(const ComponentRuns& runs, const std::vector<Sta
     const size_t lo = cut[s] + 1, hi = n - (stages - s - 1);  // every later stage keeps a component
     if (lo > hi) return {};
     if (s + 1 == stages) {
-      if (runs.compute_s(cut[s], n, pins[s].microbatch, pins[s].recompute, pins[s].tp) > limit) return {};
+      if (runs.compute_s(cut[s], n, pins[s].microbatch, pins[s].recompute, pins[s].tp, pins[s].sp) > limit) return {};
       cut[s + 1] = n;
       break;
     }
@@ -357,7 +360,7 @@ std::vector<size_t> latest_cuts(const ComponentRuns& runs, const std::vector<Sta
     size_t a = lo, b = hi + 1;  // first end past the limit lies in [a, b]
     while (a < b) {
       const size_t mid = (a + b) / 2;
-      if (runs.compute_s(cut[s], mid, pins[s].microbatch, pins[s].recompute, pins[s].tp) <= limit) a = mid + 1; else b = mid;
+      if (runs.compute_s(cut[s], mid, pins[s].microbatch, pins[s].recompute, pins[s].tp, pins[s].sp) <= limit) a = mid + 1; else b = mid;
     }
     if (a == lo) return {};  // not even one component fits
     cut[s + 1] = a - 1;
@@ -374,21 +377,21 @@ std::vector<size_t> earliest_cuts(const ComponentRuns& runs, const std::vector<S
     const size_t hi = cut[s + 1] - 1, lo = s;  // every earlier stage keeps a component
     if (lo > hi) return {};
     size_t a = lo, b = hi;  // the first start within the limit lies in [a, b]; hi always is
-    if (runs.compute_s(hi, cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp) > limit) return {};
+    if (runs.compute_s(hi, cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp, pins[s].sp) > limit) return {};
     while (a < b) {
       const size_t mid = (a + b) / 2;
-      if (runs.compute_s(mid, cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp) <= limit) b = mid; else a = mid + 1;
+      if (runs.compute_s(mid, cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp, pins[s].sp) <= limit) b = mid; else a = mid + 1;
     }
     cut[s] = a;
   }
-  if (runs.compute_s(0, cut[1], pins[0].microbatch, pins[0].recompute, pins[0].tp) > limit) return {};
+  if (runs.compute_s(0, cut[1], pins[0].microbatch, pins[0].recompute, pins[0].tp, pins[0].sp) > limit) return {};
   return cut;
 }
 
 double max_compute(const ComponentRuns& runs, const std::vector<StagePins>& pins, const std::vector<size_t>& cut) {
   double worst = 0;
   for (size_t s = 0; s < pins.size(); ++s)
-    worst = std::max(worst, runs.compute_s(cut[s], cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp));
+    worst = std::max(worst, runs.compute_s(cut[s], cut[s + 1], pins[s].microbatch, pins[s].recompute, pins[s].tp, pins[s].sp));
   return worst;
 }
 
@@ -441,9 +444,10 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
   for (int s = 0; s < stages; ++s) {
     StagePins& p = pins[s];
     p.replicas = coarse.replicas[s];
-    p.recompute = coarse.recomputes(s);
+    p.recompute = coarse.recompute_of(s);
     p.zero = coarse.zero_of(s);
     p.tp = coarse.tp_of(s);
+    p.sp = training.sequence_parallel && p.tp > 1;
     p.microbatch = microbatch_size(training.global_batch, coarse.microbatches, p.replicas);
     p.in_flight = stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
     p.links = assumed_links(cluster, Layout::kStageMajor, p.replicas * p.tp);
@@ -491,7 +495,7 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
         const State& from = state[s][i - earliest[s]];
         if (!from.reached) continue;
         for (size_t j = std::max(i + 1, earliest[s + 1]); j <= latest[s + 1]; ++j) {
-          if (runs.compute_s(i, j, p.microbatch, p.recompute, p.tp) > limit) break;  // and for every later end
+          if (runs.compute_s(i, j, p.microbatch, p.recompute, p.tp, p.sp) > limit) break;  // and for every later end
           const StageRange range = runs.range(i, j);
           if (!tp_allows(range, p.tp)) continue;
           const StageCost c = stage_cost(range, p.replicas, coarse.microbatches, p.in_flight, p.recompute, p.links,

@@ -122,6 +122,31 @@ bool is_embedding(const TaskGraph& g, const Task& t) {
          known_shape(g, t.outputs[0]);
 }
 
+// Selective recomputation's share of an attention region (Korthikanti et al., MLSys'23 §4.2): the tasks from the
+// score MatMul through the context MatMul (the first and last MatMul over split heads), each both reached from the
+// first and reaching the last: scale, mask, softmax and dropout, whose s²-sized outputs are what the core saves.
+std::vector<TaskId> attention_core(const TaskGraph& graph, const std::vector<TaskId>& tasks,
+                                   const std::vector<int64_t>& heads_of_task) {
+  std::vector<TaskId> matmuls;
+  for (TaskId t : tasks)
+    if (heads_of_task[t.value()] > 0) matmuls.push_back(t);
+  if (matmuls.size() < 2) return {};
+  const TaskId first = matmuls.front(), last = matmuls.back();
+  std::set<uint32_t> reached{first.value()}, reaching{last.value()};
+  for (TaskId t : tasks)
+    if (t.value() > first.value() && t.value() <= last.value())
+      for (TaskId p : graph.predecessors(t))
+        if (reached.count(p.value()) > 0) reached.insert(t.value());
+  for (auto it = tasks.rbegin(); it != tasks.rend(); ++it)
+    if (it->value() >= first.value() && it->value() < last.value())
+      for (TaskId c : graph.successors(*it))
+        if (reaching.count(c.value()) > 0) reaching.insert(it->value());
+  std::vector<TaskId> core;
+  for (TaskId t : tasks)
+    if (reached.count(t.value()) > 0 && reaching.count(t.value()) > 0) core.push_back(t);
+  return core;
+}
+
 // How many tasks read a param as a weight: constant chains (tied heads' Transpose) count their own readers.
 size_t weight_readers(const TaskGraph& g, ValueId param) {
   size_t n = 0;
@@ -667,9 +692,10 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
         case TpRegionKind::kMlp: {
           region.end_value = gr.partial;
           region.split_units = gr.units;
-          if (region.kind == TpRegionKind::kAttention)
+          if (region.kind == TpRegionKind::kAttention) {
             region.bounded_by = std::to_string(gr.heads) + " heads";
-          else
+            region.core_tasks = attention_core(graph, gr.tasks, pass.heads_of_task);
+          } else
             region.bounded_by = std::to_string(as_linear(graph, graph.task(gr.columns[0]))->out) + " ffn features";
           if (region.split_units != (region.kind == TpRegionKind::kAttention ? gr.heads : as_linear(graph, graph.task(gr.columns[0]))->out))
             region.bounded_by += " (gcd of the split widths " + std::to_string(region.split_units) + ")";

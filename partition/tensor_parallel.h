@@ -91,6 +91,9 @@ struct TpRegion {
   std::string bounded_by;             // what split_units counts: "12 heads", "3072 ffn features", "50257 vocabulary rows"
   std::vector<int> degrees;           // the kTpDegrees dividing split_units (1 always; a vocabulary: all, padded)
   int64_t heads = 0;                  // attention: the heads the score MatMul runs over
+  // Attention: the core selective recomputation re-runs (Korthikanti et al. 2023 §4.2), the score MatMul through the
+  // context MatMul (scale, mask, softmax, dropout between): topological; empty for the other kinds.
+  std::vector<TaskId> core_tasks;
   // Params and constants read sliced along the split axis (a column linear's bias, T5's position bias).
   std::vector<ValueId> sliced_inputs;
   // Other regions reading the same weight param (a tied LM head and its embeddings), by index into regions.

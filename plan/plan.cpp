@@ -80,6 +80,11 @@ ordered stage_json(const PlanStageRecord& s) {
   j["backward_s"] = s.backward_s;
   put(j, "backward_weight_s", s.backward_weight_s);
   j["recompute"] = s.recompute;
+  // Absent: full recomputation (and recompute_forward_s = forward_s), as plans before selective recomputation read.
+  if (s.recompute && s.recompute_scope == RecomputeScope::kSelective)
+    j["recompute_scope"] = std::string(recompute_scope_name(s.recompute_scope));
+  put(j, "recompute_forward_s", s.recompute_forward_s);
+  if (s.sequence_parallel) j["sequence_parallel"] = true;  // absent = false
   if (s.zero > 0) j["zero"] = s.zero;  // absent = 0: plans without ZeRO read and write as before
   put(j, "comm_s", s.comm_s);
   put(j, "allreduce_s", s.allreduce_s);
@@ -147,11 +152,16 @@ ordered tensor_parallel_json(const PlanTensorParallel& tp) {
 }  // namespace
 
 std::string recompute_summary(const PlanDocument& plan) {
-  size_t n = 0;
-  for (const PlanStageRecord& s : plan.stages) n += s.recompute ? 1 : 0;
+  size_t n = 0, selective = 0;
+  for (const PlanStageRecord& s : plan.stages) {
+    n += s.recompute ? 1 : 0;
+    selective += s.recompute && s.recompute_scope == RecomputeScope::kSelective ? 1 : 0;
+  }
   if (n == 0) return "off";
-  if (n == plan.stages.size()) return "on";
-  return std::to_string(n) + " of " + std::to_string(plan.stages.size()) + " stages";
+  if (n == plan.stages.size() && selective == 0) return "on";
+  if (selective == plan.stages.size()) return "selective";
+  return std::to_string(n) + " of " + std::to_string(plan.stages.size()) + " stages" +
+         (selective > 0 ? " (" + std::to_string(selective) + " selective)" : "");
 }
 
 ordered plan_to_json(const PlanDocument& plan) {
@@ -313,13 +323,32 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
     stage.forward_s = r.seconds(st, p, "forward_s");
     stage.backward_s = r.seconds(st, p, "backward_s");
     stage.recompute = r.boolean(st, p, "recompute", plan.training.recompute);
-    stage.backward_weight_s = r.optional_seconds(st, p, "backward_weight_s");
-    if (stage.backward_weight_s &&
-        *stage.backward_weight_s > (stage.backward_s - (stage.recompute ? stage.forward_s : 0.0)) * (1 + 1e-12))
-      r.fail(p + "backward_weight_s", "exceeds the backward it is part of (backward_s, less the recomputed forward)");
+    stage.recompute_scope = stage.recompute ? RecomputeScope::kFull : RecomputeScope::kNone;
+    if (const std::optional<std::string> scope = r.optional_string(st, p, "recompute_scope")) {
+      try {
+        stage.recompute_scope = parse_recompute_scope(*scope);
+      } catch (const InvalidArgument&) {
+        r.fail(p + "recompute_scope", "is \"" + *scope + "\", expected " + "none, selective or full");
+      }
+      if ((stage.recompute_scope != RecomputeScope::kNone) != stage.recompute)
+        r.fail(p + "recompute_scope", "is " + *scope + " but recompute is " + (stage.recompute ? "true" : "false"));
+    }
+    stage.recompute_forward_s = r.optional_seconds(st, p, "recompute_forward_s");
+    if (stage.recompute_forward_s && !stage.recompute && *stage.recompute_forward_s > 0)
+      r.fail(p + "recompute_forward_s", "is positive on a stage that does not recompute");
     // partition/ writes backward_s with the recomputed forward included (partition/stage_cost.cpp).
-    if (stage.recompute && stage.backward_s + 1e-12 * stage.forward_s < stage.forward_s)
-      r.fail(p + "backward_s", "is smaller than forward_s although recompute is true (backward_s must include the recomputed forward)");
+    const double recomputed = stage.recompute ? stage.recompute_forward_s.value_or(stage.forward_s) : 0.0;
+    if (stage.recompute && stage.backward_s + 1e-12 * recomputed < recomputed)
+      r.fail(p + "backward_s", "is smaller than the recomputed forward (" +
+                                   std::string(stage.recompute_forward_s ? "recompute_forward_s" : "forward_s") +
+                                   ") although recompute is true (backward_s must include it)");
+    stage.backward_weight_s = r.optional_seconds(st, p, "backward_weight_s");
+    if (stage.backward_weight_s && *stage.backward_weight_s > (stage.backward_s - recomputed) * (1 + 1e-12))
+      r.fail(p + "backward_weight_s", "exceeds the backward it is part of (backward_s, less the recomputed forward)");
+    stage.sequence_parallel = r.boolean(st, p, "sequence_parallel", false);
+    if (stage.sequence_parallel && stage.tp == 1)
+      r.fail(p + "sequence_parallel", "is true on a stage with tp 1: sequence parallelism shards across a "
+                                      "tensor-parallel group (write false, or give the stage tp > 1)");
     stage.zero = static_cast<int>(r.optional_integer(st, p, "zero", 0, kMaxZeroStage).value_or(0));
     if (stage.zero > 0 && stage.replicas == 1)
       r.fail(p + "zero", "is " + std::to_string(stage.zero) +

@@ -58,7 +58,7 @@ struct PlanOptions {
   std::optional<int64_t> replicas;  // nullopt: "auto"
   int64_t microbatches = 0;
   Schedule schedule = Schedule::k1F1B;
-  std::string recompute;            // "off", "on" or "3 of 8 stages"
+  std::string recompute;            // recompute_summary: "off", "on", "selective" or "3 of 8 stages"
   std::optional<int64_t> blocks;    // nullopt: "auto"
   double balance_cap = 0;
   double time_limit_s = 0;
@@ -93,6 +93,15 @@ struct PlanStageRecord {
   // W pass (docs/cost-model.md §2). Absent: 0, and ZB-H1 replays as 1F1B.
   std::optional<double> backward_weight_s;
   bool recompute = false;
+  // What it recomputes when recompute (plan/training.h): absent in the file, full (plans before selective recomputation).
+  RecomputeScope recompute_scope = RecomputeScope::kNone;
+  // The part of backward_s that re-runs forward work: forward_s under full recomputation, the attention cores'
+  // forward under selective; absent in the file: forward_s when recompute, else 0.
+  std::optional<double> recompute_forward_s;
+  // Sequence parallelism (tp > 1): the replicated work between the tensor-parallel regions (norms, residuals,
+  // dropouts) and the stage boundaries run sharded along the sequence across the TP group, whose all-reduces become
+  // reduce-scatter + all-gather (docs/cost-model.md "Tensor parallelism"); absent in the file: false.
+  bool sequence_parallel = false;
   // ZeRO stage 0..kMaxZeroStage its replicas shard with (plan/training.h); absent in the file: 0. Its collectives and
   // sharded optimizer step are already in forward_s, backward_s, allreduce_s and optimizer_s (docs/plan.md).
   int zero = 0;
@@ -165,7 +174,8 @@ struct PlanDocument {
 // Devices (processes) the plan runs on: Σ over stages of replicas × tp, the length of every stages[k].devices.
 int plan_devices(const PlanDocument& plan);
 
-// "off", "on" (every stage) or "3 of 8 stages" (recomputation where a stage needs it).
+// "off", "on" (every stage's whole forward), "selective" (every stage's attention cores) or "3 of 8 stages" (where a
+// stage needs it; "3 of 8 stages (2 selective)" when some recompute their attention cores only).
 std::string recompute_summary(const PlanDocument& plan);
 
 // The one writer: fields in the documented order, optional ones when present. What `apart partition` writes.

@@ -36,6 +36,8 @@ constexpr std::pair<std::string_view, Precision> kPrecisionNames[] = {
     {"bf16", Precision::kMixed},
     {"amp", Precision::kMixed},
 };
+constexpr std::pair<std::string_view, RecomputeScope> kRecomputeScopeNames[] = {
+    {"none", RecomputeScope::kNone}, {"selective", RecomputeScope::kSelective}, {"full", RecomputeScope::kFull}};
 constexpr std::pair<std::string_view, TpRegionKind> kTpRegionKindNames[] = {
     {"attention", TpRegionKind::kAttention},
     {"mlp", TpRegionKind::kMlp},
@@ -91,6 +93,10 @@ std::string_view tp_region_kind_name(TpRegionKind k) { return name_of<TpRegionKi
 std::string_view tp_role_name(TpRole r) { return name_of<TpRole>(kTpRoleNames, r); }
 TpRegionKind parse_tp_region_kind(std::string_view name) {
   return parse<TpRegionKind>(kTpRegionKindNames, "tensor_parallel.regions[].kind", name);
+}
+std::string_view recompute_scope_name(RecomputeScope r) { return name_of<RecomputeScope>(kRecomputeScopeNames, r); }
+RecomputeScope parse_recompute_scope(std::string_view name) {
+  return parse<RecomputeScope>(kRecomputeScopeNames, "stages[].recompute_scope", name);
 }
 std::string tp_region_kind_names() { return accepted<TpRegionKind>(kTpRegionKindNames); }
 

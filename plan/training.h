@@ -74,6 +74,14 @@ std::string_view tp_role_name(TpRole r);
 TpRegionKind parse_tp_region_kind(std::string_view name);  // InvalidArgument listing the names
 std::string tp_region_kind_names();
 
+// What a stage recomputes before its backward (Korthikanti et al., MLSys'23 §4): nothing; its attention cores
+// (selective: the score MatMul through the context MatMul, whose s²-sized activations it then does not keep, re-run
+// from the q, k and v it keeps; partition/tensor_parallel.h TpRegion::core_tasks); or its whole forward from the
+// stage's inputs (full). plan.json's stages[].recompute (bool) and recompute_scope.
+enum class RecomputeScope : uint8_t { kNone, kSelective, kFull };
+std::string_view recompute_scope_name(RecomputeScope r);  // "none", "selective", "full"
+RecomputeScope parse_recompute_scope(std::string_view name);  // InvalidArgument listing the names
+
 // Every value of each enum, in declaration order (tests walk the name tables with these).
 inline constexpr Schedule kSchedules[] = {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZbH1};
 inline constexpr Optimizer kOptimizers[] = {Optimizer::kSgd, Optimizer::kMomentum, Optimizer::kAdam, Optimizer::kAdamW};

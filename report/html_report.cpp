@@ -325,7 +325,7 @@ void layout_section(std::ostringstream& out, const ReportPlan& p) {
         << "</td><td>" << s.replicas << (s.tp > 1 ? " × TP-" + std::to_string(s.tp) : std::string())
         << "</td><td class=\"l\">" << devices_text(s.devices) << "</td><td>"
         << format_seconds(s.forward_s) << "</td><td>" << format_seconds(s.backward_s)
-        << (s.recompute ? " (recompute)" : "") << "</td><td>" << (s.allreduce_s > 0 ? format_seconds(s.allreduce_s) : std::string("–")) << "</td><td class=\"l\">";
+        << (s.selective ? " (recompute attention)" : s.recompute ? " (recompute)" : "") << "</td><td>" << (s.allreduce_s > 0 ? format_seconds(s.allreduce_s) : std::string("–")) << "</td><td class=\"l\">";
     const double limit = static_cast<double>(p.device_memory_bytes);
     const double used = static_cast<double>(s.memory_bytes);
     const double fraction = limit > 0 ? used / limit : 0;

@@ -75,6 +75,7 @@ void fill_plan_fields(const PlanDocument& d, ReportPlan& p) {
     st.allreduce_s = s.allreduce_s.value_or(0);
     st.comm_s = s.comm_s;
     st.recompute = s.recompute;
+    st.selective = s.recompute_scope == RecomputeScope::kSelective;
     st.memory_bytes = s.memory_bytes.value_or(0);
     p.stages.push_back(std::move(st));
   }

@@ -34,6 +34,7 @@ struct ReportStage {
   double allreduce_s = 0;
   std::optional<double> comm_s;
   bool recompute = false;
+  bool selective = false;  // recompute: its attention cores only (plan.json's recompute_scope)
   int64_t memory_bytes = 0;
   // The stage's tasks grouped into runs of one layer, in order; constant tasks left out when costs.json marks them.
   std::vector<LayerRun> layers;

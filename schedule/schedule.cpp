@@ -235,6 +235,10 @@ void check_executable(const PlanDocument& plan) {
     if (stage.tp > 1)
       throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel (tp " + std::to_string(stage.tp) +
                         "): the runtime does not execute tensor-parallel stages yet; re-plan with --tp 1");
+  for (const PlanStageRecord& stage : plan.stages)
+    if (stage.recompute_scope == RecomputeScope::kSelective)
+      throw Unsupported("stage " + std::to_string(stage.id) + " recomputes selectively (its attention cores): the "
+                        "runtime recomputes whole stages only yet; re-plan with --recompute on or off");
   if (plan.training.schedule == Schedule::kInterleaved || plan.training.schedule == Schedule::kZbH1)
     throw Unsupported("the plan's schedule is " + std::string(schedule_name(plan.training.schedule)) +
                       ": the runtime executes gpipe and 1f1b plans only; re-plan with --schedule 1f1b");

@@ -102,7 +102,8 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // does not yet), for tensor-parallel stages (tp > 1) and for plans whose tags would pass kMaxActionTag.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
 // What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming a tensor-parallel
-// stage or the interleaved schedule; nothing otherwise.
+// stage (sequence parallelism needs one), a selectively recomputing stage or the interleaved schedule; nothing
+// otherwise.
 void check_executable(const PlanDocument& plan);
 
 // Runs every rank's action list abstractly (actions[r]: rank r's; ranks the plan does not use must have none):

@@ -37,7 +37,8 @@ SimPlan sim_plan(const PlanDocument& document, const std::string& source) {
     stage.devices = s.devices;
     stage.forward_s = s.forward_s;
     // plan.json's backward_s includes the recomputed forward (partition/stage_cost.cpp); the replay runs it apart.
-    stage.backward_s = s.recompute ? std::max(0.0, s.backward_s - s.forward_s) : s.backward_s;
+    stage.recompute_s = s.recompute ? std::clamp(s.recompute_forward_s.value_or(s.forward_s), 0.0, s.backward_s) : 0.0;
+    stage.backward_s = s.backward_s - stage.recompute_s;
     stage.recompute = s.recompute;
     stage.backward_weight_s = std::min(s.backward_weight_s.value_or(0.0), stage.backward_s);
     stage.zero = s.zero;

@@ -29,6 +29,9 @@ struct SimStage {
   std::vector<int> devices;  // replicas × tp
   double forward_s = 0;
   double backward_s = 0;  // without the recomputed forward (plan.json's backward_s includes it when recompute)
+  // The forward work each backward runs again first (plan.json's recompute_forward_s; absent: forward_s when
+  // recompute): all of the forward under full recomputation, the attention cores under selective.
+  double recompute_s = 0;
   // The weight-gradient part of backward_s (plan.json's optional backward_weight_s, docs/cost-model.md): ZB-H1 runs
   // it as W passes of its own, the other schedules inside the backward. 0: ZB-H1 replays as 1F1B.
   double backward_weight_s = 0;

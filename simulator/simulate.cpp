@@ -184,7 +184,7 @@ class Engine {
       vs.group = g;
       // A plan stage split into v chunks: each chunk gets 1/v of its times and activation bytes.
       vs.forward_s = st.forward_s / v;
-      vs.backward_s = (st.backward_s + (st.recompute ? st.forward_s : 0.0)) / v;
+      vs.backward_s = (st.backward_s + st.recompute_s) / v;
       vs.activation_bytes = result_.stages[static_cast<size_t>(g)].activation_bytes_per_microbatch / v;
       if (zb_h1_) {  // the weight-gradient part runs as its own pass (v = 1)
         vs.weight_s = std::min(st.backward_weight_s, vs.backward_s);
@@ -441,7 +441,10 @@ SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
   if (options.optimizer_step_s)
     checked_number(*options.optimizer_step_s, 0, limits::kMaxSeconds, "the optimizer step time (s)");
   if (options.recompute)
-    for (SimStage& st : plan.stages) st.recompute = *options.recompute;
+    for (SimStage& st : plan.stages) {  // on: the whole forward again (full recomputation)
+      st.recompute = *options.recompute;
+      st.recompute_s = st.recompute ? st.forward_s : 0.0;
+    }
 
   SimResult result;
   result.schedule = schedule;
@@ -454,7 +457,7 @@ SimResult simulate(const SimPlan& plan_in, const SimOptions& options) {
     st.stage = static_cast<int>(s);
     st.devices = plan.stages[s].devices;
     st.forward_s = plan.stages[s].forward_s;
-    st.backward_s = plan.stages[s].backward_s + (plan.stages[s].recompute ? plan.stages[s].forward_s : 0.0);
+    st.backward_s = plan.stages[s].backward_s + plan.stages[s].recompute_s;
     result.recompute |= plan.stages[s].recompute;
   }
   estimate_memory(plan_in, plan_schedule, result.stages, result.memory_note);

@@ -56,7 +56,8 @@ TEST(TheTaskGranularCuts, FindTheLeastBottleneckOverEveryContiguousSplitOfTheTop
             double worst = 0;
             for (int i = 0; i < stages; ++i) {
               const StageCost c = ev.evaluate(cuts[i], cuts[i + 1], coarse.replicas[i], m,
-                                              stage_in_flight_microbatches(Schedule::k1F1B, i, stages, m), false);
+                                              stage_in_flight_microbatches(Schedule::k1F1B, i, stages, m),
+                                              RecomputeScope::kNone);
               if (c.memory_bytes > o.cluster.usable_memory_bytes()) return;
               worst = std::max(worst, c.h);
             }

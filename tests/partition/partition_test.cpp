@@ -22,7 +22,8 @@ using testing::random_model;
 double brute_force(const StageEvaluator& ev, int stages, int64_t m, bool recompute) {
   return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
     return testing::fitting_h(ev, ev.evaluate(first, last, replicas, m,
-                                              stage_in_flight_microbatches(Schedule::k1F1B, s, stages, m), recompute));
+                                              stage_in_flight_microbatches(Schedule::k1F1B, s, stages, m),
+                                              recompute ? RecomputeScope::kFull : RecomputeScope::kNone));
   });
 }
 

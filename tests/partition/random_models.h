@@ -94,7 +94,8 @@ inline RandomModel random_model(uint32_t seed, int tasks, bool chain, int64_t gr
   return m;
 }
 
-// A block sequence with random affine times, weights, saved bytes and forward transfers (some skipping a block).
+// A block sequence with random affine times, weights, saved bytes (some blocks with an attention core, TpWork) and
+// forward transfers (some skipping a block).
 inline BlockSequence random_sequence(std::mt19937& rng, int k) {
   auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
   BlockSequence seq;
@@ -105,6 +106,11 @@ inline BlockSequence random_sequence(std::mt19937& rng, int k) {
     c.param_bytes = static_cast<int64_t>(uniform(0, 4e8));
     c.saved_per_sample = uniform(1e6, 5e7);
     c.workspace_per_sample = uniform(0, 1e6);
+    if (uniform(0, 1) < 0.6) {  // an attention core: a little forward, much of the saved bytes (selective recompute)
+      const double f = uniform(0.05, 0.3);
+      c.tp.core_forward = {c.forward.fixed_s * f, c.forward.per_sample_s * f};
+      c.tp.core_saved_per_sample = c.saved_per_sample * uniform(0.2, 0.7);
+    }
     seq.blocks.push_back(c);
   }
   for (int b = 0; b + 1 < k; ++b) {

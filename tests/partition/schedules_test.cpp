@@ -133,9 +133,9 @@ TEST(AStageEvaluator, CountsHalfTheBackwardOfWeightReadingBlocksAsWeightGradient
   TrainingSpec training;
   training.global_batch = 8;
   const StageEvaluator ev(seq, testing::test_cluster(1), training);
-  const StageCost c = ev.evaluate(0, 2, 1, 2, 1, false);  // 4 samples per micro-batch
+  const StageCost c = ev.evaluate(0, 2, 1, 2, 1, RecomputeScope::kNone);  // 4 samples per micro-batch
   EXPECT_DOUBLE_EQ(c.backward_weight_s, 5e-4 + 4 * 1e-4);
-  EXPECT_DOUBLE_EQ(ev.evaluate(0, 2, 1, 2, 1, true).backward_weight_s, c.backward_weight_s);  // not the recomputation
+  EXPECT_DOUBLE_EQ(ev.evaluate(0, 2, 1, 2, 1, RecomputeScope::kFull).backward_weight_s, c.backward_weight_s);  // not the recomputation
 }
 
 // Least bottleneck over every split and replica vector, each stage's memory at the schedule's in-flight rule.
@@ -143,7 +143,8 @@ double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, S
                               bool recompute) {
   return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
     const double flight = stage_in_flight_activations(schedule, s, stages, m, chunks);
-    return testing::fitting_h(ev, ev.evaluate(first, last, replicas, m, flight, recompute));
+    return testing::fitting_h(
+        ev, ev.evaluate(first, last, replicas, m, flight, recompute ? RecomputeScope::kFull : RecomputeScope::kNone));
   });
 }
 
@@ -207,7 +208,7 @@ TEST(AnInterleavedStage, HoldsMegatronsChunkMicrobatchesEachAVthOfItsActivations
   const int64_t m = 4;
   for (int s = 0; s < p; ++s) {
     const double flight = stage_in_flight_activations(Schedule::kInterleaved, s, p, m, v);
-    const StageCost c = ev.evaluate(0, 3, 1, m, flight, false);
+    const StageCost c = ev.evaluate(0, 3, 1, m, flight, RecomputeScope::kNone);
     // Device 0: (2 − 0 − 1)·2 + (2 − 1)·2 + 1 = 5 chunk micro-batches; device 1: 3; each half the stage's.
     const double chunks = s == 0 ? 5 : 3;
     EXPECT_EQ(c.memory_bytes, static_cast<int64_t>(std::ceil(c.memory_static + chunks / v * c.memory_per_in_flight)));

@@ -84,9 +84,9 @@ TEST(TheOverlappedAllReduce, ExposesOnlyWhatDoesNotFitBehindTheLastBackwardAndAt
   for (int samples : {1, 64}) {
     t.global_batch = 4 * samples;
     t.overlap_allreduce = false;
-    const StageCost serial = StageEvaluator(seq, cluster(4, 8), t).evaluate(0, 1, 4, 1, 1, false);
+    const StageCost serial = StageEvaluator(seq, cluster(4, 8), t).evaluate(0, 1, 4, 1, 1, RecomputeScope::kNone);
     t.overlap_allreduce = true;
-    const StageCost overlapped = StageEvaluator(seq, cluster(4, 8), t).evaluate(0, 1, 4, 1, 1, false);
+    const StageCost overlapped = StageEvaluator(seq, cluster(4, 8), t).evaluate(0, 1, 4, 1, 1, RecomputeScope::kNone);
     EXPECT_EQ(serial.allreduce_exposed_s, serial.allreduce_s);
     EXPECT_EQ(overlapped.allreduce_s, serial.allreduce_s);
     const double last_bucket = serial.allreduce_s * 25e6 / 1e9;

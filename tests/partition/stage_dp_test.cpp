@@ -15,13 +15,13 @@ namespace apart {
 namespace {
 
 // Least max_i h over all splits into `stages` stages and all replica vectors with Σ ≤ devices that fit memory;
-// `per_stage`: each stage also free to recompute or not (the faster variant that fits).
+// `per_stage`: each stage also free to recompute nothing, its attention cores or everything (the fastest that fits).
 double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, bool recompute,
                               bool per_stage = false) {
   return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
     double h = std::numeric_limits<double>::infinity();
-    for (bool rc : {false, true})
-      if (per_stage || rc == recompute)
+    for (RecomputeScope rc : {RecomputeScope::kNone, RecomputeScope::kSelective, RecomputeScope::kFull})
+      if (per_stage || rc == (recompute ? RecomputeScope::kFull : RecomputeScope::kNone))
         h = std::min(h, testing::fitting_h(ev, ev.evaluate(first, last, replicas, m,
                                                             stage_in_flight_microbatches(schedule, s, stages, m), rc)));
     return h;
@@ -241,10 +241,10 @@ TEST(AStageEvaluator, CostsZeroCollectivesAsTheirRingVolumes) {
   const StageEvaluator ev(seq, cluster, training);
   const Link ring = ev.assumed_links(4).replicas;
   const double allreduce = ring_allreduce_time(4, 200e6, ring), half = ring_reduce_scatter_time(4, 200e6, ring);
-  const StageCost z0 = ev.evaluate(0, 1, 4, 1, 1, false);
-  const StageCost z1 = ev.evaluate(0, 1, 4, 1, 1, false, nullptr, 1);
-  const StageCost z2 = ev.evaluate(0, 1, 4, 1, 1, false, nullptr, 2);
-  const StageCost z3 = ev.evaluate(0, 1, 4, 1, 1, false, nullptr, 3);
+  const StageCost z0 = ev.evaluate(0, 1, 4, 1, 1, RecomputeScope::kNone);
+  const StageCost z1 = ev.evaluate(0, 1, 4, 1, 1, RecomputeScope::kNone, nullptr, 1);
+  const StageCost z2 = ev.evaluate(0, 1, 4, 1, 1, RecomputeScope::kNone, nullptr, 2);
+  const StageCost z3 = ev.evaluate(0, 1, 4, 1, 1, RecomputeScope::kNone, nullptr, 3);
   EXPECT_DOUBLE_EQ(z0.allreduce_s, allreduce);
   EXPECT_DOUBLE_EQ(z1.allreduce_s, allreduce);            // reduce-scatter + all-gather
   EXPECT_DOUBLE_EQ(z1.compute_s, z0.compute_s);
@@ -261,9 +261,9 @@ TEST(AStageEvaluator, CostsZeroCollectivesAsTheirRingVolumes) {
   EXPECT_NEAR(z2.memory_static, 1e8 * 5.5, 1);
   EXPECT_NEAR(z3.memory_static, 1e8 * 4 + 25e6 * 2, 1);
   // One replica: nothing to shard, plain data parallelism whatever was asked.
-  const StageCost alone = ev.evaluate(0, 1, 1, 1, 1, false, nullptr, 3);
+  const StageCost alone = ev.evaluate(0, 1, 1, 1, 1, RecomputeScope::kNone, nullptr, 3);
   EXPECT_EQ(alone.zero, 0);
-  EXPECT_DOUBLE_EQ(alone.memory_static, ev.evaluate(0, 1, 1, 1, 1, false).memory_static);
+  EXPECT_DOUBLE_EQ(alone.memory_static, ev.evaluate(0, 1, 1, 1, 1, RecomputeScope::kNone).memory_static);
 }
 
 TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {
@@ -323,8 +323,8 @@ TEST(AStageEvaluator, ChargesTheOptimizerStepOncePerIterationAndTheEstimateWaits
   TrainingSpec training;  // Adam, fp32: 32 bytes of traffic per 4-byte param
   const StageEvaluator ev(seq, cluster, training);
   const int64_t m = 4;
-  const StageCost first = ev.evaluate(0, 1, 1, m, 1, false);
-  const StageCost second = ev.evaluate(1, 2, 1, m, 1, false);
+  const StageCost first = ev.evaluate(0, 1, 1, m, 1, RecomputeScope::kNone);
+  const StageCost second = ev.evaluate(1, 2, 1, m, 1, RecomputeScope::kNone);
   EXPECT_DOUBLE_EQ(first.optimizer_s, 4e6 * 8 / 1e9);
   EXPECT_DOUBLE_EQ(second.optimizer_s, 4e5 * 8 / 1e9);
   EXPECT_DOUBLE_EQ(first.h, first.step_s + first.optimizer_s / static_cast<double>(m));
@@ -353,9 +353,9 @@ TEST(AStageEvaluator, CountsAWeightSharedByBlocksOfOneStageOnce) {
             expected += p.bytes;
             break;
           }
-      EXPECT_EQ(ev.evaluate(first, last, 1, 1, 1, false).param_bytes, expected) << first << ".." << last;
+      EXPECT_EQ(ev.evaluate(first, last, 1, 1, 1, RecomputeScope::kNone).param_bytes, expected) << first << ".." << last;
     }
-  EXPECT_EQ(ev.evaluate(0, 3, 1, 1, 1, false).param_bytes, 107);
+  EXPECT_EQ(ev.evaluate(0, 3, 1, 1, 1, RecomputeScope::kNone).param_bytes, 107);
 }
 
 }  // namespace

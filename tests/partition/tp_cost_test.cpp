@@ -111,8 +111,8 @@ TEST(AStageCostAtATensorParallelDegree, DividesTheSplitWorkWeightsAndSavedBytesA
   const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 1);
   const StageRange r = range_with_tp();
   const TrainingSpec t = training(8);
-  const StageCost one = stage_cost(r, 1, 1, 1, false, links, t, 0, 1);
-  const StageCost four = stage_cost(r, 1, 1, 1, false, links, t, 0, 4);
+  const StageCost one = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 1);
+  const StageCost four = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 4);
   const double u = 8;
   // Degree 1 is the range as it stands.
   EXPECT_DOUBLE_EQ(one.forward_s, 0.001 + 0.010 * u);
@@ -128,7 +128,7 @@ TEST(AStageCostAtATensorParallelDegree, DividesTheSplitWorkWeightsAndSavedBytesA
   EXPECT_NEAR(four.memory_per_in_flight, (1e6 - 0.75 * 0.5e6) * u, 1e-6);
   EXPECT_LT(four.optimizer_s, one.optimizer_s);
   // With recomputation the forward, its collectives too, runs again before the backward.
-  const StageCost recomputed = stage_cost(r, 1, 1, 1, true, links, t, 0, 4);
+  const StageCost recomputed = stage_cost(r, 1, 1, 1, RecomputeScope::kFull, links, t, 0, 4);
   EXPECT_NEAR(recomputed.backward_s, four.backward_s + four.forward_s, 1e-15);
 }
 
@@ -141,9 +141,9 @@ TEST(AStageCostAtATensorParallelDegree, IsRefusedForADegreeARegionDoesNotDivideO
   EXPECT_TRUE(tp_allows(r, 4));
   EXPECT_FALSE(tp_allows(r, 8));
   EXPECT_FALSE(tp_allows(r, 3));
-  EXPECT_THROW(stage_cost(r, 1, 1, 1, false, links, training(8), 0, 8), InvalidArgument);
-  EXPECT_THROW(stage_cost(r, 1, 1, 1, false, links, training(8), 0, 16), InvalidArgument);
-  EXPECT_NO_THROW(stage_cost(r, 1, 1, 1, false, links, training(8), 0, 2));
+  EXPECT_THROW(stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, training(8), 0, 8), InvalidArgument);
+  EXPECT_THROW(stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, training(8), 0, 16), InvalidArgument);
+  EXPECT_NO_THROW(stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, training(8), 0, 2));
 }
 
 // The evaluator's ranges sum the blocks' TP shares and OR their refusals.

@@ -23,11 +23,23 @@ BlockSequence tp_sequence(std::mt19937& rng, int k) {
   BlockSequence seq = testing::random_sequence(rng, k);
   for (BlockCost& b : seq.blocks) {
     b.param_bytes *= 6;  // weights heavy enough that splitting them decides what fits
-    if (uniform(0, 1) < 0.25) continue;  // a block with no splittable region
+    if (uniform(0, 1) < 0.25) {  // a block with no splittable region, so no attention core either
+      b.tp = {};
+      continue;
+    }
     const double share = uniform(0.3, 0.95);
     b.tp.forward = {b.forward.fixed_s * share, b.forward.per_sample_s * share};
     b.tp.backward = {b.backward.fixed_s * share, b.backward.per_sample_s * share};
     b.tp.saved_per_sample = b.saved_per_sample * share;
+    // The attention core inside the split share; the replicated rest partly between regions (sequence parallel).
+    const double core = uniform(0.1, 0.4), between = uniform(0, 1);
+    b.tp.core_forward = {b.tp.forward.fixed_s * core, b.tp.forward.per_sample_s * core};
+    b.tp.core_saved_per_sample = b.tp.saved_per_sample * uniform(0.3, 0.8);
+    b.tp.sp_forward = {(b.forward.fixed_s - b.tp.forward.fixed_s) * between,
+                       (b.forward.per_sample_s - b.tp.forward.per_sample_s) * between};
+    b.tp.sp_backward = {(b.backward.fixed_s - b.tp.backward.fixed_s) * between,
+                        (b.backward.per_sample_s - b.tp.backward.per_sample_s) * between};
+    b.tp.sp_saved_per_sample = (b.saved_per_sample - b.tp.saved_per_sample) * between;
     b.tp.param_bytes = static_cast<int64_t>(static_cast<double>(b.param_bytes) * share);
     b.tp.forward_collectives = 1 + static_cast<int64_t>(uniform(0, 2));
     b.tp.backward_collectives = b.tp.forward_collectives;
@@ -45,8 +57,8 @@ double brute_force_tp(const StageEvaluator& ev, int stages, int64_t m, const std
   return testing::brute_force_bottleneck(ev, stages, m, degrees, [&](int s, uint32_t first, uint32_t last, int sd, int tp) {
     if (!ev.allows_tp(first, last, tp)) return std::numeric_limits<double>::infinity();
     double h = std::numeric_limits<double>::infinity();
-    for (bool rc : {false, true})
-      if (per_stage_recompute || !rc)
+    for (RecomputeScope rc : {RecomputeScope::kNone, RecomputeScope::kSelective, RecomputeScope::kFull})
+      if (per_stage_recompute || rc == RecomputeScope::kNone)
         h = std::min(h, testing::fitting_h(ev, ev.evaluate(first, last, sd, m,
                                                             stage_in_flight_microbatches(Schedule::k1F1B, s, stages, m),
                                                             rc, nullptr, 0, tp)));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Narayanan et al., SC21, Table 1 (GPT, vocabulary 51200, sequence 2048, A100-80GB, 8 per node, mixed precision):
 # each row planned twice with the a100-80gb preset, pinned to the paper's configuration (--tp/--pp/--dp, full
-# recomputation, no sequence parallelism (Megatron-LM had none in 2021), micro-batch 1 and, where it pipelines, the interleaved schedule, as the paper ran it; the preset's
+# recomputation, no sequence parallelism (Megatron-LM had none in 2021), and, where it pipelines, micro-batch 1 and the interleaved schedule, as the paper ran it; the preset's
 # calibration was fit on these pins, docs/cost-model.md §3) and searched freely (--tp auto --schedule auto, every
 # other option automatic), printing apart's predicted
 # TFLOP/s per GPU beside the paper's, by the paper's own formula (its eq. 3, which counts full recomputation):
@@ -61,11 +61,12 @@ for row in "${rows[@]}"; do
           --no-baselines --no-stage-models -q "$@")
   dp=$((gpus / (tp * pp)))
   # The paper ran the interleaved schedule where it pipelined (its v per row is not in the table: 2 here).
+  # Micro-batch 1 per replica where it pipelines (as the fit); without a pipeline the micro-batch count is searched.
   schedule=()
-  [ "$pp" -gt 1 ] && schedule=(--schedule interleaved --virtual-stages "${MEGATRON_V:-2}")
+  [ "$pp" -gt 1 ] && schedule=(--schedule interleaved --virtual-stages "${MEGATRON_V:-2}" --microbatches $((batch / dp)))
   t0=$(date +%s.%N)
   if "$apart" partition "$model" "${common[@]}" --tp "$tp" --pp "$pp" --dp "$dp" --recompute on --sequence-parallel off \
-      --microbatches $((batch / dp)) "${schedule[@]}" -o "$dir/pinned" \
+      "${schedule[@]}" -o "$dir/pinned" \
       > "$dir/pinned.log" 2>&1; then
     t1=$(date +%s.%N)
     IFS='|' read -r pinned _ < <(tflops "$dir/pinned/plan.json" "$layers" "$hidden" "$batch" "$gpus")

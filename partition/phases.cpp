@@ -591,6 +591,13 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
   const SearchGrid grid = search_grid(o);
   std::set<std::tuple<const StageEvaluator*, int, int64_t>> resolved;                 // (split, S, m) taken
   std::set<std::tuple<const StageEvaluator*, Schedule, int, int, int64_t>> solved;  // (split, schedule, v, S, m)
+  struct Resolve {  // one stage DP again: candidate `from` under this schedule at (stages, microbatches)
+    size_t from;
+    Schedule schedule;
+    int chunks, stages;
+    int64_t microbatches;
+  };
+  std::vector<Resolve> jobs;
   for (size_t i : pipelined) {
     if (resolved.size() >= kScheduleResolves) break;
     const Candidate& c = candidates[i];
@@ -600,17 +607,8 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
     const int64_t m = c.solution.microbatches;
     if (!resolved.insert({c.evaluator.get(), stages, m}).second) continue;
     auto solve = [&](Schedule schedule, int chunks, int at_stages, int64_t microbatches) {
-      if (!solved.insert({c.evaluator.get(), schedule, chunks, at_stages, microbatches}).second) return;
-      SearchGrid point = grid;
-      point.schedules = {schedule};
-      point.virtual_stages = chunks;
-      point.microbatches = {microbatches};
-      const std::string source = c.source + schedule_label(schedule, chunks) + " dp";
-      const StageSolutions solutions = solve_stage_dp(*c.evaluator, point, {at_stages}, o.stage, clock.silent());
-      CandidateSet found = refined_candidates(atomic, *c.assignment, solutions, o, source);
-      found.add(solutions, Split{c.assignment, c.sequence, c.evaluator, source});
-      for (Candidate& v : found.candidates)
-        if (static_cast<uint32_t>(chunks) <= fewest_components(v)) variants.push_back(std::move(v));
+      if (solved.insert({c.evaluator.get(), schedule, chunks, at_stages, microbatches}).second)
+        jobs.push_back({i, schedule, chunks, at_stages, microbatches});
     };
     solve(Schedule::kZbH1, 1, stages, m);
     // Interleaving needs S to divide m: at this S and the least micro-batch count above m that it divides, and at
@@ -636,6 +634,25 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
     for (const auto& [at_stages, microbatches] : points)
       for (int chunks : interleaved_chunks(o.stage)) solve(Schedule::kInterleaved, chunks, at_stages, microbatches);
   }
+  // The re-solves are independent DPs: run on clock.threads, gathered in job order.
+  std::vector<std::vector<Candidate>> found_by_job(jobs.size());
+  const SearchClock each = clock.silent().one_thread();
+  run_indexed(jobs.size(), clock.threads, [&](size_t j) {
+    const Resolve& job = jobs[j];
+    const Candidate& c = candidates[job.from];
+    SearchGrid point = grid;
+    point.schedules = {job.schedule};
+    point.virtual_stages = job.chunks;
+    point.microbatches = {job.microbatches};
+    const std::string source = c.source + schedule_label(job.schedule, job.chunks) + " dp";
+    const StageSolutions solutions = solve_stage_dp(*c.evaluator, point, {job.stages}, o.stage, each);
+    CandidateSet found = refined_candidates(atomic, *c.assignment, solutions, o, source);
+    found.add(solutions, Split{c.assignment, c.sequence, c.evaluator, source});
+    for (Candidate& v : found.candidates)
+      if (static_cast<uint32_t>(job.chunks) <= fewest_components(v)) found_by_job[j].push_back(std::move(v));
+  });
+  for (std::vector<Candidate>& found : found_by_job)
+    variants.insert(variants.end(), std::make_move_iterator(found.begin()), std::make_move_iterator(found.end()));
   return variants;
 }
 
@@ -656,7 +673,7 @@ Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candid
   }
   const std::vector<Candidate>& candidates = variants.empty() ? found.candidates : pool;
   clock.report("simulating the best of " + std::to_string(candidates.size()) + " placed candidates");
-  const Selection selection = select_by_simulation(candidates, o.stage.max_simulations, clock.deadline());
+  const Selection selection = select_by_simulation(candidates, o.stage.max_simulations, clock.deadline(), clock.threads);
   const Candidate& chosen = candidates[selection.index];
   Plan plan = assemble_plan(graph, atomic, chosen, selection.result, o);
   SearchStatistics& search = plan.search;

@@ -5,9 +5,11 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/threads.h"
 #include "profiler/collectives.h"
 
 namespace apart {
@@ -116,11 +118,25 @@ double lower_bound(const sim::SimPlan& plan) {
     const Link& link = plan.cluster.link_between_groups(plan.stages[s - 1].devices, plan.stages[s].devices);
     d[s] = transfer_time(link, from_previous->bytes);
   }
-  std::vector<double> first_forward(stages, 0.0);  // earliest start of micro-batch 0's forward at s
-  for (size_t s = 1; s < stages; ++s) first_forward[s] = first_forward[s - 1] + f[s - 1] + d[s];
+  // Interleaved: each device's first op is chunk 0 of micro-batch 0 and its last the backward of chunk 0 of the
+  // last micro-batch (schedule.cpp), each chunk 1/v of the stage; so device s starts no earlier than micro-batch 0's
+  // chunk 0 arrives, works m·(f + b), and after its last backward that gradient still goes down chunk 0 of every
+  // device before it to stage 0. ZB-H1 may end on a weight pass, so it keeps only the start and its own work.
+  const Schedule schedule = plan.training.schedule;
+  const double v = schedule == Schedule::kInterleaved ? static_cast<double>(std::max(1, plan.training.virtual_stages)) : 1.0;
+  std::vector<double> first_forward(stages, 0.0);  // earliest start of micro-batch 0's (first chunk's) forward at s
+  for (size_t s = 1; s < stages; ++s) first_forward[s] = first_forward[s - 1] + f[s - 1] / v + d[s];
+  if (schedule == Schedule::kInterleaved || schedule == Schedule::kZbH1) {
+    double back_to_first = 0;  // Σ_{i<s} (b_i / v + d_{i+1}): the last chunk-0 gradient from s to stage 0
+    for (size_t s = 0; s < stages; ++s) {
+      const double tail = schedule == Schedule::kInterleaved ? std::max(exposed[s], back_to_first + exposed[0]) : exposed[s];
+      bound = std::max(bound, first_forward[s] + static_cast<double>(m) * (f[s] + b[s]) + tail);
+      if (s + 1 < stages) back_to_first += b[s] / v + d[s + 1];
+    }
+    return bound;
+  }
   const double bottom = first_forward[stages - 1] + f[stages - 1];  // micro-batch 0 leaves the last forward
-  // The chain bound below follows GPipe's and 1F1B's op orders; other schedules keep the busy-time bound.
-  if (plan.training.schedule != Schedule::kGPipe && plan.training.schedule != Schedule::k1F1B) return bound;
+  // The chain bound below follows GPipe's and 1F1B's op orders.
   const bool gpipe = plan.training.schedule == Schedule::kGPipe;
   double returning = 0;  // Σ_{i>s} (b_i + d_i): micro-batch 0's gradient from the last stage back to s
   std::vector<double> back_to_first(stages, 0.0);  // Σ_{i<s} (b_i + d_{i+1}): the last gradient from s to stage 0
@@ -140,35 +156,55 @@ double lower_bound(const sim::SimPlan& plan) {
 double simulated_lower_bound(const Candidate& candidate) { return lower_bound(candidate_sim_plan(candidate)); }
 
 Selection select_by_simulation(const std::vector<Candidate>& candidates, int max_simulations,
-                               std::chrono::steady_clock::time_point deadline) {
+                               std::chrono::steady_clock::time_point deadline, int threads) {
   APART_CHECK(!candidates.empty(), "no candidate to select from");
+  std::vector<sim::SimPlan> plans;
+  std::vector<double> bounds;
+  plans.reserve(candidates.size());
+  for (const Candidate& c : candidates) {
+    plans.push_back(candidate_sim_plan(c));
+    bounds.push_back(lower_bound(plans.back()));
+  }
+  // Best first by lower bound (ties by estimate, then by index): every candidate whose bound is below the least
+  // simulated time has to be replayed in any order, and this order replays no other.
   std::vector<size_t> order(candidates.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return candidates[a].solution.estimate.iteration_s < candidates[b].solution.estimate.iteration_s;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const double ea = candidates[a].solution.estimate.iteration_s, eb = candidates[b].solution.estimate.iteration_s;
+    return std::tie(bounds[a], ea, a) < std::tie(bounds[b], eb, b);
   });
+  // Replayed in batches of up to kSelectionBatch, each formed in that order against the best so far and run on
+  // `threads`: the batches, and so the choice and its statistics, are the same for every thread count.
   Selection best;
   double best_s = std::numeric_limits<double>::infinity();
-  for (size_t i : order) {
-    const sim::SimPlan plan = candidate_sim_plan(candidates[i]);
-    // Strictly below the best by a margin, so float noise cannot make the pick depend on the order.
-    if (lower_bound(plan) >= best_s * (1 - 1e-12)) {
-      ++best.stats.pruned;
-      continue;
+  for (size_t next = 0; next < order.size();) {
+    std::vector<size_t> batch;
+    for (; next < order.size() && batch.size() < kSelectionBatch; ++next) {
+      const size_t i = order[next];
+      // Strictly below the best by a margin, so float noise cannot make the pick depend on the order.
+      if (bounds[i] >= best_s * (1 - 1e-12)) {
+        ++best.stats.pruned;
+        continue;
+      }
+      const int started = best.stats.simulated + static_cast<int>(batch.size());
+      const bool capped = max_simulations > 0 && started >= max_simulations;
+      // A candidate too big to replay (simulate.h) keeps its analytic estimate once another one was replayed.
+      const bool too_big = sim::simulated_operations(plans[i], 1) > limits::kMaxSimulatedOps;
+      if (started > 0 && (capped || too_big || std::chrono::steady_clock::now() > deadline)) {
+        ++best.stats.not_simulated;
+        continue;
+      }
+      batch.push_back(i);
     }
-    const bool capped = max_simulations > 0 && best.stats.simulated >= max_simulations;
-    // A candidate too big to replay (simulate.h) keeps its analytic estimate once another one was replayed.
-    const bool too_big = sim::simulated_operations(plan, 1) > limits::kMaxSimulatedOps;
-    if (best.stats.simulated > 0 && (capped || too_big || std::chrono::steady_clock::now() > deadline)) {
-      ++best.stats.not_simulated;
-      continue;
-    }
-    sim::SimResult result = sim::simulate(plan);
-    ++best.stats.simulated;
-    if (result.iteration_s < best_s * (1 - 1e-12)) {
-      best_s = result.iteration_s;
-      best.index = i;
-      best.result = std::move(result);
+    std::vector<sim::SimResult> results(batch.size());
+    run_indexed(batch.size(), threads, [&](size_t k) { results[k] = sim::simulate(plans[batch[k]]); });
+    for (size_t k = 0; k < batch.size(); ++k) {
+      ++best.stats.simulated;
+      if (results[k].iteration_s < best_s * (1 - 1e-12)) {
+        best_s = results[k].iteration_s;
+        best.index = batch[k];
+        best.result = std::move(results[k]);
+      }
     }
   }
   return best;

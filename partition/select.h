@@ -51,12 +51,15 @@ struct Selection {
   SelectionStatistics stats;
 };
 
-// Simulates candidates in order of their analytic estimate and keeps the least simulated time; a candidate
-// whose lower bound is not below the best so far cannot win and is skipped, so the choice equals simulating
-// every candidate. At most `max_simulations` replays (0 = no cap) and none after `deadline` once one is done.
-// Deterministic: ties go to the earlier candidate in the estimate order.
+// Simulates candidates best first by their lower bound on the simulated time and keeps the least simulated time;
+// a candidate whose bound is not below the best so far cannot win and is skipped, so the choice equals simulating
+// every candidate, and no order replays fewer. At most `max_simulations` replays (0 = no cap) and none after
+// `deadline` once one is done. Replays run in batches of kSelectionBatch on `threads`. Deterministic for every
+// thread count: ties go to the earlier candidate in (bound, estimate, index) order.
+inline constexpr size_t kSelectionBatch = 2;
 Selection select_by_simulation(const std::vector<Candidate>& candidates, int max_simulations = 0,
                                std::chrono::steady_clock::time_point deadline =
-                                   std::chrono::steady_clock::time_point::max());
+                                   std::chrono::steady_clock::time_point::max(),
+                               int threads = 1);
 
 }  // namespace apart

@@ -164,6 +164,11 @@ StageCost StageEvaluator::evaluate(uint32_t first, uint32_t last, int replicas, 
                     placed ? *placed : assumed_links(replicas * tp), training_, zero, tp);
 }
 
+StageCost StageEvaluator::evaluate(const StageRange& range, int replicas, int64_t microbatches, double in_flight,
+                                   RecomputeScope recompute, int zero, int tp) const {
+  return stage_cost(range, replicas, microbatches, in_flight, recompute, assumed_links(replicas * tp), training_, zero, tp);
+}
+
 bool StageEvaluator::allows_tp(uint32_t first, uint32_t last, int tp) const {
   return degree_allowed(tp_.refused(first, last), tp);
 }

@@ -111,6 +111,9 @@ class StageEvaluator {
   // `links`: the placed stage's links; without, the ones the layout assumes (see Layout). `zero`, `tp`: stage_cost's.
   StageCost evaluate(uint32_t first, uint32_t last, int replicas, int64_t microbatches, double in_flight,
                      RecomputeScope recompute, const StageLinks* links = nullptr, int zero = 0, int tp = 1) const;
+  // The same for a range() already taken (the DP evaluates one range under many variants), unplaced.
+  StageCost evaluate(const StageRange& range, int replicas, int64_t microbatches, double in_flight,
+                     RecomputeScope recompute, int zero, int tp) const;
   // Whether every block of [first, last) allows tensor-parallel degree `tp` (tp_allows of its range, in O(1)).
   bool allows_tp(uint32_t first, uint32_t last, int tp) const;
   // The sums stage_cost takes for blocks [first, last).

@@ -212,12 +212,11 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   std::vector<StageCost> costs(cands);
   std::vector<char> evaluated(cands);
   // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
-  auto tabulate = [&](uint32_t first, uint32_t last, VariantTable& table) {
+  auto tabulate = [&](uint32_t first, uint32_t last, const StageRange& range, VariantTable& table) {
     const StageVariant v = table.variant;
     if (v.tp > 1) {
       // A degree the range's regions refuse never fits; where degree 1 is a choice too, one over a range without
       // split work only adds devices (the same h on t× the devices), so the DP never needs it either.
-      const StageRange range = evaluator.range(first, last);
       if (!tp_allows(range, v.tp) || (!range.tp.splits_work() && options.tp_degrees.front() == 1)) {
         for (size_t c = 0; c < cands; ++c) table.mem_base[index(first, last, c)] = std::numeric_limits<double>::infinity();
         return;
@@ -226,7 +225,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     std::fill(evaluated.begin(), evaluated.end(), 0);
     auto cost = [&](size_t c) -> const StageCost& {
       if (!evaluated[c])
-        costs[c] = evaluator.evaluate(first, last, candidates_[c], microbatches, 0, v.recompute, nullptr, v.zero, v.tp);
+        costs[c] = evaluator.evaluate(range, candidates_[c], microbatches, 0, v.recompute, v.zero, v.tp);
       evaluated[c] = 1;
       return costs[c];
     };
@@ -258,15 +257,16 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   };
   for (uint32_t first = 0; first < k_ && cands > 0; ++first)
     for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last) {
-      for (VariantTable& table : variants_) tabulate(first, last, table);
+      const StageRange range = evaluator.range(first, last);
+      for (VariantTable& table : variants_) tabulate(first, last, range, table);
       // A lower bound on h for every candidate and variant: the compute at the most replicas under ZeRO 0 (ZeRO
       // only adds exposed collectives to forward and backward) and the first variant's recomputation, the least
       // over the tensor-parallel degrees the range allows.
       double least = std::numeric_limits<double>::infinity();
       for (int tp : options.tp_degrees)
-        if (evaluator.allows_tp(first, last, tp))
-          least = std::min(least, evaluator.evaluate(first, last, candidates_.back(), microbatches, 0,
-                                                     variants_.front().variant.recompute, nullptr, 0, tp)
+        if (tp_allows(range, tp))
+          least = std::min(least, evaluator.evaluate(range, candidates_.back(), microbatches, 0,
+                                                     variants_.front().variant.recompute, 0, tp)
                                       .compute_s);
       least_compute_[first * (k_ + 1) + last] = least;
     }

@@ -151,6 +151,40 @@ TEST(ASimulatedLowerBound, NeverExceedsTheSimulatedTime) {
     }
 }
 
+// The same candidates re-scheduled: ZB-H1, and interleaved at 2 and 3 chunks where S divides m.
+std::vector<Candidate> rescheduled(const std::vector<Candidate>& candidates) {
+  std::vector<Candidate> out;
+  for (const Candidate& c : candidates) {
+    if (c.solution.stages < 2) continue;
+    Candidate zb = c;
+    zb.solution.schedule = Schedule::kZbH1;
+    out.push_back(std::move(zb));
+    if (c.solution.microbatches % c.solution.stages != 0) continue;
+    for (int chunks : {2, 3}) {
+      Candidate il = c;
+      il.solution.schedule = Schedule::kInterleaved;
+      il.solution.virtual_stages = chunks;
+      out.push_back(std::move(il));
+    }
+  }
+  return out;
+}
+
+TEST(ASimulatedLowerBound, NeverExceedsTheSimulatedTimeUnderZbH1AndInterleaved) {
+  int interleaved = 0, tight = 0;
+  for (uint32_t seed = 20; seed < 30; ++seed)
+    for (const Candidate& c : rescheduled(random_candidates(seed))) {
+      const double simulated = sim::simulate(candidate_sim_plan(c)).iteration_s;
+      const double bound = simulated_lower_bound(c);
+      EXPECT_LE(bound, simulated * (1 + 1e-12)) << schedule_name(c.solution.schedule) << " v=" << c.solution.virtual_stages;
+      if (c.solution.schedule != Schedule::kInterleaved) continue;
+      ++interleaved;
+      tight += bound > 0.9 * simulated;
+    }
+  EXPECT_GT(interleaved, 20);
+  EXPECT_GT(tight, interleaved / 2) << "the interleaved chain bound is mostly within 10 % of the replay";
+}
+
 TEST(ASelection, IsDeterministicAndRespectsItsCap) {
   const std::vector<Candidate> candidates = random_candidates(7);
   const Selection a = select_by_simulation(candidates), b = select_by_simulation(candidates);

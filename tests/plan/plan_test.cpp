@@ -171,6 +171,62 @@ TEST(APlanReader, RefusesAZeroStageOutOfRangeOrOnAOneReplicaStage) {
   EXPECT_EQ(error_of(single), "no error");
 }
 
+TEST(APlanReader, ReadsARecomputeScopeAndItsRecomputedForwardAndWritesThemBack) {
+  json j = one_stage_plan(2);
+  json& st = j["stages"][0];
+  st["recompute"] = true;
+  st["backward_s"] = st["forward_s"].get<double>() * 3;
+  EXPECT_EQ(plan_from_json(j).stages[0].recompute_scope, RecomputeScope::kFull) << "absent on a recomputing stage";
+  EXPECT_FALSE(plan_to_json(plan_from_json(j))["stages"][0].contains("recompute_scope")) << "full is not written";
+  st["recompute_scope"] = "selective";
+  st["recompute_forward_s"] = st["forward_s"].get<double>() / 4;
+  const PlanDocument plan = plan_from_json(j);
+  EXPECT_EQ(plan.stages[0].recompute_scope, RecomputeScope::kSelective);
+  ASSERT_TRUE(plan.stages[0].recompute_forward_s.has_value());
+  EXPECT_DOUBLE_EQ(*plan.stages[0].recompute_forward_s, st["forward_s"].get<double>() / 4);
+  const json back = plan_to_json(plan)["stages"][0];
+  EXPECT_EQ(back["recompute_scope"], "selective");
+  EXPECT_DOUBLE_EQ(back["recompute_forward_s"].get<double>(), st["forward_s"].get<double>() / 4);
+  json none = one_stage_plan(2);
+  none["stages"][0]["recompute"] = false;
+  EXPECT_EQ(plan_from_json(none).stages[0].recompute_scope, RecomputeScope::kNone);
+}
+
+TEST(APlanReader, RefusesARecomputeScopeThatDisagreesWithRecomputeOrAnUnknownOne) {
+  json j = one_stage_plan(2);
+  j["stages"][0]["recompute"] = false;
+  j["stages"][0]["recompute_scope"] = "selective";
+  EXPECT_NE(error_of(j).find("stages[0].recompute_scope is selective but recompute is false"), std::string::npos)
+      << error_of(j);
+  j["stages"][0]["recompute_scope"] = "attention";
+  EXPECT_NE(error_of(j).find("expected none, selective or full"), std::string::npos) << error_of(j);
+  j["stages"][0].erase("recompute_scope");
+  j["stages"][0]["recompute_forward_s"] = 0.5;
+  EXPECT_NE(error_of(j).find("stages[0].recompute_forward_s is positive on a stage that does not recompute"),
+            std::string::npos)
+      << error_of(j);
+  json big = one_stage_plan(2);
+  big["stages"][0]["recompute"] = true;
+  big["stages"][0]["recompute_forward_s"] = big["stages"][0]["backward_s"].get<double>() * 2;
+  EXPECT_NE(error_of(big).find("stages[0].backward_s"), std::string::npos) << error_of(big);
+}
+
+TEST(APlanReader, ReadsSequenceParallelOnlyOnATensorParallelStage) {
+  json j = one_stage_plan(8);
+  j["cluster"]["devices_per_node"] = 8;
+  EXPECT_FALSE(plan_from_json(j).stages[0].sequence_parallel) << "absent: false";
+  j["stages"][0]["sequence_parallel"] = true;
+  EXPECT_NE(error_of(j).find("stages[0].sequence_parallel is true on a stage with tp 1"), std::string::npos)
+      << error_of(j);
+  j["stages"][0]["tp"] = 4;
+  j["stages"][0]["replicas"] = 2;
+  const PlanDocument plan = plan_from_json(j);
+  EXPECT_TRUE(plan.stages[0].sequence_parallel);
+  EXPECT_EQ(plan_to_json(plan)["stages"][0]["sequence_parallel"], true);
+  j["stages"][0]["sequence_parallel"] = false;
+  EXPECT_FALSE(plan_to_json(plan_from_json(j))["stages"][0].contains("sequence_parallel")) << "false is not written";
+}
+
 TEST(APlanReader, ReadsNullFiguresThatAreOnlyShownAsAbsent) {
   json j = json::parse(read_text(golden_plans().front()));
   j["predicted"]["compute_lower_bound_s"] = nullptr;  // partition writes a figure it could not compute as null

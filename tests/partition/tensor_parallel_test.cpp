@@ -403,6 +403,13 @@ models::ZooOptions zoo(models::Family family, int64_t layers) {
   return o;
 }
 
+// The op types of an attention region's core (what selective recomputation re-runs), in order.
+std::vector<std::string> core_ops(const TaskGraph& g, const TpRegion& region) {
+  std::vector<std::string> ops;
+  for (TaskId t : region.core_tasks) ops.push_back(g.task(t).op_type);
+  return ops;
+}
+
 TEST(TheZoosGpt, HasOneAttentionAndOneMlpPerLayerAndATiedHead) {
   const ImportedModel m = import_zoo(zoo(models::Family::kGpt, 3), 2);
   const TensorParallelRegions r = find_tensor_parallel_regions(m.graph, 2);
@@ -425,6 +432,14 @@ TEST(TheZoosGpt, HasOneAttentionAndOneMlpPerLayerAndATiedHead) {
   EXPECT_EQ(r.regions[7].closing, TpClosing::kVocabParallelLoss);
   EXPECT_DOUBLE_EQ(r.regions[7].end_bytes_per_sample, 3.0 * 4 * 16);
   EXPECT_TRUE(r.regions[7].tied());
+  // Its core runs from the score MatMul to the context MatMul, through the softmax; the MLP has none.
+  const std::vector<std::string> core = core_ops(m.graph, attn);
+  ASSERT_GE(core.size(), 3u);
+  EXPECT_EQ(core.front(), "MatMul");
+  EXPECT_EQ(core.back(), "MatMul");
+  EXPECT_NE(std::find(core.begin(), core.end(), "Softmax"), core.end());
+  for (TaskId t : attn.core_tasks) EXPECT_EQ(r.region_of[t.value()], 1) << "a core task belongs to its region";
+  EXPECT_TRUE(r.regions[2].core_tasks.empty());
   // Every block's two layer norms and two residual adds sit between regions; the final norm too.
   EXPECT_FALSE(r.between_regions.empty());
   for (TaskId t : r.between_regions) EXPECT_EQ(r.region_of[t.value()], -1);
@@ -493,6 +508,13 @@ TEST(TheRealGpt2Export, Has12AttentionAnd12MlpRegions) {
       EXPECT_EQ(region.heads, 12) << region.name;
       EXPECT_EQ(region.degrees, (std::vector<int>{1, 2, 4})) << region.name;
       EXPECT_DOUBLE_EQ(region.end_bytes_per_sample, 1024.0 * 768 * 4) << region.name;
+      const std::vector<std::string> core = core_ops(m.graph, region);
+      ASSERT_GE(core.size(), 3u) << region.name;
+      EXPECT_EQ(core.front(), "MatMul") << region.name;
+      EXPECT_EQ(core.back(), "MatMul") << region.name;
+      EXPECT_NE(std::find(core.begin(), core.end(), "Softmax"), core.end()) << region.name;
+    } else {
+      EXPECT_TRUE(region.core_tasks.empty()) << region.name;
     }
     if (region.kind == TpRegionKind::kMlp) {
       EXPECT_EQ(region.degrees, (std::vector<int>{1, 2, 4, 8})) << region.name;

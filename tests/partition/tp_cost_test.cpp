@@ -132,6 +132,69 @@ TEST(AStageCostAtATensorParallelDegree, DividesTheSplitWorkWeightsAndSavedBytesA
   EXPECT_NEAR(recomputed.backward_s, four.backward_s + four.forward_s, 1e-15);
 }
 
+TEST(AStageCostAtATensorParallelDegree, ShardsTheWorkBetweenRegionsAndTheBoundariesUnderSequenceParallelism) {
+  const Cluster cluster = testing::test_cluster(8);
+  const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 4);
+  StageRange r = range_with_tp();
+  r.tp.sp_forward = {0.0, 0.002};
+  r.tp.sp_backward = {0.0, 0.003};
+  r.tp.sp_saved_per_sample = 0.2e6;
+  r.in_per_sample = 4096;
+  r.out_per_sample = 4096;
+  TrainingSpec t = training(8);
+  t.sequence_parallel = false;
+  const StageCost off = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 4);
+  t.sequence_parallel = true;
+  const StageCost on = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 4);
+  const double u = 8;
+  EXPECT_FALSE(off.sequence_parallel);
+  EXPECT_TRUE(on.sequence_parallel);
+  // The work between regions divides by the degree; the two all-reduces become a reduce-scatter and an all-gather.
+  const double all_reduces = 2 * ring_allreduce_time(4, 32768.0 * u, links.tensor);
+  // Forward: each region's closing reduce-scatter and each input's all-gather (2 + 2 here); backward the reverse.
+  const double rs_ag = 2 * (ring_reduce_scatter_time(4, 32768.0 * u, links.tensor) +
+                            ring_allgather_time(4, 32768.0 * u, links.tensor));
+  EXPECT_NEAR(off.forward_s - all_reduces, on.forward_s - rs_ag + 0.75 * 0.002 * u, 1e-12);
+  EXPECT_NEAR(off.backward_s - all_reduces, on.backward_s - rs_ag + 0.75 * 0.003 * u, 1e-12);
+  EXPECT_NEAR(off.memory_per_in_flight - on.memory_per_in_flight, 0.75 * 0.2e6 * u, 1e-6);
+  // Each device sends and receives its quarter of the boundaries.
+  EXPECT_NEAR(on.in_bytes, off.in_bytes / 4, 1e-9);
+  EXPECT_NEAR(on.out_bytes, off.out_bytes / 4, 1e-9);
+  EXPECT_LT(on.comm_s, off.comm_s);
+  // Degree 1 has nothing to shard: the same cost either way.
+  const StageCost one_on = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 1);
+  t.sequence_parallel = false;
+  const StageCost one_off = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 1);
+  EXPECT_EQ(one_on.h, one_off.h);
+  EXPECT_FALSE(one_on.sequence_parallel);
+}
+
+TEST(AStageCostUnderSelectiveRecomputation, RerunsOnlyTheAttentionCoresAndKeepsNoneOfTheirActivations) {
+  const Cluster cluster = testing::test_cluster(8);
+  const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 2);
+  StageRange r = range_with_tp();
+  r.tp.core_forward = {0.0, 0.001};
+  r.tp.core_saved_per_sample = 0.3e6;
+  const TrainingSpec t = training(8);
+  const double u = 8;
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(tp);
+    const StageCost none = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, tp);
+    const StageCost selective = stage_cost(r, 1, 1, 1, RecomputeScope::kSelective, links, t, 0, tp);
+    const StageCost full = stage_cost(r, 1, 1, 1, RecomputeScope::kFull, links, t, 0, tp);
+    EXPECT_DOUBLE_EQ(selective.recompute_s, 0.001 * u / tp);
+    EXPECT_NEAR(selective.backward_s, none.backward_s + 0.001 * u / tp, 1e-15);
+    EXPECT_DOUBLE_EQ(selective.forward_s, none.forward_s);
+    EXPECT_NEAR(none.memory_per_in_flight - selective.memory_per_in_flight, 0.3e6 * u / tp, 1e-6);
+    // One micro-batch's cores are rebuilt at a time; full recomputation keeps only the stage inputs.
+    EXPECT_NEAR(selective.memory_static - none.memory_static, 0.3e6 * u / tp, 1e-6);
+    EXPECT_LT(selective.recompute_s, full.recompute_s);
+    EXPECT_LT(full.memory_per_in_flight, selective.memory_per_in_flight);
+    EXPECT_LE(none.h, selective.h);
+    EXPECT_LE(selective.h, full.h);
+  }
+}
+
 TEST(AStageCostAtATensorParallelDegree, IsRefusedForADegreeARegionDoesNotDivideOrOutsideOneTwoFourEight) {
   const Cluster cluster = testing::test_cluster(8);
   const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 1);

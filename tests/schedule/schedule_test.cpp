@@ -209,6 +209,21 @@ TEST(RankActions, RefuseATensorParallelStageNamingItForNow) {
   }
 }
 
+TEST(RankActions, RefuseASelectivelyRecomputingStageNamingItButRunFullRecomputation) {
+  PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::k1F1B);
+  plan.stages[0].recompute = true;
+  plan.stages[0].recompute_scope = RecomputeScope::kFull;
+  EXPECT_NO_THROW(rank_actions(plan, 0));
+  plan.stages[0].recompute_scope = RecomputeScope::kSelective;
+  try {
+    rank_actions(plan, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 0 recomputes selectively"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--recompute on"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RankActions, RefuseTheZbH1ScheduleForNow) {
   EXPECT_THROW(rank_actions(pipeline_plan({1, 1}, 4, Schedule::kZbH1), 0), Unsupported);
 }

@@ -126,7 +126,10 @@ SearchGrid search_grid(const PartitionOptions& o) {
     grid.recomputes.push_back(StageRecompute::kOff);
   if (o.stage.recompute == Recompute::kOn) grid.recomputes.push_back(StageRecompute::kAll);
   if (o.stage.recompute == Recompute::kSelective) grid.recomputes.push_back(StageRecompute::kSelective);
-  if (o.stage.recompute == Recompute::kAuto) grid.recomputes.push_back(StageRecompute::kWhereNeeded);
+  // Per stage under auto; selective (attention cores only) only where the plan already goes past what apart run
+  // executes (--tp auto or a degree above 1): at the default --tp 1 a default plan stays executable.
+  if (o.stage.recompute == Recompute::kAuto)
+    grid.recomputes.push_back(!o.stage.tp || *o.stage.tp > 1 ? StageRecompute::kWhereNeeded : StageRecompute::kWholeWhereNeeded);
   // auto: none, or per stage. The per-stage DP ties on its bottleneck by the fewest devices, which may pick a
   // variant that simulates slower; with the plain DP's solutions among the candidates too, the simulated choice is
   // never worse than --zero 0's (as recomputation's off and where-needed points are).

@@ -118,6 +118,7 @@ std::string_view stage_recompute_name(StageRecompute mode) {
     case StageRecompute::kAll: return "on";
     case StageRecompute::kSelective: return "selective";
     case StageRecompute::kWhereNeeded: return "where needed";
+    case StageRecompute::kWholeWhereNeeded: return "where needed (whole stages)";
   }
   return "?";
 }
@@ -136,6 +137,7 @@ std::vector<StageVariant> stage_variants(StageRecompute recompute, StageZero zer
     case StageRecompute::kWhereNeeded:
       recomputes = {RecomputeScope::kNone, RecomputeScope::kSelective, RecomputeScope::kFull};
       break;
+    case StageRecompute::kWholeWhereNeeded: recomputes = {RecomputeScope::kNone, RecomputeScope::kFull}; break;
   }
   std::vector<StageVariant> variants;
   for (int tp : tp_degrees)
@@ -166,7 +168,8 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
                  : options.recompute == StageRecompute::kSelective ? RecomputeScope::kSelective
                                                                    : RecomputeScope::kNone),
       fixed_split_(options.fixed_split),
-      where_needed_(options.recompute == StageRecompute::kWhereNeeded),
+      where_needed_(options.recompute == StageRecompute::kWhereNeeded ||
+                    options.recompute == StageRecompute::kWholeWhereNeeded),
       zero_(options.zero),
       k_(evaluator.blocks()),
       devices_(evaluator.cluster().devices),

@@ -73,8 +73,10 @@ enum class StageRecompute : uint8_t {
   kSelective,     // every stage recomputes its attention cores (RecomputeScope::kSelective)
   kWhereNeeded,   // a stage recomputes only if it does not fit (or needs more replicas to fit) without, its
                   // attention cores before its whole forward; the DP is exact over that per-stage choice too
+  kWholeWhereNeeded,  // the same between none and the whole forward only (what apart run executes today)
 };
-std::string_view stage_recompute_name(StageRecompute mode);  // "off", "on", "selective", "where needed"
+// "off", "on", "selective", "where needed", "where needed (whole stages)"
+std::string_view stage_recompute_name(StageRecompute mode);
 
 // How a DP run treats ZeRO (profiler/memory_model.h): one stage for every stage with replicas, or per stage.
 struct StageZero {

@@ -30,7 +30,16 @@ std::set<std::string> sources_of(const CandidateSet& found) {
 
 TEST(TheSearchGrid, TriesNoRecomputationAndRecomputationWhereNeededUnderAuto) {
   PartitionOptions o = options_for(4, 4, 16);
+  // At the default --tp 1 auto recomputes whole stages only (what apart run executes); selective joins with TP.
+  EXPECT_EQ(search_grid(o).recomputes,
+            (std::vector<StageRecompute>{StageRecompute::kOff, StageRecompute::kWholeWhereNeeded}));
+  o.stage.tp = std::nullopt;
   EXPECT_EQ(search_grid(o).recomputes, (std::vector<StageRecompute>{StageRecompute::kOff, StageRecompute::kWhereNeeded}));
+  o.stage.tp = 2;
+  EXPECT_EQ(search_grid(o).recomputes, (std::vector<StageRecompute>{StageRecompute::kOff, StageRecompute::kWhereNeeded}));
+  o.stage.tp = 1;
+  o.stage.recompute = Recompute::kSelective;
+  EXPECT_EQ(search_grid(o).recomputes, (std::vector<StageRecompute>{StageRecompute::kSelective}));
   o.stage.recompute = Recompute::kOn;
   EXPECT_EQ(search_grid(o).recomputes, (std::vector<StageRecompute>{StageRecompute::kAll}));
   o.stage.recompute = Recompute::kOff;

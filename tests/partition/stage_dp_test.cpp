@@ -16,12 +16,14 @@ namespace {
 
 // Least max_i h over all splits into `stages` stages and all replica vectors with Σ ≤ devices that fit memory;
 // `per_stage`: each stage also free to recompute nothing, its attention cores or everything (the fastest that fits).
+// `selective`: whether the per-stage choice includes the attention cores.
 double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, bool recompute,
-                              bool per_stage = false) {
+                              bool per_stage = false, bool selective = true) {
   return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
     double h = std::numeric_limits<double>::infinity();
     for (RecomputeScope rc : {RecomputeScope::kNone, RecomputeScope::kSelective, RecomputeScope::kFull})
-      if (per_stage || rc == (recompute ? RecomputeScope::kFull : RecomputeScope::kNone))
+      if ((per_stage && (selective || rc != RecomputeScope::kSelective)) ||
+          rc == (recompute ? RecomputeScope::kFull : RecomputeScope::kNone))
         h = std::min(h, testing::fitting_h(ev, ev.evaluate(first, last, replicas, m,
                                                             stage_in_flight_microbatches(schedule, s, stages, m), rc)));
     return h;
@@ -68,6 +70,32 @@ TEST(AStageDp, FindsTheBruteForceBottleneckForEveryStageAndMicrobatchCount) {
   }
   EXPECT_GT(compared, 500);
   EXPECT_GT(infeasible, 0);  // the memory limits above make some requests infeasible
+}
+
+TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeItsWholeForwardOnItsOwn) {
+  std::mt19937 rng(19);
+  int compared = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const int k = 2 + trial % 5;
+    const Cluster cluster = small_cluster(1 + trial % 4, rng, 3e9, 12e9);
+    TrainingSpec training;
+    training.global_batch = 48;
+    const BlockSequence seq = testing::random_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    for (int64_t m : {1, 2, 4, 12}) {
+      const StageDp dp(ev, {.microbatches = m, .recompute = StageRecompute::kWholeWhereNeeded});
+      for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) {
+        const double expected = brute_force_bottleneck(ev, stages, m, Schedule::k1F1B, false, true, false);
+        const auto got = dp.solve(stages);
+        ASSERT_EQ(got.has_value(), !std::isinf(expected)) << "trial " << trial << " S=" << stages << " m=" << m;
+        if (!got) continue;
+        EXPECT_NEAR(got->bottleneck_h, expected, 1e-12 * expected) << "trial " << trial << " S=" << stages;
+        for (int s = 0; s < stages; ++s) EXPECT_NE(got->recompute_of(s), RecomputeScope::kSelective);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 60);
 }
 
 TEST(AStageDp, FindsTheBruteForceBottleneckWhenEachStageMayRecomputeOnItsOwn) {

@@ -166,7 +166,7 @@ Selection select_by_simulation(const std::vector<Candidate>& candidates, int max
     bounds.push_back(lower_bound(plans.back()));
   }
   // Best first by lower bound (ties by estimate, then by index): every candidate whose bound is below the least
-  // simulated time has to be replayed in any order, and this order replays no other.
+  // simulated time has to be replayed in any order, and this order replays no other but for the second of a batch.
   std::vector<size_t> order(candidates.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {

@@ -53,9 +53,9 @@ struct Selection {
 
 // Simulates candidates best first by their lower bound on the simulated time and keeps the least simulated time;
 // a candidate whose bound is not below the best so far cannot win and is skipped, so the choice equals simulating
-// every candidate, and no order replays fewer (but for a batch's second, below). At most `max_simulations` replays (0 = no cap) and none after
-// `deadline` once one is done. Replays run in batches of kSelectionBatch on `threads`. Deterministic for every
-// thread count: ties go to the earlier candidate in (bound, estimate, index) order.
+// every candidate, and no order replays fewer (but for a batch's second, below). At most `max_simulations`
+// replays (0 = no cap) and none after `deadline` once one is done. Replays run in batches of kSelectionBatch on
+// `threads`. Deterministic for every thread count: ties go to the earlier candidate in (bound, estimate, index) order.
 inline constexpr size_t kSelectionBatch = 2;
 Selection select_by_simulation(const std::vector<Candidate>& candidates, int max_simulations = 0,
                                std::chrono::steady_clock::time_point deadline =

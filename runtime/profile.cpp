@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -24,6 +25,7 @@
 #include "graph/atomic_file.h"
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/statistics.h"
 #include "graph/units.h"
 #include "importer/model_proto.h"
 #include "profiler/cost_model.h"
@@ -55,13 +57,6 @@ std::string forward_scope_of(const std::string& name) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> xs) {
-  if (xs.empty()) return 0;
-  std::sort(xs.begin(), xs.end());
-  const size_t n = xs.size();
-  return n % 2 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
-}
 
 // Values do not change kernel times (no data-dependent paths besides NaN/denormals), so any finite,
 // well-scaled values do: N(0, 0.02) for matrices, ones for 1-D scales, zeros for other 1-D params.
@@ -338,6 +333,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     fold(executor.model().graph, runs, true);
     result.fallback_ops = executor.fallback_ops();
     result.step_s = median(runs.walls);
+    result.timed_s = std::accumulate(runs.walls.begin(), runs.walls.end(), 0.0);
     result.repeats = static_cast<int>(runs.walls.size());
     result.training_tasks = static_cast<int64_t>(executor.model().graph.num_tasks());
     result.backward_measured = true;
@@ -355,6 +351,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     fold(executor->model().graph, runs, false);
     result.fallback_ops = executor->fallback_ops();
     result.step_s = median(runs.walls);
+    result.timed_s = std::accumulate(runs.walls.begin(), runs.walls.end(), 0.0);
     result.repeats = static_cast<int>(runs.walls.size());
     result.training_tasks = static_cast<int64_t>(executor->model().graph.num_tasks());
   }
@@ -395,6 +392,7 @@ nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& r) {
                       {"cpu_fallback_ops", r.fallback_ops},
                       {"backward", r.backward_measured ? "measured" : "estimated"},
                       {"step_s", r.step_s},
+                      {"timed_s", r.timed_s},
                       {"tasks_s", r.tasks_s},
                       {"constant_s", r.constant_s},
                       {"unattributed_s", r.unattributed_s},

@@ -58,6 +58,7 @@ struct ProfileResult {
   std::string backend;             // Backend::describe() of what was timed
   std::vector<std::string> fallback_ops;  // ops timed on the CPU kernel for want of a backend kernel
   double step_s = 0;               // median wall time of one whole run (forward + backward)
+  double timed_s = 0;              // Σ the timed runs' wall times (≥ ProfileOptions::min_seconds unless capped)
   double tasks_s = 0;              // Σ per-task medians (forward + backward, constant tasks included)
   double constant_s = 0;           // of which constant tasks reading params (in the table: time per run, fixed)
   double unattributed_s = 0;       // backward nodes tied to no forward task (loss seed, zero gradients)

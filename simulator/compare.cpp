@@ -9,12 +9,13 @@
 #include <sstream>
 
 #include "graph/error.h"
+#include "graph/statistics.h"
 #include "graph/units.h"
 
 namespace apart::sim {
 namespace {
 
-// One process's figures in one step, before averaging.
+// One process's figures in one step, before the medians over steps and replicas.
 struct Tally {
   double forward = 0, backward = 0, comm = 0, allreduce = 0, step = 0;
   int64_t forwards = 0, backwards = 0;
@@ -77,40 +78,40 @@ Comparison compare_with_timeline(const SimPlan& plan, const SimResult& predicted
   c.generator = measured.generator;
   c.steps = static_cast<int>(span.size());
   c.first_step_left_out = skip_first;
-  for (const auto& [step, s] : span) c.measured_iteration_s += (s.second - s.first) / static_cast<double>(span.size());
+  std::vector<double> iterations;
+  for (const auto& [step, s] : span) iterations.push_back(s.second - s.first);
+  c.measured_iteration_s = median(iterations);
+  c.mean_iteration_s = mean(iterations);
   c.predicted_iteration_s = predicted.iteration_s;
   for (int s = 0; s < stages; ++s) {
     StageComparison row;
     row.stage = s;
     const StageStats& p = predicted.stages[static_cast<size_t>(s)];
     row.predicted = {p.forward_s, p.backward_s, p.busy_s, p.send_s + p.recv_s, p.allreduce_s, p.step_s, p.idle_s};
-    Tally sum;
-    int samples = 0;
+    // One sample per (process, step) of the stage: the figures are their medians.
+    std::vector<double> forward, backward, busy, comm, allreduce, step;
     std::set<int> processes;
     for (const auto& [key, t] : tallies) {
-      if (stage_of[key.first] != s) continue;
+      if (stage_of[key.first] != s || t.forwards == 0 || t.backwards == 0) continue;
       processes.insert(key.first);
-      ++samples;
-      sum.forward += t.forward;
-      sum.backward += t.backward;
-      sum.forwards += t.forwards;
-      sum.backwards += t.backwards;
-      sum.comm += t.comm;
-      sum.allreduce += t.allreduce;
-      sum.step += t.step;
+      forward.push_back(t.forward / static_cast<double>(t.forwards));
+      backward.push_back(t.backward / static_cast<double>(t.backwards));
+      busy.push_back(t.forward + t.backward);
+      comm.push_back(t.comm);
+      allreduce.push_back(t.allreduce);
+      step.push_back(t.step);
     }
-    if (samples == 0 || sum.forwards == 0 || sum.backwards == 0)
+    if (forward.empty())
       throw InvalidArgument(trace_source + " has no forward and backward of stage " + std::to_string(s) + " (the plan " +
                             plan.source + " has " + std::to_string(stages) + "): compare a trace of this plan");
     row.replicas = static_cast<int>(processes.size());
     StageFigures& m = row.measured;
-    const double n = samples;
-    m.forward_s = sum.forward / static_cast<double>(sum.forwards);
-    m.backward_s = sum.backward / static_cast<double>(sum.backwards);
-    m.busy_s = (sum.forward + sum.backward) / n;
-    m.comm_s = sum.comm / n;
-    m.allreduce_s = sum.allreduce / n;
-    m.step_s = sum.step / n;
+    m.forward_s = median(forward);
+    m.backward_s = median(backward);
+    m.busy_s = median(busy);
+    m.comm_s = median(comm);
+    m.allreduce_s = median(allreduce);
+    m.step_s = median(step);
     m.idle_s = std::max(0.0, c.measured_iteration_s - m.busy_s - m.allreduce_s - m.step_s);
     if (misses(row.predicted.forward_s, m.forward_s))
       row.misses.push_back(miss_text("forward", row.predicted.forward_s, m.forward_s));
@@ -125,7 +126,7 @@ Comparison compare_with_timeline(const SimPlan& plan, const SimResult& predicted
 std::string comparison_report(const Comparison& c) {
   std::ostringstream out;
   out << "predicted (apart simulate) vs measured (" << c.trace << ", " << (c.generator.empty() ? "?" : c.generator) << ", "
-      << c.steps << (c.steps == 1 ? " step" : " steps averaged") << (c.first_step_left_out ? ", step 1 left out: warm-up" : "")
+      << (c.steps == 1 ? "1 step" : "median of " + std::to_string(c.steps) + " steps") << (c.first_step_left_out ? ", step 1 left out: warm-up" : "")
       << ")\n";
   out << "times per micro-batch for forward and backward, per iteration otherwise; ratio = measured / predicted\n\n";
   const char* columns[] = {"forward", "backward", "busy", "comm", "all-reduce", "step", "idle"};
@@ -153,6 +154,7 @@ std::string comparison_report(const Comparison& c) {
   std::snprintf(line, sizeof line, "\niteration  %s predicted, %s measured, ratio %s", format_seconds(c.predicted_iteration_s).c_str(),
                 format_seconds(c.measured_iteration_s).c_str(), ratio_text(c.predicted_iteration_s, c.measured_iteration_s).c_str());
   out << line;
+  if (c.steps > 1) out << " (mean of the steps " << format_seconds(c.mean_iteration_s) << ")";
   if (misses(c.predicted_iteration_s, c.measured_iteration_s)) {
     std::snprintf(line, sizeof line, "  (misses by %+.1f %%)", (c.measured_iteration_s / c.predicted_iteration_s - 1) * 100);
     out << line;

@@ -10,8 +10,10 @@
 
 namespace apart::sim {
 
-// What a stage does in one iteration. Predicted: the replay's StageStats. Measured: the mean over the trace's steps
-// (a run's first step left out when later ones are there: it warms caches and allocators up) and the stage's replicas.
+// What a stage does in one iteration. Predicted: the replay's StageStats. Measured: the median over the trace's steps
+// and the stage's replicas, one sample per (process, step) — the statistic `apart profile` takes of each task, so a
+// step the machine slowed weighs no more than any other (a run's first step is left out when later ones are there:
+// it warms caches and allocators up).
 struct StageFigures {
   double forward_s = 0;    // per micro-batch
   double backward_s = 0;   // per micro-batch, recomputation included
@@ -34,10 +36,11 @@ struct StageComparison {
 struct Comparison {
   std::string trace;      // the file it came from
   std::string generator;  // what wrote it
-  int steps = 0;          // measured steps averaged: every step in the trace, but step 1 when later ones are there
+  int steps = 0;          // measured steps: every step in the trace, but step 1 when later ones are there
   bool first_step_left_out = false;
   double predicted_iteration_s = 0;
-  double measured_iteration_s = 0;
+  double measured_iteration_s = 0;  // the median step
+  double mean_iteration_s = 0;      // and their mean, printed beside it
   std::vector<StageComparison> stages;
 };
 

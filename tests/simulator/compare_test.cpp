@@ -56,6 +56,37 @@ TEST(AComparison, NamesTheStageAndTheFigureThatMissByMoreThanTenPercent) {
   EXPECT_EQ(report.find("stage 0 misses"), std::string::npos) << report;
 }
 
+// Steps 1..6 of a run, each the replay again; step 1 (warm-up, left out) and step 4 take three times as long.
+TEST(AComparison, TakesTheMedianOverStepsSoThatOneStepTheMachineSlowedDoesNotMoveIt) {
+  const Replay r = replay(2, 4);
+  const Timeline once = simulation_timeline(r.plan, r.result);
+  Timeline run;
+  double at = 0;
+  for (int64_t step = 1; step <= 6; ++step) {
+    const double stretch = step == 1 || step == 4 ? 3.0 : 1.0;
+    for (TimelineEvent e : once.events) {
+      e.step = step;
+      e.start_s = at + stretch * e.start_s;
+      e.end_s = at + stretch * e.end_s;
+      run.events.push_back(e);
+    }
+    at += stretch * r.result.iteration_s;
+  }
+  const Comparison c = compare_with_timeline(r.plan, r.result, through_trace(run), "t.json");
+  EXPECT_EQ(c.steps, 5);
+  EXPECT_TRUE(c.first_step_left_out);
+  EXPECT_NEAR(c.measured_iteration_s, c.predicted_iteration_s, 1e-8);
+  EXPECT_NEAR(c.mean_iteration_s, 1.4 * c.predicted_iteration_s, 1e-8);  // (1 + 1 + 3 + 1 + 1) / 5
+  for (const StageComparison& s : c.stages) {
+    EXPECT_NEAR(s.measured.forward_s, s.predicted.forward_s, 1e-8) << s.stage;
+    EXPECT_NEAR(s.measured.busy_s, s.predicted.busy_s, 1e-8) << s.stage;
+    EXPECT_TRUE(s.misses.empty()) << s.misses.front();
+  }
+  const std::string report = comparison_report(c);
+  EXPECT_NE(report.find("median of 5 steps, step 1 left out"), std::string::npos) << report;
+  EXPECT_NE(report.find("(mean of the steps "), std::string::npos) << report;
+}
+
 TEST(AComparison, PrintsOneRowPerStage) {
   const Replay r = replay(4, 8);
   const std::string report = comparison_report(compare_with_timeline(r.plan, r.result, simulation_timeline(r.plan, r.result), "t.json"));

@@ -113,6 +113,9 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
   }
   MemoryPlanOptions plan_options;
   plan_options.run_task = run_each_step_;
+  // A graph output outlives the run (a stage's stash waits for its backward, gradients for the step): each run
+  // allocates its own, so run() hands it over instead of copying it out of the arena.
+  plan_options.outputs_in_arena = false;
   plan_ = plan_memory(g, plan_options);
   // One allocation of the backend for the whole plan (256-byte aligned, above the plan's 64).
   arena_ = backend_->allocate(plan_.peak_bytes);
@@ -297,7 +300,10 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
   for (ValueId v : g.graph_outputs()) {
     const Tensor& t = slots[v.value()];
     if (!t.defined()) throw InvalidModel("graph output " + quote(g.value(v).name) + " was not computed");
-    outputs.emplace_back(g.value(v).name, output_copy(t));
+    // This run's own tensor (not an arena slice, a param, a constant or an input), where the caller wants it.
+    const bool own = !plan_.planned(v) && !persistent_[v.value()].defined() && !inputs.count(g.value(v).name) &&
+                     (device_ ? options_.outputs_on_backend && !t.on_host() : true);
+    outputs.emplace_back(g.value(v).name, own ? t : output_copy(t));
   }
   if (device_) other_side_.clear();
   return outputs;

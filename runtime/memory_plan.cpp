@@ -27,6 +27,7 @@ MemoryPlan plan_memory(const TaskGraph& graph, const MemoryPlanOptions& options)
       if (!out.valid()) continue;
       const Value& v = graph.value(out);
       if (!v.shape_known || v.bytes <= 0) continue;
+      if (is_output[out.value()] && !options.outputs_in_arena) continue;
       BufferAssignment b;
       b.value = out;
       b.bytes = (v.bytes + options.alignment - 1) / options.alignment * options.alignment;

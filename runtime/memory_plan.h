@@ -14,6 +14,9 @@ struct MemoryPlanOptions {
   // Steps to plan: tasks with run_task[t] false (precomputed or skipped) produce no arena buffer.
   // Empty = every task runs each step.
   std::vector<bool> run_task;
+  // false: graph outputs get no arena buffer (the executor allocates each run's outputs apart and hands them over
+  // as they are, instead of copying them out of an arena the next run overwrites).
+  bool outputs_in_arena = true;
 };
 
 // A value's slice of the arena and the steps (task positions) during which it must stay intact:

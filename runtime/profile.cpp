@@ -130,20 +130,29 @@ std::map<std::string, Tensor> synthetic_inputs(const TaskGraph& g, uint64_t seed
 
 // The N − 1 twins of ProfileOptions::ranks_per_node: each runs its own executor of the graph over and over on its
 // own thread, from construction until finish(), which rethrows the first twin's error. wait_until_warm() returns
-// once every twin has finished a run (or one failed), so that the timed runs all meet the twins at work.
+// once every twin has finished a run (or one failed), so that the timed runs all meet the twins at work; from then
+// on each twin keeps its runs' times too (it times its tasks as the timed executor does, so all run alike).
 class Twins {
  public:
   Twins(int count, const onnx::ModelProto& model, const fs::path& dir, const ExecutorOptions& options,
-        const ImportOptions& import, uint64_t seed) {
+        const ImportOptions& import, uint64_t seed)
+      : runs_(static_cast<size_t>(count)) {
     for (int i = 0; i < count; ++i) executors_.push_back(std::make_unique<Executor>(model, dir, options, import));
-    for (auto& executor : executors_)
-      threads_.emplace_back([this, seed, e = executor.get()] {
+    for (size_t i = 0; i < executors_.size(); ++i)
+      threads_.emplace_back([this, seed, i, e = executors_[i].get()] {
         try {
           const auto inputs = synthetic_inputs(e->model().graph, seed);
           for (bool first = true; !stop_.load(std::memory_order_relaxed); first = false) {
+            const bool timed = timing_.load(std::memory_order_relaxed);
+            const auto start = Clock::now();
             e->run(inputs);
+            const double wall = std::chrono::duration<double>(Clock::now() - start).count();
             const std::lock_guard lock(mutex_);
-            ++runs_;
+            ++total_runs_;
+            if (timed && !stop_.load(std::memory_order_relaxed)) {
+              runs_[i].walls.push_back(wall);
+              runs_[i].task_seconds.push_back(e->task_seconds());
+            }
             if (first) ++warm_;
             warmed_.notify_all();
           }
@@ -154,20 +163,24 @@ class Twins {
         }
       });
   }
+  // Returns once every twin is warm; the runs they start after it are kept.
   void wait_until_warm() {
     std::unique_lock lock(mutex_);
     warmed_.wait(lock, [&] { return error_ || warm_ == executors_.size(); });
+    timing_ = true;
   }
   int64_t runs() {
     const std::lock_guard lock(mutex_);
-    return runs_;
+    return total_runs_;
   }
   Twins(const Twins&) = delete;
   Twins& operator=(const Twins&) = delete;
   ~Twins() { join(); }
-  void finish() {
+  // Stops the twins (a run under way is not kept) and hands over each one's timed runs.
+  std::vector<Runs> finish() {
     join();
     if (error_) std::rethrow_exception(error_);
+    return std::move(runs_);
   }
 
  private:
@@ -179,12 +192,28 @@ class Twins {
   std::vector<std::unique_ptr<Executor>> executors_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> timing_{false};
   std::mutex mutex_;
   std::condition_variable warmed_;
   size_t warm_ = 0;
-  int64_t runs_ = 0;
+  int64_t total_runs_ = 0;
+  std::vector<Runs> runs_;  // per twin, the runs it started once the timing began
   std::exception_ptr error_;
 };
+
+// Ranks sharing a node wait for the slowest of them (the gradient all-reduce, the next stage's message), and the
+// cores of a shared machine need not be alike (a VM's vCPU whose host core another tenant's thread shares runs up
+// to 1.5× slower than its neighbour): the runs of the executor with the largest median wall time, of the timed
+// one and the twins that kept at least as many runs as ProfileOptions::repeats (fewer would be a noisy median).
+// Returns the index into `all` (0: the timed executor).
+size_t slowest_executor(const std::vector<const Runs*>& all, int repeats) {
+  size_t slowest = 0;
+  for (size_t i = 1; i < all.size(); ++i)
+    if (static_cast<int>(all[i]->walls.size()) >= std::max(1, repeats) &&
+        median(all[i]->walls) > median(all[slowest]->walls))
+      slowest = i;
+  return slowest;
+}
 
 }  // namespace
 
@@ -252,9 +281,17 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   exec_options.time_tasks = true;  // on a device: a synchronize before and after each task (Executor::execute)
   exec_options.backend = &backend;
   exec_options.outputs_on_backend = true;  // the outputs are dropped: no copy back to the host inside the wall time
-  ExecutorOptions twin_options = exec_options;
-  twin_options.time_tasks = false;
+  const ExecutorOptions& twin_options = exec_options;  // timed too: every executor does the same work
   const int twins = options.ranks_per_node - 1;
+  // The executor whose runs make the table (slowest_executor), and every executor's median wall, for the file.
+  auto keep_slowest = [&](const Runs& timed, const std::vector<Runs>& twin_runs) -> const Runs& {
+    std::vector<const Runs*> all{&timed};
+    for (const Runs& r : twin_runs) all.push_back(&r);
+    const size_t slowest = slowest_executor(all, options.repeats);
+    result.slowest_executor = static_cast<int>(slowest);
+    for (const Runs* r : all) result.executor_step_s.push_back(median(r->walls));
+    return *all[slowest];
+  };
 
   // Forward ONNX node index → forward task; raw ONNX node name (or <OpType>_<index>) → node index,
   // the scope autodiff gives a node's backward (first one wins for repeated names).
@@ -326,10 +363,11 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   if (training) {
     Executor executor(training->model, path.parent_path(), exec_options, exec_import);
     Twins running(twins, training->model, path.parent_path(), twin_options, exec_import, options.seed);
-    const Runs runs = time_runs(executor, synthetic_inputs(executor.model().graph, options.seed), options,
-                                [&] { running.wait_until_warm(); });
-    running.finish();
+    const Runs timed = time_runs(executor, synthetic_inputs(executor.model().graph, options.seed), options,
+                                 [&] { running.wait_until_warm(); });
+    const std::vector<Runs> twin_runs = running.finish();
     result.twin_runs = running.runs();
+    const Runs& runs = keep_slowest(timed, twin_runs);
     fold(executor.model().graph, runs, true);
     result.fallback_ops = executor.fallback_ops();
     result.step_s = median(runs.walls);
@@ -344,10 +382,11 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     auto executor = std::make_unique<Executor>(forward, path.parent_path(), exec_options, forward_import);
     Twins running(twins, forward, path.parent_path(), twin_options, forward_import, options.seed);
     forward.Clear();
-    const Runs runs = time_runs(*executor, synthetic_inputs(executor->model().graph, options.seed), options,
-                                [&] { running.wait_until_warm(); });
-    running.finish();
+    const Runs timed = time_runs(*executor, synthetic_inputs(executor->model().graph, options.seed), options,
+                                 [&] { running.wait_until_warm(); });
+    const std::vector<Runs> twin_runs = running.finish();
     result.twin_runs = running.runs();
+    const Runs& runs = keep_slowest(timed, twin_runs);
     fold(executor->model().graph, runs, false);
     result.fallback_ops = executor->fallback_ops();
     result.step_s = median(runs.walls);
@@ -388,6 +427,8 @@ nlohmann::json profile_to_json(const TaskGraph& g, const ProfileResult& r) {
                       {"threads", r.threads},
                       {"ranks_per_node", r.ranks_per_node},
                       {"twin_runs", r.twin_runs},
+                      {"slowest_executor", r.slowest_executor},
+                      {"executor_step_s", r.executor_step_s},
                       {"backend", r.backend},
                       {"cpu_fallback_ops", r.fallback_ops},
                       {"backward", r.backward_measured ? "measured" : "estimated"},

@@ -36,7 +36,8 @@ struct ProfileOptions {
   std::string device;
   // Ranks of `apart run` that will share this machine's cores (CPU backend only): N − 1 twin executors run the same
   // graph on their own threads throughout the warm-up and timed runs, so each task's time carries the contention
-  // for caches and memory bandwidth that N ranks of one node meet, which a lone process does not see.
+  // for caches and memory bandwidth that N ranks of one node meet, which a lone process does not see. Every
+  // executor times its runs; the table is the slowest one's (ranks wait for the slowest: see profile.cpp).
   int ranks_per_node = 1;
   // Called as soon as a phase starts ("building the training graph", "run 3 of 7 (timed)") and as soon as a
   // warning is known (the same text also lands in the table's warnings); both may be empty.
@@ -55,6 +56,10 @@ struct ProfileResult {
   int threads = 0;                 // hardware threads the kernels may use
   int ranks_per_node = 1;          // executors that ran at once (ProfileOptions::ranks_per_node)
   int64_t twin_runs = 0;           // whole runs the twins finished meanwhile (each at least one before the timing)
+  // With twins: the executor whose runs the table holds, the slowest by median wall time (0: the first, which
+  // times `repeats` runs and more), and each executor's median wall time.
+  int slowest_executor = 0;
+  std::vector<double> executor_step_s;
   std::string backend;             // Backend::describe() of what was timed
   std::vector<std::string> fallback_ops;  // ops timed on the CPU kernel for want of a backend kernel
   double step_s = 0;               // median wall time of one whole run (forward + backward)

@@ -134,8 +134,19 @@ TEST(AMeasuredProfileAsOneOfTwoRanks, TimesEveryTaskWhileATwinRunsAndSaysSo) {
   const nlohmann::json j = apart::profile_to_json(m.graph, r);
   EXPECT_EQ(j["measurement"]["ranks_per_node"], 2);
   EXPECT_EQ(j["measurement"]["twin_runs"], r.twin_runs);
+  // Both executors timed their runs; the table is the slowest one's, never faster than the first's.
+  ASSERT_EQ(r.executor_step_s.size(), 2u);
+  ASSERT_GE(r.slowest_executor, 0);
+  ASSERT_LT(r.slowest_executor, 2);
+  EXPECT_EQ(r.step_s, r.executor_step_s[static_cast<size_t>(r.slowest_executor)]);
+  EXPECT_GE(r.step_s, r.executor_step_s[0]);
+  EXPECT_EQ(j["measurement"]["slowest_executor"], r.slowest_executor);
+  EXPECT_EQ(j["measurement"]["executor_step_s"].size(), 2u);
   // Alone, nothing runs beside it.
-  EXPECT_EQ(apart::profile_model(m, batch(2), quick()).twin_runs, 0);
+  const auto alone = apart::profile_model(m, batch(2), quick());
+  EXPECT_EQ(alone.twin_runs, 0);
+  EXPECT_EQ(alone.slowest_executor, 0);
+  EXPECT_EQ(alone.executor_step_s.size(), 1u);
 }
 
 TEST(AMeasuredProfileAsOneOfTwoRanks, IsRefusedOnADeviceAndOutsideItsRange) {

@@ -110,6 +110,39 @@ TEST(Conv, MatchesADirectConvolutionWithGroupsStridesPadsAndDilation) {
       }
 }
 
+// Large views swapping the last two axes take the tiled copy, the rest the row-by-row one: both against the index
+// formula, on odd sizes (tiles cut at the edges) and with a batch dim in front.
+TEST(Transpose, MovesEveryElementWhereItsPermutationSaysOnTheTiledAndThePlainPath) {
+  struct Case {
+    std::vector<int64_t> shape, perm;
+  };
+  const Case cases[] = {{{77, 129}, {1, 0}},         {{3, 65, 70}, {0, 2, 1}}, {{5, 6}, {1, 0}},
+                        {{2, 33, 3, 40}, {0, 3, 2, 1}}, {{2, 3, 50, 41}, {0, 1, 3, 2}}, {{64, 2, 96}, {2, 1, 0}}};
+  int index = 0;
+  for (const Case& c : cases) {
+    std::vector<int64_t> out_shape;
+    for (int64_t p : c.perm) out_shape.push_back(c.shape[static_cast<size_t>(p)]);
+    OnnxBuilder b;
+    b.input({"x", DType::kFloat32, c.shape}).output({"y", DType::kFloat32, out_shape});
+    OnnxBuilder::set_ints(b.node("Transpose", {"x"}, {"y"}), "perm", c.perm);
+    Tensor x(DType::kFloat32, c.shape);
+    for (int64_t i = 0; i < x.elements(); ++i) x.data<float>()[i] = static_cast<float>(i);
+    const Tensor y = run_one(b, "transpose" + std::to_string(index++) + ".onnx", {{"x", x}});
+    ASSERT_EQ(y.shape(), out_shape);
+    const size_t r = c.shape.size();
+    std::vector<int64_t> in_strides(r, 1);
+    for (size_t d = r - 1; d > 0; --d) in_strides[d - 1] = in_strides[d] * c.shape[d];
+    for (int64_t o = 0; o < y.elements(); ++o) {
+      int64_t rest = o, at = 0;  // output index digits → input offset
+      for (size_t d = r; d-- > 0;) {
+        at += (rest % out_shape[d]) * in_strides[static_cast<size_t>(c.perm[d])];
+        rest /= out_shape[d];
+      }
+      ASSERT_EQ(y.data<float>()[o], static_cast<float>(at)) << "shape case " << index - 1 << " element " << o;
+    }
+  }
+}
+
 TEST(Reshape, CopiesZeroDimsAndInfersMinusOne) {
   OnnxBuilder b;
   b.input({"x", DType::kFloat32, {2, 3, 4}}).output({"y", DType::kFloat32, {2, 4, 3}});

@@ -63,6 +63,25 @@ TEST(ATensor, ReadsExternalDataInsideTheModelFolderAndRefusesEscapes) {
   fs::remove_all(dir);
 }
 
+// Above glibc's largest mmap threshold (32 MiB) a freed block is kept and handed out again for the same size, so a
+// micro-batch's 154 MB embedding gradient does not fault its pages in afresh; it comes back zeroed like a new one.
+TEST(ATensor, OfMoreThan32MiBReusesAFreedBlockOfItsSizeAndStillStartsZeroed) {
+  const std::vector<int64_t> shape{9 << 20};  // 36 MiB of floats
+  const std::byte* first = nullptr;
+  {
+    Tensor t(DType::kFloat32, shape);
+    first = t.raw();
+    for (int64_t i = 0; i < t.elements(); i += 4096) t.data<float>()[i] = 1.0f;
+    t.data<float>()[t.elements() - 1] = 2.0f;
+  }
+  const Tensor again(DType::kFloat32, shape);
+  EXPECT_EQ(again.raw(), first);
+  for (int64_t i = 0; i < again.elements(); i += 4096) ASSERT_EQ(again.data<float>()[i], 0.0f) << i;
+  EXPECT_EQ(again.data<float>()[again.elements() - 1], 0.0f);
+  const Tensor other(DType::kFloat32, {(9 << 20) + 1024});  // another size: a block of its own
+  EXPECT_NE(other.raw(), first);
+}
+
 TEST(ATensor, ViewsShareStorage) {
   Tensor t(DType::kInt32, {2, 2});
   Tensor v = t.view({4});

@@ -57,6 +57,12 @@ void initialize_mpi_once() {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (initialized) return;  // the embedding program owns MPI's lifetime
+#ifdef OPEN_MPI
+    // The gradient buckets reduce with MPI_Iallreduce (overlapped with the backward). Open MPI's libnbc picks
+    // binomial for it, which reached 0.3–0.6× of the blocking MPI_Allreduce's bandwidth from 4 KiB up on 2 ranks
+    // here; its ring reaches parity from 256 KiB (bench_comm, bench/RESULTS.md). Ring, unless the user chose.
+    ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
+#endif
     // FUNNELED: the runtime calls MPI from the thread that runs the schedule only.
     int provided = 0;
     check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");

@@ -162,6 +162,9 @@ int run_checks() {
   check_allreduce<double>(*world, "double");
   check_errors(*world);
   world->barrier();
+  const char* algorithm = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
+  std::printf("mpi_communicator_check: rank %d/%d: iallreduce algorithm %s\n", world->rank(), world->size(),
+              algorithm ? algorithm : "(unset)");
   std::printf("mpi_communicator_check: rank %d/%d: %s\n", world->rank(), world->size(),
               failures == 0 ? "ok" : "FAILED");
   return failures == 0 ? 0 : 1;

@@ -39,6 +39,20 @@ TEST(AnMpiRunOfThreeRanks, PassesEveryCommunicatorCheck) {
     EXPECT_NE(run.out.find("rank " + std::to_string(r) + "/3: ok"), std::string::npos) << run.out;
 }
 
+// Open MPI's non-blocking all-reduce (the gradient buckets') runs the ring algorithm unless the user chose one.
+TEST(AnMpiRunOfThreeRanks, ReducesBucketsWithTheRingAlgorithmUnlessTheUserChoseAnother) {
+  SKIP_WITHOUT_MPI();
+  const auto run = mpirun3("");
+  EXPECT_NE(run.out.find("rank 0/3: iallreduce algorithm 1"), std::string::npos) << run.out;
+#ifdef APART_MPI_CHECK_BINARY
+  const auto chosen = run_command(
+      "OMPI_MCA_coll_libnbc_iallreduce_algorithm=3 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "ASAN_OPTIONS=detect_leaks=0 mpirun --timeout 60 --oversubscribe -np 3 " APART_MPI_CHECK_BINARY " 2>&1");
+  EXPECT_EQ(chosen.code, 0) << chosen.out;
+  EXPECT_NE(chosen.out.find("rank 0/3: iallreduce algorithm 3"), std::string::npos) << chosen.out;
+#endif
+}
+
 TEST(AnMpiRankThatExitsMidRun, EndsTheWholeRunWithANonZeroStatus) {
   SKIP_WITHOUT_MPI();
   const auto run = mpirun3("--exit-mid-run");

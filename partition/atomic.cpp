@@ -35,7 +35,9 @@ WorkCurve fit(double t0, int64_t u0, const TaskCost* other, double t1, int64_t u
 // all-reduce forward, the one of its first column linear the all-reduces of its inputs' gradients backward. An LM
 // head's all-gather of its logits moves half an all-reduce's ring volume: counted as half the bytes.
 void add_tensor_parallel_work(const TaskGraph& graph, const std::vector<uint32_t>& component_of, AtomicGraph& atomic) {
-  const TensorParallelRegions found = find_tensor_parallel_regions(graph, atomic.graph_batch);
+  atomic.tensor_parallel =
+      std::make_shared<const TensorParallelRegions>(find_tensor_parallel_regions(graph, atomic.graph_batch));
+  const TensorParallelRegions& found = *atomic.tensor_parallel;
   auto component = [&](TaskId t) -> AtomicComponent* {
     const uint32_t c = t.valid() ? component_of[t.value()] : kNoComponent;
     return c == kNoComponent ? nullptr : &atomic.components[c];

@@ -2,12 +2,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "graph/task_graph.h"
 #include "partition/ids.h"
 #include "partition/block_sequence.h"
 #include "partition/options.h"
+#include "partition/tensor_parallel.h"
 #include "profiler/cost_table.h"
 
 namespace apart {
@@ -24,6 +26,8 @@ struct AtomicGraph {
   std::vector<ValueId> transfer_values;       // the value of each transfer
   std::vector<ParamUse> params;               // every weight, with the components that read it
   int64_t graph_batch = 1;                    // batch size the graph's value bytes were bound at
+  // The tensor-parallel regions found in the graph (once, here: the costs and plan.json both read them).
+  std::shared_ptr<const TensorParallelRegions> tensor_parallel;
   size_t size() const { return components.size(); }
   const AtomicComponent& component(ComponentId c) const { return components[c.value()]; }
 };

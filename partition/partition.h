@@ -68,6 +68,7 @@ struct Plan {
   int64_t peak_memory_bytes = 0;
   double compute_lower_bound_s = 0;  // Σ per-sample forward+backward × B / devices
   SearchStatistics search;
+  std::shared_ptr<const TensorParallelRegions> tensor_parallel;  // the atomic level's regions (AtomicGraph's)
 };
 
 using ProgressFn = std::function<void(const std::string& line)>;

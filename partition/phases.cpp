@@ -701,6 +701,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
   const StageSolution& best = chosen.solution;
   Plan plan;
   plan.options = o;
+  plan.tensor_parallel = atomic.tensor_parallel;
   plan.layout = chosen.placement.layout;
   plan.microbatches = best.microbatches;
   plan.microbatch_size = batch / best.microbatches;

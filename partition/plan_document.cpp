@@ -106,10 +106,10 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
                         s.refinement_moves, s.candidates,  s.candidates_placed,  s.simulated,   s.pruned,
                         s.not_simulated,    s.chosen_split, s.stopped_by_time_limit};
 
-  // The tensor-parallel regions the model holds (detection only: no stage is split yet). Written only where there
-  // are some, so the plans of models without any stay as they were.
-  const TensorParallelRegions found = find_tensor_parallel_regions(graph, std::max<int64_t>(1, o.atomic.graph_batch));
-  if (!found.regions.empty()) {
+  // The tensor-parallel regions the model holds, as the atomic level found them. Written only where there are
+  // some, so the plans of models without any stay as they were.
+  if (plan.tensor_parallel && !plan.tensor_parallel->regions.empty()) {
+    const TensorParallelRegions& found = *plan.tensor_parallel;
     PlanTensorParallel& tp = d.tensor_parallel.emplace();
     tp.summary = found.summary();
     for (const TpRegion& r : found.regions)

@@ -16,40 +16,48 @@
 
 namespace apart {
 
-namespace {
-std::map<std::string, KernelFn, std::less<>>& registry_map() {
-  static std::map<std::string, KernelFn, std::less<>> r;
-  return r;
+const std::map<std::string, KernelFn, std::less<>>& KernelRegistry::kernels() const {
+  std::call_once(registered_, register_all_);  // adds through add(), before any lookup reads the map
+  return kernels_;
 }
-// Explicit registration (not static initialisers): objects of a static library that nothing
-// references would otherwise be dropped by the linker.
-const std::map<std::string, KernelFn, std::less<>>& registry() {
-  static const bool kRegistered = [] {
-    cpu::register_elementwise_kernels();
-    cpu::register_matmul_kernels();
-    cpu::register_reduce_kernels();
-    cpu::register_shape_kernels();
-    cpu::register_conv_kernels();
-    cpu::register_loss_kernels();
-    cpu::register_grad_kernels();
-    return true;
-  }();
-  (void)kRegistered;
-  return registry_map();
+
+KernelFn KernelRegistry::find(std::string_view op_type) const {
+  const auto& k = kernels();
+  auto it = k.find(op_type);
+  return it == k.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> KernelRegistry::ops() const {
+  std::vector<std::string> ops;
+  for (const auto& [name, fn] : kernels()) ops.push_back(name);
+  return ops;
+}
+
+namespace {
+void register_cpu_kernels() {
+  cpu::register_elementwise_kernels();
+  cpu::register_matmul_kernels();
+  cpu::register_reduce_kernels();
+  cpu::register_shape_kernels();
+  cpu::register_conv_kernels();
+  cpu::register_loss_kernels();
+  cpu::register_grad_kernels();
+}
+
+KernelRegistry& cpu_kernels() {
+  static KernelRegistry registry(register_cpu_kernels);
+  return registry;
 }
 }  // namespace
 
-void register_kernel(std::string_view op_type, KernelFn fn) { registry_map().emplace(std::string(op_type), fn); }
+void register_kernel(std::string_view op_type, KernelFn fn) { cpu_kernels().add(op_type, fn); }
 
-KernelFn find_kernel(std::string_view op_type) {
-  auto it = registry().find(op_type);
-  return it == registry().end() ? nullptr : it->second;
-}
+KernelFn find_kernel(std::string_view op_type) { return cpu_kernels().find(op_type); }
 
 std::vector<std::string> supported_ops() {
   std::vector<std::string> ops;
-  for (const auto& [name, fn] : registry())
-    if (name.find('.') == std::string::npos) ops.push_back(name);  // default domain only
+  for (std::string& name : cpu_kernels().ops())
+    if (name.find('.') == std::string::npos) ops.push_back(std::move(name));  // default domain only
   return ops;
 }
 

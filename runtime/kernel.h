@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -79,6 +81,25 @@ class KernelContext {
 };
 
 using KernelFn = void (*)(KernelContext&);
+
+// Op type → kernel, for one backend (the CPU's below, CUDA's in runtime/cuda/cuda_backend.cpp). Kernels are
+// registered explicitly by `register_all` on the first lookup, not by static initialisers: objects of a static
+// library that nothing references would otherwise be dropped by the linker.
+class KernelRegistry {
+ public:
+  explicit KernelRegistry(void (*register_all)()) : register_all_(register_all) {}
+  void add(std::string_view op_type, KernelFn fn) { kernels_.emplace(std::string(op_type), fn); }  // register_all's
+  KernelFn find(std::string_view op_type) const;  // nullptr when none
+  std::vector<std::string> ops() const;           // every registered op type, sorted
+  KernelRegistry(const KernelRegistry&) = delete;
+  KernelRegistry& operator=(const KernelRegistry&) = delete;
+
+ private:
+  const std::map<std::string, KernelFn, std::less<>>& kernels() const;
+  void (*register_all_)();
+  mutable std::once_flag registered_;
+  std::map<std::string, KernelFn, std::less<>> kernels_;
+};
 
 // The kernel for an op of the default ONNX domain ("Conv"), or of another domain as
 // "<domain>.<op>" ("ai.apart.ConvGrad"), or nullptr. supported_ops() lists the default domain only.

@@ -134,45 +134,37 @@ void* CudaBackend::scratch(int64_t bytes) {
 // --- The registry ----------------------------------------------------------------
 
 namespace {
-std::map<std::string, KernelFn, std::less<>>& registry_map() {
-  static std::map<std::string, KernelFn, std::less<>> r;
-  return r;
-}
-// Explicit registration on first lookup, as the CPU registry does (runtime/kernel.cpp). CMake defines
-// APART_CUDA_HAS_<FAMILY> for each family whose file is in the tree (runtime/CMakeLists.txt).
-const std::map<std::string, KernelFn, std::less<>>& registry() {
-  static const bool kRegistered = [] {
+// CMake defines APART_CUDA_HAS_<FAMILY> for each family whose file is in the tree (runtime/CMakeLists.txt).
+void register_all_cuda_kernels() {
 #if APART_CUDA_HAS_GEMM
-    register_gemm_kernels();
+  register_gemm_kernels();
 #endif
 #if APART_CUDA_HAS_ELEMENTWISE
-    register_elementwise_kernels();
+  register_elementwise_kernels();
 #endif
 #if APART_CUDA_HAS_REDUCE
-    register_reduce_kernels();
+  register_reduce_kernels();
 #endif
 #if APART_CUDA_HAS_SHAPE
-    register_shape_kernels();
+  register_shape_kernels();
 #endif
 #if APART_CUDA_HAS_LOSS
-    register_loss_kernels();
+  register_loss_kernels();
 #endif
 #if APART_CUDA_HAS_CONV
-    register_conv_kernels();
+  register_conv_kernels();
 #endif
-    return true;
-  }();
-  (void)kRegistered;
-  return registry_map();
+}
+
+KernelRegistry& cuda_kernels() {
+  static KernelRegistry registry(register_all_cuda_kernels);
+  return registry;
 }
 }  // namespace
 
-void register_cuda_kernel(std::string_view op, KernelFn fn) { registry_map().emplace(std::string(op), fn); }
+void register_cuda_kernel(std::string_view op, KernelFn fn) { cuda_kernels().add(op, fn); }
 
-KernelFn find_cuda_kernel(std::string_view op) {
-  auto it = registry().find(op);
-  return it == registry().end() ? nullptr : it->second;
-}
+KernelFn find_cuda_kernel(std::string_view op) { return cuda_kernels().find(op); }
 
 CudaBackend& backend_of(const KernelContext& ctx) {
   auto* backend = dynamic_cast<CudaBackend*>(&ctx.backend());

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "runtime/kernel.h"
@@ -73,5 +75,20 @@ struct VariadicArgs {
   std::vector<int64_t> shape;
 };
 VariadicArgs variadic_args(const KernelContext& ctx);
+
+// Clip's bounds (T not bool): the min/max attributes before opset 11, the optional scalar inputs 1 and 2 from 11;
+// the type's whole range where one is absent.
+template <class T>
+std::pair<T, T> clip_bounds(const KernelContext& ctx) {
+  T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();
+  if (ctx.opset() < 11) {
+    lo = static_cast<T>(ctx.attr_float("min", -std::numeric_limits<float>::max()));
+    hi = static_cast<T>(ctx.attr_float("max", std::numeric_limits<float>::max()));
+  } else {
+    if (ctx.has_input(1)) lo = ctx.host_input(1).template data<T>()[0];
+    if (ctx.has_input(2)) hi = ctx.host_input(2).template data<T>()[0];
+  }
+  return {lo, hi};
+}
 
 }  // namespace apart

@@ -285,14 +285,7 @@ void clip_k(KernelContext& ctx) {
     if constexpr (std::is_same_v<T, bool>) {
       ctx.unsupported("bool input");
     } else {
-      T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();
-      if (ctx.opset() < 11) {
-        lo = static_cast<T>(ctx.attr_float("min", -std::numeric_limits<float>::max()));
-        hi = static_cast<T>(ctx.attr_float("max", std::numeric_limits<float>::max()));
-      } else {
-        if (ctx.has_input(1)) lo = ctx.host_input(1).template data<T>()[0];
-        if (ctx.has_input(2)) hi = ctx.host_input(2).template data<T>()[0];
-      }
+      const auto [lo, hi] = clip_bounds<T>(ctx);
       launch_unary<T>(ctx, ClipOp<T>{lo, hi});
     }
   }, true);

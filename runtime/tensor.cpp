@@ -7,6 +7,9 @@
 #include <map>
 #include <mutex>
 #include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <fstream>
 
 #include "graph/atomic_file.h"
@@ -37,11 +40,16 @@ bool keep_freed_memory_for_reuse() {
 // Blocks above glibc's largest mmap threshold are mapped afresh on every allocation, and each of their pages faults
 // in and is cleared by the kernel again: gpt2-small's embedding gradient and the tied head's transposed table
 // (154 MB each) spent 22 % of a training step in the kernel's page clearing (perf, 2 threads). Freed blocks that
-// large are kept here, by size, up to kMaxCachedBytes in all, and handed out again (zeroed) for the same size.
+// large are kept here, by size, up to 2 GiB or an eighth of the machine's memory in all, and handed out again
+// (zeroed) for the same size.
 class LargeBlockCache {
  public:
   static constexpr size_t kLargeBytes = size_t{32} << 20;
-  static constexpr size_t kMaxCachedBytes = size_t{2} << 30;
+  LargeBlockCache() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    const size_t physical = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+    max_cached_ = std::min(size_t{2} << 30, physical / 8);
+  }
   std::byte* take(size_t bytes) {
     const std::lock_guard lock(mutex_);
     auto it = free_.find(bytes);
@@ -54,7 +62,7 @@ class LargeBlockCache {
   // false: the cache is full, the caller frees the block.
   bool give(std::byte* p, size_t bytes) {
     const std::lock_guard lock(mutex_);
-    if (cached_ + bytes > kMaxCachedBytes) return false;
+    if (cached_ + bytes > max_cached_) return false;
     free_.emplace(bytes, p);
     cached_ += bytes;
     return true;
@@ -63,6 +71,7 @@ class LargeBlockCache {
   std::mutex mutex_;
   std::multimap<size_t, std::byte*> free_;
   size_t cached_ = 0;
+  size_t max_cached_ = 0;
 };
 
 LargeBlockCache& large_blocks() {

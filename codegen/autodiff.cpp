@@ -477,6 +477,7 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
   for (const auto& i : g.input()) taken.insert(i.name());
   for (const auto& i : g.initializer()) taken.insert(i.name());
   std::unordered_set<std::string> claimed;
+  std::unordered_map<std::string, std::string> renamed;  // a gradient value → the output name its producer now has
   auto name_output = [&](const std::string& of, const std::string& grad) -> std::string {
     std::string want = of + "_grad";
     for (int k = 2; taken.count(want); ++k) want = of + "_grad#" + std::to_string(k);
@@ -489,9 +490,12 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
           if (node->output(o) == grad) node->set_output(o, want);
       }
       grad_infos[want] = meta(of);
+      renamed[grad] = want;
     } else {
+      // A second output of the same gradient (both inputs of an Add, say) copies it from wherever it now is.
+      auto it = renamed.find(grad);
       e.set_scope("outputs");
-      e.node("Identity", {grad}, {want});
+      e.node("Identity", {it != renamed.end() ? it->second : grad}, {want});
     }
     claimed.insert(grad);
     set_value_info(*g.add_output(), want, meta(of));

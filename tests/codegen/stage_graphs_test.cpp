@@ -246,6 +246,31 @@ TEST(StageGraphsOfAMiddleStage, DrawTheFusedGraphsDropoutMaskUnderEveryKey) {
       expect_staged_equals_fused(mlp_stage(), mlp_options(recompute), mlp_inputs(), mlp_output_gradients(), key);
 }
 
+// Two stage inputs meet in an Add (a ResNet's residual cut at a block's end): both input gradients are one value,
+// which the backward must output twice — the first output renames its producer, the second copies it from there.
+TEST(StageGraphsOfAMiddleStage, OutputTheSameGradientForTwoInputsThatMeetInAnAdd) {
+  std::mt19937 rng(23);
+  OnnxBuilder b;
+  b.input({"p", DType::kFloat32, {kRows, kWidth}}).input({"q", DType::kFloat32, {kRows, kWidth}});
+  b.output({"y", DType::kFloat32, {kRows, kWidth}});
+  b.initializer(random_floats({kWidth, kWidth}, rng), "W");
+  b.node("Add", {"p", "q"}, {"s"}, "residual");
+  b.node("Relu", {"s"}, {"r"}, "relu");
+  b.node("MatMul", {"r", "W"}, {"y"}, "fc");
+  StageGraphOptions o;
+  o.training.output_gradients = {"y"};
+  o.training.input_gradients = {"p", "q"};
+  std::mt19937 data(29);
+  const Tensors inputs{{"p", random_floats({kRows, kWidth}, data)}, {"q", random_floats({kRows, kWidth}, data)}};
+  const StepResult r = expect_staged_equals_fused(b.model(), o, inputs, mlp_output_gradients());
+  const StageGraphs sg = build_stage_graphs(b.model(), o);
+  ASSERT_EQ(sg.input_gradients.size(), 2u);
+  const Tensor& gp = r.values.at(sg.input_gradients[0].second);
+  const Tensor& gq = r.values.at(sg.input_gradients[1].second);
+  ASSERT_EQ(gp.elements(), gq.elements());
+  EXPECT_EQ(std::memcmp(gp.raw(), gq.raw(), static_cast<size_t>(gp.bytes())), 0);
+}
+
 TEST(StageGraphsOfAMiddleStage, ListInputsAndOutputsInTheDeclaredOrder) {
   const StageGraphs sg = build_stage_graphs(mlp_stage(), mlp_options(false));
   EXPECT_EQ(sg.loss_output, "");

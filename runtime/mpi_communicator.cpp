@@ -59,8 +59,8 @@ void initialize_mpi_once() {
     if (initialized) return;  // the embedding program owns MPI's lifetime
 #ifdef OPEN_MPI
     // The gradient buckets reduce with MPI_Iallreduce (overlapped with the backward). Open MPI's libnbc picks
-    // binomial for it, which reached 0.3–0.6× of the blocking MPI_Allreduce's bandwidth from 4 KiB up on 2 ranks
-    // here; its ring reaches parity from 256 KiB (bench_comm, bench/RESULTS.md). Ring, unless the user chose.
+    // binomial for it, which reached 0.34–0.73× of the blocking MPI_Allreduce's bandwidth from 4 KiB up on 2 ranks
+    // here; its ring 0.89–1.06× from 64 KiB up (bench_comm, bench/RESULTS.md). Ring, unless the user chose.
     ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
 #endif
     // FUNNELED: the runtime calls MPI from the thread that runs the schedule only.

@@ -281,7 +281,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   exec_options.time_tasks = true;  // on a device: a synchronize before and after each task (Executor::execute)
   exec_options.backend = &backend;
   exec_options.outputs_on_backend = true;  // the outputs are dropped: no copy back to the host inside the wall time
-  const ExecutorOptions& twin_options = exec_options;  // timed too: every executor does the same work
+  // The twins (below) run with the same options, timing their tasks too: every executor does the same work.
   const int twins = options.ranks_per_node - 1;
   // The executor whose runs make the table (slowest_executor), and every executor's median wall, for the file.
   auto keep_slowest = [&](const Runs& timed, const std::vector<Runs>& twin_runs) -> const Runs& {
@@ -362,7 +362,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
 
   if (training) {
     Executor executor(training->model, path.parent_path(), exec_options, exec_import);
-    Twins running(twins, training->model, path.parent_path(), twin_options, exec_import, options.seed);
+    Twins running(twins, training->model, path.parent_path(), exec_options, exec_import, options.seed);
     const Runs timed = time_runs(executor, synthetic_inputs(executor.model().graph, options.seed), options,
                                  [&] { running.wait_until_warm(); });
     const std::vector<Runs> twin_runs = running.finish();
@@ -380,7 +380,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     ImportOptions forward_import = import;
     forward_import.require_external_data = true;
     auto executor = std::make_unique<Executor>(forward, path.parent_path(), exec_options, forward_import);
-    Twins running(twins, forward, path.parent_path(), twin_options, forward_import, options.seed);
+    Twins running(twins, forward, path.parent_path(), exec_options, forward_import, options.seed);
     forward.Clear();
     const Runs timed = time_runs(*executor, synthetic_inputs(executor->model().graph, options.seed), options,
                                  [&] { running.wait_until_warm(); });

@@ -3,14 +3,14 @@
 
 #include <onnx/onnx_pb.h>
 
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include "graph/atomic_file.h"
 #include "graph/error.h"

@@ -33,7 +33,6 @@ void unsqueeze_k(KernelContext& ctx) {
   copy_bytes(x, ctx.output(0, x.dtype(), unsqueeze_output_shape(ctx)));
 }
 
-// out[i] = in[base + Σ idx_d · strides_d]; rows of the output's last dim are a strided gather.
 // A view whose last two output dims read the input transposed (stride 1 on the second-to-last, stride ≥ 2 on the
 // last: Transpose of the last two axes, of a 2-D matrix, a tied head's table): copied in 32 × 32 tiles, so that each
 // input cache line is read once instead of once per output element. 4-byte elements; false: not such a view.
@@ -67,12 +66,13 @@ bool tiled_transpose_copy(const std::byte* src, const StridedView& view, int64_t
   return true;
 }
 
+// out[i] = in[base + Σ idx_d · strides_d]; rows of the output's last dim are a strided gather.
 void strided_copy(const Tensor& x, const StridedView& view, Tensor& y) {
   if (y.elements() == 0) return;
   const int64_t es = dtype_size(x.dtype());
-  if (tiled_transpose_copy(x.raw() + view.base * es, view, es, y.raw())) return;
   const std::byte* src = x.raw() + view.base * es;
   std::byte* dst = y.raw();
+  if (tiled_transpose_copy(src, view, es, dst)) return;
   std::array<std::vector<int64_t>, 1> s{view.strides};
   broadcast_rows<1>(view.shape, s, 1, [&](int64_t o, auto offs, auto inner, int64_t len) {
     if (es == 4) {

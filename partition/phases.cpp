@@ -257,28 +257,57 @@ bool fixed_split_may_fit(const StageEvaluator& evaluator, int64_t microbatches, 
   return true;
 }
 
+namespace {
+
+// The recomputation setting whose DP answers every one of `recomputes` (StageDp::solve_many's subsets): the
+// where-needed one among them when every other is a subset of it; else none (each gets its own DP).
+std::optional<StageRecompute> host_recompute(const std::vector<StageRecompute>& recomputes) {
+  auto subset_of = [](StageRecompute part, StageRecompute host) {
+    if (part == host) return true;
+    if (host == StageRecompute::kWhereNeeded) return part != StageRecompute::kWholeWhereNeeded;
+    if (host == StageRecompute::kWholeWhereNeeded) return part == StageRecompute::kOff || part == StageRecompute::kAll;
+    return false;
+  };
+  for (StageRecompute host : recomputes)
+    if (std::all_of(recomputes.begin(), recomputes.end(), [&](StageRecompute r) { return subset_of(r, host); }))
+      return host;
+  return std::nullopt;
+}
+
+}  // namespace
+
 StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid& grid,
                               const std::vector<int>& stage_counts, const StageOptions& o, const SearchClock& clock) {
   const bool fixed_split = stage_counts.size() == 1 && static_cast<size_t>(stage_counts[0]) == evaluator.blocks();
   std::vector<int> counts;
   for (int s : stage_counts)
     if (static_cast<size_t>(s) <= evaluator.blocks()) counts.push_back(s);
+  // One DP per (schedule, zero, m) answers every recomputation setting of the grid from one set of tables, where
+  // the where-needed setting's variants hold the others' (StageDp::solve_many); else one DP per grid point.
   struct GridPoint {
     Schedule schedule;
-    StageRecompute recompute;
     StageZero zero;
     int64_t microbatches;
+    StageRecompute built;                    // the DP's own setting
+    std::vector<StageRecompute> recomputes;  // the settings it answers, in grid order
   };
   const std::vector<int> tp = tp_degrees(o.tp, evaluator.cluster());
+  const std::optional<StageRecompute> host = host_recompute(grid.recomputes);
   std::vector<GridPoint> points;
   for (Schedule schedule : grid.schedules)
-    for (StageRecompute recompute : grid.recomputes)
-      for (StageZero zero : grid.zeros)
-        for (int64_t m : grid.microbatches) points.push_back({schedule, recompute, zero, m});
+    for (StageZero zero : grid.zeros)
+      for (int64_t m : grid.microbatches) {
+        if (host) {
+          points.push_back({schedule, zero, m, *host, grid.recomputes});
+          continue;
+        }
+        for (StageRecompute recompute : grid.recomputes) points.push_back({schedule, zero, m, recompute, {recompute}});
+      }
 
   // Grid points are independent DPs: run on clock.threads, gathered in grid order. A point that ends past the time
   // limit once something was found stops the ones not yet started.
-  std::vector<std::vector<StageSolution>> solutions(points.size());
+  // Per point, per recomputation setting it answers: the solutions.
+  std::vector<std::vector<std::vector<StageSolution>>> solutions(points.size());
   std::vector<char> ran(points.size(), 0);
   std::atomic<bool> stop{false};
   std::mutex progress_lock;  // the counts below, for the progress lines
@@ -288,62 +317,84 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
     if (stop.load()) return;
     const GridPoint& p = points[i];
     ran[i] = 1;
+    solutions[i].resize(p.recomputes.size());
     const int chunks = schedule_chunks(p.schedule, grid.virtual_stages);
-    if (fixed_split &&
-        !fixed_split_may_fit(evaluator, p.microbatches, p.schedule, chunks, p.recompute, p.zero, tp, o.replicas))
-      return;
+    std::vector<char> may_fit(p.recomputes.size(), 1);
+    if (fixed_split)
+      for (size_t r = 0; r < p.recomputes.size(); ++r)
+        may_fit[r] = fixed_split_may_fit(evaluator, p.microbatches, p.schedule, chunks, p.recomputes[r], p.zero, tp,
+                                         o.replicas);
+    if (std::none_of(may_fit.begin(), may_fit.end(), [](char f) { return f != 0; })) return;
     const StageDp dp(evaluator, {.microbatches = p.microbatches,
                                  .schedule = p.schedule,
                                  .virtual_stages = chunks,
-                                 .recompute = p.recompute,
+                                 .recompute = p.built,
                                  .zero = p.zero,
                                  .tp_degrees = tp,
                                  .pinned_replicas = o.replicas,
                                  .fixed_split = fixed_split});
-    for (auto& solution : dp.solve_many(counts)) {
-      if (!solution) continue;
-      if (!o.replicas && o.spend_leftover_devices) dp.spend_leftover_devices(*solution);
-      solutions[i].push_back(std::move(*solution));
+    size_t point_plans = 0;
+    for (size_t r = 0; r < p.recomputes.size(); ++r) {
+      if (!may_fit[r]) continue;
+      for (auto& solution : dp.solve_many(counts, p.recomputes[r])) {
+        if (!solution) continue;
+        if (!o.replicas && o.spend_leftover_devices) dp.spend_leftover_devices(*solution, p.recomputes[r]);
+        solutions[i][r].push_back(std::move(*solution));
+        ++point_plans;
+      }
     }
     size_t found = 0;
     {
       const std::lock_guard<std::mutex> lock(progress_lock);
-      found = plans += solutions[i].size();
+      found = plans += point_plans;
       ++done;
-      for (const StageSolution& solution : solutions[i])
-        best_estimate = std::min(best_estimate, solution.estimate.iteration_s);
+      for (const auto& answered : solutions[i])
+        for (const StageSolution& solution : answered)
+          best_estimate = std::min(best_estimate, solution.estimate.iteration_s);
       if (clock.progress) {
         char line[200];
         std::snprintf(line, sizeof line, "stage DP, %zu of %zu grid points (%s, recompute %s, m=%lld): %zu plans, "
                       "best estimate %s, %.1f s", done, points.size(), std::string(schedule_name(p.schedule)).c_str(),
-                      std::string(stage_recompute_name(p.recompute)).c_str(), static_cast<long long>(p.microbatches),
+                      std::string(stage_recompute_name(p.built)).c_str(), static_cast<long long>(p.microbatches),
                       found, found > 0 ? format_seconds(best_estimate).c_str() : "none yet", clock.elapsed_s());
         clock.report(line);
       }
     }
     if (clock.limited() && clock.elapsed_s() > clock.time_limit_s && found > 0) stop.store(true);
   });
+  // Gathered in grid order: schedule, recomputation, ZeRO, m (the order the selection breaks ties in).
   StageSolutions found;
-  for (size_t i = 0; i < points.size(); ++i) {
-    if (!ran[i]) continue;
-    found.solved += static_cast<int>(counts.size());
-    for (StageSolution& solution : solutions[i]) found.solutions.push_back(std::move(solution));
-  }
+  for (Schedule schedule : grid.schedules)
+    for (size_t r = 0; r < grid.recomputes.size(); ++r)
+      for (size_t i = 0; i < points.size(); ++i) {
+        const GridPoint& p = points[i];
+        if (p.schedule != schedule || !ran[i]) continue;
+        const auto answers = std::find(p.recomputes.begin(), p.recomputes.end(), grid.recomputes[r]);
+        if (answers == p.recomputes.end()) continue;
+        found.solved += static_cast<int>(counts.size());
+        for (StageSolution& solution : solutions[i][static_cast<size_t>(answers - p.recomputes.begin())])
+          found.solutions.push_back(std::move(solution));
+      }
   found.stopped_by_time_limit = stop.load();
   return found;
 }
 
 StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const SearchGrid& grid, int max_stages,
                                     const PartitionOptions& o, const SearchClock& clock) {
+  // One DP per (schedule, recompute, zero, m, replicas): the stage counts that give the same replica count (most
+  // of them, wherever the micro-batch caps it) share its tables and are solved together (solve_many answers each
+  // count as solve() would).
   struct Point {
     Schedule schedule;
     StageRecompute recompute;
     StageZero zero;
     int64_t microbatches;
-    int stages, replicas;
+    int replicas;
+    std::vector<int> stages;
   };
   std::vector<Point> points;
   const int64_t batch = o.training.global_batch;
+  size_t pairs = 0;
   for (Schedule schedule : grid.schedules)
     for (StageRecompute recompute : grid.recomputes)
       for (StageZero zero : grid.zeros)
@@ -353,9 +404,15 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
             const int replicas = o.stage.replicas ? *o.stage.replicas
                                                   : static_cast<int>(std::min<int64_t>(o.cluster.devices / s, batch / m));
             if (replicas < 1 || replicas * s > o.cluster.devices) continue;
-            points.push_back({schedule, recompute, zero, m, s, replicas});
+            ++pairs;
+            Point* same = points.empty() ? nullptr : &points.back();
+            if (same && same->schedule == schedule && same->recompute == recompute && same->zero.stage == zero.stage &&
+                same->zero.automatic == zero.automatic && same->microbatches == m && same->replicas == replicas)
+              same->stages.push_back(s);
+            else
+              points.push_back({schedule, recompute, zero, m, replicas, {s}});
           }
-  std::vector<std::optional<StageSolution>> solutions(points.size());
+  std::vector<std::vector<std::optional<StageSolution>>> solutions(points.size());
   run_indexed(points.size(), clock.threads, [&](size_t i) {
     const Point& p = points[i];
     const StageDp dp(pipeline, {.microbatches = p.microbatches,
@@ -364,12 +421,13 @@ StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const Search
                                 .recompute = p.recompute,
                                 .zero = p.zero,
                                 .pinned_replicas = p.replicas});
-    solutions[i] = dp.solve(p.stages);
+    solutions[i] = dp.solve_many(p.stages);
   });
   StageSolutions found;
-  found.solved = static_cast<int>(points.size());
-  for (auto& solution : solutions)
-    if (solution) found.solutions.push_back(std::move(*solution));
+  found.solved = static_cast<int>(pairs);
+  for (auto& point : solutions)
+    for (auto& solution : point)
+      if (solution) found.solutions.push_back(std::move(*solution));
   return found;
 }
 

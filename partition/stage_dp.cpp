@@ -164,12 +164,8 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       microbatches_(options.microbatches),
       schedule_(options.schedule),
       chunks_(options.virtual_stages),
-      recompute_(options.recompute == StageRecompute::kAll         ? RecomputeScope::kFull
-                 : options.recompute == StageRecompute::kSelective ? RecomputeScope::kSelective
-                                                                   : RecomputeScope::kNone),
+      recompute_(options.recompute),
       fixed_split_(options.fixed_split),
-      where_needed_(options.recompute == StageRecompute::kWhereNeeded ||
-                    options.recompute == StageRecompute::kWholeWhereNeeded),
       zero_(options.zero),
       k_(evaluator.blocks()),
       devices_(evaluator.cluster().devices),
@@ -194,6 +190,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   entries_ = (fixed_split ? k_ : (k_ + 1) * (k_ + 1)) * cands;
   APART_CHECK(!options.tp_degrees.empty() && std::is_sorted(options.tp_degrees.begin(), options.tp_degrees.end()),
               "tensor-parallel degrees");
+  tp_degrees_ = options.tp_degrees;
   for (const StageVariant& v : stage_variants(options.recompute, zero_, options.tp_degrees)) {
     VariantTable& table = variants_.emplace_back();
     table.variant = v;
@@ -299,12 +296,31 @@ int StageDp::first_fitting(size_t base, double flight, const std::vector<double>
   return static_cast<int>(lo);
 }
 
-StageDp::Fitting& StageDp::fitting_starts(double flight) const {
+StageDp::View StageDp::view_of(StageRecompute recompute) const {
+  View view;
+  view.recompute = recompute == StageRecompute::kAll         ? RecomputeScope::kFull
+                   : recompute == StageRecompute::kSelective ? RecomputeScope::kSelective
+                                                             : RecomputeScope::kNone;
+  view.where_needed = recompute == StageRecompute::kWhereNeeded || recompute == StageRecompute::kWholeWhereNeeded;
+  APART_CHECK(variants_.size() <= 64, "at most 64 stage variants");
+  for (const StageVariant& wanted : stage_variants(recompute, zero_, tp_degrees_)) {
+    size_t v = 0;
+    while (v < variants_.size() && !(variants_[v].variant.recompute == wanted.recompute &&
+                                     variants_[v].variant.zero == wanted.zero && variants_[v].variant.tp == wanted.tp))
+      ++v;
+    APART_CHECK(v < variants_.size(), "the DP was not built with the recomputation asked of it");
+    view.active |= uint64_t{1} << v;
+  }
+  return view;
+}
+
+StageDp::Fitting& StageDp::fitting_starts(double flight, const View& view) const {
   for (Fitting& f : fitting_)
-    if (f.flight == flight) return f;
+    if (f.flight == flight && f.active == view.active) return f;
   // Per stored range (index() / candidates): one entry per variant and the fewest devices, found on first use.
   const size_t cands = candidates_.size();
-  fitting_.push_back({flight, std::vector<int32_t>(cands == 0 ? 0 : (variants_.size() + 1) * (entries_ / cands), kUnknown)});
+  fitting_.push_back(
+      {flight, view.active, std::vector<int32_t>(cands == 0 ? 0 : (variants_.size() + 1) * (entries_ / cands), kUnknown)});
   return fitting_.back();
 }
 
@@ -312,8 +328,12 @@ const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t la
   const size_t base = index(first, last, 0);
   int32_t* starts = &fitting.starts[(variants_.size() + 1) * (base / candidates_.size())];
   if (starts[0] == kUnknown) {
-    int32_t fewest = kNone;  // the fewest devices any variant fits in, after the variants' starts
+    int32_t fewest = kNone;  // the fewest devices any of the view's variants fits in, after the variants' starts
     for (size_t v = 0; v < variants_.size(); ++v) {
+      if (!((fitting.active >> v) & 1u)) {
+        starts[v] = static_cast<int32_t>(candidates_.size());  // not read: never fits
+        continue;
+      }
       starts[v] = first_fitting(base, fitting.flight, variants_[v].mem_base, variants_[v].mem_per_flight);
       if (static_cast<size_t>(starts[v]) < candidates_.size()) fewest = std::min(fewest, devices_of(starts[v], v));
     }
@@ -323,7 +343,7 @@ const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t la
 }
 
 int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit,
-                           std::vector<int32_t>& under_limit, int device_cap, int* variant) const {
+                           std::vector<int32_t>& under_limit, int device_cap, const View& view, int* variant) const {
   const size_t base = index(first, last, 0);
   const size_t range = variants_.size() * (base / candidates_.size());
   const int32_t* starts = fitting_of(fitting, first, last);
@@ -343,6 +363,7 @@ int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, doub
   int best = -1;
   *variant = 0;
   for (size_t v = 0; v < variants_.size(); ++v) {
+    if (!view.has(v)) continue;
     const int cap = best < 0 ? device_cap : devices_of(best, static_cast<size_t>(*variant));
     if (static_cast<size_t>(starts[v]) >= candidates_.size() || devices_of(starts[v], v) >= cap) continue;
     const int c = first_under(v);
@@ -354,7 +375,7 @@ int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, doub
   return best;
 }
 
-void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
+void StageDp::fill(int stages, double limit, bool every_start, const View& view, Table& t) const {
   // devices[r][i]: least devices for blocks [i, k) in r + 1 stages (the first of them is stage S − 1 − r). Its
   // in-flight count, S − (S − 1 − r) = r + 1 under 1F1B (m under GPipe), does not depend on S, so one table with
   // every start i answers every stage count ≤ `stages` at once (every_start); for one S, starts before S − 1 − r
@@ -366,7 +387,7 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
   t.variant.assign(t.devices.size(), 0);
   t.under_limit.assign(candidates_.empty() ? 0 : variants_.size() * (entries_ / candidates_.size()), kUnknown);
   for (int r = 0; r < stages; ++r) {
-    Fitting& fitting = fitting_starts(in_flight(stages - 1 - r, stages));
+    Fitting& fitting = fitting_starts(in_flight(stages - 1 - r, stages), view);
     const uint32_t i_min = every_start ? 0u : static_cast<uint32_t>(stages - 1 - r);
     const uint32_t i_max = static_cast<uint32_t>(k_ - 1 - r);
     for (uint32_t i = i_min; i <= i_max && i < k_; ++i) {
@@ -375,7 +396,7 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
       int best_cand = -1;
       int best_variant = 0, variant = 0;
       if (r == 0) {
-        const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, devices_ + 1, &variant);
+        const int c = min_candidate(i, static_cast<uint32_t>(k_), fitting, limit, t.under_limit, devices_ + 1, view, &variant);
         if (c >= 0) {
           best = devices_of(c, static_cast<size_t>(variant));
           best_last = static_cast<uint32_t>(k_);
@@ -390,7 +411,7 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
           if (rest == kNone || rest >= devices_) continue;
           const int fewest = fitting_of(fitting, i, last)[variants_.size()];  // devices any variant fits in
           if (fewest == kNone || rest + fewest >= best) continue;
-          const int c = min_candidate(i, last, fitting, limit, t.under_limit, best - rest, &variant);
+          const int c = min_candidate(i, last, fitting, limit, t.under_limit, best - rest, view, &variant);
           if (c < 0) continue;
           const int total = rest + devices_of(c, static_cast<size_t>(variant));
           if (total < best) {
@@ -411,10 +432,10 @@ void StageDp::fill(int stages, double limit, bool every_start, Table& t) const {
   }
 }
 
-bool StageDp::feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
-                       std::vector<int>* variants) const {
+bool StageDp::feasible(int stages, double limit, const View& view, std::vector<uint32_t>* boundaries,
+                       std::vector<int>* replicas, std::vector<int>* variants) const {
   Table t;
-  fill(stages, limit, false, t);
+  fill(stages, limit, false, view, t);
   const size_t n = k_ + 1;
   const int total = t.devices[(stages - 1) * n + 0];
   if (total == kNone || total > devices_) return false;
@@ -440,13 +461,23 @@ std::optional<StageSolution> StageDp::solve(int stages) const {
 }
 
 std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<int>& stage_counts) const {
+  return solve_many(stage_counts, view_of(recompute_));
+}
+
+std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<int>& stage_counts,
+                                                              StageRecompute recompute) const {
+  return solve_many(stage_counts, view_of(recompute));
+}
+
+std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<int>& stage_counts,
+                                                              const View& view) const {
   std::vector<std::optional<StageSolution>> out(stage_counts.size());
   if (schedule_ == Schedule::kInterleaved || schedule_ == Schedule::kZbH1) {
     // Their in-flight counts depend on S itself (interleaved (v − 1)·S, ZB-H1 min(S, m)), not only on the stages
     // after: one table per count. Megatron-LM's interleaved order needs m to be a multiple of S: other counts have
     // no interleaved plan.
     if (stage_counts.size() > 1) {
-      for (size_t q = 0; q < stage_counts.size(); ++q) out[q] = std::move(solve_many({stage_counts[q]}).front());
+      for (size_t q = 0; q < stage_counts.size(); ++q) out[q] = std::move(solve_many({stage_counts[q]}, view).front());
       return out;
     }
     if (schedule_ == Schedule::kInterleaved && stage_counts.size() == 1 &&
@@ -481,7 +512,7 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
     int needed = 0;
     for (const Search& s : searches)
       if (s.active && at >= s.lo && at <= s.hi) needed = std::max(needed, s.stages);
-    fill(needed, h_values_[at], every_start, t);
+    fill(needed, h_values_[at], every_start, view, t);
     for (Search& s : searches) {
       if (!s.active || at < s.lo || at > s.hi) continue;
       const int total = t.devices[static_cast<size_t>(s.stages - 1) * n];
@@ -508,12 +539,12 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
     solution.microbatches = microbatches_;
     solution.schedule = schedule_;
     solution.virtual_stages = chunks_;
-    solution.recompute = recompute_;
+    solution.recompute = view.recompute;
     solution.zero = zero_.automatic ? 0 : zero_.stage;
     std::vector<int> chosen;
-    APART_CHECK(feasible(s.stages, h_values_[s.hi], &solution.boundaries, &solution.replicas, &chosen),
+    APART_CHECK(feasible(s.stages, h_values_[s.hi], view, &solution.boundaries, &solution.replicas, &chosen),
                 "DP lost feasibility");
-    if (where_needed_) {
+    if (view.where_needed) {
       for (int v : chosen) solution.stage_recompute.push_back(variants_[static_cast<size_t>(v)].variant.recompute);
     }
     if (zero_.automatic)
@@ -528,6 +559,14 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
 }
 
 void StageDp::spend_leftover_devices(StageSolution& solution) const {
+  spend_leftover_devices(solution, view_of(recompute_));
+}
+
+void StageDp::spend_leftover_devices(StageSolution& solution, StageRecompute recompute) const {
+  spend_leftover_devices(solution, view_of(recompute));
+}
+
+void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) const {
   if (candidates_.size() < 2) return;
   // Only the changed stage is re-evaluated; the estimate is recomputed from the cached stage costs.
   std::vector<StageCost> trial_costs = solution.costs;
@@ -543,10 +582,11 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
       if (it == candidates_.end() || used + (*it - solution.replicas[s]) * tp > devices_) continue;
       // Per stage (where needed, --zero auto): the first variant in the DP's order, at the stage's tensor-parallel
       // degree, that now fits; else the solution's own.
-      StageVariant variant = variants_.front().variant;
+      StageVariant variant = variants_[static_cast<size_t>(std::countr_zero(view.active))].variant;
       StageCost c;
-      for (const VariantTable& table : variants_) {
-        if (table.variant.tp != tp) continue;
+      for (size_t v = 0; v < variants_.size(); ++v) {
+        const VariantTable& table = variants_[v];
+        if (!view.has(v) || table.variant.tp != tp) continue;
         variant = table.variant;
         c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
                                 in_flight(s, solution.stages), variant.recompute, nullptr, variant.zero, tp);
@@ -567,7 +607,7 @@ void StageDp::spend_leftover_devices(StageSolution& solution) const {
     }
     if (best_stage < 0) break;
     solution.replicas[best_stage] = best_replicas;
-    if (where_needed_) solution.stage_recompute[best_stage] = best_variant.recompute;
+    if (view.where_needed) solution.stage_recompute[best_stage] = best_variant.recompute;
     if (zero_.automatic) solution.stage_zero[best_stage] = best_variant.zero;
     solution.costs[best_stage] = best_cost;
     trial_costs[best_stage] = best_cost;

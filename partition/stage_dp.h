@@ -132,8 +132,16 @@ class StageDp {
   // solve() for several stage counts, sharing the DP tables: one table at a bottleneck limit answers every count
   // (the in-flight count of a stage depends only on the stages after it), so the binary searches run in parallel.
   std::vector<std::optional<StageSolution>> solve_many(const std::vector<int>& stage_counts) const;
-  // Gives leftover devices to stages, one candidate step at a time, while the estimate improves.
+  // What a StageDp built with `recompute` instead (the rest of the options the same) answers, from this one's tables:
+  // its variants must be among this one's (kOff, kAll or kSelective of kWhereNeeded; kOff or kAll of
+  // kWholeWhereNeeded). Exact: the restricted DP over this one's tables is that DP, and its least feasible bottleneck
+  // is among this one's h values too. One DP answers a grid's recomputation points at a third less tabulation.
+  std::vector<std::optional<StageSolution>> solve_many(const std::vector<int>& stage_counts,
+                                                       StageRecompute recompute) const;
+  // Gives leftover devices to stages, one candidate step at a time, while the estimate improves; `recompute`: the
+  // one the solution was solved under (solve_many's), by default the DP's own.
   void spend_leftover_devices(StageSolution& solution) const;
+  void spend_leftover_devices(StageSolution& solution, StageRecompute recompute) const;
   const std::vector<int>& replica_candidates() const { return candidates_; }
 
  private:
@@ -141,18 +149,27 @@ class StageDp {
   // bottleneck limit, so every probe of the binary search reuses them): per stored range (index() / candidates),
   // the plain and the recomputing variant, kUnknown until fitting_of finds them.
   static constexpr int32_t kUnknown = -2;
+  // The variants one solve_many() reads (a bit per index into variants_) and what its solutions record.
+  struct View {
+    uint64_t active = 0;
+    RecomputeScope recompute = RecomputeScope::kNone;  // every stage's, unless where_needed
+    bool where_needed = false;
+    bool has(size_t v) const { return (active >> v) & 1u; }
+  };
+  View view_of(StageRecompute recompute) const;
   struct Fitting {
     double flight;
+    uint64_t active;  // the view's variants (the fewest devices is over them)
     std::vector<int32_t> starts;  // per stored range: each variant's first fitting candidate, then the fewest devices
   };
-  Fitting& fitting_starts(double in_flight) const;
+  Fitting& fitting_starts(double in_flight, const View& view) const;
   const int32_t* fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const;
   // Least candidate index whose memory fits and h ≤ limit, or -1; *variant: the variant (index into variants_)
   // that gives it, the first in order on ties. `fitting`: the stage's in-flight count's; `under_limit`: per range
   // and variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().
   // Only candidates on fewer than `device_cap` devices are looked for (-1 when none).
   int min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit, std::vector<int32_t>& under_limit,
-                    int device_cap, int* variant) const;
+                    int device_cap, const View& view, int* variant) const;
   // Devices a stage takes at candidate c under variant v: replicas × its tensor-parallel degree.
   int devices_of(int c, size_t v) const { return candidates_[static_cast<size_t>(c)] * variants_[v].variant.tp; }
   int first_fitting(size_t base, double in_flight, const std::vector<double>& mem_base,
@@ -166,22 +183,24 @@ class StageDp {
     std::vector<uint8_t> variant;
     std::vector<int32_t> under_limit;  // min_candidate's per-range cache at this table's limit
   };
-  void fill(int stages, double limit, bool every_start, Table& table) const;
-  bool feasible(int stages, double limit, std::vector<uint32_t>* boundaries, std::vector<int>* replicas,
-                std::vector<int>* variants) const;
+  void fill(int stages, double limit, bool every_start, const View& view, Table& table) const;
+  bool feasible(int stages, double limit, const View& view, std::vector<uint32_t>* boundaries,
+                std::vector<int>* replicas, std::vector<int>* variants) const;
+  std::vector<std::optional<StageSolution>> solve_many(const std::vector<int>& stage_counts, const View& view) const;
+  void spend_leftover_devices(StageSolution& solution, const View& view) const;
   double in_flight(int stage, int stages) const;
 
   const StageEvaluator& evaluator_;
   int64_t microbatches_;
   Schedule schedule_;
   int chunks_;
-  RecomputeScope recompute_;  // every stage's, unless where_needed_
+  StageRecompute recompute_;
   bool fixed_split_;
-  bool where_needed_;
   StageZero zero_;
   size_t k_;
   int devices_;
   int64_t memory_limit_;
+  std::vector<int> tp_degrees_;          // StageDpOptions::tp_degrees
   std::vector<int> candidates_;          // replica counts, ascending
   // Per variant and (first, last, candidate), flattened: h, memory without in-flight activations, per in-flight
   // bytes; the first h ≤ a limit from a candidate on.

@@ -310,6 +310,60 @@ TEST(AStageDp, GivesLeftoverDevicesOnlyWhenTheEstimateImproves) {
   EXPECT_LE(solution->devices_used(), 7);
 }
 
+TEST(AStageDp, BuiltWhereNeededAnswersEachNarrowerRecomputationAsItsOwnDpWould) {
+  // solve_many(counts, narrower) over a where-needed DP's tables must be exactly what a DP built with the narrower
+  // setting returns: same splits, replicas, per-stage choices and figures, before and after leftover devices.
+  std::mt19937 rng(23);
+  int compared = 0, differed_from_host = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const int k = 2 + trial % 6;
+    const Cluster cluster = small_cluster(1 + trial % 4, rng, 3e9, 12e9);
+    TrainingSpec training;
+    training.global_batch = 48;
+    training.precision = trial % 2 ? Precision::kMixed : Precision::kFp32;
+    const BlockSequence seq = testing::random_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    std::vector<int> counts;
+    for (int s = 1; s <= std::min(k, cluster.devices); ++s) counts.push_back(s);
+    for (int64_t m : {1, 2, 4, 12})
+      for (Schedule schedule : {Schedule::k1F1B, Schedule::kGPipe, Schedule::kZbH1})
+        for (StageRecompute host : {StageRecompute::kWhereNeeded, StageRecompute::kWholeWhereNeeded}) {
+          const StageDp wide(ev, {.microbatches = m, .schedule = schedule, .recompute = host});
+          std::vector<StageRecompute> parts = {StageRecompute::kOff, StageRecompute::kAll, host};
+          if (host == StageRecompute::kWhereNeeded) parts.push_back(StageRecompute::kSelective);
+          for (StageRecompute part : parts) {
+            const StageDp own(ev, {.microbatches = m, .schedule = schedule, .recompute = part});
+            auto expected = own.solve_many(counts);
+            auto got = wide.solve_many(counts, part);
+            const auto hosts = wide.solve_many(counts);
+            ASSERT_EQ(got.size(), expected.size());
+            for (size_t q = 0; q < counts.size(); ++q) {
+              const std::string where = "trial " + std::to_string(trial) + " m=" + std::to_string(m) + " S=" +
+                                        std::to_string(counts[q]) + " " + std::string(stage_recompute_name(part));
+              ASSERT_EQ(got[q].has_value(), expected[q].has_value()) << where;
+              if (!got[q]) continue;
+              for (int spend = 0; spend < 2; ++spend) {
+                if (spend) {
+                  own.spend_leftover_devices(*expected[q]);
+                  wide.spend_leftover_devices(*got[q], part);
+                }
+                EXPECT_EQ(got[q]->boundaries, expected[q]->boundaries) << where;
+                EXPECT_EQ(got[q]->replicas, expected[q]->replicas) << where;
+                EXPECT_EQ(got[q]->recompute, expected[q]->recompute) << where;
+                EXPECT_EQ(got[q]->stage_recompute, expected[q]->stage_recompute) << where;
+                EXPECT_EQ(got[q]->bottleneck_h, expected[q]->bottleneck_h) << where;
+                EXPECT_EQ(got[q]->estimate.iteration_s, expected[q]->estimate.iteration_s) << where;
+              }
+              if (hosts[q] && hosts[q]->bottleneck_h != got[q]->bottleneck_h) ++differed_from_host;
+              ++compared;
+            }
+          }
+        }
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GT(differed_from_host, 0);  // the narrower answers are not just the host's own
+}
+
 TEST(AStageDp, UsesReplicaCountsThatAreNotPowersOfTwo) {
   std::mt19937 rng(3);
   const Cluster cluster = testing::test_cluster(12, 8, 1'000'000'000'000);

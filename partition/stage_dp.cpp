@@ -77,18 +77,21 @@ bool StageSolution::any_recompute() const {
   return false;
 }
 
-bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution, std::span<const StageLinks> links) {
+namespace {
+
+// evaluate_solution's loop: `cost_of(stage, flight)` costs one stage whose degree its blocks allow.
+template <class CostOf, class AllowsTp>
+bool evaluate_stages(StageSolution& solution, int64_t memory_limit, CostOf cost_of, AllowsTp allows_tp) {
   const int stages = solution.stages;
   APART_CHECK(static_cast<int>(solution.boundaries.size()) == stages + 1, "boundaries");
   APART_CHECK(static_cast<int>(solution.replicas.size()) == stages, "replicas");
-  APART_CHECK(links.empty() || static_cast<int>(links.size()) == stages, "links");
   solution.costs.clear();
   solution.bottleneck_h = 0;
   bool fits = true;
   for (int s = 0; s < stages; ++s) {
     const double flight = stage_in_flight_activations(solution.schedule, s, stages, solution.microbatches,
                                                       solution.virtual_stages);
-    if (!evaluator.allows_tp(solution.boundaries[s], solution.boundaries[s + 1], solution.tp_of(s))) {
+    if (!allows_tp(s)) {
       // A split whose stage its tensor-parallel degree cannot divide (cuts moved under a pinned degree): no plan.
       StageCost refused;
       refused.tp = solution.tp_of(s);
@@ -99,17 +102,45 @@ bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
       solution.costs.push_back(refused);
       continue;
     }
-    StageCost c = evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
-                                     solution.microbatches, flight, solution.recompute_of(s),
-                                     links.empty() ? nullptr : &links[static_cast<size_t>(s)], solution.zero_of(s),
-                                     solution.tp_of(s));
-    if (c.memory_bytes > evaluator.cluster().usable_memory_bytes()) fits = false;
+    StageCost c = cost_of(s, flight);
+    if (c.memory_bytes > memory_limit) fits = false;
     solution.bottleneck_h = std::max(solution.bottleneck_h, c.h);
     solution.costs.push_back(c);
   }
   solution.estimate =
       estimate_iteration_time(solution.costs, solution.microbatches, solution.schedule, solution.virtual_stages);
   return fits;
+}
+
+}  // namespace
+
+bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution, std::span<const StageLinks> links) {
+  APART_CHECK(links.empty() || static_cast<int>(links.size()) == solution.stages, "links");
+  return evaluate_stages(
+      solution, evaluator.cluster().usable_memory_bytes(),
+      [&](int s, double flight) {
+        return evaluator.evaluate(solution.boundaries[s], solution.boundaries[s + 1], solution.replicas[s],
+                                  solution.microbatches, flight, solution.recompute_of(s),
+                                  links.empty() ? nullptr : &links[static_cast<size_t>(s)], solution.zero_of(s),
+                                  solution.tp_of(s));
+      },
+      [&](int s) { return evaluator.allows_tp(solution.boundaries[s], solution.boundaries[s + 1], solution.tp_of(s)); });
+}
+
+bool evaluate_solution(const std::function<StageRange(uint32_t first, uint32_t last)>& range_of,
+                       const Cluster& cluster, const TrainingSpec& training, Layout layout, StageSolution& solution) {
+  APART_CHECK(static_cast<int>(solution.boundaries.size()) == solution.stages + 1, "boundaries");
+  std::vector<StageRange> ranges;
+  for (int s = 0; s < solution.stages; ++s) ranges.push_back(range_of(solution.boundaries[s], solution.boundaries[s + 1]));
+  return evaluate_stages(
+      solution, cluster.usable_memory_bytes(),
+      [&](int s, double flight) {
+        const int tp = solution.tp_of(s);
+        return stage_cost(ranges[static_cast<size_t>(s)], solution.replicas[s], solution.microbatches, flight,
+                          solution.recompute_of(s), assumed_links(cluster, layout, solution.replicas[s] * tp), training,
+                          solution.zero_of(s), tp);
+      },
+      [&](int s) { return tp_allows(ranges[static_cast<size_t>(s)], solution.tp_of(s)); });
 }
 
 std::string_view stage_recompute_name(StageRecompute mode) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -65,6 +66,10 @@ struct StageSolution {
 // cost is then infinite).
 bool evaluate_solution(const StageEvaluator& evaluator, StageSolution& solution,
                        std::span<const StageLinks> links = {});
+// The same over any source of range sums (`range_of(first, last)`, StageEvaluator::range's), unplaced: the links
+// `layout` assumes. The refinement's round evaluates its splits this way without StageEvaluator's O(k²) tables.
+bool evaluate_solution(const std::function<StageRange(uint32_t first, uint32_t last)>& range_of,
+                       const Cluster& cluster, const TrainingSpec& training, Layout layout, StageSolution& solution);
 
 // How a DP run treats activation recomputation.
 enum class StageRecompute : uint8_t {

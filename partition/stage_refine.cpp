@@ -43,136 +43,21 @@ struct WindowDpState {
   bool reached = false;
 };
 
-}  // namespace
-
-std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, const BlockAssignment& blocks,
-                                                  const StageSolution& coarse, const Cluster& cluster,
-                                                  const TrainingSpec& training, size_t max_runs) {
-  const size_t n = atomic.size();
-  const int stages = coarse.stages;
-  APART_CHECK(blocks.block_of.size() == n, "refine_stage_cuts: assignment size");
-  APART_CHECK(static_cast<int>(coarse.boundaries.size()) == stages + 1, "refine_stage_cuts: boundaries");
-  // Every cut needs a position on each side; past max_runs / 4 stages the windows would be too coarse to help.
-  if (stages < 2 || static_cast<size_t>(stages) > max_runs / 4) return std::nullopt;
-  // A topological order in which every block is one run: by block, then by component index (blocks are numbered
-  // topologically and component indices are a topological order).
-  std::vector<uint32_t> order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return blocks.block_of[a] < blocks.block_of[b]; });
-  std::vector<size_t> block_start(blocks.blocks + 1, n);  // position of each block's first component in `order`
-  for (size_t p = n; p-- > 0;) block_start[blocks.block_of[order[p]].value()] = p;
-  for (size_t b = blocks.blocks; b-- > 0;) block_start[b] = std::min(block_start[b], block_start[b + 1]);
-
-  // Cut s sits at position cut[s] of `order`; its window reaches `before[s]` components back and `after[s]`
-  // forward: the coarse blocks on either side of the coarse cut.
-  std::vector<size_t> cut(stages + 1), before(stages + 1, 0), after(stages + 1, 0);
-  for (int s = 0; s <= stages; ++s) {
-    const uint32_t b = coarse.boundaries[s];
-    cut[s] = block_start[b];
-    if (s == 0 || s == stages) continue;
-    before[s] = cut[s] - block_start[b - 1];
-    after[s] = block_start[b + 1] - cut[s];
-  }
-  // Positions per window side, so that a round's sequence stays within max_runs runs.
-  const size_t per_side = std::max<size_t>(1, (max_runs - static_cast<size_t>(stages)) / (2 * (stages - 1)));
-  const std::vector<size_t> coarse_cut = cut;
-  std::vector<size_t> result_cut = cut;
-  std::optional<RefinedCandidate> result;
-  double bottleneck = coarse.bottleneck_h;
-  for (int round = 0; round < kMaxRounds; ++round) {
-    // This round's runs: cut at every position of every window (and at 0 and n).
-    std::vector<size_t> positions{0, n};
-    for (int s = 1; s < stages; ++s) {
-      positions.push_back(cut[s]);
-      for (size_t d : window_offsets(before[s], per_side)) positions.push_back(cut[s] - std::min(d, cut[s]));
-      for (size_t d : window_offsets(after[s], per_side)) positions.push_back(std::min(n, cut[s] + d));
-    }
-    std::sort(positions.begin(), positions.end());
-    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
-    const size_t runs = positions.size() - 1;
-    auto run_of = [&](size_t position) {
-      return static_cast<size_t>(std::lower_bound(positions.begin(), positions.end(), position) - positions.begin());
-    };
-    RefinedCandidate candidate;
-    candidate.assignment.blocks = static_cast<uint32_t>(runs);
-    candidate.assignment.block_of.resize(n);
-    for (size_t r = 0; r < runs; ++r)
-      for (size_t p = positions[r]; p < positions[r + 1]; ++p)
-        candidate.assignment.block_of[order[p]] = BlockId(static_cast<uint32_t>(r));
-    candidate.sequence = std::make_shared<const BlockSequence>(make_block_sequence(atomic, candidate.assignment));
-    candidate.evaluator = std::make_unique<StageEvaluator>(*candidate.sequence, cluster, training);
-
-    // The window DP: stage s = runs [t_s, t_{s+1}) with the coarse replica count, every stage within device
-    // memory; least bottleneck, then least Σ steps (ties: the earliest cut).
-    std::vector<std::vector<size_t>> allowed(stages + 1);  // runs a cut may start at
-    for (int s = 0; s <= stages; ++s) {
-      const size_t from = cut[s] - std::min(before[s], cut[s]), to = std::min(n, cut[s] + after[s]);
-      for (size_t t = run_of(from); t <= runs && positions[t] <= to; ++t) allowed[s].push_back(t);
-    }
-    std::vector<std::map<size_t, WindowDpState>> state(stages + 1);
-    state[0][0] = WindowDpState{0, 0, 0, true};
-    for (int s = 0; s < stages; ++s) {
-      const double flight =
-          stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
-      for (size_t j : allowed[s + 1]) {
-        WindowDpState best;
-        for (const auto& [i, from] : state[s]) {
-          if (i >= j) break;
-          if (!candidate.evaluator->allows_tp(static_cast<uint32_t>(i), static_cast<uint32_t>(j), coarse.tp_of(s)))
-            continue;
-          const StageCost c = candidate.evaluator->evaluate(static_cast<uint32_t>(i), static_cast<uint32_t>(j),
-                                                           coarse.replicas[s], coarse.microbatches, flight,
-                                                           coarse.recompute_of(s), nullptr, coarse.zero_of(s),
-                                                           coarse.tp_of(s));
-          if (c.memory_bytes > cluster.usable_memory_bytes()) continue;
-          const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
-          if (!best.reached || max_h < best.max_h || (max_h == best.max_h && sum_step < best.sum_step))
-            best = WindowDpState{max_h, sum_step, i, true};
-        }
-        if (best.reached) state[s + 1][j] = best;
-      }
-    }
-    // The previous split is among the positions, so the DP reaches the end unless rounding moved a stage's
-    // memory across the limit between run structures; then keep what the previous round found.
-    if (state[stages].find(runs) == state[stages].end()) break;
-    StageSolution refined = coarse;
-    refined.boundaries.assign(stages + 1, 0);
-    refined.boundaries[stages] = static_cast<uint32_t>(runs);
-    for (int s = stages; s > 0; --s)
-      refined.boundaries[s - 1] = static_cast<uint32_t>(state[s][refined.boundaries[s]].previous);
-    if (!evaluate_solution(*candidate.evaluator, refined) || refined.bottleneck_h > bottleneck * (1 + 1e-12)) break;
-    bottleneck = refined.bottleneck_h;
-
-    bool moved = false;
-    for (int s = 1; s < stages; ++s) {
-      moved |= positions[refined.boundaries[s]] != cut[s];
-      cut[s] = positions[refined.boundaries[s]];
-    }
-    // Keep the round with the least estimated time (the DP minimises the bottleneck; the estimate decides).
-    if (!result || refined.estimate.iteration_s < result->solution.estimate.iteration_s * (1 - 1e-12)) {
-      candidate.solution = std::move(refined);
-      result = std::move(candidate);
-      result_cut = cut;
-    }
-    if (!moved) break;  // the next round would search the same windows
-  }
-  if (!result || result_cut == coarse_cut) return std::nullopt;
-  return result;
-}
-
-// ---------------- Task-granular cuts ----------------
-
-namespace {
-
-// Range sums of runs [i, j) of the components' index order (a topological order) without StageEvaluator's O(n²)
-// tables: prefix sums for times, saved bytes and weights first read in the run; sparse tables for the largest
+// Range sums of runs [i, j) of a sequence of elements in topological order (the components in index order, or a
+// block sequence's blocks) without StageEvaluator's O(n²) tables: prefix sums for times, saved bytes and weights first read in the run; sparse tables for the largest
 // working set; and, per cut position c, the transfers and weights live across it (made before c, read at or after
 // c), from which the bytes a run receives, sends and the shared weights it reads follow exactly (sums of the terms
 // that are there, so a run that sends nothing sends 0 bytes, not a rounding residue).
 class ComponentRuns {
  public:
-  explicit ComponentRuns(const AtomicGraph& atomic) : atomic_(atomic), n_(atomic.size()) {
+  explicit ComponentRuns(const AtomicGraph& atomic)
+      : ComponentRuns(component_costs(atomic), atomic.transfers, atomic.params) {}
+  // Over a block sequence's blocks (a sequence without weight uses: each block's weights its own).
+  explicit ComponentRuns(const BlockSequence& seq) : ComponentRuns(seq.blocks, seq.transfers, own_params(seq)) {}
+
+  ComponentRuns(const std::vector<BlockCost>& costs, const std::vector<Transfer>& transfers,
+                std::vector<ParamUse> params)
+      : transfers_(transfers), params_(std::move(params)), n_(costs.size()) {
     fwd_fixed_.assign(n_ + 1, 0);
     fwd_ps_.assign(n_ + 1, 0);
     bwd_fixed_.assign(n_ + 1, 0);
@@ -180,7 +65,7 @@ class ComponentRuns {
     saved_ps_.assign(n_ + 1, 0);
     bwd_weight_.assign(n_ + 1, WorkCurve{});
     for (size_t c = 0; c < n_; ++c) {
-      const BlockCost& b = atomic.components[c].cost;
+      const BlockCost& b = costs[c];
       tp_.push_back(b.tp);
       bwd_weight_[c + 1] = bwd_weight_[c];
       bwd_weight_[c + 1] += b.backward_weight;
@@ -191,15 +76,15 @@ class ComponentRuns {
       saved_ps_[c + 1] = saved_ps_[c] + b.saved_per_sample;
     }
     first_read_bytes_.assign(n_ + 1, 0);
-    for (const ParamUse& p : atomic.params) first_read_bytes_[p.readers.front() + 1] += p.bytes;
+    for (const ParamUse& p : params_) first_read_bytes_[p.readers.front() + 1] += p.bytes;
     for (size_t c = 0; c < n_; ++c) first_read_bytes_[c + 1] += first_read_bytes_[c];
     ws_ps_.emplace_back(n_);
     ws_fixed_.emplace_back(n_);
     task_params_.emplace_back(n_);
     for (size_t c = 0; c < n_; ++c) {
-      ws_ps_[0][c] = atomic.components[c].cost.workspace_per_sample;
-      ws_fixed_[0][c] = atomic.components[c].cost.workspace_fixed;
-      task_params_[0][c] = atomic.components[c].cost.largest_task_param_bytes;
+      ws_ps_[0][c] = costs[c].workspace_per_sample;
+      ws_fixed_[0][c] = costs[c].workspace_fixed;
+      task_params_[0][c] = costs[c].largest_task_param_bytes;
     }
     for (size_t width = 2; width <= n_; width *= 2) {
       const size_t half = width / 2;
@@ -238,9 +123,9 @@ class ComponentRuns {
   void prepare(const std::vector<size_t>& positions) {
     // One sweep over the cut positions with the transfers and weights live across the current one.
     std::vector<std::vector<uint32_t>> transfers_made_at(n_), params_first_read_at(n_);
-    for (uint32_t t = 0; t < atomic_.transfers.size(); ++t) transfers_made_at[atomic_.transfers[t].producer].push_back(t);
-    for (uint32_t p = 0; p < atomic_.params.size(); ++p)
-      if (atomic_.params[p].readers.size() > 1) params_first_read_at[atomic_.params[p].readers.front()].push_back(p);
+    for (uint32_t t = 0; t < transfers_.size(); ++t) transfers_made_at[transfers_[t].producer].push_back(t);
+    for (uint32_t p = 0; p < params_.size(); ++p)
+      if (params_[p].readers.size() > 1) params_first_read_at[params_[p].readers.front()].push_back(p);
     std::vector<uint32_t> live_transfers, live_params;
     size_t next = 0;
     for (size_t c = 0; c <= n_ && next < positions.size(); ++c) {
@@ -248,20 +133,20 @@ class ComponentRuns {
         for (uint32_t t : transfers_made_at[c - 1]) live_transfers.push_back(t);
         for (uint32_t p : params_first_read_at[c - 1]) live_params.push_back(p);
       }
-      std::erase_if(live_transfers, [&](uint32_t t) { return atomic_.transfers[t].consumers.back() < c; });
-      std::erase_if(live_params, [&](uint32_t p) { return atomic_.params[p].readers.back() < c; });
+      std::erase_if(live_transfers, [&](uint32_t t) { return transfers_[t].consumers.back() < c; });
+      std::erase_if(live_params, [&](uint32_t p) { return params_[p].readers.back() < c; });
       if (positions[next] != c) continue;
       ++next;
       if (cuts_.count(c)) continue;
       Cut cut;
       for (uint32_t t : live_transfers) {
-        const Transfer& tr = atomic_.transfers[t];
+        const Transfer& tr = transfers_[t];
         const uint32_t first = *std::lower_bound(tr.consumers.begin(), tr.consumers.end(), static_cast<uint32_t>(c));
         cut.in_by_first_read.push_back({first, tr.bytes_per_sample});
         cut.out_by_producer.push_back({tr.producer, tr.bytes_per_sample});
       }
       for (uint32_t p : live_params) {
-        const ParamUse& use = atomic_.params[p];
+        const ParamUse& use = params_[p];
         const uint32_t first = *std::lower_bound(use.readers.begin(), use.readers.end(), static_cast<uint32_t>(c));
         cut.params_by_first_read.push_back({first, static_cast<double>(use.bytes)});
       }
@@ -320,7 +205,22 @@ class ComponentRuns {
     return it == v.begin() ? 0.0 : std::prev(it)->second;
   }
 
-  const AtomicGraph& atomic_;
+  static std::vector<BlockCost> component_costs(const AtomicGraph& atomic) {
+    std::vector<BlockCost> costs;
+    costs.reserve(atomic.size());
+    for (const AtomicComponent& c : atomic.components) costs.push_back(c.cost);
+    return costs;
+  }
+  static std::vector<ParamUse> own_params(const BlockSequence& seq) {
+    if (!seq.params.empty()) return seq.params;
+    std::vector<ParamUse> params;
+    for (uint32_t b = 0; b < seq.size(); ++b)
+      if (seq.blocks[b].param_bytes > 0) params.push_back({.bytes = seq.blocks[b].param_bytes, .readers = {b}});
+    return params;
+  }
+
+  const std::vector<Transfer>& transfers_;
+  std::vector<ParamUse> params_;
   size_t n_;
   std::vector<double> fwd_fixed_, fwd_ps_, bwd_fixed_, bwd_ps_, saved_ps_;
   std::vector<WorkCurve> bwd_weight_;  // prefix sums of BlockCost::backward_weight
@@ -330,6 +230,139 @@ class ComponentRuns {
   std::map<size_t, Cut> cuts_;
   TpPrefix tp_;  // the components' tensor-parallel shares and refused degrees
 };
+
+}  // namespace
+
+std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, const BlockAssignment& blocks,
+                                                  const StageSolution& coarse, const Cluster& cluster,
+                                                  const TrainingSpec& training, size_t max_runs) {
+  const size_t n = atomic.size();
+  const int stages = coarse.stages;
+  APART_CHECK(blocks.block_of.size() == n, "refine_stage_cuts: assignment size");
+  APART_CHECK(static_cast<int>(coarse.boundaries.size()) == stages + 1, "refine_stage_cuts: boundaries");
+  // Every cut needs a position on each side; past max_runs / 4 stages the windows would be too coarse to help.
+  if (stages < 2 || static_cast<size_t>(stages) > max_runs / 4) return std::nullopt;
+  // A topological order in which every block is one run: by block, then by component index (blocks are numbered
+  // topologically and component indices are a topological order).
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return blocks.block_of[a] < blocks.block_of[b]; });
+  std::vector<size_t> block_start(blocks.blocks + 1, n);  // position of each block's first component in `order`
+  for (size_t p = n; p-- > 0;) block_start[blocks.block_of[order[p]].value()] = p;
+  for (size_t b = blocks.blocks; b-- > 0;) block_start[b] = std::min(block_start[b], block_start[b + 1]);
+
+  // Cut s sits at position cut[s] of `order`; its window reaches `before[s]` components back and `after[s]`
+  // forward: the coarse blocks on either side of the coarse cut.
+  std::vector<size_t> cut(stages + 1), before(stages + 1, 0), after(stages + 1, 0);
+  for (int s = 0; s <= stages; ++s) {
+    const uint32_t b = coarse.boundaries[s];
+    cut[s] = block_start[b];
+    if (s == 0 || s == stages) continue;
+    before[s] = cut[s] - block_start[b - 1];
+    after[s] = block_start[b + 1] - cut[s];
+  }
+  // Positions per window side, so that a round's sequence stays within max_runs runs.
+  const size_t per_side = std::max<size_t>(1, (max_runs - static_cast<size_t>(stages)) / (2 * (stages - 1)));
+  const std::vector<size_t> coarse_cut = cut;
+  std::vector<size_t> result_cut = cut;
+  std::optional<RefinedCandidate> result;
+  double bottleneck = coarse.bottleneck_h;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    // This round's runs: cut at every position of every window (and at 0 and n).
+    std::vector<size_t> positions{0, n};
+    for (int s = 1; s < stages; ++s) {
+      positions.push_back(cut[s]);
+      for (size_t d : window_offsets(before[s], per_side)) positions.push_back(cut[s] - std::min(d, cut[s]));
+      for (size_t d : window_offsets(after[s], per_side)) positions.push_back(std::min(n, cut[s] + d));
+    }
+    std::sort(positions.begin(), positions.end());
+    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+    const size_t runs = positions.size() - 1;
+    auto run_of = [&](size_t position) {
+      return static_cast<size_t>(std::lower_bound(positions.begin(), positions.end(), position) - positions.begin());
+    };
+    RefinedCandidate candidate;
+    candidate.assignment.blocks = static_cast<uint32_t>(runs);
+    candidate.assignment.block_of.resize(n);
+    for (size_t r = 0; r < runs; ++r)
+      for (size_t p = positions[r]; p < positions[r + 1]; ++p)
+        candidate.assignment.block_of[order[p]] = BlockId(static_cast<uint32_t>(r));
+    candidate.sequence = std::make_shared<const BlockSequence>(make_block_sequence(atomic, candidate.assignment));
+    // The round's ranges from prefix sums and per-cut sums (the DP reads ~runs²/S of the runs² ranges a
+    // StageEvaluator would tabulate); the kept round gets its evaluator after the loop.
+    ComponentRuns sums(*candidate.sequence);
+    std::vector<size_t> every_run(runs + 1);
+    std::iota(every_run.begin(), every_run.end(), size_t{0});
+    sums.prepare(every_run);
+
+    // The window DP: stage s = runs [t_s, t_{s+1}) with the coarse replica count, every stage within device
+    // memory; least bottleneck, then least Σ steps (ties: the earliest cut).
+    std::vector<std::vector<size_t>> allowed(stages + 1);  // runs a cut may start at
+    for (int s = 0; s <= stages; ++s) {
+      const size_t from = cut[s] - std::min(before[s], cut[s]), to = std::min(n, cut[s] + after[s]);
+      for (size_t t = run_of(from); t <= runs && positions[t] <= to; ++t) allowed[s].push_back(t);
+    }
+    std::vector<std::map<size_t, WindowDpState>> state(stages + 1);
+    state[0][0] = WindowDpState{0, 0, 0, true};
+    for (int s = 0; s < stages; ++s) {
+      const double flight =
+          stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
+      const int tp = coarse.tp_of(s);
+      const StageLinks links = assumed_links(cluster, Layout::kStageMajor, coarse.replicas[s] * tp);
+      for (size_t j : allowed[s + 1]) {
+        WindowDpState best;
+        for (const auto& [i, from] : state[s]) {
+          if (i >= j) break;
+          const StageRange range = sums.range(i, j);
+          if (!tp_allows(range, tp)) continue;
+          const StageCost c = stage_cost(range, coarse.replicas[s], coarse.microbatches, flight, coarse.recompute_of(s),
+                                         links, training, coarse.zero_of(s), tp);
+          if (c.memory_bytes > cluster.usable_memory_bytes()) continue;
+          const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
+          if (!best.reached || max_h < best.max_h || (max_h == best.max_h && sum_step < best.sum_step))
+            best = WindowDpState{max_h, sum_step, i, true};
+        }
+        if (best.reached) state[s + 1][j] = best;
+      }
+    }
+    // The previous split is among the positions, so the DP reaches the end unless rounding moved a stage's
+    // memory across the limit between run structures; then keep what the previous round found.
+    if (state[stages].find(runs) == state[stages].end()) break;
+    StageSolution refined = coarse;
+    refined.boundaries.assign(stages + 1, 0);
+    refined.boundaries[stages] = static_cast<uint32_t>(runs);
+    for (int s = stages; s > 0; --s)
+      refined.boundaries[s - 1] = static_cast<uint32_t>(state[s][refined.boundaries[s]].previous);
+    const auto range_of = [&](uint32_t first, uint32_t last) { return sums.range(first, last); };
+    if (!evaluate_solution(range_of, cluster, training, Layout::kStageMajor, refined) ||
+        refined.bottleneck_h > bottleneck * (1 + 1e-12))
+      break;
+    bottleneck = refined.bottleneck_h;
+
+    bool moved = false;
+    for (int s = 1; s < stages; ++s) {
+      moved |= positions[refined.boundaries[s]] != cut[s];
+      cut[s] = positions[refined.boundaries[s]];
+    }
+    // Keep the round with the least estimated time (the DP minimises the bottleneck; the estimate decides).
+    if (!result || refined.estimate.iteration_s < result->solution.estimate.iteration_s * (1 - 1e-12)) {
+      candidate.solution = std::move(refined);
+      result = std::move(candidate);
+      result_cut = cut;
+    }
+    if (!moved) break;  // the next round would search the same windows
+  }
+  if (!result || result_cut == coarse_cut) return std::nullopt;
+  result->evaluator = std::make_unique<StageEvaluator>(*result->sequence, cluster, training);
+  // The same sums in the evaluator's order; a split on the memory limit may land a byte over it.
+  if (!evaluate_solution(*result->evaluator, result->solution)) return std::nullopt;
+  return result;
+}
+
+// ---------------- Task-granular cuts ----------------
+
+namespace {
 
 // What each stage of the split keeps from the coarse candidate.
 struct StagePins {

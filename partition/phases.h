@@ -134,8 +134,9 @@ inline constexpr int kMinCoarserBlocks = 16;
 // Stage-cut refinement (stage_refine.h refine_best_candidates): the best split of each stage count among `coarse`
 // (solutions over `blocks`) with its cuts moved off block edges and solved exactly at component granularity, as
 // candidates over their own runs of components, their source `source` + " refined" (or the refinement's kind).
+// The stage counts are refined on `threads` threads (the same candidates whatever the count).
 CandidateSet refined_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks, const StageSolutions& coarse,
-                                const PartitionOptions& options, const std::string& source);
+                                const PartitionOptions& options, const std::string& source, int threads = 1);
 CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                               const PartitionOptions& options, const SearchGrid& grid, const SearchClock& clock,
                               CutRefinement refinement);

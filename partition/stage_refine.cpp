@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "graph/error.h"
+#include "graph/threads.h"
 #include "profiler/memory_model.h"
 
 namespace apart {
@@ -584,14 +585,25 @@ std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidat
 
 std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                                                      const std::vector<StageSolution>& candidates,
-                                                     const Cluster& cluster, const TrainingSpec& training) {
+                                                     const Cluster& cluster, const TrainingSpec& training,
+                                                     int threads) {
+  // Per candidate: the window refinement and the exact cuts, two independent jobs each; gathered in that order.
+  const std::vector<const StageSolution*> queue = best_per_stage_count(candidates);
+  std::vector<std::vector<RefinedCandidate>> found(2 * queue.size());
+  run_indexed(found.size(), threads, [&](size_t job) {
+    const StageSolution& coarse = *queue[job / 2];
+    std::vector<RefinedCandidate>& out = found[job];
+    if (job % 2 == 0) {
+      if (auto moved = refine_stage_cuts(atomic, blocks, coarse, cluster, training)) out.push_back(std::move(*moved));
+      return;
+    }
+    ExactCuts exact = exact_stage_cuts(atomic, coarse, cluster, training);
+    if (exact.least_bottleneck) out.push_back(std::move(*exact.least_bottleneck));
+    if (exact.least_compute) out.push_back(std::move(*exact.least_compute));
+  });
   std::vector<RefinedCandidate> refined;
-  for (const StageSolution* coarse : best_per_stage_count(candidates)) {
-    if (auto moved = refine_stage_cuts(atomic, blocks, *coarse, cluster, training)) refined.push_back(std::move(*moved));
-    ExactCuts exact = exact_stage_cuts(atomic, *coarse, cluster, training);
-    if (exact.least_bottleneck) refined.push_back(std::move(*exact.least_bottleneck));
-    if (exact.least_compute) refined.push_back(std::move(*exact.least_compute));
-  }
+  for (std::vector<RefinedCandidate>& some : found)
+    for (RefinedCandidate& r : some) refined.push_back(std::move(r));
   std::stable_sort(refined.begin(), refined.end(), [](const RefinedCandidate& a, const RefinedCandidate& b) {
     return a.solution.estimate.iteration_s < b.solution.estimate.iteration_s;
   });

@@ -61,8 +61,10 @@ std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidat
 // 5 % of the best: its refine_stage_cuts split (when a cut moved) and its exact_stage_cuts splits, fastest estimate
 // first (ties: in that order). The simulated selection chooses among them and the candidates.
 // (Before task-granular cuts it returned only the fastest refined split, and only when it beat every candidate.)
+// The candidates are refined on `threads` threads, gathered in order (the same result whatever the count).
 std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                                                      const std::vector<StageSolution>& candidates,
-                                                     const Cluster& cluster, const TrainingSpec& training);
+                                                     const Cluster& cluster, const TrainingSpec& training,
+                                                     int threads = 1);
 
 }  // namespace apart

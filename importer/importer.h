@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "graph/task_graph.h"
+#include "importer/constant_params.h"
 
 namespace apart {
 
@@ -24,6 +25,9 @@ struct ImportOptions {
   // --shape or static batch dim of another size is an error; without it (a command's default) they win.
   int64_t batch = 0;
   bool batch_explicit = false;
+  // --constants-as-params on|off: Constant nodes that feed weight slots become initializers (trainable params)
+  // before the rest of import (importer/constant_params.h); off imports them as constants.
+  bool constants_as_params = true;
 };
 
 // The one rule for "which dim is the batch", used by every command: a dim_param named batch,
@@ -53,6 +57,7 @@ struct ImportedModel {
   // when the model has no batch axis.
   int64_t bound_samples() const { return batch > 0 ? batch : 1; }
   bool batch_from_flag = false;  // bound by ImportOptions::batch, not by --dim/--shape or the model
+  ConstantParams constant_params;  // Constant nodes that became params (ImportOptions::constants_as_params)
   std::vector<std::string> notes;     // informational, e.g. external-data file not present
   std::vector<std::string> warnings;  // e.g. opaque ops whose cost is unknown
   int64_t node_count = 0;             // nodes in the ONNX graph (= tasks)

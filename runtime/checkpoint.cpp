@@ -166,6 +166,17 @@ void write_trained_model(const fs::path& forward_model, const fs::path& output,
   onnx::ModelProto model = load_model_proto(forward_model);
   const fs::path base_dir = forward_model.parent_path();
   auto* graph = model.mutable_graph();
+  // Trained Constant weights (ImportOptions::constants_as_params) are written back as initializers: the same pass
+  // that made them params, applied only when a value names no initializer, so a model without them keeps its nodes.
+  {
+    std::set<std::string> initializers;
+    for (const auto& init : graph->initializer()) initializers.insert(init.name());
+    for (const auto& entry : values)
+      if (!initializers.count(entry.first)) {
+        constants_to_initializers(model);
+        break;
+      }
+  }
 
   // New contents of every initializer (trained values, or the old ones read back).
   std::set<std::string> seen;

@@ -927,6 +927,7 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
     ImportOptions whole;
     whole.batch = setup.global_batch;
     whole.batch_explicit = true;
+    whole.constants_as_params = !setup.plan.model || setup.plan.model->constants_as_params.value_or(true);
     setup.model = std::make_shared<const ImportedModel>(import_model(setup.model_path.string(), whole));
     setup.loss = model_loss(setup.model->graph, options.loss, setup.model_path.string());
     for (const PlanStageRecord& stage : setup.plan.stages)

@@ -4,16 +4,9 @@
 
 #include <onnx/onnx_pb.h>
 
-#include <cstdint>
-#include <string>
+#include "importer/importer.h"  // ConstantParams
 
 namespace apart {
-
-// What constants_to_initializers converted.
-struct ConstantParams {
-  int64_t count = 0;  // Constant nodes that became initializers
-  int64_t bytes = 0;  // their bytes
-};
 
 // Turns every default-domain Constant node of the main graph whose output feeds a weight slot into an initializer of
 // the same name, and removes the node. A weight slot: Conv/ConvTranspose W and B, a MatMul/Gemm operand,
@@ -24,10 +17,7 @@ struct ConstantParams {
 // trained model written back) removes the same nodes and agrees on node indices. Under IR < 4, where every
 // initializer is also a graph input, each new initializer gets its graph input too.
 // Throws Unsupported for a Constant with `sparse_value` in a weight slot (no sparse parameters).
+// ConstantParams and constant_params_note are in importer.h (no ONNX headers there).
 ConstantParams constants_to_initializers(onnx::ModelProto& model);
-
-// "3 Constant nodes feed weight slots and are trained as parameters (1.5 KiB); --constants-as-params off keeps
-// them constants", or "" when none did.
-std::string constant_params_note(const ConstantParams& converted);
 
 }  // namespace apart

@@ -24,6 +24,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/external_data.h"
+#include "importer/constant_params.h"
 #include "importer/fold.h"
 #include "importer/model_proto.h"
 

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "graph/task_graph.h"
-#include "importer/constant_params.h"
 
 namespace apart {
 
@@ -34,6 +33,15 @@ struct ImportOptions {
 // batch_size or N (in this order) on a graph input; else the leading dim of the first graph input
 // (named, unnamed or static), as exporters write it. Unnamed leading dims of the other inputs follow it.
 inline constexpr const char* kBatchDimNames[] = {"batch", "batch_size", "N"};
+
+// The Constant nodes that ImportOptions::constants_as_params made params (importer/constant_params.h).
+struct ConstantParams {
+  int64_t count = 0;  // Constant nodes that became initializers
+  int64_t bytes = 0;  // their bytes
+};
+// "5 Constant nodes feed weight slots (…) and are trained as parameters (944 B, 944 bytes); --constants-as-params
+// off keeps them constants", or "" when none did.
+std::string constant_params_note(const ConstantParams& converted);
 
 // How one dynamic dim got its value.
 struct DimBinding {

@@ -15,6 +15,7 @@
 #include "graph/error.h"
 #include "graph/json_reader.h"
 #include "graph/task_graph.h"
+#include "importer/constant_params.h"
 #include "importer/model_proto.h"
 
 namespace apart {

@@ -19,6 +19,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "graph/output_path.h"
+#include "importer/constant_params.h"
 #include "importer/model_proto.h"
 #include "profiler/memory_model.h"
 #include "runtime/checkpoint.h"

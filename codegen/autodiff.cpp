@@ -343,6 +343,7 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
   // --- Static shapes and known integers of every value, from the importer ---
   ImportOptions import = options.import;
   import.require_external_data = false;
+  import.constants_as_params = false;  // the forward as given (callers convert first): node indices are fg's
   const ImportedModel imported = import_model_bytes(
       forward.SerializeAsString(), {}, forward.graph().name().empty() ? "<forward model>" : forward.graph().name(), import);
   const TaskGraph& tg = imported.graph;

@@ -121,6 +121,7 @@ StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraph
   // --- What the fused graph holds: shapes (its inputs are static), node names, producers ---
   ImportOptions import;
   import.require_external_data = false;
+  import.constants_as_params = false;  // the fused graph as built: node indices are its own
   const ImportedModel imported = import_model_bytes(tg.model.SerializeAsString(), {}, "<training graph>", import);
   FusedGraph fused(tg.model.graph());
   fused.forward_nodes = forward.graph().node_size();

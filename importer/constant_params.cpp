@@ -100,7 +100,7 @@ ConstantParams constants_to_initializers(onnx::ModelProto& model) {
     taken.insert(tensor->name());
     *g.add_initializer() = std::move(*tensor);
   }
-  if (converted.count > 0) g.mutable_node()->Swap(&kept);
+  g.mutable_node()->Swap(&kept);  // every node was moved into `kept` or converted
   return converted;
 }
 

@@ -414,6 +414,7 @@ void StageRunner::build() {
   import.batch = mine.end - mine.begin;
   import.batch_explicit = true;
   import.require_external_data = options_.init == ParamInit::kModel;
+  import.constants_as_params = false;  // the stage file as partition wrote it (its Constant weights already converted)
   g.training.import = import;
   g.recompute = stage_.recompute;
   auto floating = [&](const std::string& v) {

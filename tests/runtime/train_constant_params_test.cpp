@@ -36,7 +36,7 @@ class APaddleStyleModel : public ::testing::TestWithParam<int64_t> {};
 TEST_P(APaddleStyleModel, TrainsItsConstantWeightsAndWritesThemBack) {
   TempDir dir;
   const auto path = dir.file("paddle.onnx");
-  const testing::OnnxBuilder b = testing::paddle_style_model(GetParam());
+  testing::OnnxBuilder b = testing::paddle_style_model(GetParam());
   b.save(path);
   TrainOptions o;
   o.model = path.string();

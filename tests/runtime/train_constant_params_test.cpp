@@ -31,6 +31,18 @@ std::vector<float> weight_values(const onnx::ModelProto& model, const std::strin
   return out;
 }
 
+// Adam from the model's own weights.
+TrainOptions adam(const std::filesystem::path& model, int64_t batch, int64_t steps, double lr) {
+  TrainOptions o;
+  o.model = model.string();
+  o.batch = batch;
+  o.steps = steps;
+  o.optimizer.kind = Optimizer::kAdam;
+  o.optimizer.lr = lr;
+  o.init = ParamInit::kModel;
+  return o;
+}
+
 class APaddleStyleModel : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(APaddleStyleModel, TrainsItsConstantWeightsAndWritesThemBack) {
@@ -38,13 +50,7 @@ TEST_P(APaddleStyleModel, TrainsItsConstantWeightsAndWritesThemBack) {
   const auto path = dir.file("paddle.onnx");
   testing::OnnxBuilder b = testing::paddle_style_model(GetParam());
   b.save(path);
-  TrainOptions o;
-  o.model = path.string();
-  o.batch = 4;
-  o.steps = 12;
-  o.optimizer.kind = Optimizer::kAdam;
-  o.optimizer.lr = 2e-2;
-  o.init = ParamInit::kModel;
+  TrainOptions o = adam(path, 4, 12, 2e-2);
   o.save_model = dir.file("trained.onnx").string();
   std::vector<std::string> notes;
   o.on_note = [&](const std::string& note) { notes.push_back(note); };
@@ -131,14 +137,7 @@ TEST(AnEmbeddingAtOpset14, TrainsAsItDoesAtOpset16) {
   for (int64_t opset : {14, 16}) {
     const auto path = dir.file("emb" + std::to_string(opset) + ".onnx");
     testing::embedding_model(opset).save(path);
-    TrainOptions o;
-    o.model = path.string();
-    o.batch = 4;
-    o.steps = 6;
-    o.optimizer.kind = Optimizer::kAdam;
-    o.optimizer.lr = 5e-2;
-    o.init = ParamInit::kModel;
-    const TrainResult r = train(o);
+    const TrainResult r = train(adam(path, 4, 6, 5e-2));
     losses.emplace_back();
     for (const StepRecord& s : r.steps) losses.back().push_back(s.loss);
   }

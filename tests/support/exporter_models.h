@@ -25,14 +25,18 @@ inline std::vector<float> lcg_values(int64_t n, uint32_t seed, float scale) {
   return out;
 }
 
+// A Constant node writing `output`: its `value` tensor, to fill.
+inline onnx::TensorProto& constant_node(OnnxBuilder& b, const std::string& output) {
+  auto* a = b.node("Constant", {}, {output}).add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  return *a->mutable_t();
+}
+
 // A Constant node holding a float tensor (raw_data, as paddle2onnx writes it).
 inline void constant_floats(OnnxBuilder& b, const std::string& output, const std::vector<int64_t>& dims, uint32_t seed,
                             float scale = 0.3f) {
-  auto& n = b.node("Constant", {}, {output});
-  auto* a = n.add_attribute();
-  a->set_name("value");
-  a->set_type(onnx::AttributeProto::TENSOR);
-  auto* t = a->mutable_t();
+  onnx::TensorProto* t = &constant_node(b, output);
   t->set_data_type(onnx::TensorProto::FLOAT);
   int64_t count = 1;
   for (int64_t d : dims) {
@@ -45,11 +49,7 @@ inline void constant_floats(OnnxBuilder& b, const std::string& output, const std
 
 // A Constant node holding int64 values (shape arithmetic: stays a constant).
 inline void constant_ints(OnnxBuilder& b, const std::string& output, const std::vector<int64_t>& values) {
-  auto& n = b.node("Constant", {}, {output});
-  auto* a = n.add_attribute();
-  a->set_name("value");
-  a->set_type(onnx::AttributeProto::TENSOR);
-  auto* t = a->mutable_t();
+  onnx::TensorProto* t = &constant_node(b, output);
   t->set_data_type(onnx::TensorProto::INT64);
   t->add_dims(static_cast<int64_t>(values.size()));
   for (int64_t v : values) t->add_int64_data(v);

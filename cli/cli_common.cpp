@@ -31,6 +31,10 @@ void add_model_flags(CLI::App& cmd, ModelFlags& flags, int64_t default_batch) {
                                         "batch_size or N, else the first input's leading dim); --dim/--shape override")
                              ->capture_default_str();
   }
+  cmd.add_option("--constants-as-params", flags.constants_as_params,
+                 "on: Constant nodes that feed weight slots (Conv/MatMul/Gemm weights, norm scales and biases, "
+                 "embedding tables; as paddle2onnx and tf2onnx export them) are trainable params; off: constants")
+      ->capture_default_str();
 }
 
 ImportOptions import_options(const ModelFlags& flags) {
@@ -51,7 +55,15 @@ ImportOptions import_options(const ModelFlags& flags) {
     o.batch = flags.batch;
     o.batch_explicit = flags.batch_option->count() > 0;
   }
+  if (flags.constants_as_params != "on" && flags.constants_as_params != "off")
+    throw InvalidArgument("--constants-as-params must be on or off, not '" + flags.constants_as_params + "'");
+  o.constants_as_params = flags.constants_as_params == "on";
   return o;
+}
+
+void note_constant_params(const ConstantParams& converted) {
+  const std::string note = constant_params_note(converted);
+  if (!note.empty()) std::fprintf(stderr, "apart: note: %s\n", note.c_str());
 }
 
 Progress::Progress(std::string command, double interval_s)

@@ -23,11 +23,15 @@ struct ModelFlags {
   std::vector<std::string> dims;
   int64_t batch = 0;                 // 0: the command adds no --batch (partition and train have their own)
   const CLI::Option* batch_option = nullptr;
+  std::string constants_as_params = "on";  // --constants-as-params on|off (ImportOptions::constants_as_params)
 };
 // default_batch > 0 adds --batch with that default.
 void add_model_flags(CLI::App& cmd, ModelFlags& flags, int64_t default_batch = 0);
 // Parses the flags; throws InvalidArgument naming the bad flag.
 ImportOptions import_options(const ModelFlags& flags);
+// The one "apart: note:" line on stderr saying how many Constant nodes became params (importer/constant_params.h),
+// nothing when none did.
+void note_constant_params(const ConstantParams& converted);
 
 // Progress of long work on stderr, prefixed "apart <command>: ". On a terminal one line rewritten in place
 // (cleared by finish()); otherwise a plain line, at most one per `interval_s` (the first at once), so logs

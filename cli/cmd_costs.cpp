@@ -35,6 +35,7 @@ void run_costs(const CostsArgs& a) {
   options.precision = resolve_precision(a.precision, device);
   options.microbatch_size = checked_integer(a.microbatch, 0, limits::kMaxBatch, "--microbatch-size (0: the bound batch)");
   const ImportedModel m = import_model(a.model, import_options(a.model_flags));
+  note_constant_params(m.constant_params);
   options.reference_batch = m.bound_samples();
   if (!a.output.empty()) {
     std::vector<InputFile> inputs = model_files(a.model, m);

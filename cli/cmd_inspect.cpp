@@ -104,6 +104,7 @@ nlohmann::json to_json(const ImportedModel& m, const Summary& s) {
   for (const auto& b : m.bindings) j["dims"].push_back({{"dim", b.dim}, {"value", b.value}, {"source", b.source}});
   j["external_data_present"] = m.external_data_present;
   j["unknown_shape_values"] = m.unknown_shape_values;
+  j["constant_params"] = {{"count", m.constant_params.count}, {"bytes", m.constant_params.bytes}};
   j["notes"] = m.notes;
   j["warnings"] = m.warnings;
   return j;
@@ -161,6 +162,7 @@ static const bool kRegistered = register_command({"inspect", 10, [](CLI::App& ap
                   "(mixed on GPUs, fp32 on cpu)");
   cmd->callback([args] {
     const ImportedModel m = import_model(args->model, import_options(args->model_flags));
+    note_constant_params(m.constant_params);
     const Summary s = summarize(m);
     std::optional<CostSummary> costs;
     if (!args->device.empty()) {

@@ -72,6 +72,7 @@ void run_profile(const ProfileArgs& a) {
   if (!backend) note_blas_kernel();
   const ImportOptions import = import_options(a.model_flags);
   const ImportedModel m = import_model(a.model, import);
+  note_constant_params(m.constant_params);
   if (!a.output.empty()) check_output_file(a.output, model_files(a.model, m), "-o");
   Progress progress("profile");
   options.on_progress = [&](const std::string& line) { progress(line); };

@@ -43,6 +43,7 @@ void run_train(const TrainArgs& a) {
   o.save_every = a.save_every;
   o.resume = a.resume;
   o.save_model = a.save_model;
+  o.on_note = [](const std::string& note) { std::fprintf(stderr, "apart: note: %s\n", note.c_str()); };
 
   apply_threads(a.training.threads);
   const std::unique_ptr<Backend> backend = make_backend(a.backend);

@@ -2,6 +2,8 @@
 // (codegen/gradients/) for its input gradients, and accumulates them with Sum.
 #include "codegen/autodiff.h"
 
+#include <onnx/version_converter/convert.h>
+
 #include <algorithm>
 #include <set>
 #include <unordered_map>
@@ -310,17 +312,38 @@ std::string choose_loss(const std::vector<LossCandidate>& outputs, const std::st
   return loss;
 }
 
-TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options) {
+namespace {
+int64_t default_opset(const onnx::ModelProto& model) {
   int64_t opset = 0;
-  for (const auto& o : forward.opset_import())
+  for (const auto& o : model.opset_import())
     if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
-  if (opset < 13)
-    throw Unsupported("autodiff: the forward model has opset " + std::to_string(opset) +
-                      "; training graphs need opset 13 or later (convert the model first)");
+  return opset;
+}
+}  // namespace
+
+std::optional<onnx::ModelProto> at_training_opset(const onnx::ModelProto& forward) {
+  const int64_t opset = default_opset(forward);
+  if (opset >= kMinTrainingOpset) return std::nullopt;
+  try {
+    // The converter's adapters are ONNX's own (onnx.version_converter); they rewrite each node whose op changed
+    // between the opsets (Dropout's ratio attribute → input, Squeeze/Unsqueeze/ReduceSum axes …).
+    return onnx::version_conversion::ConvertVersion(forward, static_cast<int>(kMinTrainingOpset));
+  } catch (const std::exception& e) {
+    throw Unsupported("autodiff: the forward model has opset " + std::to_string(opset) + ", and training graphs are "
+                      "built at opset " + std::to_string(kMinTrainingOpset) + ", but ONNX's version converter refused it: " +
+                      printable(e.what()) + "; convert the model with onnx.version_converter.convert_version(model, " +
+                      std::to_string(kMinTrainingOpset) + ") and fix what it reports");
+  }
+}
+
+TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options) {
+  if (auto converted = at_training_opset(forward)) return build_training_graph(*converted, options);
+  const int64_t opset = default_opset(forward);
 
   // --- Static shapes and known integers of every value, from the importer ---
   ImportOptions import = options.import;
   import.require_external_data = false;
+  import.constants_as_params = false;  // the forward as given (callers convert first): node indices are fg's
   const ImportedModel imported = import_model_bytes(
       forward.SerializeAsString(), {}, forward.graph().name().empty() ? "<forward model>" : forward.graph().name(), import);
   const TaskGraph& tg = imported.graph;

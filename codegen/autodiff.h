@@ -5,6 +5,7 @@
 
 #include "importer/importer.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +63,15 @@ std::string choose_loss(const std::vector<LossCandidate>& outputs, const std::st
                         const std::string& model = "the model");
 
 // Throws Unsupported naming the node whose op has no gradient rule, InvalidArgument for a bad loss/param.
+// Any default-domain opset 7–17 the importer takes: a forward below kMinTrainingOpset is first converted to it
+// (at_training_opset).
 TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options = {});
+
+// The lowest default-domain opset the gradient rules emit for (ReduceSum's axes, Squeeze/Unsqueeze/Split as inputs).
+inline constexpr int64_t kMinTrainingOpset = 13;
+// A forward below kMinTrainingOpset converted to it by ONNX's version converter (its adapters may add nodes:
+// Dropout's ratio becomes a Constant input); nullopt for one at kMinTrainingOpset or later (used as it is).
+// Throws Unsupported naming the opset when the converter refuses the model.
+std::optional<onnx::ModelProto> at_training_opset(const onnx::ModelProto& forward);
 
 }  // namespace apart

@@ -114,11 +114,14 @@ void drop_unused_apart_opset(onnx::ModelProto& model) {
 }  // namespace
 
 StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraphOptions& options) {
+  // A forward at an older opset is split as the fused graph holds it: converted (its node count may change).
+  if (auto converted = at_training_opset(forward)) return build_stage_graphs(*converted, options);
   TrainingGraph tg = build_training_graph(forward, options.training);
 
   // --- What the fused graph holds: shapes (its inputs are static), node names, producers ---
   ImportOptions import;
   import.require_external_data = false;
+  import.constants_as_params = false;  // the fused graph as built: node indices are its own
   const ImportedModel imported = import_model_bytes(tg.model.SerializeAsString(), {}, "<training graph>", import);
   FusedGraph fused(tg.model.graph());
   fused.forward_nodes = forward.graph().node_size();

@@ -68,7 +68,10 @@ bool place_external_data(const std::filesystem::path& model_dir, const std::stri
 
 void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
                         const std::filesystem::path& directory, const StageShapes& shapes, int threads) {
-  const onnx::ModelProto original = load_model_proto(model_path);
+  // Read as the plan's task graph was imported, so that node indices agree (importer/constant_params.h).
+  ImportOptions as_planned;
+  as_planned.constants_as_params = !plan.model || plan.model->constants_as_params.value_or(true);
+  const onnx::ModelProto original = load_model_proto(model_path, as_planned);
   const auto& g = original.graph();
   std::map<std::string, int> initializer_index;
   for (int i = 0; i < g.initializer_size(); ++i) initializer_index[g.initializer(i).name()] = i;

@@ -39,6 +39,8 @@ CompileResult compile(const CompileOptions& options) {
   // ---- Import: the model at batch 1 by the importer's batch rule; a refused -o costs no search ----
   tell(options, CompileMessage::kProgress, "reading the model");
   timed(r.times.import, [&] { r.model = import_for_plan(options.model, options.import); });
+  if (const std::string note = constant_params_note(r.model.constant_params); !note.empty())
+    tell(options, CompileMessage::kNote, note);
   if (options.output) check_plan_directory(options.output->directory, compile_inputs(options, r.model), options.output->force);
 
   // ---- What the plan files need of the model (its hash, the stage files' batch dims): beside the search ----
@@ -92,6 +94,8 @@ CompileResult compile(const CompileOptions& options) {
 
   // ---- Plan files: written as one folder or not at all ----
   wait_described();
+  if (!options.import.constants_as_params) r.info.constants_as_params = false;
+  else if (r.model.constant_params.count > 0) r.info.constants_as_params = true;
   r.document = plan_document(r.plan, r.model.graph, r.info);
   if (options.output) {
     tell(options, CompileMessage::kProgress, "writing the plan files");

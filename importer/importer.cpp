@@ -24,6 +24,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/external_data.h"
+#include "importer/constant_params.h"
 #include "importer/fold.h"
 #include "importer/model_proto.h"
 
@@ -283,6 +284,7 @@ class Importer {
   ImportedModel run() {
     read_header();
     require_utf8_names(model_.graph(), "");
+    if (options_.constants_as_params) result_.constant_params = constants_to_initializers(model_);
     onnx::GraphProto& g = *model_.mutable_graph();
     result_.node_count = g.node_size();
     add_initializers(g);
@@ -961,6 +963,12 @@ ImportedModel import_model(const fs::path& path, const ImportOptions& options) {
 onnx::ModelProto load_model_proto(const fs::path& path) {
   onnx::ModelProto model;
   parse_model_bytes(read_model_file(path), path.string(), model);
+  return model;
+}
+
+onnx::ModelProto load_model_proto(const fs::path& path, const ImportOptions& options) {
+  onnx::ModelProto model = load_model_proto(path);
+  if (options.constants_as_params) constants_to_initializers(model);
   return model;
 }
 

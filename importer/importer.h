@@ -24,12 +24,24 @@ struct ImportOptions {
   // --shape or static batch dim of another size is an error; without it (a command's default) they win.
   int64_t batch = 0;
   bool batch_explicit = false;
+  // --constants-as-params on|off: Constant nodes that feed weight slots become initializers (trainable params)
+  // before the rest of import (importer/constant_params.h); off imports them as constants.
+  bool constants_as_params = true;
 };
 
 // The one rule for "which dim is the batch", used by every command: a dim_param named batch,
 // batch_size or N (in this order) on a graph input; else the leading dim of the first graph input
 // (named, unnamed or static), as exporters write it. Unnamed leading dims of the other inputs follow it.
 inline constexpr const char* kBatchDimNames[] = {"batch", "batch_size", "N"};
+
+// The Constant nodes that ImportOptions::constants_as_params made params (importer/constant_params.h).
+struct ConstantParams {
+  int64_t count = 0;  // Constant nodes that became initializers
+  int64_t bytes = 0;  // their bytes
+};
+// "5 Constant nodes feed weight slots (…) and are trained as parameters (944 B, 944 bytes); --constants-as-params
+// off keeps them constants", or "" when none did.
+std::string constant_params_note(const ConstantParams& converted);
 
 // How one dynamic dim got its value.
 struct DimBinding {
@@ -53,6 +65,7 @@ struct ImportedModel {
   // when the model has no batch axis.
   int64_t bound_samples() const { return batch > 0 ? batch : 1; }
   bool batch_from_flag = false;  // bound by ImportOptions::batch, not by --dim/--shape or the model
+  ConstantParams constant_params;  // Constant nodes that became params (ImportOptions::constants_as_params)
   std::vector<std::string> notes;     // informational, e.g. external-data file not present
   std::vector<std::string> warnings;  // e.g. opaque ops whose cost is unknown
   int64_t node_count = 0;             // nodes in the ONNX graph (= tasks)

@@ -170,6 +170,7 @@ ordered plan_to_json(const PlanDocument& plan) {
   if (plan.model)
     j["model"] = {{"path", plan.model->path}, {"sha256", plan.model->sha256}, {"tasks", plan.model->tasks},
                   {"params", plan.model->params}, {"param_bytes", plan.model->param_bytes}};
+  if (plan.model && plan.model->constants_as_params) j["model"]["constants_as_params"] = *plan.model->constants_as_params;
   j["cluster"] = cluster_json(plan.cluster);
   j["training"] = training_json(plan.training);
   if (plan.options) j["options"] = options_json(*plan.options);
@@ -500,6 +501,7 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
     model.tasks = l.optional_integer(m, "model.", "tasks", 0).value_or(0);
     model.params = l.optional_integer(m, "model.", "params", 0, limits::kMaxByteCount).value_or(0);
     model.param_bytes = l.optional_integer(m, "model.", "param_bytes", 0, limits::kMaxByteCount).value_or(0);
+    if (m.contains("constants_as_params")) model.constants_as_params = l.boolean(m, "model.", "constants_as_params", true);
     plan.model = model;
   }
   read_cluster(rs, j, plan.cluster);

@@ -22,6 +22,9 @@ struct PlanModel {
   int64_t tasks = 0;
   int64_t params = 0;  // parameter elements
   int64_t param_bytes = 0;
+  // Whether Constant nodes that feed weight slots were imported as params (ImportOptions::constants_as_params):
+  // written when the plan was made with --constants-as-params off, or when some did; absent: on.
+  std::optional<bool> constants_as_params;
 };
 
 // The cluster as the plan records it: the names and figures the plan was made for. The simulator turns it into

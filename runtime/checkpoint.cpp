@@ -15,6 +15,7 @@
 #include "graph/error.h"
 #include "graph/json_reader.h"
 #include "graph/task_graph.h"
+#include "importer/constant_params.h"
 #include "importer/model_proto.h"
 
 namespace apart {
@@ -166,6 +167,17 @@ void write_trained_model(const fs::path& forward_model, const fs::path& output,
   onnx::ModelProto model = load_model_proto(forward_model);
   const fs::path base_dir = forward_model.parent_path();
   auto* graph = model.mutable_graph();
+  // Trained Constant weights (ImportOptions::constants_as_params) are written back as initializers: the same pass
+  // that made them params, applied only when a value names no initializer, so a model without them keeps its nodes.
+  {
+    std::set<std::string> initializers;
+    for (const auto& init : graph->initializer()) initializers.insert(init.name());
+    for (const auto& entry : values)
+      if (!initializers.count(entry.first)) {
+        constants_to_initializers(model);
+        break;
+      }
+  }
 
   // New contents of every initializer (trained values, or the old ones read back).
   std::set<std::string> seen;

@@ -10,6 +10,7 @@
 
 #include "graph/error.h"
 #include "graph/text.h"
+#include "importer/constant_params.h"
 #include "importer/model_proto.h"
 #include "runtime/kernel.h"
 
@@ -17,18 +18,28 @@ namespace apart {
 
 namespace fs = std::filesystem;
 
+namespace {
+// A model handed over in memory is run as it is: its Constant nodes stay nodes, so task and node indices agree.
+ImportOptions as_given(ImportOptions import) {
+  import.constants_as_params = false;
+  return import;
+}
+}  // namespace
+
 std::vector<std::string> runtime_supported_ops() { return supported_ops(); }
 
 Executor::Executor(const ImportedModel& model, ExecutorOptions options) : model_(model), options_(options) {
   const fs::path path(model.path);
-  load(load_model_proto(path), path.parent_path());
+  onnx::ModelProto proto = load_model_proto(path);
+  if (model.constant_params.count > 0) constants_to_initializers(proto);  // as the import did: the same node indices
+  load(proto, path.parent_path());
 }
 
 Executor::Executor(const onnx::ModelProto& proto, const fs::path& base_dir, ExecutorOptions options,
                    const ImportOptions& import)
     : owned_model_(std::make_unique<ImportedModel>(import_model_bytes(
           proto.SerializeAsString(), base_dir,
-          proto.graph().name().empty() ? std::string("<in-memory model>") : proto.graph().name(), import))),
+          proto.graph().name().empty() ? std::string("<in-memory model>") : proto.graph().name(), as_given(import)))),
       model_(*owned_model_),
       options_(options) {
   load(proto, base_dir);

@@ -414,6 +414,7 @@ void StageRunner::build() {
   import.batch = mine.end - mine.begin;
   import.batch_explicit = true;
   import.require_external_data = options_.init == ParamInit::kModel;
+  import.constants_as_params = false;  // the stage file as partition wrote it (its Constant weights already converted)
   g.training.import = import;
   g.recompute = stage_.recompute;
   auto floating = [&](const std::string& v) {
@@ -927,6 +928,7 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
     ImportOptions whole;
     whole.batch = setup.global_batch;
     whole.batch_explicit = true;
+    whole.constants_as_params = !setup.plan.model || setup.plan.model->constants_as_params.value_or(true);
     setup.model = std::make_shared<const ImportedModel>(import_model(setup.model_path.string(), whole));
     setup.loss = model_loss(setup.model->graph, options.loss, setup.model_path.string());
     for (const PlanStageRecord& stage : setup.plan.stages)

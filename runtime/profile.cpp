@@ -246,7 +246,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   result.table.microbatch_size = cost_options.reference_batch;
 
   const fs::path path(model.path);
-  onnx::ModelProto forward = load_model_proto(path);
+  onnx::ModelProto forward = load_model_proto(path, import);  // node indices as the task graph's
   if (options.random_params) randomize_params(forward, options.seed);
   // The training graph's inputs have static shapes already (binding dims again would be refused).
   ImportOptions exec_import;

@@ -19,6 +19,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "graph/output_path.h"
+#include "importer/constant_params.h"
 #include "importer/model_proto.h"
 #include "profiler/memory_model.h"
 #include "runtime/checkpoint.h"
@@ -170,6 +171,11 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   TrainResult result;
   const fs::path model_path(options.model);
   onnx::ModelProto forward = load_model_proto(model_path);
+  if (options.import.constants_as_params) {
+    result.constant_params = constants_to_initializers(forward);
+    const std::string note = constant_params_note(result.constant_params);
+    if (!note.empty() && options.on_note) options.on_note(note);
+  }
   check_outputs(options, forward);
   // --batch binds the batch dim by the importer's rule (importer.h kBatchDimNames); it was typed or is
   // train's documented default, so a --dim/--shape/static batch of another size is an error.

@@ -40,6 +40,8 @@ struct TrainOptions {
   // Where tensors live and kernels run (not owned; nullptr: the CPU backend). On a device backend params, gradients
   // and optimizer state stay there; the loss comes back each step, the weights only for checkpoints and --save-model.
   Backend* backend = nullptr;
+  // Told once, before the first step, what import learnt that the user should know (constant_params_note).
+  std::function<void(const std::string&)> on_note;
   void validate() const;          // InvalidArgument naming the flag
 };
 
@@ -64,6 +66,7 @@ struct TrainResult {
   int64_t arena_bytes = 0;         // the executor's activation arena
   std::string backend;             // Backend::describe()
   std::vector<std::string> fallback_ops;  // ops run on the CPU kernel for want of a backend kernel (Executor)
+  ConstantParams constant_params;  // Constant nodes trained as params (ImportOptions::constants_as_params)
 };
 
 using StepCallback = std::function<void(const StepRecord&)>;

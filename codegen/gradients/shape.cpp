@@ -81,11 +81,12 @@ void slice_rule(GradNode& n) {
   n.give(0, g);
 }
 
-// Gather: ScatterND(reduction=add) of g into zeros (opset ≥ 16), the gathered axis moved to the front.
+// Gather: ScatterND(reduction=add) of g into zeros, the gathered axis moved to the front. ScatterND has its
+// reduction attribute from opset 16; below, the same op in the ai.apart domain (docs/autodiff.md), so an
+// embedding trains at any opset.
 void gather_rule(GradNode& n) {
   if (!n.wants(0)) return;
   auto& e = n.e;
-  if (e.opset() < 16) n.unsupported("the gradient of Gather needs ScatterND with reduction=add (opset 16)");
   const auto& ds = n.in(0).shape;
   const auto& is = n.in(1).shape;
   const size_t axis = static_cast<size_t>(norm_axis(n.attr_int("axis", 0), ds.size()));
@@ -110,7 +111,9 @@ void gather_rule(GradNode& n) {
     set_attr(e.last(), "to", static_cast<int64_t>(DType::kInt64));
   }
   indices = e.reshape(indices, index_shape);
-  std::string scattered = e.op("ScatterND", {e.filled(0, n.in(0).dtype, data_front), indices, g});
+  const std::string zeros = e.filled(0, n.in(0).dtype, data_front);
+  std::string scattered = e.fresh("ScatterND");
+  e.node("ScatterND", {zeros, indices, g}, {scattered}, e.opset() >= 16 ? "" : kApartDomain);
   set_attr(e.last(), "reduction", std::string("add"));
   if (axis != 0) {  // [ds[axis], ds[:axis], ds[axis+1:]] → ds
     std::vector<int64_t> perm;

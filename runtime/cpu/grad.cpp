@@ -193,6 +193,7 @@ void pool_grad_k(KernelContext& ctx) {
 
 void register_grad_kernels() {
   register_kernel("ScatterND", scatter_nd_k);
+  register_kernel("ai.apart.ScatterND", scatter_nd_k);  // ScatterND with `reduction` at any opset (docs/autodiff.md)
   register_kernel("ai.apart.ConvGrad", conv_grad_k);
   register_kernel("ai.apart.MaxPoolGrad", pool_grad_k<true>);
   register_kernel("ai.apart.AveragePoolGrad", pool_grad_k<false>);

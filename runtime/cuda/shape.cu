@@ -364,6 +364,7 @@ void register_shape_kernels() {
   register_cuda_kernel("Gather", gather_k);
   register_cuda_kernel("Expand", expand_k);
   register_cuda_kernel("ScatterND", scatter_nd_k);
+  register_cuda_kernel("ai.apart.ScatterND", scatter_nd_k);  // ScatterND with `reduction` at any opset
   register_cuda_kernel("Trilu", trilu_k);
 }
 

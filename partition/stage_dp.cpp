@@ -34,6 +34,7 @@ void sort_non_negative(std::vector<double>& values) {
 
 FirstAtMost::FirstAtMost(const std::vector<double>* values, size_t row_length) : values_(values), n_(row_length) {
   const std::vector<double>& v = *values;
+  if (n_ <= kScanned) return;
   for (size_t width = 2; width <= n_; width *= 2) {
     const std::vector<double>& previous = levels_.empty() ? v : levels_.back();
     std::vector<double> level(v.size(), std::numeric_limits<double>::infinity());
@@ -52,6 +53,12 @@ double FirstAtMost::range_min(size_t row_begin, size_t a, size_t b) const {
 }
 
 int FirstAtMost::find(size_t row_begin, size_t lo, double limit) const {
+  if (n_ <= kScanned) {
+    const double* row = values_->data() + row_begin;
+    for (size_t i = lo; i < n_; ++i)
+      if (row[i] <= limit) return static_cast<int>(i);
+    return -1;
+  }
   if (lo >= n_ || range_min(row_begin, lo, n_ - 1) > limit) return -1;
   size_t a = lo, b = n_ - 1;  // the answer is in [a, b]
   while (a < b) {
@@ -241,7 +248,9 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   h_values_.reserve(entries_ * variants_.size());
   least_compute_.assign((k_ + 1) * (k_ + 1), 0);
   std::vector<StageCost> costs(cands);
-  std::vector<char> evaluated(cands);
+  // evaluated[c] == round: candidate c's cost is this range and variant's (no clearing per range).
+  std::vector<uint32_t> evaluated(cands, 0);
+  uint32_t round = 0;
   // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
   auto tabulate = [&](uint32_t first, uint32_t last, const StageRange& range, VariantTable& table) {
     const StageVariant v = table.variant;
@@ -253,11 +262,11 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
         return;
       }
     }
-    std::fill(evaluated.begin(), evaluated.end(), 0);
+    ++round;
     auto cost = [&](size_t c) -> const StageCost& {
-      if (!evaluated[c])
+      if (evaluated[c] != round)
         costs[c] = evaluator.evaluate(range, candidates_[c], microbatches, 0, v.recompute, v.zero, v.tp);
-      evaluated[c] = 1;
+      evaluated[c] = round;
       return costs[c];
     };
     // Candidates whose groups would need more devices than the cluster has are never evaluated: memory 0 (fits, so

@@ -15,9 +15,10 @@
 
 namespace apart {
 
-// First index ≥ lo whose value is ≤ a limit, in O(log n), over many equal-length rows of values (the DP's
-// h per replica candidate, which is not monotone in the replica count): a sparse table of range minima, then
-// a binary search on the running minimum from lo.
+// First index ≥ lo whose value is ≤ a limit over many equal-length rows of values (the DP's h per replica candidate,
+// which is not monotone in the replica count). Rows of at most kScanned values are scanned (a few cache lines:
+// faster than building anything); longer ones get a sparse table of range minima and a binary search on the
+// running minimum from lo, O(log n).
 class FirstAtMost {
  public:
   FirstAtMost() = default;
@@ -26,6 +27,7 @@ class FirstAtMost {
   int find(size_t row_begin, size_t lo, double limit) const;
 
  private:
+  static constexpr size_t kScanned = 64;
   double range_min(size_t row_begin, size_t a, size_t b) const;  // inclusive
   const std::vector<double>* values_ = nullptr;
   size_t n_ = 0;

@@ -364,6 +364,30 @@ TEST(AStageDp, BuiltWhereNeededAnswersEachNarrowerRecomputationAsItsOwnDpWould) 
   EXPECT_GT(differed_from_host, 0);  // the narrower answers are not just the host's own
 }
 
+TEST(AFirstAtMost, FindsTheFirstIndexFromLoAtOrBelowTheLimitAsAScanDoesOnShortAndLongRows) {
+  std::mt19937 rng(5);
+  int found = 0, none = 0;
+  for (size_t row_length : {1, 2, 7, 64, 65, 130, 300}) {
+    const size_t rows = 3;
+    std::vector<double> values(rows * row_length);
+    for (double& v : values) v = std::uniform_int_distribution<int>(0, 50)(rng);  // ties and repeats
+    values[row_length / 2] = std::numeric_limits<double>::infinity();
+    const FirstAtMost first(&values, row_length);
+    for (size_t row = 0; row < rows; ++row)
+      for (size_t lo = 0; lo <= row_length; ++lo)
+        for (double limit : {-1.0, 0.0, 3.0, 10.0, 25.0, 50.0}) {
+          int expected = -1;
+          for (size_t i = lo; i < row_length && expected < 0; ++i)
+            if (values[row * row_length + i] <= limit) expected = static_cast<int>(i);
+          ASSERT_EQ(first.find(row * row_length, lo, limit), expected)
+              << "length " << row_length << " row " << row << " lo " << lo << " limit " << limit;
+          ++(expected < 0 ? none : found);
+        }
+  }
+  EXPECT_GT(found, 1000);
+  EXPECT_GT(none, 100);
+}
+
 TEST(AStageDp, UsesReplicaCountsThatAreNotPowersOfTwo) {
   std::mt19937 rng(3);
   const Cluster cluster = testing::test_cluster(12, 8, 1'000'000'000'000);

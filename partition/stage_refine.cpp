@@ -138,7 +138,8 @@ class ComponentRuns {
       std::erase_if(live_params, [&](uint32_t p) { return params_[p].readers.back() < c; });
       if (positions[next] != c) continue;
       ++next;
-      if (cuts_.count(c)) continue;
+      if (cut_at_.empty()) cut_at_.assign(n_ + 1, -1);
+      if (cut_at_[c] >= 0) continue;
       Cut cut;
       for (uint32_t t : live_transfers) {
         const Transfer& tr = transfers_[t];
@@ -162,7 +163,8 @@ class ComponentRuns {
       sorted_sums(cut.in_by_first_read, false);
       sorted_sums(cut.out_by_producer, true);
       sorted_sums(cut.params_by_first_read, false);
-      cuts_.emplace(c, std::move(cut));
+      cut_at_[c] = static_cast<int32_t>(cuts_.size());
+      cuts_.push_back(std::move(cut));
     }
   }
 
@@ -174,8 +176,8 @@ class ComponentRuns {
     r.backward_weight = {bwd_weight_[j].fixed_s - bwd_weight_[i].fixed_s,
                          bwd_weight_[j].per_sample_s - bwd_weight_[i].per_sample_s};
     r.saved_per_sample = saved_ps_[j] - saved_ps_[i];
-    const Cut& at_start = cuts_.at(i);
-    const Cut& at_end = cuts_.at(j);
+    const Cut& at_start = prepared(i);
+    const Cut& at_end = prepared(j);
     // Received: live across i, first read before j. Sent: live across j, made at or after i.
     r.in_per_sample = sum_below(at_start.in_by_first_read, static_cast<uint32_t>(j));
     r.out_per_sample = 0;
@@ -228,7 +230,12 @@ class ComponentRuns {
   std::vector<int64_t> first_read_bytes_;  // prefix: weights whose first reader is before c
   std::vector<std::vector<double>> ws_ps_, ws_fixed_;  // sparse tables of range maxima
   std::vector<std::vector<int64_t>> task_params_;      // the same, of the largest task's weights (ZeRO-3)
-  std::map<size_t, Cut> cuts_;
+  const Cut& prepared(size_t c) const {
+    APART_CHECK(c < cut_at_.size() && cut_at_[c] >= 0, "ComponentRuns: a range at an unprepared cut");
+    return cuts_[static_cast<size_t>(cut_at_[c])];
+  }
+  std::vector<Cut> cuts_;        // in the order prepared
+  std::vector<int32_t> cut_at_;  // per position 0..n: its index in cuts_, or -1 (empty until the first prepare)
   TpPrefix tp_;  // the components' tensor-parallel shares and refused degrees
 };
 

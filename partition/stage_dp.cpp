@@ -608,49 +608,61 @@ void StageDp::spend_leftover_devices(StageSolution& solution, StageRecompute rec
 
 void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) const {
   if (candidates_.size() < 2) return;
-  // Only the changed stage is re-evaluated; the estimate is recomputed from the cached stage costs.
+  // Only the changed stage is re-evaluated; the estimate is recomputed from the cached stage costs. A stage's trial
+  // (its next replica candidate, the first variant that fits there) depends on that stage alone, so it is kept
+  // until the stage changes.
+  struct Trial {
+    bool known = false, fits = false;
+    int replicas = 0;
+    StageVariant variant;
+    StageCost cost;
+  };
+  std::vector<Trial> trials(static_cast<size_t>(solution.stages));
   std::vector<StageCost> trial_costs = solution.costs;
   for (;;) {
     const int used = solution.devices_used();
     double best_time = solution.estimate.iteration_s;
-    int best_stage = -1, best_replicas = 0;
-    StageVariant best_variant;
-    StageCost best_cost;
+    int best_stage = -1;
     for (int s = 0; s < solution.stages; ++s) {
       const int tp = solution.tp_of(s);
       auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
       if (it == candidates_.end() || used + (*it - solution.replicas[s]) * tp > devices_) continue;
-      // Per stage (where needed, --zero auto): the first variant in the DP's order, at the stage's tensor-parallel
-      // degree, that now fits; else the solution's own.
-      StageVariant variant = variants_[static_cast<size_t>(std::countr_zero(view.active))].variant;
-      StageCost c;
-      for (size_t v = 0; v < variants_.size(); ++v) {
-        const VariantTable& table = variants_[v];
-        if (!view.has(v) || table.variant.tp != tp) continue;
-        variant = table.variant;
-        c = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
-                                in_flight(s, solution.stages), variant.recompute, nullptr, variant.zero, tp);
-        if (c.memory_bytes <= memory_limit_) break;
+      Trial& trial = trials[static_cast<size_t>(s)];
+      if (!trial.known) {
+        // Per stage (where needed, --zero auto): the first variant in the DP's order, at the stage's
+        // tensor-parallel degree, that now fits.
+        trial = Trial{.known = true, .replicas = *it};
+        for (size_t v = 0; v < variants_.size(); ++v) {
+          const VariantTable& table = variants_[v];
+          if (!view.has(v) || table.variant.tp != tp) continue;
+          trial.variant = table.variant;
+          trial.cost = evaluator_.evaluate(solution.boundaries[s], solution.boundaries[s + 1], *it, microbatches_,
+                                           in_flight(s, solution.stages), trial.variant.recompute, nullptr,
+                                           trial.variant.zero, tp);
+          if (trial.cost.memory_bytes <= memory_limit_) {
+            trial.fits = true;
+            break;
+          }
+        }
       }
-      if (c.memory_bytes > memory_limit_) continue;
-      trial_costs[s] = c;
+      if (!trial.fits) continue;
+      trial_costs[s] = trial.cost;
       const double t = estimate_iteration_time(trial_costs, microbatches_, schedule_, chunks_).iteration_s;
       trial_costs[s] = solution.costs[s];
       // Strictly better by a margin, so float noise cannot make the choice depend on evaluation order.
       if (t < best_time * (1 - 1e-12)) {
         best_time = t;
         best_stage = s;
-        best_replicas = *it;
-        best_cost = c;
-        best_variant = variant;
       }
     }
     if (best_stage < 0) break;
-    solution.replicas[best_stage] = best_replicas;
-    if (view.where_needed) solution.stage_recompute[best_stage] = best_variant.recompute;
-    if (zero_.automatic) solution.stage_zero[best_stage] = best_variant.zero;
-    solution.costs[best_stage] = best_cost;
-    trial_costs[best_stage] = best_cost;
+    Trial& best = trials[static_cast<size_t>(best_stage)];
+    solution.replicas[best_stage] = best.replicas;
+    if (view.where_needed) solution.stage_recompute[best_stage] = best.variant.recompute;
+    if (zero_.automatic) solution.stage_zero[best_stage] = best.variant.zero;
+    solution.costs[best_stage] = best.cost;
+    trial_costs[best_stage] = best.cost;
+    best.known = false;
     solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_, chunks_);
   }
   evaluate_solution(evaluator_, solution);

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "graph/error.h"
 #include "graph/text.h"
@@ -51,10 +53,20 @@ fs::path resolve_location(const fs::path& base_dir, const std::string& tensor, c
 
 ExternalData external_data(const onnx::TensorProto& tensor, const fs::path& base_dir) {
   ExternalData data;
+  // The keys ONNX defines (onnx.proto, TensorProto.external_data), each at most once; "checksum" (a SHA-1 of the
+  // bytes) is accepted and not checked.
+  std::vector<std::string> seen;
   for (const auto& kv : tensor.external_data()) {
+    if (std::find(seen.begin(), seen.end(), kv.key()) != seen.end())
+      throw InvalidModel("initializer " + quote(tensor.name()) + " has external_data key " + quote(kv.key()) +
+                         " twice; each of location, offset, length, checksum may appear once");
+    seen.push_back(kv.key());
     if (kv.key() == "location") data.location = kv.value();
     else if (kv.key() == "offset") data.offset = parse_count(tensor.name(), kv.key(), kv.value());
     else if (kv.key() == "length") data.length = parse_count(tensor.name(), kv.key(), kv.value());
+    else if (kv.key() != "checksum")
+      throw InvalidModel("initializer " + quote(tensor.name()) + " has an unknown external_data key " +
+                         quote(kv.key()) + "; ONNX defines location, offset, length and checksum");
   }
   if (data.location.empty())
     throw InvalidModel("initializer " + quote(tensor.name()) + " is marked as external data but has no 'location' entry");
@@ -69,6 +81,13 @@ bool external_file_exists(const ExternalData& data, const std::string& tensor) {
   if (!fs::is_regular_file(status))
     throw InvalidModel("initializer " + quote(tensor) + ": external-data location " + quote(data.location) +
                        " is not a regular file (a FIFO, device or directory); weights must be in a plain file");
+  // A hard link inside the folder may be the same file as one outside it, which no path check can see (ONNX
+  // refuses them since 1.17 for that reason, CVE-2024-27318's family).
+  const auto links = fs::hard_link_count(data.file, ec);
+  if (!ec && links > 1)
+    throw InvalidModel("initializer " + quote(tensor) + ": external-data file " + quote(data.location) + " has " +
+                       std::to_string(links) + " hard links, so it may be a file outside the model's folder; "
+                       "copy it (cp, not cp -l / ln) next to the model");
   return true;
 }
 

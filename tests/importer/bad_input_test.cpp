@@ -229,6 +229,48 @@ TEST(TheImporter, RejectsAnExternalDataLocationThatEscapesThroughASymlink) {
   EXPECT_NE(msg.find("outside"), std::string::npos) << msg;
 }
 
+TEST(TheImporter, RejectsAnExternalDataFileWithASecondHardLink) {
+  TempDir dir, outside;
+  { std::ofstream(outside / "w.bin") << std::string(8, '\0'); }
+  std::filesystem::create_hard_link(outside / "w.bin", dir / "w.bin");
+  OnnxBuilder b;
+  b.input("x", {2}).output("y");
+  b.external_weight("w", {2}, "w.bin");
+  b.node("Add", {"x", "w"}, {"y"});
+  b.save(dir / "m.onnx");
+  auto msg = error_of<InvalidModel>([&] { import_model(dir / "m.onnx"); });
+  EXPECT_NE(msg.find("hard links"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'w'"), std::string::npos) << msg;
+  // The same bytes in a plain copy import.
+  std::filesystem::remove(dir / "w.bin");
+  std::filesystem::copy_file(outside / "w.bin", dir / "w.bin");
+  EXPECT_NO_THROW(import_model(dir / "m.onnx"));
+}
+
+TEST(TheImporter, RejectsAnUnknownOrRepeatedExternalDataKeyAndAcceptsAChecksum) {
+  auto with_key = [](const std::string& key, const std::string& value) {
+    OnnxBuilder b;
+    b.input("x", {2}).output("y");
+    b.external_weight("w", {2}, "w.bin");
+    auto* kv = b.graph().mutable_initializer(0)->add_external_data();
+    kv->set_key(key);
+    kv->set_value(value);
+    b.node("Add", {"x", "w"}, {"y"});
+    return b;
+  };
+  OnnxBuilder unknown = with_key("basepath", "/etc");
+  std::string msg = import_error(unknown);
+  EXPECT_NE(msg.find("unknown external_data key 'basepath'"), std::string::npos) << msg;
+  OnnxBuilder repeated = with_key("location", "other.bin");
+  msg = import_error(repeated);
+  EXPECT_NE(msg.find("'location' twice"), std::string::npos) << msg;
+  // checksum is ONNX's own key: the model imports (its weights file is absent, so it is shapes only).
+  TempDir dir;
+  OnnxBuilder checksum = with_key("checksum", "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+  checksum.save(dir / "m.onnx");
+  EXPECT_NO_THROW(import_model(dir / "m.onnx"));
+}
+
 TEST(TheImporter, RejectsAnOpsetNewerThanOnnx112Knows) {
   OnnxBuilder b(18);
   b.input("x", {2}).output("y");

@@ -225,7 +225,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     }
   }
   const size_t cands = candidates_.size();
-  entries_ = (fixed_split ? k_ : (k_ + 1) * (k_ + 1)) * cands;
+  entries_ = (fixed_split ? k_ : k_ * (k_ + 1) / 2) * cands;
   APART_CHECK(!options.tp_degrees.empty() && std::is_sorted(options.tp_degrees.begin(), options.tp_degrees.end()),
               "tensor-parallel degrees");
   tp_degrees_ = options.tp_degrees;

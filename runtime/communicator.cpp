@@ -37,12 +37,14 @@ struct ChannelKey {
   auto operator<=>(const ChannelKey&) const = default;
 };
 
-enum class CollectiveKind { kAllreduceFloat, kAllreduceDouble, kBarrier, kSplit };
+enum class CollectiveKind { kAllreduceFloat, kAllreduceDouble, kReduceScatterFloat, kAllgatherFloat, kBarrier, kSplit };
 
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::kAllreduceFloat: return "allreduce_sum(float)";
     case CollectiveKind::kAllreduceDouble: return "allreduce_sum(double)";
+    case CollectiveKind::kReduceScatterFloat: return "reduce_scatter_sum(float)";
+    case CollectiveKind::kAllgatherFloat: return "allgather(float)";
     case CollectiveKind::kBarrier: return "barrier";
     case CollectiveKind::kSplit: return "split";
   }
@@ -68,7 +70,7 @@ struct Collective {
   int arrived_count = 0;
   int released = 0;  // requests destroyed; the entry goes when every rank's is
   std::string error;
-  std::vector<std::byte> sum;       // allreduce result
+  std::vector<std::byte> sum;       // allreduce, reduce-scatter (every shard) and all-gather result
   std::vector<SplitPlace> places;   // split result, by rank
 };
 
@@ -197,10 +199,11 @@ class RecvRequest final : public CommRequest {
 // (destroyed while an exception unwinds) leaves no writer behind.
 class CollectiveRequest final : public CommRequest {
  public:
+  // On completion `result` receives the collective's result from byte `result_offset` on.
   CollectiveRequest(std::shared_ptr<Transport> transport, std::pair<int, uint64_t> key, int rank, int size,
-                    std::span<std::byte> result, std::string what)
+                    std::span<std::byte> result, size_t result_offset, std::string what)
       : transport_(std::move(transport)), key_(key), rank_(rank), size_(size), result_(result),
-        what_(std::move(what)) {}
+        result_offset_(result_offset), what_(std::move(what)) {}
 
   ~CollectiveRequest() override {
     try {
@@ -256,7 +259,7 @@ class CollectiveRequest final : public CommRequest {
       failure_ = c.error;
       throw CommError(failure_);
     }
-    if (!result_.empty()) std::memcpy(result_.data(), c.sum.data(), result_.size());
+    if (!result_.empty()) std::memcpy(result_.data(), c.sum.data() + result_offset_, result_.size());
     finished_ = true;
   }
 
@@ -264,6 +267,7 @@ class CollectiveRequest final : public CommRequest {
   std::pair<int, uint64_t> key_;
   int rank_, size_;
   std::span<std::byte> result_;
+  size_t result_offset_;
   std::string what_;
   bool finished_ = false;
   std::string failure_;
@@ -330,6 +334,16 @@ class InProcessCommunicator final : public Communicator {
   Pending allreduce_sum(std::span<double> data) override {
     return post_collective(CollectiveKind::kAllreduceDouble, std::as_writable_bytes(data), data.size(), {});
   }
+  // Every rank contributes all of `data`; the sum (in rank order, as allreduce_sum's) lands in this rank's shard.
+  Pending reduce_scatter_sum(std::span<float> data) override {
+    const size_t n = shard_length("reduce_scatter_sum", data.size());
+    return post_collective(CollectiveKind::kReduceScatterFloat, std::as_writable_bytes(data), data.size(), {},
+                           std::as_writable_bytes(data.subspan(static_cast<size_t>(rank_) * n, n)));
+  }
+  Pending allgather(std::span<float> data) override {
+    shard_length("allgather", data.size());
+    return post_collective(CollectiveKind::kAllgatherFloat, std::as_writable_bytes(data), data.size(), {});
+  }
 
   void barrier() override { post_collective(CollectiveKind::kBarrier, {}, 0, {})->wait(); }
 
@@ -366,7 +380,9 @@ class InProcessCommunicator final : public Communicator {
   }
 
   // Contributes this rank's part of the next collective call; the last rank to arrive computes the result.
-  Pending post_collective(CollectiveKind kind, std::span<std::byte> data, size_t count, std::pair<int, int> color_key) {
+  // `result`: where the result goes (empty: over `data`), a part of `data` at the same offset in the result.
+  Pending post_collective(CollectiveKind kind, std::span<std::byte> data, size_t count, std::pair<int, int> color_key,
+                          std::span<std::byte> result = {}) {
     const uint64_t sequence = next_collective_++;
     const std::string what = who() + ": " + collective_name(kind) + " #" + std::to_string(sequence) +
                              (count > 0 ? " of " + std::to_string(count) + " elements" : "");
@@ -393,12 +409,21 @@ class InProcessCommunicator final : public Communicator {
     c.color_key[rank_] = color_key;
     if (c.arrived_count == size() && c.error.empty()) complete(c);
     transport_->changed.notify_all();
-    return std::make_unique<CollectiveRequest>(transport_, key, rank_, size(), data, what);
+    if (result.empty()) result = data;
+    const auto offset = static_cast<size_t>(result.data() - data.data());
+    return std::make_unique<CollectiveRequest>(transport_, key, rank_, size(), result, offset, what);
   }
 
   void complete(Collective& c) {  // under the lock, once every rank has arrived
     if (c.kind == CollectiveKind::kAllreduceFloat) sum_in_rank_order<float>(c.contributions, c.count, c.sum);
     if (c.kind == CollectiveKind::kAllreduceDouble) sum_in_rank_order<double>(c.contributions, c.count, c.sum);
+    if (c.kind == CollectiveKind::kReduceScatterFloat) sum_in_rank_order<float>(c.contributions, c.count, c.sum);
+    if (c.kind == CollectiveKind::kAllgatherFloat) {  // shard r from rank r
+      c.sum.resize(c.count * sizeof(float));
+      const size_t shard = c.sum.size() / static_cast<size_t>(size());
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(c.sum.data() + r * shard, c.contributions[static_cast<size_t>(r)].data() + r * shard, shard);
+    }
     c.contributions.clear();
     if (c.kind != CollectiveKind::kSplit) return;
     // MPI_Comm_split: colors in ascending order get ids in that order; members ordered by (key, old rank).
@@ -431,6 +456,27 @@ void Communicator::check_peer_and_tag(const char* operation, int peer, int tag) 
   if (tag < 0 || tag > kMaxTag)
     throw InvalidArgument(std::string(operation) + " rank " + std::to_string(peer) + ": tag " + std::to_string(tag) +
                           " is outside [0, " + std::to_string(kMaxTag) + "]");
+}
+
+size_t Communicator::shard_length(const char* operation, size_t elements) const {
+  const auto ranks = static_cast<size_t>(size());
+  if (elements % ranks != 0)
+    throw InvalidArgument(std::string(operation) + " of " + std::to_string(elements) + " elements over " +
+                          std::to_string(ranks) + " ranks: the count must be a multiple of the rank count (pad it)");
+  return elements / ranks;
+}
+
+Pending Communicator::reduce_scatter_sum(std::span<float> data) {
+  shard_length("reduce_scatter_sum", data.size());
+  return allreduce_sum(data);
+}
+
+Pending Communicator::allgather(std::span<float> data) {
+  const size_t n = shard_length("allgather", data.size());
+  const size_t mine = static_cast<size_t>(rank()) * n;
+  std::fill(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(mine), 0.0f);
+  std::fill(data.begin() + static_cast<std::ptrdiff_t>(mine + n), data.end(), 0.0f);
+  return allreduce_sum(data);
 }
 
 std::vector<std::unique_ptr<Communicator>> make_in_process_communicators(int size, const CommOptions& options) {

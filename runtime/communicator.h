@@ -54,6 +54,15 @@ class Communicator {
   // of a communicator in the same order with the same sizes. The result is bitwise the same on every rank.
   virtual Pending allreduce_sum(std::span<float> data) = 0;
   virtual Pending allreduce_sum(std::span<double> data) = 0;
+  // ZeRO's two halves of an all-reduce, in place over `data` cut into size() equal shards (data.size() a multiple of
+  // size(); InvalidArgument otherwise), shard r at [r·n/size, (r+1)·n/size):
+  //   reduce_scatter_sum: this rank's shard becomes the sum of every rank's shard r; the other shards are left
+  //                       unspecified (overwritten);
+  //   allgather:          every rank's shard r becomes rank r's shard r (each contributes its own).
+  // The result is bitwise what allreduce_sum gives for the same shard. The defaults run one allreduce_sum (the
+  // all-gather over zeroed other shards); the in-process and MPI transports override them with the real collectives.
+  virtual Pending reduce_scatter_sum(std::span<float> data);
+  virtual Pending allgather(std::span<float> data);
   virtual void barrier() = 0;
 
   // Collective over this communicator (MPI_Comm_split): ranks passing the same `color` form a new communicator,
@@ -68,6 +77,8 @@ class Communicator {
  protected:
   // InvalidArgument unless `peer` is a rank of this communicator and `tag` is in [0, kMaxTag] (both transports).
   void check_peer_and_tag(const char* operation, int peer, int tag) const;
+  // InvalidArgument unless `elements` is a multiple of size(); returns the shard's length.
+  size_t shard_length(const char* operation, size_t elements) const;
 };
 
 // `size` communicators over one shared in-process transport, one per rank (run each on its own thread).

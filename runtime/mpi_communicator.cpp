@@ -5,9 +5,13 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "graph/units.h"
 
@@ -87,9 +91,11 @@ enum class OperationKind { kSend, kRecv, kCollective };
 
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(MPI_Request request, OperationKind kind, size_t expected_bytes, std::string what, double timeout_s)
+  // `on_complete` runs once the operation has completed (a collective's copy out of its staging buffer).
+  MpiRequest(MPI_Request request, OperationKind kind, size_t expected_bytes, std::string what, double timeout_s,
+             std::function<void()> on_complete = {})
       : request_(request), kind_(kind), expected_bytes_(expected_bytes), what_(std::move(what)),
-        timeout_s_(timeout_s) {}
+        timeout_s_(timeout_s), on_complete_(std::move(on_complete)) {}
 
   ~MpiRequest() override {
     if (done_) return;
@@ -147,6 +153,7 @@ class MpiRequest final : public CommRequest {
         throw CommError(what_ + ": the message has " + std::to_string(received) + " bytes, the receive expects " +
                         std::to_string(expected_bytes_));
     }
+    if (on_complete_) on_complete_();
     return true;
   }
 
@@ -162,6 +169,7 @@ class MpiRequest final : public CommRequest {
   size_t expected_bytes_;
   std::string what_;
   double timeout_s_;
+  std::function<void()> on_complete_;
   bool done_ = false;
 };
 
@@ -207,6 +215,31 @@ class MpiCommunicator final : public Communicator {
   // same bits; tests/runtime/mpi_communicator_check.cpp checks it on every rank.
   Pending allreduce_sum(std::span<float> data) override { return allreduce(data.data(), data.size(), MPI_FLOAT); }
   Pending allreduce_sum(std::span<double> data) override { return allreduce(data.data(), data.size(), MPI_DOUBLE); }
+
+  // MPI_Ireduce_scatter_block into a staging buffer (its send and receive buffers may not overlap), copied into
+  // this rank's shard on completion.
+  Pending reduce_scatter_sum(std::span<float> data) override {
+    const size_t n = shard_length("reduce_scatter_sum", data.size());
+    const std::string what = who() + ": reduce_scatter_sum of " + std::to_string(data.size()) + " elements";
+    auto staging = std::make_shared<std::vector<float>>(n);
+    MPI_Request request;
+    check_mpi(MPI_Ireduce_scatter_block(data.data(), staging->data(), mpi_count(n, what), MPI_FLOAT, MPI_SUM, comm_,
+                                        &request),
+              what + ": MPI_Ireduce_scatter_block");
+    std::span<float> mine = data.subspan(static_cast<size_t>(rank_) * n, n);
+    return std::make_unique<MpiRequest>(request, OperationKind::kCollective, 0, what, options_.timeout_s,
+                                        [staging, mine] { std::copy(staging->begin(), staging->end(), mine.begin()); });
+  }
+
+  Pending allgather(std::span<float> data) override {
+    const size_t n = shard_length("allgather", data.size());
+    const std::string what = who() + ": allgather of " + std::to_string(data.size()) + " elements";
+    MPI_Request request;
+    check_mpi(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), mpi_count(n, what), MPI_FLOAT, comm_,
+                             &request),
+              what + ": MPI_Iallgather");
+    return std::make_unique<MpiRequest>(request, OperationKind::kCollective, 0, what, options_.timeout_s);
+  }
 
   void barrier() override {
     const std::string what = who() + ": barrier";

@@ -227,6 +227,79 @@ TEST(AnAllreduceOverSplitGroups, GivesTheSameBitsWhenRunTwice) {
     EXPECT_EQ(std::memcmp(first[r].data(), second[r].data(), kCount * sizeof(float)), 0) << "rank " << r;
 }
 
+// A transport with only the required collectives: Communicator's default reduce_scatter_sum and allgather.
+class AllreduceOnly final : public Communicator {
+ public:
+  explicit AllreduceOnly(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Pending send(std::span<const std::byte> d, int peer, int tag) override { return inner_.send(d, peer, tag); }
+  Pending recv(std::span<std::byte> d, int peer, int tag) override { return inner_.recv(d, peer, tag); }
+  Pending allreduce_sum(std::span<float> d) override { return inner_.allreduce_sum(d); }
+  Pending allreduce_sum(std::span<double> d) override { return inner_.allreduce_sum(d); }
+  void barrier() override { inner_.barrier(); }
+  std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
+  void abort(const std::string& reason, int code) override { inner_.abort(reason, code); }
+
+ private:
+  Communicator& inner_;
+};
+
+// ZeRO's pair over the split groups {0,2,4} and {1,3}: each member's reduce-scattered shard is the group's serial
+// sum of that shard bit for bit (the all-reduce's bits), and the all-gather hands every member every shard.
+void expect_reduce_scatter_and_allgather_over_split_groups(bool default_collectives) {
+  constexpr size_t kCount = 6006;  // a multiple of both group sizes
+  auto comms = make_in_process_communicators(5, {.timeout_s = 30});
+  std::vector<std::vector<float>> scattered(5), gathered(5);
+  std::vector<int> group_rank(5), group_size(5);
+  auto errors = run_ranks(comms, [&](Communicator& world) {
+    const int r = world.rank();
+    std::unique_ptr<Communicator> split = world.split(r % 2, r);
+    AllreduceOnly plain(*split);
+    Communicator& group = default_collectives ? static_cast<Communicator&>(plain) : *split;
+    group_rank[r] = group.rank();
+    group_size[r] = group.size();
+    scattered[r] = contribution<float>(r, kCount);
+    group.reduce_scatter_sum(std::span<float>(scattered[r]))->wait();
+    gathered[r] = contribution<float>(r + 100, kCount);
+    group.allgather(std::span<float>(gathered[r]))->wait();
+  });
+  expect_no_errors(errors);
+  for (const std::vector<int>& members : {std::vector<int>{0, 2, 4}, std::vector<int>{1, 3}}) {
+    const size_t shard = kCount / members.size();
+    std::vector<float> serial = contribution<float>(members[0], kCount);
+    for (size_t m = 1; m < members.size(); ++m) {
+      const std::vector<float> x = contribution<float>(members[m], kCount);
+      for (size_t i = 0; i < kCount; ++i) serial[i] += x[i];
+    }
+    for (int r : members) {
+      const size_t at = static_cast<size_t>(group_rank[r]) * shard;
+      EXPECT_EQ(std::memcmp(scattered[r].data() + at, serial.data() + at, shard * sizeof(float)), 0) << "rank " << r;
+      for (int owner : members) {
+        const size_t from = static_cast<size_t>(group_rank[owner]) * shard;
+        const std::vector<float> theirs = contribution<float>(owner + 100, kCount);
+        EXPECT_EQ(std::memcmp(gathered[r].data() + from, theirs.data() + from, shard * sizeof(float)), 0)
+            << "rank " << r << " holds another shard of rank " << owner;
+      }
+    }
+  }
+}
+
+TEST(AReduceScatterAndAnAllgather, GiveEachShardItsSumAndEveryRankEveryShardOverSplitGroups) {
+  expect_reduce_scatter_and_allgather_over_split_groups(false);
+}
+
+TEST(AReduceScatterAndAnAllgather, GiveTheSameResultThroughTheDefaultsAnyTransportInherits) {
+  expect_reduce_scatter_and_allgather_over_split_groups(true);
+}
+
+TEST(AReduceScatterOrAnAllgather, OfACountThatDoesNotShardEvenlyIsAnInvalidArgument) {
+  auto comms = make_in_process_communicators(2, {.timeout_s = 30});
+  std::vector<float> data(5, 1.0f);
+  EXPECT_THROW(comms[0]->reduce_scatter_sum(std::span<float>(data)), InvalidArgument);
+  EXPECT_THROW(comms[0]->allgather(std::span<float>(data)), InvalidArgument);
+}
+
 TEST(AnAllreduce, OverlapsWithPointToPointAndLaterCollectivesKeepTheirOrder) {
   auto comms = make_in_process_communicators(3, {.timeout_s = 30});
   std::vector<std::vector<float>> first(3), second(3);

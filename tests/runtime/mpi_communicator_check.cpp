@@ -1,6 +1,7 @@
 // Run under `mpirun -np 3`: the MPI Communicator passes the in-process one's checks (mpi_communicator_test.cpp runs it).
 // No arguments: every check, exit 0 when all pass. --exit-mid-run: rank 1 exits(3) while the others wait on it.
 // --abort: rank 2 calls abort() while the others wait on it.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -110,6 +111,34 @@ void check_allreduce(Communicator& world, const char* type) {
   world.barrier();
 }
 
+// ZeRO's pair over the same parity groups: the reduce-scattered shard is the serial sum of integer-valued
+// contributions, and the all-gather hands every member every member's shard.
+void check_reduce_scatter_and_allgather(Communicator& world) {
+  const int r = world.rank();
+  std::unique_ptr<Communicator> group = world.split(r % 2, r);
+  std::vector<int> members;
+  for (int p = r % 2; p < world.size(); p += 2) members.push_back(p);
+  const size_t shard = 25001, count = shard * members.size();
+  std::vector<float> data = contribution<float>(r, count, true);
+  group->reduce_scatter_sum(std::span<float>(data))->wait();
+  std::vector<float> serial(count, 0.0f);
+  for (int p : members) {
+    const std::vector<float> x = contribution<float>(p, count, true);
+    for (size_t i = 0; i < count; ++i) serial[i] += x[i];
+  }
+  const size_t at = static_cast<size_t>(group->rank()) * shard;
+  expect(std::equal(serial.begin() + at, serial.begin() + at + shard, data.begin() + at),
+         "reduce_scatter_sum: this rank's shard is not the serial sum");
+  std::vector<float> gathered = contribution<float>(r + 50, count, false);
+  group->allgather(std::span<float>(gathered))->wait();
+  for (size_t m = 0; m < members.size(); ++m) {
+    const std::vector<float> theirs = contribution<float>(members[m] + 50, count, false);
+    expect(std::memcmp(gathered.data() + m * shard, theirs.data() + m * shard, shard * sizeof(float)) == 0,
+           "allgather: shard " + std::to_string(m) + " is not its owner's");
+  }
+  world.barrier();
+}
+
 void check_errors(Communicator& world) {
   const int r = world.rank();
   std::unique_ptr<Communicator> quick = make_mpi_communicator({.timeout_s = 0.3});
@@ -160,6 +189,7 @@ int run_checks() {
   check_point_to_point(*world);
   check_allreduce<float>(*world, "float");
   check_allreduce<double>(*world, "double");
+  check_reduce_scatter_and_allgather(*world);
   check_errors(*world);
   world->barrier();
   const char* algorithm = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");

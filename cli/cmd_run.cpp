@@ -97,11 +97,15 @@ void report_step(const RunResult& r, int rank, const StepRecord& s) {
 
 void summary(const RunResult& r, int rank, const RunArgs& a) {
   std::printf("%s ran %lld steps of %s on %d ranks: loss %.4f -> %.4f, %s samples/s, %.2f s (+%.2f s setup); "
-              "this rank trains %s params (%lld tensors), arenas %s; data: %s\n",
+              "this rank trains %s params (%lld tensors), arenas %s, optimizer state %s, gradients %s%s; data: %s\n",
               prefix(r, rank).c_str(), static_cast<long long>(r.steps.size()), a.plan.c_str(), r.world,
               r.steps.front().loss, r.steps.back().loss, format_significant(r.samples_per_s).c_str(), r.seconds,
               r.setup_seconds, format_count(static_cast<double>(r.params)).c_str(), static_cast<long long>(r.param_tensors),
-              format_bytes(static_cast<double>(r.arena_bytes)).c_str(), r.data_description.c_str());
+              format_bytes(static_cast<double>(r.arena_bytes)).c_str(),
+              format_bytes(static_cast<double>(r.optimizer_state_bytes)).c_str(),
+              format_bytes(static_cast<double>(r.gradient_bytes)).c_str(),
+              r.zero > 0 ? (" (ZeRO-" + std::to_string(r.zero) + ": sharded over the stage's replicas)").c_str() : "",
+              r.data_description.c_str());
   if (!a.save_model.empty()) std::printf("trained model: %s\n", a.save_model.c_str());
   if (!a.trace.empty())
     std::printf("trace: %s (%s; open in https://ui.perfetto.dev, compare with apart simulate %s --compare %s)\n",

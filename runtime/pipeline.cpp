@@ -27,6 +27,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
 #include "runtime/run_trace.h"
+#include "runtime/zero_shards.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -303,11 +304,15 @@ struct Frame {
 
 // The gradients of a stage's params in all-reduce buckets (PyTorch DDP's 25 MB), in the order the backward
 // produces them, so a bucket starts reducing while the rest of the last backward runs.
+// Under ZeRO (stage.zero ≥ 1 with replicas) the buckets of params no other stage holds are `sharded`: padded to a
+// multiple of the replicas and reduce-scattered (runtime/zero_shards.h); tied params keep whole buckets.
 struct Bucket {
   std::vector<size_t> params;
   std::vector<float> flat;
   size_t ready = 0;
   Pending reduction;
+  bool sharded = false;
+  std::vector<float> shard_sum;  // ZeRO-2: this replica's shard, summed over the step's micro-batches
 };
 
 class StageRunner {
@@ -322,11 +327,16 @@ class StageRunner {
  private:
   void build();
   void build_communicators();
+  void build_buckets_and_optimizer();  // after the communicators: ZeRO shards only params no other stage holds
   void forward(int64_t k, const std::map<std::string, Tensor>& batch, int64_t step);
   void backward(int64_t k, int64_t step);
   size_t send(const Action& a);  // bytes sent
   size_t recv(const Action& a);  // bytes received
   void finish_allreduce();
+  // ZeRO-2: waits for bucket b's reduce-scatter of one micro-batch and adds this replica's shard into shard_sum.
+  void collect_shard(Bucket& b);
+  // ZeRO: every replica's updated shards back into every replica's params, a few buckets in flight at a time.
+  void allgather_params();
   StepRecord optimizer_step(int64_t step);
   void save_model();
   void save_checkpoint(int64_t step_done);
@@ -363,7 +373,18 @@ class StageRunner {
   std::map<std::string, size_t> grad_index_;  // gradient output name → param index
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
+  std::vector<std::pair<uint32_t, size_t>> production_order_;  // (producer position in the backward, param)
   std::unique_ptr<Communicator> replicas_;  // this stage's replicas (nullptr with one)
+  int zero_ = 0;  // the ZeRO stage the replicas run: stage.zero, 0 without replicas
+  // What the optimizer steps: every param whole without ZeRO; under ZeRO the pieces of the sharded buckets this
+  // replica owns (views of the params; gradients: views of grads_ for ZeRO-1, accumulators for ZeRO-2) and the
+  // tied params whole. Names are the params', "name[begin:end]" for a piece of one.
+  std::vector<std::string> step_names_;
+  std::vector<Tensor*> step_params_;
+  std::vector<Tensor*> step_grads_;
+  std::vector<bool> step_counts_in_norm_;
+  std::vector<ShardPiece> pieces_;
+  std::vector<Tensor> piece_params_, piece_grads_;
   // Params held by several stages (tied embeddings): one communicator per set of holding stages.
   struct Tie {
     std::vector<size_t> params;
@@ -490,30 +511,84 @@ void StageRunner::build() {
     produced.emplace_back(producer.valid() ? producer.value() : 0, i);
   }
   std::stable_sort(produced.begin(), produced.end());
-  bucket_of_.assign(params_.size(), 0);
-  double bucket_bytes = kAllreduceBucketBytes;
-  for (const auto& [position, i] : produced) {
-    if (bucket_bytes >= kAllreduceBucketBytes) {
-      buckets_.emplace_back();
-      bucket_bytes = 0;
-    }
-    buckets_.back().params.push_back(i);
-    bucket_of_[i] = buckets_.size() - 1;
-    bucket_bytes += static_cast<double>(params_[i]->bytes());
-  }
-  for (Bucket& b : buckets_) {
-    size_t n = 0;
-    for (size_t i : b.params) n += static_cast<size_t>(params_[i]->elements());
-    b.flat.resize(n);
-  }
+  production_order_ = std::move(produced);
 
   DataOptions data = options_.data;
   data.seed = options_.seed;
   data_ = make_data_source(data, classify_inputs(model_->graph));
   result_.data_description = data_->describe();
+}
+
+void StageRunner::build_buckets_and_optimizer() {
+  zero_ = replicas_ ? stage_.zero : 0;
+  std::vector<bool> tied(params_.size(), false);
+  for (const Tie& tie : ties_)
+    for (size_t i : tie.params) tied[i] = true;
+  // Buckets in the backward's production order; under ZeRO sharded and whole ones fill side by side.
+  bucket_of_.assign(params_.size(), 0);
+  std::optional<size_t> open[2];  // the bucket being filled: whole, sharded
+  std::vector<double> filled;
+  for (const auto& [position, i] : production_order_) {
+    const bool sharded = zero_ > 0 && !tied[i];
+    std::optional<size_t>& current = open[sharded ? 1 : 0];
+    if (!current || filled[*current] >= kAllreduceBucketBytes) {
+      current = buckets_.size();
+      buckets_.emplace_back().sharded = sharded;
+      filled.push_back(0);
+    }
+    buckets_[*current].params.push_back(i);
+    bucket_of_[i] = *current;
+    filled[*current] += static_cast<double>(params_[i]->bytes());
+  }
+  const int replicas = replicas_ ? replicas_->size() : 1;
+  for (Bucket& b : buckets_) {
+    int64_t n = 0;
+    for (size_t i : b.params) n += params_[i]->elements();
+    if (b.sharded) n = sharded_bucket_length(n, replicas);
+    if (zero_ < 2 || !b.sharded) b.flat.resize(static_cast<size_t>(n));  // ZeRO-2 allocates them while in use
+  }
+
+  if (zero_ == 0) {
+    step_names_ = param_names_;
+    step_params_ = params_;
+    for (Tensor& g : grads_) step_grads_.push_back(&g);
+    step_counts_in_norm_ = counts_in_norm_;
+  } else {
+    std::vector<std::vector<size_t>> bucket_params;
+    for (const Bucket& b : buckets_) bucket_params.push_back(b.sharded ? b.params : std::vector<size_t>{});
+    std::vector<int64_t> elements;
+    for (const Tensor* p : params_) elements.push_back(p->elements());
+    pieces_ = owned_pieces(bucket_params, elements, replicas, replicas_->rank());
+    for (const ShardPiece& piece : pieces_) {
+      const Tensor& p = *params_[piece.param];
+      piece_params_.push_back(p.flat_range(piece.begin, piece.end));
+      // ZeRO-2 keeps no whole gradient of a sharded param: its pieces accumulate their own.
+      piece_grads_.push_back(zero_ >= 2 ? backend_.empty(DType::kFloat32, {piece.end - piece.begin})
+                                        : grads_[piece.param].flat_range(piece.begin, piece.end));
+      const bool whole = piece.begin == 0 && piece.end == p.elements();
+      step_names_.push_back(whole ? param_names_[piece.param]
+                                  : param_names_[piece.param] + "[" + std::to_string(piece.begin) + ":" +
+                                        std::to_string(piece.end) + "]");
+      step_counts_in_norm_.push_back(true);  // only this stage holds it, and only this replica owns the piece
+    }
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      step_params_.push_back(&piece_params_[k]);
+      step_grads_.push_back(&piece_grads_[k]);
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!tied[i]) continue;
+      step_names_.push_back(param_names_[i]);
+      step_params_.push_back(params_[i]);
+      step_grads_.push_back(&grads_[i]);
+      step_counts_in_norm_.push_back(counts_in_norm_[i]);
+    }
+    if (zero_ >= 2)
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (!tied[i]) grads_[i] = Tensor();
+  }
   OptimizerOptions optimizer = options_.optimizer;
   if (options_.optimizer_from_plan) optimizer.kind = plan_.training.optimizer;
-  optimizer_ = std::make_unique<ParamOptimizer>(optimizer, param_names_, backend_);
+  optimizer_ = std::make_unique<ParamOptimizer>(optimizer, step_names_, backend_);
 }
 
 // Collective over the world, in the same order on every rank: the stage's replicas, then one communicator per
@@ -600,11 +675,34 @@ void StageRunner::backward(int64_t k, int64_t step) {
     auto it = grad_index_.find(name);
     if (it == grad_index_.end()) return;
     const size_t i = it->second;
+    Bucket& b = buckets_[bucket_of_[i]];
+    if (zero_ >= 2 && b.sharded) {  // ZeRO-2: each micro-batch's gradient goes straight into its bucket
+      if (b.ready == 0) {
+        if (b.reduction) collect_shard(b);  // the previous micro-batch's, before the buffer is refilled
+        int64_t n = 0;
+        for (size_t p : b.params) n += params_[p]->elements();
+        b.flat.assign(static_cast<size_t>(sharded_bucket_length(n, replicas_->size())), 0.0f);
+      }
+      size_t at = 0;
+      for (size_t p : b.params) {
+        if (p == i) break;
+        at += static_cast<size_t>(params_[p]->elements());
+      }
+      float* into = b.flat.data() + at;
+      backend_.copy_to_host(value.raw(), reinterpret_cast<std::byte*>(into), value.bytes());
+      if (weight != 1)
+        for (int64_t e = 0; e < value.elements(); ++e) into[e] *= static_cast<float>(weight);
+      if (++b.ready < b.params.size()) return;
+      b.ready = 0;
+      b.reduction = replicas_->reduce_scatter_sum(std::span<float>(b.flat));
+      for (Bucket& other : buckets_)
+        if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
+      return;
+    }
     if (first) backend_.copy(value, grads_[i]);  // accumulated on the backend, micro-batch by micro-batch
     else backend_.add_into(grads_[i], value);
     if (last && weight != 1) backend_.scale(grads_[i], static_cast<float>(weight));  // every micro-batch's alike
     if (!last || !replicas_) return;
-    Bucket& b = buckets_[bucket_of_[i]];
     if (++b.ready < b.params.size()) return;
     size_t at = 0;
     for (size_t p : b.params) {
@@ -612,7 +710,8 @@ void StageRunner::backward(int64_t k, int64_t step) {
       backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.flat.data() + at), grads_[p].bytes());
       at += static_cast<size_t>(grads_[p].elements());
     }
-    b.reduction = replicas_->allreduce_sum(std::span<float>(b.flat));
+    b.reduction = b.sharded ? replicas_->reduce_scatter_sum(std::span<float>(b.flat))  // ZeRO-1
+                            : replicas_->allreduce_sum(std::span<float>(b.flat));
     for (Bucket& other : buckets_)
       if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
   };
@@ -684,14 +783,76 @@ size_t StageRunner::recv(const Action& a) {
 void StageRunner::finish_allreduce() {
   for (Bucket& b : buckets_) {
     if (!b.reduction) continue;
+    if (zero_ >= 2 && b.sharded) {
+      collect_shard(b);
+      continue;
+    }
     b.reduction->wait();
     b.reduction.reset();
+    if (b.sharded) continue;  // ZeRO-1: the pieces are copied into grads_ below
     size_t at = 0;
     for (size_t p : b.params) {
       backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.flat.data() + at), grads_[p].raw(), grads_[p].bytes());
       at += static_cast<size_t>(grads_[p].elements());
     }
   }
+  // This replica's reduced shards into the gradients it steps (ZeRO-1: views of grads_; ZeRO-2: its accumulators).
+  const int64_t shard_start = replicas_ ? replicas_->rank() : 0;
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const ShardPiece& piece = pieces_[k];
+    Bucket& b = buckets_[piece.bucket];
+    const float* from = zero_ >= 2 ? b.shard_sum.data() + (piece.at - shard_start * static_cast<int64_t>(b.shard_sum.size()))
+                                   : b.flat.data() + piece.at;
+    backend_.copy_to_device(reinterpret_cast<const std::byte*>(from), piece_grads_[k].raw(), piece_grads_[k].bytes());
+  }
+}
+
+void StageRunner::collect_shard(Bucket& b) {
+  b.reduction->wait();
+  b.reduction.reset();
+  const size_t shard = b.flat.size() / static_cast<size_t>(replicas_->size());
+  const float* mine = b.flat.data() + shard * static_cast<size_t>(replicas_->rank());
+  if (b.shard_sum.empty()) {
+    b.shard_sum.assign(mine, mine + shard);
+  } else {
+    for (size_t e = 0; e < shard; ++e) b.shard_sum[e] += mine[e];
+  }
+  std::vector<float>().swap(b.flat);  // ZeRO-2 holds no whole gradient between micro-batches
+}
+
+void StageRunner::allgather_params() {
+  constexpr size_t kInFlight = 2;  // buckets gathering at once: their flat buffers are the transient memory
+  std::vector<size_t> gathering;
+  auto finish = [&](size_t index) {
+    Bucket& b = buckets_[index];
+    b.reduction->wait();
+    b.reduction.reset();
+    size_t at = 0;
+    for (size_t p : b.params) {
+      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.flat.data() + at), params_[p]->raw(), params_[p]->bytes());
+      at += static_cast<size_t>(params_[p]->elements());
+    }
+    if (zero_ >= 2) std::vector<float>().swap(b.flat);
+  };
+  size_t next_piece = 0;
+  for (size_t index = 0; index < buckets_.size(); ++index) {
+    Bucket& b = buckets_[index];
+    if (!b.sharded) continue;
+    if (gathering.size() == kInFlight) {
+      finish(gathering.front());
+      gathering.erase(gathering.begin());
+    }
+    int64_t n = 0;
+    for (size_t p : b.params) n += params_[p]->elements();
+    b.flat.resize(static_cast<size_t>(sharded_bucket_length(n, replicas_->size())));
+    for (; next_piece < pieces_.size() && pieces_[next_piece].bucket == index; ++next_piece)
+      backend_.copy_to_host(piece_params_[next_piece].raw(),
+                            reinterpret_cast<std::byte*>(b.flat.data() + pieces_[next_piece].at),
+                            piece_params_[next_piece].bytes());
+    b.reduction = replicas_->allgather(std::span<float>(b.flat));
+    gathering.push_back(index);
+  }
+  for (size_t index : gathering) finish(index);
 }
 
 StepRecord StageRunner::optimizer_step(int64_t step) {
@@ -699,7 +860,7 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   // share, so the whole batch's gradient is the sum over micro-batches and replicas over (m × its replicas).
   const double loss_replicas = plan_.stages[static_cast<size_t>(setup_.loss_stage)].replicas;
   const float scale = static_cast<float>(1.0 / (static_cast<double>(setup_.microbatches) * loss_replicas));
-  for (Tensor& g : grads_) backend_.scale(g, scale);
+  for (Tensor* g : step_grads_) backend_.scale(*g, scale);
   for (Tie& tie : ties_) {  // a tied param's gradient is the sum over the stages holding it (replica 0 of each)
     for (size_t i : tie.params) {
       std::vector<float> contribution(static_cast<size_t>(grads_[i].elements()), 0.0f);
@@ -711,8 +872,8 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   }
   // One world all-reduce: [Σ‖g‖², loss, then a not-finite flag per rank].
   std::vector<Tensor*> counted;
-  for (size_t i = 0; i < grads_.size(); ++i)
-    if (counts_in_norm_[i]) counted.push_back(&grads_[i]);
+  for (size_t i = 0; i < step_grads_.size(); ++i)
+    if (step_counts_in_norm_[i]) counted.push_back(step_grads_[i]);
   const double local_sq = grad_sum_of_squares(counted, backend_);
   std::vector<double> totals(2 + static_cast<size_t>(world_.size()), 0.0);
   totals[0] = local_sq;
@@ -734,9 +895,8 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   LrSchedule schedule = options_.schedule;
   schedule.total_steps = options_.steps;
   record.lr = schedule.lr_at(step, options_.optimizer.lr);
-  std::vector<Tensor*> grads;
-  for (Tensor& g : grads_) grads.push_back(&g);
-  record.grad_norm = optimizer_->step(params_, grads, record.lr, std::sqrt(totals[0]));
+  record.grad_norm = optimizer_->step(step_params_, step_grads_, record.lr, std::sqrt(totals[0]));
+  if (zero_ > 0) allgather_params();
   record.step = step + 1;
   record.loss = totals[1];
   return record;
@@ -857,13 +1017,19 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   const auto setup_start = Clock::now();
   build();
   build_communicators();
+  build_buckets_and_optimizer();
   const std::vector<Action> actions = rank_actions(plan_, world_.rank());
   result_.role = setup_.role;
   result_.world = world_.size();
   result_.reports = setup_.role.stage == setup_.loss_stage && setup_.role.replica == 0;
   int64_t first = 0;
   if (!options_.resume.empty()) first = restore();
-  optimizer_->prepare(params_);  // its state before step 1's copies fill the backend's pool
+  optimizer_->prepare(step_params_);  // its state before step 1's copies fill the backend's pool
+  result_.zero = zero_;
+  for (const auto& [name, t] : optimizer_->state()) result_.optimizer_state_bytes += t->bytes();
+  for (const Tensor& g : grads_) result_.gradient_bytes += g.bytes();
+  if (zero_ >= 2)
+    for (const Tensor& g : piece_grads_) result_.gradient_bytes += g.bytes();
   result_.first_step = first;
   result_.setup_seconds = seconds_since(setup_start);
 
@@ -878,7 +1044,10 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
     frames_.assign(static_cast<size_t>(setup_.microbatches), Frame{});
     losses_.clear();
     backwards_done_ = 0;
-    for (Bucket& b : buckets_) b.ready = 0;
+    for (Bucket& b : buckets_) {
+      b.ready = 0;
+      b.shard_sum.clear();
+    }
     StepRecord record;
     for (const Action& a : actions) {
       const double start_s = traced ? seconds_since(run_start) : 0;

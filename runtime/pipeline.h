@@ -54,6 +54,11 @@ struct RunResult {
   double setup_seconds = 0;        // reading the plan and the stage, autodiff, executors
   std::string data_description;
   int64_t arena_bytes = 0;         // the stage's forward + backward activation arenas
+  // What this rank keeps between steps besides its params: the optimizer state it steps (1/replicas of the
+  // stage's under ZeRO ≥ 1) and its gradient accumulators (whole, or 1/replicas of them under ZeRO-2).
+  int64_t optimizer_state_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int zero = 0;                    // the ZeRO stage this rank ran (the plan's, 0 for a stage without replicas)
   std::string backend;             // Backend::describe() of this rank's backend
   std::vector<std::string> fallback_ops;  // ops its executors run on the CPU kernel for want of a backend kernel
 };

@@ -152,6 +152,13 @@ Tensor Tensor::view(std::vector<int64_t> shape) const {
   return t;
 }
 
+Tensor Tensor::flat_range(int64_t begin, int64_t end) const {
+  APART_CHECK(0 <= begin && begin <= end && end <= elements_,
+              "flat_range [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " + shape_string(shape_));
+  const std::shared_ptr<std::byte> at(data_, data_.get() + begin * dtype_size(dtype_));  // shares the owner
+  return over(dtype_, {end - begin}, at, host_);
+}
+
 Tensor Tensor::clone() const {
   APART_CHECK(host_, "clone of a device tensor: copy it with Backend::to_host");
   Tensor t(dtype_, shape_);

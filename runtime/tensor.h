@@ -45,6 +45,8 @@ class Tensor {
 
   // Same bytes, another shape with as many elements (no copy).
   Tensor view(std::vector<int64_t> shape) const;
+  // Elements [begin, end) in row-major order as a 1-D tensor over the same bytes (no copy; host or device alike).
+  Tensor flat_range(int64_t begin, int64_t end) const;
   // A deep copy with its own (host) storage; Internal for a device tensor (Backend::to_host copies those).
   Tensor clone() const;
   // Integer contents widened to int64 (int8…int64, uint8…uint64, bool); throws for other dtypes.

@@ -44,6 +44,7 @@ struct Shape {
   int64_t microbatches = 1;
   Schedule schedule = Schedule::k1F1B;
   std::vector<bool> recompute;  // by stage; empty: none
+  int zero = 0;                 // the ZeRO stage of every stage with replicas
 };
 
 inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t batch, const fs::path& dir) {
@@ -67,6 +68,7 @@ inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t 
     for (int j = 0; j < stage.replicas; ++j) stage.devices.push_back(device++);
     stage.microbatch_size = (microbatch + stage.replicas - 1) / stage.replicas;  // the planner's ⌈n / r⌉
     stage.recompute = !shape.recompute.empty() && shape.recompute[s];
+    stage.zero = stage.replicas > 1 ? shape.zero : 0;
     if (stage.recompute) stage.backward_s = std::max(stage.backward_s, 2 * stage.forward_s);
   }
   plan.cluster.devices = total;
@@ -90,12 +92,13 @@ struct Outcome {
   std::vector<RunResult> ranks;
 };
 
-inline Outcome train_reference(const std::string& model, int64_t batch, int64_t steps, const fs::path& dir, double lr = 0.05) {
+inline Outcome train_reference(const std::string& model, int64_t batch, int64_t steps, const fs::path& dir, double lr = 0.05,
+                               Optimizer optimizer = Optimizer::kSgd) {
   TrainOptions o;
   o.model = model;
   o.batch = batch;
   o.steps = steps;
-  o.optimizer.kind = Optimizer::kSgd;
+  o.optimizer.kind = optimizer;
   o.optimizer.lr = lr;
   o.seed = 3;
   o.save_model = (dir / "reference.onnx").string();

@@ -90,6 +90,22 @@ TEST(ATensor, ViewsShareStorage) {
   EXPECT_EQ(t.clone().data<int32_t>()[3], 9);
 }
 
+TEST(ATensor, FlatRangeIsAOneDimensionalViewOfItsElementsThatOutlivesTheTensor) {
+  Tensor range;
+  {
+    Tensor t(DType::kFloat32, {3, 4});
+    for (int i = 0; i < 12; ++i) t.data<float>()[i] = static_cast<float>(i);
+    range = t.flat_range(5, 9);
+    range.data<float>()[0] = -1;
+    EXPECT_EQ(t.data<float>()[5], -1);
+    EXPECT_EQ(t.flat_range(12, 12).elements(), 0);
+    EXPECT_THROW(t.flat_range(8, 13), Error);
+    EXPECT_THROW(t.flat_range(4, 3), Error);
+  }
+  EXPECT_EQ(range.shape(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(range.data<float>()[3], 8.0f);  // the storage lives on with the view
+}
+
 TEST(ATensor, RefusesStringDtypes) {
   onnx::TensorProto proto;
   proto.set_data_type(onnx::TensorProto::STRING);

@@ -1,0 +1,139 @@
+// apart run with ZeRO-1 and ZeRO-2 (a stage's replicas shard the optimizer state, and under ZeRO-2 the gradients,
+// runtime/zero_shards.h): against apart train on the whole batch, against the unsharded run bitwise (ZeRO-1, where
+// the in-process reduce-scatter adds in the all-reduce's order), checkpoints, the state each rank holds, mpirun.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <cstring>
+#include <filesystem>
+
+#include "graph/error.h"
+#include "plan/plan.h"
+#include "runtime/pipeline.h"
+#include "tests/runtime/pipeline_fixture.h"
+
+namespace apart {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace apart::testing;
+
+fs::path scratch(const std::string& name) { return testing::scratch("pipeline_zero_test", name); }
+
+bool bitwise_equal(const Weights& a, const Weights& b) {
+  if (a.by_name.size() != b.by_name.size()) return false;
+  for (const auto& [name, t] : a.by_name) {
+    auto it = b.by_name.find(name);
+    if (it == b.by_name.end() || it->second.bytes() != t.bytes() ||
+        std::memcmp(it->second.raw(), t.raw(), static_cast<size_t>(t.bytes())) != 0)
+      return false;
+  }
+  return true;
+}
+
+struct Case {
+  const char* name;
+  Shape shape;
+};
+
+class ZeroPlans : public ::testing::TestWithParam<Case> {};
+
+// SGD as train_reference runs it; AdamW below, where the sharded state matters.
+TEST_P(ZeroPlans, TrainAsOneProcessTrainsOnTheWholeBatch) {
+  const Case& c = GetParam();
+  const fs::path dir = scratch(c.name);
+  constexpr int64_t kBatch = 8, kSteps = 3;
+  const Outcome reference = train_reference(gpt_tiny(), kBatch, kSteps, dir);
+  const fs::path plan = make_plan(gpt_tiny(), c.shape, kBatch, dir / "plan");
+  const Outcome run = run_threads(plan, kSteps, dir);
+  expect_same_training(reference, run, read_weights(gpt_tiny()), c.name);
+  for (const RunResult& r : run.ranks)
+    EXPECT_EQ(r.zero, c.shape.replicas[static_cast<size_t>(r.role.stage)] > 1 ? c.shape.zero : 0) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ZeroPlans,
+    ::testing::Values(Case{"zero1_one_stage_two_replicas_m2", {{2}, 2, Schedule::k1F1B, {}, 1}},
+                      Case{"zero2_one_stage_two_replicas_m2", {{2}, 2, Schedule::k1F1B, {}, 2}},
+                      // Two stages of two replicas: the tied embedding stays whole (all-reduced), the rest sharded.
+                      Case{"zero1_two_stages_of_two_replicas_m2", {{2, 2}, 2, Schedule::k1F1B, {}, 1}},
+                      Case{"zero2_two_stages_of_two_replicas_m4", {{2, 2}, 4, Schedule::k1F1B, {}, 2}},
+                      // Three replicas: buckets padded to a multiple of 3, slices of 3, 3 and 2 samples.
+                      Case{"zero2_stages_of_three_and_two_uneven_replicas_m2", {{3, 2}, 2, Schedule::k1F1B, {}, 2}},
+                      Case{"zero1_gpipe_with_recompute_m2", {{2, 1}, 2, Schedule::kGPipe, {true, false}, 1}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+TEST(ZeroOne, TrainsWithAdamWBitwiseAsTheUnshardedRunAndHoldsHalfTheState) {
+  const fs::path dir = scratch("zero1_bitwise");
+  const fs::path plain = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::k1F1B, {}, 0}, 8, dir / "plain");
+  const fs::path sharded = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::k1F1B, {}, 1}, 8, dir / "sharded");
+  const Outcome a = run_threads(plain, 3, dir / "a", Optimizer::kAdamW, 1e-3);
+  const Outcome b = run_threads(sharded, 3, dir / "b", Optimizer::kAdamW, 1e-3);
+  ASSERT_EQ(b.losses.size(), 3u);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_TRUE(bitwise_equal(a.weights, b.weights));
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    // Half the state but for the tied embedding (whole on both replicas) and a bucket's padding.
+    EXPECT_LT(b.ranks[r].optimizer_state_bytes, a.ranks[r].optimizer_state_bytes * 3 / 4) << "rank " << r;
+    EXPECT_GE(b.ranks[r].optimizer_state_bytes, a.ranks[r].optimizer_state_bytes / 2 - 64) << "rank " << r;
+    EXPECT_EQ(b.ranks[r].gradient_bytes, a.ranks[r].gradient_bytes) << "ZeRO-1 keeps whole gradients";
+  }
+}
+
+TEST(ZeroTwo, TrainsWithAdamWAsTheUnshardedRunAndKeepsAShareOfTheGradients) {
+  const fs::path dir = scratch("zero2_adamw");
+  const Outcome reference = train_reference(gpt_tiny(), 8, 3, dir, 1e-3, Optimizer::kAdamW);
+  const fs::path plain = make_plan(gpt_tiny(), {{2}, 4, Schedule::k1F1B, {}, 0}, 8, dir / "plain");
+  const fs::path sharded = make_plan(gpt_tiny(), {{2}, 4, Schedule::k1F1B, {}, 2}, 8, dir / "sharded");
+  const Outcome a = run_threads(plain, 3, dir / "a", Optimizer::kAdamW, 1e-3);
+  const Outcome b = run_threads(sharded, 3, dir / "b", Optimizer::kAdamW, 1e-3);
+  expect_same_training(reference, b, read_weights(gpt_tiny()), "zero2 adamw");
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    const double whole = static_cast<double>(a.ranks[r].gradient_bytes);
+    EXPECT_NEAR(static_cast<double>(b.ranks[r].gradient_bytes), whole / 2, 64) << "rank " << r;
+    EXPECT_NEAR(static_cast<double>(b.ranks[r].optimizer_state_bytes), a.ranks[r].optimizer_state_bytes / 2.0, 64);
+  }
+}
+
+TEST(ZeroCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) {
+  const fs::path dir = scratch("zero_resume");
+  const fs::path plan = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::k1F1B, {}, 2}, 8, dir / "plan");
+  const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdam, 1e-3);
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  run_threads(plan, 2, dir / "first", Optimizer::kAdam, 1e-3, ck.string());
+  const Outcome rest = run_threads(plan, 4, dir / "rest", Optimizer::kAdam, 1e-3, "", ck.string());
+  ASSERT_EQ(rest.losses.size(), 2u);
+  ASSERT_EQ(straight.losses.size(), 4u);
+  EXPECT_EQ(rest.losses[1], straight.losses[3]);
+  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
+}
+
+TEST(ZeroThree, IsRefusedBeforeAnyWorkNamingTheStage) {
+  const fs::path dir = scratch("zero3");
+  const fs::path plan = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, 3}, 8, dir / "plan");
+  const auto r = testing::run_apart("run " + plan.string() + " --steps 1 --in-process");
+  EXPECT_EQ(r.code, 4) << r.out;
+  EXPECT_NE(r.out.find("stage 0 shards its params with ZeRO-3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--zero 2"), std::string::npos) << r.out;
+}
+
+TEST(ZeroUnderMpirun, GivesTheThreadsLossesWithMpisReduceScatterAndAllgather) {
+  if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = scratch("zero_mpi");
+  const fs::path plan = make_plan(gpt_tiny(), {{3}, 2, Schedule::k1F1B, {}, 2}, 8, dir / "plan");
+  const auto r = testing::run_command(
+      "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
+      "--oversubscribe -np 3 " + std::string(APART_BINARY) + " run " + plan.string() +
+      " --steps 3 --optimizer adamw --lr 1e-3 --seed 3 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const Outcome threads = run_threads(plan, 3, dir / "threads", Optimizer::kAdamW, 1e-3);
+  ASSERT_EQ(threads.losses.size(), 3u);
+  const size_t at = r.out.find("step=3 loss=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const double printed = std::stod(r.out.substr(at + 12, 12));  // printed to 6 decimals; MPI may add in another order
+  EXPECT_NEAR(printed, threads.losses[2], 2e-6 + 2e-5 * threads.losses[2]) << r.out;
+}
+
+}  // namespace
+}  // namespace apart

@@ -106,6 +106,11 @@ void summary(const RunResult& r, int rank, const RunArgs& a) {
               format_bytes(static_cast<double>(r.gradient_bytes)).c_str(),
               r.zero > 0 ? (" (ZeRO-" + std::to_string(r.zero) + ": sharded over the stage's replicas)").c_str() : "",
               r.data_description.c_str());
+  if (r.planned_memory_bytes > 0)
+    std::printf("%s peak tensor memory %s%s; the plan estimates %s for a device of stage %d\n", prefix(r, rank).c_str(),
+                format_bytes(static_cast<double>(r.peak_tensor_bytes)).c_str(),
+                a.in_process ? " (every in-process rank together)" : "",
+                format_bytes(static_cast<double>(r.planned_memory_bytes)).c_str(), r.role.stage);
   if (!a.save_model.empty()) std::printf("trained model: %s\n", a.save_model.c_str());
   if (!a.trace.empty())
     std::printf("trace: %s (%s; open in https://ui.perfetto.dev, compare with apart simulate %s --compare %s)\n",

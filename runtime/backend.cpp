@@ -89,7 +89,11 @@ class CpuBackend final : public Backend {
     APART_CHECK(bytes >= 0, "allocate of a negative size");
     auto* block = static_cast<std::byte*>(std::aligned_alloc(kAlign, (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign + kAlign));
     if (!block) throw Infeasible("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
-    return std::shared_ptr<std::byte>(block, [](std::byte* p) { std::free(p); });
+    track_tensor_bytes(bytes);
+    return std::shared_ptr<std::byte>(block, [bytes](std::byte* p) {
+      track_tensor_bytes(-bytes);
+      std::free(p);
+    });
   }
   KernelFn find_kernel(std::string_view op) const override { return apart::find_kernel(op); }
 

@@ -308,7 +308,12 @@ struct Frame {
 // multiple of the replicas and reduce-scattered (runtime/zero_shards.h); tied params keep whole buckets.
 struct Bucket {
   std::vector<size_t> params;
-  std::vector<float> flat;
+  Tensor flat;  // float32, host memory (the collectives run on the host), counted in tensor_memory()
+  float* values() { return flat.data<float>(); }
+  std::span<float> span() { return flat.span<float>(); }
+  void hold(int64_t elements) {  // zeroed when fresh; the padding stays zero through every collective
+    if (flat.elements() != elements || !flat.defined()) flat = Tensor(DType::kFloat32, {elements});
+  }
   size_t ready = 0;
   Pending reduction;
   bool sharded = false;
@@ -545,7 +550,7 @@ void StageRunner::build_buckets_and_optimizer() {
     int64_t n = 0;
     for (size_t i : b.params) n += params_[i]->elements();
     if (b.sharded) n = sharded_bucket_length(n, replicas);
-    if (zero_ < 2 || !b.sharded) b.flat.resize(static_cast<size_t>(n));  // ZeRO-2 allocates them while in use
+    if (zero_ < 2 || !b.sharded) b.hold(n);  // ZeRO-2 holds its sharded buckets only while they reduce
   }
 
   if (zero_ == 0) {
@@ -678,23 +683,22 @@ void StageRunner::backward(int64_t k, int64_t step) {
     Bucket& b = buckets_[bucket_of_[i]];
     if (zero_ >= 2 && b.sharded) {  // ZeRO-2: each micro-batch's gradient goes straight into its bucket
       if (b.ready == 0) {
-        if (b.reduction) collect_shard(b);  // the previous micro-batch's, before the buffer is refilled
         int64_t n = 0;
         for (size_t p : b.params) n += params_[p]->elements();
-        b.flat.assign(static_cast<size_t>(sharded_bucket_length(n, replicas_->size())), 0.0f);
+        b.hold(sharded_bucket_length(n, replicas_->size()));
       }
       size_t at = 0;
       for (size_t p : b.params) {
         if (p == i) break;
         at += static_cast<size_t>(params_[p]->elements());
       }
-      float* into = b.flat.data() + at;
+      float* into = b.values() + at;
       backend_.copy_to_host(value.raw(), reinterpret_cast<std::byte*>(into), value.bytes());
       if (weight != 1)
         for (int64_t e = 0; e < value.elements(); ++e) into[e] *= static_cast<float>(weight);
       if (++b.ready < b.params.size()) return;
       b.ready = 0;
-      b.reduction = replicas_->reduce_scatter_sum(std::span<float>(b.flat));
+      b.reduction = replicas_->reduce_scatter_sum(b.span());
       for (Bucket& other : buckets_)
         if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
       return;
@@ -707,11 +711,11 @@ void StageRunner::backward(int64_t k, int64_t step) {
     size_t at = 0;
     for (size_t p : b.params) {
       // The all-reduce runs on the host for now (MPI): the bucket is a host buffer.
-      backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.flat.data() + at), grads_[p].bytes());
+      backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.values() + at), grads_[p].bytes());
       at += static_cast<size_t>(grads_[p].elements());
     }
-    b.reduction = b.sharded ? replicas_->reduce_scatter_sum(std::span<float>(b.flat))  // ZeRO-1
-                            : replicas_->allreduce_sum(std::span<float>(b.flat));
+    b.reduction = b.sharded ? replicas_->reduce_scatter_sum(b.span())  // ZeRO-1
+                            : replicas_->allreduce_sum(b.span());
     for (Bucket& other : buckets_)
       if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
   };
@@ -724,6 +728,9 @@ void StageRunner::backward(int64_t k, int64_t step) {
         frame.input_grads[input] = std::move(t);
       }
   frame.output_grads.clear();
+  if (zero_ >= 2)  // this micro-batch's reduce-scatters, so that no whole gradient outlives its backward
+    for (Bucket& b : buckets_)
+      if (b.sharded && b.reduction) collect_shard(b);
 }
 
 size_t StageRunner::send(const Action& a) {
@@ -792,7 +799,7 @@ void StageRunner::finish_allreduce() {
     if (b.sharded) continue;  // ZeRO-1: the pieces are copied into grads_ below
     size_t at = 0;
     for (size_t p : b.params) {
-      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.flat.data() + at), grads_[p].raw(), grads_[p].bytes());
+      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.values() + at), grads_[p].raw(), grads_[p].bytes());
       at += static_cast<size_t>(grads_[p].elements());
     }
   }
@@ -802,7 +809,7 @@ void StageRunner::finish_allreduce() {
     const ShardPiece& piece = pieces_[k];
     Bucket& b = buckets_[piece.bucket];
     const float* from = zero_ >= 2 ? b.shard_sum.data() + (piece.at - shard_start * static_cast<int64_t>(b.shard_sum.size()))
-                                   : b.flat.data() + piece.at;
+                                   : b.values() + piece.at;
     backend_.copy_to_device(reinterpret_cast<const std::byte*>(from), piece_grads_[k].raw(), piece_grads_[k].bytes());
   }
 }
@@ -810,14 +817,14 @@ void StageRunner::finish_allreduce() {
 void StageRunner::collect_shard(Bucket& b) {
   b.reduction->wait();
   b.reduction.reset();
-  const size_t shard = b.flat.size() / static_cast<size_t>(replicas_->size());
-  const float* mine = b.flat.data() + shard * static_cast<size_t>(replicas_->rank());
+  const size_t shard = static_cast<size_t>(b.flat.elements() / replicas_->size());
+  const float* mine = b.values() + shard * static_cast<size_t>(replicas_->rank());
   if (b.shard_sum.empty()) {
     b.shard_sum.assign(mine, mine + shard);
   } else {
     for (size_t e = 0; e < shard; ++e) b.shard_sum[e] += mine[e];
   }
-  std::vector<float>().swap(b.flat);  // ZeRO-2 holds no whole gradient between micro-batches
+  b.flat = Tensor();  // ZeRO-2 holds no whole gradient between micro-batches
 }
 
 void StageRunner::allgather_params() {
@@ -829,10 +836,10 @@ void StageRunner::allgather_params() {
     b.reduction.reset();
     size_t at = 0;
     for (size_t p : b.params) {
-      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.flat.data() + at), params_[p]->raw(), params_[p]->bytes());
+      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.values() + at), params_[p]->raw(), params_[p]->bytes());
       at += static_cast<size_t>(params_[p]->elements());
     }
-    if (zero_ >= 2) std::vector<float>().swap(b.flat);
+    if (zero_ >= 2) b.flat = Tensor();
   };
   size_t next_piece = 0;
   for (size_t index = 0; index < buckets_.size(); ++index) {
@@ -844,12 +851,12 @@ void StageRunner::allgather_params() {
     }
     int64_t n = 0;
     for (size_t p : b.params) n += params_[p]->elements();
-    b.flat.resize(static_cast<size_t>(sharded_bucket_length(n, replicas_->size())));
+    b.hold(sharded_bucket_length(n, replicas_->size()));
     for (; next_piece < pieces_.size() && pieces_[next_piece].bucket == index; ++next_piece)
       backend_.copy_to_host(piece_params_[next_piece].raw(),
-                            reinterpret_cast<std::byte*>(b.flat.data() + pieces_[next_piece].at),
+                            reinterpret_cast<std::byte*>(b.values() + pieces_[next_piece].at),
                             piece_params_[next_piece].bytes());
-    b.reduction = replicas_->allgather(std::span<float>(b.flat));
+    b.reduction = replicas_->allgather(b.span());
     gathering.push_back(index);
   }
   for (size_t index : gathering) finish(index);
@@ -1036,6 +1043,7 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   // --trace: times from a common origin, taken when every rank has left a barrier.
   std::vector<TimelineEvent> trace;
   if (!options_.trace.empty()) world_.barrier();
+  reset_tensor_memory_peak();  // from here: the steps' peak over what setup left (params, state, gradients)
   const auto run_start = Clock::now();
   for (int64_t step = first; step < options_.steps; ++step) {
     const bool traced = !options_.trace.empty() && (options_.trace_all_steps || step + 1 == options_.steps);
@@ -1079,6 +1087,8 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   }
   if (!options_.checkpoint_dir.empty()) save_checkpoint(options_.steps);
   result_.seconds = seconds_since(run_start);
+  result_.peak_tensor_bytes = tensor_memory().peak;
+  result_.planned_memory_bytes = stage_.memory_bytes.value_or(0);
   result_.samples_per_s = static_cast<double>(setup_.global_batch * static_cast<int64_t>(result_.steps.size())) /
                           std::max(result_.seconds, 1e-9);
   if (!options_.save_model.empty()) save_model();

@@ -59,6 +59,11 @@ struct RunResult {
   int64_t optimizer_state_bytes = 0;
   int64_t gradient_bytes = 0;
   int zero = 0;                    // the ZeRO stage this rank ran (the plan's, 0 for a stage without replicas)
+  // The most tensor memory this process held during the steps (runtime/tensor.h tensor_memory: params, state,
+  // gradients, arenas, stash and messages' tensors; ranks run in-process share the count), and the plan's estimate
+  // for one device of this rank's stage (plan.json memory_bytes; 0 when absent).
+  int64_t peak_tensor_bytes = 0;
+  int64_t planned_memory_bytes = 0;
   std::string backend;             // Backend::describe() of this rank's backend
   std::vector<std::string> fallback_ops;  // ops its executors run on the CPU kernel for want of a backend kernel
 };

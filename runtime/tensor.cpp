@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -79,17 +80,26 @@ LargeBlockCache& large_blocks() {
   return *cache;
 }
 
+std::atomic<int64_t> live_tensor_bytes{0};
+std::atomic<int64_t> peak_tensor_bytes{0};
+
 std::shared_ptr<std::byte> allocate_bytes(int64_t bytes) {
   static const bool kTuned = keep_freed_memory_for_reuse();
   (void)kTuned;
   // One extra element keeps zero-size tensors at a valid address; value-initialised (zeroed).
   const size_t n = static_cast<size_t>(bytes) + 8;
-  if (n < LargeBlockCache::kLargeBytes) return std::shared_ptr<std::byte>(new std::byte[n](), std::default_delete<std::byte[]>());
+  track_tensor_bytes(bytes);
+  if (n < LargeBlockCache::kLargeBytes)
+    return std::shared_ptr<std::byte>(new std::byte[n](), [bytes](std::byte* q) {
+      track_tensor_bytes(-bytes);
+      delete[] q;
+    });
   LargeBlockCache& cache = large_blocks();
   std::byte* p = cache.take(n);
   if (p) std::memset(p, 0, n);
   else p = new std::byte[n]();
-  return std::shared_ptr<std::byte>(p, [n, &cache](std::byte* q) {
+  return std::shared_ptr<std::byte>(p, [n, bytes, &cache](std::byte* q) {
+    track_tensor_bytes(-bytes);
     if (!cache.give(q, n)) delete[] q;
   });
 }
@@ -134,6 +144,21 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
     : dtype_(dtype), shape_(std::move(shape)), elements_(count_of(shape_)) {
   if (dtype_size(dtype_) == 0) throw Unsupported("tensors of dtype " + std::string(dtype_name(dtype_)) + " are not supported");
   data_ = allocate_bytes(bytes());
+}
+
+void track_tensor_bytes(int64_t delta) {
+  const int64_t now = live_tensor_bytes.fetch_add(delta, std::memory_order_relaxed) + delta;
+  int64_t peak = peak_tensor_bytes.load(std::memory_order_relaxed);
+  while (now > peak && !peak_tensor_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+TensorMemory tensor_memory() {
+  return {live_tensor_bytes.load(std::memory_order_relaxed), peak_tensor_bytes.load(std::memory_order_relaxed)};
+}
+
+void reset_tensor_memory_peak() {
+  peak_tensor_bytes.store(live_tensor_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 Tensor Tensor::over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std::byte> data, bool host) {

@@ -62,6 +62,17 @@ class Tensor {
   bool host_ = true;
 };
 
+// Bytes of tensor storage this process holds (host tensors and the CPU backend's blocks; not a GPU's): now, and the
+// most at any moment since the last reset. `apart run` reports a rank's peak from it (one process per rank under
+// mpirun; in-process ranks share one count). Allocators call track_tensor_bytes(+n) and (−n) when freeing.
+struct TensorMemory {
+  int64_t live = 0;
+  int64_t peak = 0;
+};
+TensorMemory tensor_memory();
+void reset_tensor_memory_peak();  // peak := live
+void track_tensor_bytes(int64_t delta);
+
 // Reads a TensorProto: raw_data, typed fields, or external data resolved under `base_dir` (locations
 // that leave it are refused). Throws InvalidModel for inconsistent tensors, Unsupported for
 // string/complex dtypes, SystemError for I/O.

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 #include <cstring>
 #include <filesystem>
 
@@ -133,6 +135,48 @@ TEST(ZeroUnderMpirun, GivesTheThreadsLossesWithMpisReduceScatterAndAllgather) {
   ASSERT_NE(at, std::string::npos) << r.out;
   const double printed = std::stod(r.out.substr(at + 12, 12));  // printed to 6 decimals; MPI may add in another order
   EXPECT_NEAR(printed, threads.losses[2], 2e-6 + 2e-5 * threads.losses[2]) << r.out;
+}
+
+// "peak tensor memory 4.62 MiB; the plan estimates 2.73 MiB …" of rank 0 → {measured, planned} bytes.
+std::pair<double, double> peak_and_plan(const std::string& out) {
+  auto bytes_at = [&](size_t at) {
+    size_t used = 0;
+    const double v = std::stod(out.substr(at), &used);
+    const std::string unit = out.substr(at + used + 1, 3);
+    return v * (unit == "GiB" ? 1 << 30 : unit == "MiB" ? 1 << 20 : unit == "KiB" ? 1 << 10 : 1);
+  };
+  const size_t line = out.find("[rank 0/2 stage 0 replica 0] peak tensor memory ");
+  if (line == std::string::npos) return {0, 0};
+  const size_t peak = line + std::string("[rank 0/2 stage 0 replica 0] peak tensor memory ").size();
+  const size_t plan = out.find("the plan estimates ", peak) + std::string("the plan estimates ").size();
+  return {bytes_at(peak), bytes_at(plan)};
+}
+
+// One process per rank, so each counts its own tensors: what ZeRO-1 and ZeRO-2 save against ZeRO-0 is what the
+// plan's memory estimate says they save (the optimizer state's half, then the gradients' half), within 10 %.
+TEST(ZeroUnderMpirun, SavesThePeakMemoryThePlanPredicts) {
+  if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = scratch("zero_memory");
+  std::vector<std::pair<double, double>> figures;
+  for (int zero : {0, 1, 2}) {
+    const fs::path plan = dir / ("z" + std::to_string(zero));
+    const auto p = testing::run_apart("partition " + gpt_tiny() + " --device cpu --devices 2 --stages 1 --replicas 2 "
+                                      "--microbatches 2 --batch 8 --optimizer adam --zero " + std::to_string(zero) +
+                                      " --no-baselines -q -o " + plan.string());
+    ASSERT_EQ(p.code, 0) << p.out;
+    const auto r = testing::run_command(
+        "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
+        "--oversubscribe -np 2 " + std::string(APART_BINARY) + " run " + plan.string() + " --steps 2 2>&1");
+    ASSERT_EQ(r.code, 0) << r.out;
+    figures.push_back(peak_and_plan(r.out));
+    ASSERT_GT(figures.back().first, 0) << r.out;
+  }
+  for (int zero : {1, 2}) {
+    const double measured = figures[zero - 1].first - figures[zero].first;
+    const double planned = figures[zero - 1].second - figures[zero].second;
+    EXPECT_GT(planned, 0) << "ZeRO-" << zero;
+    EXPECT_NEAR(measured, planned, 0.1 * planned) << "ZeRO-" << zero << " against ZeRO-" << zero - 1;
+  }
 }
 
 }  // namespace

@@ -111,6 +111,82 @@ void drop_unused_apart_opset(onnx::ModelProto& model) {
     if (opsets->Get(i).domain() == autodiff::kApartDomain) opsets->DeleteSubrange(i, 1);
 }
 
+// ZB-H1's split of the backward (StageGraphs::input_pass, weight_pass): `in_backward` marks the backward's nodes
+// of the fused graph, `folded` the integer constants it starts with.
+void split_weight_pass(const FusedGraph& fused, const onnx::ModelProto& training, const std::vector<bool>& in_backward,
+                       const std::vector<onnx::NodeProto>& folded, StageGraphs& result) {
+  const int nodes = fused.graph.node_size();
+  std::vector<bool> in_b(static_cast<size_t>(nodes), false);
+  {
+    std::vector<std::string> work;
+    for (const auto& [input, grad] : result.input_gradients) work.push_back(grad);
+    std::unordered_set<std::string> seen(work.begin(), work.end());
+    while (!work.empty()) {
+      const std::string name = std::move(work.back());
+      work.pop_back();
+      auto it = fused.producer.find(name);
+      if (it == fused.producer.end() || !in_backward[static_cast<size_t>(it->second)]) continue;
+      in_b[static_cast<size_t>(it->second)] = true;
+      for (const auto& in : fused.graph.node(it->second).input())
+        if (!in.empty() && seen.insert(in).second) work.push_back(in);
+    }
+  }
+  auto made_by_b = [&](const std::string& name) {
+    auto it = fused.producer.find(name);
+    return it != fused.producer.end() && in_backward[static_cast<size_t>(it->second)] && in_b[static_cast<size_t>(it->second)];
+  };
+  // What each pass reads from outside itself, and what W reads from B.
+  std::unordered_set<std::string> read_by_b, read_by_w, carried;
+  for (int i = 0; i < nodes; ++i) {
+    if (!in_backward[static_cast<size_t>(i)]) continue;
+    const bool b = in_b[static_cast<size_t>(i)];
+    for (const auto& in : fused.graph.node(i).input()) {
+      if (in.empty()) continue;
+      (b ? read_by_b : read_by_w).insert(in);
+      if (!b && made_by_b(in) && carried.insert(in).second) result.carried.push_back(in);
+    }
+  }
+  // B's carried values in B's node order.
+  std::vector<std::string> ordered;
+  for (int i = 0; i < nodes; ++i)
+    if (in_backward[static_cast<size_t>(i)] && in_b[static_cast<size_t>(i)])
+      for (const auto& o : fused.graph.node(i).output())
+        if (carried.count(o)) ordered.push_back(o);
+  result.carried = ordered;
+
+  auto build = [&](bool b, const std::unordered_set<std::string>& reads, const char* suffix) {
+    onnx::ModelProto model = make_model(training, suffix);
+    onnx::GraphProto& g = *model.mutable_graph();
+    for (const auto& in : result.backward.graph().input())
+      if (reads.count(in.name())) *g.add_input() = in;
+    if (!b)
+      for (const auto& c : result.carried) set_value_info(*g.add_input(), c, fused.value(c));
+    for (const auto& n : folded)
+      if (reads.count(n.output(0))) *g.add_node() = n;
+    std::unordered_set<std::string> produced;
+    for (int i = 0; i < nodes; ++i) {
+      if (!in_backward[static_cast<size_t>(i)] || in_b[static_cast<size_t>(i)] != b) continue;
+      auto* n = g.add_node();
+      *n = fused.graph.node(i);
+      n->set_name(fused.node_names[static_cast<size_t>(i)]);
+      for (const auto& o : n->output()) produced.insert(o);
+    }
+    for (const auto& vi : fused.graph.value_info())
+      if (produced.count(vi.name())) *g.add_value_info() = vi;
+    auto output = [&](const std::string& name) { set_value_info(*g.add_output(), name, fused.value(name)); };
+    if (b)
+      for (const auto& [input, grad] : result.input_gradients) output(grad);
+    for (const auto& [param, grad] : result.gradients)
+      if (made_by_b(grad) == b) output(grad);
+    if (b)
+      for (const auto& c : result.carried) output(c);
+    drop_unused_apart_opset(model);
+    return model;
+  };
+  result.input_pass = build(true, read_by_b, ".backward_input");
+  result.weight_pass = build(false, read_by_w, ".backward_weight");
+}
+
 }  // namespace
 
 StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraphOptions& options) {
@@ -252,6 +328,7 @@ StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraph
     for (const auto& name : gradient_outputs) set_value_info(*g.add_output(), name, fused.value(name));
     drop_unused_apart_opset(result.backward);
   }
+  if (options.split_weight_pass) split_weight_pass(fused, tg.model, in_backward, folded, result);
   return result;
 }
 

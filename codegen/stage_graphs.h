@@ -22,6 +22,8 @@ struct StageGraphOptions {
   TrainingGraphOptions training;
   // Keep only the stage inputs between forward and backward; the backward recomputes the forward first.
   bool recompute = false;
+  // ZB-H1: also split the backward into its input-gradient pass and its weight-gradient pass (StageGraphs below).
+  bool split_weight_pass = false;
 };
 
 // Both graphs are standard ONNX models (ai.apart ops where build_training_graph uses them) with the stage's params
@@ -47,6 +49,18 @@ struct StageGraphs {
   // The forward model's other outputs, which get no gradient: integer or boolean boundary values a later stage
   // reads, outputs beside the loss (forward outputs).
   std::vector<std::string> outputs_without_gradient;
+
+  // With split_weight_pass, ZB-H1's two passes over the backward's nodes (Qi et al., ICLR 2024 §2): B, every node an
+  // input gradient needs, and W, the others (what only param gradients need), each in the backward's order. B then W
+  // computes what `backward` computes, node for node, so the same bits. Empty models without split_weight_pass.
+  // input_pass: inputs, the backward's inputs B reads (in the backward's order); outputs, the input gradients in
+  // `input_gradients` order, the param gradients B computes (those an input gradient needs too) in `gradients`
+  // order, then `carried`.
+  onnx::ModelProto input_pass;
+  // weight_pass: inputs, the backward's inputs W reads (in its order), then `carried`; outputs, the other param
+  // gradients in `gradients` order. A stage without input gradients has an empty B: W is its whole backward.
+  onnx::ModelProto weight_pass;
+  std::vector<std::string> carried;  // values B computes and W reads, in B's order
 };
 
 // Builds the stage's training graph (build_training_graph) and cuts it between forward and backward. Running

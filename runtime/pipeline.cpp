@@ -296,6 +296,7 @@ Manifest read_manifest(const fs::path& dir) {
 // gradients of its outputs as they arrive.
 struct Frame {
   std::map<std::string, Tensor> inputs;        // boundary values from earlier stages
+  std::map<std::string, Tensor> carried;       // ZB-H1: what the W pass reads, from its B pass
   std::map<std::string, Tensor> outputs;       // boundary values for later stages (until sent)
   std::map<std::string, Tensor> stash;         // forward → backward
   std::map<std::string, Tensor> output_grads;  // by gradient input name
@@ -334,7 +335,13 @@ class StageRunner {
   void build_communicators();
   void build_buckets_and_optimizer();  // after the communicators: ZeRO shards only params no other stage holds
   void forward(int64_t k, const std::map<std::string, Tensor>& batch, int64_t step);
-  void backward(int64_t k, int64_t step);
+  void backward(int64_t k, int64_t step);         // the whole backward; under ZB-H1 its B pass
+  void backward_weight(int64_t k, int64_t step);  // ZB-H1's W pass
+  // What a backward pass calls for each output: accumulates a param gradient (micro-batch `first`/`last` of the
+  // pass that produces it), weighted by `weight`, and starts its bucket's collective when it completes.
+  void accumulate_gradient(const std::string& name, const Tensor& value, bool first, bool last, double weight);
+  void after_param_gradients();  // ZeRO-2: collect the pass's reduce-scatters
+  Tensor* param_tensor(const std::string& name) const;
   size_t send(const Action& a);  // bytes sent
   size_t recv(const Action& a);  // bytes received
   void finish_allreduce();
@@ -370,7 +377,10 @@ class StageRunner {
   const PlanStageRecord& stage_;
   const ImportedModel* model_;  // setup_.model: the whole model at the global batch (data roles, param owners)
   StageGraphs graphs_;
-  std::unique_ptr<Executor> forward_, backward_;
+  // backward_ computes the param gradients: the whole backward, or under ZB-H1 its W pass, with input_pass_ its
+  // B pass (nullptr when the stage has no input gradients: W is then the whole backward).
+  std::unique_ptr<Executor> forward_, backward_, input_pass_;
+  bool zero_bubble_ = false;
   std::map<std::string, BoundaryValue> boundary_;
   std::vector<std::string> param_names_;
   std::vector<Tensor*> params_;
@@ -405,6 +415,7 @@ class StageRunner {
   std::vector<std::pair<std::vector<std::byte>, Pending>> sends_;
   std::vector<double> losses_;
   int64_t backwards_done_ = 0;
+  int64_t weight_passes_done_ = 0;
   RunResult result_;
 };
 
@@ -443,6 +454,8 @@ void StageRunner::build() {
   import.constants_as_params = false;  // the stage file as partition wrote it (its Constant weights already converted)
   g.training.import = import;
   g.recompute = stage_.recompute;
+  zero_bubble_ = plan_.training.schedule == Schedule::kZbH1;
+  g.split_weight_pass = zero_bubble_;
   auto floating = [&](const std::string& v) {
     const auto id = model_->graph.find_value(v);
     return id && is_floating(model_->graph.value(*id).dtype);
@@ -459,12 +472,18 @@ void StageRunner::build() {
   exec.backend = &backend_;
   exec.outputs_on_backend = true;  // stash and gradients stay on the backend; boundary values go to the host to be sent
   forward_ = std::make_unique<Executor>(graphs_.forward, setup_.plan_dir, exec, import);
-  backward_ = std::make_unique<Executor>(graphs_.backward, setup_.plan_dir, exec, import);
+  backward_ = std::make_unique<Executor>(zero_bubble_ ? graphs_.weight_pass : graphs_.backward, setup_.plan_dir, exec, import);
   backward_->share_params(*forward_);
-  result_.arena_bytes = forward_->memory_plan().peak_bytes + backward_->memory_plan().peak_bytes;
+  if (zero_bubble_ && graphs_.input_pass.graph().output_size() > 0) {
+    input_pass_ = std::make_unique<Executor>(graphs_.input_pass, setup_.plan_dir, exec, import);
+    input_pass_->share_params(*forward_);
+  }
+  result_.arena_bytes = forward_->memory_plan().peak_bytes + backward_->memory_plan().peak_bytes +
+                        (input_pass_ ? input_pass_->memory_plan().peak_bytes : 0);
   result_.backend = backend_.describe();
   std::set<std::string> fallback(forward_->fallback_ops().begin(), forward_->fallback_ops().end());
   fallback.insert(backward_->fallback_ops().begin(), backward_->fallback_ops().end());
+  if (input_pass_) fallback.insert(input_pass_->fallback_ops().begin(), input_pass_->fallback_ops().end());
   result_.fallback_ops.assign(fallback.begin(), fallback.end());
 
   // Shapes of the boundary values at this rank's samples, and where their samples lie (the stage file's dims).
@@ -495,8 +514,7 @@ void StageRunner::build() {
 
   // Params, their accumulated gradients, and the buckets in the backward's production order.
   for (const auto& [param, grad] : graphs_.gradients) {
-    Tensor* p = forward_->param(param);
-    if (!p) p = backward_->param(param);
+    Tensor* p = param_tensor(param);
     APART_CHECK(p != nullptr, "stage executors have no param " + param);
     if (p->dtype() != DType::kFloat32)
       throw Unsupported("param " + quote(param) + " is " + std::string(dtype_name(p->dtype())) + "; apart run updates float32 params only");
@@ -511,6 +529,10 @@ void StageRunner::build() {
   std::vector<std::pair<uint32_t, size_t>> produced;  // (producer position, param)
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto id = bg.find_value(graphs_.gradients[i].second);
+    if (!id && input_pass_ && input_pass_->model().graph.find_value(graphs_.gradients[i].second)) {
+      produced.emplace_back(0, i);  // ZB-H1: a param gradient its B pass computes, before any of W's
+      continue;
+    }
     APART_CHECK(id.has_value(), "backward has no gradient " + graphs_.gradients[i].second);
     const TaskId producer = bg.value(*id).producer;
     produced.emplace_back(producer.valid() ? producer.value() : 0, i);
@@ -665,6 +687,62 @@ void StageRunner::forward(int64_t k, const std::map<std::string, Tensor>& batch,
   frame.inputs.clear();
 }
 
+Tensor* StageRunner::param_tensor(const std::string& name) const {
+  if (Tensor* t = forward_->param(name)) return t;
+  if (Tensor* t = backward_->param(name)) return t;
+  return input_pass_ ? input_pass_->param(name) : nullptr;
+}
+
+void StageRunner::accumulate_gradient(const std::string& name, const Tensor& value, bool first, bool last, double weight) {
+  auto it = grad_index_.find(name);
+  if (it == grad_index_.end()) return;
+  const size_t i = it->second;
+  Bucket& b = buckets_[bucket_of_[i]];
+  if (zero_ >= 2 && b.sharded) {  // ZeRO-2: each micro-batch's gradient goes straight into its bucket
+    if (b.ready == 0) {
+      int64_t n = 0;
+      for (size_t p : b.params) n += params_[p]->elements();
+      b.hold(sharded_bucket_length(n, replicas_->size()));
+    }
+    size_t at = 0;
+    for (size_t p : b.params) {
+      if (p == i) break;
+      at += static_cast<size_t>(params_[p]->elements());
+    }
+    float* into = b.values() + at;
+    backend_.copy_to_host(value.raw(), reinterpret_cast<std::byte*>(into), value.bytes());
+    if (weight != 1)
+      for (int64_t e = 0; e < value.elements(); ++e) into[e] *= static_cast<float>(weight);
+    if (++b.ready < b.params.size()) return;
+    b.ready = 0;
+    b.reduction = replicas_->reduce_scatter_sum(b.span());
+    for (Bucket& other : buckets_)
+      if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
+    return;
+  }
+  if (first) backend_.copy(value, grads_[i]);  // accumulated on the backend, micro-batch by micro-batch
+  else backend_.add_into(grads_[i], value);
+  if (last && weight != 1) backend_.scale(grads_[i], static_cast<float>(weight));  // every micro-batch's alike
+  if (!last || !replicas_) return;
+  if (++b.ready < b.params.size()) return;
+  size_t at = 0;
+  for (size_t p : b.params) {
+    // The all-reduce runs on the host for now (MPI): the bucket is a host buffer.
+    backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.values() + at), grads_[p].bytes());
+    at += static_cast<size_t>(grads_[p].elements());
+  }
+  b.reduction = b.sharded ? replicas_->reduce_scatter_sum(b.span())  // ZeRO-1
+                          : replicas_->allreduce_sum(b.span());
+  for (Bucket& other : buckets_)
+    if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
+}
+
+void StageRunner::after_param_gradients() {
+  if (zero_ >= 2)  // this micro-batch's reduce-scatters, so that no whole gradient outlives its backward
+    for (Bucket& b : buckets_)
+      if (b.sharded && b.reduction) collect_shard(b);
+}
+
 void StageRunner::backward(int64_t k, int64_t step) {
   Frame& frame = frames_[static_cast<size_t>(k)];
   std::map<std::string, Tensor> inputs = std::move(frame.stash);
@@ -673,64 +751,48 @@ void StageRunner::backward(int64_t k, int64_t step) {
     APART_CHECK(it != frame.output_grads.end(), "no gradient arrived for " + output);
     inputs[grad_input] = std::move(it->second);
   }
+  frame.output_grads.clear();
   const bool last = ++backwards_done_ == setup_.microbatches;
   const bool first = backwards_done_ == 1;
   const double weight = loss_weight();
-  auto on_output = [&](const std::string& name, const Tensor& value) {
-    auto it = grad_index_.find(name);
-    if (it == grad_index_.end()) return;
-    const size_t i = it->second;
-    Bucket& b = buckets_[bucket_of_[i]];
-    if (zero_ >= 2 && b.sharded) {  // ZeRO-2: each micro-batch's gradient goes straight into its bucket
-      if (b.ready == 0) {
-        int64_t n = 0;
-        for (size_t p : b.params) n += params_[p]->elements();
-        b.hold(sharded_bucket_length(n, replicas_->size()));
-      }
-      size_t at = 0;
-      for (size_t p : b.params) {
-        if (p == i) break;
-        at += static_cast<size_t>(params_[p]->elements());
-      }
-      float* into = b.values() + at;
-      backend_.copy_to_host(value.raw(), reinterpret_cast<std::byte*>(into), value.bytes());
-      if (weight != 1)
-        for (int64_t e = 0; e < value.elements(); ++e) into[e] *= static_cast<float>(weight);
-      if (++b.ready < b.params.size()) return;
-      b.ready = 0;
-      b.reduction = replicas_->reduce_scatter_sum(b.span());
-      for (Bucket& other : buckets_)
-        if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
-      return;
+  auto on_output = [&](const std::string& name, const Tensor& value) { accumulate_gradient(name, value, first, last, weight); };
+  const RandomKey key{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)};
+  NamedTensors outputs;
+  if (!zero_bubble_) {
+    outputs = backward_->run(inputs, key, on_output);
+  } else {  // B now; W later reads the backward inputs it needs and what B carries
+    if (input_pass_) {
+      std::map<std::string, Tensor> reads;  // B takes the backward inputs it reads, no others
+      for (const auto& in : graphs_.input_pass.graph().input())
+        if (auto it = inputs.find(in.name()); it != inputs.end()) reads[in.name()] = it->second;
+      outputs = input_pass_->run(reads, key, on_output);
     }
-    if (first) backend_.copy(value, grads_[i]);  // accumulated on the backend, micro-batch by micro-batch
-    else backend_.add_into(grads_[i], value);
-    if (last && weight != 1) backend_.scale(grads_[i], static_cast<float>(weight));  // every micro-batch's alike
-    if (!last || !replicas_) return;
-    if (++b.ready < b.params.size()) return;
-    size_t at = 0;
-    for (size_t p : b.params) {
-      // The all-reduce runs on the host for now (MPI): the bucket is a host buffer.
-      backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.values() + at), grads_[p].bytes());
-      at += static_cast<size_t>(grads_[p].elements());
+    for (const auto& in : graphs_.weight_pass.graph().input()) {
+      if (auto it = inputs.find(in.name()); it != inputs.end()) frame.carried[in.name()] = it->second;
     }
-    b.reduction = b.sharded ? replicas_->reduce_scatter_sum(b.span())  // ZeRO-1
-                            : replicas_->allreduce_sum(b.span());
-    for (Bucket& other : buckets_)
-      if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
-  };
-  NamedTensors outputs =
-      backward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)}, on_output);
+    for (const std::string& c : graphs_.carried)
+      for (auto& [name, t] : outputs)
+        if (name == c) frame.carried[c] = t;
+  }
   for (const auto& [input, grad] : graphs_.input_gradients)
     for (auto& [name, t] : outputs)
       if (name == grad) {
         if (weight != 1) backend_.scale(t, static_cast<float>(weight));
         frame.input_grads[input] = std::move(t);
       }
-  frame.output_grads.clear();
-  if (zero_ >= 2)  // this micro-batch's reduce-scatters, so that no whole gradient outlives its backward
-    for (Bucket& b : buckets_)
-      if (b.sharded && b.reduction) collect_shard(b);
+  if (!zero_bubble_) after_param_gradients();
+}
+
+void StageRunner::backward_weight(int64_t k, int64_t step) {
+  Frame& frame = frames_[static_cast<size_t>(k)];
+  std::map<std::string, Tensor> inputs = std::move(frame.carried);
+  frame.carried.clear();
+  const bool last = ++weight_passes_done_ == setup_.microbatches;
+  const bool first = weight_passes_done_ == 1;
+  const double weight = loss_weight();
+  auto on_output = [&](const std::string& name, const Tensor& value) { accumulate_gradient(name, value, first, last, weight); };
+  backward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)}, on_output);
+  after_param_gradients();
 }
 
 size_t StageRunner::send(const Action& a) {
@@ -923,15 +985,13 @@ void StageRunner::save_model() {
     const Value& value = model_->graph.value(*id);
     if (!is_floating(value.dtype)) continue;
     if (world_.rank() == rank && rank != 0) {
-      const Tensor* t = forward_->param(param);
-      if (!t) t = backward_->param(param);
+      const Tensor* t = param_tensor(param);
       APART_CHECK(t != nullptr, "stage " + std::to_string(stage_.id) + " lacks param " + param);
       const Tensor& host = sent.emplace_back(backend_.to_host(*t));
       pending.push_back(world_.send(std::span<const std::byte>(host.raw(), static_cast<size_t>(host.bytes())), 0, 0));
     } else if (world_.rank() == 0) {
       if (rank == 0) {
-        const Tensor* t = forward_->param(param);
-        if (!t) t = backward_->param(param);
+        const Tensor* t = param_tensor(param);
         if (t) values[param] = backend_.to_host(*t);
       } else {
         Tensor t(value.dtype, value.shape);
@@ -1052,6 +1112,7 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
     frames_.assign(static_cast<size_t>(setup_.microbatches), Frame{});
     losses_.clear();
     backwards_done_ = 0;
+    weight_passes_done_ = 0;
     for (Bucket& b : buckets_) {
       b.ready = 0;
       b.shard_sum.clear();
@@ -1063,6 +1124,7 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
       switch (a.kind) {
         case ActionKind::kForward: forward(a.microbatch, batch, step); break;
         case ActionKind::kBackward: backward(a.microbatch, step); break;
+        case ActionKind::kBackwardWeight: backward_weight(a.microbatch, step); break;
         case ActionKind::kSend: bytes = send(a); break;
         case ActionKind::kRecv: bytes = recv(a); break;
         case ActionKind::kAllReduce: finish_allreduce(); break;

@@ -62,6 +62,7 @@ TimelineEvent action_event(const Action& a, const RankRole& role, int rank, int6
   switch (a.kind) {
     case ActionKind::kForward: e.kind = TimelineKind::kForward; break;
     case ActionKind::kBackward: e.kind = TimelineKind::kBackward; break;
+    case ActionKind::kBackwardWeight: e.kind = TimelineKind::kBackwardWeight; break;
     case ActionKind::kSend: e.kind = TimelineKind::kSend; break;
     case ActionKind::kRecv: e.kind = TimelineKind::kRecv; break;
     case ActionKind::kAllReduce: e.kind = TimelineKind::kAllReduce; break;

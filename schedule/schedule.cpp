@@ -243,9 +243,9 @@ void check_executable(const PlanDocument& plan) {
     if (stage.zero >= 3 && stage.replicas > 1)
       throw Unsupported("stage " + std::to_string(stage.id) + " shards its params with ZeRO-3: the runtime executes "
                         "ZeRO-1 and ZeRO-2 only yet; re-plan with --zero 2 (or lower)");
-  if (plan.training.schedule == Schedule::kInterleaved || plan.training.schedule == Schedule::kZbH1)
+  if (plan.training.schedule == Schedule::kInterleaved)
     throw Unsupported("the plan's schedule is " + std::string(schedule_name(plan.training.schedule)) +
-                      ": the runtime executes gpipe and 1f1b plans only; re-plan with --schedule 1f1b");
+                      ": the runtime executes gpipe, 1f1b and zb-h1 plans only; re-plan with --schedule 1f1b");
 }
 
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
@@ -306,6 +306,8 @@ std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
       for (int f : from_stages) exchange(ActionKind::kRecv, mb, f, f, s, false);
       actions.push_back(local(ActionKind::kForward, mb));
       for (int t : to_stages) exchange(ActionKind::kSend, mb, t, s, t, false);
+    } else if (op.kind == OpKind::kBackwardWeight) {
+      actions.push_back(local(ActionKind::kBackwardWeight, mb));
     } else {
       for (int t : to_stages) exchange(ActionKind::kRecv, mb, t, s, t, true);
       actions.push_back(local(ActionKind::kBackward, mb));
@@ -393,6 +395,7 @@ void check_schedule(const PlanDocument& plan, const std::vector<std::vector<Acti
         switch (a.kind) {
           case ActionKind::kForward:
           case ActionKind::kBackward:
+          case ActionKind::kBackwardWeight:
             break;
           case ActionKind::kSend:
             check_endpoints(r, a);
@@ -454,6 +457,7 @@ std::string to_string(const Action& action) {
   switch (action.kind) {
     case ActionKind::kForward: return "fwd " + mb;
     case ActionKind::kBackward: return "bwd " + mb;
+    case ActionKind::kBackwardWeight: return "bwd-weight " + mb;
     case ActionKind::kSend:
     case ActionKind::kRecv: {
       const bool send = action.kind == ActionKind::kSend;

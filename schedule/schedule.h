@@ -62,7 +62,8 @@ int64_t microbatch_samples(const PlanDocument& plan);
 
 enum class ActionKind {
   kForward,       // run the stage's forward on micro-batch `microbatch`
-  kBackward,      // run its backward on micro-batch `microbatch`
+  kBackward,      // run its backward on micro-batch `microbatch` (ZB-H1: its input-gradient pass B)
+  kBackwardWeight,  // ZB-H1: run its weight-gradient pass W on micro-batch `microbatch` (no messages)
   kSend,          // send to `peer` the part `samples` of micro-batch `microbatch` of what flows from stage `from_stage`
   kRecv,          //   to stage `to_stage`: activations (`gradient` false) or their gradients (`gradient` true)
   kAllReduce,     // wait for the stage's gradient all-reduce over its replicas (started bucket by bucket during the
@@ -98,12 +99,13 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // with kAllReduce, every rank with kStep. Sends are non-blocking and receives blocking: check_schedule proves that
 // this never deadlocks. Receives before an op go by from_stage (gradients: to_stage), then peer rank; sends after it
 // likewise. InvalidArgument when `rank` is not in the plan or a stage has more replicas than a micro-batch has samples
-// (microbatch_samples); Unsupported for the interleaved and ZB-H1 schedules (device_op_order has them; the runtime
-// does not yet), for tensor-parallel stages (tp > 1) and for plans whose tags would pass kMaxActionTag.
+// (microbatch_samples); Unsupported for the interleaved schedule (device_op_order has it; the runtime does not yet),
+// for tensor-parallel stages (tp > 1) and for plans whose tags would pass kMaxActionTag. ZB-H1's W passes are
+// kBackwardWeight actions, with no messages around them.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
 // What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming a tensor-parallel
-// stage (sequence parallelism needs one), a selectively recomputing stage or the interleaved schedule; nothing
-// otherwise.
+// stage (sequence parallelism needs one), a selectively recomputing stage, a ZeRO-3 stage with replicas or the
+// interleaved schedule; nothing otherwise.
 void check_executable(const PlanDocument& plan);
 
 // Runs every rank's action list abstractly (actions[r]: rank r's; ranks the plan does not use must have none):

@@ -271,6 +271,62 @@ TEST(StageGraphsOfAMiddleStage, OutputTheSameGradientForTwoInputsThatMeetInAnAdd
   EXPECT_EQ(std::memcmp(gp.raw(), gq.raw(), static_cast<size_t>(gp.bytes())), 0);
 }
 
+// --- ZB-H1's split of the backward into its input-gradient (B) and weight-gradient (W) passes ---
+
+// B then W, as apart run runs them under ZB-H1, against the whole backward: every gradient bitwise, each backward
+// node in exactly one pass, no input gradient from W.
+void expect_split_equals_backward(const onnx::ModelProto& forward, StageGraphOptions options, const Tensors& inputs,
+                                  const Tensors& output_gradients, bool expect_input_pass) {
+  options.split_weight_pass = true;
+  const StageGraphs sg = build_stage_graphs(forward, options);
+  const RandomKey key{7, 3, 1};
+  const Tensors fwd = run(sg.forward, inputs, key);
+  Tensors bwd_inputs;
+  for (const auto& st : sg.stash) bwd_inputs.emplace(st, fwd.at(st));
+  for (const auto& [output, grad_input] : sg.output_gradient_inputs) bwd_inputs.emplace(grad_input, output_gradients.at(output));
+  const Tensors whole = run(sg.backward, bwd_inputs, key);
+  auto reads = [&](const onnx::GraphProto& g, const Tensors& from) {
+    Tensors in;
+    for (const auto& i : g.input())
+      if (from.count(i.name())) in.emplace(i.name(), from.at(i.name()));
+    return in;
+  };
+  Tensors b;
+  if (sg.input_pass.graph().output_size() > 0) b = run(sg.input_pass, reads(sg.input_pass.graph(), bwd_inputs), key);
+  EXPECT_EQ(sg.input_pass.graph().output_size() > 0, expect_input_pass);
+  Tensors w_inputs = reads(sg.weight_pass.graph(), bwd_inputs);
+  for (const auto& c : sg.carried) w_inputs.emplace(c, b.at(c));
+  const Tensors w = run(sg.weight_pass, w_inputs, key);
+  for (const auto& [input, grad] : sg.input_gradients) {
+    ASSERT_TRUE(b.count(grad)) << "B does not compute the input gradient " << grad;
+    EXPECT_FALSE(w.count(grad)) << grad;
+    EXPECT_EQ(bitwise_difference(b.at(grad), whole.at(grad)), "") << grad;
+  }
+  int from_w = 0;
+  for (const auto& [param, grad] : sg.gradients) {
+    const bool in_b = b.count(grad) > 0, in_w = w.count(grad) > 0;
+    EXPECT_NE(in_b, in_w) << grad << " comes from " << (in_b ? "both passes" : "neither pass");
+    from_w += in_w;
+    EXPECT_EQ(bitwise_difference(in_b ? b.at(grad) : w.at(grad), whole.at(grad)), "") << grad;
+  }
+  EXPECT_GT(from_w, 0) << "W computes no weight gradient";
+  std::set<std::string> both = node_names(sg.input_pass.graph());
+  for (const auto& name : node_names(sg.weight_pass.graph()))
+    EXPECT_TRUE(both.insert(name).second || name.empty()) << name << " runs in both passes";
+  std::set<std::string> backward = node_names(sg.backward.graph());
+  EXPECT_EQ(both, backward);
+}
+
+TEST(ZeroBubbleStageGraphs, OfAMiddleStageComputeTheBackwardsGradientsBitwiseInTwoPasses) {
+  expect_split_equals_backward(mlp_stage(), mlp_options(false), mlp_inputs(), mlp_output_gradients(), true);
+  expect_split_equals_backward(mlp_stage(), mlp_options(true), mlp_inputs(), mlp_output_gradients(), true);
+}
+
+TEST(ZeroBubbleStageGraphs, OfAStageWithoutInputGradientsLeaveTheWholeBackwardToW) {
+  const auto forward = testing::read_proto(kModels / "gpt-tiny.onnx");
+  expect_split_equals_backward(forward, gpt_options(2, false), gpt_inputs(2), {}, false);
+}
+
 TEST(StageGraphsOfAMiddleStage, ListInputsAndOutputsInTheDeclaredOrder) {
   const StageGraphs sg = build_stage_graphs(mlp_stage(), mlp_options(false));
   EXPECT_EQ(sg.loss_output, "");

@@ -52,7 +52,7 @@ inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t 
   const auto r = testing::run_apart("partition " + model + " --device cpu --devices " + std::to_string(stages) + " --stages " +
                                     std::to_string(stages) + " --replicas 1 --microbatches " +
                                     std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) +
-                                    " --schedule " + (shape.schedule == Schedule::kGPipe ? "gpipe" : "1f1b") +
+                                    " --schedule " + std::string(schedule_name(shape.schedule)) +
                                     " --no-baselines -o " + dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
   PlanDocument plan = read_plan(dir);

@@ -55,7 +55,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // Slices 3+3+2 meet 2+2 (micro-batches of 4 over 3 and 2 replicas): overlapping ranges move.
                       Case{"stages_of_three_and_two_uneven_replicas_m2", {{3, 2}, 2, Schedule::k1F1B, {}}},
                       Case{"recompute_on_the_first_of_two_stages_m4", {{1, 1}, 4, Schedule::k1F1B, {true, false}}},
-                      Case{"recompute_everywhere_gpipe_m2", {{1, 1}, 2, Schedule::kGPipe, {true, true}}}),
+                      Case{"recompute_everywhere_gpipe_m2", {{1, 1}, 2, Schedule::kGPipe, {true, true}}},
+                      // ZB-H1: each backward as its input-gradient pass, the weight-gradient pass deferred.
+                      Case{"zb_h1_two_stages_m4", {{1, 1}, 4, Schedule::kZbH1, {}}},
+                      Case{"zb_h1_four_stages_m4", {{1, 1, 1, 1}, 4, Schedule::kZbH1, {}}},
+                      Case{"zb_h1_stages_of_two_and_one_replicas_m2", {{2, 1}, 2, Schedule::kZbH1, {}}},
+                      Case{"zb_h1_recompute_on_the_second_of_two_stages_m4", {{1, 1}, 4, Schedule::kZbH1, {false, true}}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(ApartRun, GivesTheSameResultTwice) {
@@ -76,6 +81,19 @@ bool bitwise_equal(const Weights& a, const Weights& b) {
       return false;
   }
   return true;
+}
+
+// ZB-H1 runs the same nodes as 1F1B, split between two passes, and adds each micro-batch's weight gradients in the
+// same order: the same bits.
+TEST(ApartRunZbH1, TrainsBitwiseAs1F1BWithAdamW) {
+  const fs::path dir = scratch("zb_h1_bitwise");
+  const fs::path one_f_one_b = make_plan(gpt_tiny(), {{1, 2, 1}, 3, Schedule::k1F1B, {}}, 6, dir / "1f1b");
+  const fs::path zb = make_plan(gpt_tiny(), {{1, 2, 1}, 3, Schedule::kZbH1, {}}, 6, dir / "zb");
+  const Outcome a = run_threads(one_f_one_b, 3, dir / "a", Optimizer::kAdamW, 1e-3);
+  const Outcome b = run_threads(zb, 3, dir / "b", Optimizer::kAdamW, 1e-3);
+  ASSERT_EQ(b.losses.size(), 3u);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_TRUE(bitwise_equal(a.weights, b.weights));
 }
 
 TEST(ApartRunCheckpoints, TenStepsStraightEqualFivePlusAResumedFiveBitwise) {

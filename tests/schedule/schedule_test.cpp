@@ -190,12 +190,6 @@ TEST(RankActions, RefuseAStageWithMoreReplicasThanAMicrobatchHasSamplesOnEveryRa
   EXPECT_NO_THROW(rank_actions(pipeline_plan({1, 4}, 2, Schedule::k1F1B, 6), 1));  // 2 + 2 + 1 + 1 samples
 }
 
-TEST(RankActions, RefuseTheInterleavedScheduleForNow) {
-  PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::kInterleaved);
-  plan.training.virtual_stages = 2;
-  EXPECT_THROW(rank_actions(plan, 0), Unsupported);
-}
-
 TEST(RankActions, RefuseATensorParallelStageNamingItForNow) {
   PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::k1F1B);
   plan.stages[1].tp = 2;
@@ -224,8 +218,20 @@ TEST(RankActions, RefuseASelectivelyRecomputingStageNamingItButRunFullRecomputat
   }
 }
 
-TEST(RankActions, RefuseTheZbH1ScheduleForNow) {
-  EXPECT_THROW(rank_actions(pipeline_plan({1, 1}, 4, Schedule::kZbH1), 0), Unsupported);
+TEST(RankActions, RefuseTheInterleavedScheduleForNow) {
+  PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::kInterleaved);
+  plan.training.virtual_stages = 2;
+  EXPECT_THROW(rank_actions(plan, 0), Unsupported);
+}
+
+TEST(RankActions, RunZbH1sWeightPassesAsTheirOwnActionsWithoutMessages) {
+  const PlanDocument plan = pipeline_plan({1, 1}, 2, Schedule::kZbH1);
+  EXPECT_EQ(names(rank_actions(plan, 1)),
+            (std::vector<std::string>{"recv act 0→1 mb=0 [0,6) from rank 0", "fwd mb=0", "bwd mb=0",
+                                      "send grad 0→1 mb=0 [0,6) to rank 0", "recv act 0→1 mb=1 [0,6) from rank 0",
+                                      "fwd mb=1", "bwd mb=1", "send grad 0→1 mb=1 [0,6) to rank 0", "bwd-weight mb=0",
+                                      "bwd-weight mb=1", "step"}));
+  check_schedule(plan, all_actions(plan));
 }
 
 // --- Exact lists on hand-built plans ------------------------------------------------------------------------------
@@ -317,7 +323,7 @@ TEST(RankActions, FollowTheOpOrderOfEachStageInAFourStagePipeline) {
 
 // --- The exhaustive oracle ----------------------------------------------------------------------------------------
 
-// Every shape: 1..4 stages, 1..3 replicas each, 1..6 micro-batches, GPipe and 1F1B, as a chain and (3 stages) with a
+// Every shape: 1..4 stages, 1..3 replicas each, 1..6 micro-batches, GPipe, 1F1B and ZB-H1, as a chain and (3 stages) with a
 // skip edge 0 → 2 too. The lists run to the end; each rank runs each forward and backward once, forward first; 1F1B
 // holds at most stage_in_flight_microbatches activations; every replica receives exactly its own samples from each
 // stage it reads, and each (src, dst, tag) carries exactly one message.
@@ -333,7 +339,9 @@ void expect_sound(const PlanDocument& plan, const std::string& shape) {
     const RankRole role = rank_role(plan, r);
     const PlanStageRecord& stage = plan.stages[static_cast<size_t>(role.stage)];
     const SampleRange mine = replica_samples(samples, stage.replicas, role.replica);
-    std::vector<int> forwards(static_cast<size_t>(m), 0), backwards(static_cast<size_t>(m), 0);
+    std::vector<int> forwards(static_cast<size_t>(m), 0), backwards(static_cast<size_t>(m), 0),
+        weights(static_cast<size_t>(m), 0);
+    const bool zb = plan.training.schedule == Schedule::kZbH1;
     int64_t held = 0, peak = 0;
     // Per (micro-batch, neighbour stage, gradient): the samples received, to compare with this replica's slice.
     std::map<std::tuple<int64_t, int, bool>, std::vector<SampleRange>> received;
@@ -346,6 +354,12 @@ void expect_sound(const PlanDocument& plan, const std::string& shape) {
         case ActionKind::kBackward:
           EXPECT_EQ(forwards[static_cast<size_t>(a.microbatch)], 1) << "rank " << r << " backward before forward";
           ++backwards[static_cast<size_t>(a.microbatch)];
+          if (!zb) --held;  // ZB-H1 holds a micro-batch until its W pass
+          break;
+        case ActionKind::kBackwardWeight:
+          EXPECT_TRUE(zb) << "rank " << r << ": a W pass outside ZB-H1";
+          EXPECT_EQ(backwards[static_cast<size_t>(a.microbatch)], 1) << "rank " << r << " W before B";
+          ++weights[static_cast<size_t>(a.microbatch)];
           --held;
           break;
         case ActionKind::kSend:
@@ -361,9 +375,10 @@ void expect_sound(const PlanDocument& plan, const std::string& shape) {
     for (int64_t mb = 0; mb < m; ++mb) {
       EXPECT_EQ(forwards[static_cast<size_t>(mb)], 1) << "rank " << r << " mb " << mb;
       EXPECT_EQ(backwards[static_cast<size_t>(mb)], 1) << "rank " << r << " mb " << mb;
+      EXPECT_EQ(weights[static_cast<size_t>(mb)], zb ? 1 : 0) << "rank " << r << " mb " << mb;
     }
-    if (plan.training.schedule == Schedule::k1F1B) {
-      EXPECT_LE(peak, stage_in_flight_microbatches(Schedule::k1F1B, role.stage, stages, m)) << "rank " << r;
+    if (plan.training.schedule != Schedule::kGPipe) {
+      EXPECT_LE(peak, stage_in_flight_microbatches(plan.training.schedule, role.stage, stages, m)) << "rank " << r;
     }
     for (const auto& [key, ranges] : received) {
       int64_t next = mine.begin;
@@ -379,7 +394,7 @@ void expect_sound(const PlanDocument& plan, const std::string& shape) {
 }
 
 // Calls check(replicas, m, schedule, shape) for every stage count up to `max_stages` with 1..3 replicas each, every
-// micro-batch count up to `max_m`, GPipe and 1F1B; returns how many calls it made.
+// micro-batch count up to `max_m`, GPipe, 1F1B and ZB-H1; returns how many calls it made.
 int for_every_shape(int max_stages, int64_t max_m,
                     const std::function<void(const std::vector<int>&, int64_t, Schedule, const std::string&)>& check) {
   int checked = 0;
@@ -390,7 +405,7 @@ int for_every_shape(int max_stages, int64_t max_m,
       std::vector<int> replicas;
       for (int s = 0, c = code; s < stages; ++s, c /= 3) replicas.push_back(1 + c % 3);
       for (int64_t m = 1; m <= max_m; ++m)
-        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kZbH1}) {
           std::string shape = std::string(schedule_name(schedule)) + " m=" + std::to_string(m) + " replicas";
           for (int r : replicas) shape += " " + std::to_string(r);
           check(replicas, m, schedule, shape);
@@ -413,8 +428,8 @@ TEST(RankActions, RunToTheEndWithEveryOpOnceForEveryShapeUpToFourStagesThreeRepl
     expect_sound(pipeline_plan(replicas, m, schedule, 6, edges), shape + " + skip 0→last");
     ++skips;
   });
-  EXPECT_EQ(checked, (3 + 9 + 27 + 81) * 6 * 2);
-  EXPECT_EQ(skips, 27 * 6 * 2);
+  EXPECT_EQ(checked, (3 + 9 + 27 + 81) * 6 * 3);
+  EXPECT_EQ(skips, 27 * 6 * 3);
 }
 
 // Micro-batches of 7 samples: 2 and 3 replicas hold uneven slices (4+3, 3+2+2), which other stages' replicas meet at
@@ -424,7 +439,7 @@ TEST(RankActions, RunToTheEndForUnevenReplicaSlicesUpToThreeStages) {
                                                const std::string& shape) {
     expect_sound(pipeline_plan(replicas, m, schedule, 7), shape + ", 7 samples");
   });
-  EXPECT_EQ(checked, (3 + 9 + 27) * 3 * 2);
+  EXPECT_EQ(checked, (3 + 9 + 27) * 3 * 3);
 }
 
 TEST(ActionTags, AreUniquePerMicrobatchEdgeAndDirectionAndStayInMpisRange) {

@@ -13,7 +13,8 @@
 # Usage: OMP_NUM_THREADS=1 bench/run_fidelity.sh [path/to/apart] [--mpi]
 #   (default build/release/cli/apart, ranks as threads of one process; --mpi: mpirun -np 2, one process per rank)
 # Environment: ROUNDS (default 5), STEPS (default 40; step 1 is left out as warm-up), MODEL (gpt-tiny),
-#   VERBOSE=1 prints every round's whole comparison table.
+#   VERBOSE=1 prints every round's whole comparison table, KINDS=all adds the plan kinds of issue 17: ZeRO-1 and
+#   ZeRO-2 data-parallel (1 stage × 2 replicas, 2 micro-batches) and ZB-H1 pipelined (2 stages, 4 micro-batches).
 set -euo pipefail
 apart=${1:-build/release/cli/apart}
 launch=(--in-process)
@@ -32,17 +33,20 @@ trap 'rm -rf "$dir"' EXIT
 # The load average tells how much of the 2 cores other processes took: the measured times stretch with it.
 echo "apart fidelity: $model, batch $batch, $rounds rounds of $steps steps, OMP_NUM_THREADS=$OMP_NUM_THREADS," \
   "${prefix[*]:-in-process}, load average $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"
-shapes=("pipelined 2 1 4" "data-parallel 1 2 1")  # name stages replicas micro-batches
+shapes=("pipelined 2 1 4 1f1b 0" "data-parallel 1 2 1 1f1b 0")  # name stages replicas micro-batches schedule zero
+if [[ "${KINDS:-}" == all ]]; then
+  shapes+=("zero1-data-parallel 1 2 2 1f1b 1" "zero2-data-parallel 1 2 2 1f1b 2" "zb-h1-pipelined 2 1 4 zb-h1 0")
+fi
 for ((round = 1; round <= rounds; ++round)); do
   rm -f "$dir"/costs_*.json
   for shape in "${shapes[@]}"; do
-    read -r name stages replicas microbatches <<<"$shape"
+    read -r name stages replicas microbatches schedule zero <<<"$shape"
     mb=$((batch / microbatches / replicas))  # samples one rank runs per forward: what the profile must measure
     # Both shapes run 2 ranks on this machine: the profile runs a twin beside it (--ranks-per-node 2), as they will.
     [[ -f "$dir/costs_$mb.json" ]] || "$apart" profile "$model" --batch "$mb" --ranks-per-node 2 --repeats 20 -q \
       -o "$dir/costs_$mb.json" 2>/dev/null
     "$apart" partition "$model" --profile "$dir/costs_$mb.json" --device cpu --devices 2 --stages "$stages" \
-      --replicas "$replicas" --microbatches "$microbatches" --batch "$batch" --schedule 1f1b --no-baselines \
+      --replicas "$replicas" --microbatches "$microbatches" --batch "$batch" --schedule "$schedule" --zero "$zero" --no-baselines \
       -o "$dir/$name" >/dev/null
     "${prefix[@]}" "$apart" run "$dir/$name" "${launch[@]}" --steps "$steps" -q --trace-all-steps \
       --trace "$dir/$name.trace.json" >/dev/null 2>&1
@@ -57,7 +61,7 @@ for ((round = 1; round <= rounds; ++round)); do
 done
 # The summary: per shape, a line per round (iteration predicted → measured, ratio; each stage's busy ratio).
 for shape in "${shapes[@]}"; do
-  read -r name stages replicas microbatches <<<"$shape"
+  read -r name stages replicas microbatches schedule zero <<<"$shape"
   echo "== $name: $stages stage(s) x $replicas replica(s), $microbatches micro-batch(es) of $((batch / microbatches))"
   for ((round = 1; round <= rounds; ++round)); do
     awk -v round="$round" '

@@ -972,6 +972,19 @@ onnx::ModelProto load_model_proto(const fs::path& path, const ImportOptions& opt
   return model;
 }
 
+MissingInterface missing_interface(const onnx::ModelProto& model, const std::vector<std::string>& inputs,
+                                   const std::vector<std::string>& outputs) {
+  std::set<std::string> has_in, has_out;
+  for (const auto& info : model.graph().input()) has_in.insert(info.name());
+  for (const auto& info : model.graph().output()) has_out.insert(info.name());
+  MissingInterface missing;
+  for (const std::string& v : inputs)
+    if (!has_in.count(v)) missing.inputs.push_back(v);
+  for (const std::string& v : outputs)
+    if (!has_out.count(v)) missing.outputs.push_back(v);
+  return missing;
+}
+
 std::pair<std::string, std::vector<int64_t>> parse_shape_flag(const std::string& text) {
   const auto colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0)

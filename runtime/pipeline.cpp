@@ -87,19 +87,18 @@ std::string model_loss(const TaskGraph& graph, const std::string& requested, con
 // output for each of its plan outputs. Every rank checks every stage's file (protobuf only; weights are read by
 // the rank that trains them), so a truncated, foreign or swapped stage_K.onnx fails everywhere before any message.
 void check_stage_file(const fs::path& file, const PlanStageRecord& stage) {
-  const onnx::ModelProto proto = load_model_proto(file);  // InvalidModel naming the file when it is not ONNX
-  std::set<std::string> inputs, outputs;
-  for (const auto& info : proto.graph().input()) inputs.insert(info.name());
-  for (const auto& info : proto.graph().output()) outputs.insert(info.name());
+  std::vector<std::string> inputs, outputs;
+  for (const PlanInput& in : stage.inputs) inputs.push_back(in.value);
+  for (const PlanOutput& out : stage.outputs) outputs.push_back(out.value);
+  // InvalidModel naming the file when it is not ONNX.
+  const MissingInterface missing = missing_interface(load_model_proto(file), inputs, outputs);
   auto refuse = [&](const std::string& what, const std::string& value) {
     throw InvalidModel(file.string() + " is not stage " + std::to_string(stage.id) + " of this plan: plan.json's stages[" +
                        std::to_string(stage.id) + "]." + what + " names " + quote(value) + ", which the file does not " +
                        (what == "inputs" ? "take as an input" : "output") + "; re-run apart partition to rewrite the plan folder");
   };
-  for (const PlanInput& in : stage.inputs)
-    if (!inputs.count(in.value)) refuse("inputs", in.value);
-  for (const PlanOutput& out : stage.outputs)
-    if (!outputs.count(out.value)) refuse("outputs", out.value);
+  if (!missing.inputs.empty()) refuse("inputs", missing.inputs.front());
+  if (!missing.outputs.empty()) refuse("outputs", missing.outputs.front());
 }
 
 RunSetup check_plan(const RunOptions& options, int rank, int world) {

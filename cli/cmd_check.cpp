@@ -1,0 +1,46 @@
+// `apart check`: a plan folder verified before a run (driver/check.h; docs/plan.md, "Checking a plan").
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <memory>
+
+#include "cli/command_registry.h"
+#include "driver/check.h"
+#include "graph/error.h"
+
+namespace apart::cli {
+namespace {
+
+struct CheckArgs {
+  std::string plan;
+  std::string model;
+  bool quiet = false;
+};
+
+void run_check(const CheckArgs& a) {
+  const PlanCheck check = check_plan_folder(a.plan, a.model);
+  int failed = 0;
+  for (const PlanFinding& f : check.findings) {
+    failed += !f.ok;
+    if (!a.quiet || !f.ok) std::printf("%-4s %-11s %s\n", f.ok ? "ok" : "FAIL", f.check.c_str(), f.detail.c_str());
+  }
+  std::fflush(stdout);
+  if (failed > 0)
+    throw InvalidModel(a.plan + ": " + std::to_string(failed) + " of " + std::to_string(check.findings.size()) +
+                       " checks failed (listed above)");
+  if (!a.quiet) std::printf("%s: the plan is valid\n", a.plan.c_str());
+}
+
+const bool kRegistered = register_command({"check", 62, [](CLI::App& app) {
+  auto args = std::make_shared<CheckArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "check", "Verify a plan folder before running it: schema, model sha256, partition invariants, memory, stage files, "
+               "prediction (exit 3 when a check fails)");
+  cmd->add_option("plan", args->plan, "Plan directory (written by `apart partition`) or its plan.json")->required();
+  cmd->add_option("model", args->model, "The model the plan was made for (default: the path plan.json names)");
+  cmd->add_flag("-q,--quiet", args->quiet, "Print only the failed checks");
+  cmd->callback([args] { run_check(*args); });
+}});
+
+}  // namespace
+}  // namespace apart::cli

@@ -1,0 +1,236 @@
+// `apart check`: a plan folder verified (see check.h).
+#include "driver/check.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "graph/error.h"
+#include "graph/sha256.h"
+#include "graph/text.h"
+#include "graph/units.h"
+#include "importer/importer.h"
+#include "importer/model_proto.h"
+#include "plan/plan.h"
+#include "schedule/schedule.h"
+#include "simulator/sim_plan.h"
+#include "simulator/simulate.h"
+
+namespace apart {
+namespace fs = std::filesystem;
+
+namespace {
+
+// "a, b, c and 4 more".
+std::string some(const std::vector<std::string>& names, size_t shown = 3) {
+  std::string text;
+  for (size_t i = 0; i < std::min(shown, names.size()); ++i) text += (i ? ", " : "") + quote(names[i]);
+  if (names.size() > shown) text += " and " + std::to_string(names.size() - shown) + " more";
+  return text;
+}
+
+class Checker {
+ public:
+  PlanCheck result;
+  void pass(const std::string& check, const std::string& detail) { result.findings.push_back({true, check, detail}); }
+  void fail(const std::string& check, const std::string& detail) { result.findings.push_back({false, check, detail}); }
+};
+
+// tasks and order: the plan's stages against the model's task graph.
+void check_tasks(Checker& c, const PlanDocument& plan, const TaskGraph& graph) {
+  std::vector<std::string> unknown;
+  std::map<uint32_t, std::vector<int>> stages_of;  // batch task → the stages naming it
+  for (const PlanStageRecord& stage : plan.stages)
+    for (const std::string& name : stage.tasks) {
+      const auto t = graph.find_task(name);
+      if (!t) {
+        unknown.push_back(name);
+        continue;
+      }
+      if (!graph.task(*t).constant) stages_of[t->value()].push_back(stage.id);
+    }
+  std::vector<std::string> missing, repeated;
+  for (uint32_t t = 0; t < graph.num_tasks(); ++t) {
+    const Task& task = graph.task(TaskId(t));
+    if (task.constant) continue;
+    auto it = stages_of.find(t);
+    if (it == stages_of.end()) missing.push_back(task.name);
+    else if (it->second.size() > 1) repeated.push_back(task.name + " (stages " + std::to_string(it->second[0]) + " and " +
+                                                       std::to_string(it->second[1]) + ")");
+  }
+  if (unknown.empty() && missing.empty() && repeated.empty()) {
+    c.pass("tasks", std::to_string(graph.num_batch_tasks()) + " batch tasks, each in exactly one of " +
+                        std::to_string(plan.stages.size()) + " stages");
+  } else {
+    std::string detail;
+    if (!unknown.empty()) detail += std::to_string(unknown.size()) + " task(s) the model does not have: " + some(unknown) + "; ";
+    if (!missing.empty()) detail += std::to_string(missing.size()) + " batch task(s) in no stage: " + some(missing) + "; ";
+    if (!repeated.empty()) detail += std::to_string(repeated.size()) + " batch task(s) in two stages: " + some(repeated) + "; ";
+    detail += "the plan is not a partition of this model (another model, or an edited plan.json): re-run apart partition";
+    c.fail("tasks", detail);
+  }
+  // order: a batch task reads batch values from its own stage or earlier ones.
+  std::vector<std::string> backward;
+  for (const auto& [t, stages] : stages_of)
+    for (ValueId in : graph.task(TaskId(t)).inputs) {
+      if (!in.valid() || !graph.value(in).producer.valid()) continue;
+      auto producer = stages_of.find(graph.value(in).producer.value());
+      if (producer != stages_of.end() && producer->second.front() > stages.front())
+        backward.push_back(graph.task(TaskId(t)).name + " (stage " + std::to_string(stages.front()) + ") reads " +
+                           graph.value(in).name + " from stage " + std::to_string(producer->second.front()));
+    }
+  if (backward.empty()) c.pass("order", "every stage reads only what it or an earlier stage computes");
+  else c.fail("order", std::to_string(backward.size()) + " value(s) flow backward: " + some(backward, 2));
+}
+
+void check_stage_files(Checker& c, const PlanDocument& plan, const fs::path& dir) {
+  std::vector<std::string> absent, wrong;
+  for (const PlanStageRecord& stage : plan.stages) {
+    const fs::path file = dir / ("stage_" + std::to_string(stage.id) + ".onnx");
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec)) {
+      absent.push_back(file.filename().string());
+      continue;
+    }
+    std::vector<std::string> inputs, outputs;
+    for (const PlanInput& in : stage.inputs) inputs.push_back(in.value);
+    for (const PlanOutput& out : stage.outputs) outputs.push_back(out.value);
+    try {
+      const MissingInterface missing = missing_interface(load_model_proto(file), inputs, outputs);
+      if (!missing.inputs.empty())
+        wrong.push_back(file.filename().string() + " does not take " + some(missing.inputs, 2));
+      else if (!missing.outputs.empty())
+        wrong.push_back(file.filename().string() + " does not output " + some(missing.outputs, 2));
+    } catch (const Error& e) {
+      wrong.push_back(e.what());
+    }
+  }
+  if (absent.size() == plan.stages.size()) {
+    c.pass("stage files", "none (planned with --no-stage-models); apart run needs them");
+  } else if (absent.empty() && wrong.empty()) {
+    c.pass("stage files", std::to_string(plan.stages.size()) + " stage_K.onnx, each with its stage's inputs and outputs");
+  } else {
+    std::string detail;
+    if (!absent.empty()) detail += std::to_string(absent.size()) + " missing: " + some(absent) + "; ";
+    for (const std::string& w : wrong) detail += w + "; ";
+    c.fail("stage files", detail + "re-run apart partition to rewrite the plan folder");
+  }
+}
+
+void check_prediction(Checker& c, const PlanDocument& plan) {
+  if (!plan.predicted || !plan.predicted->iteration_s) {
+    c.pass("prediction", "plan.json predicts no iteration time to reproduce");
+    return;
+  }
+  try {
+    const double replayed = sim::simulate(sim::sim_plan(plan)).iteration_s;
+    const double predicted = *plan.predicted->iteration_s;
+    const bool simulated = plan.predicted->source.value_or("") == "simulated";
+    const double tolerance = (simulated ? 1e-9 : 0.5) * std::max(std::abs(predicted), 1e-12);
+    const std::string figures = "predicted " + format_seconds(predicted) + ", apart simulate replays " +
+                                format_seconds(replayed);
+    if (std::abs(replayed - predicted) <= tolerance)
+      c.pass("prediction", figures + (simulated ? "" : " (an analytic estimate: within 50 %)"));
+    else
+      c.fail("prediction", figures + ": the stages' times or the cluster's links in plan.json do not give its "
+                                     "prediction (an edited plan.json?); re-run apart partition");
+  } catch (const Error& e) {
+    c.fail("prediction", std::string("apart simulate cannot replay it: ") + e.what());
+  }
+}
+
+}  // namespace
+
+bool PlanCheck::ok() const {
+  return std::all_of(findings.begin(), findings.end(), [](const PlanFinding& f) { return f.ok; });
+}
+
+PlanCheck check_plan_folder(const fs::path& plan_path, const fs::path& model_arg) {
+  Checker c;
+  const fs::path json = plan_json_path(plan_path);  // InvalidArgument when it is no plan folder
+  const fs::path dir = json.parent_path();
+  PlanDocument plan;
+  try {
+    plan = read_plan(plan_path);
+    c.pass("schema", std::string(kPlanSchema) + ", " + std::to_string(plan.stages.size()) + " stages on " +
+                         std::to_string(plan_devices(plan)) + " devices");
+  } catch (const InvalidModel& e) {
+    c.fail("schema", e.what());
+    return c.result;
+  }
+
+  // model
+  const fs::path model = !model_arg.empty() ? model_arg : fs::path(plan.model ? plan.model->path : "");
+  std::optional<ImportedModel> imported;
+  std::error_code ec;
+  if (model.empty() || !fs::is_regular_file(model, ec)) {
+    c.fail("model", "the model " + quote(model.string()) + " plan.json names is not there: pass it (apart check PLAN MODEL)");
+  } else {
+    const std::string sha = sha256_file_hex(model);
+    if (plan.model && !plan.model->sha256.empty() && sha != plan.model->sha256) {
+      c.fail("model", model.string() + " is not the model the plan was made for (sha256 " + sha.substr(0, 12) +
+                          "…, the plan's " + plan.model->sha256.substr(0, 12) + "…)");
+    } else {
+      try {
+        ImportOptions options;
+        options.require_external_data = false;
+        if (plan.training.global_batch) {
+          options.batch = *plan.training.global_batch;
+          options.batch_explicit = true;
+        }
+        options.constants_as_params = !plan.model || plan.model->constants_as_params.value_or(true);
+        imported = import_model(model.string(), options);
+        c.pass("model", model.string() + (plan.model && !plan.model->sha256.empty() ? ", sha256 as the plan's" : ""));
+      } catch (const Error& e) {
+        c.fail("model", std::string("the model does not import: ") + e.what());
+      }
+    }
+  }
+  if (imported) {
+    check_tasks(c, plan, imported->graph);
+  } else {
+    c.fail("tasks", "not checked: no model to check the stages' tasks against");
+    c.fail("order", "not checked: no model");
+  }
+
+  // devices and memory
+  int highest = -1;
+  for (const PlanStageRecord& stage : plan.stages)
+    for (int d : stage.devices) highest = std::max(highest, d);
+  if (highest < plan.cluster.devices && plan_devices(plan) <= plan.cluster.devices)
+    c.pass("devices", std::to_string(plan_devices(plan)) + " of the cluster's " + std::to_string(plan.cluster.devices) +
+                          ", each in one stage");
+  else
+    c.fail("devices", "the stages use device " + std::to_string(highest) + " (" + std::to_string(plan_devices(plan)) +
+                          " devices) but cluster.devices is " + std::to_string(plan.cluster.devices));
+  if (!plan.cluster.memory_bytes) {
+    c.pass("memory", "plan.json records no device capacity to check against");
+  } else {
+    std::vector<std::string> over;
+    int64_t peak = 0;
+    for (const PlanStageRecord& stage : plan.stages) {
+      const int64_t m = stage.memory_bytes.value_or(0);
+      peak = std::max(peak, m);
+      if (m > *plan.cluster.memory_bytes)
+        over.push_back("stage " + std::to_string(stage.id) + " " + format_bytes(static_cast<double>(m)));
+    }
+    const std::string usable = format_bytes(static_cast<double>(*plan.cluster.memory_bytes));
+    if (over.empty()) c.pass("memory", "peak " + format_bytes(static_cast<double>(peak)) + " of " + usable + " usable");
+    else c.fail("memory", some(over, 3) + " above the " + usable + " a device may fill");
+  }
+
+  check_stage_files(c, plan, dir);
+  check_prediction(c, plan);
+  try {
+    check_executable(plan);
+    c.pass("runtime", "apart run executes this plan (mpirun -np " + std::to_string(plan_devices(plan)) + ")");
+  } catch (const Unsupported& e) {
+    c.pass("runtime", std::string("a valid plan apart run does not execute yet: ") + e.what());
+  }
+  return c.result;
+}
+
+}  // namespace apart

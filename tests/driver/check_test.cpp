@@ -1,0 +1,136 @@
+// apart check: a plan apart partition wrote passes every check; each kind of damage fails the check it belongs to
+// (and only the checks that depend on it), through check_plan_folder and through the CLI's exit code.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "driver/check.h"
+#include "plan/plan.h"
+#include "tests/support/run_apart.h"
+
+namespace apart {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kModel = std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx";
+
+fs::path fresh_plan(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("apart_check_test_" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir.parent_path());
+  const auto r = testing::run_apart("partition " + kModel + " --device cpu --devices 4 --stages 2 --batch 8 "
+                                    "--no-baselines -q -o " + dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir;
+}
+
+void rewrite(const fs::path& dir, const PlanDocument& plan) {
+  std::ofstream(dir / "plan.json") << plan_to_json(plan).dump(2) << "\n";
+}
+
+// The checks that failed, by name.
+std::vector<std::string> failed(const PlanCheck& check) {
+  std::vector<std::string> names;
+  for (const PlanFinding& f : check.findings)
+    if (!f.ok) names.push_back(f.check);
+  return names;
+}
+
+const PlanFinding& finding(const PlanCheck& check, const std::string& name) {
+  for (const PlanFinding& f : check.findings)
+    if (f.check == name) return f;
+  static const PlanFinding none{false, "none", "no such check"};
+  return none;
+}
+
+TEST(ApartCheck, PassesEveryCheckOnAPlanPartitionWrote) {
+  const fs::path dir = fresh_plan("valid");
+  const PlanCheck check = check_plan_folder(dir);
+  EXPECT_TRUE(check.ok());
+  EXPECT_EQ(check.findings.size(), 9u);
+  EXPECT_EQ(failed(check), std::vector<std::string>{});
+  const auto r = testing::run_apart("check " + dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the plan is valid"), std::string::npos) << r.out;
+}
+
+TEST(ApartCheck, FailsTheTaskCheckForATaskInTwoStagesOrNoneOrUnknown) {
+  const fs::path dir = fresh_plan("tasks");
+  PlanDocument plan = read_plan(dir);
+  plan.stages[1].tasks.insert(plan.stages[1].tasks.begin(), plan.stages[0].tasks.back());  // in both stages
+  plan.stages[1].tasks.back() = "no-such-task";  // instead of the loss, which is then in no stage
+  rewrite(dir, plan);
+  const PlanCheck check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{"tasks"}) << finding(check, "tasks").detail;
+  const std::string& detail = finding(check, "tasks").detail;
+  EXPECT_NE(detail.find("'no-such-task'"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("in two stages"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("in no stage"), std::string::npos) << detail;  // the task the unknown name replaced
+  const auto r = testing::run_apart("check " + dir.string());
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("FAIL tasks"), std::string::npos) << r.out;
+}
+
+TEST(ApartCheck, FailsTheOrderCheckWhenAStageReadsWhatALaterOneComputes) {
+  const fs::path dir = fresh_plan("order");
+  PlanDocument plan = read_plan(dir);
+  std::swap(plan.stages[0].tasks, plan.stages[1].tasks);
+  rewrite(dir, plan);
+  const PlanCheck check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{"order"}) << finding(check, "order").detail;
+  EXPECT_NE(finding(check, "order").detail.find("flow backward"), std::string::npos);
+}
+
+// (A device count below the stages' is refused by plan.json's reader already: the schema check.)
+TEST(ApartCheck, FailsTheMemoryAndPredictionChecksOnEditedFigures) {
+  const fs::path dir = fresh_plan("figures");
+  PlanDocument plan = read_plan(dir);
+  plan.stages[0].memory_bytes = *plan.cluster.memory_bytes + 1;
+  plan.stages[1].forward_s *= 2;
+  rewrite(dir, plan);
+  const PlanCheck check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), (std::vector<std::string>{"memory", "prediction"})) << finding(check, "schema").detail;
+  EXPECT_NE(finding(check, "memory").detail.find("stage 0"), std::string::npos) << finding(check, "memory").detail;
+}
+
+TEST(ApartCheck, FailsTheStageFileCheckForAMissingOrForeignStageFile) {
+  const fs::path dir = fresh_plan("stage_files");
+  fs::copy_file(dir / "stage_0.onnx", dir / "stage_1.onnx", fs::copy_options::overwrite_existing);  // stage 0's file as 1
+  PlanCheck check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{"stage files"});
+  EXPECT_NE(finding(check, "stage files").detail.find("stage_1.onnx does not"), std::string::npos)
+      << finding(check, "stage files").detail;
+  fs::remove(dir / "stage_1.onnx");
+  check = check_plan_folder(dir);
+  EXPECT_NE(finding(check, "stage files").detail.find("1 missing: 'stage_1.onnx'"), std::string::npos)
+      << finding(check, "stage files").detail;
+}
+
+TEST(ApartCheck, FailsTheModelCheckForOtherBytesAndSkipsWhatNeedsTheModel) {
+  const fs::path dir = fresh_plan("model");
+  const fs::path other = dir.parent_path() / "other.onnx";
+  fs::copy_file(kModel, other, fs::copy_options::overwrite_existing);
+  std::ofstream(other, std::ios::app) << '\0';  // a trailing byte: still ONNX, another sha256
+  const PlanCheck check = check_plan_folder(dir, other);
+  EXPECT_EQ(failed(check), (std::vector<std::string>{"model", "tasks", "order"}));
+  EXPECT_NE(finding(check, "model").detail.find("not the model the plan was made for"), std::string::npos);
+}
+
+TEST(ApartCheck, ReportsAPlanJsonThatDoesNotParseAsTheOnlyCheckAndExits3) {
+  const fs::path dir = fresh_plan("schema");
+  std::ofstream(dir / "plan.json") << "{\"schema\": \"apart.plan/1\", \"stages\": 3}\n";
+  const PlanCheck check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{"schema"});
+  EXPECT_EQ(check.findings.size(), 1u);
+  const auto r = testing::run_apart("check " + dir.string() + " -q");
+  EXPECT_EQ(r.code, 3) << r.out;
+  const auto none = testing::run_apart("check " + (dir / "nothing").string());
+  EXPECT_EQ(none.code, 2) << none.out;
+}
+
+}  // namespace
+}  // namespace apart

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -215,6 +216,18 @@ inline void expect_same_training(const Outcome& reference, const Outcome& run, c
     ++compared;
   }
   EXPECT_GT(compared, 0) << what;
+}
+
+// The same params with the same bytes.
+inline bool bitwise_equal(const Weights& a, const Weights& b) {
+  if (a.by_name.size() != b.by_name.size()) return false;
+  for (const auto& [name, t] : a.by_name) {
+    auto it = b.by_name.find(name);
+    if (it == b.by_name.end() || it->second.bytes() != t.bytes() ||
+        std::memcmp(it->second.raw(), t.raw(), static_cast<size_t>(t.bytes())) != 0)
+      return false;
+  }
+  return true;
 }
 
 // Each rank trained a strict part of the model: the plan was really split.

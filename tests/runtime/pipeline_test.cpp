@@ -72,17 +72,6 @@ TEST(ApartRun, GivesTheSameResultTwice) {
   EXPECT_EQ(a.losses, b.losses);
 }
 
-bool bitwise_equal(const Weights& a, const Weights& b) {
-  if (a.by_name.size() != b.by_name.size()) return false;
-  for (const auto& [name, t] : a.by_name) {
-    auto it = b.by_name.find(name);
-    if (it == b.by_name.end() || it->second.bytes() != t.bytes() ||
-        std::memcmp(it->second.raw(), t.raw(), static_cast<size_t>(t.bytes())) != 0)
-      return false;
-  }
-  return true;
-}
-
 // ZB-H1 runs the same nodes as 1F1B, split between two passes, and adds each micro-batch's weight gradients in the
 // same order: the same bits.
 TEST(ApartRunZbH1, TrainsBitwiseAs1F1BWithAdamW) {

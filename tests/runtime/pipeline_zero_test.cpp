@@ -22,17 +22,6 @@ using namespace apart::testing;
 
 fs::path scratch(const std::string& name) { return testing::scratch("pipeline_zero_test", name); }
 
-bool bitwise_equal(const Weights& a, const Weights& b) {
-  if (a.by_name.size() != b.by_name.size()) return false;
-  for (const auto& [name, t] : a.by_name) {
-    auto it = b.by_name.find(name);
-    if (it == b.by_name.end() || it->second.bytes() != t.bytes() ||
-        std::memcmp(it->second.raw(), t.raw(), static_cast<size_t>(t.bytes())) != 0)
-      return false;
-  }
-  return true;
-}
-
 struct Case {
   const char* name;
   Shape shape;

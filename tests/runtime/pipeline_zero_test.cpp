@@ -51,7 +51,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"zero2_two_stages_of_two_replicas_m4", {{2, 2}, 4, Schedule::k1F1B, {}, 2}},
                       // Three replicas: buckets padded to a multiple of 3, slices of 3, 3 and 2 samples.
                       Case{"zero2_stages_of_three_and_two_uneven_replicas_m2", {{3, 2}, 2, Schedule::k1F1B, {}, 2}},
-                      Case{"zero1_gpipe_with_recompute_m2", {{2, 1}, 2, Schedule::kGPipe, {true, false}, 1}}),
+                      Case{"zero1_gpipe_with_recompute_m2", {{2, 1}, 2, Schedule::kGPipe, {true, false}, 1}},
+                      // ZB-H1's W passes produce the gradients that ZeRO-2 reduce-scatters.
+                      Case{"zero2_zb_h1_two_stages_of_two_replicas_m4", {{2, 2}, 4, Schedule::kZbH1, {}, 2}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(ZeroOne, TrainsWithAdamWBitwiseAsTheUnshardedRunAndHoldsHalfTheState) {

@@ -60,7 +60,8 @@ class Communicator {
   //                       unspecified (overwritten);
   //   allgather:          every rank's shard r becomes rank r's shard r (each contributes its own).
   // The result is bitwise what allreduce_sum gives for the same shard. The defaults run one allreduce_sum (the
-  // all-gather over zeroed other shards); the in-process and MPI transports override them with the real collectives.
+  // all-gather over zeroed other shards, so `data` must be host memory); the in-process, MPI and NCCL transports
+  // override them with the real collectives.
   virtual Pending reduce_scatter_sum(std::span<float> data);
   virtual Pending allgather(std::span<float> data);
   virtual void barrier() = 0;

@@ -377,6 +377,32 @@ Pending NcclCommunicator::allreduce_sum(std::span<double> data) {
   return post_allreduce(data.data(), data.size(), ncclFloat64, "double");
 }
 
+// In place as NCCL defines it: reduce-scatter into this rank's shard of `data` (recvbuff = sendbuff + rank · n),
+// all-gather from it (sendbuff = recvbuff + rank · n).
+Pending NcclCommunicator::reduce_scatter_sum(std::span<float> data) {
+  const size_t n = shard_length("reduce_scatter_sum", data.size());
+  const std::string what = who() + ": reduce_scatter_sum(float) of " + std::to_string(data.size()) + " elements";
+  DeviceScope scope(state_->device);
+  require_device_memory(data.data(), data.size() * sizeof(float), state_->device, what);
+  float* mine = data.data() + static_cast<size_t>(rank()) * n;
+  auto completion = enqueue(state_, backend_.compute_stream(), compute_done_, what, [&] {
+    APART_NCCL_CHECK(ncclReduceScatter(data.data(), mine, n, ncclFloat32, ncclSum, state_->comm, state_->stream));
+  });
+  return std::make_unique<NcclRequest>(state_, std::move(completion), nullptr, 0, what);
+}
+
+Pending NcclCommunicator::allgather(std::span<float> data) {
+  const size_t n = shard_length("allgather", data.size());
+  const std::string what = who() + ": allgather(float) of " + std::to_string(data.size()) + " elements";
+  DeviceScope scope(state_->device);
+  require_device_memory(data.data(), data.size() * sizeof(float), state_->device, what);
+  const float* mine = data.data() + static_cast<size_t>(rank()) * n;
+  auto completion = enqueue(state_, backend_.compute_stream(), compute_done_, what, [&] {
+    APART_NCCL_CHECK(ncclAllGather(mine, data.data(), n, ncclFloat32, state_->comm, state_->stream));
+  });
+  return std::make_unique<NcclRequest>(state_, std::move(completion), nullptr, 0, what);
+}
+
 void NcclCommunicator::barrier() {
   // A one-element all-reduce every rank must join, waited for: NCCL has no barrier of its own.
   post_allreduce(barrier_scratch_.get(), 1, ncclFloat32, "float")->wait();

@@ -45,6 +45,8 @@ class NcclCommunicator final : public Communicator {
   Pending recv(std::span<std::byte> data, int peer, int tag) override;
   Pending allreduce_sum(std::span<float> data) override;
   Pending allreduce_sum(std::span<double> data) override;
+  Pending reduce_scatter_sum(std::span<float> data) override;  // ncclReduceScatter / ncclAllGather, in place
+  Pending allgather(std::span<float> data) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason, int exit_code) override;

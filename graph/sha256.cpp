@@ -12,6 +12,7 @@
 #include "graph/error.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -92,7 +93,12 @@ __attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_extensions(std::ar
   _mm_storeu_si128(reinterpret_cast<__m128i*>(&h[4]), hgfe);
 }
 bool has_sha_extensions() {
-  static const bool has = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+  // CPUID directly (clang 14's __builtin_cpu_supports knows no "sha"): leaf 7 EBX bit 29 SHA, leaf 1 ECX bit 19 SSE4.1.
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 19))) return false;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 29)) != 0;
+  }();
   return has;
 }
 #else

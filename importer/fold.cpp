@@ -191,7 +191,7 @@ std::optional<Folded> fold_task(const TaskGraph& g, const Task& t) {
     const Value& out_value = g.value(t.outputs[0]);
     if (!out_value.shape_known || out_value.elements != static_cast<int64_t>(n)) return std::nullopt;
     Folded out;
-    auto at = [n](const std::vector<int64_t>& v, size_t i) { return v[v.size() == 1 ? 0 : i]; };
+    auto at = [](const std::vector<int64_t>& v, size_t i) { return v[v.size() == 1 ? 0 : i]; };
     for (size_t i = 0; i < n; ++i) out.ints.push_back(at(*c, i) ? at(*a, i) : at(*b, i));
     out.dims = out_value.shape;
     return out;

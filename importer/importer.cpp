@@ -718,6 +718,35 @@ class Importer {
     return graph().add_value(std::move(v));
   }
 
+  // ONNX 1.12's shape-inference functions trust a node to match its schema: a Scan without num_scan_inputs, a
+  // Loop body given as an int, dereference null inside libonnx (found by fuzz/import.cpp; tests/regress/import/).
+  // So every node with a known schema, and every node of its subgraphs, is checked against it (required and
+  // unknown attributes, attribute types, input and output counts) before inference runs.
+  void verify_against_schema(const onnx::OpSchema& schema, const onnx::NodeProto& node, const std::string& label) {
+    try {
+      schema.Verify(node);
+    } catch (const std::exception& e) {
+      throw InvalidModel("node " + quote(label) + " (" + node.op_type() + ") does not match ONNX's " + node.op_type() +
+                         "-" + std::to_string(schema.since_version()) + " schema: " + printable(e.what()) +
+                         "; re-export the model or fix the node");
+    }
+    for (const auto& a : node.attribute()) {
+      if (a.has_g()) verify_subgraph(a.g(), label);
+      for (const auto& sg : a.graphs()) verify_subgraph(sg, label);
+    }
+  }
+  void verify_subgraph(const onnx::GraphProto& body, const std::string& owner) {
+    const auto* registry = onnx::OpSchemaRegistry::Instance();
+    for (int i = 0; i < body.node_size(); ++i) {
+      const auto& node = body.node(i);
+      const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
+      auto opset = result_.opsets.find(domain);
+      if (opset == result_.opsets.end()) continue;
+      if (const onnx::OpSchema* schema = registry->GetSchema(node.op_type(), static_cast<int>(opset->second), domain))
+        verify_against_schema(*schema, node, owner + "/" + node_label(node, i));
+    }
+  }
+
   void add_nodes(onnx::GraphProto& g) {
     const auto* registry = onnx::OpSchemaRegistry::Instance();
     std::set<std::string> opaque_ops;
@@ -755,7 +784,9 @@ class Importer {
       }
       auto opset = result_.opsets.find(t.domain);
       const int version = opset == result_.opsets.end() ? -1 : static_cast<int>(opset->second);
-      if (version < 0 || !registry->GetSchema(t.op_type, version, t.domain)) {
+      const onnx::OpSchema* schema = version < 0 ? nullptr : registry->GetSchema(t.op_type, version, t.domain);
+      if (schema != nullptr) verify_against_schema(*schema, node, t.name);
+      if (schema == nullptr) {
         t.opaque = true;
         opaque_ops.insert((t.domain.empty() ? "" : t.domain + "::") + t.op_type);
       }

@@ -411,7 +411,9 @@ class NpyData : public DataSource {
 
   NpyData(const std::vector<std::pair<std::string, fs::path>>& files, const std::vector<ModelInput>& inputs) {
     std::set<std::string> given;
-    for (const auto& [name, path] : files) {
+    for (const auto& file : files) {
+      const std::string& name = file.first;
+      const fs::path& path = file.second;
       auto it = std::find_if(inputs.begin(), inputs.end(), [&](const ModelInput& in) { return in.name == name; });
       if (it == inputs.end()) throw InvalidArgument("--data " + name + "=" + path.string() + ": the model has no input '" + name + "'");
       if (!given.insert(name).second) throw InvalidArgument("--data names input '" + name + "' twice");

@@ -468,5 +468,39 @@ TEST(TheImporter, SuggestsForAnUnboundDimFlagsThatImportOnceTheirNumbersAreFille
 }
 
 
+// fuzz/import.cpp's first finding (tests/regress/import/): a Scan whose num_scan_inputs was renamed made ONNX 1.12's
+// Scan inference dereference null inside libonnx. Nodes are now checked against their schema before inference.
+TEST(TheImporter, RejectsANodeMissingARequiredAttributeBeforeOnnxInferenceReadsIt) {
+  const std::string msg = error_of<InvalidModel>(
+      [] { import_model(std::filesystem::path(APART_SOURCE_DIR) / "tests/regress/import/scan_missing_num_scan_inputs.onnx"); });
+  EXPECT_NE(msg.find("(Scan) does not match ONNX's Scan-9 schema"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Unrecognized attribute: num_scan_onputs"), std::string::npos) << msg;
+}
+
+TEST(TheImporter, RejectsANodeOfASubgraphThatBreaksItsSchema) {
+  OnnxBuilder b;
+  b.input("cond", {}, onnx::TensorProto::BOOL).input("x", {2}).output("y");
+  auto& if_node = b.node("If", {"cond"}, {"y"}, "branch");
+  for (const char* branch : {"then_branch", "else_branch"}) {
+    auto* a = if_node.add_attribute();
+    a->set_name(branch);
+    a->set_type(onnx::AttributeProto::GRAPH);
+    auto* g = a->mutable_g();
+    g->set_name(branch);
+    auto* n = g->add_node();
+    n->set_op_type("Transpose");
+    n->set_name("inner");
+    n->add_input("x");
+    n->add_output("t");
+    auto* perm = n->add_attribute();  // perm given as a float: a type the schema does not allow
+    perm->set_name("perm");
+    perm->set_type(onnx::AttributeProto::FLOAT);
+    perm->set_f(1);
+    g->add_output()->set_name("t");
+  }
+  const std::string msg = import_error(b);
+  EXPECT_NE(msg.find("'branch/inner' (Transpose) does not match ONNX's Transpose"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace apart

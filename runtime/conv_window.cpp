@@ -41,6 +41,41 @@ Window conv_window(const KernelContext& ctx, const std::vector<int64_t>& in, std
   return w;
 }
 
+Window conv_transpose_window(const KernelContext& ctx, const std::vector<int64_t>& in, std::vector<int64_t> kernel) {
+  const size_t s = in.size();
+  Window w;
+  w.kernel = std::move(kernel);
+  w.stride = ctx.attr_ints("strides", std::vector<int64_t>(s, 1));
+  w.dilation = ctx.attr_ints("dilations", std::vector<int64_t>(s, 1));
+  const std::vector<int64_t> pads = ctx.attr_ints("pads", std::vector<int64_t>(2 * s, 0));
+  const std::vector<int64_t> output_padding = ctx.attr_ints("output_padding", std::vector<int64_t>(s, 0));
+  std::vector<int64_t> output_shape = ctx.attr_ints("output_shape");
+  if (output_shape.size() == s + 2) output_shape.erase(output_shape.begin(), output_shape.begin() + 2);  // N, C given too
+  if (w.kernel.size() != s || w.stride.size() != s || w.dilation.size() != s || pads.size() != 2 * s ||
+      output_padding.size() != s || (!output_shape.empty() && output_shape.size() != s))
+    ctx.invalid("kernel_shape/strides/dilations/pads/output_padding/output_shape do not match the input's spatial rank");
+  const std::string auto_pad = ctx.attr_string("auto_pad", "NOTSET");
+  const bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
+  if (!same && auto_pad != "NOTSET" && auto_pad != "VALID" && !auto_pad.empty()) ctx.invalid("unknown auto_pad '" + auto_pad + "'");
+  w.pad_begin.assign(pads.begin(), pads.begin() + static_cast<int64_t>(s));
+  w.pad_end.assign(pads.begin() + static_cast<int64_t>(s), pads.end());
+  w.out.resize(s);
+  for (size_t i = 0; i < s; ++i) {
+    if (w.stride[i] <= 0 || w.dilation[i] <= 0) ctx.invalid("strides and dilations must be positive");
+    const int64_t full = w.stride[i] * (in[i] - 1) + output_padding[i] + (w.kernel[i] - 1) * w.dilation[i] + 1;
+    if (!output_shape.empty() || same) {
+      const int64_t total = full - (output_shape.empty() ? in[i] * w.stride[i] : output_shape[i]);
+      w.pad_begin[i] = total < 0 ? 0 : auto_pad == "SAME_LOWER" ? total - total / 2 : total / 2;
+      w.pad_end[i] = total - w.pad_begin[i];
+    } else if (auto_pad == "VALID") {
+      w.pad_begin[i] = w.pad_end[i] = 0;
+    }
+    w.out[i] = full - w.pad_begin[i] - w.pad_end[i];
+    if (w.out[i] <= 0) ctx.invalid("the pads leave no output");
+  }
+  return w;
+}
+
 BatchNormArgs batch_norm_args(const KernelContext& ctx) {
   BatchNormArgs args;
   args.training = ctx.attr_int("training_mode", 0) != 0;

@@ -1,5 +1,5 @@
-// Gradient rules of Conv and pools (ai.apart.ConvGrad/MaxPoolGrad/AveragePoolGrad: docs/autodiff.md),
-// GlobalAveragePool, GlobalMaxPool and BatchNormalization (standard ops, training and inference mode).
+// Gradient rules of Conv, ConvTranspose and pools (ai.apart.ConvGrad/ConvTransposeGrad/MaxPoolGrad/AveragePoolGrad:
+// docs/autodiff.md), GlobalAveragePool, GlobalMaxPool and BatchNormalization (standard ops, training and inference).
 #include "codegen/gradients/gradient.h"
 
 namespace apart::autodiff {
@@ -34,6 +34,14 @@ void window_attrs(GradNode& n, onnx::NodeProto& to, const std::vector<int64_t>& 
   set_attr(to, "pads", explicit_pads(n, kernel));
 }
 
+// Conv's and ConvTranspose's bias (input 2): dY summed over the batch and the spatial dims.
+void bias_rule(GradNode& n) {
+  if (!n.has_input(2) || !n.wants(2)) return;
+  std::vector<int64_t> axes{0};
+  for (size_t i = 2; i < n.out(0).shape.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  n.give(2, n.e.reduce_sum(n.gy(), axes, false));
+}
+
 void conv_rule(GradNode& n) {
   auto& e = n.e;
   const auto& ws = n.in(1).shape;
@@ -46,11 +54,23 @@ void conv_rule(GradNode& n) {
     if (n.wants(0)) n.give(0, gx);
     if (n.wants(1)) n.give(1, gw);
   }
-  if (n.has_input(2) && n.wants(2)) {
-    std::vector<int64_t> axes{0};
-    for (size_t i = 2; i < n.out(0).shape.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-    n.give(2, e.reduce_sum(n.gy(), axes, false));
+  bias_rule(n);
+}
+
+// ConvTranspose is the data gradient of the Conv from Y to X (same W, window and group), so its dX is that Conv of
+// dY and its dW that Conv's weight gradient: both from ai.apart.ConvTransposeGrad, which takes the forward's
+// attributes as they are (the runtime's conv_transpose_window resolves pads, output_shape and auto_pad).
+void conv_transpose_rule(GradNode& n) {
+  auto& e = n.e;
+  if (n.wants(0) || n.wants(1)) {
+    const std::string gx = n.wants(0) ? e.fresh("ConvTransposeGrad_dx") : "",
+                      gw = n.wants(1) ? e.fresh("ConvTransposeGrad_dw") : "";
+    auto& node = e.node("ConvTransposeGrad", {n.gy(), n.x(0), n.x(1)}, {gx, gw}, kApartDomain);
+    n.copy_attrs(node);
+    if (n.wants(0)) n.give(0, gx);
+    if (n.wants(1)) n.give(1, gw);
   }
+  bias_rule(n);
 }
 
 void pool_rule(GradNode& n, const char* grad_op) {
@@ -123,6 +143,7 @@ void batch_norm_rule(GradNode& n) {
 void register_conv_rules() {
   auto& r = rules();
   r["Conv"] = conv_rule;
+  r["ConvTranspose"] = conv_transpose_rule;
   r["MaxPool"] = max_pool_rule;
   r["AveragePool"] = average_pool_rule;
   r["GlobalAveragePool"] = global_average_pool_rule;

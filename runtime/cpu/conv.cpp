@@ -1,69 +1,74 @@
-// Convolution (1-D/2-D, groups, strides, pads, auto_pad, dilations; im2col + GEMM; float32/float64), MaxPool and
-// AveragePool (N-d, ceil_mode, count_include_pad), global pools, BatchNormalization (inference).
+// Convolution and ConvTranspose (1-D/2-D, groups, strides, pads, auto_pad, dilations; im2col + GEMM, conv_gemm.h;
+// float32/float64), MaxPool and AveragePool (N-d, ceil_mode, count_include_pad), global pools, BatchNormalization.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "runtime/conv_window.h"
 #include "runtime/cpu/broadcast.h"
+#include "runtime/cpu/conv_gemm.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/gemm.h"
 
 namespace apart::cpu {
 namespace {
+
+// Adds bias input 2 (one value per output channel) to y (n, m, spatial…).
+template <class T>
+void add_bias(const KernelContext& ctx, Tensor& y) {
+  if (!ctx.has_input(2)) return;
+  const T* pb = ctx.input(2).template data<T>();
+  const int64_t m = y.dim(1), spatial = product(y.shape(), 2);
+  if (ctx.input(2).elements() != m) ctx.invalid("B must have one value per output channel");
+  T* py = y.data<T>();
+  for (int64_t b = 0; b < y.dim(0); ++b)
+    for (int64_t o = 0; o < m; ++o)
+      for (int64_t i = 0; i < spatial; ++i) py[(b * m + o) * spatial + i] += pb[o];
+}
 
 void conv_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const Tensor& wt = ctx.input(1);
   if (x.rank() != 3 && x.rank() != 4) ctx.unsupported("Conv over " + std::to_string(x.rank() - 2) + " spatial dims (1-D and 2-D are supported)");
-  const bool one_d = x.rank() == 3;
-  const int64_t n = x.dim(0), c = x.dim(1), m = wt.dim(0), group = ctx.attr_int("group", 1);
-  std::vector<int64_t> in(x.shape().begin() + 2, x.shape().end());
+  const int64_t c = x.dim(1), m = wt.dim(0), group = ctx.attr_int("group", 1);
+  const std::vector<int64_t> in(x.shape().begin() + 2, x.shape().end());
   std::vector<int64_t> kernel(wt.shape().begin() + 2, wt.shape().end());
   if (ctx.has_attr("kernel_shape") && ctx.attr_ints("kernel_shape") != kernel) ctx.invalid("kernel_shape differs from W");
-  if (group <= 0 || c % group != 0 || m % group != 0 || wt.dim(1) != c / group) ctx.invalid("channels do not match group");
-  Window w = conv_window(ctx, in, kernel, false);
-  if (one_d) {  // 1-D runs as 2-D with a height of 1 (and no padding along it)
-    for (auto* v : {&in, &w.kernel, &w.stride, &w.dilation, &w.out}) v->insert(v->begin(), 1);
-    for (auto* v : {&w.pad_begin, &w.pad_end}) v->insert(v->begin(), 0);
-  }
-  std::vector<int64_t> out_shape{n, m};
-  out_shape.insert(out_shape.end(), w.out.begin() + (one_d ? 1 : 0), w.out.end());
+  if (group <= 0 || c % group != 0 || wt.dim(1) != c / group) ctx.invalid("channels do not match group");
+  const Window w = conv_window(ctx, in, kernel, false);
+  std::vector<int64_t> out_shape{x.dim(0), m};
+  out_shape.insert(out_shape.end(), w.out.begin(), w.out.end());
+  const ConvGeometry geo = conv_geometry(ctx, x.shape(), out_shape, group, window2d(ctx, w));
   // float64 too: whole-model gradient checks run in double (tests/codegen/autodiff_test.cpp).
   dispatch_float(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor& y = ctx.output(0, x.dtype(), out_shape);
-    const int64_t ih = in[0], iw = in[1], kh = w.kernel[0], kw = w.kernel[1], oh = w.out[0], ow = w.out[1];
-    const int64_t cg = c / group, mg = m / group, col_rows = cg * kh * kw, spatial = oh * ow;
-    std::vector<T> col(static_cast<size_t>(col_rows * spatial));
-    const T* px = x.data<T>();
-    const T* pw = wt.data<T>();
-    T* py = y.data<T>();
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t g = 0; g < group; ++g) {
-        const T* xg = px + (b * c + g * cg) * ih * iw;
-        parallel_for(col_rows, spatial, [&](int64_t s, int64_t e) {
-          for (int64_t r = s; r < e; ++r) {
-            const int64_t ch = r / (kh * kw), ky = (r / kw) % kh, kx = r % kw;
-            T* dst = col.data() + r * spatial;
-            for (int64_t oy = 0; oy < oh; ++oy) {
-              const int64_t iy = oy * w.stride[0] - w.pad_begin[0] + ky * w.dilation[0];
-              for (int64_t ox = 0; ox < ow; ++ox) {
-                const int64_t ix = ox * w.stride[1] - w.pad_begin[1] + kx * w.dilation[1];
-                dst[oy * ow + ox] = (iy >= 0 && iy < ih && ix >= 0 && ix < iw) ? xg[(ch * ih + iy) * iw + ix] : T{0};
-              }
-            }
-          }
-        });
-        gemm<T>(false, false, mg, spatial, col_rows, T{1}, pw + g * mg * col_rows, col_rows, col.data(), spatial, T{0},
-                py + (b * m + g * mg) * spatial, spatial);
-      }
-    if (ctx.has_input(2)) {
-      const T* pb = ctx.input(2).template data<T>();
-      for (int64_t b = 0; b < n; ++b)
-        for (int64_t o = 0; o < m; ++o)
-          for (int64_t i = 0; i < spatial; ++i) py[(b * m + o) * spatial + i] += pb[o];
-    }
+    conv_forward<T>(geo, x.data<T>(), wt.data<T>(), y.data<T>());
+    add_bias<T>(ctx, y);
+  });
+}
+
+// ConvTranspose (1-D/2-D): the data gradient of the Conv that maps Y to X with the same W, strides, dilations,
+// pads and group (col2im(Wᵀ · X)), plus the bias. W is (C, M/group, k…); the window rules are conv_window.h's.
+void conv_transpose_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const Tensor& wt = ctx.input(1);
+  if (x.rank() != 3 && x.rank() != 4)
+    ctx.unsupported("ConvTranspose over " + std::to_string(x.rank() - 2) + " spatial dims (1-D and 2-D are supported)");
+  const int64_t c = x.dim(1), group = ctx.attr_int("group", 1);
+  if (wt.rank() != x.rank() || wt.dim(0) != c || group <= 0 || c % group != 0) ctx.invalid("W does not match X and group");
+  const std::vector<int64_t> in(x.shape().begin() + 2, x.shape().end());
+  const std::vector<int64_t> kernel(wt.shape().begin() + 2, wt.shape().end());
+  if (ctx.has_attr("kernel_shape") && ctx.attr_ints("kernel_shape") != kernel) ctx.invalid("kernel_shape differs from W");
+  const Window w = conv_transpose_window(ctx, in, kernel);
+  std::vector<int64_t> out_shape{x.dim(0), wt.dim(1) * group};
+  out_shape.insert(out_shape.end(), w.out.begin(), w.out.end());
+  // The Conv from Y (out_shape) to X: its weight is W as stored.
+  const ConvGeometry geo = conv_geometry(ctx, out_shape, x.shape(), group, window2d(ctx, w));
+  dispatch_float(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor& y = ctx.output(0, x.dtype(), out_shape);
+    conv_data_grad<T>(geo, x.data<T>(), wt.data<T>(), y.data<T>());
+    add_bias<T>(ctx, y);
   });
 }
 
@@ -211,6 +216,7 @@ void batch_norm_k(KernelContext& ctx) {
 
 void register_conv_kernels() {
   register_kernel("Conv", conv_k);
+  register_kernel("ConvTranspose", conv_transpose_k);
   register_kernel("MaxPool", max_pool_k);
   register_kernel("AveragePool", average_pool_k);
   register_kernel("GlobalAveragePool", global_average_pool_k);

@@ -1,11 +1,12 @@
 // Kernels training graphs need (docs/autodiff.md): ScatterND (reduction none/add/mul/max/min) and
-// the ai.apart gradient ops ConvGrad, MaxPoolGrad, AveragePoolGrad (2-D, or 1-D as height 1; float32/float64).
+// the ai.apart gradient ops ConvGrad, ConvTransposeGrad, MaxPoolGrad, AveragePoolGrad (2-D, or 1-D as height 1;
+// float32/float64).
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
+#include "runtime/cpu/conv_gemm.h"
 #include "runtime/cpu/families.h"
-#include "runtime/cpu/gemm.h"
 #include "runtime/kernel.h"
 
 namespace apart::cpu {
@@ -51,31 +52,6 @@ void scatter_nd_k(KernelContext& ctx) {
   });
 }
 
-// The window of a gradient op: 2-D (1-D inputs get a height of 1); explicit pads only.
-struct Window2d {
-  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, ph = 0, pw = 0;
-};
-Window2d window2d(const KernelContext& ctx, int64_t spatial_rank, std::vector<int64_t> kernel) {
-  auto get = [&](const char* name, int64_t fill, size_t n) {
-    auto v = ctx.attr_ints(name, std::vector<int64_t>(n, fill));
-    if (v.size() != n) ctx.invalid(std::string(name) + " does not match the spatial rank");
-    return v;
-  };
-  const size_t s = static_cast<size_t>(spatial_rank);
-  const auto strides = get("strides", 1, s), dilations = get("dilations", 1, s), pads = get("pads", 0, 2 * s);
-  if (kernel.size() != s) ctx.invalid("kernel_shape does not match the spatial rank");
-  Window2d w;
-  if (s == 1) {
-    w.kw = kernel[0], w.sw = strides[0], w.dw = dilations[0], w.pw = pads[0];
-  } else if (s == 2) {
-    w.kh = kernel[0], w.kw = kernel[1], w.sh = strides[0], w.sw = strides[1];
-    w.dh = dilations[0], w.dw = dilations[1], w.ph = pads[0], w.pw = pads[1];
-  } else {
-    ctx.unsupported(std::to_string(s) + "-D windows (1-D and 2-D are supported)");
-  }
-  return w;
-}
-
 // dims: N, C, H, W of x and OH, OW of dy.
 struct Dims {
   int64_t n, c, h, w, oh, ow;
@@ -85,60 +61,43 @@ Dims dims_of(const Tensor& x, const Tensor& dy) {
   return {x.dim(0), x.dim(1), one_d ? 1 : x.dim(2), x.dim(-1), one_d ? 1 : dy.dim(2), dy.dim(-1)};
 }
 
-// ConvGrad(dY, X, W) → (dX, dW), attrs of the forward Conv with explicit pads (float32 or float64).
-// Per image and group, with col = im2col(X) as in the forward: dW += dY · colᵀ, dcol = Wᵀ · dY, dX = col2im(dcol).
+// ConvGrad(dY, X, W) → (dX, dW), attrs of the forward Conv with explicit pads (float32 or float64); either output
+// may be absent. dX = col2im(Wᵀ · dY), dW = Σ dY · im2col(X)ᵀ (conv_gemm.h).
 void conv_grad_k(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
   const Tensor& wt = ctx.input(2);
   if (x.rank() != 3 && x.rank() != 4) ctx.unsupported("ConvGrad over rank " + std::to_string(x.rank()));
   const Window2d win = window2d(ctx, x.rank() - 2, std::vector<int64_t>(wt.shape().begin() + 2, wt.shape().end()));
-  const Dims d = dims_of(x, dy);
-  const int64_t m = wt.dim(0), group = ctx.attr_int("group", 1);
-  if (group <= 0 || d.c % group != 0 || m % group != 0 || wt.dim(1) != d.c / group) ctx.invalid("channels do not match group");
-  const int64_t cg = d.c / group, mg = m / group, col_rows = cg * win.kh * win.kw, spatial = d.oh * d.ow;
-  // Input position of column entry (r, o), or -1 in the padding.
-  auto source = [&](int64_t r, int64_t oy, int64_t ox) -> int64_t {
-    const int64_t ch = r / (win.kh * win.kw), ky = (r / win.kw) % win.kh, kx = r % win.kw;
-    const int64_t iy = oy * win.sh - win.ph + ky * win.dh, ix = ox * win.sw - win.pw + kx * win.dw;
-    return iy >= 0 && iy < d.h && ix >= 0 && ix < d.w ? (ch * d.h + iy) * d.w + ix : -1;
-  };
+  const ConvGeometry geo = conv_geometry(ctx, x.shape(), dy.shape(), ctx.attr_int("group", 1), win);
+  if (wt.dim(0) != geo.m || wt.dim(1) != geo.channels_per_group()) ctx.invalid("W does not match X, dY and group");
   dispatch_float(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* px = x.data<T>();
-    const T* pw = wt.data<T>();
-    const T* pdy = dy.data<T>();
-    T* pdx = ctx.wants_output(0) ? ctx.output(0, x.dtype(), x.shape()).template data<T>() : nullptr;
-    T* pdw = ctx.num_outputs() > 1 && ctx.wants_output(1) ? ctx.output(1, wt.dtype(), wt.shape()).template data<T>() : nullptr;
-    std::vector<T> col(static_cast<size_t>(col_rows * spatial));
-    for (int64_t b = 0; b < d.n; ++b)
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t plane = (b * d.c + g * cg) * d.h * d.w;
-        const T* dyg = pdy + (b * m + g * mg) * spatial;
-        if (pdw) {
-          parallel_for(col_rows, spatial, [&](int64_t s, int64_t e) {
-            for (int64_t r = s; r < e; ++r)
-              for (int64_t oy = 0; oy < d.oh; ++oy)
-                for (int64_t ox = 0; ox < d.ow; ++ox) {
-                  const int64_t src = source(r, oy, ox);
-                  col[static_cast<size_t>(r * spatial + oy * d.ow + ox)] = src < 0 ? T{0} : px[plane + src];
-                }
-          });
-          gemm<T>(false, true, mg, col_rows, spatial, T{1}, dyg, spatial, col.data(), spatial, T{1},
-                  pdw + g * mg * col_rows, col_rows);
-        }
-        if (pdx) {
-          gemm<T>(true, false, col_rows, spatial, mg, T{1}, pw + g * mg * col_rows, col_rows, dyg, spatial, T{0},
-                  col.data(), spatial);
-          // col2im: serial, since column entries of different rows may land on the same input element.
-          for (int64_t r = 0; r < col_rows; ++r)
-            for (int64_t oy = 0; oy < d.oh; ++oy)
-              for (int64_t ox = 0; ox < d.ow; ++ox) {
-                const int64_t src = source(r, oy, ox);
-                if (src >= 0) pdx[plane + src] += col[static_cast<size_t>(r * spatial + oy * d.ow + ox)];
-              }
-        }
-      }
+    if (ctx.wants_output(0))
+      conv_data_grad<T>(geo, dy.data<T>(), wt.data<T>(), ctx.output(0, x.dtype(), x.shape()).template data<T>());
+    if (ctx.num_outputs() > 1 && ctx.wants_output(1))
+      conv_weight_grad<T>(geo, dy.data<T>(), x.data<T>(), ctx.output(1, wt.dtype(), wt.shape()).template data<T>());
+  });
+}
+
+// ConvTransposeGrad(dY, X, W) → (dX, dW), attrs of the forward ConvTranspose (the window rules are conv_window.h's).
+// ConvTranspose is the data gradient of the Conv from Y to X, so dX is that Conv of dY, and dW its weight gradient
+// with dY as the Conv's input and X as its output gradient.
+void conv_transpose_grad_k(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const Tensor& wt = ctx.input(2);
+  if (x.rank() != 3 && x.rank() != 4) ctx.unsupported("ConvTransposeGrad over rank " + std::to_string(x.rank()));
+  const Window w = conv_transpose_window(ctx, std::vector<int64_t>(x.shape().begin() + 2, x.shape().end()),
+                                         std::vector<int64_t>(wt.shape().begin() + 2, wt.shape().end()));
+  const ConvGeometry geo = conv_geometry(ctx, dy.shape(), x.shape(), ctx.attr_int("group", 1), window2d(ctx, w));
+  if (wt.dim(0) != geo.m || wt.dim(1) != geo.channels_per_group()) ctx.invalid("W does not match X, dY and group");
+  dispatch_float(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (ctx.wants_output(0))
+      conv_forward<T>(geo, dy.data<T>(), wt.data<T>(), ctx.output(0, x.dtype(), x.shape()).template data<T>());
+    if (ctx.num_outputs() > 1 && ctx.wants_output(1))
+      conv_weight_grad<T>(geo, x.data<T>(), dy.data<T>(), ctx.output(1, wt.dtype(), wt.shape()).template data<T>());
   });
 }
 
@@ -195,6 +154,7 @@ void register_grad_kernels() {
   register_kernel("ScatterND", scatter_nd_k);
   register_kernel("ai.apart.ScatterND", scatter_nd_k);  // ScatterND with `reduction` at any opset (docs/autodiff.md)
   register_kernel("ai.apart.ConvGrad", conv_grad_k);
+  register_kernel("ai.apart.ConvTransposeGrad", conv_transpose_grad_k);
   register_kernel("ai.apart.MaxPoolGrad", pool_grad_k<true>);
   register_kernel("ai.apart.AveragePoolGrad", pool_grad_k<false>);
 }

@@ -343,6 +343,35 @@ TEST_F(AGradientRule, OfConvInFloat64MatchesTightly) {
   conv(ints_attr("pads", {1, 1}), {2, 3, 6}, {2, 3, 3}, {2, 2, 6});               // 1-D
 }
 
+TEST_F(AGradientRule, OfConvTransposeMatchesWithStridesPadsGroupsOutputPaddingAndAutoPad) {
+  auto conv_t = [&](std::function<void(onnx::NodeProto&)> attrs, std::vector<int64_t> x, std::vector<int64_t> w,
+                    int64_t group, std::vector<int64_t> y) {
+    check_op({"ConvTranspose", {{"x", r(x)}, {"w", r(w)}, {"b", r({w[1] * group})}}, {}, {"x", "w", "b"}, {y}, attrs});
+  };
+  conv_t({}, {2, 4, 3, 3}, {4, 3, 3, 3}, 1, {2, 3, 5, 5});
+  conv_t([](onnx::NodeProto& n) {  // out = stride·(in − 1) + output_padding + extent − pads: 7 × 4
+    OnnxBuilder::set_ints(n, "strides", {2, 1});
+    OnnxBuilder::set_ints(n, "pads", {1, 0, 0, 1});
+    OnnxBuilder::set_ints(n, "dilations", {1, 2});
+    OnnxBuilder::set_ints(n, "output_padding", {1, 0});
+    OnnxBuilder::set_int(n, "group", 2);
+  }, {2, 4, 3, 3}, {4, 2, 3, 2}, 2, {2, 4, 7, 4});
+  for (const char* auto_pad : {"SAME_UPPER", "SAME_LOWER"})  // a total crop of 1: at the end, or at the begin
+    conv_t([auto_pad](onnx::NodeProto& n) {
+      OnnxBuilder::set_ints(n, "strides", {2, 2});
+      auto* a = n.add_attribute();
+      a->set_name("auto_pad"), a->set_type(onnx::AttributeProto::STRING), a->set_s(auto_pad);
+    }, {1, 2, 3, 2}, {2, 2, 3, 3}, 1, {1, 2, 6, 4});
+  conv_t([](onnx::NodeProto& n) {  // output_shape past the full 9 × 7 (zeros at the end), and below it (a crop)
+    OnnxBuilder::set_ints(n, "strides", {3, 2});
+    OnnxBuilder::set_ints(n, "output_shape", {10, 6});
+  }, {1, 2, 3, 3}, {2, 2, 3, 3}, 1, {1, 2, 10, 6});
+  conv_t([](onnx::NodeProto& n) {  // 1-D
+    OnnxBuilder::set_ints(n, "strides", {2});
+    OnnxBuilder::set_ints(n, "pads", {1, 1});
+  }, {2, 3, 4}, {3, 2, 3}, 1, {2, 2, 7});
+}
+
 TEST(ATrainingGraph, RefusesAnOpWithoutAGradientRule) {
   OnnxBuilder b;
   Tensor x(DType::kFloat32, {2});

@@ -287,8 +287,8 @@ bool has_gradient_rule(std::string_view op_type) { return autodiff::registered_r
 
 const std::vector<std::string>& forward_only_ops() {
   // No gradient flows through these: their outputs are integers, booleans or shapes, or constants of the graph.
-  static const std::vector<std::string> ops = {"And",  "Constant", "ConstantOfShape", "Equal", "Greater",
-                                               "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Or",
+  static const std::vector<std::string> ops = {"And",  "ArgMax", "ArgMin", "Constant", "ConstantOfShape", "Equal",
+                                               "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Or",
                                                "Range", "Shape", "Size", "Xor"};
   return ops;
 }
@@ -390,10 +390,23 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
     if (!is_output(o) || !is_float(meta(o).dtype) || !meta(o).shape_known)
       throw InvalidArgument("autodiff: output_gradients names " + quote(o) + ", which is not a float graph output with a static shape");
 
+  // Default params: every float initializer but those that only set a geometry (Resize's roi and scales, Upsample's
+  // scales): their gradient is zero by definition, and an optimizer's weight decay would change the output's shape.
+  auto sets_geometry_only = [&](const std::string& name) {
+    bool used = false;
+    for (const auto& n : fg.node())
+      for (int i = 0; i < n.input_size(); ++i) {
+        if (n.input(i) != name) continue;
+        used = true;
+        const bool geometry = (n.op_type() == "Resize" && (i == 1 || i == 2)) || (n.op_type() == "Upsample" && i == 1);
+        if (!geometry) return false;
+      }
+    return used;
+  };
   std::vector<std::string> params = options.params;
   if (params.empty()) {
     for (const auto& init : fg.initializer())
-      if (is_float(static_cast<DType>(init.data_type()))) params.push_back(init.name());
+      if (is_float(static_cast<DType>(init.data_type())) && !sets_geometry_only(init.name())) params.push_back(init.name());
   }
   for (const auto& p : params)
     if (!initializer_names.count(p) || !is_float(meta(p).dtype))

@@ -14,7 +14,8 @@ namespace apart {
 
 struct TrainingGraphOptions {
   std::string loss;                 // scalar output to differentiate; empty: the graph's only scalar float output
-  std::vector<std::string> params;  // initializers to differentiate; empty: every floating-point initializer
+  std::vector<std::string> params;  // initializers to differentiate; empty: every floating-point initializer but
+                                    // those only read as Resize's roi/scales or Upsample's scales
   std::vector<std::string> input_gradients;  // graph inputs (or stage boundary values) whose gradients to output too
   // Pipeline stages that do not hold the loss: these forward outputs stay outputs and their gradients
   // come in as graph inputs named in TrainingGraph::output_gradient_inputs. With `loss` empty and this

@@ -39,6 +39,7 @@ void register_cpu_kernels() {
   cpu::register_matmul_kernels();
   cpu::register_reduce_kernels();
   cpu::register_shape_kernels();
+  cpu::register_resize_kernels();
   cpu::register_conv_kernels();
   cpu::register_loss_kernels();
   cpu::register_grad_kernels();

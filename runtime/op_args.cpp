@@ -2,6 +2,9 @@
 #include "runtime/op_args.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <iterator>
 #include <string>
 
 #include "graph/error.h"
@@ -270,6 +273,142 @@ VariadicArgs variadic_args(const KernelContext& ctx) {
   }
   if (args.dtype == DType::kBool) ctx.unsupported("bool operands");
   return args;
+}
+
+PadMode pad_mode(const KernelContext& ctx, const std::string& mode) {
+  if (mode == "constant") return PadMode::kConstant;
+  if (mode == "reflect") return PadMode::kReflect;
+  if (mode == "edge") return PadMode::kEdge;
+  if (mode == "wrap") return PadMode::kWrap;
+  ctx.invalid("unknown Pad mode '" + mode + "'");
+}
+
+PadArgs pad_args(const KernelContext& ctx, const std::vector<int64_t>& in) {
+  const int64_t r = static_cast<int64_t>(in.size());
+  PadArgs a;
+  a.mode = pad_mode(ctx, ctx.attr_string("mode", "constant"));
+  std::vector<int64_t> pads, axes;
+  if (ctx.opset() < 11) {
+    pads = ctx.attr_ints("pads");
+    a.value = ctx.attr_float("value", 0.0);
+  } else {
+    pads = ctx.host_input(1).to_int64s();
+    if (ctx.has_input(2) && ctx.host_input(2).elements() > 0) a.value = ctx.host_input(2).scalar_as_double(0);
+    if (ctx.has_input(3)) axes = ctx.host_input(3).to_int64s();
+  }
+  if (axes.empty())
+    for (int64_t d = 0; d < r; ++d) axes.push_back(d);
+  if (pads.size() != 2 * axes.size()) ctx.invalid("pads must hold a begin and an end per padded axis");
+  a.begin.assign(in.size(), 0);
+  a.end.assign(in.size(), 0);
+  for (size_t k = 0; k < axes.size(); ++k) {
+    const int64_t d = normalize_axis(ctx, axes[k], r);
+    a.begin[d] = pads[k];
+    a.end[d] = pads[k + axes.size()];
+  }
+  a.out_shape = in;
+  for (size_t d = 0; d < in.size(); ++d) {
+    a.out_shape[d] = in[d] + a.begin[d] + a.end[d];
+    if (a.out_shape[d] < 0) ctx.invalid("pads crop more than the axis holds");
+    if (a.mode != PadMode::kConstant && in[d] == 0 && a.out_shape[d] > 0) ctx.invalid("cannot pad an empty axis but with a constant");
+  }
+  return a;
+}
+
+namespace {
+
+// The attributes Resize and its gradient share; Upsample and Resize-10 are asymmetric with nearest rounding down.
+ResizeArgs resize_attributes(const KernelContext& ctx, bool legacy) {
+  ResizeArgs a;
+  a.mode = ctx.attr_string("mode", "nearest");
+  std::transform(a.mode.begin(), a.mode.end(), a.mode.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (a.mode == "bilinear") a.mode = "linear";  // Upsample-7's spelling
+  if (a.mode != "nearest" && a.mode != "linear" && a.mode != "cubic") ctx.invalid("unknown resize mode '" + a.mode + "'");
+  if (legacy) {
+    a.coordinate_mode = "asymmetric";
+    a.nearest_mode = "floor";
+  } else {
+    a.coordinate_mode = ctx.attr_string("coordinate_transformation_mode", "half_pixel");
+    a.nearest_mode = ctx.attr_string("nearest_mode", "round_prefer_floor");
+    a.cubic_a = ctx.attr_float("cubic_coeff_a", -0.75);
+    a.exclude_outside = ctx.attr_int("exclude_outside", 0) != 0;
+    a.extrapolation = ctx.attr_float("extrapolation_value", 0.0);
+  }
+  static const char* kCoordinateModes[] = {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                                           "tf_half_pixel_for_nn", "tf_crop_and_resize"};
+  if (std::find(std::begin(kCoordinateModes), std::end(kCoordinateModes), a.coordinate_mode) == std::end(kCoordinateModes))
+    ctx.unsupported("coordinate_transformation_mode '" + a.coordinate_mode + "'");
+  static const char* kNearestModes[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
+  if (std::find(std::begin(kNearestModes), std::end(kNearestModes), a.nearest_mode) == std::end(kNearestModes))
+    ctx.invalid("unknown nearest_mode '" + a.nearest_mode + "'");
+  if (ctx.attr_int("antialias", 0) != 0) ctx.unsupported("Resize with antialias");
+  if (ctx.has_attr("axes")) ctx.unsupported("Resize with axes (opset 18)");
+  if (ctx.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch") ctx.unsupported("keep_aspect_ratio_policy");
+  return a;
+}
+
+// A float input (scales, roi) as doubles; empty when absent or empty.
+std::vector<double> float_input(const KernelContext& ctx, size_t i) {
+  std::vector<double> v;
+  if (!ctx.has_input(i)) return v;
+  const Tensor& t = ctx.host_input(i);
+  for (int64_t k = 0; k < t.elements(); ++k) v.push_back(t.scalar_as_double(k));
+  return v;
+}
+
+// Scales given per axis, or out/in where only the sizes are; roi checked to hold a start and an end per axis.
+void resize_scales(const KernelContext& ctx, ResizeArgs& a, std::vector<double> scales) {
+  const size_t r = a.in_shape.size();
+  if (scales.empty()) {
+    for (size_t d = 0; d < r; ++d)
+      scales.push_back(a.in_shape[d] == 0 ? 1.0 : static_cast<double>(a.out_shape[d]) / static_cast<double>(a.in_shape[d]));
+  }
+  if (scales.size() != r) ctx.invalid("scales must have one value per input dim");
+  for (double s : scales)
+    if (!(s > 0)) ctx.invalid("scales must be positive");
+  a.scales = std::move(scales);
+  if (a.coordinate_mode == "tf_crop_and_resize" && a.roi.size() != 2 * r) ctx.invalid("tf_crop_and_resize needs a roi of 2 values per dim");
+}
+
+}  // namespace
+
+ResizeArgs resize_args(const KernelContext& ctx, const std::vector<int64_t>& in) {
+  const bool upsample = ctx.task().op_type == "Upsample";
+  ResizeArgs a = resize_attributes(ctx, upsample || ctx.opset() < 11);
+  a.in_shape = in;
+  std::vector<double> scales;
+  std::vector<int64_t> sizes;
+  if (upsample && ctx.opset() < 9) {
+    if (const Attribute* attr = ctx.task().attr("scales")) scales = attr->floats;
+  } else if (upsample || ctx.opset() < 11) {
+    scales = float_input(ctx, 1);
+  } else {
+    a.roi = float_input(ctx, 1);
+    scales = float_input(ctx, 2);
+    if (ctx.has_input(3)) sizes = ctx.host_input(3).to_int64s();
+  }
+  if (!sizes.empty()) {
+    if (!scales.empty()) ctx.invalid("give scales or sizes, not both");
+    if (sizes.size() != in.size()) ctx.invalid("sizes must have one value per input dim");
+    a.out_shape = sizes;
+  } else {
+    if (scales.size() != in.size()) ctx.invalid("scales must have one value per input dim");
+    a.out_shape.resize(in.size());
+    for (size_t d = 0; d < in.size(); ++d)
+      a.out_shape[d] = static_cast<int64_t>(std::floor(static_cast<double>(in[d]) * scales[d]));
+  }
+  resize_scales(ctx, a, std::move(scales));
+  return a;
+}
+
+ResizeArgs resize_grad_args(const KernelContext& ctx) {
+  ResizeArgs a = resize_attributes(ctx, false);
+  a.in_shape = ctx.host_input(3).to_int64s();
+  a.out_shape = ctx.input(0).shape();
+  if (a.in_shape.size() != a.out_shape.size()) ctx.invalid("x_shape and dY differ in rank");
+  a.roi = float_input(ctx, 1);
+  resize_scales(ctx, a, float_input(ctx, 2));
+  return a;
 }
 
 }  // namespace apart

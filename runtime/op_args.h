@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -75,6 +76,51 @@ struct VariadicArgs {
   std::vector<int64_t> shape;
 };
 VariadicArgs variadic_args(const KernelContext& ctx);
+
+// Pad: per-axis begin/end pads (negative ones crop), the mode and the constant: the `pads`/`value` attributes before
+// opset 11, inputs 1 (pads) and 2 (constant_value) from 11, input 3 (axes) from 18.
+enum class PadMode { kConstant, kReflect, kEdge, kWrap };
+struct PadArgs {
+  std::vector<int64_t> begin, end, out_shape;
+  PadMode mode = PadMode::kConstant;
+  double value = 0;
+};
+PadArgs pad_args(const KernelContext& ctx, const std::vector<int64_t>& in_shape);
+// PadMode from its ONNX name; InvalidModel through ctx for another.
+PadMode pad_mode(const KernelContext& ctx, const std::string& mode);
+// The input index that output index `o` of an axis (input length `len`, `begin` pads) reads, or -1 for the constant.
+// Reflect mirrors about the edge elements without repeating them (numpy's "reflect"), edge repeats them, wrap is
+// periodic; all three hold for pads longer than the axis.
+inline int64_t pad_source(int64_t o, int64_t len, int64_t begin, PadMode mode) {
+  const int64_t i = o - begin;
+  if (i >= 0 && i < len) return i;
+  switch (mode) {
+    case PadMode::kConstant: return -1;
+    case PadMode::kEdge: return i < 0 ? 0 : len - 1;
+    case PadMode::kWrap: return ((i % len) + len) % len;
+    case PadMode::kReflect: {
+      if (len == 1) return 0;
+      const int64_t period = 2 * (len - 1), m = ((i % period) + period) % period;
+      return m < len ? m : period - m;
+    }
+  }
+  return -1;
+}
+
+// Resize (opset 10: scales = input 1; 11+: roi, scales, sizes = inputs 1–3) and Upsample (scales: attribute at
+// opset 7, input 1 from 9): the shapes, each axis's scale (given, or out/in when sizes are) and the attributes.
+// Resize-10 and Upsample are asymmetric and round nearest down, as their ONNX reference does.
+struct ResizeArgs {
+  std::vector<int64_t> in_shape, out_shape;
+  std::vector<double> scales, roi;  // roi: starts then ends, normalised (tf_crop_and_resize)
+  std::string mode = "nearest", coordinate_mode = "half_pixel", nearest_mode = "round_prefer_floor";
+  double cubic_a = -0.75, extrapolation = 0;
+  bool exclude_outside = false;
+};
+ResizeArgs resize_args(const KernelContext& ctx, const std::vector<int64_t>& in_shape);
+// ai.apart.ResizeGrad(dY, roi, scales, x_shape): the forward Resize's arguments, from its attributes, its roi and
+// scales (either may be empty) and the shape of X.
+ResizeArgs resize_grad_args(const KernelContext& ctx);
 
 // Clip's bounds (T not bool): the min/max attributes before opset 11, the optional scalar inputs 1 and 2 from 11;
 // the type's whole range where one is absent.

@@ -87,6 +87,19 @@ void leaky_relu_rule(GradNode& n) {
   const std::string positive = e.op("Greater", {n.x(0), e.scalar(0, n.in(0).dtype)});
   n.give(0, e.op("Where", {positive, n.gy(), e.mul(n.gy(), e.scalar(alpha, dt(n)))}));
 }
+void hard_sigmoid_rule(GradNode& n) {  // g · α where 0 < α·x + β < 1, else 0
+  auto& e = n.e;
+  const double alpha = n.attr_float("alpha", 0.2f), beta = n.attr_float("beta", 0.5f);
+  const std::string z = e.add(e.mul(n.x(0), e.scalar(alpha, dt(n))), e.scalar(beta, dt(n)));
+  const std::string inside = e.op("And", {e.op("Greater", {z, e.scalar(0, dt(n))}), e.op("Less", {z, e.scalar(1, dt(n))})});
+  n.give(0, e.op("Where", {inside, e.mul(n.gy(), e.scalar(alpha, dt(n))), e.scalar(0, dt(n))}));
+}
+void hard_swish_rule(GradNode& n) {  // g · (0 below −3, x/3 + 1/2 up to 3, 1 above): torch's hardswish_backward
+  auto& e = n.e;
+  const std::string slope = e.add(e.mul(n.x(0), e.scalar(1.0 / 3.0, dt(n))), e.scalar(0.5, dt(n)));
+  const std::string upper = e.op("Where", {e.op("Greater", {n.x(0), e.scalar(3, dt(n))}), e.scalar(1, dt(n)), slope});
+  n.give(0, e.mul(n.gy(), e.op("Where", {e.op("Less", {n.x(0), e.scalar(-3, dt(n))}), e.scalar(0, dt(n)), upper})));
+}
 void softplus_rule(GradNode& n) {  // g · sigmoid(x)
   n.give(0, n.e.mul(n.gy(), n.e.op("Sigmoid", {n.x(0)})));
 }
@@ -185,6 +198,8 @@ void register_elementwise_rules() {
   r["Sigmoid"] = sigmoid_rule;
   r["Relu"] = relu_rule;
   r["LeakyRelu"] = leaky_relu_rule;
+  r["HardSigmoid"] = hard_sigmoid_rule;
+  r["HardSwish"] = hard_swish_rule;
   r["Softplus"] = softplus_rule;
   r["Identity"] = identity_rule;
   r["Floor"] = zero_rule;

@@ -120,7 +120,7 @@ std::map<std::string, GradRule, std::less<>>& rules();
 void register_elementwise_rules();  // elementwise.cpp
 void register_linalg_rules();       // linalg.cpp: MatMul, Gemm
 void register_reduce_rules();       // reduce.cpp: reductions, Softmax, LogSoftmax, LayerNorm, losses
-void register_shape_rules();        // shape.cpp: Reshape…Gather, Concat, Split, Slice, Expand, Trilu, ScatterND
+void register_shape_rules();        // shape.cpp: Reshape…Gather, Concat, Split, Slice, Pad, Resize, Expand, Trilu, ScatterND
 void register_conv_rules();         // conv.cpp: Conv, pools, BatchNormalization
 
 // The gradient of a max/min reduction (ReduceMax/ReduceMin over `axes`, GlobalMaxPool): `g_kept` (the

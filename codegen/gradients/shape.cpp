@@ -1,5 +1,8 @@
-// Gradient rules of data-movement ops: reshapes, Transpose, Expand, Concat/Split, Slice, Gather, Trilu,
+// Gradient rules of data-movement ops: reshapes, Transpose, Expand, Concat/Split, Slice, Pad, Resize, Gather, Trilu,
 // ScatterND.
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
 #include <numeric>
 
 #include "codegen/gradients/gradient.h"
@@ -43,42 +46,127 @@ void split_rule(GradNode& n) {  // the outputs' gradients (zeros where none) con
   n.give(0, g);
 }
 
-// Slice with unit steps: g padded back with zeros (Concat along each sliced axis; the runtime has no Pad).
+// Slice (any steps): g put back where the slice read, zeros elsewhere, one sliced axis at a time. A negative step
+// reverses g; a step k > 1 interleaves k − 1 zeros after each element (Concat on a new axis, Reshape, the trailing
+// zeros cut); then zero blocks before and after (Concat).
 void slice_rule(GradNode& n) {
   auto& e = n.e;
   const auto& xs = n.in(0).shape;
   const auto& ys = n.out(0).shape;
+  const DType dt = n.out(0).dtype;
   const std::vector<int64_t>& starts = n.known_ints(1);
   std::vector<int64_t> axes(starts.size());
   std::iota(axes.begin(), axes.end(), 0);
   if (n.has_input(3)) axes = n.known_ints(3);
-  if (n.has_input(4))
-    for (int64_t s : n.known_ints(4))
-      if (s != 1) n.unsupported("Slice with step " + std::to_string(s) + " (only unit steps have a gradient rule)");
+  std::vector<int64_t> steps(starts.size(), 1);
+  if (n.has_input(4)) steps = n.known_ints(4);
+  if (axes.size() != starts.size() || steps.size() != starts.size()) n.unsupported("starts, axes and steps of different lengths");
+  if (std::find(ys.begin(), ys.end(), 0) != ys.end()) return n.give(0, e.filled(0, dt, xs));  // nothing was read
   std::string g = n.gy();
   std::vector<int64_t> shape = ys;
-  const DType dt = n.out(0).dtype;
+  auto zeros = [&](size_t axis, int64_t len) {
+    std::vector<int64_t> zs = shape;
+    zs[axis] = len;
+    return e.filled(0, dt, zs);
+  };
+  auto concat = [&](std::vector<std::string> parts, size_t axis) {
+    std::string out = e.op("Concat", parts);
+    set_attr(e.last(), "axis", static_cast<int64_t>(axis));
+    return out;
+  };
   for (size_t k = 0; k < axes.size(); ++k) {
     const size_t axis = static_cast<size_t>(norm_axis(axes[k], xs.size()));
-    const int64_t dim = xs[axis];
+    const int64_t dim = xs[axis], step = steps[k], count = ys[axis], stride = std::abs(step);
     int64_t start = starts[k] < 0 ? starts[k] + dim : starts[k];
-    start = std::clamp<int64_t>(start, 0, dim);
-    const int64_t before = std::min(start, dim - ys[axis]), after = dim - before - ys[axis];
+    start = step > 0 ? std::clamp<int64_t>(start, 0, dim) : std::clamp<int64_t>(start, 0, dim - 1);
+    const int64_t first = step > 0 ? start : start - (count - 1) * stride;  // the lowest index read
+    if (step < 0) {
+      g = e.op("Slice", {g, e.ints({-1}), e.ints({std::numeric_limits<int64_t>::min()}), e.ints({static_cast<int64_t>(axis)}),
+                         e.ints({-1})});
+    }
+    if (stride > 1) {
+      std::vector<int64_t> split = shape;
+      split.insert(split.begin() + static_cast<int64_t>(axis) + 1, 1);
+      std::vector<int64_t> gaps = split;
+      gaps[axis + 1] = stride - 1;
+      g = e.reshape(g, split);
+      g = concat({g, e.filled(0, dt, gaps)}, axis + 1);
+      shape[axis] = count * stride;
+      g = e.reshape(g, shape);
+      shape[axis] = (count - 1) * stride + 1;
+      g = e.op("Slice", {g, e.ints({0}), e.ints({shape[axis]}), e.ints({static_cast<int64_t>(axis)})});
+    }
+    const int64_t before = first, after = dim - first - shape[axis];
+    if (before < 0 || after < 0) n.unsupported("a Slice reading outside its input");
     if (before == 0 && after == 0) continue;
     std::vector<std::string> parts;
-    auto zeros = [&](int64_t len) {
-      std::vector<int64_t> zs = shape;
-      zs[axis] = len;
-      return e.filled(0, dt, zs);
-    };
-    if (before > 0) parts.push_back(zeros(before));
+    if (before > 0) parts.push_back(zeros(axis, before));
     parts.push_back(g);
-    if (after > 0) parts.push_back(zeros(after));
-    g = e.op("Concat", parts);
-    set_attr(e.last(), "axis", static_cast<int64_t>(axis));
+    if (after > 0) parts.push_back(zeros(axis, after));
+    g = concat(parts, axis);
     shape[axis] = dim;
   }
   n.give(0, g);
+}
+
+// Pad: in constant mode g cropped back (Pad by the negated pads, which also restores what the forward cropped, as
+// zeros); in reflect, edge and wrap mode ai.apart.PadGrad adds each output's gradient into the element it copied.
+// Nothing flows to the constant.
+void pad_rule(GradNode& n) {
+  if (!n.wants(0)) return;
+  auto& e = n.e;
+  const size_t r = n.in(0).shape.size();
+  const std::vector<int64_t> given = e.opset() < 11 ? n.attr_ints("pads").value_or(std::vector<int64_t>{}) : n.known_ints(1);
+  std::vector<int64_t> axes(r);
+  std::iota(axes.begin(), axes.end(), 0);
+  if (n.has_input(3)) axes = n.known_ints(3);
+  if (given.size() != 2 * axes.size()) n.unsupported("pads that do not hold a begin and an end per axis");
+  std::vector<int64_t> pads(2 * r, 0);
+  for (size_t k = 0; k < axes.size(); ++k) {
+    const size_t axis = static_cast<size_t>(norm_axis(axes[k], r));
+    pads[axis] = given[k];
+    pads[axis + r] = given[k + axes.size()];
+  }
+  const std::string mode = n.attr_string("mode", "constant");
+  if (mode == "constant") {
+    std::vector<int64_t> negated;
+    for (int64_t p : pads) negated.push_back(-p);
+    return n.give(0, e.op("Pad", {n.gy(), e.ints(negated)}));
+  }
+  const std::string gx = e.fresh("PadGrad");
+  auto& node = e.node("PadGrad", {n.gy()}, {gx}, kApartDomain);
+  set_attr(node, "pads", pads);
+  set_attr(node, "mode", mode);
+  n.give(0, gx);
+}
+
+// Resize: ai.apart.ResizeGrad(dY, roi, scales, x_shape) with the forward's attributes runs the forward's 1-D
+// interpolations transposed (runtime/cpu/resize.cpp): nearest scatters each output's gradient to the element it
+// copied, linear and cubic with the interpolation weights. Nothing flows to roi, scales or sizes.
+void resize_rule(GradNode& n) {
+  if (!n.wants(0)) return;
+  auto& e = n.e;
+  if (e.opset() < 11) n.unsupported("Resize below opset 11");  // training graphs are at 13 or later
+  const std::string gx = e.fresh("ResizeGrad");
+  auto& node = e.node("ResizeGrad", {n.gy(), n.has_input(1) ? n.x(1) : "", n.has_input(2) ? n.x(2) : "",
+                                     e.ints(n.in(0).shape)}, {gx}, kApartDomain);
+  n.copy_attrs(node);
+  n.give(0, gx);
+}
+
+// Upsample (opset 7–9): Resize-10's sampling (asymmetric, nearest rounding down), so ResizeGrad with those
+// attributes; its scales input from opset 9, else out/in (the attribute's scales wherever in · scale is whole).
+// The autodiff converts opset 7–12 graphs to 13 first, where the converter has made it a Resize.
+void upsample_rule(GradNode& n) {
+  if (!n.wants(0)) return;
+  auto& e = n.e;
+  const std::string gx = e.fresh("ResizeGrad");
+  auto& node = e.node("ResizeGrad", {n.gy(), "", e.opset() >= 9 && n.has_input(1) ? n.x(1) : "", e.ints(n.in(0).shape)},
+                      {gx}, kApartDomain);
+  n.copy_attrs(node, {"mode"});
+  set_attr(node, "coordinate_transformation_mode", std::string("asymmetric"));
+  set_attr(node, "nearest_mode", std::string("floor"));
+  n.give(0, gx);
 }
 
 // Gather: ScatterND(reduction=add) of g into zeros, the gathered axis moved to the front. ScatterND has its
@@ -184,6 +272,9 @@ void register_shape_rules() {
   r["Concat"] = concat_rule;
   r["Split"] = split_rule;
   r["Slice"] = slice_rule;
+  r["Pad"] = pad_rule;
+  r["Resize"] = resize_rule;
+  r["Upsample"] = upsample_rule;
   r["Gather"] = gather_rule;
   r["Trilu"] = trilu_rule;
   r["ScatterND"] = scatter_nd_rule;

@@ -1,5 +1,6 @@
-// Elementwise kernels: unary math, broadcasting binary arithmetic/comparison/logic, variadic
+// Elementwise kernels: unary math and activations, broadcasting binary arithmetic/comparison/logic, variadic
 // Min/Max/Sum/Mean, Where, Clip, Cast, Identity, Dropout.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -63,6 +64,14 @@ void softplus_k(KernelContext& c) { unary_float(c, [](auto v) { return std::log1
 void leaky_relu_k(KernelContext& c) {
   const double alpha = c.attr_float("alpha", 0.01);
   unary_float(c, [alpha](auto v) { return v < 0 ? static_cast<decltype(v)>(v * alpha) : v; });
+}
+// HardSigmoid: max(0, min(1, α·x + β)) (α 0.2, β 0.5); HardSwish: x · HardSigmoid(x) with α = 1/6, β = 0.5.
+void hard_sigmoid_k(KernelContext& c) {
+  const double alpha = c.attr_float("alpha", 0.2), beta = c.attr_float("beta", 0.5);
+  unary_float(c, [alpha, beta](auto v) { return std::clamp(alpha * v + beta, 0.0, 1.0); });
+}
+void hard_swish_k(KernelContext& c) {
+  unary_float(c, [](auto v) { return v * std::clamp(v / 6.0 + 0.5, 0.0, 1.0); });
 }
 void relu_k(KernelContext& c) { unary_numeric(c, [](auto v) { return v < 0 ? decltype(v)(0) : v; }); }
 void neg_k(KernelContext& c) {
@@ -333,6 +342,8 @@ void register_elementwise_kernels() {
   register_kernel("Ceil", ceil_k);
   register_kernel("Softplus", softplus_k);
   register_kernel("LeakyRelu", leaky_relu_k);
+  register_kernel("HardSigmoid", hard_sigmoid_k);
+  register_kernel("HardSwish", hard_swish_k);
   register_kernel("Relu", relu_k);
   register_kernel("Neg", neg_k);
   register_kernel("Abs", abs_k);

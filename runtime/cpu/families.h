@@ -4,8 +4,9 @@
 namespace apart::cpu {
 void register_elementwise_kernels();  // elementwise.cpp: unary, binary (broadcasting), Where, Clip, Cast, logic
 void register_matmul_kernels();       // matmul.cpp: MatMul, Gemm over cblas
-void register_reduce_kernels();       // reduce.cpp: Reduce*, Softmax, LogSoftmax, LayerNormalization
-void register_shape_kernels();        // shape.cpp: Reshape, Transpose, Concat, Split, Slice, Gather, Expand, …
+void register_reduce_kernels();       // reduce.cpp: Reduce*, ArgMax/ArgMin, Softmax, LogSoftmax, LayerNormalization
+void register_shape_kernels();        // shape.cpp: Reshape, Transpose, Concat, Split, Slice, Pad, Gather, Expand, …
+void register_resize_kernels();       // resize.cpp: Resize, Upsample, ai.apart.ResizeGrad
 void register_conv_kernels();         // conv.cpp: Conv, pools, BatchNormalization
 void register_loss_kernels();         // loss.cpp: SoftmaxCrossEntropyLoss
 void register_grad_kernels();        // grad.cpp: ScatterND, ai.apart.ConvGrad/MaxPoolGrad/AveragePoolGrad

@@ -1,4 +1,4 @@
-// Reductions (ReduceMean/Sum/Max/Min/Prod), Softmax, LogSoftmax and LayerNormalization.
+// Reductions (ReduceMean/Sum/Max/Min/Prod, ArgMax/ArgMin), Softmax, LogSoftmax and LayerNormalization.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -148,6 +148,36 @@ void layer_norm_k(KernelContext& ctx) {
   });
 }
 
+// ArgMax / ArgMin along `axis` (keepdims, select_last_index): int64 indices of the first extreme, or the last.
+template <bool kMax>
+void arg_extreme_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (x.rank() == 0) ctx.invalid("input must have rank >= 1");
+  const int64_t axis = normalize_axis(ctx, ctx.attr_int("axis", 0), x.rank());
+  const bool keepdims = ctx.attr_int("keepdims", 1) != 0, last = ctx.attr_int("select_last_index", 0) != 0;
+  std::vector<int64_t> shape = x.shape();
+  if (keepdims) shape[static_cast<size_t>(axis)] = 1;
+  else shape.erase(shape.begin() + axis);
+  const int64_t outer = product(x.shape(), 0, static_cast<size_t>(axis)), n = x.dim(axis),
+                inner = product(x.shape(), static_cast<size_t>(axis) + 1);
+  if (n == 0) ctx.invalid("cannot take the extreme of an empty axis");
+  dispatch(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    int64_t* py = ctx.output(0, DType::kInt64, shape).template data<int64_t>();
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t i = 0; i < inner; ++i) {
+        const T* line = px + o * n * inner + i;
+        int64_t best = 0;
+        for (int64_t k = 1; k < n; ++k) {
+          const T v = line[k * inner], b = line[best * inner];
+          if (kMax ? (v > b || (last && v == b)) : (v < b || (last && v == b))) best = k;
+        }
+        py[o * inner + i] = best;
+      }
+  }, true);
+}
+
 }  // namespace
 
 void register_reduce_kernels() {
@@ -156,6 +186,8 @@ void register_reduce_kernels() {
   register_kernel("ReduceMax", reduce_max_k);
   register_kernel("ReduceMin", reduce_min_k);
   register_kernel("ReduceProd", reduce_prod_k);
+  register_kernel("ArgMax", arg_extreme_k<true>);
+  register_kernel("ArgMin", arg_extreme_k<false>);
   register_kernel("Softmax", softmax_k);
   register_kernel("LogSoftmax", log_softmax_k);
   register_kernel("LayerNormalization", layer_norm_k);

@@ -1,6 +1,6 @@
 // Data-movement and shape kernels (dtype-agnostic, by element bytes): Reshape, Flatten, Squeeze,
-// Unsqueeze, Transpose, Concat, Split, Slice, Gather, Expand, Shape, Size, Constant,
-// ConstantOfShape, Range, Trilu.
+// Unsqueeze, Transpose, Concat, Split, Slice, Pad (and its gradient ai.apart.PadGrad), Gather, Expand, Shape, Size,
+// Constant, ConstantOfShape, Range, Trilu.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -136,6 +136,71 @@ void slice_k(KernelContext& ctx) {
   strided_copy(x, view, ctx.output(0, x.dtype(), view.shape));
 }
 
+// Calls f(out_offset, in_offset) for each output element of a Pad from `in` (in_offset −1: the constant).
+template <class F>
+void for_each_pad_source(const PadArgs& a, const std::vector<int64_t>& in, F&& f) {
+  const size_t r = in.size();
+  std::vector<std::vector<int64_t>> source(r);  // per axis: the input index each output index reads
+  for (size_t d = 0; d < r; ++d)
+    for (int64_t o = 0; o < a.out_shape[d]; ++o) source[d].push_back(pad_source(o, in[d], a.begin[d], a.mode));
+  const std::vector<int64_t> strides = contiguous_strides(in);
+  const int64_t total = product(a.out_shape);
+  std::vector<int64_t> at(r, 0);
+  for (int64_t o = 0; o < total; ++o) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < r && offset >= 0; ++d) {
+      const int64_t i = source[d][static_cast<size_t>(at[d])];
+      offset = i < 0 ? -1 : offset + i * strides[d];
+    }
+    f(o, offset);
+    for (size_t d = r; d-- > 0;) {
+      if (++at[d] < a.out_shape[d]) break;
+      at[d] = 0;
+    }
+  }
+}
+
+// Pad (constant, reflect, edge, wrap; negative pads crop), any dtype.
+void pad_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const PadArgs a = pad_args(ctx, x.shape());
+  dispatch(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T value = static_cast<T>(a.value);
+    const T* px = x.data<T>();
+    T* py = ctx.output(0, x.dtype(), a.out_shape).template data<T>();
+    for_each_pad_source(a, x.shape(), [&](int64_t o, int64_t i) { py[o] = i < 0 ? value : px[i]; });
+  }, true);
+}
+
+// ai.apart.PadGrad(dY) → dX, attributes `pads` (begin…, end… for every axis) and `mode` of the forward Pad: each
+// output's gradient added into the element it copied (the constant gets none).
+void pad_grad_k(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  PadArgs a;
+  a.mode = pad_mode(ctx, ctx.attr_string("mode", "constant"));
+  const std::vector<int64_t> pads = ctx.attr_ints("pads");
+  const size_t r = static_cast<size_t>(dy.rank());
+  if (pads.size() != 2 * r) ctx.invalid("pads must hold a begin and an end per axis");
+  a.begin.assign(pads.begin(), pads.begin() + static_cast<int64_t>(r));
+  a.end.assign(pads.begin() + static_cast<int64_t>(r), pads.end());
+  a.out_shape = dy.shape();
+  std::vector<int64_t> in(r);
+  for (size_t d = 0; d < r; ++d) {
+    in[d] = a.out_shape[d] - a.begin[d] - a.end[d];
+    if (in[d] < 0) ctx.invalid("pads exceed dY");
+  }
+  dispatch_float(ctx, dy.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* pdy = dy.data<T>();
+    T* pdx = ctx.output(0, dy.dtype(), in).template data<T>();
+    std::fill(pdx, pdx + product(in), T{0});
+    for_each_pad_source(a, in, [&](int64_t o, int64_t i) {
+      if (i >= 0) pdx[i] += pdy[o];
+    });
+  });
+}
+
 void gather_k(KernelContext& ctx) {
   const Tensor& data = ctx.input(0);
   const Tensor& indices = ctx.input(1);
@@ -257,6 +322,8 @@ void register_shape_kernels() {
   register_kernel("ConstantOfShape", constant_of_shape_k);
   register_kernel("Range", range_k);
   register_kernel("Trilu", trilu_k);
+  register_kernel("Pad", pad_k);
+  register_kernel("ai.apart.PadGrad", pad_grad_k);
 }
 
 }  // namespace apart::cpu

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "codegen/autodiff.h"
@@ -86,12 +87,13 @@ struct OpCase {
   std::function<void(onnx::NodeProto&)> attrs;
   DType dtype = DType::kFloat64;
   Tolerance tol = kDouble;
+  int64_t opset = 17;
 };
 
 void check_op(const OpCase& c) {
   SCOPED_TRACE(c.op);
   std::mt19937 rng(3);
-  OnnxBuilder b;
+  OnnxBuilder b(c.opset);
   for (const auto& [name, t] : c.params) b.initializer(t, name);
   for (const auto& [name, t] : c.fixed) b.initializer(t, name);
   std::vector<std::string> outs;
@@ -131,6 +133,20 @@ Tensor ints(std::vector<int64_t> shape, std::vector<int64_t> values) {
   Tensor t(DType::kInt64, std::move(shape));
   for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = values[i];
   return t;
+}
+
+Tensor floats(std::vector<int64_t> shape, std::vector<double> values, DType dt = DType::kFloat32) {
+  Tensor t(dt, std::move(shape));
+  for (size_t i = 0; i < values.size(); ++i) set(t, static_cast<int64_t>(i), values[i]);
+  return t;
+}
+std::function<void(onnx::NodeProto&)> string_attrs(std::vector<std::pair<std::string, std::string>> values) {
+  return [values](onnx::NodeProto& n) {
+    for (const auto& [name, v] : values) {
+      auto* a = n.add_attribute();
+      a->set_name(name), a->set_type(onnx::AttributeProto::STRING), a->set_s(v);
+    }
+  };
 }
 
 class AGradientRule : public ::testing::Test {
@@ -370,6 +386,110 @@ TEST_F(AGradientRule, OfConvTransposeMatchesWithStridesPadsGroupsOutputPaddingAn
     OnnxBuilder::set_ints(n, "strides", {2});
     OnnxBuilder::set_ints(n, "pads", {1, 1});
   }, {2, 3, 4}, {3, 2, 3}, 1, {2, 2, 7});
+}
+
+TEST_F(AGradientRule, OfResizeIsTheInterpolationTransposedInEveryMode) {
+  const Tensor up = floats({4}, {1, 1, 2, 1.5});  // (1, 2, 3, 2) → (1, 2, 6, 3)
+  const Tensor down = ints({4}, {1, 2, 2, 3});     // (1, 2, 5, 4) → sizes, a downsample
+  using Modes = std::vector<std::pair<std::string, std::string>>;
+  const std::vector<Modes> variants = {
+      {{"mode", "nearest"}, {"coordinate_transformation_mode", "asymmetric"}, {"nearest_mode", "floor"}},
+      {{"mode", "nearest"}, {"coordinate_transformation_mode", "half_pixel"}, {"nearest_mode", "round_prefer_floor"}},
+      {{"mode", "nearest"}, {"coordinate_transformation_mode", "pytorch_half_pixel"}, {"nearest_mode", "round_prefer_floor"}},
+      {{"mode", "nearest"}, {"coordinate_transformation_mode", "align_corners"}, {"nearest_mode", "round_prefer_ceil"}},
+      {{"mode", "nearest"}, {"coordinate_transformation_mode", "tf_half_pixel_for_nn"}, {"nearest_mode", "ceil"}},
+      {{"mode", "linear"}, {"coordinate_transformation_mode", "half_pixel"}},
+      {{"mode", "linear"}, {"coordinate_transformation_mode", "pytorch_half_pixel"}},
+      {{"mode", "linear"}, {"coordinate_transformation_mode", "align_corners"}},
+      {{"mode", "linear"}, {"coordinate_transformation_mode", "asymmetric"}},
+      {{"mode", "cubic"}, {"coordinate_transformation_mode", "half_pixel"}},
+      {{"mode", "cubic"}, {"coordinate_transformation_mode", "align_corners"}}};
+  for (const Modes& modes : variants) {
+    SCOPED_TRACE(modes[0].second + " " + modes[1].second);
+    check_op({"Resize", {{"x", r({1, 2, 3, 2})}}, {{"scales", up}}, {"x", "", "scales"}, {{1, 2, 6, 3}}, string_attrs(modes)});
+    check_op({"Resize", {{"x", r({1, 2, 5, 4})}}, {{"sizes", down}}, {"x", "", "", "sizes"}, {{1, 2, 2, 3}}, string_attrs(modes)});
+  }
+  check_op({"Resize", {{"x", r({1, 1, 4, 5})}}, {{"sizes", ints({4}, {1, 1, 3, 7})}}, {"x", "", "", "sizes"}, {{1, 1, 3, 7}},
+            [](onnx::NodeProto& n) {
+              string_attrs({{"mode", "cubic"}})(n);
+              OnnxBuilder::set_int(n, "exclude_outside", 1);
+            }});
+  // tf_crop_and_resize: outside the roi the output is the extrapolation value, a constant with no gradient.
+  check_op({"Resize", {{"x", r({1, 1, 4, 5})}}, {{"roi", floats({8}, {0, 0, 0.2, -0.1, 1, 1, 0.9, 1.2})}, {"sizes", ints({4}, {1, 1, 3, 4})}},
+            {"x", "roi", "", "sizes"}, {{1, 1, 3, 4}}, [](onnx::NodeProto& n) {
+              string_attrs({{"mode", "linear"}, {"coordinate_transformation_mode", "tf_crop_and_resize"}})(n);
+              auto* a = n.add_attribute();
+              a->set_name("extrapolation_value"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(0.5f);
+            }});
+}
+
+TEST_F(AGradientRule, OfUpsampleAtOpset9IsThatOfTheResizeTheVersionConverterMakesOfIt) {
+  for (const char* mode : {"nearest", "linear"})
+    check_op({"Upsample", {{"x", r({1, 2, 3, 2})}}, {{"scales", floats({4}, {1, 1, 2, 3})}}, {"x", "scales"}, {{1, 2, 6, 6}},
+              string_attrs({{"mode", mode}}), DType::kFloat64, kDouble, 9});
+}
+
+TEST_F(AGradientRule, OfPadCropsInConstantModeAndFoldsTheCopiesBackInReflectAndEdgeMode) {
+  const Tensor value = floats({}, {0.25}, DType::kFloat64);
+  check_op({"Pad", {{"x", r({2, 3, 4})}}, {{"pads", ints({6}, {0, 1, 2, 1, 0, 1})}, {"v", value}}, {"x", "pads", "v"},
+            {{3, 4, 7}}});
+  check_op({"Pad", {{"x", r({3, 5})}}, {{"pads", ints({4}, {-1, 2, 1, -2})}}, {"x", "pads"}, {{3, 5}}});  // crops too
+  for (const char* mode : {"reflect", "edge"}) {
+    SCOPED_TRACE(mode);
+    check_op({"Pad", {{"x", r({2, 3, 4})}}, {{"pads", ints({6}, {0, 2, 3, 1, 1, 2})}}, {"x", "pads"}, {{3, 6, 9}},
+              string_attrs({{"mode", mode}})});
+    check_op({"Pad", {{"x", r({3, 5})}}, {{"pads", ints({4}, {2, -1, 0, 3})}}, {"x", "pads"}, {{5, 7}},
+              string_attrs({{"mode", mode}})});
+  }
+}
+
+TEST_F(AGradientRule, OfSliceWithStepsPutsTheGradientBackWhereTheSliceRead) {
+  const int64_t lowest = std::numeric_limits<int64_t>::min();
+  check_op({"Slice", {{"x", r({5, 7})}},  // rows 0, 2, 4; columns 6, 3, 0
+            {{"starts", ints({2}, {0, -1})}, {"ends", ints({2}, {5, lowest})}, {"axes", ints({2}, {0, 1})},
+             {"steps", ints({2}, {2, -3})}},
+            {"x", "starts", "ends", "axes", "steps"}, {{3, 3}}});
+  check_op({"Slice", {{"x", r({4, 7})}},  // columns 1, 3, 5
+            {{"starts", ints({1}, {1})}, {"ends", ints({1}, {6})}, {"axes", ints({1}, {-1})}, {"steps", ints({1}, {2})}},
+            {"x", "starts", "ends", "axes", "steps"}, {{4, 3}}});
+  check_op({"Slice", {{"x", r({5, 2})}},  // rows 3, 2, 1
+            {{"starts", ints({1}, {3})}, {"ends", ints({1}, {0})}, {"axes", ints({1}, {0})}, {"steps", ints({1}, {-1})}},
+            {"x", "starts", "ends", "axes", "steps"}, {{3, 2}}});
+}
+
+TEST_F(AGradientRule, OfHardSigmoidHardSwishAndClipPassesTheGradientWhereTheyAreNotFlat) {
+  check_op({"HardSigmoid", {{"x", r({3, 5}, -4, 4)}}, {}, {"x"}, {{3, 5}}});
+  check_op({"HardSigmoid", {{"x", r({3, 5}, -3, 3)}}, {}, {"x"}, {{3, 5}}, [](onnx::NodeProto& n) {
+              for (auto [name, v] : {std::pair{"alpha", 0.3f}, std::pair{"beta", 0.4f}}) {
+                auto* a = n.add_attribute();
+                a->set_name(name), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(v);
+              }
+            }});
+  check_op({"HardSwish", {{"x", r({4, 5}, -5, 5)}}, {}, {"x"}, {{4, 5}}});
+  const Tensor lo = floats({}, {-0.4}, DType::kFloat64), hi = floats({}, {0.3}, DType::kFloat64);
+  check_op({"Clip", {{"x", r({3, 4})}}, {{"lo", lo}, {"hi", hi}}, {"x", "lo", "hi"}, {{3, 4}}});
+  check_op({"Clip", {{"x", r({3, 4})}}, {{"hi", hi}}, {"x", "", "hi"}, {{3, 4}}});
+}
+
+TEST(ATrainingGraph, TreatsArgMaxAndArgMinAsIndicesWithoutAGradient) {
+  // loss = Σ Gather(w, ArgMax(w, axis 0)) · R + Σ Gather(w, ArgMin(w, axis 0)) · R: w gets its gradient through
+  // the Gathers only.
+  std::mt19937 rng(5);
+  OnnxBuilder b;
+  b.initializer(random_tensor(DType::kFloat64, {4, 3}, rng), "w");
+  b.initializer(random_tensor(DType::kFloat64, {3, 3}, rng), "r");
+  for (const char* op : {"ArgMax", "ArgMin"}) {
+    const std::string o = op;
+    OnnxBuilder::set_int(b.node(op, {"w"}, {o + "_i"}), "keepdims", 0);
+    b.node("Gather", {"w", o + "_i"}, {o + "_g"});
+    b.node("Mul", {o + "_g", "r"}, {o + "_m"});
+  }
+  b.node("Add", {"ArgMax_m", "ArgMin_m"}, {"s"});
+  OnnxBuilder::set_int(b.node("ReduceSum", {"s"}, {"loss"}), "keepdims", 0);
+  b.output({"loss", DType::kFloat64, {}});
+  TrainingGraphOptions options;
+  options.params = {"w"};
+  expect_gradients_match(build_training_graph(b.model(), options), {}, kDouble, 12);
 }
 
 TEST(ATrainingGraph, RefusesAnOpWithoutAGradientRule) {

@@ -178,7 +178,20 @@ TEST(TheOnnxNodeConformanceSuite, PassesEveryTestWhoseOpsAndDtypesAreSupported) 
   for (const auto& [op, n] : skipped_ops) ops += " " + op + "(" + std::to_string(n) + ")";
   std::printf("[ conform  ] ops without a kernel:%s\n", ops.c_str());
   EXPECT_EQ(counts[Outcome::kFail], 0);
-  EXPECT_GT(counts[Outcome::kPass], 250);
+  EXPECT_GE(counts[Outcome::kPass], 583);
+  // The ops real exports use beyond torch's transformers (issue 18) pass every case but the 3-D ConvTranspose.
+  int exporter_cases = 0;
+  for (const auto& dir : dirs) {
+    const std::string name = dir.filename().string();
+    bool exporter_op = name == "test_constant_pad" || name == "test_edge_pad" || name == "test_reflect_pad";
+    for (const char* prefix : {"test_convtranspose", "test_resize_", "test_upsample_", "test_hardsigmoid",
+                               "test_hardswish", "test_argmax_", "test_argmin_"})
+      exporter_op |= name.rfind(prefix, 0) == 0;
+    if (!exporter_op || name == "test_convtranspose_3d") continue;
+    ++exporter_cases;
+    EXPECT_NE(std::find(passed.begin(), passed.end(), name), passed.end()) << name << " does not pass";
+  }
+  EXPECT_EQ(exporter_cases, 73);
 }
 
 }  // namespace

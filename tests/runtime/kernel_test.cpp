@@ -64,6 +64,23 @@ TEST(Softmax, CoercesTo2DBeforeOpset13AndNormalisesOneAxisFrom13) {
   }
 }
 
+TEST(Pad, ReflectsWrapsAndRepeatsPastTheAxisLengthAsNumpyDoes) {
+  const std::map<std::string, std::vector<float>> expected = {  // np.pad([0, 1, 2], (4, 5), mode)
+      {"reflect", {0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1}},
+      {"wrap", {2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1}},
+      {"edge", {0, 0, 0, 0, 0, 1, 2, 2, 2, 2, 2, 2}}};
+  for (const auto& [mode, want] : expected) {
+    OnnxBuilder b(13);
+    b.input({"x", DType::kFloat32, {3}}).output({"y", DType::kFloat32, {12}}).int_initializer("pads", {4, 5});
+    auto* a = b.node("Pad", {"x", "pads"}, {"y"}).add_attribute();
+    a->set_name("mode"), a->set_type(onnx::AttributeProto::STRING), a->set_s(mode);
+    Tensor x(DType::kFloat32, {3});
+    for (int i = 0; i < 3; ++i) x.data<float>()[i] = static_cast<float>(i);
+    const Tensor y = run_one(b, "pad_" + mode + ".onnx", {{"x", x}});
+    EXPECT_EQ(std::vector<float>(y.data<float>(), y.data<float>() + y.elements()), want) << mode;
+  }
+}
+
 TEST(MatMul, BroadcastsBatchDimsLikeNumpy) {
   OnnxBuilder b;
   b.input({"a", DType::kFloat32, {2, 1, 3, 4}}).input({"b", DType::kFloat32, {3, 4, 5}}).output({"y", DType::kFloat32, {2, 3, 3, 5}});

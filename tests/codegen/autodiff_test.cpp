@@ -429,6 +429,19 @@ TEST_F(AGradientRule, OfUpsampleAtOpset9IsThatOfTheResizeTheVersionConverterMake
               string_attrs({{"mode", mode}}), DType::kFloat64, kDouble, 9});
 }
 
+TEST_F(AGradientRule, OfPadResizeAndConvTransposeHoldsAtTheOpsetsPaddleAndTfExportAt) {
+  // Opset 9/10 forms (Pad's pads as an attribute, Resize-10's scales as input 1): the autodiff converts to opset 13.
+  check_op({"Pad", {{"x", r({2, 3, 4})}}, {}, {"x"}, {{2, 5, 7}}, [](onnx::NodeProto& n) {
+              OnnxBuilder::set_ints(n, "pads", {0, 1, 2, 0, 1, 1});
+              string_attrs({{"mode", "reflect"}})(n);
+            }, DType::kFloat64, kDouble, 9});
+  check_op({"Resize", {{"x", r({1, 2, 3, 2})}}, {{"scales", floats({4}, {1, 1, 2, 2})}}, {"x", "scales"}, {{1, 2, 6, 4}},
+            string_attrs({{"mode", "linear"}}), DType::kFloat64, kDouble, 10});
+  check_op({"ConvTranspose", {{"x", r({1, 2, 3, 3})}, {"w", r({2, 3, 2, 2})}}, {}, {"x", "w"}, {{1, 3, 6, 6}},
+            ints_attr("strides", {2, 2}), DType::kFloat64, kDouble, 9});
+  check_op({"HardSigmoid", {{"x", r({3, 4}, -4, 4)}}, {}, {"x"}, {{3, 4}}, {}, DType::kFloat64, kDouble, 9});
+}
+
 TEST_F(AGradientRule, OfPadCropsInConstantModeAndFoldsTheCopiesBackInReflectAndEdgeMode) {
   const Tensor value = floats({}, {0.25}, DType::kFloat64);
   check_op({"Pad", {{"x", r({2, 3, 4})}}, {{"pads", ints({6}, {0, 1, 2, 1, 0, 1})}, {"v", value}}, {"x", "pads", "v"},

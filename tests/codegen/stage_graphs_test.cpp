@@ -447,6 +447,44 @@ TEST(StageGraphsOfABatchNormNet, GiveTheFusedGraphsRunningStatisticsAndGradients
   }
 }
 
+// --- A decoder stage: ConvTranspose, HardSwish, Resize, Pad and a strided Slice (ai.apart gradients that read the
+// forward's roi/scales and constants) ---
+
+onnx::ModelProto decoder_stage() {
+  std::mt19937 rng(29);
+  OnnxBuilder b(14);
+  b.input({"h", DType::kFloat32, {2, 2, 3, 3}}).output({"y", DType::kFloat32, {2, 3, 5, 7}});
+  b.initializer(random_floats({2, 3, 3, 3}, rng), "up.W").initializer(random_floats({3}, rng), "up.b");
+  OnnxBuilder::set_ints(b.node("ConvTranspose", {"h", "up.W", "up.b"}, {"u"}, "up"), "strides", {2, 2});  // 7 × 7
+  b.node("HardSwish", {"u"}, {"a"}, "act");
+  Tensor scales(DType::kFloat32, {4});
+  for (int i = 0; i < 4; ++i) scales.data<float>()[i] = i < 2 ? 1.0f : 1.5f;
+  b.initializer(scales, "scales");
+  auto* mode = b.node("Resize", {"a", "", "scales"}, {"r"}, "resize").add_attribute();  // 10 × 10
+  mode->set_name("mode"), mode->set_type(onnx::AttributeProto::STRING), mode->set_s("linear");
+  b.int_initializer("pads", {0, 0, 1, 2, 0, 0, -1, 2});  // 10 × 14
+  auto* pad_mode = b.node("Pad", {"r", "pads"}, {"p"}, "pad").add_attribute();
+  pad_mode->set_name("mode"), pad_mode->set_type(onnx::AttributeProto::STRING), pad_mode->set_s("reflect");
+  b.int_initializer("starts", {9, 0}).int_initializer("ends", {0, 100}).int_initializer("axes", {2, 3});
+  b.int_initializer("steps", {-2, 2});  // rows 9, 7, 5, 3, 1; columns 0, 2, …, 12
+  b.node("Slice", {"p", "starts", "ends", "axes", "steps"}, {"y"}, "slice");
+  return b.model();
+}
+
+TEST(StageGraphsOfADecoderStage, ComputeTheFusedGraphsOutputsAndGradientsBitwise) {
+  std::mt19937 rng(31);
+  const Tensors inputs{{"h", random_floats({2, 2, 3, 3}, rng)}};
+  const Tensors output_gradients{{"y", random_floats({2, 3, 5, 7}, rng)}};
+  StageGraphOptions options;
+  options.training.output_gradients = {"y"};
+  options.training.input_gradients = {"h"};
+  for (bool recompute : {false, true}) {
+    options.recompute = recompute;
+    expect_staged_equals_fused(decoder_stage(), options, inputs, output_gradients);
+    EXPECT_EQ(build_stage_graphs(decoder_stage(), options).gradients.size(), 2u) << "up.W and up.b, not the scales";
+  }
+}
+
 // --- Bad input ---
 
 TEST(StageGraphs, RefuseANodeWithoutAGradientRuleNamingIt) {

@@ -81,6 +81,26 @@ TEST(Pad, ReflectsWrapsAndRepeatsPastTheAxisLengthAsNumpyDoes) {
   }
 }
 
+TEST(Upsample, AtOpset7ReadsItsScalesAttributeAndSamplesAsymmetrically) {
+  const std::map<std::string, std::vector<float>> expected = {  // x = [0, 1, 2], × 2: x_original = o / 2
+      {"nearest", {0, 0, 1, 1, 2, 2}},                          // rounded down
+      {"linear", {0, 0.5f, 1, 1.5f, 2, 2}}};                    // the last one clamped to the edge
+  for (const auto& [mode, want] : expected) {
+    OnnxBuilder b(7);
+    b.input({"x", DType::kFloat32, {1, 3}}).output({"y", DType::kFloat32, {1, 6}});
+    auto& n = b.node("Upsample", {"x"}, {"y"});
+    auto* m = n.add_attribute();
+    m->set_name("mode"), m->set_type(onnx::AttributeProto::STRING), m->set_s(mode);
+    auto* scales = n.add_attribute();
+    scales->set_name("scales"), scales->set_type(onnx::AttributeProto::FLOATS);
+    scales->add_floats(1), scales->add_floats(2);
+    Tensor x(DType::kFloat32, {1, 3});
+    for (int i = 0; i < 3; ++i) x.data<float>()[i] = static_cast<float>(i);
+    const Tensor y = run_one(b, "upsample_" + mode + ".onnx", {{"x", x}});
+    EXPECT_EQ(std::vector<float>(y.data<float>(), y.data<float>() + y.elements()), want) << mode;
+  }
+}
+
 TEST(MatMul, BroadcastsBatchDimsLikeNumpy) {
   OnnxBuilder b;
   b.input({"a", DType::kFloat32, {2, 1, 3, 4}}).input({"b", DType::kFloat32, {3, 4, 5}}).output({"y", DType::kFloat32, {2, 3, 3, 5}});

@@ -2,7 +2,11 @@
 #include "runtime/conv_window.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <string>
+
+#include "graph/checked.h"
 
 namespace apart {
 
@@ -61,7 +65,15 @@ Window conv_transpose_window(const KernelContext& ctx, const std::vector<int64_t
   w.pad_end.assign(pads.begin() + static_cast<int64_t>(s), pads.end());
   w.out.resize(s);
   for (size_t i = 0; i < s; ++i) {
-    if (w.stride[i] <= 0 || w.dilation[i] <= 0) ctx.invalid("strides and dilations must be positive");
+    if (w.stride[i] <= 0 || w.dilation[i] <= 0 || w.kernel[i] <= 0) ctx.invalid("strides, dilations and kernel must be positive");
+    // In double first: attributes from a file must not overflow the int64 arithmetic.
+    const double full_estimate = static_cast<double>(w.stride[i]) * static_cast<double>(in[i]) +
+                                 std::fabs(static_cast<double>(output_padding[i])) +
+                                 static_cast<double>(w.kernel[i]) * static_cast<double>(w.dilation[i]);
+    if (full_estimate > static_cast<double>(limits::kMaxDim) ||
+        std::max(std::abs(w.pad_begin[i]), std::abs(w.pad_end[i])) > limits::kMaxDim ||
+        (!output_shape.empty() && (output_shape[i] < 0 || output_shape[i] > limits::kMaxDim)))
+      ctx.invalid("ConvTranspose's output would exceed " + std::to_string(limits::kMaxDim) + " along a dim");
     const int64_t full = w.stride[i] * (in[i] - 1) + output_padding[i] + (w.kernel[i] - 1) * w.dilation[i] + 1;
     if (!output_shape.empty() || same) {
       const int64_t total = full - (output_shape.empty() ? in[i] * w.stride[i] : output_shape[i]);

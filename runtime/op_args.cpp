@@ -7,6 +7,7 @@
 #include <iterator>
 #include <string>
 
+#include "graph/checked.h"
 #include "graph/error.h"
 
 namespace apart {
@@ -301,6 +302,8 @@ PadArgs pad_args(const KernelContext& ctx, const std::vector<int64_t>& in) {
   if (pads.size() != 2 * axes.size()) ctx.invalid("pads must hold a begin and an end per padded axis");
   a.begin.assign(in.size(), 0);
   a.end.assign(in.size(), 0);
+  for (int64_t p : pads)
+    if (p < -limits::kMaxDim || p > limits::kMaxDim) ctx.invalid("a pad of " + std::to_string(p) + " is out of range");
   for (size_t k = 0; k < axes.size(); ++k) {
     const int64_t d = normalize_axis(ctx, axes[k], r);
     a.begin[d] = pads[k];
@@ -394,9 +397,14 @@ ResizeArgs resize_args(const KernelContext& ctx, const std::vector<int64_t>& in)
   } else {
     if (scales.size() != in.size()) ctx.invalid("scales must have one value per input dim");
     a.out_shape.resize(in.size());
-    for (size_t d = 0; d < in.size(); ++d)
-      a.out_shape[d] = static_cast<int64_t>(std::floor(static_cast<double>(in[d]) * scales[d]));
+    for (size_t d = 0; d < in.size(); ++d) {
+      const double out = std::floor(static_cast<double>(in[d]) * scales[d]);
+      if (!(out >= 0 && out <= static_cast<double>(limits::kMaxDim))) ctx.invalid("scales give an output dim out of range");
+      a.out_shape[d] = static_cast<int64_t>(out);
+    }
   }
+  for (int64_t v : a.out_shape)
+    if (v < 0 || v > limits::kMaxDim) ctx.invalid("an output dim of " + std::to_string(v) + " is out of range");
   resize_scales(ctx, a, std::move(scales));
   return a;
 }
@@ -406,6 +414,8 @@ ResizeArgs resize_grad_args(const KernelContext& ctx) {
   a.in_shape = ctx.host_input(3).to_int64s();
   a.out_shape = ctx.input(0).shape();
   if (a.in_shape.size() != a.out_shape.size()) ctx.invalid("x_shape and dY differ in rank");
+  for (int64_t v : a.in_shape)
+    if (v < 0 || v > limits::kMaxDim) ctx.invalid("x_shape holds a dim out of range");
   a.roi = float_input(ctx, 1);
   resize_scales(ctx, a, float_input(ctx, 2));
   return a;

@@ -44,8 +44,8 @@ double original_coordinate(const ResizeArgs& a, size_t d, int64_t o, bool& outsi
     const double start = a.roi[d], end = a.roi[d + r];
     double v = width == 1 ? (end - start) * (in - 1) / 2 : x * (end - start) * (in - 1) / (width - 1);
     v += start * (in - 1);
-    outside = v < 0 || v > in - 1;
-    return v;
+    outside = !(v >= 0 && v <= in - 1);  // NaN too (a roi read from a file)
+    return outside ? 0.0 : v;
   }
   return (x + 0.5) / scale - 0.5;  // half_pixel
 }

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "graph/error.h"
 #include "importer/importer.h"
@@ -98,6 +99,25 @@ TEST(Upsample, AtOpset7ReadsItsScalesAttributeAndSamplesAsymmetrically) {
     for (int i = 0; i < 3; ++i) x.data<float>()[i] = static_cast<float>(i);
     const Tensor y = run_one(b, "upsample_" + mode + ".onnx", {{"x", x}});
     EXPECT_EQ(std::vector<float>(y.data<float>(), y.data<float>() + y.elements()), want) << mode;
+  }
+}
+
+TEST(ResizeAndPad, RefuseScalesAndPadsFromTheInputsThatWouldOverflowTheirOutput) {
+  OnnxBuilder b(13);
+  b.input({"x", DType::kFloat32, {1, 2}}).input({"scales", DType::kFloat32, {2}}).input({"pads", DType::kInt64, {4}});
+  b.output({"r", DType::kFloat32, {}}).output({"p", DType::kFloat32, {}});
+  b.node("Resize", {"x", "", "scales"}, {"r"});
+  b.node("Pad", {"x", "pads"}, {"p"});
+  ImportedModel m = import_model(b.write("hostile_resize_pad.onnx"));
+  Executor exec(m);
+  Tensor x(DType::kFloat32, {1, 2}), scales(DType::kFloat32, {2}), pads(DType::kInt64, {4});
+  scales.data<float>()[0] = 1, pads.data<int64_t>()[0] = 0;
+  for (const auto& [scale, pad] : {std::pair{1e30f, int64_t{1}}, std::pair{std::nanf(""), int64_t{1}},
+                                   std::pair{1.0f, std::numeric_limits<int64_t>::max()},
+                                   std::pair{1.0f, std::numeric_limits<int64_t>::min()}}) {
+    scales.data<float>()[1] = scale;
+    for (int i = 1; i < 4; ++i) pads.data<int64_t>()[i] = pad;
+    EXPECT_THROW(exec.run({{"x", x}, {"scales", scales}, {"pads", pads}}), InvalidModel) << scale << " " << pad;
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "graph/atomic_file.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "plan/cluster_json.h"
 #include "plan/costs_json.h"
 
@@ -126,7 +127,19 @@ ImportedModel import_for_plan(const std::filesystem::path& model, const ImportOp
   // The plan scales every cost with the micro-batch, so batch 1 suffices unless --dim/--shape bind the batch dim.
   ImportOptions at_batch = import;
   if (at_batch.batch == 0) at_batch.batch = 1;
-  return import_model(model, at_batch);
+  ImportedModel imported = import_model(model, at_batch);
+  // An input with a 0-sized dim is legal ONNX (an empty tensor) but gives every task zero work: a plan of 0 s whose
+  // ratios divide by zero. Planning refuses it, naming the input.
+  for (ValueId v : imported.graph.graph_inputs()) {
+    const Value& value = imported.graph.value(v);
+    if (value.kind != ValueKind::kInput || !value.shape_known) continue;
+    for (size_t axis = 0; axis < value.shape.size(); ++axis)
+      if (value.shape[axis] == 0)
+        throw InvalidModel(model.string() + ": graph input " + quote(value.name) + " has a 0-sized dim (axis " +
+                           std::to_string(axis) + " of " + shape_string(value.shape) +
+                           "), an empty tensor: there is no work to partition; export the model with that dim >= 1");
+  }
+  return imported;
 }
 
 PlanCosts plan_costs(const CompileOptions& options, const PartitionOptions& partition, const ImportedModel& model,

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ext/stdio_filebuf.h>
 #include <string>
 #include <system_error>
 
@@ -16,23 +17,34 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_path_for(const fs::path& path) {
+// Creates a fresh temporary beside `path`: ".NAME.tmp.PID.N", the first N whose name is free. Never opens an existing
+// file or follows a link.
+int create_temporary(const fs::path& path, fs::path& temp) {
   const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
-  return dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  const std::string stem = "." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + ".";
+  for (int n = 0; n < 1000; ++n) {
+    temp = dir / (stem + std::to_string(n));
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) return fd;
+    if (errno != EEXIST)
+      throw SystemError("cannot write '" + temp.string() + "': " + std::strerror(errno) +
+                        " (does the folder exist and is it writable?)");
+  }
+  throw SystemError("cannot write '" + path.string() + "': 1000 temporaries named '" + stem +
+                    "N' already exist beside it; remove them");
 }
 
 }  // namespace
 
-AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)), temp_(temp_path_for(path_)) {
-  out_.open(temp_, std::ios::binary | std::ios::trunc);
-  if (!out_)
-    throw SystemError("cannot write '" + temp_.string() + "': " + std::strerror(errno) +
-                      " (does the folder exist and is it writable?)");
+AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)) {
+  fd_ = create_temporary(path_, temp_);
+  buffer_ = std::make_unique<__gnu_cxx::stdio_filebuf<char>>(fd_, std::ios::out | std::ios::binary, size_t{1} << 16);
+  out_.rdbuf(buffer_.get());
 }
 
 AtomicFile::~AtomicFile() {
   if (committed_) return;
-  out_.close();
+  buffer_.reset();  // closes the descriptor
   std::error_code ec;
   fs::remove(temp_, ec);
 }
@@ -53,16 +65,19 @@ void AtomicFile::write(const void* data, int64_t bytes) {
 }
 
 void AtomicFile::check_stream() const {
-  if (!out_) throw SystemError("failed writing '" + temp_.string() + "' (disk full?)");
+  if (!out_)
+    throw SystemError("failed writing '" + temp_.string() + "': " + std::strerror(errno) +
+                      " (is the disk full or the file too large?); nothing was written to '" + path_.string() + "'");
 }
 
 void AtomicFile::commit() {
   out_.flush();
   check_stream();
-  out_.close();
-  check_stream();
   // The bytes reach the disk before the name does: after a crash the file is either the old one or the whole new one.
-  sync_path(temp_);
+  if (::fsync(fd_) != 0 && errno != EINVAL && errno != EROFS)
+    throw SystemError("cannot sync '" + temp_.string() + "': " + std::strerror(errno));
+  if (static_cast<__gnu_cxx::stdio_filebuf<char>*>(buffer_.get())->close() == nullptr)
+    throw SystemError("cannot close '" + temp_.string() + "': " + std::strerror(errno));
   std::error_code ec;
   fs::rename(temp_, path_, ec);
   if (ec) throw SystemError("cannot rename '" + temp_.string() + "' to '" + path_.string() + "': " + ec.message());

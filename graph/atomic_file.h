@@ -4,12 +4,17 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <ostream>
+#include <streambuf>
 #include <string_view>
 
 namespace apart {
 
-// A file written through a hidden temporary beside it (".NAME.tmp.PID") and renamed into place by commit(), so
-// readers never see a half-written file. Destroyed without commit() (an exception on the way), it removes the
+// A file written through a hidden temporary beside it (".NAME.tmp.PID.N") and renamed into place by commit(), so
+// readers never see a half-written file. The temporary is created exclusively and never through a symlink
+// (O_CREAT | O_EXCL | O_NOFOLLOW): a link planted under its name cannot redirect the write, and its bytes are synced
+// before the rename. Destroyed without commit() (an exception on the way), it removes the
 // temporary. Streams: a multi-GB file never has to be held in memory. Every failure throws SystemError naming the
 // file.
 class AtomicFile {
@@ -31,7 +36,9 @@ class AtomicFile {
 
   std::filesystem::path path_;
   std::filesystem::path temp_;
-  std::ofstream out_;
+  int fd_ = -1;
+  std::unique_ptr<std::streambuf> buffer_;  // owns fd_ and closes it
+  std::ostream out_{nullptr};
   bool committed_ = false;
 };
 

@@ -711,6 +711,13 @@ class Importer {
     v.bytes = bytes;
   }
 
+  // "'', 'com.microsoft'": the domains opset_import declares, for messages.
+  std::string imported_domains() const {
+    std::string out;
+    for (const auto& [domain, version] : result_.opsets) out += (out.empty() ? "" : ", ") + quote(domain);
+    return out.empty() ? "nothing" : out;
+  }
+
   ValueId value_for(const std::string& name) {
     if (auto id = graph().find_value(name)) return *id;
     Value v;
@@ -783,9 +790,19 @@ class Importer {
           if (graph().find_value(name)) t.inputs.push_back(graph().find_value(name).value());
       }
       auto opset = result_.opsets.find(t.domain);
-      const int version = opset == result_.opsets.end() ? -1 : static_cast<int>(opset->second);
-      const onnx::OpSchema* schema = version < 0 ? nullptr : registry->GetSchema(t.op_type, version, t.domain);
+      if (opset == result_.opsets.end())
+        throw InvalidModel("node " + quote(t.name) + " (" + printable(t.op_type) + ") is in domain " + quote(t.domain) +
+                           ", which the model does not import (its opset_import lists " + imported_domains() +
+                           "); add the domain to opset_import or re-export the model");
+      const int version = static_cast<int>(opset->second);
+      const onnx::OpSchema* schema = registry->GetSchema(t.op_type, version, t.domain);
       if (schema != nullptr) verify_against_schema(*schema, node, t.name);
+      // The default domain is ONNX's own: an op it does not define at the model's opset is a broken model, not a
+      // custom op to estimate (custom ops live in their own domains).
+      if (schema == nullptr && t.domain.empty())
+        throw InvalidModel("node " + quote(t.name) + ": ONNX opset " + std::to_string(version) + " has no operator " +
+                           quote(t.op_type) + " in its default domain (a typo, an op from a newer opset, or a custom "
+                           "op that belongs in a domain of its own); re-export the model");
       if (schema == nullptr) {
         t.opaque = true;
         opaque_ops.insert((t.domain.empty() ? "" : t.domain + "::") + t.op_type);

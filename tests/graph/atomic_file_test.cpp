@@ -94,5 +94,26 @@ TEST_F(AnAtomicFile, NamesBothFilesWhenTheRenameFails) {
   EXPECT_EQ(entries(), 1);  // the temporary is gone
 }
 
+TEST_F(AnAtomicFile, NeverWritesThroughASymlinkPlantedUnderItsTemporaryName) {
+  write_file_atomically(dir_ / "victim.txt", "precious");
+  const fs::path planted = dir_ / (".out.txt.tmp." + std::to_string(::getpid()) + ".0");
+  fs::create_symlink(dir_ / "victim.txt", planted);
+  write_file_atomically(dir_ / "out.txt", "mine");
+  EXPECT_EQ(contents(dir_ / "victim.txt"), "precious");
+  EXPECT_EQ(contents(dir_ / "out.txt"), "mine");
+  EXPECT_TRUE(fs::is_symlink(planted));  // not ours: left alone
+  EXPECT_EQ(entries(), 3);
+}
+
+TEST_F(AnAtomicFile, KeepsWritingPastAStreamsBufferAndReportsItsPosition) {
+  AtomicFile file(dir_ / "big.bin");
+  const std::string chunk(100000, 'z');
+  file.write(chunk.data(), static_cast<int64_t>(chunk.size()));
+  EXPECT_EQ(static_cast<int64_t>(file.stream().tellp()), 100000);
+  file.stream() << "end";
+  file.commit();
+  EXPECT_EQ(contents(dir_ / "big.bin"), chunk + "end");
+}
+
 }  // namespace
 }  // namespace apart

@@ -13,7 +13,8 @@
 namespace apart {
 namespace {
 
-// The inputs of `op` (default domain) that hold weights: a Constant feeding one of them is a parameter.
+// The inputs of `op` (default domain) that hold weights: a Constant feeding one of them is a parameter. So is one
+// added to the output of a MatMul, Gemm or Conv (a bias; constants_to_initializers).
 bool is_weight_slot(std::string_view op, int input) {
   if (op == "Conv" || op == "ConvTranspose") return input == 1 || input == 2;
   if (op == "MatMul") return input == 0 || input == 1;
@@ -66,11 +67,20 @@ ConstantParams constants_to_initializers(onnx::ModelProto& model) {
   ConstantParams converted;
   onnx::GraphProto& g = *model.mutable_graph();
   // Which values feed a weight slot of a main-graph node.
-  std::set<std::string> weights;
+  std::set<std::string> weights, linear_outputs;
   for (const auto& n : g.node()) {
     if (!is_default_domain(n.domain())) continue;
     for (int i = 0; i < n.input_size(); ++i)
       if (!n.input(i).empty() && is_weight_slot(n.op_type(), i)) weights.insert(n.input(i));
+    if (n.op_type() == "MatMul" || n.op_type() == "Gemm" || n.op_type() == "Conv" || n.op_type() == "ConvTranspose")
+      for (const auto& out : n.output()) linear_outputs.insert(out);
+  }
+  // A bias added to a linear op's output (tf2onnx writes Keras' BiasAdd as MatMul/Conv then Add): the other operand
+  // of that Add is a weight too.
+  for (const auto& n : g.node()) {
+    if (!is_default_domain(n.domain()) || n.op_type() != "Add" || n.input_size() != 2) continue;
+    for (int i = 0; i < 2; ++i)
+      if (linear_outputs.count(n.input(i)) && !n.input(1 - i).empty()) weights.insert(n.input(1 - i));
   }
   if (weights.empty()) return converted;
   std::set<std::string> taken;  // names an initializer or graph input already has: never shadowed

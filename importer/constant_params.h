@@ -10,7 +10,8 @@ namespace apart {
 
 // Turns every default-domain Constant node of the main graph whose output feeds a weight slot into an initializer of
 // the same name, and removes the node. A weight slot: Conv/ConvTranspose W and B, a MatMul/Gemm operand,
-// BatchNormalization/LayerNormalization/InstanceNormalization scale and bias, Gather's data (an embedding table);
+// BatchNormalization/LayerNormalization/InstanceNormalization scale and bias, Gather's data (an embedding table), the
+// other operand of an Add to a MatMul/Gemm/Conv output (a bias, as tf2onnx writes Keras' BiasAdd);
 // the Constant must be a float tensor of rank ≥ 1 (`value`, or `value_floats`). A Constant that feeds only
 // shape and index inputs (Reshape's shape, Slice's starts, Gather's indices, Pad's pads…) stays a node.
 // Deterministic and idempotent, so every reader of the same file (importer, stage files, training graphs, the

@@ -91,6 +91,23 @@ TEST(AConstantWeight, StaysAConstantWhenItFeedsOnlyAShapeOrIndexInput) {
   EXPECT_EQ(param_elements(m.graph), 0);
 }
 
+TEST(AConstantWeight, AddedToALinearOpsOutputIsABiasAndAddedToAnythingElseStaysAConstant) {
+  OnnxBuilder b(13);
+  b.input("x", {2, 3});
+  testing::constant_floats(b, "w", {3, 4}, 1);
+  b.node("MatMul", {"x", "w"}, {"mm"});
+  testing::constant_floats(b, "bias", {4}, 2);  // BiasAdd, as tf2onnx writes it: Add(MatMul output, Constant)
+  b.node("Add", {"bias", "mm"}, {"h"});
+  b.node("Relu", {"h"}, {"r"});
+  testing::constant_floats(b, "shift", {4}, 3);  // added to a Relu's output: not a bias
+  b.node("Add", {"r", "shift"}, {"y"});
+  b.output("y");
+  ImportedModel m = import_model_bytes(b.bytes(), {}, "t.onnx");
+  EXPECT_EQ(m.constant_params.count, 2);
+  EXPECT_EQ(param_elements(m.graph), 12 + 4);
+  EXPECT_EQ(m.graph.value(*m.graph.find_value("shift")).kind, ValueKind::kConstant);
+}
+
 TEST(AConstantWeight, UnderIrVersion3IsAlsoAGraphInput) {
   onnx::ModelProto model = testing::paddle_style_model(9).model();
   model.set_ir_version(3);

@@ -93,6 +93,25 @@ TEST_P(APaddleStyleModel, HasNothingToTrainWithConstantsAsParamsOff) {
 INSTANTIATE_TEST_SUITE_P(AtOpsets, APaddleStyleModel, ::testing::Values(9, 11),
                          [](const auto& info) { return "Opset" + std::to_string(info.param); });
 
+TEST(ATfStyleModel, TrainsItsInitializerAndConstantWeightsInNhwcBehindTransposes) {
+  TempDir dir;
+  const auto path = dir.file("tf.onnx");
+  testing::OnnxBuilder b = testing::tf_style_model();
+  b.save(path);
+  TrainOptions o = adam(path, 4, 12, 2e-2);
+  o.save_model = dir.file("trained.onnx").string();
+  const TrainResult r = train(o);
+  EXPECT_EQ(r.params, testing::kTfParams);
+  EXPECT_EQ(r.param_tensors, 4);
+  EXPECT_EQ(r.constant_params.count, 3);  // the conv bias and both dense weights; the Clip bounds stay constant
+  ASSERT_EQ(r.steps.size(), 12u);
+  EXPECT_LT(r.steps.back().loss, 0.8 * r.steps.front().loss)
+      << "first " << r.steps.front().loss << ", last " << r.steps.back().loss;
+  const onnx::ModelProto trained = load_model_proto(dir.file("trained.onnx"));
+  for (const char* name : {testing::kTfConvW, testing::kTfConvB, testing::kTfDenseW, testing::kTfDenseB})
+    EXPECT_NE(weight_values(b.model(), name), weight_values(trained, name)) << name;
+}
+
 // The training graph of the embedding model at `opset`, run once on fixed ids: the loss and every gradient.
 NamedTensors embedding_step(int64_t opset, bool* uses_apart_scatter) {
   onnx::ModelProto forward = testing::embedding_model(opset).model();

@@ -1,5 +1,6 @@
-// Small models laid out as exporters other than torch write them, built in code: paddle2onnx/tf2onnx store
-// weights as Constant nodes at opset 9–11 with dims named p2o.DynamicDimension.N; torch 1.13 exports an
+// Small models laid out as exporters other than torch write them, built in code: paddle2onnx stores weights as
+// Constant nodes at opset 9–11 with dims named p2o.DynamicDimension.N; tf2onnx works in NHWC behind Transposes with
+// folded Constant weights, Relu6 as Clip and names like "StatefulPartitionedCall/…:0"; torch 1.13 exports an
 // nn.Embedding as Gather at its default opset 14.
 #pragma once
 
@@ -95,6 +96,63 @@ inline OnnxBuilder embedding_model(int64_t opset) {
   b.node("MatMul", {"e", "w"}, {"y"});
   b.node("Mul", {"y", "y"}, {"sq"});
   OnnxBuilder::set_int(b.node("ReduceMean", {"sq"}, {"loss"}), "keepdims", 0);
+  b.output({"loss", DType::kFloat32, {}});
+  return b;
+}
+
+// Weights of the tf2onnx-style model: folded constants as Constant nodes, the rest initializers, all named as
+// tf2onnx names them (the TF op's path and output ":0").
+inline constexpr const char* kTfConvW = "StatefulPartitionedCall/model/conv2d/Conv2D/ReadVariableOp:0";
+inline constexpr const char* kTfConvB = "StatefulPartitionedCall/model/conv2d/BiasAdd/ReadVariableOp:0";
+inline constexpr const char* kTfDenseW = "const_fold_opt__21";
+inline constexpr const char* kTfDenseB = "StatefulPartitionedCall/model/dense/BiasAdd/ReadVariableOp:0";
+// conv 2×3×3×3 + 2, dense 32×5 + 5 floats.
+inline constexpr int64_t kTfParams = 54 + 2 + 160 + 5;
+
+// As tf2onnx (opset 13) lays out a Keras Conv2D(2, 3, strides 2, padding "same", activation relu6) → Flatten → Dense:
+// input "input_1:0" [unk__7, 8, 8, 3] in NHWC → Transpose to NCHW → Conv → Clip(0, 6) as Relu6 (bounds as Constant
+// inputs) → Transpose back to NHWC → Reshape(Constant [-1, 32]) → MatMul + Add → loss = ReduceMean(y·y). The conv
+// weight is an initializer and the dense weight a folded Constant node.
+inline OnnxBuilder tf_style_model() {
+  OnnxBuilder b(13, 7);
+  b.model().set_producer_name("tf2onnx");
+  b.model().set_producer_version("1.9.3 1190aa");
+  b.input("input_1:0", {"unk__7", 8, 8, 3});
+  OnnxBuilder::set_ints(b.node("Transpose", {"input_1:0"}, {"input_1:0_nchw"}, "StatefulPartitionedCall/model/conv2d/Conv2D__6"),
+                        "perm", {0, 3, 1, 2});
+  {  // the conv weight: an initializer with float_data, as tf2onnx writes small ones
+    auto* t = b.graph().add_initializer();
+    t->set_name(kTfConvW);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : {2, 3, 3, 3}) t->add_dims(d);
+    for (float v : lcg_values(54, 11, 0.3f)) t->add_float_data(v);
+  }
+  constant_floats(b, kTfConvB, {2}, 12);
+  auto& conv = b.node("Conv", {"input_1:0_nchw", kTfConvW, kTfConvB}, {"conv:0"}, "StatefulPartitionedCall/model/conv2d/BiasAdd");
+  OnnxBuilder::set_ints(conv, "strides", {2, 2});
+  auto* pad = conv.add_attribute();
+  pad->set_name("auto_pad");
+  pad->set_type(onnx::AttributeProto::STRING);
+  pad->set_s("SAME_UPPER");
+  {
+    onnx::TensorProto& lo = constant_node(b, "relu6_min:0");
+    lo.set_data_type(onnx::TensorProto::FLOAT);
+    lo.add_float_data(0.0f);
+    onnx::TensorProto& hi = constant_node(b, "relu6_max:0");
+    hi.set_data_type(onnx::TensorProto::FLOAT);
+    hi.add_float_data(6.0f);
+  }
+  b.node("Clip", {"conv:0", "relu6_min:0", "relu6_max:0"}, {"relu6:0"}, "StatefulPartitionedCall/model/conv2d/Relu6");
+  OnnxBuilder::set_ints(b.node("Transpose", {"relu6:0"}, {"relu6_nhwc:0"}, "StatefulPartitionedCall/model/conv2d/Relu6__9"),
+                        "perm", {0, 2, 3, 1});
+  constant_ints(b, "const_fold_opt__19", {-1, 32});
+  b.node("Reshape", {"relu6_nhwc:0", "const_fold_opt__19"}, {"flatten:0"}, "StatefulPartitionedCall/model/flatten/Reshape");
+  constant_floats(b, kTfDenseW, {32, 5}, 13);
+  b.node("MatMul", {"flatten:0", kTfDenseW}, {"dense_mm:0"}, "StatefulPartitionedCall/model/dense/MatMul");
+  constant_floats(b, kTfDenseB, {5}, 14);
+  b.node("Add", {"dense_mm:0", kTfDenseB}, {"dense:0"}, "StatefulPartitionedCall/model/dense/BiasAdd");
+  b.node("Mul", {"dense:0", "dense:0"}, {"sq:0"}, "loss/Square");
+  OnnxBuilder::set_int(b.node("ReduceMean", {"sq:0"}, {"loss"}, "loss/Mean"), "keepdims", 0);
   b.output({"loss", DType::kFloat32, {}});
   return b;
 }

@@ -290,7 +290,10 @@ class Importer {
     add_initializers(g);
     add_graph_inputs(g);
     add_nodes(g);
+    std::unordered_set<std::string> outputs;
     for (const auto& o : g.output()) {
+      if (!outputs.insert(o.name()).second)
+        throw InvalidModel("graph output " + quote(o.name()) + " is listed twice; every graph output must be named once");
       auto id = graph().find_value(o.name());
       if (!id) throw InvalidModel("graph output " + quote(o.name()) + " is neither produced by a node nor a graph input");
       if (graph().value(*id).kind == ValueKind::kActivation) graph().value(*id).kind = ValueKind::kOutput;

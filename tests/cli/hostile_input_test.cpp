@@ -164,6 +164,13 @@ const std::vector<Hostile>& cases() {
          return partition(d, save(d, b));
        },
        3, "'y'"},
+      {"AGraphOutputListedTwice",
+       [](const TempDir& d) {
+         OnnxBuilder b = mlp();
+         b.output("y");
+         return partition(d, save(d, b));
+       },
+       3, "'y'"},
       {"AnInitializerShadowingAnInputWithAnotherShape",
        [](const TempDir& d) {
          OnnxBuilder b = mlp();

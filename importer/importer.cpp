@@ -26,6 +26,7 @@
 #include "importer/external_data.h"
 #include "importer/constant_params.h"
 #include "importer/fold.h"
+#include "importer/guarded_inference.h"
 #include "importer/model_proto.h"
 
 namespace apart {
@@ -308,6 +309,7 @@ class Importer {
 
  private:
   TaskGraph& graph() { return result_.graph; }
+  GuardedSchemaRegistry guarded_schemas_;  // what ONNX's shape inference looks schemas up in
 
   void read_header() {
     if (!model_.has_graph())
@@ -886,12 +888,43 @@ class Importer {
                    infos->end());
       if (model_.ir_version() < 4) model_.set_ir_version(4);  // initializers that are not inputs
     }
+    check_conv_family();
+  }
+
+  // The checks GuardedSchemaRegistry makes before ONNX infers a conv or pool node, made again on what inference
+  // learned, so a node whose ranks or attribute lengths disagree is named instead of silently left unknown.
+  void check_conv_family() {
+    for (const Task& t : graph().tasks()) {
+      const ConvFamilyOp* op = t.domain.empty() ? conv_family_op(t.op_type) : nullptr;
+      if (op == nullptr || t.inputs.empty() || !t.inputs[0].valid()) continue;
+      const Value& x = graph().value(t.inputs[0]);
+      if (!x.shape_known) continue;
+      const auto fail = [&](const std::string& what) {
+        throw InvalidModel("node " + quote(t.name) + " (" + t.op_type + "): " + what + " (input " + quote(x.name) +
+                           " is " + shape_string(x.shape) + "); re-export the model or fix the node");
+      };
+      const int64_t rank = static_cast<int64_t>(x.shape.size());
+      if (rank < 2) fail("its input needs at least 2 dims (batch and channels)");
+      if (op->weight >= 0 && static_cast<size_t>(op->weight) < t.inputs.size() && t.inputs[op->weight].valid()) {
+        const Value& w = graph().value(t.inputs[op->weight]);
+        if (w.shape_known && w.shape.size() != x.shape.size())
+          fail("its weight " + quote(w.name) + " has rank " + std::to_string(w.shape.size()) + " (" +
+               shape_string(w.shape) + ") but its input has rank " + std::to_string(rank) + "; they must agree");
+      }
+      for (const char* name : {"kernel_shape", "strides", "dilations", "output_padding", "output_shape", "pads"}) {
+        const Attribute* a = t.attr(name);
+        const int64_t want = std::string_view(name) == "pads" ? 2 * (rank - 2) : rank - 2;
+        if (a != nullptr && static_cast<int64_t>(a->ints.size()) != want)
+          fail("attribute " + std::string(name) + " has " + std::to_string(a->ints.size()) + " values, not the " +
+               std::to_string(want) + " its input's " + std::to_string(rank - 2) + " spatial dims need");
+      }
+    }
   }
 
   void run_onnx_inference() {
     try {
       onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/0, /*data_propagation=*/true);
-      onnx::shape_inference::InferShapes(model_, onnx::OpSchemaRegistry::Instance(), opts);
+      onnx::shape_inference::InferShapes(model_, &guarded_schemas_, opts);
     } catch (const std::exception& e) {
       // Declared shapes disagree with inferred ones, or an op's inference rejected its input.
       std::string what = printable(e.what());  // quotes node names raw

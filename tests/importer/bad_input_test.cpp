@@ -130,6 +130,25 @@ TEST(TheImporter, RefusesARealModelTruncatedAtEveryKibibyte) {
   }
 }
 
+// ONNX 1.12's Conv inference takes the kernel from W's dims when kernel_shape is absent and then indexes
+// X-rank-sized vectors with it: a W of higher rank read out of bounds (found by fuzz/import.cpp on QLinearConv).
+TEST(TheImporter, NamesAConvolutionWhoseWeightRankDiffersFromItsInputsInsteadOfCrashingInOnnx) {
+  for (const std::vector<int64_t>& w : {std::vector<int64_t>{4, 3, 3, 3, 3}, std::vector<int64_t>{4, 3}}) {
+    OnnxBuilder b;
+    b.input("x", {1, 3, 8, 8}).output("y");
+    b.weight("w", w);
+    b.node("Conv", {"x", "w"}, {"y"}, "conv");
+    const std::string message = import_error(b);
+    EXPECT_NE(message.find("node 'conv' (Conv): its weight 'w' has rank " + std::to_string(w.size())), std::string::npos)
+        << message;
+  }
+  OnnxBuilder pool;
+  pool.input("x", {1, 3, 8, 8}).output("y");
+  OnnxBuilder::set_ints(pool.node("MaxPool", {"x"}, {"y"}, "pool"), "kernel_shape", {2, 2});
+  OnnxBuilder::set_ints(*pool.graph().mutable_node(0), "pads", {1, 1});
+  EXPECT_NE(import_error(pool).find("attribute pads has 2 values, not the 4"), std::string::npos) << import_error(pool);
+}
+
 TEST(TheImporter, RejectsAGraphWithACycle) {
   OnnxBuilder b;
   b.input("x", {2}).output("b");

@@ -1,0 +1,66 @@
+// ONNX 1.12's shape inference, guarded where it trusts its inputs too far (guarded_inference.h).
+#include "importer/guarded_inference.h"
+
+#include <onnx/defs/shape_inference.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace apart {
+
+namespace {
+
+constexpr ConvFamilyOp kConvFamily[] = {{"Conv", 1},        {"ConvInteger", 1}, {"QLinearConv", 3}, {"ConvTranspose", 1},
+                                        {"AveragePool", -1}, {"MaxPool", -1},     {"LpPool", -1}};
+
+// The rank of input `i` when it is a tensor with a known shape, else −1.
+int rank_of(const onnx::InferenceContext& ctx, size_t i) {
+  if (i >= ctx.getNumInputs()) return -1;
+  const onnx::TypeProto* type = ctx.getInputType(i);
+  if (type == nullptr || !type->has_tensor_type() || !type->tensor_type().has_shape()) return -1;
+  return type->tensor_type().shape().dim_size();
+}
+
+// Whether ONNX 1.12's conv/pool inference can run on `ctx` without reading out of bounds.
+bool consistent(const onnx::InferenceContext& ctx, const ConvFamilyOp& op) {
+  const int rank = rank_of(ctx, 0);
+  if (rank < 0) return true;  // ONNX infers nothing without X's shape
+  if (rank < 2) return false;
+  if (op.weight >= 0) {
+    const int w = rank_of(ctx, static_cast<size_t>(op.weight));
+    if (w >= 0 && w != rank) return false;
+  }
+  const int spatial = rank - 2;
+  for (const char* name : {"kernel_shape", "strides", "dilations", "output_padding", "output_shape"})
+    if (const onnx::AttributeProto* a = ctx.getAttribute(name); a != nullptr && a->ints_size() != spatial) return false;
+  if (const onnx::AttributeProto* a = ctx.getAttribute("pads"); a != nullptr && a->ints_size() != 2 * spatial)
+    return false;
+  return true;
+}
+
+}  // namespace
+
+const ConvFamilyOp* conv_family_op(const std::string& op) {
+  for (const ConvFamilyOp& entry : kConvFamily)
+    if (op == entry.op) return &entry;
+  return nullptr;
+}
+
+const onnx::OpSchema* GuardedSchemaRegistry::GetSchema(const std::string& key, const int maxInclusiveVersion,
+                                                       const std::string& domain) const {
+  const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Instance()->GetSchema(key, maxInclusiveVersion, domain);
+  const ConvFamilyOp* op = (domain.empty() || domain == "ai.onnx") ? conv_family_op(key) : nullptr;
+  if (schema == nullptr || op == nullptr || !schema->has_type_and_shape_inference_function()) return schema;
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_ptr<onnx::OpSchema>& guarded = guarded_[schema];
+  if (!guarded) {
+    guarded = std::make_unique<onnx::OpSchema>(*schema);
+    guarded->TypeAndShapeInferenceFunction(
+        [infer = schema->GetTypeAndShapeInferenceFunction(), entry = *op](onnx::InferenceContext& ctx) {
+          if (consistent(ctx, entry)) infer(ctx);
+        });
+  }
+  return guarded.get();
+}
+
+}  // namespace apart

@@ -1,0 +1,37 @@
+// ONNX 1.12's shape inference, guarded where it trusts its inputs too far (docs/security.md).
+#pragma once
+
+#include <onnx/defs/schema.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace apart {
+
+// The convolution and pooling ops whose ONNX 1.12 inference reads past the end of a vector when ranks disagree:
+// without `kernel_shape` it takes the kernel from W's dims 2… and then indexes `dilations`, `strides` and `pads`
+// (sized by X's rank) with it (fuzz/import.cpp found a QLinearConv with X rank 3 and W rank 4). `weight` is W's
+// input index, −1 for the pools.
+struct ConvFamilyOp {
+  const char* op;
+  int weight;
+};
+// The entry for `op` (default domain), or nullptr.
+const ConvFamilyOp* conv_family_op(const std::string& op);
+
+// Hands ONNX the real schemas, except that a conv-family op's inference first checks that W has X's rank and that
+// kernel_shape, strides, dilations, output_padding, output_shape and pads have the lengths X's rank gives them, and
+// infers nothing when they do not (the importer then names the node: the ranks are checked again after inference).
+class GuardedSchemaRegistry : public onnx::ISchemaRegistry {
+ public:
+  const onnx::OpSchema* GetSchema(const std::string& key, const int maxInclusiveVersion,
+                                  const std::string& domain) const override;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::map<const onnx::OpSchema*, std::unique_ptr<onnx::OpSchema>> guarded_;  // by the schema they wrap
+};
+
+}  // namespace apart

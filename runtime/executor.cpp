@@ -5,6 +5,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <chrono>
+#include <optional>
 #include <cstring>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "graph/text.h"
 #include "importer/constant_params.h"
 #include "importer/model_proto.h"
+#include "runtime/half_precision.h"
 #include "runtime/kernel.h"
 
 namespace apart {
@@ -28,25 +30,37 @@ ImportOptions as_given(ImportOptions import) {
 
 std::vector<std::string> runtime_supported_ops() { return supported_ops(); }
 
-Executor::Executor(const ImportedModel& model, ExecutorOptions options) : model_(model), options_(options) {
+Executor::Executor(const ImportedModel& model, ExecutorOptions options) : model_(&model), options_(options) {
   const fs::path path(model.path);
   onnx::ModelProto proto = load_model_proto(path);
   if (model.constant_params.count > 0) constants_to_initializers(proto);  // as the import did: the same node indices
+  widened_ = widen_half_precision(proto, path.parent_path());
+  if (widened_.changed()) {  // the graph this executor computes: the imported one with each half value float32
+    owned_model_ = std::make_unique<ImportedModel>(model);
+    widen_half_values(owned_model_->graph);
+    model_ = owned_model_.get();
+  }
   load(proto, path.parent_path());
 }
 
 Executor::Executor(const onnx::ModelProto& proto, const fs::path& base_dir, ExecutorOptions options,
                    const ImportOptions& import)
-    : owned_model_(std::make_unique<ImportedModel>(import_model_bytes(
-          proto.SerializeAsString(), base_dir,
-          proto.graph().name().empty() ? std::string("<in-memory model>") : proto.graph().name(), as_given(import)))),
-      model_(*owned_model_),
-      options_(options) {
-  load(proto, base_dir);
+    : options_(options) {
+  std::optional<onnx::ModelProto> wide;  // a copy only for a half model
+  if (has_half_precision(proto)) {
+    wide = proto;
+    widened_ = widen_half_precision(*wide, base_dir);
+  }
+  const onnx::ModelProto& computed = wide ? *wide : proto;
+  owned_model_ = std::make_unique<ImportedModel>(import_model_bytes(
+      computed.SerializeAsString(), base_dir,
+      proto.graph().name().empty() ? std::string("<in-memory model>") : proto.graph().name(), as_given(import)));
+  model_ = owned_model_.get();
+  load(computed, base_dir);
 }
 
 void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
-  const ImportedModel& model = model_;
+  const ImportedModel& model = *model_;
   const TaskGraph& g = model.graph;
   APART_CHECK(g.finalized(), "the executor needs a finalized graph");
   if (auto it = model.opsets.find(""); it != model.opsets.end()) opset_ = it->second;
@@ -164,13 +178,13 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
 Executor::~Executor() = default;
 
 Tensor* Executor::param(const std::string& name) {
-  auto id = model_.graph.find_value(name);
-  if (!id || model_.graph.value(*id).kind != ValueKind::kParam || !persistent_[id->value()].defined()) return nullptr;
+  auto id = model_->graph.find_value(name);
+  if (!id || model_->graph.value(*id).kind != ValueKind::kParam || !persistent_[id->value()].defined()) return nullptr;
   return &persistent_[id->value()];
 }
 
 void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const RandomKey& random) {
-  const TaskGraph& g = model_.graph;
+  const TaskGraph& g = model_->graph;
   const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
   // At load (planned false) every task runs its CPU kernel on the host; in a step, a task on a device backend runs
   // the backend's kernel on backend tensors, or the CPU kernel on host tensors, each input copied to its side.
@@ -248,7 +262,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
 }
 
 void Executor::share_params(Executor& other) {
-  const TaskGraph& g = model_.graph;
+  const TaskGraph& g = model_->graph;
   for (uint32_t v = 0; v < g.num_values(); ++v) {
     const Value& value = g.value(ValueId(v));
     if (value.kind != ValueKind::kParam || !persistent_[v].defined()) continue;
@@ -267,7 +281,7 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
 
 NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const RandomKey& random,
                            const OutputCallback& on_output) {
-  const TaskGraph& g = model_.graph;
+  const TaskGraph& g = model_->graph;
   std::vector<Tensor> slots = persistent_;  // shares storage: params and constants are not copied
   for (ValueId v : g.graph_inputs()) {
     const Value& value = g.value(v);
@@ -276,7 +290,11 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
       if (slots[v.value()].defined()) continue;  // an input with an initializer as its default
       throw InvalidArgument("input " + quote(value.name) + " was not given");
     }
-    const Tensor& t = it->second;
+    const Tensor& given = it->second;
+    // A half input of the file's signature, widened by the model pass: converted here (exact).
+    const auto stored = widened_.inputs.find(value.name);
+    const bool widen = stored != widened_.inputs.end() && given.dtype() == stored->second;
+    const Tensor t = widen ? widen_to_float32(given.on_host() ? given : backend_->to_host(given)) : given;
     if (value.dtype != DType::kUndefined && t.dtype() != value.dtype)
       throw InvalidArgument("input " + quote(value.name) + " has dtype " + std::string(dtype_name(t.dtype())) +
                             "; the model expects " + std::string(dtype_name(value.dtype)));

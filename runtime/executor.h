@@ -12,6 +12,7 @@
 
 #include "importer/importer.h"
 #include "runtime/backend.h"
+#include "runtime/half_precision.h"
 #include "runtime/kernel.h"
 #include "runtime/memory_plan.h"
 #include "runtime/random.h"
@@ -46,6 +47,8 @@ class Executor {
  public:
   // Reads params from the ONNX file at model.path (initializers, inline or external data). `model`
   // must outlive the executor. Throws Unsupported naming the first node whose op has no kernel.
+  // Both constructors compute a float16/bfloat16 model in float32 (widen_half_precision, runtime/half_precision.h):
+  // model() is then the widened graph, params are float32, and outputs come out float32.
   explicit Executor(const ImportedModel& model, ExecutorOptions options = {});
   // Runs an in-memory model (e.g. a training graph from build_training_graph): imports it with
   // `import` (dims bound there), reads params from its initializers, inline or external data
@@ -58,7 +61,8 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   // Runs one forward step. `inputs` by graph-input name (graph inputs with an initializer may be
-  // omitted), host tensors or the backend's. Returns the graph outputs in graph order, in storage of their own: host
+  // omitted), host tensors or the backend's; an input the file declares half may be given in that dtype (widened here,
+  // exactly) or in float32. Returns the graph outputs in graph order, in storage of their own: host
   // tensors, or the backend's with options.outputs_on_backend. Not reentrant.
   // `random` is the draw random kernels (Dropout) make: the same key gives the same masks.
   NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random = {});
@@ -85,7 +89,9 @@ class Executor {
   const std::vector<std::string>& fallback_ops() const { return fallback_ops_; }
   Backend& backend() const { return *backend_; }
   // The imported graph the executor runs (shapes, value kinds).
-  const ImportedModel& model() const { return model_; }
+  const ImportedModel& model() const { return *model_; }
+  // What widening a half-precision model changed (nothing for a float32 one).
+  const HalfWidening& half_widening() const { return widened_; }
 
  private:
   void execute(size_t task_index, std::vector<Tensor>& slots, bool planned, const RandomKey& random);
@@ -94,8 +100,9 @@ class Executor {
   // A graph output as run() returns it: a host clone, or (outputs_on_backend) a copy in the backend's memory.
   Tensor output_copy(const Tensor& t) const;
 
-  std::unique_ptr<ImportedModel> owned_model_;  // set by the in-memory constructor; before model_
-  const ImportedModel& model_;
+  std::unique_ptr<ImportedModel> owned_model_;  // the in-memory constructor's import, or a widened half model's graph
+  const ImportedModel* model_ = nullptr;        // owned_model_, or the model given
+  HalfWidening widened_;                        // what the half-precision pass changed (runtime/half_precision.h)
   ExecutorOptions options_;
   Backend* backend_ = nullptr;  // options_.backend, or the CPU backend; never null after load
   bool device_ = false;         // the backend's memory is not the host's: values are copied between the two

@@ -1,5 +1,6 @@
 // Tensor storage and conversion from/to ONNX TensorProto.
 #include "runtime/tensor.h"
+#include "runtime/half_precision.h"
 
 #include <onnx/onnx_pb.h>
 
@@ -229,6 +230,8 @@ double Tensor::scalar_as_double(int64_t i) const {
     case DType::kUInt16: return data<uint16_t>()[i];
     case DType::kUInt32: return data<uint32_t>()[i];
     case DType::kUInt64: return static_cast<double>(data<uint64_t>()[i]);
+    case DType::kFloat16:
+    case DType::kBFloat16: return half_bits_to_float(dtype_, data<uint16_t>()[i]);
     default: throw Unsupported("cannot read a " + std::string(dtype_name(dtype_)) + " scalar");
   }
 }

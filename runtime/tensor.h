@@ -51,7 +51,7 @@ class Tensor {
   Tensor clone() const;
   // Integer contents widened to int64 (int8…int64, uint8…uint64, bool); throws for other dtypes.
   std::vector<int64_t> to_int64s() const;
-  // A scalar read as double (any numeric dtype).
+  // A scalar read as double (any numeric dtype, float16 and bfloat16 too).
   double scalar_as_double(int64_t index = 0) const;
 
  private:

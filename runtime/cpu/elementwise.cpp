@@ -8,6 +8,7 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/families.h"
+#include "runtime/half_precision.h"
 #include "runtime/op_args.h"
 
 namespace apart::cpu {
@@ -264,10 +265,31 @@ void clip_k(KernelContext& ctx) {
   }, true);
 }
 
+// float16/bfloat16 go through float32 (runtime/half_precision.h): a half input is widened first (exact), a half
+// output is each value rounded once to nearest even (from double by way of float32 rounded to odd).
 void cast_k(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
+  const Tensor& given = ctx.input(0);
   auto to = dtype_from_onnx(static_cast<int32_t>(ctx.attr_int("to", 0)));
   if (!to) ctx.invalid("attribute 'to' is not a known dtype");
+  const Tensor x = is_half(given.dtype()) ? widen_to_float32(given) : given;
+  if (is_half(*to)) {
+    Tensor& y = ctx.output(0, *to, x.shape());
+    uint16_t* py = y.data<uint16_t>();
+    if (x.dtype() == DType::kFloat32) {
+      const float* px = x.data<float>();
+      for (int64_t i = 0; i < x.elements(); ++i) py[i] = float_to_half_bits(*to, px[i]);
+      return;
+    }
+    dispatch(ctx, x.dtype(), [&](auto tin) {
+      using TI = decltype(tin);
+      const TI* px = x.data<TI>();
+      for (int64_t i = 0; i < x.elements(); ++i) {
+        const float f = float_rounded_to_odd(static_cast<double>(px[i]));
+        py[i] = float_to_half_bits(*to, f);
+      }
+    }, true);
+    return;
+  }
   dispatch(ctx, x.dtype(), [&](auto tin) {
     using TI = decltype(tin);
     dispatch(ctx, *to, [&](auto tout) {

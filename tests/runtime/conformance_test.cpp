@@ -4,7 +4,9 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
+#include <bit>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -12,6 +14,7 @@
 #include "graph/error.h"
 #include "importer/importer.h"
 #include "runtime/executor.h"
+#include "runtime/half_precision.h"
 #include "tests/runtime/compare.h"
 
 namespace apart {
@@ -33,9 +36,30 @@ bool dtype_supported(DType t) {
     case DType::kUInt16:
     case DType::kUInt32:
     case DType::kUInt64:
-    case DType::kBool: return true;
+    case DType::kBool:
+    case DType::kFloat16:   // computed in float32 (runtime/half_precision.h)
+    case DType::kBFloat16: return true;
     default: return false;
   }
+}
+
+// ONNX 1.12 writes bfloat16 test data as uint16 bit patterns (numpy has no bfloat16): read them as the model declares.
+Tensor as_declared(Tensor t, const onnx::ValueInfoProto* declared) {
+  if (!declared || t.dtype() != DType::kUInt16 || declared->type().tensor_type().elem_type() != onnx::TensorProto::BFLOAT16)
+    return t;
+  Tensor bf16(DType::kBFloat16, t.shape());
+  std::memcpy(bf16.raw(), t.raw(), static_cast<size_t>(t.bytes()));
+  return bf16;
+}
+
+// Whether `expected` is a one-Cast model's float32 input truncated to bfloat16 (its top 16 bits) rather than rounded.
+bool truncates(const onnx::ModelProto& proto, const std::map<std::string, Tensor>& inputs, const Tensor& expected) {
+  if (proto.graph().node_size() != 1 || proto.graph().node(0).op_type() != "Cast" || inputs.size() != 1) return false;
+  const Tensor& x = inputs.begin()->second;
+  if (x.dtype() != DType::kFloat32 || x.elements() != expected.elements()) return false;
+  for (int64_t i = 0; i < x.elements(); ++i)
+    if (std::bit_cast<uint32_t>(x.data<float>()[i]) >> 16 != expected.data<uint16_t>()[i]) return false;
+  return true;
 }
 
 std::vector<fs::path> numbered(const fs::path& dir, const std::string& prefix) {
@@ -80,6 +104,10 @@ Result run_case(const fs::path& dir) {
       std::string name;
       Tensor t = read_tensor_file(input_files[i], &name);
       if (name.empty() && i < input_names.size()) name = input_names[i];
+      const onnx::ValueInfoProto* declared = nullptr;
+      for (const auto& in : proto.graph().input())
+        if (in.name() == name) declared = &in;
+      t = as_declared(std::move(t), declared);
       if (!dtype_supported(t.dtype())) return {Outcome::kSkipDtype, std::string(dtype_name(t.dtype()))};
       options.input_shapes.emplace_back(name, t.shape());
       inputs.emplace(name, std::move(t));
@@ -104,8 +132,9 @@ Result run_case(const fs::path& dir) {
   }
   std::vector<Tensor> expected;
   try {
-    for (const auto& f : output_files) {
-      expected.push_back(read_tensor_file(f));
+    for (size_t i = 0; i < output_files.size(); ++i) {
+      const auto& outs = proto.graph().output();
+      expected.push_back(as_declared(read_tensor_file(output_files[i]), i < static_cast<size_t>(outs.size()) ? &outs[static_cast<int>(i)] : nullptr));
       if (!dtype_supported(expected.back().dtype())) return {Outcome::kSkipDtype, std::string(dtype_name(expected.back().dtype()))};
     }
   } catch (const Unsupported& e) {
@@ -141,7 +170,13 @@ Result run_case(const fs::path& dir) {
   if (outputs.size() != expected.size())
     return {Outcome::kFail, std::to_string(outputs.size()) + " outputs, expected " + std::to_string(expected.size())};
   for (size_t i = 0; i < outputs.size(); ++i) {
-    const std::string diff = testing::compare_tensors(outputs[i].second, expected[i]);
+    // A half output is computed in float32 and stored (rounded to nearest even) as the model declares it; then exact.
+    Tensor& got = outputs[i].second;
+    if (is_half(expected[i].dtype()) && got.dtype() == DType::kFloat32) got = narrow_from_float32(got, expected[i].dtype());
+    const std::string diff = testing::compare_tensors(got, expected[i]);
+    if (!diff.empty() && expected[i].dtype() == DType::kBFloat16 && truncates(proto, inputs, expected[i]))
+      return {Outcome::kSkipFeature, "ONNX 1.12's expected bfloat16 values truncate float32; apart rounds to nearest even, "
+                                     "as ONNX's later reference (1.14), torch and the hardware do"};
     if (!diff.empty()) return {Outcome::kFail, "output " + outputs[i].first + ": " + diff};
   }
   return {Outcome::kPass, ""};
@@ -178,7 +213,7 @@ TEST(TheOnnxNodeConformanceSuite, PassesEveryTestWhoseOpsAndDtypesAreSupported) 
   for (const auto& [op, n] : skipped_ops) ops += " " + op + "(" + std::to_string(n) + ")";
   std::printf("[ conform  ] ops without a kernel:%s\n", ops.c_str());
   EXPECT_EQ(counts[Outcome::kFail], 0);
-  EXPECT_GE(counts[Outcome::kPass], 583);
+  EXPECT_GE(counts[Outcome::kPass], 594);
   // The ops real exports use beyond torch's transformers (issue 18) pass every case but the 3-D ConvTranspose.
   int exporter_cases = 0;
   for (const auto& dir : dirs) {
@@ -192,6 +227,17 @@ TEST(TheOnnxNodeConformanceSuite, PassesEveryTestWhoseOpsAndDtypesAreSupported) 
     EXPECT_NE(std::find(passed.begin(), passed.end(), name), passed.end()) << name << " does not pass";
   }
   EXPECT_EQ(exporter_cases, 73);
+  // float16/bfloat16, computed in float32 (runtime/half_precision.h): every case the rules do not skip (CastLike has
+  // no kernel, its shapes do not import, Mod has no kernel; FLOAT_to_BFLOAT16's expected values truncate).
+  std::vector<std::string> half_passed;
+  for (const std::string& name : passed)
+    if (name.find("FLOAT16") != std::string::npos || name.find("float16") != std::string::npos) half_passed.push_back(name);
+  EXPECT_EQ(half_passed, (std::vector<std::string>{
+                             "test_cast_BFLOAT16_to_FLOAT", "test_cast_DOUBLE_to_FLOAT16", "test_cast_FLOAT16_to_DOUBLE",
+                             "test_cast_FLOAT16_to_FLOAT", "test_cast_FLOAT_to_FLOAT16",
+                             "test_castlike_DOUBLE_to_FLOAT16_expanded", "test_castlike_FLOAT16_to_DOUBLE_expanded",
+                             "test_castlike_FLOAT16_to_FLOAT_expanded", "test_castlike_FLOAT_to_FLOAT16_expanded",
+                             "test_max_float16", "test_min_float16"}));
 }
 
 }  // namespace

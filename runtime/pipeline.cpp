@@ -346,8 +346,16 @@ class StageRunner {
   void finish_allreduce();
   // ZeRO-2: waits for bucket b's reduce-scatter of one micro-batch and adds this replica's shard into shard_sum.
   void collect_shard(Bucket& b);
-  // ZeRO: every replica's updated shards back into every replica's params, a few buckets in flight at a time.
-  void allgather_params();
+  // ZeRO: every replica's shards of the `wanted` sharded buckets into every replica's params, a few buckets in
+  // flight at a time: after the step under ZeRO-1/2 (copied into the whole params), before each pass under ZeRO-3
+  // (bound whole into the executors' slots until release_params).
+  void allgather_params(const std::vector<bool>& wanted);
+  // ZeRO-3: the params `pass` reads whole for its run (gathered), and emptied after it, so that between passes this
+  // replica holds only its pieces. No-ops below ZeRO-3.
+  void gather_params(const Executor& pass);
+  void release_params();
+  // ZeRO-3 empties this param's tensors between passes: a param of a sharded bucket.
+  bool sharded_between_uses(size_t param) const { return zero_ >= 3 && buckets_[bucket_of_[param]].sharded; }
   StepRecord optimizer_step(int64_t step);
   void save_model();
   void save_checkpoint(int64_t step_done);
@@ -383,6 +391,13 @@ class StageRunner {
   std::map<std::string, BoundaryValue> boundary_;
   std::vector<std::string> param_names_;
   std::vector<Tensor*> params_;
+  std::vector<int64_t> param_elements_;  // by param: what its tensor holds whole (ZeRO-3 empties it between uses)
+  std::vector<std::vector<int64_t>> param_shapes_;
+  // By param: each executor's slot for it (forward, backward, B pass; shared storage). ZeRO-3 binds the gathered
+  // param into every slot for a pass and empties them after it.
+  std::vector<std::vector<Tensor*>> param_slots_;
+  // ZeRO-3: by executor, which buckets hold a param it reads (the ones its pass gathers).
+  std::map<const Executor*, std::vector<bool>> buckets_read_;
   std::vector<Tensor> grads_;              // accumulated over the step's micro-batches
   std::map<std::string, size_t> grad_index_;  // gradient output name → param index
   std::vector<Bucket> buckets_;
@@ -520,6 +535,11 @@ void StageRunner::build() {
     grad_index_[grad] = params_.size();
     param_names_.push_back(param);
     params_.push_back(p);
+    param_elements_.push_back(p->elements());
+    param_shapes_.push_back(p->shape());
+    std::vector<Tensor*>& slots = param_slots_.emplace_back();
+    for (Executor* e : {forward_.get(), backward_.get(), input_pass_.get()})
+      if (Tensor* slot = e ? e->param(param) : nullptr) slots.push_back(slot);
     grads_.push_back(backend_.empty(DType::kFloat32, p->shape()));
     result_.params += p->elements();
   }
@@ -564,14 +584,14 @@ void StageRunner::build_buckets_and_optimizer() {
     }
     buckets_[*current].params.push_back(i);
     bucket_of_[i] = *current;
-    filled[*current] += static_cast<double>(params_[i]->bytes());
+    filled[*current] += static_cast<double>(param_elements_[i]) * 4;  // float32
   }
   const int replicas = replicas_ ? replicas_->size() : 1;
   for (Bucket& b : buckets_) {
     int64_t n = 0;
-    for (size_t i : b.params) n += params_[i]->elements();
+    for (size_t i : b.params) n += param_elements_[i];
     if (b.sharded) n = sharded_bucket_length(n, replicas);
-    if (zero_ < 2 || !b.sharded) b.hold(n);  // ZeRO-2 holds its sharded buckets only while they reduce
+    if (zero_ < 2 || !b.sharded) b.hold(n);  // ZeRO-2/3 hold their sharded buckets only while they reduce
   }
 
   if (zero_ == 0) {
@@ -582,13 +602,16 @@ void StageRunner::build_buckets_and_optimizer() {
   } else {
     std::vector<std::vector<size_t>> bucket_params;
     for (const Bucket& b : buckets_) bucket_params.push_back(b.sharded ? b.params : std::vector<size_t>{});
-    std::vector<int64_t> elements;
-    for (const Tensor* p : params_) elements.push_back(p->elements());
-    pieces_ = owned_pieces(bucket_params, elements, replicas, replicas_->rank());
+    pieces_ = owned_pieces(bucket_params, param_elements_, replicas, replicas_->rank());
     for (const ShardPiece& piece : pieces_) {
       const Tensor& p = *params_[piece.param];
-      piece_params_.push_back(p.flat_range(piece.begin, piece.end));
-      // ZeRO-2 keeps no whole gradient of a sharded param: its pieces accumulate their own.
+      if (zero_ >= 3) {  // storage of its own: the whole param is emptied below
+        Tensor& own = piece_params_.emplace_back(backend_.empty(DType::kFloat32, {piece.end - piece.begin}));
+        backend_.copy(p.flat_range(piece.begin, piece.end), own);
+      } else {
+        piece_params_.push_back(p.flat_range(piece.begin, piece.end));  // a view: the step updates the param
+      }
+      // ZeRO-2/3 keep no whole gradient of a sharded param: its pieces accumulate their own.
       piece_grads_.push_back(zero_ >= 2 ? backend_.empty(DType::kFloat32, {piece.end - piece.begin})
                                         : grads_[piece.param].flat_range(piece.begin, piece.end));
       const bool whole = piece.begin == 0 && piece.end == p.elements();
@@ -611,6 +634,16 @@ void StageRunner::build_buckets_and_optimizer() {
     if (zero_ >= 2)
       for (size_t i = 0; i < params_.size(); ++i)
         if (!tied[i]) grads_[i] = Tensor();
+  }
+  if (zero_ >= 3) {  // from here this replica holds only its pieces of the sharded params, between passes
+    for (Executor* pass : {forward_.get(), backward_.get(), input_pass_.get()}) {
+      if (!pass) continue;
+      std::vector<bool>& read = buckets_read_[pass];
+      read.assign(buckets_.size(), false);
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (pass->param(param_names_[i])) read[bucket_of_[i]] = true;
+    }
+    release_params();
   }
   OptimizerOptions optimizer = options_.optimizer;
   if (options_.optimizer_from_plan) optimizer.kind = plan_.training.optimizer;
@@ -668,7 +701,9 @@ void StageRunner::forward(int64_t k, const std::map<std::string, Tensor>& batch,
     if (it == batch.end()) continue;  // an input with an initializer as its default
     inputs[in.value] = batch_rows(it->second, first + mine.begin, first + mine.end);
   }
+  gather_params(*forward_);
   NamedTensors outputs = forward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)});
+  release_params();
   std::map<std::string, Tensor> by_name;
   for (auto& [name, t] : outputs) by_name[name] = std::move(t);
   if (!graphs_.loss_output.empty()) losses_.push_back(backend_.to_host(by_name.at(graphs_.loss_output)).scalar_as_double());
@@ -697,16 +732,16 @@ void StageRunner::accumulate_gradient(const std::string& name, const Tensor& val
   if (it == grad_index_.end()) return;
   const size_t i = it->second;
   Bucket& b = buckets_[bucket_of_[i]];
-  if (zero_ >= 2 && b.sharded) {  // ZeRO-2: each micro-batch's gradient goes straight into its bucket
+  if (zero_ >= 2 && b.sharded) {  // ZeRO-2/3: each micro-batch's gradient goes straight into its bucket
     if (b.ready == 0) {
       int64_t n = 0;
-      for (size_t p : b.params) n += params_[p]->elements();
+      for (size_t p : b.params) n += param_elements_[p];
       b.hold(sharded_bucket_length(n, replicas_->size()));
     }
     size_t at = 0;
     for (size_t p : b.params) {
       if (p == i) break;
-      at += static_cast<size_t>(params_[p]->elements());
+      at += static_cast<size_t>(param_elements_[p]);
     }
     float* into = b.values() + at;
     backend_.copy_to_host(value.raw(), reinterpret_cast<std::byte*>(into), value.bytes());
@@ -758,13 +793,17 @@ void StageRunner::backward(int64_t k, int64_t step) {
   const RandomKey key{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)};
   NamedTensors outputs;
   if (!zero_bubble_) {
+    gather_params(*backward_);  // a recomputing stage's forward reads them too
     outputs = backward_->run(inputs, key, on_output);
+    release_params();
   } else {  // B now; W later reads the backward inputs it needs and what B carries
     if (input_pass_) {
       std::map<std::string, Tensor> reads;  // B takes the backward inputs it reads, no others
       for (const auto& in : graphs_.input_pass.graph().input())
         if (auto it = inputs.find(in.name()); it != inputs.end()) reads[in.name()] = it->second;
+      gather_params(*input_pass_);
       outputs = input_pass_->run(reads, key, on_output);
+      release_params();
     }
     for (const auto& in : graphs_.weight_pass.graph().input()) {
       if (auto it = inputs.find(in.name()); it != inputs.end()) frame.carried[in.name()] = it->second;
@@ -790,7 +829,9 @@ void StageRunner::backward_weight(int64_t k, int64_t step) {
   const bool first = weight_passes_done_ == 1;
   const double weight = loss_weight();
   auto on_output = [&](const std::string& name, const Tensor& value) { accumulate_gradient(name, value, first, last, weight); };
+  gather_params(*backward_);
   backward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)}, on_output);
+  release_params();
   after_param_gradients();
 }
 
@@ -888,39 +929,63 @@ void StageRunner::collect_shard(Bucket& b) {
   b.flat = Tensor();  // ZeRO-2 holds no whole gradient between micro-batches
 }
 
-void StageRunner::allgather_params() {
+void StageRunner::allgather_params(const std::vector<bool>& wanted) {
   constexpr size_t kInFlight = 2;  // buckets gathering at once: their flat buffers are the transient memory
-  std::vector<size_t> gathering;
-  auto finish = [&](size_t index) {
-    Bucket& b = buckets_[index];
-    b.reduction->wait();
-    b.reduction.reset();
-    size_t at = 0;
-    for (size_t p : b.params) {
-      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.values() + at), params_[p]->raw(), params_[p]->bytes());
-      at += static_cast<size_t>(params_[p]->elements());
-    }
-    if (zero_ >= 2) b.flat = Tensor();
+  struct Gathering {
+    size_t bucket = 0;
+    Tensor flat;  // the bucket's whole flat buffer, every replica's shards
+    Pending done;
   };
-  size_t next_piece = 0;
+  std::vector<Gathering> gathering;
+  gathering.reserve(kInFlight);
+  auto finish = [&](Gathering& g) {
+    g.done->wait();
+    int64_t at = 0;
+    for (size_t p : buckets_[g.bucket].params) {
+      const Tensor gathered = g.flat.flat_range(at, at + param_elements_[p]).view(param_shapes_[p]);
+      if (zero_ >= 3) {  // bound until release_params(); on a host-memory backend over the buffer itself, no copy
+        const Tensor whole = backend_.to_device(gathered);
+        for (Tensor* slot : param_slots_[p]) *slot = whole;
+      } else {
+        backend_.copy(gathered, *params_[p]);
+      }
+      at += param_elements_[p];
+    }
+  };
   for (size_t index = 0; index < buckets_.size(); ++index) {
     Bucket& b = buckets_[index];
-    if (!b.sharded) continue;
+    if (!b.sharded || !wanted[index]) continue;
     if (gathering.size() == kInFlight) {
       finish(gathering.front());
       gathering.erase(gathering.begin());
     }
-    int64_t n = 0;
-    for (size_t p : b.params) n += params_[p]->elements();
-    b.hold(sharded_bucket_length(n, replicas_->size()));
-    for (; next_piece < pieces_.size() && pieces_[next_piece].bucket == index; ++next_piece)
-      backend_.copy_to_host(piece_params_[next_piece].raw(),
-                            reinterpret_cast<std::byte*>(b.values() + pieces_[next_piece].at),
-                            piece_params_[next_piece].bytes());
-    b.reduction = replicas_->allgather(b.span());
-    gathering.push_back(index);
+    Gathering& g = gathering.emplace_back();
+    g.bucket = index;
+    if (zero_ == 1) {
+      g.flat = b.flat;  // ZeRO-1 keeps its buckets' buffers (idle after the step): the gather reuses them
+    } else {  // ZeRO-2/3 hold none between reductions (and a ZB-H1 bucket may be filling while W gathers)
+      int64_t n = 0;
+      for (size_t p : b.params) n += param_elements_[p];
+      g.flat = Tensor(DType::kFloat32, {sharded_bucket_length(n, replicas_->size())});  // zero padding
+    }
+    for (size_t k = 0; k < pieces_.size(); ++k)
+      if (pieces_[k].bucket == index)
+        backend_.copy_to_host(piece_params_[k].raw(), reinterpret_cast<std::byte*>(g.flat.data<float>() + pieces_[k].at),
+                              piece_params_[k].bytes());
+    g.done = replicas_->allgather(g.flat.span<float>());
   }
-  for (size_t index : gathering) finish(index);
+  for (Gathering& g : gathering) finish(g);
+}
+
+void StageRunner::gather_params(const Executor& pass) {
+  if (zero_ >= 3) allgather_params(buckets_read_.at(&pass));
+}
+
+void StageRunner::release_params() {
+  if (zero_ < 3) return;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (sharded_between_uses(i))
+      for (Tensor* slot : param_slots_[i]) *slot = Tensor();
 }
 
 StepRecord StageRunner::optimizer_step(int64_t step) {
@@ -964,14 +1029,16 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   schedule.total_steps = options_.steps;
   record.lr = schedule.lr_at(step, options_.optimizer.lr);
   record.grad_norm = optimizer_->step(step_params_, step_grads_, record.lr, std::sqrt(totals[0]));
-  if (zero_ > 0) allgather_params();
+  if (zero_ == 1 || zero_ == 2) allgather_params(std::vector<bool>(buckets_.size(), true));  // ZeRO-3: before each pass
   record.step = step + 1;
   record.loss = totals[1];
   return record;
 }
 
 void StageRunner::save_model() {
-  // Every param and BatchNorm statistic of the model, from the replica 0 of the lowest stage holding it.
+  // Every param and BatchNorm statistic of the model, from the replica 0 of the lowest stage holding it; under
+  // ZeRO-3 every replica gathers its stage's params whole for it.
+  if (zero_ >= 3) allgather_params(std::vector<bool>(buckets_.size(), true));
   std::set<std::string> saved(param_names_.begin(), param_names_.end());
   for (const auto& [init, out] : graphs_.state_updates) saved.insert(init);
   std::map<std::string, int> owner_rank;
@@ -1000,6 +1067,7 @@ void StageRunner::save_model() {
     }
   }
   for (Pending& p : pending) p->wait();
+  release_params();  // rank 0's values share or copy what it read
   if (world_.rank() != 0) return;
   std::map<std::string, const Tensor*> refs;
   for (const auto& [name, t] : values) refs[name] = &t;
@@ -1008,7 +1076,10 @@ void StageRunner::save_model() {
 
 std::vector<std::pair<std::string, Tensor*>> StageRunner::checkpoint_tensors() {
   std::vector<std::pair<std::string, Tensor*>> tensors;
-  for (size_t i = 0; i < params_.size(); ++i) tensors.emplace_back("param/" + param_names_[i], params_[i]);
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!sharded_between_uses(i)) tensors.emplace_back("param/" + param_names_[i], params_[i]);
+  if (zero_ >= 3)  // this replica's pieces, named as the optimizer names them ("wte[0:4096]")
+    for (size_t k = 0; k < pieces_.size(); ++k) tensors.emplace_back("param/" + step_names_[k], &piece_params_[k]);
   for (const auto& [init, out] : graphs_.state_updates)
     if (Tensor* t = forward_->param(init)) tensors.emplace_back("param/" + init, t);
   for (const auto& [name, t] : optimizer_->state()) tensors.emplace_back("optim/" + name, t);
@@ -1094,6 +1165,10 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   result_.zero = zero_;
   for (const auto& [name, t] : optimizer_->state()) result_.optimizer_state_bytes += t->bytes();
   for (const Tensor& g : grads_) result_.gradient_bytes += g.bytes();
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!sharded_between_uses(i)) result_.param_bytes += params_[i]->bytes();
+  if (zero_ >= 3)
+    for (const Tensor& p : piece_params_) result_.param_bytes += p.bytes();
   if (zero_ >= 2)
     for (const Tensor& g : piece_grads_) result_.gradient_bytes += g.bytes();
   result_.first_step = first;

@@ -54,8 +54,10 @@ struct RunResult {
   double setup_seconds = 0;        // reading the plan and the stage, autodiff, executors
   std::string data_description;
   int64_t arena_bytes = 0;         // the stage's forward + backward activation arenas
-  // What this rank keeps between steps besides its params: the optimizer state it steps (1/replicas of the
-  // stage's under ZeRO ≥ 1) and its gradient accumulators (whole, or 1/replicas of them under ZeRO-2).
+  // What this rank keeps between steps: its trained params (whole, or under ZeRO-3 its pieces of the sharded ones:
+  // 1/replicas, gathered whole only for each forward and backward pass), the optimizer state it steps (1/replicas
+  // of the stage's under ZeRO ≥ 1) and its gradient accumulators (whole, or 1/replicas of them under ZeRO-2/3).
+  int64_t param_bytes = 0;
   int64_t optimizer_state_bytes = 0;
   int64_t gradient_bytes = 0;
   int zero = 0;                    // the ZeRO stage this rank ran (the plan's, 0 for a stage without replicas)

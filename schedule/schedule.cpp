@@ -239,10 +239,6 @@ void check_executable(const PlanDocument& plan) {
     if (stage.recompute_scope == RecomputeScope::kSelective)
       throw Unsupported("stage " + std::to_string(stage.id) + " recomputes selectively (its attention cores): the "
                         "runtime recomputes whole stages only yet; re-plan with --recompute on or off");
-  for (const PlanStageRecord& stage : plan.stages)
-    if (stage.zero >= 3 && stage.replicas > 1)
-      throw Unsupported("stage " + std::to_string(stage.id) + " shards its params with ZeRO-3: the runtime executes "
-                        "ZeRO-1 and ZeRO-2 only yet; re-plan with --zero 2 (or lower)");
   if (plan.training.schedule == Schedule::kInterleaved)
     throw Unsupported("the plan's schedule is " + std::string(schedule_name(plan.training.schedule)) +
                       ": the runtime executes gpipe, 1f1b and zb-h1 plans only; re-plan with --schedule 1f1b");

@@ -104,8 +104,8 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // kBackwardWeight actions, with no messages around them.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
 // What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming a tensor-parallel
-// stage (sequence parallelism needs one), a selectively recomputing stage, a ZeRO-3 stage with replicas or the
-// interleaved schedule; nothing otherwise.
+// stage (sequence parallelism needs one), a selectively recomputing stage or the interleaved schedule; nothing
+// otherwise.
 void check_executable(const PlanDocument& plan);
 
 // Runs every rank's action list abstractly (actions[r]: rank r's; ranks the plan does not use must have none):

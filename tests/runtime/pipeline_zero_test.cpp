@@ -1,17 +1,22 @@
-// apart run with ZeRO-1 and ZeRO-2 (a stage's replicas shard the optimizer state, and under ZeRO-2 the gradients,
-// runtime/zero_shards.h): against apart train on the whole batch, against the unsharded run bitwise (ZeRO-1, where
-// the in-process reduce-scatter adds in the all-reduce's order), checkpoints, the state each rank holds, mpirun.
+// apart run with ZeRO-1, 2 and 3 (a stage's replicas shard the optimizer state, under ZeRO-2 the gradients, under
+// ZeRO-3 the params between passes, runtime/zero_shards.h): against apart train on the whole batch, against the
+// unsharded run bitwise (ZeRO-1, where the in-process reduce-scatter adds in the all-reduce's order), ZeRO-3 against
+// ZeRO-2 bitwise (the same sums; only where the params live differs), checkpoints, what each rank holds, mpirun.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <utility>
 #include <vector>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "graph/error.h"
 #include "plan/plan.h"
+#include "runtime/checkpoint.h"
 #include "runtime/pipeline.h"
+#include "tests/runtime/host_device_backend.h"
 #include "tests/runtime/pipeline_fixture.h"
 
 namespace apart {
@@ -53,7 +58,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"zero2_stages_of_three_and_two_uneven_replicas_m2", {{3, 2}, 2, Schedule::k1F1B, {}, 2}},
                       Case{"zero1_gpipe_with_recompute_m2", {{2, 1}, 2, Schedule::kGPipe, {true, false}, 1}},
                       // ZB-H1's W passes produce the gradients that ZeRO-2 reduce-scatters.
-                      Case{"zero2_zb_h1_two_stages_of_two_replicas_m4", {{2, 2}, 4, Schedule::kZbH1, {}, 2}}),
+                      Case{"zero2_zb_h1_two_stages_of_two_replicas_m4", {{2, 2}, 4, Schedule::kZbH1, {}, 2}},
+                      // ZeRO-3: each forward and backward gathers the params it reads, and drops them after.
+                      Case{"zero3_one_stage_two_replicas_m2", {{2}, 2, Schedule::k1F1B, {}, 3}},
+                      Case{"zero3_two_stages_of_two_replicas_m4", {{2, 2}, 4, Schedule::k1F1B, {}, 3}},
+                      Case{"zero3_stages_of_three_and_two_uneven_replicas_m2", {{3, 2}, 2, Schedule::k1F1B, {}, 3}},
+                      // A recomputing stage's backward re-runs its forward: it gathers for that too.
+                      Case{"zero3_gpipe_with_recompute_m2", {{2, 2}, 2, Schedule::kGPipe, {true, false}, 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(ZeroOne, TrainsWithAdamWBitwiseAsTheUnshardedRunAndHoldsHalfTheState) {
@@ -88,9 +99,77 @@ TEST(ZeroTwo, TrainsWithAdamWAsTheUnshardedRunAndKeepsAShareOfTheGradients) {
   }
 }
 
-TEST(ZeroCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) {
-  const fs::path dir = scratch("zero_resume");
-  const fs::path plan = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::k1F1B, {}, 2}, 8, dir / "plan");
+// ZeRO-3 adds the same gradients in the same order as ZeRO-2 and steps the same pieces; only where the params live
+// between passes differs (pieces of their own, gathered whole for each pass): bitwise the same training.
+void expect_zero3_bitwise_as_zero2(const Shape& shape, const std::string& name) {
+  const fs::path dir = scratch(name);
+  Shape two = shape, three = shape;
+  two.zero = 2;
+  three.zero = 3;
+  const fs::path plan2 = make_plan(gpt_tiny(), two, 8, dir / "zero2");
+  const fs::path plan3 = make_plan(gpt_tiny(), three, 8, dir / "zero3");
+  const Outcome a = run_threads(plan2, 3, dir / "a", Optimizer::kAdamW, 1e-3);
+  const Outcome b = run_threads(plan3, 3, dir / "b", Optimizer::kAdamW, 1e-3);
+  ASSERT_EQ(b.losses.size(), 3u) << name;
+  EXPECT_EQ(a.losses, b.losses) << name;
+  EXPECT_TRUE(bitwise_equal(a.weights, b.weights)) << name;
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    EXPECT_EQ(b.ranks[r].zero, 3) << name;
+    EXPECT_EQ(b.ranks[r].gradient_bytes, a.ranks[r].gradient_bytes) << name << ": the gradients shard as ZeRO-2's";
+    EXPECT_EQ(b.ranks[r].optimizer_state_bytes, a.ranks[r].optimizer_state_bytes) << name;
+    EXPECT_EQ(a.ranks[r].param_bytes, a.ranks[r].params * 4) << name << ": ZeRO-2 holds its params whole";
+  }
+}
+
+TEST(ZeroThree, TrainsBitwiseAsZeroTwoAndHoldsHalfTheParamsBetweenPasses) {
+  expect_zero3_bitwise_as_zero2({{2}, 4, Schedule::k1F1B, {}, 3}, "zero3_one_stage");
+  // One stage: every param is sharded (the tied embedding is tied within the stage), so each replica keeps half
+  // of the params' bytes, but for a bucket's padding.
+  const fs::path dir = scratch("zero3_half");
+  const Outcome run = run_threads(make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, 3}, 8, dir / "plan"), 1, dir / "run");
+  ASSERT_EQ(run.ranks.size(), 2u);
+  for (const RunResult& r : run.ranks) EXPECT_NEAR(static_cast<double>(r.param_bytes), r.params * 4 / 2.0, 64);
+}
+
+TEST(ZeroThree, KeepsTheTiedEmbeddingWholeAcrossTwoStagesAndTrainsBitwiseAsZeroTwo) {
+  expect_zero3_bitwise_as_zero2({{2, 2}, 2, Schedule::k1F1B, {}, 3}, "zero3_two_stages");
+}
+
+// ZB-H1 splits each backward into a B pass (input gradients) and a W pass (weight gradients) that runs later: both
+// read params, so each gathers its own, while a bucket the B pass began may still be filling.
+TEST(ZeroThree, GathersForZbH1sWeightPassAndTrainsAsApartTrainAndBitwiseAsZeroTwo) {
+  const Shape shape{{2, 2}, 4, Schedule::kZbH1, {}, 3};
+  const fs::path dir = scratch("zero3_zb_h1");
+  const Outcome reference = train_reference(gpt_tiny(), 8, 3, dir);
+  const Outcome run = run_threads(make_plan(gpt_tiny(), shape, 8, dir / "plan"), 3, dir / "run");
+  expect_same_training(reference, run, read_weights(gpt_tiny()), "zero3 zb-h1");
+  expect_zero3_bitwise_as_zero2(shape, "zero3_zb_h1_bitwise");
+}
+
+// Each rank on a device backend of its own (host_device_backend.h: buffers the host may not touch): ZeRO-1's
+// gathered shards are copied into the device params, ZeRO-3's gathered params uploaded for each pass; the same
+// losses and weights as on the CPU, bitwise.
+TEST(ZeroOnADeviceBackend, TrainsBitwiseAsOnTheCpu) {
+  for (int zero : {1, 3}) {
+    const fs::path dir = scratch("device_zero" + std::to_string(zero));
+    const fs::path plan = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::k1F1B, {}, zero}, 8, dir / "plan");
+    std::vector<std::unique_ptr<HostDeviceBackend>> devices;
+    for (int r = 0; r < 4; ++r) devices.push_back(std::make_unique<HostDeviceBackend>());
+    auto device_of = [&](int rank) -> Backend* { return devices[static_cast<size_t>(rank)].get(); };
+    const Outcome cpu = run_threads(plan, 3, dir / "cpu", Optimizer::kAdamW, 1e-3);
+    const Outcome device = run_threads(plan, 3, dir / "device", Optimizer::kAdamW, 1e-3, "", "", device_of);
+    ASSERT_EQ(device.losses.size(), 3u) << "ZeRO-" << zero;
+    EXPECT_EQ(device.losses, cpu.losses) << "ZeRO-" << zero;
+    EXPECT_TRUE(bitwise_equal(device.weights, cpu.weights)) << "ZeRO-" << zero;
+  }
+}
+
+class ZeroCheckpoints : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) {
+  const int zero = GetParam();
+  const fs::path dir = scratch("zero_resume_" + std::to_string(zero));
+  const fs::path plan = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::k1F1B, {}, zero}, 8, dir / "plan");
   const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdam, 1e-3);
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);
@@ -100,32 +179,42 @@ TEST(ZeroCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) {
   ASSERT_EQ(straight.losses.size(), 4u);
   EXPECT_EQ(rest.losses[1], straight.losses[3]);
   EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
+  // ZeRO-1/2 ranks save their params whole; ZeRO-3 ranks their pieces ("param/<name>[begin:end]") of all but the
+  // tied embedding, as they hold them.
+  int pieces = 0;
+  for (const auto& [name, t] : read_checkpoint(ck / "step_2" / "rank_0.apart").tensors)
+    if (name.rfind("param/", 0) == 0 && name.find('[') != std::string::npos) ++pieces;
+  if (zero >= 3) EXPECT_GT(pieces, 0);
+  else EXPECT_EQ(pieces, 0);
 }
 
-TEST(ZeroThree, IsRefusedBeforeAnyWorkNamingTheStage) {
-  const fs::path dir = scratch("zero3");
-  const fs::path plan = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, 3}, 8, dir / "plan");
-  const auto r = testing::run_apart("run " + plan.string() + " --steps 1 --in-process");
-  EXPECT_EQ(r.code, 4) << r.out;
-  EXPECT_NE(r.out.find("stage 0 shards its params with ZeRO-3"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("--zero 2"), std::string::npos) << r.out;
-}
+INSTANTIATE_TEST_SUITE_P(Zero, ZeroCheckpoints, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& info) { return "zero" + std::to_string(info.param); });
 
+// One process per rank: MPI's reduce-scatter and all-gather (ZeRO-3's before every pass) give the threads' losses,
+// and ZeRO-3 writes the same model bytes as ZeRO-2 (the same sums in the same order on the same ranks).
 TEST(ZeroUnderMpirun, GivesTheThreadsLossesWithMpisReduceScatterAndAllgather) {
   if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
   const fs::path dir = scratch("zero_mpi");
-  const fs::path plan = make_plan(gpt_tiny(), {{3}, 2, Schedule::k1F1B, {}, 2}, 8, dir / "plan");
-  const auto r = testing::run_command(
-      "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
-      "--oversubscribe -np 3 " + std::string(APART_BINARY) + " run " + plan.string() +
-      " --steps 3 --optimizer adamw --lr 1e-3 --seed 3 2>&1");
-  ASSERT_EQ(r.code, 0) << r.out;
-  const Outcome threads = run_threads(plan, 3, dir / "threads", Optimizer::kAdamW, 1e-3);
-  ASSERT_EQ(threads.losses.size(), 3u);
-  const size_t at = r.out.find("step=3 loss=");
-  ASSERT_NE(at, std::string::npos) << r.out;
-  const double printed = std::stod(r.out.substr(at + 12, 12));  // printed to 6 decimals; MPI may add in another order
-  EXPECT_NEAR(printed, threads.losses[2], 2e-6 + 2e-5 * threads.losses[2]) << r.out;
+  std::vector<Weights> saved;
+  for (int zero : {2, 3}) {
+    const std::string z = "zero" + std::to_string(zero);
+    const fs::path plan = make_plan(gpt_tiny(), {{3}, 2, Schedule::k1F1B, {}, zero}, 8, dir / z);
+    const fs::path model = dir / (z + ".onnx");
+    const auto r = testing::run_command(
+        "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
+        "--oversubscribe -np 3 " + std::string(APART_BINARY) + " run " + plan.string() +
+        " --steps 3 --optimizer adamw --lr 1e-3 --seed 3 --save-model " + model.string() + " 2>&1");
+    ASSERT_EQ(r.code, 0) << r.out;
+    saved.push_back(read_weights(model));
+    const Outcome threads = run_threads(plan, 3, dir / (z + "_threads"), Optimizer::kAdamW, 1e-3);
+    ASSERT_EQ(threads.losses.size(), 3u);
+    const size_t at = r.out.find("step=3 loss=");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const double printed = std::stod(r.out.substr(at + 12, 12));  // printed to 6 decimals; MPI may add in another order
+    EXPECT_NEAR(printed, threads.losses[2], 2e-6 + 2e-5 * threads.losses[2]) << z << "\n" << r.out;
+  }
+  EXPECT_TRUE(bitwise_equal(saved[0], saved[1])) << "ZeRO-3 under mpirun trained other weights than ZeRO-2";
 }
 
 // "peak tensor memory 4.62 MiB; the plan estimates 2.73 MiB …" of rank 0 → {measured, planned} bytes.
@@ -144,12 +233,13 @@ std::pair<double, double> peak_and_plan(const std::string& out) {
 }
 
 // One process per rank, so each counts its own tensors: what ZeRO-1 and ZeRO-2 save against ZeRO-0 is what the
-// plan's memory estimate says they save (the optimizer state's half, then the gradients' half), within 10 %.
+// plan's memory estimate says they save (the optimizer state's half, then the gradients' half), within 10 %; ZeRO-3
+// is held to what the runtime does, which is not what the plan models (below).
 TEST(ZeroUnderMpirun, SavesThePeakMemoryThePlanPredicts) {
   if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
   const fs::path dir = scratch("zero_memory");
   std::vector<std::pair<double, double>> figures;
-  for (int zero : {0, 1, 2}) {
+  for (int zero : {0, 1, 2, 3}) {
     const fs::path plan = dir / ("z" + std::to_string(zero));
     const auto p = testing::run_apart("partition " + gpt_tiny() + " --device cpu --devices 2 --stages 1 --replicas 2 "
                                       "--microbatches 2 --batch 8 --optimizer adam --zero " + std::to_string(zero) +
@@ -161,6 +251,7 @@ TEST(ZeroUnderMpirun, SavesThePeakMemoryThePlanPredicts) {
     ASSERT_EQ(r.code, 0) << r.out;
     figures.push_back(peak_and_plan(r.out));
     ASSERT_GT(figures.back().first, 0) << r.out;
+    std::printf("ZeRO-%d: peak %.0f B, plan %.0f B\n", zero, figures.back().first, figures.back().second);
   }
   for (int zero : {1, 2}) {
     const double measured = figures[zero - 1].first - figures[zero].first;
@@ -168,6 +259,12 @@ TEST(ZeroUnderMpirun, SavesThePeakMemoryThePlanPredicts) {
     EXPECT_GT(planned, 0) << "ZeRO-" << zero;
     EXPECT_NEAR(measured, planned, 0.1 * planned) << "ZeRO-" << zero << " against ZeRO-" << zero - 1;
   }
+  // ZeRO-3 gathers each pass's params whole, beside this replica's pieces of them (docs/runtime.md, "ZeRO"): its
+  // peak is ZeRO-2's plus the pieces, 1/r of the stage's params. The plan, which gathers one task's weights at a
+  // time, predicts ZeRO-2's less (1 − 1/r) of them plus the largest task's: measured and planned disagree, and this
+  // pins what the runtime holds (gpt-tiny: +0.25 MiB measured, −0.14 MiB planned).
+  const double pieces = static_cast<double>(read_plan(dir / "z3").stages[0].param_bytes.value_or(0)) / 2;
+  EXPECT_NEAR(figures[3].first - figures[2].first, pieces, 0.1 * pieces) << "ZeRO-3 against ZeRO-2";
 }
 
 }  // namespace

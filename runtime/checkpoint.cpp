@@ -17,6 +17,7 @@
 #include "graph/task_graph.h"
 #include "importer/constant_params.h"
 #include "importer/model_proto.h"
+#include "runtime/half_precision.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -188,6 +189,10 @@ void write_trained_model(const fs::path& forward_model, const fs::path& output,
     Tensor t;
     if (it != values.end()) {
       t = *it->second;
+      // A float16/bfloat16 weight trained in float32 goes back in its stored dtype, rounded to nearest even, so the
+      // trained model has the signature of the one given (half_precision.h).
+      const auto stored = static_cast<DType>(init.data_type());
+      if (is_half(stored) && t.dtype() == DType::kFloat32) t = narrow_from_float32(t, stored);
       if (static_cast<int32_t>(t.dtype()) != init.data_type() ||
           !std::equal(t.shape().begin(), t.shape().end(), init.dims().begin(), init.dims().end()))
         throw InvalidArgument("trained value for '" + init.name() + "' has another dtype/shape than in " +

@@ -45,7 +45,8 @@ bool is_checkpoint_file(const std::filesystem::path& file);
 Checkpoint read_checkpoint(const std::filesystem::path& dir_or_file);
 
 // Writes `forward_model` (an ONNX file) with every initializer named in `values` replaced by the
-// given tensor; other initializers keep their values (external data is read and rewritten). Below
+// given tensor (a float32 value of a float16/bfloat16 initializer is rounded back to that dtype); other initializers
+// keep their values (external data is read and rewritten). Below
 // 2 GiB of initializers everything is inline; above, all initializers go to one external-data file
 // "<output name>.data" beside the output, each at a 4096-aligned offset. Temp files + rename.
 // `external_threshold_bytes` exists for tests. Throws InvalidArgument for a name that is not an

@@ -6,7 +6,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
-#include <set>
 
 #include "graph/error.h"
 #include "graph/text.h"
@@ -64,6 +63,11 @@ bool widen_type(onnx::TypeProto& type, bool apply) {
   }
 }
 
+// An attribute that names an element type the node produces: Cast's `to`, and `dtype` (RandomNormal, EyeLike…).
+bool names_output_type(std::string_view domain, std::string_view op_type, std::string_view attribute) {
+  return (domain.empty() || domain == "ai.onnx") && ((op_type == "Cast" && attribute == "to") || attribute == "dtype");
+}
+
 // A half TensorProto (an initializer, a tensor attribute) read, widened and written back inline.
 void widen_tensor(onnx::TensorProto& tensor, const fs::path& base_dir, HalfWidening& widened) {
   const Tensor half = tensor_from_proto(tensor, base_dir);
@@ -73,6 +77,7 @@ void widen_tensor(onnx::TensorProto& tensor, const fs::path& base_dir, HalfWiden
   tensor = std::move(fresh);
   ++widened.tensors;
   widened.stored_bytes += half.bytes();
+  widened.formats.insert(half.dtype());
 }
 
 // One walk for both uses: counts what is half and, when `apply`, widens it. Without `apply` it changes nothing: every
@@ -98,15 +103,13 @@ void walk(onnx::GraphProto& g, const fs::path& base_dir, bool apply, bool top, H
   for (auto& info : *g.mutable_value_info())
     if (widen_info(info)) ++widened.value_types;
   for (auto& node : *g.mutable_node()) {
-    const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
     for (auto& a : *node.mutable_attribute()) {
       if (a.has_t() && half_type(a.t().data_type())) {
         if (apply) widen_tensor(*a.mutable_t(), base_dir, widened);
         else ++widened.tensors;
       }
-      const bool type_attribute = default_domain && a.type() == onnx::AttributeProto::INT &&
-                                  ((node.op_type() == "Cast" && a.name() == "to") || a.name() == "dtype");
-      if (type_attribute && half_type(a.i())) {
+      if (a.type() == onnx::AttributeProto::INT && names_output_type(node.domain(), node.op_type(), a.name()) &&
+          half_type(a.i())) {
         if (apply) a.set_i(kFloat);
         ++widened.casts;
       }
@@ -139,7 +142,9 @@ std::string half_widening_note(const HalfWidening& widened) {
   if (!widened.changed()) return "";
   char mb[32];
   std::snprintf(mb, sizeof mb, "%.2f MB", static_cast<double>(widened.stored_bytes) / 1e6);
-  std::string note = "widened " + std::to_string(widened.tensors) + " float16/bfloat16 tensor" +
+  std::string formats;
+  for (DType t : widened.formats) formats += (formats.empty() ? "" : "/") + std::string(dtype_name(t));
+  std::string note = "widened " + std::to_string(widened.tensors) + " " + (formats.empty() ? "half" : formats) + " tensor" +
                      (widened.tensors == 1 ? "" : "s") + " (" + mb + ") to float32";
   if (widened.casts > 0) note += ", " + std::to_string(widened.casts) + " cast" + (widened.casts == 1 ? "" : "s") + " to half made casts to float32";
   if (!widened.inputs.empty() || !widened.outputs.empty())
@@ -149,6 +154,12 @@ std::string half_widening_note(const HalfWidening& widened) {
 }
 
 void widen_half_values(TaskGraph& graph) {
+  for (uint32_t t = 0; t < graph.num_tasks(); ++t) {
+    Task& task = graph.task(TaskId(t));
+    for (Attribute& a : task.attributes)
+      if (a.type == Attribute::Type::kInt && names_output_type(task.domain, task.op_type, a.name) && half_type(a.i))
+        a.i = kFloat;
+  }
   for (uint32_t v = 0; v < graph.num_values(); ++v) {
     Value& value = graph.value(ValueId(v));
     if (!is_half(value.dtype)) continue;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 
 #include "graph/dtype.h"
@@ -93,6 +94,7 @@ Tensor narrow_from_float32(const Tensor& wide, DType to);
 struct HalfWidening {
   int64_t tensors = 0;        // initializers and tensor attributes (Constant, ConstantOfShape values) widened
   int64_t stored_bytes = 0;   // their bytes as stored (half)
+  std::set<DType> formats;    // the half dtypes they were stored in
   int64_t casts = 0;          // Cast(to=FLOAT16|BFLOAT16) made Cast(to=FLOAT), and `dtype` attributes made FLOAT
   int64_t value_types = 0;    // value_info entries declared FLOAT
   std::map<std::string, DType> inputs;   // graph inputs that were half: name → their stored dtype (fed as either)
@@ -117,8 +119,9 @@ HalfWidening widen_half_precision(onnx::ModelProto& model, const std::filesystem
 // One line for stderr (an `apart: note:`), "" when nothing was widened.
 std::string half_widening_note(const HalfWidening& widened);
 
-// The task graph of a widened model from the half model's: every float16/bfloat16 value float32 (widen_half_precision
-// leaves no half value, so that is all that differs; the executor uses it for a model imported before widening).
+// The task graph of a widened model from the half model's: every float16/bfloat16 value float32, and the Cast `to` and
+// `dtype` attributes widen_half_precision rewrites rewritten alike (all that differs, as it leaves no half value; the
+// executor uses it for a model imported before widening).
 void widen_half_values(TaskGraph& graph);
 
 }  // namespace apart

@@ -33,6 +33,7 @@
 #include "profiler/device.h"
 #include "runtime/data.h"
 #include "runtime/executor.h"
+#include "runtime/half_precision.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -248,6 +249,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   const fs::path path(model.path);
   onnx::ModelProto forward = load_model_proto(path, import);  // node indices as the task graph's
   if (options.random_params) randomize_params(forward, options.seed);
+  widen_half_precision(forward, path.parent_path());  // a float16/bfloat16 model trains in float32, as in apart train
   // The training graph's inputs have static shapes already (binding dims again would be refused).
   ImportOptions exec_import;
   exec_import.require_external_data = true;

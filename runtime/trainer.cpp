@@ -24,6 +24,7 @@
 #include "profiler/memory_model.h"
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
+#include "runtime/half_precision.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -106,7 +107,9 @@ bool looks_like_norm_scale(const std::string& name) {
 
 void randomize_params(onnx::ModelProto& proto, uint64_t seed) {
   for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
-    if (init.data_type() != onnx::TensorProto::FLOAT) continue;
+    // A half initializer gets float32 values (the float32 master weights of half-precision training).
+    if (init.data_type() != onnx::TensorProto::FLOAT && !is_half(static_cast<DType>(init.data_type()))) continue;
+    init.set_data_type(onnx::TensorProto::FLOAT);
     std::vector<int64_t> dims(init.dims().begin(), init.dims().end());
     int64_t n = 1;
     for (int64_t d : dims) n *= d;
@@ -121,6 +124,7 @@ void randomize_params(onnx::ModelProto& proto, uint64_t seed) {
       std::fill(values.begin(), values.end(), looks_like_norm_scale(init.name()) ? 1.0f : 0.0f);
     }
     init.clear_float_data();
+    init.clear_int32_data();
     init.clear_external_data();
     init.clear_data_location();
     init.set_raw_data(values.data(), values.size() * sizeof(float));
@@ -146,7 +150,9 @@ void check_training_memory(const TaskGraph& graph, const TrainOptions& options, 
   for (uint32_t v = 0; v < graph.num_values(); ++v) {
     const Value& value = graph.value(ValueId(v));
     if (value.kind == ValueKind::kParam && is_floating(value.dtype)) params += static_cast<double>(value.elements);
-    if (value.kind == ValueKind::kActivation) activations += static_cast<double>(value.bytes);
+    // A float16/bfloat16 activation is computed in float32 (half_precision.h).
+    if (value.kind == ValueKind::kActivation)
+      activations += static_cast<double>(is_half(value.dtype) ? value.elements * dtype_size(DType::kFloat32) : value.bytes);
   }
   const double per_param = bytes_per_param(options.optimizer.kind, Precision::kFp32);
   const double needed = params * per_param + activations;
@@ -195,6 +201,10 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     check_training_memory(imported.graph, options, available_memory_bytes());
   }
   if (options.init == ParamInit::kRandom) randomize_params(forward, options.seed);
+  // float16/bfloat16 storage, float32 compute: widened once here, by the reader of the user's file, so autodiff and
+  // the executor see the float32 model the run computes (runtime/half_precision.h).
+  result.half_widening = widen_half_precision(forward, model_path.parent_path());
+  if (const std::string note = half_widening_note(result.half_widening); !note.empty() && options.on_note) options.on_note(note);
 
   TrainingGraphOptions tg_options;
   tg_options.loss = options.loss;

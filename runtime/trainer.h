@@ -11,6 +11,7 @@
 #include "importer/importer.h"
 #include "runtime/backend.h"
 #include "runtime/data.h"
+#include "runtime/half_precision.h"
 #include "runtime/optimizer.h"
 
 namespace onnx {
@@ -67,6 +68,7 @@ struct TrainResult {
   std::string backend;             // Backend::describe()
   std::vector<std::string> fallback_ops;  // ops run on the CPU kernel for want of a backend kernel (Executor)
   ConstantParams constant_params;  // Constant nodes trained as params (ImportOptions::constants_as_params)
+  HalfWidening half_widening;      // what a float16/bfloat16 model had widened to float32 (runtime/half_precision.h)
 };
 
 using StepCallback = std::function<void(const StepRecord&)>;
@@ -83,7 +85,8 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step = {})
 
 // --init random: normal(0, 0.02) for matrices, Kaiming normal (fan_in, ReLU gain) for 4-D conv weights, ones for 1-D
 // scales (LayerNorm/BatchNorm weight), zeros for other 1-D params (biases). Seeded per name, so a param gets the
-// same values in the whole model and in any stage file cut from it.
+// same values in the whole model and in any stage file cut from it. Float16/bfloat16 initializers get float32 values
+// (they are float32 master weights in training).
 void randomize_params(onnx::ModelProto& proto, uint64_t seed);
 
 }  // namespace apart

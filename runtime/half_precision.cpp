@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "graph/error.h"
 #include "graph/text.h"
@@ -92,13 +93,18 @@ void walk(onnx::GraphProto& g, const fs::path& base_dir, bool apply, bool top, H
     else ++widened.tensors;
   }
   auto widen_info = [&](onnx::ValueInfoProto& info) { return info.has_type() && widen_type(*info.mutable_type(), apply); };
+  // The main graph's inputs (but initializers' entries) and outputs are the model's interface; the rest are types.
   for (auto& info : *g.mutable_input()) {
     const auto stored = static_cast<DType>(info.type().tensor_type().elem_type());
-    if (widen_info(info) && top && !initializers.count(info.name())) widened.inputs[info.name()] = stored;
+    if (!widen_info(info)) continue;
+    if (top && !initializers.count(info.name())) widened.inputs[info.name()] = stored;
+    else ++widened.value_types;
   }
   for (auto& info : *g.mutable_output()) {
     const auto stored = static_cast<DType>(info.type().tensor_type().elem_type());
-    if (widen_info(info) && top) widened.outputs[info.name()] = stored;
+    if (!widen_info(info)) continue;
+    if (top) widened.outputs[info.name()] = stored;
+    else ++widened.value_types;
   }
   for (auto& info : *g.mutable_value_info())
     if (widen_info(info)) ++widened.value_types;
@@ -140,17 +146,24 @@ HalfWidening widen_half_precision(onnx::ModelProto& model, const fs::path& base_
 
 std::string half_widening_note(const HalfWidening& widened) {
   if (!widened.changed()) return "";
-  char mb[32];
-  std::snprintf(mb, sizeof mb, "%.2f MB", static_cast<double>(widened.stored_bytes) / 1e6);
+  auto count = [](int64_t n, const std::string& what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
   std::string formats;
   for (DType t : widened.formats) formats += (formats.empty() ? "" : "/") + std::string(dtype_name(t));
-  std::string note = "widened " + std::to_string(widened.tensors) + " " + (formats.empty() ? "half" : formats) + " tensor" +
-                     (widened.tensors == 1 ? "" : "s") + " (" + mb + ") to float32";
-  if (widened.casts > 0) note += ", " + std::to_string(widened.casts) + " cast" + (widened.casts == 1 ? "" : "s") + " to half made casts to float32";
+  std::vector<std::string> parts;
+  if (widened.tensors > 0) {
+    char mb[32];
+    std::snprintf(mb, sizeof mb, " (%.2f MB)", static_cast<double>(widened.stored_bytes) / 1e6);
+    parts.push_back(count(widened.tensors, formats + " tensor") + mb);
+  }
+  if (widened.casts > 0) parts.push_back(count(widened.casts, "cast") + " to half");
   if (!widened.inputs.empty() || !widened.outputs.empty())
-    note += ", " + std::to_string(widened.inputs.size()) + " input" + (widened.inputs.size() == 1 ? "" : "s") + " and " +
-            std::to_string(widened.outputs.size()) + " output" + (widened.outputs.size() == 1 ? "" : "s") + " float32";
-  return note + ": compute is float32 (the model's weights are the float32 masters; --save-model writes them back in their stored dtype)";
+    parts.push_back(count(static_cast<int64_t>(widened.inputs.size()), "input") + " and " +
+                    count(static_cast<int64_t>(widened.outputs.size()), "output"));
+  std::string note = "widened ";
+  for (size_t i = 0; i < parts.size(); ++i) note += (i == 0 ? "" : ", ") + parts[i];
+  return note + (parts.empty() ? "the model's value types" : "") +
+         " to float32: compute is float32 (the weights are float32 masters; --save-model writes them back in their "
+         "stored dtype)";
 }
 
 void widen_half_values(TaskGraph& graph) {

@@ -96,7 +96,7 @@ struct HalfWidening {
   int64_t stored_bytes = 0;   // their bytes as stored (half)
   std::set<DType> formats;    // the half dtypes they were stored in
   int64_t casts = 0;          // Cast(to=FLOAT16|BFLOAT16) made Cast(to=FLOAT), and `dtype` attributes made FLOAT
-  int64_t value_types = 0;    // value_info entries declared FLOAT
+  int64_t value_types = 0;    // other declared types made FLOAT: value_info, initializers' inputs, subgraphs' inputs/outputs
   std::map<std::string, DType> inputs;   // graph inputs that were half: name → their stored dtype (fed as either)
   std::map<std::string, DType> outputs;  // graph outputs that were half: name → their stored dtype
   bool changed() const { return tensors > 0 || casts > 0 || value_types > 0 || !inputs.empty() || !outputs.empty(); }

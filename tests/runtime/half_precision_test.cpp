@@ -6,6 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <unistd.h>
 #include <limits>
 #include <random>
 #include <vector>
@@ -211,6 +216,106 @@ TEST(TheCastKernel, ConvertsFloat16AndBFloat16ToAndFromFloat32BothWays) {
   const Tensor from_ints = cast(i64, DType::kFloat16);
   EXPECT_EQ(from_ints.data<uint16_t>()[0], 0x7c00);
   EXPECT_EQ(from_ints.data<uint16_t>()[1], 0xc200);
+}
+
+// A float16 model with every place half can hide: an external-data initializer, an inline one, a bfloat16 Constant,
+// a Cast to float16, a RandomNormal of dtype float16, a half value_info, half inputs and outputs, and a subgraph.
+onnx::ModelProto every_kind_of_half(const std::filesystem::path& dir) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  auto declare = [](onnx::ValueInfoProto* info, const std::string& name, int elem) {
+    info->set_name(name);
+    info->mutable_type()->mutable_tensor_type()->set_elem_type(elem);
+  };
+  declare(g->add_input(), "x", onnx::TensorProto::FLOAT16);
+  declare(g->add_output(), "y", onnx::TensorProto::FLOAT16);
+  declare(g->add_value_info(), "xw", onnx::TensorProto::FLOAT16);
+  const std::vector<uint16_t> w{0x3c00, 0xc000, 0x0001, 0x7c00};  // 1, -2, the least subnormal, inf
+  {
+    std::ofstream out(dir / "w.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(w.data()), 8);
+  }
+  auto* ext = g->add_initializer();
+  ext->set_name("w_external"), ext->set_data_type(onnx::TensorProto::FLOAT16), ext->add_dims(4);
+  ext->set_data_location(onnx::TensorProto::EXTERNAL);
+  auto* kv = ext->add_external_data();
+  kv->set_key("location"), kv->set_value("w.bin");
+  tensor_to_proto(halves(DType::kFloat16, w), "w_inline", *g->add_initializer());
+  auto node = [&](const std::string& op, std::vector<std::string> in, std::string out) {
+    auto* n = g->add_node();
+    n->set_op_type(op);
+    for (auto& i : in) n->add_input(i);
+    n->add_output(out);
+    return n;
+  };
+  auto int_attribute = [](onnx::NodeProto* n, const std::string& name, int64_t v) {
+    auto* a = n->add_attribute();
+    a->set_name(name), a->set_type(onnx::AttributeProto::INT), a->set_i(v);
+  };
+  auto* constant = node("Constant", {}, "c")->add_attribute();
+  constant->set_name("value"), constant->set_type(onnx::AttributeProto::TENSOR);
+  tensor_to_proto(halves(DType::kBFloat16, {0x3f80, 0xff80, 0x7fc1, 0x0001}), "", *constant->mutable_t());
+  node("Mul", {"x", "w_external"}, "xw");
+  int_attribute(node("Cast", {"xw"}, "xh"), "to", onnx::TensorProto::FLOAT16);
+  int_attribute(node("RandomNormal", {}, "noise"), "dtype", onnx::TensorProto::FLOAT16);
+  auto* branch = node("If", {"cond"}, "y")->add_attribute();
+  branch->set_name("then_branch"), branch->set_type(onnx::AttributeProto::GRAPH);
+  declare(branch->mutable_g()->add_output(), "xh", onnx::TensorProto::BFLOAT16);
+  return m;
+}
+
+TEST(TheWideningPass, WidensEveryHalfTensorTypeAndCastAndIsIdempotent) {
+  const auto dir = std::filesystem::temp_directory_path() / ("apart_half_pass_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  onnx::ModelProto m = every_kind_of_half(dir);
+  ASSERT_TRUE(has_half_precision(m));
+  const int nodes = m.graph().node_size();
+  const HalfWidening widened = widen_half_precision(m, dir);
+  EXPECT_EQ(widened.tensors, 3);       // both initializers and the Constant's value
+  EXPECT_EQ(widened.stored_bytes, 24);
+  EXPECT_EQ(widened.formats, (std::set<DType>{DType::kFloat16, DType::kBFloat16}));
+  EXPECT_EQ(widened.casts, 2);         // Cast's to, RandomNormal's dtype
+  EXPECT_EQ(widened.value_types, 2);   // xw, and the subgraph's output
+  EXPECT_EQ(widened.inputs, (std::map<std::string, DType>{{"x", DType::kFloat16}}));
+  EXPECT_EQ(widened.outputs, (std::map<std::string, DType>{{"y", DType::kFloat16}}));
+  EXPECT_EQ(m.graph().node_size(), nodes);  // node indices stay the task graph's
+  EXPECT_FALSE(has_half_precision(m));
+  EXPECT_FALSE(widen_half_precision(m, dir).changed());
+
+  for (const auto& init : m.graph().initializer()) {
+    ASSERT_EQ(init.data_type(), onnx::TensorProto::FLOAT) << init.name();
+    EXPECT_NE(init.data_location(), onnx::TensorProto::EXTERNAL) << init.name();
+    const Tensor t = tensor_from_proto(init);
+    EXPECT_EQ(std::vector<float>(t.data<float>(), t.data<float>() + 4),
+              (std::vector<float>{1.f, -2.f, 0x1p-24f, INFINITY})) << init.name();
+  }
+  const Tensor c = tensor_from_proto(m.graph().node(0).attribute(0).t());
+  ASSERT_EQ(c.dtype(), DType::kFloat32);
+  EXPECT_EQ(c.data<float>()[0], 1.f);
+  EXPECT_EQ(c.data<float>()[1], -INFINITY);
+  EXPECT_TRUE(std::isnan(c.data<float>()[2]));
+  EXPECT_EQ(c.data<float>()[3], bfloat16_to_float(0x0001));
+  EXPECT_EQ(m.graph().node(2).attribute(0).i(), onnx::TensorProto::FLOAT);
+  EXPECT_EQ(m.graph().node(3).attribute(0).i(), onnx::TensorProto::FLOAT);
+  EXPECT_EQ(m.graph().input(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT);
+  EXPECT_EQ(m.graph().node(4).attribute(0).g().output(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TheWideningPass, LeavesAFloat32ModelAsItIs) {
+  onnx::ModelProto m;
+  m.add_opset_import()->set_version(17);
+  auto* cast = m.mutable_graph()->add_node();
+  cast->set_op_type("Cast");
+  auto* to = cast->add_attribute();
+  to->set_name("to"), to->set_type(onnx::AttributeProto::INT), to->set_i(onnx::TensorProto::DOUBLE);
+  const std::string before = m.SerializeAsString();
+  EXPECT_FALSE(has_half_precision(m));
+  EXPECT_FALSE(widen_half_precision(m, {}).changed());
+  EXPECT_EQ(m.SerializeAsString(), before);
+  EXPECT_EQ(half_widening_note(HalfWidening{}), "");
 }
 
 }  // namespace

@@ -154,6 +154,23 @@ TEST_P(AHalfPrecisionModel, RunsForwardOnTheExecutorFromHalfInputs) {
   EXPECT_THROW(on_half.run({{"x", Tensor(DType::kFloat64, {3, kFeatures})}, {"target", target}}), InvalidArgument);
 }
 
+TEST_P(AHalfPrecisionModel, TrainsFromRandomFloat32WeightsAndSavesThemInItsDtype) {
+  const DType half = GetParam();
+  TempDir dir;
+  half_mlp(half, half).save(dir.file("half.onnx"));
+  TrainOptions o = adam(dir.file("half.onnx"), dir.file("trained.onnx"));
+  o.init = ParamInit::kRandom;
+  o.steps = 3;
+  std::vector<std::string> notes;
+  o.on_note = [&](const std::string& note) { notes.push_back(note); };
+  const TrainResult r = train(o);
+  EXPECT_EQ(r.half_widening.tensors, 0);  // --init random drew float32 masters already
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].rfind("widened 1 cast to half, 2 inputs and 1 output to float32: compute is float32", 0), 0u) << notes[0];
+  for (const char* name : kWeights)
+    EXPECT_EQ(initializer(load_model_proto(dir.file("trained.onnx")), name).data_type(), static_cast<int32_t>(half)) << name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Stored, AHalfPrecisionModel, ::testing::Values(DType::kFloat16, DType::kBFloat16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

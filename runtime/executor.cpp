@@ -5,8 +5,8 @@
 #include <onnx/onnx_pb.h>
 
 #include <chrono>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "graph/error.h"

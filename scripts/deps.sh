@@ -2,7 +2,7 @@
 # Installs the Debian packages apart needs, only those that are missing (a second run is instant).
 # `deps.sh` installs what building apart needs (Open MPI too: `mpirun -np N apart run`); `deps.sh --test` adds what
 # the test suite uses (GoogleTest, ONNX's test data and Python checker, Chromium for the report test, Graphviz);
-# `deps.sh --fuzz` adds clang with its libFuzzer runtime (scripts/fuzz.sh) to the test set.
+# `deps.sh --fuzz` adds clang with its libFuzzer runtime and GNU time (scripts/fuzz.sh) to the test set.
 set -euo pipefail
 packages=(cmake g++ make pkg-config
   libonnx-dev libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev libfmt-dev
@@ -11,7 +11,7 @@ if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--fuzz" ]; then
   packages+=(libgtest-dev libgmock-dev libbenchmark-dev python3-onnx libonnx-testdata chromium graphviz)
 fi
 if [ "${1:-}" = "--fuzz" ]; then
-  packages+=(clang libclang-rt-14-dev)
+  packages+=(clang libclang-rt-14-dev time)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -6,7 +6,7 @@
 # models up to 64 KiB) and grows build/fuzz/corpus/<target>/, which later runs resume. A crash, a sanitizer report,
 # a hang past 10 s or 2 GiB of memory is a finding: its input is kept under build/fuzz/findings/<target>/, the
 # summary names it with the commands that minimise it into tests/regress/<target>/, and the script exits 1.
-# Prints per target: executions, coverage (edges), corpus size, findings.
+# Prints per target: executions, coverage (edges), corpus size, wall and CPU seconds, findings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=60
@@ -54,7 +54,7 @@ run_one() {
   [ "$t" = import ] && [ -d "$onnx_seeds" ] && seeds+=("$onnx_seeds")
   local rc=0
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
-    "$out/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+    /usr/bin/time -f "%U %S" -o "$log.cpu" "$out/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="$findings/" "$corpus" "${seeds[@]}" >"$log" 2>&1 || rc=$?
   echo "$rc" >"$log.rc"
 }
@@ -67,14 +67,15 @@ done
 wait
 
 status=0
-printf '%-11s %10s %8s %8s %9s  %s\n' target executions edges corpus seconds findings
+printf '%-11s %10s %8s %8s %9s %9s  %s\n' target executions edges corpus seconds 'CPU s' findings
 for t in "${targets[@]}"; do
   log="$out/logs/$t.log"
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
   edges=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+' || true)
   corp=$(find "$out/corpus/$t" -type f | wc -l)
   found=$(find "$out/findings/$t" -type f | wc -l)
-  printf '%-11s %10s %8s %8s %9s  %s\n' "$t" "${execs:-?}" "${edges:-?}" "$corp" "$seconds" "$found"
+  cpu=$(awk 'NF == 2 { printf "%.0f", $1 + $2 }' "$log.cpu" 2>/dev/null || true)
+  printf '%-11s %10s %8s %8s %9s %9s  %s\n' "$t" "${execs:-?}" "${edges:-?}" "$corp" "$seconds" "${cpu:-?}" "$found"
   if [ "$(cat "$log.rc")" != 0 ] || ((found > 0)); then
     status=1
     echo "  $t: a finding (exit $(cat "$log.rc")); the report is in $log:" >&2

@@ -25,6 +25,7 @@
 #include "plan/plan.h"
 #include "profiler/collectives.h"
 #include "runtime/checkpoint.h"
+#include "runtime/half_precision.h"
 #include "runtime/executor.h"
 #include "runtime/run_trace.h"
 #include "runtime/zero_shards.h"
@@ -457,6 +458,7 @@ void StageRunner::build() {
 
   onnx::ModelProto proto = load_model_proto(stage_file);
   if (options_.init == ParamInit::kRandom) randomize_params(proto, options_.seed);
+  widen_half_precision(proto, setup_.plan_dir);  // a float16/bfloat16 stage trains in float32, as apart train does
 
   // Boundary values: those from earlier stages come in (their gradients go out), those for later stages go out.
   StageGraphOptions g;

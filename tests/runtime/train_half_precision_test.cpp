@@ -182,5 +182,28 @@ TEST(ApartTrain, SaysOnStderrHowManyTensorsItWidenedAndThatComputeIsFloat32) {
   EXPECT_NE(r.out.find("apart: note: widened 4 float16 tensors"), std::string::npos) << r.out;
 }
 
+// apart run widens each stage file as apart train widens the model: a two-stage plan of a float16/bfloat16 gpt-tiny
+// prints apart train's losses on the whole batch.
+TEST(ApartRun, TrainsAHalfPrecisionPlanWithApartTrainsLosses) {
+  for (const char* dtype : {"fp16", "bf16"}) {
+    TempDir dir;
+    const std::string model = dir.file("half.onnx").string(), plan = dir.file("plan").string();
+    ASSERT_EQ(testing::run_apart(std::string("zoo gpt-tiny --dtype ") + dtype + " -q -o " + model).code, 0);
+    const auto planned = testing::run_apart("partition " + model + " --device cpu --devices 2 --stages 2 --batch 8 " +
+                                            "--microbatches 4 --no-baselines -q -o " + plan);
+    ASSERT_EQ(planned.code, 0) << planned.out;
+    const auto run = testing::run_apart("run " + plan + " --in-process --steps 3 --init random --seed 3");
+    const auto train = testing::run_apart("train " + model + " --steps 3 --batch 8 --init random --seed 3");
+    ASSERT_EQ(run.code, 0) << run.out;
+    ASSERT_EQ(train.code, 0) << train.out;
+    for (const char* step : {"step=1 loss=", "step=3 loss="}) {
+      const size_t at_run = run.out.find(step), at_train = train.out.find(step);
+      ASSERT_NE(at_run, std::string::npos) << run.out;
+      ASSERT_NE(at_train, std::string::npos) << train.out;
+      EXPECT_EQ(run.out.substr(at_run, 21), train.out.substr(at_train, 21)) << dtype;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace apart

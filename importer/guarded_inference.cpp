@@ -3,8 +3,10 @@
 
 #include <onnx/defs/shape_inference.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 
 namespace apart {
 
@@ -38,6 +40,21 @@ bool consistent(const onnx::InferenceContext& ctx, const ConvFamilyOp& op) {
   return true;
 }
 
+// Whether every input `schema` requires has a type: a null type there is a value whose type inference did not find
+// (an optional input left empty is null too, and allowed).
+template <class Context>  // onnx::InferenceContext or onnx::DataPropagationContext
+bool required_inputs_typed(const Context& ctx, const onnx::OpSchema& schema) {
+  const auto& formal = schema.inputs();
+  for (size_t i = 0; i < ctx.getNumInputs(); ++i) {
+    const onnx::TypeProto* type = ctx.getInputType(i);
+    if (type != nullptr && type->value_case() != onnx::TypeProto::VALUE_NOT_SET) continue;
+    const bool optional = !formal.empty() && formal[std::min(i, formal.size() - 1)].GetOption() ==
+                                                 onnx::OpSchema::FormalParameterOption::Optional;
+    if (type != nullptr || !optional) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 const ConvFamilyOp* conv_family_op(const std::string& op) {
@@ -49,18 +66,35 @@ const ConvFamilyOp* conv_family_op(const std::string& op) {
 const onnx::OpSchema* GuardedSchemaRegistry::GetSchema(const std::string& key, const int maxInclusiveVersion,
                                                        const std::string& domain) const {
   const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Instance()->GetSchema(key, maxInclusiveVersion, domain);
-  const ConvFamilyOp* op = (domain.empty() || domain == "ai.onnx") ? conv_family_op(key) : nullptr;
-  if (schema == nullptr || op == nullptr || !schema->has_type_and_shape_inference_function()) return schema;
+  if (schema == nullptr || (!schema->has_type_and_shape_inference_function() && !schema->has_data_propagation_function()))
+    return schema;
   std::lock_guard<std::mutex> lock(mutex_);
   std::unique_ptr<onnx::OpSchema>& guarded = guarded_[schema];
   if (!guarded) {
+    const ConvFamilyOp* conv = (domain.empty() || domain == "ai.onnx") ? conv_family_op(key) : nullptr;
     guarded = std::make_unique<onnx::OpSchema>(*schema);
-    guarded->TypeAndShapeInferenceFunction(
-        [infer = schema->GetTypeAndShapeInferenceFunction(), entry = *op](onnx::InferenceContext& ctx) {
-          if (consistent(ctx, entry)) infer(ctx);
-        });
+    // Data propagation (Shape's, Gather's… partial values) reads input types the same way.
+    if (schema->has_data_propagation_function())
+      guarded->PartialDataPropagationFunction(
+          [propagate = schema->GetDataPropagationFunction(), schema](onnx::DataPropagationContext& ctx) {
+            if (required_inputs_typed(ctx, *schema)) propagate(ctx);
+          });
+    if (schema->has_type_and_shape_inference_function()) {
+      const std::optional<ConvFamilyOp> family = conv ? std::optional<ConvFamilyOp>(*conv) : std::nullopt;
+      guarded->TypeAndShapeInferenceFunction(
+          [infer = schema->GetTypeAndShapeInferenceFunction(), schema, family](onnx::InferenceContext& ctx) {
+            if (!required_inputs_typed(ctx, *schema)) return;
+            if (family && !consistent(ctx, *family)) return;
+            infer(ctx);
+          });
+    }
   }
   return guarded.get();
+}
+
+GuardedSchemaRegistry& guarded_schemas() {
+  static GuardedSchemaRegistry registry;
+  return registry;
 }
 
 }  // namespace apart

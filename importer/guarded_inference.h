@@ -21,9 +21,15 @@ struct ConvFamilyOp {
 // The entry for `op` (default domain), or nullptr.
 const ConvFamilyOp* conv_family_op(const std::string& op);
 
-// Hands ONNX the real schemas, except that a conv-family op's inference first checks that W has X's rank and that
-// kernel_shape, strides, dilations, output_padding, output_shape and pads have the lengths X's rank gives them, and
-// infers nothing when they do not (the importer then names the node: the ranks are checked again after inference).
+// Hands ONNX copies of the real schemas whose inference first checks what ONNX 1.12's inference functions take for
+// granted, and infers nothing for the node when it does not hold (the node's outputs stay unknown):
+// - every input the schema requires has a known type: several functions (Shape-15 among them) dereference the type
+//   of their input without a check, which crashed on a graph input declared without a type and on the output of a
+//   custom-domain op (no schema, so no type) feeding Shape (found by fuzz/import.cpp);
+// - a conv-family op's W has X's rank, and kernel_shape, strides, dilations, output_padding, output_shape and pads
+//   have the lengths X's rank gives them (the importer names such a node: the ranks are checked again after
+//   inference).
+// One registry serves the whole process (guarded_schemas()); its copies are made once per schema, under a lock.
 class GuardedSchemaRegistry : public onnx::ISchemaRegistry {
  public:
   const onnx::OpSchema* GetSchema(const std::string& key, const int maxInclusiveVersion,
@@ -33,5 +39,7 @@ class GuardedSchemaRegistry : public onnx::ISchemaRegistry {
   mutable std::mutex mutex_;
   mutable std::map<const onnx::OpSchema*, std::unique_ptr<onnx::OpSchema>> guarded_;  // by the schema they wrap
 };
+
+GuardedSchemaRegistry& guarded_schemas();
 
 }  // namespace apart

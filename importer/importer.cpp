@@ -309,7 +309,6 @@ class Importer {
 
  private:
   TaskGraph& graph() { return result_.graph; }
-  GuardedSchemaRegistry guarded_schemas_;  // what ONNX's shape inference looks schemas up in
 
   void read_header() {
     if (!model_.has_graph())
@@ -500,6 +499,9 @@ class Importer {
                              (same_type ? "shape" : "type") + "; rename one of them or make them agree");
         continue;
       }
+      if (in.type().value_case() == onnx::TypeProto::VALUE_NOT_SET)
+        throw InvalidModel("graph input " + quote(in.name()) + " declares no type (ONNX requires every graph input to " +
+                           "have one); re-export the model");
       Value v;
       v.name = in.name();
       v.kind = ValueKind::kInput;
@@ -924,7 +926,7 @@ class Importer {
   void run_onnx_inference() {
     try {
       onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/0, /*data_propagation=*/true);
-      onnx::shape_inference::InferShapes(model_, &guarded_schemas_, opts);
+      onnx::shape_inference::InferShapes(model_, &guarded_schemas(), opts);
     } catch (const std::exception& e) {
       // Declared shapes disagree with inferred ones, or an op's inference rejected its input.
       std::string what = printable(e.what());  // quotes node names raw

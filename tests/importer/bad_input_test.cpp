@@ -149,6 +149,28 @@ TEST(TheImporter, NamesAConvolutionWhoseWeightRankDiffersFromItsInputsInsteadOfC
   EXPECT_NE(import_error(pool).find("attribute pads has 2 values, not the 4"), std::string::npos) << import_error(pool);
 }
 
+// ONNX 1.12's Shape-15 inference dereferences its input's type unchecked: a custom-domain op's output (no schema, so
+// no inferred type) feeding Shape crashed the importer (found by fuzz/import.cpp on an untyped graph input).
+TEST(TheImporter, PlansAShapeOfACustomOpsOutputWithoutCrashingInOnnx) {
+  OnnxBuilder b(15);
+  auto* domain = b.model().add_opset_import();
+  domain->set_domain("com.example");
+  domain->set_version(1);
+  b.input("x", {2, 3}).output("y", onnx::TensorProto::INT64);
+  b.node("Custom", {"x"}, {"t"}, "custom").set_domain("com.example");
+  b.node("Shape", {"t"}, {"y"}, "shape");
+  const ImportedModel m = import_model_bytes(b.bytes(), ".", "custom_shape.onnx");
+  EXPECT_EQ(m.graph.num_tasks(), 2u);
+}
+
+TEST(TheImporter, RefusesAGraphInputWithoutAType) {
+  OnnxBuilder b(15);
+  b.graph().add_input()->set_name("x");
+  b.output("y", onnx::TensorProto::INT64);
+  b.node("Shape", {"x"}, {"y"}, "shape");
+  EXPECT_NE(import_error(b).find("graph input 'x' declares no type"), std::string::npos) << import_error(b);
+}
+
 TEST(TheImporter, RejectsAGraphWithACycle) {
   OnnxBuilder b;
   b.input("x", {2}).output("b");

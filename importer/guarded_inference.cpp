@@ -15,6 +15,25 @@ namespace {
 constexpr ConvFamilyOp kConvFamily[] = {{"Conv", 1},        {"ConvInteger", 1}, {"QLinearConv", 3}, {"ConvTranspose", 1},
                                         {"AveragePool", -1}, {"MaxPool", -1},     {"LpPool", -1}};
 
+// Inputs whose rank an op's ONNX 1.12 inference indexes without checking it (every version of the op): Gemm reads B's
+// dim 1 (dim 0 under transB) whatever B's rank (found by fuzz/import.cpp on a Gemm-6 with a rank-1 B).
+struct RankRule {
+  const char* op;
+  size_t input;
+  int rank;
+};
+constexpr RankRule kRankRules[] = {{"Gemm", 0, 2}, {"Gemm", 1, 2}};
+
+}  // namespace
+
+int required_rank(const std::string& op, size_t input) {
+  for (const RankRule& rule : kRankRules)
+    if (op == rule.op && input == rule.input) return rule.rank;
+  return -1;
+}
+
+namespace {
+
 // The rank of input `i` when it is a tensor with a known shape, else −1.
 int rank_of(const onnx::InferenceContext& ctx, size_t i) {
   if (i >= ctx.getNumInputs()) return -1;
@@ -37,6 +56,14 @@ bool consistent(const onnx::InferenceContext& ctx, const ConvFamilyOp& op) {
     if (const onnx::AttributeProto* a = ctx.getAttribute(name); a != nullptr && a->ints_size() != spatial) return false;
   if (const onnx::AttributeProto* a = ctx.getAttribute("pads"); a != nullptr && a->ints_size() != 2 * spatial)
     return false;
+  return true;
+}
+
+bool ranks_as_required(const onnx::InferenceContext& ctx, const std::string& op) {
+  for (size_t i = 0; i < ctx.getNumInputs(); ++i) {
+    const int want = required_rank(op, i), rank = rank_of(ctx, i);
+    if (want >= 0 && rank >= 0 && rank != want) return false;
+  }
   return true;
 }
 
@@ -71,7 +98,8 @@ const onnx::OpSchema* GuardedSchemaRegistry::GetSchema(const std::string& key, c
   std::lock_guard<std::mutex> lock(mutex_);
   std::unique_ptr<onnx::OpSchema>& guarded = guarded_[schema];
   if (!guarded) {
-    const ConvFamilyOp* conv = (domain.empty() || domain == "ai.onnx") ? conv_family_op(key) : nullptr;
+    const bool default_domain = domain.empty() || domain == "ai.onnx";
+    const ConvFamilyOp* conv = default_domain ? conv_family_op(key) : nullptr;
     guarded = std::make_unique<onnx::OpSchema>(*schema);
     // Data propagation (Shape's, Gather's… partial values) reads input types the same way.
     if (schema->has_data_propagation_function())
@@ -82,9 +110,11 @@ const onnx::OpSchema* GuardedSchemaRegistry::GetSchema(const std::string& key, c
     if (schema->has_type_and_shape_inference_function()) {
       const std::optional<ConvFamilyOp> family = conv ? std::optional<ConvFamilyOp>(*conv) : std::nullopt;
       guarded->TypeAndShapeInferenceFunction(
-          [infer = schema->GetTypeAndShapeInferenceFunction(), schema, family](onnx::InferenceContext& ctx) {
+          [infer = schema->GetTypeAndShapeInferenceFunction(), schema, family,
+           default_domain](onnx::InferenceContext& ctx) {
             if (!required_inputs_typed(ctx, *schema)) return;
             if (family && !consistent(ctx, *family)) return;
+            if (default_domain && !ranks_as_required(ctx, schema->Name())) return;
             infer(ctx);
           });
     }

@@ -893,10 +893,19 @@ class Importer {
     check_conv_family();
   }
 
-  // The checks GuardedSchemaRegistry makes before ONNX infers a conv or pool node, made again on what inference
-  // learned, so a node whose ranks or attribute lengths disagree is named instead of silently left unknown.
+  // The checks GuardedSchemaRegistry makes before ONNX infers a node (required ranks, a conv or pool node's ranks and
+  // attribute lengths), made again on what inference learned, so such a node is named instead of left unknown.
   void check_conv_family() {
     for (const Task& t : graph().tasks()) {
+      for (size_t i = 0; t.domain.empty() && i < t.inputs.size(); ++i) {
+        const int want = required_rank(t.op_type, i);
+        if (want < 0 || !t.inputs[i].valid() || !graph().value(t.inputs[i]).shape_known) continue;
+        const Value& in = graph().value(t.inputs[i]);
+        if (static_cast<int>(in.shape.size()) != want)
+          throw InvalidModel("node " + quote(t.name) + " (" + t.op_type + "): input " + quote(in.name) + " has rank " +
+                             std::to_string(in.shape.size()) + " (" + shape_string(in.shape) + "); " + t.op_type +
+                             " takes rank " + std::to_string(want) + " there; re-export the model or fix the node");
+      }
       const ConvFamilyOp* op = t.domain.empty() ? conv_family_op(t.op_type) : nullptr;
       if (op == nullptr || t.inputs.empty() || !t.inputs[0].valid()) continue;
       const Value& x = graph().value(t.inputs[0]);

@@ -163,6 +163,14 @@ TEST(TheImporter, PlansAShapeOfACustomOpsOutputWithoutCrashingInOnnx) {
   EXPECT_EQ(m.graph.num_tasks(), 2u);
 }
 
+// ONNX 1.12's Gemm inference reads B's dim 1 whatever B's rank (found by fuzz/import.cpp on a Gemm-6).
+TEST(TheImporter, NamesAGemmWhoseOperandIsNotAMatrixInsteadOfCrashingInOnnx) {
+  OnnxBuilder b(6, 3);
+  b.input("a", {2, 3}).input("b", {4}).input("c", {4}).output("y");
+  b.node("Gemm", {"a", "b", "c"}, {"y"}, "gemm");
+  EXPECT_NE(import_error(b).find("node 'gemm' (Gemm): input 'b' has rank 1"), std::string::npos) << import_error(b);
+}
+
 TEST(TheImporter, RefusesAGraphInputWithoutAType) {
   OnnxBuilder b(15);
   b.graph().add_input()->set_name("x");

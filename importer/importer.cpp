@@ -890,45 +890,30 @@ class Importer {
                    infos->end());
       if (model_.ir_version() < 4) model_.set_ir_version(4);  // initializers that are not inputs
     }
-    check_conv_family();
+    name_inference_hazards();
   }
 
-  // The checks GuardedSchemaRegistry makes before ONNX infers a node (required ranks, a conv or pool node's ranks and
-  // attribute lengths), made again on what inference learned, so such a node is named instead of left unknown.
-  void check_conv_family() {
+  // The checks GuardedSchemaRegistry makes before ONNX infers a node (inference_hazard), made again on what inference
+  // learned, so such a node is named instead of left unknown.
+  void name_inference_hazards() {
     for (const Task& t : graph().tasks()) {
-      for (size_t i = 0; t.domain.empty() && i < t.inputs.size(); ++i) {
-        const int want = required_rank(t.op_type, i);
-        if (want < 0 || !t.inputs[i].valid() || !graph().value(t.inputs[i]).shape_known) continue;
-        const Value& in = graph().value(t.inputs[i]);
-        if (static_cast<int>(in.shape.size()) != want)
-          throw InvalidModel("node " + quote(t.name) + " (" + t.op_type + "): input " + quote(in.name) + " has rank " +
-                             std::to_string(in.shape.size()) + " (" + shape_string(in.shape) + "); " + t.op_type +
-                             " takes rank " + std::to_string(want) + " there; re-export the model or fix the node");
-      }
-      const ConvFamilyOp* op = t.domain.empty() ? conv_family_op(t.op_type) : nullptr;
-      if (op == nullptr || t.inputs.empty() || !t.inputs[0].valid()) continue;
-      const Value& x = graph().value(t.inputs[0]);
-      if (!x.shape_known) continue;
-      const auto fail = [&](const std::string& what) {
-        throw InvalidModel("node " + quote(t.name) + " (" + t.op_type + "): " + what + " (input " + quote(x.name) +
-                           " is " + shape_string(x.shape) + "); re-export the model or fix the node");
+      if (!t.domain.empty()) continue;
+      const auto known = [&](size_t i) {
+        return i < t.inputs.size() && t.inputs[i].valid() && graph().value(t.inputs[i]).shape_known;
       };
-      const int64_t rank = static_cast<int64_t>(x.shape.size());
-      if (rank < 2) fail("its input needs at least 2 dims (batch and channels)");
-      if (op->weight >= 0 && static_cast<size_t>(op->weight) < t.inputs.size() && t.inputs[op->weight].valid()) {
-        const Value& w = graph().value(t.inputs[op->weight]);
-        if (w.shape_known && w.shape.size() != x.shape.size())
-          fail("its weight " + quote(w.name) + " has rank " + std::to_string(w.shape.size()) + " (" +
-               shape_string(w.shape) + ") but its input has rank " + std::to_string(rank) + "; they must agree");
-      }
-      for (const char* name : {"kernel_shape", "strides", "dilations", "output_padding", "output_shape", "pads"}) {
+      NodeShapes node;
+      node.inputs = t.inputs.size();
+      node.rank = [&](size_t i) { return known(i) ? static_cast<int>(graph().value(t.inputs[i]).shape.size()) : -1; };
+      node.ints_length = [&](const char* name) {
         const Attribute* a = t.attr(name);
-        const int64_t want = std::string_view(name) == "pads" ? 2 * (rank - 2) : rank - 2;
-        if (a != nullptr && static_cast<int64_t>(a->ints.size()) != want)
-          fail("attribute " + std::string(name) + " has " + std::to_string(a->ints.size()) + " values, not the " +
-               std::to_string(want) + " its input's " + std::to_string(rank - 2) + " spatial dims need");
-      }
+        return a == nullptr ? -1 : static_cast<int>(a->ints.size());
+      };
+      node.name = [&](size_t i) { return quote(graph().value(t.inputs[i]).name); };
+      node.shape = [&](size_t i) { return shape_string(graph().value(t.inputs[i]).shape); };
+      const std::string hazard = inference_hazard(t.op_type, node);
+      if (!hazard.empty())
+        throw InvalidModel("node " + quote(t.name) + " (" + t.op_type + "): " + hazard +
+                           "; re-export the model or fix the node");
     }
   }
 

@@ -18,10 +18,7 @@ using apart::testing::OnnxBuilder;
 using apart::testing::TempDir;
 using json = nlohmann::json;
 
-// `apart ARGS` under a 120 s timeout, so a regression that hangs fails instead of stalling the suite.
-CommandRun run(const std::string& args) {
-  return apart::testing::run_command("timeout 120 " + std::string(APART_BINARY) + " " + args + " 2>&1");
-}
+CommandRun run(const std::string& args) { return apart::testing::run_apart_bounded(args); }
 
 std::string mlp(const TempDir& dir) { return apart::testing::write_tiny_mlp(dir / "m.onnx"); }
 

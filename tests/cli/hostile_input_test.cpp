@@ -357,8 +357,7 @@ TEST_P(HostileInput, Refuses) {
   const std::string args = c.setup(dir);
   const std::set<fs::path> before = entries(dir.path());
   // A FIFO opened for reading would block: the timeout turns such a hang into a failure (exit 124).
-  const CommandRun r =
-      apart::testing::run_command(c.shell + "timeout 120 " + std::string(APART_BINARY) + " " + args + " 2>&1 </dev/null");
+  const CommandRun r = apart::testing::run_apart_bounded(args, c.shell);
   EXPECT_EQ(r.code, c.code) << r.out;
   EXPECT_NE(r.out.find("apart: error ["), std::string::npos) << "not a typed error: " << r.out;
   EXPECT_NE(r.out.find(c.message), std::string::npos) << "expected '" << c.message << "' in: " << r.out;

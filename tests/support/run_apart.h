@@ -30,4 +30,10 @@ inline CommandRun run_apart(const std::string& args, bool with_stderr = true) {
   return run_command(std::string(APART_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
+// `apart <args>` with stderr joined and stdin from /dev/null, under `timeout 120`, so a regression that hangs fails
+// (exit 124) instead of stalling the suite. `shell` runs first in the same shell (limits such as `ulimit -f`).
+inline CommandRun run_apart_bounded(const std::string& args, const std::string& shell = "") {
+  return run_command(shell + "timeout 120 " + std::string(APART_BINARY) + " " + args + " 2>&1 </dev/null");
+}
+
 }  // namespace apart::testing

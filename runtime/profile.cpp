@@ -34,6 +34,7 @@
 #include "runtime/data.h"
 #include "runtime/executor.h"
 #include "runtime/half_precision.h"
+#include "runtime/trainer.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -58,30 +59,6 @@ std::string forward_scope_of(const std::string& name) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Values do not change kernel times (no data-dependent paths besides NaN/denormals), so any finite,
-// well-scaled values do: N(0, 0.02) for matrices, ones for 1-D scales, zeros for other 1-D params.
-void randomize_params(onnx::ModelProto& proto, uint64_t seed) {
-  for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
-    if (init.data_type() != onnx::TensorProto::FLOAT) continue;
-    int64_t n = 1;
-    for (int64_t d : init.dims()) n *= d;
-    std::vector<float> values(static_cast<size_t>(n), 0.0f);
-    if (init.dims_size() >= 2) {
-      std::mt19937_64 rng(seed ^ std::hash<std::string>{}(init.name()));
-      std::normal_distribution<float> normal(0.0f, 0.02f);
-      for (float& v : values) v = normal(rng);
-    } else {
-      const std::string& nm = init.name();
-      const bool scale = nm.size() >= 5 && (nm.ends_with("weight") || nm.ends_with("scale") || nm.ends_with("gamma"));
-      std::fill(values.begin(), values.end(), scale ? 1.0f : 0.0f);
-    }
-    init.clear_float_data();
-    init.clear_external_data();
-    init.clear_data_location();
-    init.set_raw_data(values.data(), values.size() * sizeof(float));
-  }
-}
 
 bool has_scalar_float_output(const TaskGraph& g) {
   for (ValueId v : g.graph_outputs()) {
@@ -248,6 +225,8 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
 
   const fs::path path(model.path);
   onnx::ModelProto forward = load_model_proto(path, import);  // node indices as the task graph's
+  // Values do not change kernel times (no data-dependent paths besides NaN/denormals), so apart train's random
+  // init serves: finite, well-scaled, and float32 masters for a half model's initializers.
   if (options.random_params) randomize_params(forward, options.seed);
   widen_half_precision(forward, path.parent_path());  // a float16/bfloat16 model trains in float32, as in apart train
   // The training graph's inputs have static shapes already (binding dims again would be refused).

@@ -205,5 +205,17 @@ TEST(ApartRun, TrainsAHalfPrecisionPlanWithApartTrainsLosses) {
   }
 }
 
+// apart profile --init random draws float32 masters for a half model's initializers as apart train does (one
+// randomize_params), so a graph-only float16 export (weights declared, not shipped) profiles.
+TEST(ApartProfile, MeasuresAGraphOnlyHalfPrecisionModelWithRandomWeights) {
+  TempDir dir;
+  const std::string model = dir.file("half.onnx").string();
+  ASSERT_EQ(testing::run_apart("zoo gpt-tiny --dtype fp16 --weights none -q -o " + model).code, 0);
+  const auto r = testing::run_apart("profile " + model + " --init random --batch 2 --warmup 1 --repeats 1 -q -o " +
+                                    dir.file("costs.json").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("costs.json")));
+}
+
 }  // namespace
 }  // namespace apart

@@ -355,6 +355,12 @@ class StageRunner {
   // replica holds only its pieces. No-ops below ZeRO-3.
   void gather_params(const Executor& pass);
   void release_params();
+  // The elements of bucket b's flat buffer: its params', padded to a multiple of the replicas when it is sharded.
+  int64_t flat_length(const Bucket& b) const {
+    int64_t n = 0;
+    for (size_t p : b.params) n += param_elements_[p];
+    return b.sharded ? sharded_bucket_length(n, replicas_ ? replicas_->size() : 1) : n;
+  }
   // ZeRO-3 empties this param's tensors between passes: a param of a sharded bucket.
   bool sharded_between_uses(size_t param) const { return zero_ >= 3 && buckets_[bucket_of_[param]].sharded; }
   StepRecord optimizer_step(int64_t step);
@@ -588,13 +594,8 @@ void StageRunner::build_buckets_and_optimizer() {
     bucket_of_[i] = *current;
     filled[*current] += static_cast<double>(param_elements_[i]) * 4;  // float32
   }
-  const int replicas = replicas_ ? replicas_->size() : 1;
-  for (Bucket& b : buckets_) {
-    int64_t n = 0;
-    for (size_t i : b.params) n += param_elements_[i];
-    if (b.sharded) n = sharded_bucket_length(n, replicas);
-    if (zero_ < 2 || !b.sharded) b.hold(n);  // ZeRO-2/3 hold their sharded buckets only while they reduce
-  }
+  for (Bucket& b : buckets_)
+    if (zero_ < 2 || !b.sharded) b.hold(flat_length(b));  // ZeRO-2/3 hold their sharded buckets only while they reduce
 
   if (zero_ == 0) {
     step_names_ = param_names_;
@@ -604,7 +605,7 @@ void StageRunner::build_buckets_and_optimizer() {
   } else {
     std::vector<std::vector<size_t>> bucket_params;
     for (const Bucket& b : buckets_) bucket_params.push_back(b.sharded ? b.params : std::vector<size_t>{});
-    pieces_ = owned_pieces(bucket_params, param_elements_, replicas, replicas_->rank());
+    pieces_ = owned_pieces(bucket_params, param_elements_, replicas_->size(), replicas_->rank());
     for (const ShardPiece& piece : pieces_) {
       const Tensor& p = *params_[piece.param];
       if (zero_ >= 3) {  // storage of its own: the whole param is emptied below
@@ -735,11 +736,7 @@ void StageRunner::accumulate_gradient(const std::string& name, const Tensor& val
   const size_t i = it->second;
   Bucket& b = buckets_[bucket_of_[i]];
   if (zero_ >= 2 && b.sharded) {  // ZeRO-2/3: each micro-batch's gradient goes straight into its bucket
-    if (b.ready == 0) {
-      int64_t n = 0;
-      for (size_t p : b.params) n += param_elements_[p];
-      b.hold(sharded_bucket_length(n, replicas_->size()));
-    }
+    if (b.ready == 0) b.hold(flat_length(b));
     size_t at = 0;
     for (size_t p : b.params) {
       if (p == i) break;
@@ -966,9 +963,7 @@ void StageRunner::allgather_params(const std::vector<bool>& wanted) {
     if (zero_ == 1) {
       g.flat = b.flat;  // ZeRO-1 keeps its buckets' buffers (idle after the step): the gather reuses them
     } else {  // ZeRO-2/3 hold none between reductions (and a ZB-H1 bucket may be filling while W gathers)
-      int64_t n = 0;
-      for (size_t p : b.params) n += param_elements_[p];
-      g.flat = Tensor(DType::kFloat32, {sharded_bucket_length(n, replicas_->size())});  // zero padding
+      g.flat = Tensor(DType::kFloat32, {flat_length(b)});  // zero padding
     }
     for (size_t k = 0; k < pieces_.size(); ++k)
       if (pieces_[k].bucket == index)

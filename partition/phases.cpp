@@ -637,7 +637,7 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
     const Candidate& c = candidates[i];
     if (c.solution.schedule != Schedule::k1F1B || c.solution.stages < 2) continue;
     pipelined.push_back(i);
-    const std::vector<StageLinks> links = placed_links(c.placement, c.evaluator->cluster());
+    const std::vector<StageLinks>& links = c.links;
     if (auto v = rescheduled(c, links, Schedule::kZbH1, 1, o.stage)) variants.push_back(std::move(*v));
     if (c.solution.microbatches % c.solution.stages != 0) continue;  // Megatron-LM's order: m a multiple of S
     const uint32_t fewest = fewest_components(c);
@@ -761,7 +761,8 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
   Plan plan;
   plan.options = o;
   plan.tensor_parallel = atomic.tensor_parallel;
-  plan.layout = chosen.placement.layout;
+  const Placement placement = chosen.placement();
+  plan.layout = placement.layout;
   plan.microbatches = best.microbatches;
   plan.microbatch_size = batch / best.microbatches;
   plan.schedule = best.schedule;
@@ -806,7 +807,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
     PlanStage st;
     st.id = StageId(static_cast<uint32_t>(s));
     st.replicas = best.replicas[s];
-    st.devices = chosen.placement.devices[s];
+    st.devices = placement.devices[s];
     for (uint32_t t : tasks_of[s]) {
       st.tasks.push_back(TaskId(t));
       if (!graph.task(TaskId(t)).constant) ++st.batch_tasks;

@@ -18,18 +18,21 @@ Candidate place_candidate(StageSolution solution, std::shared_ptr<const BlockSeq
                           std::shared_ptr<const BlockAssignment> assignment,
                           std::shared_ptr<const StageEvaluator> evaluator, std::string source) {
   Candidate c;
-  c.placement = place_stages(solution.replicas, evaluator->cluster(), evaluator->layout(), solution.stage_tp);
-  const std::vector<StageLinks> links = placed_links(c.placement, evaluator->cluster());
-  APART_CHECK(evaluate_solution(*evaluator, solution, links), "placing a stage changed whether it fits memory");
   c.solution = std::move(solution);
   c.sequence = std::move(sequence);
   c.assignment = std::move(assignment);
   c.evaluator = std::move(evaluator);
   c.source = std::move(source);
+  c.links = placed_links(c.placement(), c.evaluator->cluster());
+  APART_CHECK(evaluate_solution(*c.evaluator, c.solution, c.links), "placing a stage changed whether it fits memory");
   return c;
 }
 
-sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
+Placement Candidate::placement() const {
+  return place_stages(solution.replicas, evaluator->cluster(), evaluator->layout(), solution.stage_tp);
+}
+
+sim::SimPlan candidate_sim_plan(const Candidate& candidate, bool devices) {
   const StageSolution& sol = candidate.solution;
   const StageEvaluator& ev = *candidate.evaluator;
   const TrainingSpec& training = ev.training();
@@ -45,13 +48,14 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate) {
   std::vector<int> stage_of_block(ev.blocks(), 0);
   for (int s = 0; s < sol.stages; ++s)
     for (uint32_t b = sol.boundaries[s]; b < sol.boundaries[s + 1]; ++b) stage_of_block[b] = s;
+  const Placement placement = devices ? candidate.placement() : Placement{};
   for (int s = 0; s < sol.stages; ++s) {
     const StageCost& c = sol.costs[s];
     sim::SimStage st;
     st.id = s;
     st.replicas = sol.replicas[s];
     st.tp = sol.tp_of(s);
-    st.devices = candidate.placement.devices[s];
+    if (devices) st.devices = placement.devices[s];
     st.forward_s = c.forward_s;
     st.backward_s = c.backward_s - c.recompute_s;
     st.recompute = sol.recomputes(s);
@@ -98,7 +102,9 @@ namespace {
 // before) the schedule's op order gives more: stage s does w warm-up forwards (1F1B: min(S − s, m); GPipe: m) and then cannot start its
 // first backward before micro-batch 0 has gone down the whole pipeline and back up to it; after its last backward
 // the gradient still has to travel back to stage 0, whose all-reduce and step follow.
-double lower_bound(const sim::SimPlan& plan) {
+// `links`: per stage, the placed links (Candidate::links); the transfer from stage s − 1 to s runs on links[s].previous,
+// Cluster::link_between_groups of their devices, which the plan then need not list.
+double lower_bound(const sim::SimPlan& plan, std::span<const StageLinks> links) {
   const int64_t m = plan.training.microbatches;
   const size_t stages = plan.stages.size();
   std::vector<double> f(stages), b(stages), exposed(stages), d(stages, 0.0);  // d[s]: transfer s−1 → s
@@ -115,8 +121,7 @@ double lower_bound(const sim::SimPlan& plan) {
     for (const sim::SimInput& in : plan.stages[s].inputs)
       if (in.from_stage == static_cast<int>(s) - 1) from_previous = &in;
     if (!from_previous) return bound;
-    const Link& link = plan.cluster.link_between_groups(plan.stages[s - 1].devices, plan.stages[s].devices);
-    d[s] = transfer_time(link, from_previous->bytes);
+    d[s] = transfer_time(links[s].previous, from_previous->bytes);
   }
   // Interleaved: each device's first op is chunk 0 of micro-batch 0 and its last the backward of chunk 0 of the
   // last micro-batch (schedule.cpp), each chunk 1/v of the stage; so device s starts no earlier than micro-batch 0's
@@ -153,18 +158,16 @@ double lower_bound(const sim::SimPlan& plan) {
 
 }  // namespace
 
-double simulated_lower_bound(const Candidate& candidate) { return lower_bound(candidate_sim_plan(candidate)); }
+double simulated_lower_bound(const Candidate& candidate) {
+  return lower_bound(candidate_sim_plan(candidate, false), candidate.links);
+}
 
 Selection select_by_simulation(const std::vector<Candidate>& candidates, int max_simulations,
                                std::chrono::steady_clock::time_point deadline, int threads) {
   APART_CHECK(!candidates.empty(), "no candidate to select from");
-  std::vector<sim::SimPlan> plans;
-  std::vector<double> bounds;
-  plans.reserve(candidates.size());
-  for (const Candidate& c : candidates) {
-    plans.push_back(candidate_sim_plan(c));
-    bounds.push_back(lower_bound(plans.back()));
-  }
+  // The bounds of all, on `threads`; the simulator's plans (with every device listed) only of those replayed.
+  std::vector<double> bounds(candidates.size());
+  run_indexed(candidates.size(), threads, [&](size_t i) { bounds[i] = simulated_lower_bound(candidates[i]); });
   // Best first by lower bound (ties by estimate, then by index): every candidate whose bound is below the least
   // simulated time has to be replayed in any order, and this order replays no other but for the second of a batch.
   std::vector<size_t> order(candidates.size());
@@ -189,7 +192,7 @@ Selection select_by_simulation(const std::vector<Candidate>& candidates, int max
       const int started = best.stats.simulated + static_cast<int>(batch.size());
       const bool capped = max_simulations > 0 && started >= max_simulations;
       // A candidate too big to replay (simulate.h) keeps its analytic estimate once another one was replayed.
-      const bool too_big = sim::simulated_operations(plans[i], 1) > limits::kMaxSimulatedOps;
+      const bool too_big = sim::simulated_operations(candidate_sim_plan(candidates[i], false), 1) > limits::kMaxSimulatedOps;
       if (started > 0 && (capped || too_big || std::chrono::steady_clock::now() > deadline)) {
         ++best.stats.not_simulated;
         continue;
@@ -197,7 +200,7 @@ Selection select_by_simulation(const std::vector<Candidate>& candidates, int max
       batch.push_back(i);
     }
     std::vector<sim::SimResult> results(batch.size());
-    run_indexed(batch.size(), threads, [&](size_t k) { results[k] = sim::simulate(plans[batch[k]]); });
+    run_indexed(batch.size(), threads, [&](size_t k) { results[k] = sim::simulate(candidate_sim_plan(candidates[batch[k]])); });
     for (size_t k = 0; k < batch.size(); ++k) {
       ++best.stats.simulated;
       if (results[k].iteration_s < best_s * (1 - 1e-12)) {

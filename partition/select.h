@@ -17,11 +17,14 @@ namespace apart {
 
 struct Candidate {
   StageSolution solution;  // costs and estimate with the placement's links
-  Placement placement;
+  std::vector<StageLinks> links;  // per stage, the placed links (placed_links of placement())
   std::shared_ptr<const BlockSequence> sequence;
   std::shared_ptr<const BlockAssignment> assignment;
   std::shared_ptr<const StageEvaluator> evaluator;
   std::string source;  // which split it came from: "apart", "uniform", "params", "gpipe-balance", …
+  // Where its stages run: place_stages of its replicas and degrees by its evaluator's layout, computed again when
+  // asked (a placement on many devices lists every one; of thousands of candidates, a few are replayed).
+  Placement placement() const;
 };
 
 // Places a DP solution on devices by the evaluator's layout and re-costs it with the placed links.
@@ -30,9 +33,10 @@ Candidate place_candidate(StageSolution solution, std::shared_ptr<const BlockSeq
                           std::shared_ptr<const BlockAssignment> assignment,
                           std::shared_ptr<const StageEvaluator> evaluator, std::string source);
 
-// The candidate as the simulator's plan: stage times, all-reduce, memory, and the boundary bytes between each
-// pair of stages (per micro-batch of one replica of the receiver, at the run's activation precision).
-sim::SimPlan candidate_sim_plan(const Candidate& candidate);
+// The candidate as the simulator's plan: stage times, all-reduce, memory, the devices, and the boundary bytes between
+// each pair of stages (per micro-batch of one replica of the receiver, at the run's activation precision).
+// Without `devices` the stages' device lists stay empty (what the lower bound reads needs none of them).
+sim::SimPlan candidate_sim_plan(const Candidate& candidate, bool devices = true);
 
 // A bound the simulated iteration time cannot go under: each stage's serial work (m micro-batches of forward and
 // backward, then its exposed all-reduce), and, when the stages form a chain, the schedule's warm-up, micro-batch

@@ -356,4 +356,48 @@ PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int6
   return e;
 }
 
+void StageReplacementEstimate::TopTwo::add(double value, size_t index) {
+  if (index == 0 || value > first) {
+    second = index == 0 ? 0.0 : first;
+    first = value;
+    at = index;
+  } else if (value > second) {
+    second = value;
+  }
+}
+
+StageReplacementEstimate::StageReplacementEstimate(std::span<const StageCost> stages, int64_t microbatches,
+                                                   Schedule schedule, int chunks)
+    : microbatches_(microbatches), schedule_(schedule), chunks_(chunks),
+      closed_form_(schedule == Schedule::kGPipe || schedule == Schedule::k1F1B) {
+  if (!closed_form_) {
+    scratch_.assign(stages.begin(), stages.end());
+    return;
+  }
+  for (size_t s = 0; s < stages.size(); ++s) {
+    steps_.push_back(stages[s].step_s);
+    sum_steps_ += stages[s].step_s;
+    step_.add(stages[s].step_s, s);
+    allreduce_.add(stages[s].allreduce_exposed_s, s);
+    optimizer_.add(stages[s].optimizer_s, s);
+  }
+}
+
+double StageReplacementEstimate::iteration_s(size_t stage, const StageCost& replacement) {
+  if (!closed_form_) {
+    const StageCost kept = scratch_[stage];
+    scratch_[stage] = replacement;
+    const double t = estimate_iteration_time(scratch_, microbatches_, schedule_, chunks_).iteration_s;
+    scratch_[stage] = kept;
+    return t;
+  }
+  // estimate_iteration_time's GPipe/1F1B lines with stage `stage` replaced: (m − 1) · max step + Σ steps + max
+  // exposed all-reduce + max optimizer step.
+  const double max_step = std::max(step_.without(stage), replacement.step_s);
+  const double pipeline =
+      static_cast<double>(microbatches_ - 1) * max_step + (sum_steps_ - steps_[stage] + replacement.step_s);
+  return pipeline + std::max(allreduce_.without(stage), replacement.allreduce_exposed_s) +
+         std::max(optimizer_.without(stage), replacement.optimizer_s);
+}
+
 }  // namespace apart

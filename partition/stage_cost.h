@@ -164,4 +164,30 @@ struct PipelineEstimate {
 PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule,
                                          int chunks = 1);
 
+// estimate_iteration_time(stages with one stage's cost replaced).iteration_s, for the many trials of
+// spend_leftover_devices (stage_dp.h): O(1) per trial under GPipe and 1F1B, from the sum of the steps and the top two
+// of each maximum the formula takes (equal to the full formula up to the rounding of that sum), the full formula
+// otherwise (interleaved and ZB-H1 read which stage is first, last or the bottleneck).
+class StageReplacementEstimate {
+ public:
+  StageReplacementEstimate(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule, int chunks);
+  double iteration_s(size_t stage, const StageCost& replacement);
+
+ private:
+  struct TopTwo {  // the largest value (first index on ties) and the largest at any other index
+    double first = 0, second = 0;
+    size_t at = 0;
+    void add(double value, size_t index);
+    double without(size_t index) const { return index == at ? second : first; }
+  };
+  int64_t microbatches_;
+  Schedule schedule_;
+  int chunks_;
+  bool closed_form_;
+  double sum_steps_ = 0;
+  std::vector<double> steps_;
+  TopTwo step_, allreduce_, optimizer_;
+  std::vector<StageCost> scratch_;  // the full formula's copy (interleaved, ZB-H1)
+};
+
 }  // namespace apart

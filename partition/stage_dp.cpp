@@ -608,7 +608,8 @@ void StageDp::spend_leftover_devices(StageSolution& solution, StageRecompute rec
 
 void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) const {
   if (candidates_.size() < 2) return;
-  // Only the changed stage is re-evaluated; the estimate is recomputed from the cached stage costs. A stage's trial
+  // Only the changed stage is re-evaluated; each trial's estimate is O(1) from the current costs' sums and maxima
+  // (StageReplacementEstimate) under GPipe and 1F1B. A stage's trial
   // (its next replica candidate, the first variant that fits there) depends on that stage alone, so it is kept
   // until the stage changes.
   struct Trial {
@@ -618,9 +619,9 @@ void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) 
     StageCost cost;
   };
   std::vector<Trial> trials(static_cast<size_t>(solution.stages));
-  std::vector<StageCost> trial_costs = solution.costs;
   for (;;) {
     const int used = solution.devices_used();
+    StageReplacementEstimate replaced(solution.costs, microbatches_, schedule_, chunks_);
     double best_time = solution.estimate.iteration_s;
     int best_stage = -1;
     for (int s = 0; s < solution.stages; ++s) {
@@ -646,9 +647,7 @@ void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) 
         }
       }
       if (!trial.fits) continue;
-      trial_costs[s] = trial.cost;
-      const double t = estimate_iteration_time(trial_costs, microbatches_, schedule_, chunks_).iteration_s;
-      trial_costs[s] = solution.costs[s];
+      const double t = replaced.iteration_s(static_cast<size_t>(s), trial.cost);
       // Strictly better by a margin, so float noise cannot make the choice depend on evaluation order.
       if (t < best_time * (1 - 1e-12)) {
         best_time = t;
@@ -661,7 +660,6 @@ void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) 
     if (view.where_needed) solution.stage_recompute[best_stage] = best.variant.recompute;
     if (zero_.automatic) solution.stage_zero[best_stage] = best.variant.zero;
     solution.costs[best_stage] = best.cost;
-    trial_costs[best_stage] = best.cost;
     best.known = false;
     solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_, chunks_);
   }

@@ -29,6 +29,46 @@ std::vector<StageCost> equal_stages(int stages, double compute_s, double transfe
   return costs;
 }
 
+TEST(AStageReplacementEstimate, EqualsTheFullEstimateWithThatStageReplacedUnderEverySchedule) {
+  // The oracle: estimate_iteration_time over a copy with the stage replaced. Random costs with ties (values from a
+  // small set), so the top-two maxima meet equal values at several stages.
+  std::mt19937 rng(11);
+  auto value = [&] { return static_cast<double>(rng() % 5) * 1e-3; };
+  auto random_cost = [&] {
+    StageCost c;
+    c.forward_s = value();
+    c.backward_weight_s = value();
+    c.backward_s = c.backward_weight_s + value();
+    c.compute_s = c.forward_s + c.backward_s;
+    c.comm_s = value() / 4;
+    c.step_s = c.compute_s + c.comm_s;
+    c.allreduce_exposed_s = value();
+    c.optimizer_s = value() / 2;
+    return c;
+  };
+  int compared = 0;
+  for (int round = 0; round < 200; ++round) {
+    const int stages = 1 + static_cast<int>(rng() % 6);
+    std::vector<StageCost> costs;
+    for (int s = 0; s < stages; ++s) costs.push_back(random_cost());
+    const int64_t m = 1 + static_cast<int64_t>(rng() % 8);
+    for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kZbH1, Schedule::kInterleaved}) {
+      const int chunks = schedule == Schedule::kInterleaved ? 2 : 1;
+      StageReplacementEstimate replaced(costs, m, schedule, chunks);
+      for (int s = 0; s < stages; ++s) {
+        const StageCost replacement = random_cost();
+        std::vector<StageCost> oracle = costs;
+        oracle[static_cast<size_t>(s)] = replacement;
+        const double expected = estimate_iteration_time(oracle, m, schedule, chunks).iteration_s;
+        EXPECT_NEAR(replaced.iteration_s(static_cast<size_t>(s), replacement), expected, 1e-12 * (1 + expected))
+            << schedule_name(schedule) << " stage " << s << " of " << stages << ", m " << m;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 1000);
+}
+
 TEST(AnInterleavedEstimate, HasMegatronsBubbleOnEqualStagesWithoutCommunication) {
   // Narayanan et al., SC'21 §2.2: the bubble is (p − 1)/(v · m) of the ideal m · T.
   const double t = 7e-3;

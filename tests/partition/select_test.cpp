@@ -209,7 +209,7 @@ TEST(ACandidateSimPlan, SendsEachBoundaryOnceToEveryLaterStageThatReadsIt) {
         in += i.bytes;
       }
       EXPECT_NEAR(in, c.solution.costs[st.id].in_bytes, 1e-6 * (1 + in));
-      EXPECT_EQ(st.devices, c.placement.devices[st.id]);
+      EXPECT_EQ(st.devices, c.placement().devices[st.id]);
     }
   }
 }

@@ -93,17 +93,18 @@ void softmax(KernelContext& ctx, bool log) {
         const int64_t base = (line / inner) * n * inner + line % inner;
         T mx = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < n; ++j) mx = std::max(mx, px[base + j * inner]);
-        T sum = 0;
+        // Summed in double, as the loss kernel does: a float running sum over a 50k vocabulary row drifts by ~1e-5.
+        double sum = 0;
         for (int64_t j = 0; j < n; ++j) {
           const T ex = std::exp(px[base + j * inner] - mx);
           py[base + j * inner] = ex;
-          sum += ex;
+          sum += static_cast<double>(ex);
         }
         if (log) {
-          const T lse = std::log(sum);
+          const T lse = static_cast<T>(std::log(sum));
           for (int64_t j = 0; j < n; ++j) py[base + j * inner] = px[base + j * inner] - mx - lse;
         } else {
-          const T inv = T(1) / sum;
+          const T inv = static_cast<T>(1.0 / sum);
           for (int64_t j = 0; j < n; ++j) py[base + j * inner] *= inv;
         }
       }

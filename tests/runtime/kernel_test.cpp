@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
+#include <string>
 
 #include "graph/error.h"
 #include "importer/importer.h"
@@ -62,6 +64,33 @@ TEST(Softmax, CoercesTo2DBeforeOpset13AndNormalisesOneAxisFrom13) {
     for (int i = 0; i < 3; ++i) column += y.data<float>()[i * 4];
     if (opset == 11) EXPECT_NEAR(first_block, 1.0, 1e-5);  // one softmax over 3×4
     else EXPECT_NEAR(column, 1.0, 1e-5);                    // one softmax per (batch, last-dim) column
+  }
+}
+
+TEST(Softmax, AndLogSoftmaxOverAVocabularyRowMatchADoublePrecisionOracleToAFewUlps) {
+  // A GPT-2 vocabulary row of logits in [-8, 8]: a float running sum of its 50,257 exponentials drifts by ~1e-5 of
+  // the sum (the CUDA kernel's tree sum does not), so the CPU kernel sums in double.
+  const int64_t n = 50257;
+  Tensor x(DType::kFloat32, {1, n});
+  std::mt19937 rng(71);
+  std::uniform_real_distribution<float> logit(-8.f, 8.f);
+  for (float& v : x.span<float>()) v = logit(rng);
+  double mx = -INFINITY, sum = 0;
+  for (float v : x.span<float>()) mx = std::max(mx, double(v));
+  for (float v : x.span<float>()) sum += std::exp(double(v) - mx);
+  for (const char* op : {"Softmax", "LogSoftmax"}) {
+    OnnxBuilder b(13);
+    b.input({"x", DType::kFloat32, {1, n}}).output({"y", DType::kFloat32, {1, n}});
+    b.node(op, {"x"}, {"y"});
+    const Tensor y = run_one(b, std::string(op) + "_vocab.onnx", {{"x", x}});
+    double diff = 0, scale = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double e = double(x.data<float>()[j]) - mx;
+      const double want = std::string(op) == "Softmax" ? std::exp(e) / sum : e - std::log(sum);
+      diff = std::max(diff, std::fabs(double(y.data<float>()[j]) - want));
+      scale = std::max(scale, std::fabs(want));
+    }
+    EXPECT_LE(diff / scale, 1e-6) << op;
   }
 }
 

@@ -14,7 +14,8 @@
 #   (default build/release/cli/apart, ranks as threads of one process; --mpi: mpirun -np 2, one process per rank)
 # Environment: ROUNDS (default 5), STEPS (default 40; step 1 is left out as warm-up), MODEL (gpt-tiny),
 #   VERBOSE=1 prints every round's whole comparison table, KINDS=all adds the plan kinds of issue 17: ZeRO-1 and
-#   ZeRO-2 data-parallel (1 stage × 2 replicas, 2 micro-batches) and ZB-H1 pipelined (2 stages, 4 micro-batches).
+#   ZeRO-2 and ZeRO-3 data-parallel (1 stage × 2 replicas, 2 micro-batches) and ZB-H1 pipelined (2 stages, 4
+#   micro-batches).
 set -euo pipefail
 apart=${1:-build/release/cli/apart}
 launch=(--in-process)
@@ -35,7 +36,8 @@ echo "apart fidelity: $model, batch $batch, $rounds rounds of $steps steps, OMP_
   "${prefix[*]:-in-process}, load average $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"
 shapes=("pipelined 2 1 4 1f1b 0" "data-parallel 1 2 1 1f1b 0")  # name stages replicas micro-batches schedule zero
 if [[ "${KINDS:-}" == all ]]; then
-  shapes+=("zero1-data-parallel 1 2 2 1f1b 1" "zero2-data-parallel 1 2 2 1f1b 2" "zb-h1-pipelined 2 1 4 zb-h1 0")
+  shapes+=("zero1-data-parallel 1 2 2 1f1b 1" "zero2-data-parallel 1 2 2 1f1b 2" "zero3-data-parallel 1 2 2 1f1b 3"
+    "zb-h1-pipelined 2 1 4 zb-h1 0")
 fi
 for ((round = 1; round <= rounds; ++round)); do
   rm -f "$dir"/costs_*.json

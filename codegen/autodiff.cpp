@@ -223,6 +223,7 @@ const std::map<std::string, GradRule, std::less<>>& registered_rules() {
     register_reduce_rules();
     register_shape_rules();
     register_conv_rules();
+    register_tensor_parallel_rules();
     return true;
   }();
   (void)kRegistered;
@@ -444,6 +445,12 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
     if (m.shape_known) set_value_info(in, in.name(), m);
   }
   for (int i = 0; i < g.node_size(); ++i) prepare_forward_node(*g.mutable_node(i), i, options, fg, result.state_updates);
+  // Outputs of ai.apart forward nodes (the tensor-parallel collectives) keep their types: ONNX infers none for them.
+  for (const auto& n : g.node()) {
+    if (n.domain() != autodiff::kApartDomain) continue;
+    for (const auto& o : n.output())
+      if (!o.empty() && meta(o).shape_known) set_value_info(*g.add_value_info(), o, meta(o));
+  }
 
   Emitter e(g, opset);
   std::unordered_map<std::string, std::vector<std::string>> contributions;
@@ -488,7 +495,9 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
     }
     if (!any_want) continue;
     const std::string node_name = n.name().empty() ? n.op_type() + "_" + std::to_string(*it) : n.name();
-    auto rule = n.domain().empty() || n.domain() == "ai.onnx" ? rule_table.find(n.op_type()) : rule_table.end();
+    auto rule = n.domain().empty() || n.domain() == "ai.onnx" ? rule_table.find(n.op_type())
+                : n.domain() == autodiff::kApartDomain ? rule_table.find(n.domain() + "." + n.op_type())
+                                                       : rule_table.end();
     if (rule == rule_table.end())
       throw Unsupported("autodiff: node " + quote(node_name) + ": op " + (n.domain().empty() ? "" : n.domain() + ".") + n.op_type() +
                         " has no gradient rule (docs/autodiff.md lists the ops with one)");

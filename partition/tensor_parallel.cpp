@@ -556,6 +556,7 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
     struct Group {
       std::vector<TaskId> tasks, columns, rows;
       std::vector<ValueId> gathered, sliced, loss_scores;
+      std::vector<std::pair<ValueId, int>> split_values;
       bool embedding = false, failed = false;
       int64_t heads = 0, units = 0;
       ValueId partial;
@@ -590,6 +591,7 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
         continue;
       }
       gr.units = gcd_add(gr.units, value.shape[static_cast<size_t>(s.axis)]);
+      gr.split_values.emplace_back(ValueId(static_cast<uint32_t>(v)), s.axis);
       if (outputs.count(static_cast<uint32_t>(v)) > 0) gr.gathered.push_back(ValueId(static_cast<uint32_t>(v)));
     }
 
@@ -658,6 +660,7 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
       region.name = region_name(graph, key);
       region.heads = gr.heads;
       region.sliced_inputs = gr.sliced;
+      region.split_values = gr.split_values;
       std::set<uint32_t> seen;
       for (TaskId c : gr.columns) {
         const ValueId x = graph.task(c).inputs[0];

@@ -96,6 +96,8 @@ struct TpRegion {
   std::vector<TaskId> core_tasks;
   // Params and constants read sliced along the split axis (a column linear's bias, T5's position bias).
   std::vector<ValueId> sliced_inputs;
+  // Every value of the region each rank holds a slice of, with the axis split (what codegen shards by), by value id.
+  std::vector<std::pair<ValueId, int>> split_values;
   // Other regions reading the same weight param (a tied LM head and its embeddings), by index into regions.
   std::vector<size_t> shares_weight_with;
   bool tied() const { return !shares_weight_with.empty(); }

@@ -138,14 +138,25 @@ ordered search_json(const PlanSearch& s) {
 
 ordered tensor_parallel_json(const PlanTensorParallel& tp) {
   ordered regions = ordered::array();
-  for (const PlanTpRegion& r : tp.regions)
-    regions.push_back({{"kind", tp_region_kind_name(r.kind)},
-                       {"name", r.name},
-                       {"tasks", r.tasks},
-                       {"degrees", r.degrees},
-                       {"bounded_by", r.bounded_by},
-                       {"end_value", r.end_value},
-                       {"end_bytes_per_sample", r.end_bytes_per_sample}});
+  for (const PlanTpRegion& r : tp.regions) {
+    ordered region = {{"kind", tp_region_kind_name(r.kind)},
+                      {"name", r.name},
+                      {"tasks", r.tasks},
+                      {"degrees", r.degrees},
+                      {"bounded_by", r.bounded_by},
+                      {"end_value", r.end_value},
+                      {"end_bytes_per_sample", r.end_bytes_per_sample}};
+    if (r.has_shard_layout()) {
+      region["column_tasks"] = r.column_tasks;
+      region["row_tasks"] = r.row_tasks;
+      region["inputs"] = r.inputs;
+      region["sliced_inputs"] = r.sliced_inputs;
+      ordered split = ordered::array();
+      for (const PlanTpRegion::SplitValue& v : r.split_values) split.push_back({{"value", v.value}, {"axis", v.axis}});
+      region["split_values"] = split;
+    }
+    regions.push_back(std::move(region));
+  }
   return {{"summary", tp.summary}, {"regions", regions}};
 }
 
@@ -472,6 +483,26 @@ void read_tensor_parallel(const Readers& rs, const json& j, PlanDocument& plan) 
     region.bounded_by = r.optional_string(rj, p, "bounded_by").value_or("");
     region.end_value = r.optional_string(rj, p, "end_value").value_or("");
     region.end_bytes_per_sample = r.optional_bytes(rj, p, "end_bytes_per_sample").value_or(0.0);
+    auto names = [&](const char* key, std::vector<std::string>& into) {
+      if (!rj.contains(key)) return;
+      const json& aj = r.array(rj, p, key);
+      for (size_t k = 0; k < aj.size(); ++k) {
+        if (!aj[k].is_string()) r.fail(p + key + "[" + std::to_string(k) + "]", "must be a string");
+        into.push_back(aj[k].get<std::string>());
+      }
+    };
+    names("column_tasks", region.column_tasks);
+    names("row_tasks", region.row_tasks);
+    names("inputs", region.inputs);
+    names("sliced_inputs", region.sliced_inputs);
+    if (rj.contains("split_values")) {
+      const json& sj = r.array(rj, p, "split_values");
+      for (size_t k = 0; k < sj.size(); ++k) {
+        const std::string f = p + "split_values[" + std::to_string(k) + "].";
+        if (!sj[k].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
+        region.split_values.push_back({r.string(sj[k], f, "value"), static_cast<int>(r.integer(sj[k], f, "axis", 0, 64))});
+      }
+    }
     tp.regions.push_back(std::move(region));
   }
   plan.tensor_parallel = std::move(tp);

@@ -157,6 +157,19 @@ struct PlanTpRegion {
   std::string bounded_by;           // what the degrees divide: "12 heads", "3072 ffn features"
   std::string end_value;            // the value all-reduced (all-gathered, or fed to the vocabulary-parallel loss) at its end
   double end_bytes_per_sample = 0;  // what that collective carries per sample
+  // What codegen needs to shard a stage holding the region (codegen/tensor_parallel_shard.h); absent in plans before
+  // `apart run` executed tensor-parallel stages (such a plan runs with tp 1 only):
+  std::vector<std::string> column_tasks;   // the column-split linears (node names)
+  std::vector<std::string> row_tasks;      // the row-split linear
+  std::vector<std::string> inputs;         // the replicated values the column linears read (backward all-reduce)
+  std::vector<std::string> sliced_inputs;  // params/constants read sliced along the split axis (a column's bias)
+  struct SplitValue {
+    std::string value;
+    int axis = 0;
+    bool operator==(const SplitValue&) const = default;
+  };
+  std::vector<SplitValue> split_values;    // every value each rank holds 1/tp of, with the axis split
+  bool has_shard_layout() const { return !column_tasks.empty(); }
 };
 struct PlanTensorParallel {
   std::string summary;  // "12 attention, 12 MLP, embedding, LM head"

@@ -233,6 +233,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
     return on_device ? backend_->empty(dtype, shape) : Tensor(dtype, shape);
   };
   KernelContext ctx(task, opset_, std::move(inputs), tensor_attrs_[t], outputs, allocate, random_stream(random, node_random_id(task.name.data(), task.name.size())));
+  ctx.set_tensor_parallel_group(options_.tensor_parallel);
   std::vector<Tensor> host_copies;  // host_input's copies of device inputs: kept until the task ends
   if (on_device) {
     host_copies.resize(task.inputs.size());

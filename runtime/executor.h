@@ -24,6 +24,8 @@ class ModelProto;
 
 namespace apart {
 
+class Communicator;
+
 struct ExecutorOptions {
   // Run constant tasks that do not read params (Constant nodes, shape arithmetic) once at load.
   // Tasks reading params run every step, so that training can update params in place.
@@ -39,6 +41,9 @@ struct ExecutorOptions {
   // run() returns graph outputs in the backend's memory (copies from the backend's pool) instead of host copies,
   // so that gradients stay on the device for the optimizer.
   bool outputs_on_backend = false;
+  // The tensor-parallel group (not owned) whose ranks run the other shards of this graph: ai.apart.TpAllReduce sums
+  // over it (codegen/tensor_parallel_shard.h). nullptr: no group, the collectives are identities.
+  Communicator* tensor_parallel = nullptr;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;

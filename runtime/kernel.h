@@ -18,6 +18,7 @@
 namespace apart {
 
 class Backend;
+class Communicator;
 
 // Where a kernel's outputs go: the executor hands out arena slices sized by the memory plan.
 using OutputAllocator = std::function<Tensor(size_t output_index, DType dtype, const std::vector<int64_t>& shape)>;
@@ -64,6 +65,10 @@ class KernelContext {
     host_input_ = std::move(host_input);
   }
 
+  // The tensor-parallel group the executor runs a shard in (ExecutorOptions::tensor_parallel), or nullptr.
+  Communicator* tensor_parallel_group() const { return tensor_parallel_; }
+  void set_tensor_parallel_group(Communicator* group) { tensor_parallel_ = group; }
+
   // Errors naming the task and op.
   [[noreturn]] void unsupported(const std::string& what) const;
   [[noreturn]] void invalid(const std::string& what) const;
@@ -78,6 +83,7 @@ class KernelContext {
   uint64_t random_stream_;
   Backend* backend_ = nullptr;
   HostInputFn host_input_;
+  Communicator* tensor_parallel_ = nullptr;
 };
 
 using KernelFn = void (*)(KernelContext&);

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "codegen/stage_graphs.h"
+#include "codegen/tensor_parallel_shard.h"
 #include "graph/checked.h"
 #include "graph/atomic_file.h"
 #include "graph/error.h"
@@ -28,6 +29,7 @@
 #include "runtime/half_precision.h"
 #include "runtime/executor.h"
 #include "runtime/run_trace.h"
+#include "runtime/tensor_parallel.h"
 #include "runtime/zero_shards.h"
 
 namespace apart {
@@ -54,7 +56,11 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // The plan, the model and this rank's place in them, checked before any message is sent: every rank reads the same
 // files and reaches the same verdict, so a bad plan fails everywhere with its own error and exit code.
 struct RunSetup {
+  // The pipeline this rank runs: the plan itself, or with tensor-parallel stages the view of this rank's TP rank
+  // (schedule/ tensor_parallel_view: every stage tp 1, the devices of that TP rank); `full_plan` is plan.json as read.
   PlanDocument plan;
+  PlanDocument full_plan;
+  int tp = 1;  // the TP degree every stage shares
   fs::path plan_dir;
   fs::path model_path;
   RankRole role;
@@ -71,7 +77,7 @@ struct RunSetup {
 
 std::string rank_label(int rank, int world, const RankRole& role) {
   return "rank " + std::to_string(rank) + "/" + std::to_string(world) + " stage " + std::to_string(role.stage) +
-         " replica " + std::to_string(role.replica);
+         " replica " + std::to_string(role.replica) + (role.tp_rank > 0 ? " tp rank " + std::to_string(role.tp_rank) : "");
 }
 
 // The model's loss, by the rule build_training_graph applies (codegen/autodiff.h choose_loss).
@@ -151,6 +157,22 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
                             "…): re-run apart partition on it, or pass the original with --model");
   }
   s.role = rank_role(plan, rank);
+  s.tp = common_tp_degree(plan);
+  if (s.tp > 1) {
+    // Every region a TP stage splits needs its shard layout (plans before apart run executed TP stages lack it).
+    const bool laid_out = plan.tensor_parallel.has_value() &&
+                          std::all_of(plan.tensor_parallel->regions.begin(), plan.tensor_parallel->regions.end(),
+                                      [](const PlanTpRegion& r) {
+                                        return (r.kind != TpRegionKind::kAttention && r.kind != TpRegionKind::kMlp) ||
+                                               r.has_shard_layout();
+                                      });
+    if (!laid_out)
+      throw InvalidModel(options.plan + ": the stages are tensor-parallel (tp " + std::to_string(s.tp) + ") but plan.json "
+                         "lacks the regions' shard layout (tensor_parallel.regions[].column_tasks …); re-run apart "
+                         "partition to rewrite the plan");
+  }
+  s.full_plan = s.plan;
+  s.plan = tensor_parallel_view(s.full_plan, s.role.tp_rank);
   return s;
 }
 
@@ -411,6 +433,16 @@ class StageRunner {
   std::vector<size_t> bucket_of_;
   std::vector<std::pair<uint32_t, size_t>> production_order_;  // (producer position in the backward, param)
   std::unique_ptr<Communicator> replicas_;  // this stage's replicas (nullptr with one)
+  // This replica's TP group (nullptr without TP): the shards' collectives run over it.
+  std::unique_ptr<Communicator> tp_group_;
+  // The params this rank holds a slice of (codegen/tensor_parallel_shard.h), by name.
+  std::map<std::string, TpShardedParam> tp_sharded_;
+  // Whether this rank adds param i to the global norm and the tied sums: one holder of a replicated param (TP rank 0),
+  // every TP rank for its slice of a sharded one.
+  bool tp_counts(size_t param) const { return setup_.role.tp_rank == 0 || tp_sharded_.count(param_names_[param]) > 0; }
+  void build_tensor_parallel_shard(onnx::ModelProto& proto);
+  // --save-model: every sharded param of this stage whole, gathered over the TP group (every TP rank calls it).
+  std::map<std::string, Tensor> gather_tp_params();
   int zero_ = 0;  // the ZeRO stage the replicas run: stage.zero, 0 without replicas
   // What the optimizer steps: every param whole without ZeRO; under ZeRO the pieces of the sharded buckets this
   // replica owns (views of the params; gradients: views of grads_ for ZeRO-1, accumulators for ZeRO-2) and the
@@ -465,6 +497,7 @@ void StageRunner::build() {
   onnx::ModelProto proto = load_model_proto(stage_file);
   if (options_.init == ParamInit::kRandom) randomize_params(proto, options_.seed);
   widen_half_precision(proto, setup_.plan_dir);  // a float16/bfloat16 stage trains in float32, as apart train does
+  if (setup_.tp > 1) build_tensor_parallel_shard(proto);
 
   // Boundary values: those from earlier stages come in (their gradients go out), those for later stages go out.
   StageGraphOptions g;
@@ -493,6 +526,7 @@ void StageRunner::build() {
   ExecutorOptions exec;
   exec.backend = &backend_;
   exec.outputs_on_backend = true;  // stash and gradients stay on the backend; boundary values go to the host to be sent
+  exec.tensor_parallel = tp_group_.get();
   forward_ = std::make_unique<Executor>(graphs_.forward, setup_.plan_dir, exec, import);
   backward_ = std::make_unique<Executor>(zero_bubble_ ? graphs_.weight_pass : graphs_.backward, setup_.plan_dir, exec, import);
   backward_->share_params(*forward_);
@@ -573,6 +607,56 @@ void StageRunner::build() {
   result_.data_description = data_->describe();
 }
 
+// This rank's shard of the stage (codegen/tensor_parallel_shard.h), in place of the whole stage, made after the
+// weights are final (read or randomized, widened), so that every TP rank cuts the same whole params. The TP group is
+// split here, before the executors that run the shard's collectives over it.
+void StageRunner::build_tensor_parallel_shard(onnx::ModelProto& proto) {
+  const PlanStageRecord& full = setup_.full_plan.stages[static_cast<size_t>(setup_.role.stage)];
+  tp_group_ = world_.split(full.devices[static_cast<size_t>(setup_.role.replica * setup_.tp)], setup_.role.tp_rank);
+  const std::vector<TpShardRegion> regions = tp_shard_regions(setup_.full_plan);
+  // The shard cuts initializers held inline: external data is read in first.
+  for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
+    if (init.data_location() != onnx::TensorProto::EXTERNAL) continue;
+    const Tensor t = tensor_from_proto(init, setup_.plan_dir);
+    init.clear_external_data();
+    init.clear_data_location();
+    init.set_raw_data(std::string(reinterpret_cast<const char*>(t.raw()), static_cast<size_t>(t.bytes())));
+  }
+  TpShard shard = shard_stage_for_tensor_parallel(proto, regions, setup_.tp, setup_.role.tp_rank);
+  for (const TpShardedParam& p : shard.params) tp_sharded_[p.name] = p;
+  proto = std::move(shard.model);
+}
+
+std::map<std::string, Tensor> StageRunner::gather_tp_params() {
+  std::map<std::string, Tensor> whole;
+  for (size_t i = 0; i < param_names_.size(); ++i) {  // the same order on every TP rank: the stage's gradients'
+    const auto it = tp_sharded_.find(param_names_[i]);
+    if (it == tp_sharded_.end()) continue;
+    const TpShardedParam& p = it->second;
+    const Tensor mine = backend_.to_host(*params_[i]);
+    Tensor t(DType::kFloat32, p.shape);  // zeros: each rank writes its ranges, the sum is the whole param
+    int64_t outer = 1, inner = 1;
+    for (int a = 0; a < p.axis; ++a) outer *= p.shape[static_cast<size_t>(a)];
+    for (size_t a = static_cast<size_t>(p.axis) + 1; a < p.shape.size(); ++a) inner *= p.shape[a];
+    const int64_t length = p.shape[static_cast<size_t>(p.axis)];
+    const auto ranges = tp_shard_ranges(length, p.pieces, setup_.tp, setup_.role.tp_rank);
+    int64_t kept = 0;
+    for (const auto& [b, e] : ranges) kept += e - b;
+    const float* from = mine.data<float>();
+    float* to = t.data<float>();
+    for (int64_t o = 0; o < outer; ++o) {
+      int64_t at = 0;
+      for (const auto& [b, e] : ranges) {
+        std::memcpy(to + (o * length + b) * inner, from + (o * kept + at) * inner, static_cast<size_t>((e - b) * inner) * 4);
+        at += e - b;
+      }
+    }
+    tp_group_->allreduce_sum(t.span<float>())->wait();
+    whole[p.name] = std::move(t);
+  }
+  return whole;
+}
+
 void StageRunner::build_buckets_and_optimizer() {
   zero_ = replicas_ ? stage_.zero : 0;
   std::vector<bool> tied(params_.size(), false);
@@ -621,7 +705,7 @@ void StageRunner::build_buckets_and_optimizer() {
       step_names_.push_back(whole ? param_names_[piece.param]
                                   : param_names_[piece.param] + "[" + std::to_string(piece.begin) + ":" +
                                         std::to_string(piece.end) + "]");
-      step_counts_in_norm_.push_back(true);  // only this stage holds it, and only this replica owns the piece
+      step_counts_in_norm_.push_back(tp_counts(piece.param));  // only this stage holds it, and only this replica owns the piece
     }
     for (size_t k = 0; k < pieces_.size(); ++k) {
       step_params_.push_back(&piece_params_[k]);
@@ -657,7 +741,7 @@ void StageRunner::build_buckets_and_optimizer() {
 // set of stages that hold a common param (the tied embedding of a GPT is in its first and its last stage).
 void StageRunner::build_communicators() {
   const int s = setup_.role.stage;
-  replicas_ = world_.split(s, setup_.role.replica);
+  replicas_ = world_.split(s * setup_.tp + setup_.role.tp_rank, setup_.role.replica);  // one group per TP rank
   if (replicas_ && replicas_->size() == 1) replicas_.reset();
 
   // Which stages read each param, from the plan's task lists on the whole model.
@@ -678,7 +762,7 @@ void StageRunner::build_communicators() {
   for (size_t i = 0; i < param_names_.size(); ++i) index[param_names_[i]] = i;
   for (const auto& [stages, names] : tied) {
     const bool member = stages.count(s) > 0;
-    std::unique_ptr<Communicator> comm = world_.split(member ? 0 : -1, world_.rank());
+    std::unique_ptr<Communicator> comm = world_.split(member ? setup_.role.tp_rank : -1, world_.rank());  // per TP rank
     if (!member) continue;
     Tie tie;
     for (const std::string& n : names)
@@ -689,7 +773,7 @@ void StageRunner::build_communicators() {
   counts_in_norm_.assign(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
     auto it = owner_stage_.find(param_names_[i]);
-    counts_in_norm_[i] = setup_.role.replica == 0 && (it == owner_stage_.end() || it->second == s);
+    counts_in_norm_[i] = setup_.role.replica == 0 && (it == owner_stage_.end() || it->second == s) && tp_counts(i);
   }
 }
 
@@ -1009,14 +1093,14 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   totals[0] = local_sq;
   double local_loss = 0;
   for (double l : losses_) local_loss += l;
-  if (!graphs_.loss_output.empty())
+  if (!graphs_.loss_output.empty() && setup_.role.tp_rank == 0)  // the TP ranks of a replica compute one loss
     totals[1] = local_loss * loss_weight() / static_cast<double>(setup_.microbatches) / loss_replicas;
   const bool finite = std::isfinite(local_sq) && std::isfinite(local_loss);
   totals[2 + static_cast<size_t>(world_.rank())] = finite ? 0.0 : 1.0;
   world_.allreduce_sum(std::span<double>(totals))->wait();
   for (int r = 0; r < world_.size(); ++r)
     if (totals[2 + static_cast<size_t>(r)] != 0.0) {
-      const RankRole role = rank_role(plan_, r);
+      const RankRole role = rank_role(setup_.full_plan, r);
       throw Infeasible("training diverged at step " + std::to_string(step + 1) + ": the loss or a gradient of stage " +
                        std::to_string(role.stage) + " (rank " + std::to_string(r) + ", replica " + std::to_string(role.replica) +
                        ") is not finite; lower --lr or set --clip-grad-norm");
@@ -1038,8 +1122,13 @@ void StageRunner::save_model() {
   if (zero_ >= 3) allgather_params(std::vector<bool>(buckets_.size(), true));
   std::set<std::string> saved(param_names_.begin(), param_names_.end());
   for (const auto& [init, out] : graphs_.state_updates) saved.insert(init);
-  std::map<std::string, int> owner_rank;
-  for (const auto& [param, stage] : owner_stage_) owner_rank[param] = plan_.stages[static_cast<size_t>(stage)].devices[0];
+  std::map<std::string, int> owner_rank;  // replica 0 (TP rank 0) of the lowest stage holding it
+  for (const auto& [param, stage] : owner_stage_) owner_rank[param] = setup_.full_plan.stages[static_cast<size_t>(stage)].devices[0];
+  const std::map<std::string, Tensor> tp_whole = tp_group_ ? gather_tp_params() : std::map<std::string, Tensor>{};
+  auto whole_param = [&](const std::string& name) -> const Tensor* {
+    const auto it = tp_whole.find(name);
+    return it != tp_whole.end() ? &it->second : param_tensor(name);
+  };
   std::map<std::string, Tensor> values;
   std::vector<Pending> pending;
   std::vector<Tensor> sent;  // host copies of the params being sent, alive until their sends complete
@@ -1048,13 +1137,13 @@ void StageRunner::save_model() {
     const Value& value = model_->graph.value(*id);
     if (!is_floating(value.dtype)) continue;
     if (world_.rank() == rank && rank != 0) {
-      const Tensor* t = param_tensor(param);
+      const Tensor* t = whole_param(param);
       APART_CHECK(t != nullptr, "stage " + std::to_string(stage_.id) + " lacks param " + param);
       const Tensor& host = sent.emplace_back(backend_.to_host(*t));
       pending.push_back(world_.send(std::span<const std::byte>(host.raw(), static_cast<size_t>(host.bytes())), 0, 0));
     } else if (world_.rank() == 0) {
       if (rank == 0) {
-        const Tensor* t = param_tensor(param);
+        const Tensor* t = whole_param(param);
         if (t) values[param] = backend_.to_host(*t);
       } else {
         Tensor t(value.dtype, value.shape);
@@ -1091,7 +1180,8 @@ void StageRunner::save_checkpoint(int64_t step_done) {
   if (ec) throw SystemError("cannot create " + (dir / folder).string() + ": " + ec.message());
   std::vector<std::pair<std::string, const Tensor*>> tensors;
   for (const auto& [name, t] : checkpoint_tensors()) tensors.emplace_back(name, t);
-  const nlohmann::json meta = {{"stage", setup_.role.stage}, {"replica", setup_.role.replica}, {"rank", world_.rank()},
+  const nlohmann::json meta = {{"stage", setup_.role.stage}, {"replica", setup_.role.replica},
+                               {"tp_rank", setup_.role.tp_rank}, {"rank", world_.rank()},
                                {"optimizer_steps", optimizer_->steps_taken()}};
   write_checkpoint_file(dir / folder / shard_name(world_.rank()), step_done, meta, tensors, backend_);
   world_.barrier();  // every shard is on disk before the manifest names them
@@ -1129,7 +1219,8 @@ int64_t StageRunner::restore() {
   if (m.step > options_.steps)
     throw InvalidArgument(where + " is at step " + std::to_string(m.step) + ", past --steps " + std::to_string(options_.steps));
   Checkpoint ck = read_checkpoint(dir / m.folder / shard_name(world_.rank()));
-  if (ck.meta.value("stage", -1) != setup_.role.stage || ck.meta.value("replica", -1) != setup_.role.replica)
+  if (ck.meta.value("stage", -1) != setup_.role.stage || ck.meta.value("replica", -1) != setup_.role.replica ||
+      ck.meta.value("tp_rank", 0) != setup_.role.tp_rank)
     throw InvalidArgument(where + ": the shard of rank " + std::to_string(world_.rank()) + " holds another stage or replica");
   std::map<std::string, Tensor> saved;
   for (auto& [name, t] : ck.tensors) saved[name] = std::move(t);
@@ -1155,7 +1246,7 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   const std::vector<Action> actions = rank_actions(plan_, world_.rank());
   result_.role = setup_.role;
   result_.world = world_.size();
-  result_.reports = setup_.role.stage == setup_.loss_stage && setup_.role.replica == 0;
+  result_.reports = setup_.role.stage == setup_.loss_stage && setup_.role.replica == 0 && setup_.role.tp_rank == 0;
   int64_t first = 0;
   if (!options_.resume.empty()) first = restore();
   optimizer_->prepare(step_params_);  // its state before step 1's copies fill the backend's pool
@@ -1225,12 +1316,29 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   result_.samples_per_s = static_cast<double>(setup_.global_batch * static_cast<int64_t>(result_.steps.size())) /
                           std::max(result_.seconds, 1e-9);
   if (!options_.save_model.empty()) save_model();
-  if (!options_.trace.empty()) gather_and_write_trace(world_, plan_, options_.plan, trace, options_.trace);
+  if (!options_.trace.empty()) gather_and_write_trace(world_, setup_.full_plan, options_.plan, trace, options_.trace);
   world_.barrier();
   return result_;
 }
 
 }  // namespace
+
+std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan) {
+  std::vector<TpShardRegion> regions;
+  if (!plan.tensor_parallel) return regions;
+  for (const PlanTpRegion& r : plan.tensor_parallel->regions) {
+    if (r.kind != TpRegionKind::kAttention && r.kind != TpRegionKind::kMlp) continue;  // vocabulary splits: not yet
+    TpShardRegion& region = regions.emplace_back();
+    region.name = r.name;
+    region.column_tasks = r.column_tasks;
+    region.row_tasks = r.row_tasks;
+    region.inputs = r.inputs;
+    region.sliced_inputs = r.sliced_inputs;
+    for (const PlanTpRegion::SplitValue& v : r.split_values) region.split_values.emplace_back(v.value, v.axis);
+    region.end_value = r.end_value;
+  }
+  return regions;
+}
 
 RunResult run_plan(const RunOptions& options, Communicator& world, const RunStepCallback& on_step) {
   options.validate();

@@ -109,6 +109,7 @@ size_t gather_and_write_trace(Communicator& world, const PlanDocument& plan, con
   for (int r = 0; r < world.size(); ++r) {
     const RankRole role = rank_role(plan, r);
     t.processes.push_back({r, "stage " + std::to_string(role.stage) + " replica " + std::to_string(role.replica) +
+                                  (plan.stages[static_cast<size_t>(role.stage)].tp > 1 ? " tp " + std::to_string(role.tp_rank) : "") +
                                   " (rank " + std::to_string(r) + ")",
                            r});
   }

@@ -97,11 +97,41 @@ std::vector<ComputeOp> device_op_order(Schedule schedule, int device, int device
 RankRole rank_role(const PlanDocument& plan, int rank) {
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const std::vector<int>& devices = plan.stages[s].devices;
+    const int tp = std::max(1, plan.stages[s].tp);
     for (size_t j = 0; j < devices.size(); ++j)
-      if (devices[j] == rank) return {static_cast<int>(s), static_cast<int>(j)};
+      if (devices[j] == rank) return {static_cast<int>(s), static_cast<int>(j) / tp, static_cast<int>(j) % tp};
   }
   throw InvalidArgument("rank " + std::to_string(rank) + " is not one of the plan's devices (" +
                         std::to_string(plan.stages.size()) + " stages); run with as many ranks as the plan has devices");
+}
+
+int common_tp_degree(const PlanDocument& plan) {
+  int tp = 0;
+  for (const PlanStageRecord& stage : plan.stages) {
+    if (tp != 0 && stage.tp != tp)
+      throw Unsupported("stages " + std::to_string(plan.stages.front().id) + " and " + std::to_string(stage.id) +
+                        " have different tensor-parallel degrees (" + std::to_string(tp) + ", " + std::to_string(stage.tp) +
+                        "): the runtime executes plans whose stages share one degree; re-plan with --tp N");
+    tp = stage.tp;
+  }
+  return std::max(1, tp);
+}
+
+PlanDocument tensor_parallel_view(const PlanDocument& plan, int tp_rank) {
+  const int tp = common_tp_degree(plan);
+  if (tp == 1) return plan;
+  if (tp_rank < 0 || tp_rank >= tp) throw InvalidArgument("TP rank " + std::to_string(tp_rank) + " of degree " + std::to_string(tp));
+  PlanDocument view = plan;
+  for (PlanStageRecord& stage : view.stages) {
+    if (static_cast<int>(stage.devices.size()) != stage.replicas * tp)
+      throw InvalidArgument("stages[" + std::to_string(stage.id) + "] lists " + std::to_string(stage.devices.size()) +
+                            " devices for " + std::to_string(stage.replicas) + " replicas of " + std::to_string(tp));
+    std::vector<int> devices;
+    for (int j = 0; j < stage.replicas; ++j) devices.push_back(stage.devices[static_cast<size_t>(j * tp + tp_rank)]);
+    stage.devices = std::move(devices);
+    stage.tp = 1;
+  }
+  return view;
 }
 
 SampleRange replica_samples(int64_t microbatch_samples, int replicas, int replica) {
@@ -200,9 +230,10 @@ struct StageEdges {
 void check_stage_devices(const PlanDocument& plan) {
   if (plan.stages.empty()) throw InvalidArgument("the plan has no stages");
   for (const PlanStageRecord& stage : plan.stages)
-    if (stage.devices.empty() || static_cast<int>(stage.devices.size()) != stage.replicas)
+    if (stage.devices.empty() || static_cast<int>(stage.devices.size()) != stage.replicas * std::max(1, stage.tp))
       throw InvalidArgument("stages[" + std::to_string(stage.id) + "] lists " + std::to_string(stage.devices.size()) +
-                            " devices for " + std::to_string(stage.replicas) + " replicas");
+                            " devices for " + std::to_string(stage.replicas) + " replicas" +
+                            (stage.tp > 1 ? " of tp " + std::to_string(stage.tp) : ""));
 }
 
 // The replicas of `stage` whose samples overlap `mine`, with the overlap, ascending by rank.
@@ -231,10 +262,11 @@ int action_tag(const Action& action, const PlanDocument& plan) {
 // --- Each rank's actions ---------------------------------------------------------------------------------------
 
 void check_executable(const PlanDocument& plan) {
+  common_tp_degree(plan);  // one degree for every stage (Unsupported otherwise)
   for (const PlanStageRecord& stage : plan.stages)
-    if (stage.tp > 1)
-      throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel (tp " + std::to_string(stage.tp) +
-                        "): the runtime does not execute tensor-parallel stages yet; re-plan with --tp 1");
+    if (stage.tp > 1 && stage.sequence_parallel)
+      throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel with sequence parallelism: the runtime "
+                        "runs tensor-parallel stages without it yet; re-plan with --sequence-parallel off");
   for (const PlanStageRecord& stage : plan.stages)
     if (stage.recompute_scope == RecomputeScope::kSelective)
       throw Unsupported("stage " + std::to_string(stage.id) + " recomputes selectively (its attention cores): the "
@@ -247,6 +279,8 @@ void check_executable(const PlanDocument& plan) {
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
   check_executable(plan);
   check_stage_devices(plan);
+  // A TP rank runs the pipeline of its own TP rank across the stages (tensor_parallel_view).
+  if (common_tp_degree(plan) > 1) return rank_actions(tensor_parallel_view(plan, rank_role(plan, rank).tp_rank), rank);
   const RankRole role = rank_role(plan, rank);
   const StageEdges graph(plan);
   const int64_t samples = microbatch_samples(plan);

@@ -37,13 +37,22 @@ struct ComputeOp {
 //                at most min(P, m) micro-batches between their forward and their W (v = 1).
 std::vector<ComputeOp> device_op_order(Schedule schedule, int device, int devices, int chunks, int64_t microbatches);
 
-// Where a rank sits in the plan: stage `stage`'s replica `replica` (plan.stages[stage].devices[replica] == rank).
+// Where a rank sits in the plan: stage `stage`'s replica `replica`, and within a tensor-parallel stage the rank
+// `tp_rank` of its TP group (plan.stages[stage].devices[replica · tp + tp_rank] == rank).
 struct RankRole {
   int stage = 0;
   int replica = 0;
+  int tp_rank = 0;
 };
 // InvalidArgument when `rank` is not one of the plan's devices.
 RankRole rank_role(const PlanDocument& plan, int rank);
+
+// The pipeline TP rank `tp_rank` runs, when every stage has one TP degree: each stage with tp 1 and, per replica, the
+// device of that TP rank. The TP ranks of a replica then run the same actions, each with its own counterparts in the
+// neighbouring stages (every boundary value is whole on every TP rank). The plan itself when no stage is TP.
+PlanDocument tensor_parallel_view(const PlanDocument& plan, int tp_rank);
+// The TP degree every stage shares (1 without TP); Unsupported when stages differ.
+int common_tp_degree(const PlanDocument& plan);
 
 // The samples [begin, end) of a micro-batch (0-based within it) that replica `replica` of a stage with `replicas`
 // replicas holds: contiguous slices, equal but for one sample (the first n mod r replicas take ⌈n/r⌉, the others

@@ -115,13 +115,15 @@ class GradNode {
 
 using GradRule = void (*)(GradNode&);
 
-// Registry: op type (default domain) → rule. Families register from autodiff.cpp.
+// Registry: op type (default domain; "ai.apart.<op>" for ours) → rule. Families register from autodiff.cpp.
 std::map<std::string, GradRule, std::less<>>& rules();
 void register_elementwise_rules();  // elementwise.cpp
 void register_linalg_rules();       // linalg.cpp: MatMul, Gemm
 void register_reduce_rules();       // reduce.cpp: reductions, Softmax, LogSoftmax, LayerNorm, losses
 void register_shape_rules();        // shape.cpp: Reshape…Gather, Concat, Split, Slice, Pad, Resize, Expand, Trilu, ScatterND
 void register_conv_rules();         // conv.cpp: Conv, pools, BatchNormalization
+// tensor_parallel.cpp: ai.apart.TpCopy and ai.apart.TpAllReduce, keyed "ai.apart.<op>" (the only other-domain rules)
+void register_tensor_parallel_rules();
 
 // The gradient of a max/min reduction (ReduceMax/ReduceMin over `axes`, GlobalMaxPool): `g_kept` (the
 // output gradient with the reduced axes kept as 1s) goes to the positions of x equal to `y_kept`, split

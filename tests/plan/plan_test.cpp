@@ -266,6 +266,35 @@ TEST(APlanDocument, KeepsItsTensorParallelRegionsThroughTheWriterAndTheReader) {
   EXPECT_EQ(plan_to_json(back).dump(), plan_to_json(plan).dump());
 }
 
+TEST(APlanDocument, KeepsARegionsShardLayoutThroughTheWriterAndTheReader) {
+  PlanDocument plan = read_plan(golden_plans().front());
+  PlanTensorParallel tp;
+  PlanTpRegion r{TpRegionKind::kMlp, "/h.0/mlp", 8, {1, 2}, "3072 ffn features", "/h.0/mlp/fc2/MatMul_output_0", 3072};
+  r.column_tasks = {"/h.0/mlp/fc1/MatMul"};
+  r.row_tasks = {"/h.0/mlp/fc2/MatMul"};
+  r.inputs = {"/h.0/ln_2/Add_1_output_0"};
+  r.sliced_inputs = {"h.0.mlp.fc1.bias"};
+  r.split_values = {{"/h.0/mlp/fc1/MatMul_output_0", 2}, {"/h.0/mlp/act/Mul_output_0", 2}};
+  tp.regions.push_back(r);
+  plan.tensor_parallel = tp;
+  const auto written = plan_to_json(plan);
+  const PlanDocument back = plan_from_json(json::parse(written.dump()));
+  const PlanTpRegion& b = back.tensor_parallel->regions.at(0);
+  EXPECT_TRUE(b.has_shard_layout());
+  EXPECT_EQ(b.column_tasks, r.column_tasks);
+  EXPECT_EQ(b.row_tasks, r.row_tasks);
+  EXPECT_EQ(b.inputs, r.inputs);
+  EXPECT_EQ(b.sliced_inputs, r.sliced_inputs);
+  EXPECT_EQ(b.split_values, r.split_values);
+  EXPECT_EQ(plan_to_json(back).dump(), written.dump());
+  json bad = json::parse(written.dump());
+  bad["tensor_parallel"]["regions"][0]["split_values"][0]["axis"] = -1;
+  EXPECT_THROW(plan_from_json(bad), InvalidModel);
+  bad = json::parse(written.dump());
+  bad["tensor_parallel"]["regions"][0]["row_tasks"][0] = 7;
+  EXPECT_THROW(plan_from_json(bad), InvalidModel);
+}
+
 TEST(APlanReader, RefusesAPathThatIsNeitherAPlanDirectoryNorAFile) {
   EXPECT_THROW(read_plan(fs::path(APART_TEST_DATA_DIR) / "no such plan"), InvalidArgument);
   EXPECT_THROW(read_plan(fs::path(APART_TEST_DATA_DIR)), InvalidArgument);  // a folder without plan.json

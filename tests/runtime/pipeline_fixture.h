@@ -139,11 +139,14 @@ inline std::string error_message(const std::exception_ptr& e) {
   }
 }
 
-inline int plan_world(const fs::path& plan_dir) {
-  int world = 0;
-  for (const auto& s : read_plan(plan_dir).stages) world += s.replicas;
-  return world;
+// `apart run <args>` as `ranks` processes under mpirun (allowed as root, as CI runs), stderr with stdout.
+inline testing::CommandRun mpirun_apart_run(int ranks, const std::string& args) {
+  return testing::run_command(
+      "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
+      "--oversubscribe -np " + std::to_string(ranks) + " " + std::string(APART_BINARY) + " run " + args + " 2>&1");
 }
+
+inline int plan_world(const fs::path& plan_dir) { return plan_devices(read_plan(plan_dir)); }  // replicas × tp
 
 // What apart run computes for the plan with train_reference's flags (SGD, lr 0.05, seed 3), on threads.
 inline RunOptions run_options_like_reference(const fs::path& plan_dir, int64_t steps, Optimizer optimizer = Optimizer::kSgd,

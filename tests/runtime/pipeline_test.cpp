@@ -216,10 +216,8 @@ TEST(ApartRunCli, RunsUnderMpirunWithOneProcessPerRank) {
   if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
   const fs::path dir = scratch("mpi");
   const fs::path plan = make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
-  const auto r = testing::run_command(
-      "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
-      "--oversubscribe -np 3 " + std::string(APART_BINARY) + " run " + plan.string() + " --steps 2 --optimizer sgd --lr 0.05 --seed 3 "
-      "--save-model " + (dir / "mpi.onnx").string() + " 2>&1");
+  const auto r = mpirun_apart_run(3, plan.string() + " --steps 2 --optimizer sgd --lr 0.05 --seed 3 --save-model " +
+                                         (dir / "mpi.onnx").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("[rank 2/3 stage 1 replica 0] step=2 loss="), std::string::npos) << r.out;
   // The same plan on threads: the same losses to the printed digits.

@@ -27,13 +27,6 @@ using namespace apart::testing;
 
 fs::path scratch(const std::string& name) { return testing::scratch("pipeline_zero_test", name); }
 
-// `apart run <args>` as `ranks` processes under mpirun (allowed as root, as CI runs), stderr with stdout.
-testing::CommandRun mpirun_apart_run(int ranks, const std::string& args) {
-  return testing::run_command(
-      "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
-      "--oversubscribe -np " + std::to_string(ranks) + " " + std::string(APART_BINARY) + " run " + args + " 2>&1");
-}
-
 struct Case {
   const char* name;
   Shape shape;

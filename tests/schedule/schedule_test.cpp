@@ -190,7 +190,7 @@ TEST(RankActions, RefuseAStageWithMoreReplicasThanAMicrobatchHasSamplesOnEveryRa
   EXPECT_NO_THROW(rank_actions(pipeline_plan({1, 4}, 2, Schedule::k1F1B, 6), 1));  // 2 + 2 + 1 + 1 samples
 }
 
-TEST(RankActions, RefuseATensorParallelStageNamingItForNow) {
+TEST(RankActions, RefuseStagesOfDifferentTensorParallelDegreesNamingThem) {
   PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::k1F1B);
   plan.stages[1].tp = 2;
   plan.stages[1].devices = {1, 2};
@@ -199,8 +199,45 @@ TEST(RankActions, RefuseATensorParallelStageNamingItForNow) {
     rank_actions(plan, 0);
     ADD_FAILURE() << "no error";
   } catch (const Unsupported& e) {
-    EXPECT_NE(std::string(e.what()).find("stage 1 is tensor-parallel"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("different tensor-parallel degrees"), std::string::npos) << e.what();
   }
+}
+
+TEST(RankActions, RefuseATensorParallelStageWithSequenceParallelismNamingIt) {
+  PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::k1F1B);
+  for (PlanStageRecord& s : plan.stages) s.tp = 2;
+  plan.stages[0].devices = {0, 1};
+  plan.stages[1].devices = {2, 3};
+  plan.stages[1].sequence_parallel = true;
+  plan.cluster.devices = 4;
+  EXPECT_THROW(rank_actions(plan, 0), Unsupported);
+}
+
+// Two stages of one replica of a TP pair: rank r of stage 0 and rank r of stage 1 form their own pipeline, so each
+// TP rank sends and receives exactly what the plan without TP would, with its own TP rank's counterpart.
+TEST(RankActions, GiveEachTensorParallelRankThePipelineOfItsOwnTpRank) {
+  PlanDocument plain = pipeline_plan({1, 1}, 4, Schedule::k1F1B);
+  PlanDocument tp = plain;
+  for (PlanStageRecord& s : tp.stages) s.tp = 2;
+  tp.stages[0].devices = {0, 1};
+  tp.stages[1].devices = {2, 3};
+  tp.cluster.devices = 4;
+  EXPECT_EQ(rank_role(tp, 3).stage, 1);
+  EXPECT_EQ(rank_role(tp, 3).replica, 0);
+  EXPECT_EQ(rank_role(tp, 3).tp_rank, 1);
+  const std::vector<int> peer_of_plain = {1, 0};  // stage 0 ↔ stage 1 in the plain plan
+  for (int r = 0; r < 4; ++r) {
+    const RankRole role = rank_role(tp, r);
+    const std::vector<Action> mine = rank_actions(tp, r);
+    const std::vector<Action> plain_actions = rank_actions(plain, role.stage);
+    ASSERT_EQ(mine.size(), plain_actions.size()) << "rank " << r;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_EQ(mine[i].kind, plain_actions[i].kind) << "rank " << r << " action " << i;
+      if (mine[i].kind == ActionKind::kSend || mine[i].kind == ActionKind::kRecv)
+        EXPECT_EQ(mine[i].peer, peer_of_plain[static_cast<size_t>(role.stage)] * 2 + role.tp_rank) << "rank " << r;
+    }
+  }
+  EXPECT_EQ(tensor_parallel_view(tp, 1).stages[1].devices, std::vector<int>{3});
 }
 
 TEST(RankActions, RefuseASelectivelyRecomputingStageNamingItButRunFullRecomputation) {

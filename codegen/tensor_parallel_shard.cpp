@@ -1,0 +1,410 @@
+// A tensor-parallel rank's shard of a stage's forward graph (rules in the header).
+#include "codegen/tensor_parallel_shard.h"
+
+#include <onnx/shape_inference/implementation.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "codegen/gradients/gradient.h"
+#include "graph/error.h"
+#include "graph/text.h"
+#include "importer/guarded_inference.h"
+
+namespace apart {
+
+std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t pieces, int degree, int rank) {
+  if (pieces < 1 || degree < 1 || rank < 0 || rank >= degree || length % (pieces * degree) != 0)
+    throw InvalidModel("tensor parallelism: an axis of " + std::to_string(length) + " does not cut into " +
+                       std::to_string(pieces) + " piece(s) of " + std::to_string(degree) + " equal parts");
+  const int64_t piece = length / pieces, part = piece / degree;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t i = 0; i < pieces; ++i) ranges.emplace_back(i * piece + rank * part, i * piece + (rank + 1) * part);
+  return ranges;
+}
+
+namespace {
+
+using onnx::NodeProto;
+using onnx::TensorProto;
+
+int64_t element_size(int32_t data_type) {
+  switch (data_type) {
+    case TensorProto::FLOAT: case TensorProto::INT32: case TensorProto::UINT32: return 4;
+    case TensorProto::DOUBLE: case TensorProto::INT64: case TensorProto::UINT64: return 8;
+    case TensorProto::FLOAT16: case TensorProto::BFLOAT16: case TensorProto::INT16: case TensorProto::UINT16: return 2;
+    case TensorProto::INT8: case TensorProto::UINT8: case TensorProto::BOOL: return 1;
+    default: return 0;
+  }
+}
+
+// The tensor's bytes, from raw_data or the typed fields the slicer reads (float, int64).
+std::string tensor_bytes(const TensorProto& t, const std::string& what) {
+  if (t.data_location() == TensorProto::EXTERNAL)
+    throw InvalidModel("tensor parallelism: " + what + " holds external data; load it inline before sharding");
+  if (t.has_raw_data()) return t.raw_data();
+  std::string bytes;
+  if (t.float_data_size() > 0) bytes.assign(reinterpret_cast<const char*>(t.float_data().data()), t.float_data_size() * 4u);
+  else if (t.int64_data_size() > 0) bytes.assign(reinterpret_cast<const char*>(t.int64_data().data()), t.int64_data_size() * 8u);
+  return bytes;
+}
+
+// `t` cut to `ranges` along `axis`.
+void slice_tensor(TensorProto& t, int axis, const std::vector<std::pair<int64_t, int64_t>>& ranges, const std::string& what) {
+  const int64_t size = element_size(t.data_type());
+  if (size == 0) throw Unsupported("tensor parallelism: " + what + " has a data type the shard cannot cut");
+  std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+  const std::string bytes = tensor_bytes(t, what);
+  int64_t outer = 1, inner = size;
+  for (int a = 0; a < axis; ++a) outer *= dims[static_cast<size_t>(a)];
+  for (size_t a = static_cast<size_t>(axis) + 1; a < dims.size(); ++a) inner *= dims[a];
+  const int64_t length = dims[static_cast<size_t>(axis)];
+  if (static_cast<int64_t>(bytes.size()) != outer * length * inner)
+    throw InvalidModel("tensor parallelism: " + what + " holds " + std::to_string(bytes.size()) + " bytes for its shape");
+  std::string out;
+  int64_t kept = 0;
+  for (const auto& [b, e] : ranges) kept += e - b;
+  out.reserve(static_cast<size_t>(outer * kept * inner));
+  for (int64_t o = 0; o < outer; ++o)
+    for (const auto& [b, e] : ranges)
+      out.append(bytes, static_cast<size_t>((o * length + b) * inner), static_cast<size_t>((e - b) * inner));
+  t.clear_float_data();
+  t.clear_int64_data();
+  t.clear_int32_data();
+  t.set_raw_data(out);
+  t.set_dims(axis, kept);
+}
+
+TensorProto int64_tensor(const std::string& name, const std::vector<int64_t>& values) {
+  TensorProto t;
+  t.set_name(name);
+  t.set_data_type(TensorProto::INT64);
+  t.add_dims(static_cast<int64_t>(values.size()));
+  t.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t)));
+  return t;
+}
+
+std::vector<int64_t> int64_values(const TensorProto& t, const std::string& what) {
+  if (t.data_type() != TensorProto::INT64) throw Unsupported("tensor parallelism: " + what + " is not int64");
+  const std::string bytes = tensor_bytes(t, what);
+  std::vector<int64_t> v(bytes.size() / 8);
+  std::memcpy(v.data(), bytes.data(), v.size() * 8);
+  return v;
+}
+
+bool shape_like(const std::string& op) {
+  return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze" || op == "Transpose" ||
+         op == "Split" || op == "Slice" || op == "MatMul" || op == "Gemm";
+}
+
+class Sharder {
+ public:
+  Sharder(const onnx::ModelProto& stage, int degree, int rank) : degree_(degree), rank_(rank) {
+    shard_.model = stage;
+    onnx::GraphProto& g = *shard_.model.mutable_graph();
+    for (int i = 0; i < g.node_size(); ++i) {
+      node_of_name_[g.node(i).name()] = i;
+      for (const std::string& o : g.node(i).output()) producer_[o] = i;
+      for (const std::string& in : g.node(i).input()) consumers_[in].push_back(i);
+    }
+    for (int i = 0; i < g.initializer_size(); ++i) initializer_[g.initializer(i).name()] = i;
+    // The forward's value types, for the collectives' outputs (ai.apart ops have no ONNX inference).
+    onnx::ModelProto inferred = stage;
+    try {
+      onnx::ShapeInferenceOptions opts(/*check_type=*/false, /*error_mode=*/0, /*data_propagation=*/true);
+      onnx::shape_inference::InferShapes(inferred, &guarded_schemas(), opts);
+    } catch (const std::exception&) {
+      // Whatever inference left is used; a missing type is reported where it is needed.
+    }
+    for (const auto& vi : inferred.graph().value_info()) types_[vi.name()] = vi;
+    for (const auto& vi : inferred.graph().input()) types_[vi.name()] = vi;
+    for (const auto& vi : inferred.graph().output()) types_[vi.name()] = vi;
+    for (const auto& init : stage.graph().initializer()) rank_of_[init.name()] = init.dims_size();
+    for (const auto& [name, vi] : types_)
+      if (vi.type().tensor_type().has_shape()) rank_of_[name] = vi.type().tensor_type().shape().dim_size();
+  }
+
+  bool present(const TpShardRegion& r) const {
+    size_t found = 0;
+    for (const auto* list : {&r.column_tasks, &r.row_tasks})
+      for (const std::string& n : *list) found += node_of_name_.count(n);
+    if (found == 0) return false;
+    if (found != r.column_tasks.size() + r.row_tasks.size())
+      throw Unsupported("tensor parallelism: region " + quote(r.name) + " is cut by a stage boundary (some of its linears "
+                        "are in another stage); re-plan so that stage cuts fall between regions");
+    return true;
+  }
+
+  void shard(const TpShardRegion& r, size_t index) {
+    std::map<std::string, int> split(r.split_values.begin(), r.split_values.end());
+    onnx::GraphProto& g = *shard_.model.mutable_graph();
+    auto node = [&](const std::string& name) -> NodeProto& { return *g.mutable_node(node_of_name_.at(name)); };
+
+    // Column linears: the pieces their output is cut into downstream, and the chain of values that carries them.
+    std::map<int, int64_t> pieces_of_node;  // node index → pieces its split output is laid out in
+    for (const std::string& c : r.column_tasks) {
+      NodeProto& n = node(c);
+      int64_t pieces = 1;
+      std::vector<int> chain{node_of_name_.at(c)};
+      std::string v = n.output(0);
+      while (true) {
+        const auto it = consumers_.find(v);
+        if (it == consumers_.end() || it->second.size() != 1) break;
+        const NodeProto& next = g.node(it->second.front());
+        const auto axis = split.find(v);
+        if (axis == split.end()) break;
+        if (next.op_type() == "Split" && next.domain().empty()) {
+          if (normalized(attr_int(next, "axis", 0), v) == axis->second) pieces = next.output_size();
+          break;
+        }
+        if (next.op_type() == "Slice") unsupported(next, "a Slice of a column linear's output (use Split)");
+        if (shape_like(next.op_type()) || next.output_size() != 1 || split.count(next.output(0)) == 0 ||
+            split.at(next.output(0)) != axis->second)
+          break;
+        chain.push_back(it->second.front());
+        v = next.output(0);
+      }
+      for (int k : chain) pieces_of_node[k] = pieces;
+      const bool trans_b = n.op_type() == "Gemm" && attr_int(n, "transB", 0) != 0;
+      slice_initializer(n, 1, trans_b ? 0 : 1, pieces, "column linear " + quote(c) + "'s weight");
+      if (n.op_type() == "Gemm" && n.input_size() > 2 && !n.input(2).empty()) {
+        const int bias_rank = rank_or(n.input(2), n);
+        slice_initializer(n, 2, bias_rank - 1, pieces, "column linear " + quote(c) + "'s bias");
+      }
+    }
+    // Params and constants read sliced (a column's bias added by its own Add): along the reader's split axis.
+    for (const std::string& s : r.sliced_inputs) {
+      if (sliced_.count(s)) continue;
+      const auto readers = consumers_.find(s);
+      bool done = false;
+      for (int k : readers == consumers_.end() ? std::vector<int>{} : readers->second) {
+        const NodeProto& reader = g.node(k);
+        if (reader.output_size() < 1 || split.count(reader.output(0)) == 0) continue;
+        const int out_axis = split.at(reader.output(0));
+        const int axis = out_axis - (rank_or(reader.output(0), reader) - rank_or(s, reader));
+        const auto p = pieces_of_node.find(k);
+        for (int i = 0; i < reader.input_size(); ++i)
+          if (reader.input(i) == s) {
+            slice_initializer(*g.mutable_node(k), i, axis, p == pieces_of_node.end() ? 1 : p->second,
+                              "the sliced input " + quote(s));
+            break;
+          }
+        done = true;
+        break;
+      }
+      if (!done) throw Unsupported("tensor parallelism: region " + quote(r.name) + " reads " + quote(s) + " sliced, but no reader of it is in the stage");
+    }
+    // Shape operands: Reshape targets and Split sizes along the split axis divide by the degree.
+    for (int k = 0; k < g.node_size(); ++k) {
+      NodeProto& n = *g.mutable_node(k);
+      if (!n.domain().empty() || n.input_size() == 0) continue;
+      if (n.op_type() == "Reshape" && split.count(n.output(0))) {
+        const int j = split.at(n.output(0));
+        std::vector<int64_t> target = ints_of(n, 1);
+        if (j >= static_cast<int>(target.size())) unsupported(n, "a target shape shorter than its split axis");
+        if (target[static_cast<size_t>(j)] > 0) {
+          if (target[static_cast<size_t>(j)] % degree_ != 0) unsupported(n, "a split dim that the degree does not divide");
+          target[static_cast<size_t>(j)] /= degree_;
+          set_ints_input(n, 1, target);
+        }
+      } else if (n.op_type() == "Split" && split.count(n.input(0)) &&
+                 normalized(attr_int(n, "axis", 0), n.input(0)) == split.at(n.input(0))) {
+        const bool as_input = n.input_size() > 1 && !n.input(1).empty();
+        std::vector<int64_t> sizes;
+        if (as_input) sizes = ints_of(n, 1);
+        else
+          for (const auto& a : n.attribute())
+            if (a.name() == "split") sizes.assign(a.ints().begin(), a.ints().end());
+        if (sizes.empty()) continue;  // equal parts: the same count of smaller parts
+        for (int64_t& s : sizes) {
+          if (s % degree_ != 0) unsupported(n, "split sizes the degree does not divide");
+          s /= degree_;
+        }
+        if (as_input) set_ints_input(n, 1, sizes);
+        else
+          for (auto& a : *n.mutable_attribute())
+            if (a.name() == "split") {
+              a.clear_ints();
+              for (int64_t s : sizes) a.add_ints(s);
+            }
+      } else if (n.op_type() == "Slice" && split.count(n.input(0)) && split.count(n.output(0))) {
+        unsupported(n, "a Slice of a split value");
+      }
+    }
+    // Row linears: their rows, and the forward all-reduce of their partial output.
+    for (const std::string& row : r.row_tasks) {
+      NodeProto& n = node(row);
+      const bool trans_b = n.op_type() == "Gemm" && attr_int(n, "transB", 0) != 0;
+      slice_initializer(n, 1, trans_b ? 1 : 0, 1, "row linear " + quote(row) + "'s weight");
+      const std::string end = n.output(0);
+      const std::string partial = end + "/tp_partial";
+      n.set_output(0, partial);
+      NodeProto reduce;
+      reduce.set_name(r.name + "/" + kTpAllReduceOp + (r.row_tasks.size() > 1 ? "_" + row : ""));
+      reduce.set_op_type(kTpAllReduceOp);
+      reduce.set_domain(autodiff::kApartDomain);
+      reduce.add_input(partial);
+      if (n.op_type() == "Gemm" && n.input_size() > 2 && !n.input(2).empty()) {
+        // Megatron's RowParallelLinear adds the bias once, after the all-reduce.
+        const std::string bias = n.input(2);
+        n.mutable_input()->RemoveLast();
+        const std::string reduced = end + "/tp_reduced";
+        reduce.add_output(reduced);
+        NodeProto add;
+        add.set_name(r.name + "/tp_bias");
+        add.set_op_type("Add");
+        add.add_input(reduced);
+        add.add_input(bias);
+        add.add_output(end);
+        after_[node_of_name_.at(row)] = {reduce, add};
+        add_type(reduced, end, n);
+      } else {
+        reduce.add_output(end);
+        after_[node_of_name_.at(row)] = {reduce};
+        add_type(end, end, n);
+      }
+    }
+    // Region inputs: one TpCopy each, read by the region's column linears.
+    for (const std::string& x : r.inputs) {
+      const std::string copy = x + "/tp_copy_" + std::to_string(index);
+      int first = -1;
+      for (const std::string& c : r.column_tasks) {
+        NodeProto& n = node(c);
+        if (n.input(0) != x) continue;
+        n.set_input(0, copy);
+        const int k = node_of_name_.at(c);
+        first = first < 0 ? k : std::min(first, k);
+      }
+      if (first < 0) continue;
+      NodeProto f;
+      f.set_name(r.name + "/" + kTpCopyOp + "_" + std::to_string(index));
+      f.set_op_type(kTpCopyOp);
+      f.set_domain(autodiff::kApartDomain);
+      f.add_input(x);
+      f.add_output(copy);
+      before_[first].push_back(f);
+      add_type(copy, x, g.node(first));
+    }
+    for (const auto& [value, axis] : r.split_values) split_names_.insert(value);
+    ++shard_.regions;
+  }
+
+  TpShard finish() {
+    onnx::GraphProto& g = *shard_.model.mutable_graph();
+    if (shard_.regions == 0) return std::move(shard_);
+    // The collectives in place: each TpCopy before the first linear reading it, each TpAllReduce after its row.
+    google::protobuf::RepeatedPtrField<NodeProto> nodes;
+    for (int k = 0; k < g.node_size(); ++k) {
+      for (const NodeProto& n : before_[k]) *nodes.Add() = n;
+      *nodes.Add() = g.node(k);
+      for (const NodeProto& n : after_[k]) *nodes.Add() = n;
+    }
+    g.mutable_node()->Swap(&nodes);
+    // Declared shapes of split values are the whole model's: drop them (the importer infers the shard's).
+    auto* infos = g.mutable_value_info();
+    for (int i = infos->size() - 1; i >= 0; --i)
+      if (split_names_.count(infos->Get(i).name())) infos->DeleteSubrange(i, 1);
+    for (const auto& vi : added_types_) *g.add_value_info() = vi;
+    bool has_opset = false;
+    for (const auto& o : shard_.model.opset_import()) has_opset = has_opset || o.domain() == autodiff::kApartDomain;
+    if (!has_opset) {
+      auto* o = shard_.model.add_opset_import();
+      o->set_domain(autodiff::kApartDomain);
+      o->set_version(1);
+    }
+    // The sliced params, in initializer order.
+    for (const auto& init : g.initializer()) {
+      auto it = sliced_.find(init.name());
+      if (it != sliced_.end()) shard_.params.push_back(it->second);
+    }
+    return std::move(shard_);
+  }
+
+ private:
+  [[noreturn]] void unsupported(const NodeProto& n, const std::string& what) const {
+    throw Unsupported("tensor parallelism: node " + quote(n.name()) + " (" + n.op_type() + "): " + what +
+                      " is not sharded yet; plan this stage with --tp 1");
+  }
+  static int64_t attr_int(const NodeProto& n, const std::string& name, int64_t fallback) {
+    for (const auto& a : n.attribute())
+      if (a.name() == name) return a.i();
+    return fallback;
+  }
+  int rank_or(const std::string& value, const NodeProto& n) const {
+    const auto it = rank_of_.find(value);
+    if (it == rank_of_.end()) unsupported(n, "a value of unknown rank (" + quote(value) + ")");
+    return it->second;
+  }
+  int normalized(int64_t axis, const std::string& value) const {
+    const auto it = rank_of_.find(value);
+    const int64_t r = it == rank_of_.end() ? 0 : it->second;
+    return static_cast<int>(axis < 0 ? axis + r : axis);
+  }
+  // The integer contents of a node's input: an initializer or a Constant node's value.
+  std::vector<int64_t> ints_of(const NodeProto& n, int input) const {
+    const std::string& v = n.input(input);
+    const onnx::GraphProto& g = shard_.model.graph();
+    if (auto it = initializer_.find(v); it != initializer_.end()) return int64_values(g.initializer(it->second), quote(v));
+    if (auto it = producer_.find(v); it != producer_.end()) {
+      const NodeProto& p = g.node(it->second);
+      if (p.op_type() == "Constant" && p.domain().empty())
+        for (const auto& a : p.attribute())
+          if (a.name() == "value" && a.has_t()) return int64_values(a.t(), quote(v));
+    }
+    unsupported(n, "a shape operand computed at run time (" + quote(v) + ")");
+  }
+  // A fresh int64 initializer for this node's input (the old value may be shared by other nodes).
+  void set_ints_input(NodeProto& n, int input, const std::vector<int64_t>& values) {
+    const std::string name = n.name() + "/tp_" + std::to_string(input);
+    *shard_.model.mutable_graph()->add_initializer() = int64_tensor(name, values);
+    n.set_input(input, name);
+  }
+  // Cuts the initializer a node reads at `input` along `axis` (each reader sees the same slice).
+  void slice_initializer(NodeProto& n, int input, int axis, int64_t pieces, const std::string& what) {
+    const std::string& v = n.input(input);
+    const auto it = initializer_.find(v);
+    if (it == initializer_.end()) unsupported(n, what + " that is not an initializer of the stage (" + quote(v) + ")");
+    if (sliced_.count(v)) return;
+    TensorProto& t = *shard_.model.mutable_graph()->mutable_initializer(it->second);
+    if (axis < 0 || axis >= t.dims_size()) unsupported(n, what + " with no axis " + std::to_string(axis));
+    TpShardedParam p{v, std::vector<int64_t>(t.dims().begin(), t.dims().end()), axis, pieces};
+    slice_tensor(t, axis, tp_shard_ranges(t.dims(axis), pieces, degree_, rank_), what + " " + quote(v));
+    sliced_[v] = p;
+  }
+  // value_info for a collective's output: the type `like` has in the forward.
+  void add_type(const std::string& name, const std::string& like, const NodeProto& n) {
+    const auto it = types_.find(like);
+    if (it == types_.end() || !it->second.type().has_tensor_type()) unsupported(n, "a value of unknown type (" + quote(like) + ")");
+    onnx::ValueInfoProto vi = it->second;
+    vi.set_name(name);
+    added_types_.push_back(vi);
+  }
+
+  int degree_, rank_;
+  TpShard shard_;
+  std::map<std::string, int> node_of_name_, producer_, initializer_, rank_of_;
+  std::map<std::string, std::vector<int>> consumers_;
+  std::map<std::string, onnx::ValueInfoProto> types_;
+  std::map<std::string, TpShardedParam> sliced_;
+  std::map<int, std::vector<NodeProto>> before_, after_;
+  std::vector<onnx::ValueInfoProto> added_types_;
+  std::set<std::string> split_names_;
+};
+
+}  // namespace
+
+TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std::vector<TpShardRegion>& regions,
+                                        int degree, int rank) {
+  if (degree < 1 || rank < 0 || rank >= degree)
+    throw InvalidArgument("tensor parallelism: rank " + std::to_string(rank) + " of degree " + std::to_string(degree));
+  Sharder sharder(stage, degree, rank);
+  if (degree > 1)
+    for (size_t i = 0; i < regions.size(); ++i)
+      if (sharder.present(regions[i])) sharder.shard(regions[i], i);
+  return sharder.finish();
+}
+
+}  // namespace apart

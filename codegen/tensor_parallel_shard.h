@@ -1,0 +1,69 @@
+// One tensor-parallel rank's shard of a stage's forward graph (Megatron-LM, Shoeybi et al. 2019 §3): column-split
+// first linears, row-split second linears, heads divided, and the two collectives as explicit ai.apart nodes.
+//
+// What the shard of rank r of t holds, region by region (partition/tensor_parallel.h finds the regions; plan.json
+// carries their layout, plan/plan.h PlanTpRegion):
+//   - a column linear's weight (and bias) keeps 1/t of its output columns. When the output is cut into p equal pieces
+//     downstream (a fused QKV weight [h, 3h] read by one Split into q, k and v), each piece is cut alike, so rank r
+//     holds its heads of q, of k and of v: columns [i·L/p + r·L/(p·t), i·L/p + (r+1)·L/(p·t)) for i < p
+//     (tp_shard_ranges, the one formula the runtime also gathers by);
+//   - a row linear's weight keeps its rows [r·L/t, (r+1)·L/t): its output is each rank's partial sum;
+//   - a Reshape whose output is split along axis j takes the target shape's entry j divided by t (the folded head
+//     count: [0, 0, 12, 64] → [0, 0, 6, 64] at t = 2); a Split along the split axis takes its sizes divided by t;
+//   - ai.apart.TpCopy(x) before the column linears of each region input x: identity forward, all-reduce of the
+//     gradient backward (Megatron's f);
+//   - ai.apart.TpAllReduce after the row linear: the partial sums all-reduced forward, identity backward (g).
+// Everything else (norms, residuals, embeddings, the LM head, the loss) is replicated: every rank computes it whole,
+// with the same values. Embedding and LM-head regions are left replicated here (no vocabulary split yet).
+// docs/runtime.md "Tensor-parallel stages" documents the two ops.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace apart {
+
+inline constexpr const char* kTpCopyOp = "TpCopy";            // ai.apart: f (identity; backward all-reduce)
+inline constexpr const char* kTpAllReduceOp = "TpAllReduce";  // ai.apart: g (all-reduce; backward identity)
+
+// A region as plan.json lays it out (PlanTpRegion's shard fields), by node and value names.
+struct TpShardRegion {
+  std::string name;
+  std::vector<std::string> column_tasks, row_tasks;
+  std::vector<std::string> inputs;         // replicated values the column linears read
+  std::vector<std::string> sliced_inputs;  // params/constants read sliced along the split axis
+  std::vector<std::pair<std::string, int>> split_values;  // value → the axis each rank holds 1/t of
+  std::string end_value;                   // the row linear's output (a partial sum)
+};
+
+// A param the shard holds a slice of: its whole shape, the axis cut, and the pieces that axis is cut into first.
+struct TpShardedParam {
+  std::string name;
+  std::vector<int64_t> shape;  // whole
+  int axis = 0;
+  int64_t pieces = 1;
+};
+
+struct TpShard {
+  onnx::ModelProto model;
+  std::vector<TpShardedParam> params;  // in initializer order
+  int regions = 0;                     // regions split in this stage
+};
+
+// The [begin, end) ranges along an axis of `length` that rank `rank` of `degree` holds when the axis is cut into
+// `pieces` equal pieces, each cut into `degree` equal parts. InvalidModel unless length divides by pieces × degree.
+std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t pieces, int degree, int rank);
+
+// Rank `rank` of `degree`'s shard of `stage` (a stage's forward, as stage_K.onnx holds it). Regions none of whose
+// linears are in the stage are skipped; one cut by a stage boundary is Unsupported. The sliced initializers must hold
+// their data inline (raw_data or float_data; the runtime loads external data first): InvalidModel otherwise.
+// Unsupported, naming the node, for a layout this pass does not rewrite (a Slice along the split axis, a weight
+// behind a Transpose, a shape operand computed at run time).
+TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std::vector<TpShardRegion>& regions,
+                                        int degree, int rank);
+
+}  // namespace apart

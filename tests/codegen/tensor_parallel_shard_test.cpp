@@ -1,0 +1,140 @@
+// A tensor-parallel rank's shard of a stage: gpt-tiny's stage under a TP 2 plan, cut for rank 0 and rank 1 (weights,
+// biases, head counts, the collectives), the shards' slices put back together by tp_shard_ranges, and what is refused.
+#include "codegen/tensor_parallel_shard.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/error.h"
+#include "plan/plan.h"
+#include "runtime/tensor.h"
+#include "runtime/tensor_parallel.h"
+#include "tests/support/read_model.h"
+#include "tests/support/run_apart.h"
+
+namespace apart {
+namespace {
+
+namespace fs = std::filesystem;
+
+// gpt-tiny planned as one stage on a TP pair (apart partition --tp 2 --pp 1 --dp 1), written once per process.
+const fs::path& tp_plan() {
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / ("apart_tp_shard_test_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    const auto r = testing::run_apart("partition " + std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx --device cpu "
+                                      "--devices 2 --tp 2 --pp 1 --dp 1 --sequence-parallel off --batch 8 "
+                                      "--no-baselines -o " + d.string());
+    EXPECT_EQ(r.code, 0) << r.out;
+    return d;
+  }();
+  return dir;
+}
+
+const onnx::TensorProto& initializer(const onnx::ModelProto& m, const std::string& name) {
+  for (const auto& t : m.graph().initializer())
+    if (t.name() == name) return t;
+  throw InvalidArgument("no initializer " + name);
+}
+
+std::vector<int64_t> dims(const onnx::TensorProto& t) { return {t.dims().begin(), t.dims().end()}; }
+
+int count_ops(const onnx::ModelProto& m, const std::string& domain, const std::string& op) {
+  int n = 0;
+  for (const auto& node : m.graph().node()) n += node.domain() == domain && node.op_type() == op ? 1 : 0;
+  return n;
+}
+
+TEST(TpShardRanges, CutEachPieceAliveSoEveryRankHoldsItsHeadsOfQKAndV) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(tp_shard_ranges(96, 3, 2, 0), (Ranges{{0, 16}, {32, 48}, {64, 80}}));
+  EXPECT_EQ(tp_shard_ranges(96, 3, 2, 1), (Ranges{{16, 32}, {48, 64}, {80, 96}}));
+  EXPECT_EQ(tp_shard_ranges(128, 1, 4, 3), (Ranges{{96, 128}}));
+  EXPECT_THROW(tp_shard_ranges(96, 3, 5, 0), InvalidModel);  // 32 columns of q do not cut into 5
+  EXPECT_THROW(tp_shard_ranges(10, 1, 4, 0), InvalidModel);
+  EXPECT_THROW(tp_shard_ranges(8, 1, 2, 2), InvalidModel);
+}
+
+TEST(AShard, HoldsHalfOfEachSplitLinearAndHalfTheHeads) {
+  const PlanDocument plan = read_plan(tp_plan());
+  const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  const TpShard shard = shard_stage_for_tensor_parallel(stage, tp_shard_regions(plan), 2, 1);
+  EXPECT_EQ(shard.regions, 4);  // 2 attention, 2 MLP (embedding and LM head replicated)
+  const onnx::ModelProto& m = shard.model;
+  EXPECT_EQ(dims(initializer(m, "blocks.0.attn.qkv.weight")), (std::vector<int64_t>{64, 96}));
+  EXPECT_EQ(dims(initializer(m, "blocks.0.attn.qkv.bias")), (std::vector<int64_t>{96}));
+  EXPECT_EQ(dims(initializer(m, "blocks.0.attn.proj.weight")), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(dims(initializer(m, "blocks.0.attn.proj.bias")), (std::vector<int64_t>{64}));  // added after the all-reduce
+  EXPECT_EQ(dims(initializer(m, "blocks.1.mlp.0.weight")), (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(dims(initializer(m, "blocks.1.mlp.2.weight")), (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(dims(initializer(m, "wte.weight")), (std::vector<int64_t>{512, 64}));  // the vocabulary stays whole
+  // One f before each region's first linear, one g after each row linear.
+  EXPECT_EQ(count_ops(m, "ai.apart", kTpCopyOp), 4);
+  EXPECT_EQ(count_ops(m, "ai.apart", kTpAllReduceOp), 4);
+  // The head count in every Reshape target into or out of heads: 2 heads of 32 → 1 per rank, 64 features → 32.
+  for (const auto& node : m.graph().node()) {
+    if (node.op_type() != "Reshape" || node.name().find("/attn/") == std::string::npos) continue;
+    const auto& target = initializer(m, node.input(1));
+    std::vector<int64_t> shape(static_cast<size_t>(target.dims(0)));
+    std::memcpy(shape.data(), target.raw_data().data(), shape.size() * 8);
+    if (shape.size() == 4) EXPECT_EQ(shape[2], 1) << node.name();
+    else EXPECT_EQ(shape.back(), 32) << node.name();
+  }
+  ASSERT_EQ(shard.params.size(), 12u);  // per block: qkv weight + bias, proj weight, mlp.0 weight + bias, mlp.2 weight
+}
+
+TEST(TwoShards, PutBackTogetherByTheirRangesAreTheWholeWeights) {
+  const PlanDocument plan = read_plan(tp_plan());
+  const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  std::vector<TpShard> shards;
+  for (int r = 0; r < 2; ++r) shards.push_back(shard_stage_for_tensor_parallel(stage, tp_shard_regions(plan), 2, r));
+  for (const TpShardedParam& p : shards[0].params) {
+    const Tensor whole = tensor_from_proto(initializer(stage, p.name), tp_plan());
+    Tensor rebuilt(DType::kFloat32, p.shape);
+    int64_t outer = 1, inner = 1;
+    for (int a = 0; a < p.axis; ++a) outer *= p.shape[static_cast<size_t>(a)];
+    for (size_t a = static_cast<size_t>(p.axis) + 1; a < p.shape.size(); ++a) inner *= p.shape[a];
+    const int64_t length = p.shape[static_cast<size_t>(p.axis)];
+    for (int r = 0; r < 2; ++r) {
+      const Tensor part = tensor_from_proto(initializer(shards[static_cast<size_t>(r)].model, p.name));
+      const auto ranges = tp_shard_ranges(length, p.pieces, 2, r);
+      const int64_t kept = length / 2;
+      for (int64_t o = 0; o < outer; ++o) {
+        int64_t at = 0;
+        for (const auto& [b, e] : ranges) {
+          std::memcpy(rebuilt.data<float>() + (o * length + b) * inner, part.data<float>() + (o * kept + at) * inner,
+                      static_cast<size_t>((e - b) * inner) * 4);
+          at += e - b;
+        }
+      }
+    }
+    EXPECT_EQ(std::memcmp(rebuilt.raw(), whole.raw(), static_cast<size_t>(whole.bytes())), 0) << p.name;
+  }
+}
+
+TEST(AShard, OfDegreeOneIsTheStageItself) {
+  const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  const TpShard shard = shard_stage_for_tensor_parallel(stage, tp_shard_regions(read_plan(tp_plan())), 1, 0);
+  EXPECT_EQ(shard.regions, 0);
+  EXPECT_EQ(shard.model.SerializeAsString(), stage.SerializeAsString());
+}
+
+TEST(AShard, RefusesARegionCutByAStageBoundaryAndAShapeItCannotRewrite) {
+  const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(tp_plan()));
+  std::vector<TpShardRegion> cut = {regions[0]};
+  cut[0].row_tasks = {"/not/in/this/stage/MatMul"};
+  EXPECT_THROW(shard_stage_for_tensor_parallel(stage, cut, 2, 0), Unsupported);
+  std::vector<TpShardRegion> odd = {regions[1]};  // an MLP: 64 features do not cut into 3 equal parts
+  EXPECT_THROW(shard_stage_for_tensor_parallel(stage, odd, 3, 0), Error);
+  EXPECT_THROW(shard_stage_for_tensor_parallel(stage, regions, 2, 2), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace apart

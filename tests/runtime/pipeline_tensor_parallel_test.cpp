@@ -1,0 +1,174 @@
+// apart run with tensor-parallel stages (codegen/tensor_parallel_shard.h: column/row-split linears, heads divided,
+// ai.apart.TpCopy/TpAllReduce over each replica's TP group): against apart train on the whole batch (TP 2 × PP 1,
+// TP 2 × PP 2, TP 2 × DP 2, ZB-H1, ZeRO), what each rank holds, --save-model's gathered weights, checkpoints and
+// resume, and one process per rank under mpirun.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+#include "runtime/checkpoint.h"
+#include "runtime/pipeline.h"
+#include "tests/runtime/pipeline_fixture.h"
+
+namespace apart {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace apart::testing;
+
+fs::path scratch(const std::string& name) { return testing::scratch("pipeline_tensor_parallel_test", name); }
+
+struct TpShape {
+  int stages = 1;
+  int replicas = 1;
+  int tp = 2;
+  int64_t microbatches = 2;
+  Schedule schedule = Schedule::k1F1B;
+  int zero = 0;
+};
+
+// A plan pinned by apart partition's own flags (--tp, --pp, --dp), sequence parallelism off (not executed yet).
+fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir) {
+  const int devices = shape.stages * shape.replicas * shape.tp;
+  const auto r = testing::run_apart(
+      "partition " + gpt_tiny() + " --device cpu --devices " + std::to_string(devices) + " --tp " + std::to_string(shape.tp) +
+      " --pp " + std::to_string(shape.stages) + " --dp " + std::to_string(shape.replicas) + " --sequence-parallel off" +
+      " --microbatches " + std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) + " --schedule " +
+      std::string(schedule_name(shape.schedule)) + " --zero " + std::to_string(shape.zero) + " --no-baselines -o " +
+      dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  const PlanDocument plan = read_plan(dir);
+  EXPECT_EQ(static_cast<int>(plan.stages.size()), shape.stages);
+  for (const PlanStageRecord& s : plan.stages) {
+    EXPECT_EQ(s.tp, shape.tp);
+    EXPECT_EQ(s.replicas, shape.replicas);
+  }
+  return dir;
+}
+
+struct Case {
+  const char* name;
+  TpShape shape;
+};
+
+class TensorParallelPlans : public ::testing::TestWithParam<Case> {};
+
+// SGD, lr 0.05, 3 steps (train_reference): losses within 2e-5 relative, each param's change within 1e-3 of
+// apart train's (expect_same_training); every rank trains a strict part of its stage's params.
+TEST_P(TensorParallelPlans, TrainAsOneProcessTrainsOnTheWholeBatch) {
+  const Case& c = GetParam();
+  const fs::path dir = scratch(c.name);
+  constexpr int64_t kBatch = 8, kSteps = 3;
+  const Outcome reference = train_reference(gpt_tiny(), kBatch, kSteps, dir);
+  const fs::path plan = make_tp_plan(c.shape, kBatch, dir / "plan");
+  const Outcome run = run_threads(plan, kSteps, dir);
+  expect_same_training(reference, run, read_weights(gpt_tiny()), c.name);
+  ASSERT_EQ(static_cast<int>(run.ranks.size()), c.shape.stages * c.shape.replicas * c.shape.tp);
+  const int64_t whole = total_params(read_weights(gpt_tiny()));
+  for (const RunResult& r : run.ranks) {
+    EXPECT_LT(r.params, whole) << c.name;
+    EXPECT_EQ(r.reports, r.role.tp_rank == 0 && r.role.replica == 0 && r.role.stage == c.shape.stages - 1)
+        << c.name << " rank stage " << r.role.stage << " tp " << r.role.tp_rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, TensorParallelPlans,
+    ::testing::Values(Case{"tp2_pp1_m2", {1, 1, 2, 2}},
+                      // The tied embedding is in both stages: its gradient is summed per TP rank.
+                      Case{"tp2_pp2_m4", {2, 1, 2, 4}},
+                      Case{"tp2_pp2_gpipe_m2", {2, 1, 2, 2, Schedule::kGPipe}},
+                      // ZB-H1: the input-gradient pass holds TpCopy's backward all-reduce, the W pass none.
+                      Case{"tp2_pp2_zb_h1_m4", {2, 1, 2, 4, Schedule::kZbH1}},
+                      // Two replicas of a TP pair: each TP rank's replicas all-reduce their slices.
+                      Case{"tp2_dp2_m2", {1, 2, 2, 2}},
+                      Case{"tp2_dp2_zero1_m2", {1, 2, 2, 2, Schedule::k1F1B, 1}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// The two TP ranks of a stage hold complementary halves of each split weight: apart run's trained params per rank
+// add up to the stage's with the replicated ones counted on both.
+TEST(ATensorParallelStage, HoldsHalfOfEverySplitLinearOnEachRank) {
+  const fs::path dir = scratch("halves");
+  const fs::path plan = make_tp_plan({1, 1, 2, 2}, 8, dir / "plan");
+  const Outcome run = run_threads(plan, 1, dir);
+  ASSERT_EQ(run.ranks.size(), 2u);
+  EXPECT_EQ(run.ranks[0].params, run.ranks[1].params);
+  const Weights w = read_weights(gpt_tiny());
+  int64_t split = 0;  // the attention and MLP linears and their column biases of gpt-tiny's two blocks
+  for (const auto& [name, t] : w.by_name)
+    if (name.find(".attn.") != std::string::npos || name.find(".mlp.0.") != std::string::npos ||
+        (name.find(".mlp.2.weight") != std::string::npos))
+      split += t.elements();
+  // Row linears' biases (attn.proj.bias) are added after the all-reduce: replicated.
+  for (const auto& [name, t] : w.by_name)
+    if (name.find(".attn.proj.bias") != std::string::npos) split -= t.elements();
+  EXPECT_EQ(run.ranks[0].params, total_params(w) - split / 2);
+}
+
+// AdamW over TP 2 × PP 2: four steps straight equal two, a checkpoint (each rank its own slices), and two resumed.
+TEST(ATensorParallelRun, ResumesFromItsCheckpointBitwise) {
+  const fs::path dir = scratch("resume");
+  const fs::path plan = make_tp_plan({2, 1, 2, 2}, 8, dir / "plan");
+  const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdamW, 1e-3);
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  run_threads(plan, 2, dir / "first", Optimizer::kAdamW, 1e-3, ck.string());
+  const Outcome rest = run_threads(plan, 4, dir / "rest", Optimizer::kAdamW, 1e-3, "", ck.string());
+  ASSERT_EQ(rest.losses.size(), 2u);
+  ASSERT_EQ(straight.losses.size(), 4u);
+  EXPECT_EQ(rest.losses[1], straight.losses[3]);
+  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
+  // Rank 0 and rank 1 (stage 0's TP ranks) saved different slices of the same param under one name.
+  const Checkpoint a = read_checkpoint(ck / "step_2" / "rank_0.apart");
+  const Checkpoint b = read_checkpoint(ck / "step_2" / "rank_1.apart");
+  EXPECT_EQ(a.meta.value("tp_rank", -1), 0);
+  EXPECT_EQ(b.meta.value("tp_rank", -1), 1);
+  auto find = [](const Checkpoint& c, const std::string& name) -> const Tensor* {
+    for (const auto& [n, t] : c.tensors)
+      if (n == name) return &t;
+    return nullptr;
+  };
+  const Tensor* qkv0 = find(a, "param/blocks.0.attn.qkv.weight");
+  const Tensor* qkv1 = find(b, "param/blocks.0.attn.qkv.weight");
+  ASSERT_TRUE(qkv0 && qkv1);
+  EXPECT_EQ(qkv0->shape(), qkv1->shape());
+  EXPECT_EQ(qkv0->elements() * 2, read_weights(gpt_tiny()).by_name.at("blocks.0.attn.qkv.weight").elements());
+}
+
+// A TP plan written before plan.json carried the regions' shard layout is refused on every rank, saying to re-plan.
+TEST(ATensorParallelPlan, WithoutItsShardLayoutIsRefusedNamingTheFix) {
+  const fs::path dir = scratch("no_layout");
+  const fs::path plan_dir = make_tp_plan({1, 1, 2, 2}, 8, dir / "plan");
+  PlanDocument plan = read_plan(plan_dir);
+  ASSERT_TRUE(plan.tensor_parallel.has_value());
+  for (PlanTpRegion& r : plan.tensor_parallel->regions) r.column_tasks.clear();
+  std::ofstream(plan_dir / "plan.json") << plan_to_json(plan).dump(2) << "\n";
+  const auto errors = run_ranks(2, CommOptions{30}, [&](int, Communicator& comm) {
+    run_plan(run_options_like_reference(plan_dir, 1), comm);
+  });
+  for (const auto& e : errors) EXPECT_NE(error_message(e).find("re-run apart partition"), std::string::npos) << error_message(e);
+}
+
+// One process per rank: MPI's all-reduces inside the forward and backward give the threads' losses and weights.
+TEST(ATensorParallelRunUnderMpirun, GivesTheThreadsLossesAndWeights) {
+  if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = scratch("mpi");
+  const fs::path plan = make_tp_plan({2, 1, 2, 4}, 8, dir / "plan");
+  const fs::path model = dir / "mpi.onnx";
+  const auto r = mpirun_apart_run(4, plan.string() + " --steps 3 --optimizer adamw --lr 1e-3 --seed 3 --save-model " +
+                                         model.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const Outcome threads = run_threads(plan, 3, dir / "threads", Optimizer::kAdamW, 1e-3);
+  ASSERT_EQ(threads.losses.size(), 3u);
+  const size_t at = r.out.find("step=3 loss=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NEAR(std::stod(r.out.substr(at + 12, 12)), threads.losses[2], 2e-6 + 2e-5 * threads.losses[2]) << r.out;
+  expect_same_training(threads, Outcome{threads.losses, read_weights(model), {}}, read_weights(gpt_tiny()), "mpirun tp2 pp2");
+}
+
+}  // namespace
+}  // namespace apart

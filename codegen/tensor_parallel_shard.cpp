@@ -127,15 +127,15 @@ class Sharder {
       if (vi.type().tensor_type().has_shape()) rank_of_[name] = vi.type().tensor_type().shape().dim_size();
   }
 
-  bool present(const TpShardRegion& r) const {
+  // Whether the stage holds the whole region; one cut by a stage boundary is noted and left whole.
+  bool present(const TpShardRegion& r) {
     size_t found = 0;
     for (const auto* list : {&r.column_tasks, &r.row_tasks})
       for (const std::string& n : *list) found += node_of_name_.count(n);
     if (found == 0) return false;
-    if (found != r.column_tasks.size() + r.row_tasks.size())
-      throw Unsupported("tensor parallelism: region " + quote(r.name) + " is cut by a stage boundary (some of its linears "
-                        "are in another stage); re-plan so that stage cuts fall between regions");
-    return true;
+    if (found == r.column_tasks.size() + r.row_tasks.size()) return true;
+    shard_.replicated.push_back(r.name);
+    return false;
   }
 
   void shard(const TpShardRegion& r, size_t index) {

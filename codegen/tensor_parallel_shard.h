@@ -52,6 +52,9 @@ struct TpShard {
   onnx::ModelProto model;
   std::vector<TpShardedParam> params;  // in initializer order
   int regions = 0;                     // regions split in this stage
+  // Regions a stage boundary cuts (some of their linears in another stage): left whole, computed on every TP rank
+  // (the same values, no memory saved); the stage on the other side of the cut leaves its part whole too.
+  std::vector<std::string> replicated;
 };
 
 // The [begin, end) ranges along an axis of `length` that rank `rank` of `degree` holds when the axis is cut into
@@ -59,7 +62,8 @@ struct TpShard {
 std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t pieces, int degree, int rank);
 
 // Rank `rank` of `degree`'s shard of `stage` (a stage's forward, as stage_K.onnx holds it). Regions none of whose
-// linears are in the stage are skipped; one cut by a stage boundary is Unsupported. The sliced initializers must hold
+// linears are in the stage are skipped; one cut by a stage boundary stays whole (TpShard::replicated). The sliced
+// initializers must hold
 // their data inline (raw_data or float_data; the runtime loads external data first): InvalidModel otherwise.
 // Unsupported, naming the node, for a layout this pass does not rewrite (a Slice along the split axis, a weight
 // behind a Transpose, a shape operand computed at run time).

@@ -624,6 +624,7 @@ void StageRunner::build_tensor_parallel_shard(onnx::ModelProto& proto) {
   }
   TpShard shard = shard_stage_for_tensor_parallel(proto, regions, setup_.tp, setup_.role.tp_rank);
   for (const TpShardedParam& p : shard.params) tp_sharded_[p.name] = p;
+  result_.tp_whole_regions = shard.replicated;
   proto = std::move(shard.model);
 }
 

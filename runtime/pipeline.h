@@ -68,6 +68,9 @@ struct RunResult {
   int64_t planned_memory_bytes = 0;
   std::string backend;             // Backend::describe() of this rank's backend
   std::vector<std::string> fallback_ops;  // ops its executors run on the CPU kernel for want of a backend kernel
+  // Tensor-parallel regions this rank's stage computes whole on every TP rank: a stage boundary cuts them
+  // (codegen/tensor_parallel_shard.h TpShard::replicated).
+  std::vector<std::string> tp_whole_regions;
 };
 
 // Runs `options.steps` steps of the plan as rank world.rank() of world.size(). Every rank calls it with the same

@@ -125,12 +125,20 @@ TEST(AShard, OfDegreeOneIsTheStageItself) {
   EXPECT_EQ(shard.model.SerializeAsString(), stage.SerializeAsString());
 }
 
-TEST(AShard, RefusesARegionCutByAStageBoundaryAndAShapeItCannotRewrite) {
+TEST(AShard, LeavesARegionCutByAStageBoundaryWholeAndNamesIt) {
+  const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  std::vector<TpShardRegion> cut = {tp_shard_regions(read_plan(tp_plan()))[0]};
+  cut[0].row_tasks = {"/not/in/this/stage/MatMul"};
+  const TpShard shard = shard_stage_for_tensor_parallel(stage, cut, 2, 0);
+  EXPECT_EQ(shard.regions, 0);
+  EXPECT_EQ(shard.replicated, std::vector<std::string>{cut[0].name});
+  EXPECT_TRUE(shard.params.empty());
+  EXPECT_EQ(count_ops(shard.model, "ai.apart", kTpCopyOp), 0);
+}
+
+TEST(AShard, RefusesADegreeItsWidthsDoNotDivideAndARankOutsideIt) {
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
   std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(tp_plan()));
-  std::vector<TpShardRegion> cut = {regions[0]};
-  cut[0].row_tasks = {"/not/in/this/stage/MatMul"};
-  EXPECT_THROW(shard_stage_for_tensor_parallel(stage, cut, 2, 0), Unsupported);
   std::vector<TpShardRegion> odd = {regions[1]};  // an MLP: 64 features do not cut into 3 equal parts
   EXPECT_THROW(shard_stage_for_tensor_parallel(stage, odd, 3, 0), Error);
   EXPECT_THROW(shard_stage_for_tensor_parallel(stage, regions, 2, 2), InvalidArgument);

@@ -29,6 +29,7 @@ struct TpShape {
   int64_t microbatches = 2;
   Schedule schedule = Schedule::k1F1B;
   int zero = 0;
+  const char* recompute = "off";  // --recompute: off or on (whole stages; selective is not executed yet)
 };
 
 // A plan pinned by apart partition's own flags (--tp, --pp, --dp), sequence parallelism off (not executed yet).
@@ -38,7 +39,8 @@ fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir) 
       "partition " + gpt_tiny() + " --device cpu --devices " + std::to_string(devices) + " --tp " + std::to_string(shape.tp) +
       " --pp " + std::to_string(shape.stages) + " --dp " + std::to_string(shape.replicas) + " --sequence-parallel off" +
       " --microbatches " + std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) + " --schedule " +
-      std::string(schedule_name(shape.schedule)) + " --zero " + std::to_string(shape.zero) + " --no-baselines -o " +
+      std::string(schedule_name(shape.schedule)) + " --zero " + std::to_string(shape.zero) + " --recompute " +
+      shape.recompute + " --no-baselines -o " +
       dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
   const PlanDocument plan = read_plan(dir);
@@ -86,7 +88,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tp2_pp2_zb_h1_m4", {2, 1, 2, 4, Schedule::kZbH1}},
                       // Two replicas of a TP pair: each TP rank's replicas all-reduce their slices.
                       Case{"tp2_dp2_m2", {1, 2, 2, 2}},
-                      Case{"tp2_dp2_zero1_m2", {1, 2, 2, 2, Schedule::k1F1B, 1}}),
+                      Case{"tp2_dp2_zero1_m2", {1, 2, 2, 2, Schedule::k1F1B, 1}},
+                      // Whole-stage recomputation: the backward re-runs the forward, its all-reduces with it. The
+                      // planner cuts this plan inside /blocks.1/attn: both stages compute that region whole.
+                      Case{"tp2_pp2_recompute_m2", {2, 1, 2, 2, Schedule::k1F1B, 0, "on"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // The two TP ranks of a stage hold complementary halves of each split weight: apart run's trained params per rank

@@ -142,6 +142,19 @@ class Sharder {
     std::map<std::string, int> split(r.split_values.begin(), r.split_values.end());
     onnx::GraphProto& g = *shard_.model.mutable_graph();
     auto node = [&](const std::string& name) -> NodeProto& { return *g.mutable_node(node_of_name_.at(name)); };
+    // The layout comes from plan.json: a linear it names must be one (a MatMul or Gemm reading a weight).
+    for (const auto* list : {&r.column_tasks, &r.row_tasks})
+      for (const std::string& name : *list) {
+        const NodeProto& n = node(name);
+        if (!n.domain().empty() || (n.op_type() != "MatMul" && n.op_type() != "Gemm") || n.input_size() < 2 ||
+            n.output_size() < 1)
+          throw InvalidModel("tensor parallelism: region " + quote(r.name) + " names " + quote(name) + " as a linear, but it is a " +
+                             n.op_type() + " with " + std::to_string(n.input_size()) + " inputs; re-run apart partition");
+      }
+    for (const auto& [value, axis] : r.split_values)
+      if (const auto it = rank_of_.find(value); it != rank_of_.end() && (axis < 0 || axis >= it->second))
+        throw InvalidModel("tensor parallelism: region " + quote(r.name) + " splits " + quote(value) + " along axis " +
+                           std::to_string(axis) + ", which it does not have; re-run apart partition");
 
     // Column linears: the pieces their output is cut into downstream, and the chain of values that carries them.
     std::map<int, int64_t> pieces_of_node;  // node index → pieces its split output is laid out in

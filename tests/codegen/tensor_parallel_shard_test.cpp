@@ -136,6 +136,17 @@ TEST(AShard, LeavesARegionCutByAStageBoundaryWholeAndNamesIt) {
   EXPECT_EQ(count_ops(shard.model, "ai.apart", kTpCopyOp), 0);
 }
 
+TEST(AShard, RefusesALayoutThatNamesANonLinearOrAnAxisTheValueLacks) {
+  const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  std::vector<TpShardRegion> regions = {tp_shard_regions(read_plan(tp_plan()))[1]};
+  std::vector<TpShardRegion> not_linear = regions;
+  not_linear[0].row_tasks = {"/blocks.0/ln2/Sqrt"};
+  EXPECT_THROW(shard_stage_for_tensor_parallel(stage, not_linear, 2, 0), InvalidModel);
+  std::vector<TpShardRegion> bad_axis = regions;
+  bad_axis[0].split_values[0].second = 7;
+  EXPECT_THROW(shard_stage_for_tensor_parallel(stage, bad_axis, 2, 0), InvalidModel);
+}
+
 TEST(AShard, RefusesADegreeItsWidthsDoNotDivideAndARankOutsideIt) {
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
   std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(tp_plan()));

@@ -89,6 +89,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // Two replicas of a TP pair: each TP rank's replicas all-reduce their slices.
                       Case{"tp2_dp2_m2", {1, 2, 2, 2}},
                       Case{"tp2_dp2_zero1_m2", {1, 2, 2, 2, Schedule::k1F1B, 1}},
+                      // ZeRO-3: each TP rank's replicas gather their slices before every pass.
+                      Case{"tp2_dp2_zero3_m2", {1, 2, 2, 2, Schedule::k1F1B, 3}},
                       // Whole-stage recomputation: the backward re-runs the forward, its all-reduces with it. The
                       // planner cuts this plan inside /blocks.1/attn: both stages compute that region whole.
                       Case{"tp2_pp2_recompute_m2", {2, 1, 2, 2, Schedule::k1F1B, 0, "on"}}),

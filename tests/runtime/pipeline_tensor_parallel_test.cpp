@@ -146,6 +146,30 @@ TEST(ATensorParallelRun, ResumesFromItsCheckpointBitwise) {
   EXPECT_EQ(qkv0->elements() * 2, read_weights(gpt_tiny()).by_name.at("blocks.0.attn.qkv.weight").elements());
 }
 
+// --init random draws every param whole (seeded per name) before the shard is cut, so each rank's slices are slices
+// of apart train's random weights: the same losses over 3 SGD steps as apart train --init random.
+TEST(ATensorParallelRun, FromRandomWeightsTrainsAsApartTrainFromTheSameRandomWeights) {
+  const fs::path dir = scratch("random");
+  const fs::path plan = make_tp_plan({2, 1, 2, 2}, 8, dir / "plan");
+  TrainOptions t;
+  t.model = gpt_tiny();
+  t.batch = 8;
+  t.steps = 3;
+  t.optimizer.kind = Optimizer::kSgd;
+  t.optimizer.lr = 0.05;
+  t.seed = 3;
+  t.init = ParamInit::kRandom;
+  std::vector<double> reference;
+  for (const StepRecord& s : train(t).steps) reference.push_back(s.loss);
+  RunOptions o = run_options_like_reference(plan, 3);
+  o.init = ParamInit::kRandom;
+  std::vector<RunResult> ranks(4);
+  const auto errors = run_ranks(4, CommOptions{60}, [&](int r, Communicator& comm) { ranks[static_cast<size_t>(r)] = run_plan(o, comm); });
+  for (const auto& e : errors) ASSERT_EQ(error_message(e), "");
+  ASSERT_EQ(ranks[0].steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(ranks[0].steps[i].loss, reference[i], 2e-5 * reference[i]) << "step " << i + 1;
+}
+
 // A TP plan written before plan.json carried the regions' shard layout is refused on every rank, saying to re-plan.
 TEST(ATensorParallelPlan, WithoutItsShardLayoutIsRefusedNamingTheFix) {
   const fs::path dir = scratch("no_layout");

@@ -15,6 +15,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "plan/plan.h"
@@ -144,6 +145,23 @@ inline testing::CommandRun mpirun_apart_run(int ranks, const std::string& args) 
   return testing::run_command(
       "ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout 120 "
       "--oversubscribe -np " + std::to_string(ranks) + " " + std::string(APART_BINARY) + " run " + args + " 2>&1");
+}
+
+// "<rank> peak tensor memory 4.62 MiB; the plan estimates 2.73 MiB …" as apart run prints it for the rank whose
+// prefix is `rank` ("[rank 0/2 stage 0 replica 0]") → {measured, planned} bytes; {0, 0} when the line is missing.
+inline std::pair<double, double> peak_and_plan(const std::string& out, const std::string& rank) {
+  auto bytes_at = [&](size_t at) {
+    size_t used = 0;
+    const double v = std::stod(out.substr(at), &used);
+    const std::string unit = out.substr(at + used + 1, 3);
+    return v * (unit == "GiB" ? 1 << 30 : unit == "MiB" ? 1 << 20 : unit == "KiB" ? 1 << 10 : 1);
+  };
+  const std::string head = rank + " peak tensor memory ";
+  const size_t line = out.find(head);
+  if (line == std::string::npos) return {0, 0};
+  const size_t peak = line + head.size();
+  const size_t plan = out.find("the plan estimates ", peak) + std::string("the plan estimates ").size();
+  return {bytes_at(peak), bytes_at(plan)};
 }
 
 inline int plan_world(const fs::path& plan_dir) { return plan_devices(read_plan(plan_dir)); }  // replicas × tp

@@ -234,21 +234,6 @@ TEST(ZeroUnderMpirun, GathersBeforeEveryPassOfAPipelineWithoutDeadlock) {
   expect_same_training(threads, Outcome{threads.losses, read_weights(model), {}}, read_weights(gpt_tiny()), "mpirun zero3");
 }
 
-// "peak tensor memory 4.62 MiB; the plan estimates 2.73 MiB …" of rank 0 → {measured, planned} bytes.
-std::pair<double, double> peak_and_plan(const std::string& out) {
-  auto bytes_at = [&](size_t at) {
-    size_t used = 0;
-    const double v = std::stod(out.substr(at), &used);
-    const std::string unit = out.substr(at + used + 1, 3);
-    return v * (unit == "GiB" ? 1 << 30 : unit == "MiB" ? 1 << 20 : unit == "KiB" ? 1 << 10 : 1);
-  };
-  const size_t line = out.find("[rank 0/2 stage 0 replica 0] peak tensor memory ");
-  if (line == std::string::npos) return {0, 0};
-  const size_t peak = line + std::string("[rank 0/2 stage 0 replica 0] peak tensor memory ").size();
-  const size_t plan = out.find("the plan estimates ", peak) + std::string("the plan estimates ").size();
-  return {bytes_at(peak), bytes_at(plan)};
-}
-
 // One process per rank, so each counts its own tensors: what ZeRO-1 and ZeRO-2 save against ZeRO-0 is what the
 // plan's memory estimate says they save (the optimizer state's half, then the gradients' half), within 10 %; ZeRO-3
 // is held to what the runtime does, which is not what the plan models (below).
@@ -264,7 +249,7 @@ TEST(ZeroUnderMpirun, SavesThePeakMemoryThePlanPredicts) {
     ASSERT_EQ(p.code, 0) << p.out;
     const auto r = mpirun_apart_run(2, plan.string() + " --steps 2");
     ASSERT_EQ(r.code, 0) << r.out;
-    figures.push_back(peak_and_plan(r.out));
+    figures.push_back(peak_and_plan(r.out, "[rank 0/2 stage 0 replica 0]"));
     ASSERT_GT(figures.back().first, 0) << r.out;
     std::printf("ZeRO-%d: peak %.0f B, plan %.0f B\n", zero, figures.back().first, figures.back().second);
   }

@@ -41,7 +41,8 @@ nlohmann::json device_to_json(const Device& d) {
           {"peak_flops", {{"fp32", d.peak_fp32_flops}, {"tf32", d.peak_tf32_flops}, {"fp16", d.peak_fp16_flops}}},
           {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
           {"kernel_overhead_s", d.kernel_overhead_s},
-          {"measured", d.measured}};
+          {"measured", d.measured},
+          {"fuses_elementwise", d.fuses_elementwise}};
 }
 
 Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
@@ -70,6 +71,8 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
     dev.memory_bandwidth =
         positive_or(r, dj, "device.", "memory_bandwidth_bytes_per_s", limits::kMaxRate, dev.memory_bandwidth);
     dev.kernel_overhead_s = r.optional_seconds(dj, "device.", "kernel_overhead_s").value_or(dev.kernel_overhead_s);
+    // A datasheet device is costed as the GPU presets are, fused kernels included, unless the file says otherwise.
+    dev.fuses_elementwise = r.boolean(dj, "device.", "fuses_elementwise", dj.contains("base") ? dev.fuses_elementwise : true);
   } else {
     r.fail("device", "must be a preset name or an object");
   }

@@ -8,6 +8,7 @@
 
 #include "graph/dtype.h"
 #include "graph/error.h"
+#include "profiler/fusion.h"
 #include "profiler/memory_model.h"
 
 namespace apart {
@@ -296,25 +297,66 @@ BackwardWork other_backward(const TaskView& v, const OpWork& fw, OpClass cls) {
   }
 }
 
+// A fused kernel (profiler/fusion.h) runs at the least efficient of its tasks' classes (a decomposed LayerNorm at the
+// normalisation's fractions of peak, a scale-mask-softmax at the softmax's) on its summed FLOPs and bytes: one roofline
+// and one launch forward, one roofline and the most launches any of its tasks' backward takes backward. Each task
+// gets the share of it that it would take alone; the launches go to the first. None of its tasks is a GEMM, so the
+// peak is the vector one.
+void time_fused_kernel(const std::vector<TaskId>& members, const TaskGraph& g, const Device& device,
+                       const std::vector<BackwardWork>& backward, CostTable& table) {
+  OpEfficiency eff{1, 1};
+  double flops = 0, bytes = 0, backward_flops = 0, backward_bytes = 0, alone_forward = 0, alone_backward = 0;
+  int backward_kernels = 0;
+  std::vector<double> forward_share, backward_share;
+  for (TaskId t : members) {
+    const OpEfficiency own = default_efficiency(op_class(g.task(t)), device);
+    eff.compute = std::min(eff.compute, own.compute);
+    eff.memory = std::min(eff.memory, own.memory);
+    const TaskCost& c = table.tasks[t.value()];
+    flops += c.flops;
+    bytes += c.bytes_accessed;
+    backward_flops += c.backward_flops;
+    backward_bytes += c.backward_bytes;
+    backward_kernels = std::max(backward_kernels, backward[t.value()].kernels);
+    forward_share.push_back(roofline_time(c.flops, c.bytes_accessed, device.peak_fp32_flops, device.memory_bandwidth, own, 0));
+    backward_share.push_back(roofline_time(c.backward_flops, c.backward_bytes, device.peak_fp32_flops,
+                                           device.memory_bandwidth, own, 0));
+    alone_forward += forward_share.back();
+    alone_backward += backward_share.back();
+  }
+  const double forward_s = roofline_time(flops, bytes, device.peak_fp32_flops, device.memory_bandwidth, eff, 0);
+  const double backward_s =
+      roofline_time(backward_flops, backward_bytes, device.peak_fp32_flops, device.memory_bandwidth, eff, 0);
+  for (size_t k = 0; k < members.size(); ++k) {
+    TaskCost& c = table.tasks[members[k].value()];
+    c.forward_s = alone_forward > 0 ? forward_s * (forward_share[k] / alone_forward) : 0.0;
+    c.backward_s = alone_backward > 0 ? backward_s * (backward_share[k] / alone_backward) : 0.0;
+  }
+  TaskCost& first = table.tasks[members.front().value()];
+  first.forward_s += device.kernel_overhead_s;
+  if (backward_flops > 0 || backward_bytes > 0) first.backward_s += device.kernel_overhead_s * std::max(1, backward_kernels);
+}
+
 }  // namespace
 
 OpEfficiency default_efficiency(OpClass c, const Device& device) {
   // The measured cpu device: its probe's peaks are what its kernels sustain at best; streaming kernels reach ~80%
   // of the probed bandwidth, reductions and normalisations (two passes) ~60%, strided copies ~50%.
-  // Datasheet devices (GPU presets, --cluster devices): one calibration, fit against measured A100 iteration times
-  // (Narayanan et al. SC21 Table 1, Korthikanti et al. MLSys'23 Table 5; docs/cost-model.md §3, bench/RESULTS.md):
-  // large cuBLAS GEMMs sustain ~82% of the dense tensor peak, fused streaming kernels ~90% of DRAM bandwidth,
-  // norms, softmax and reductions ~80%. Small kernels are governed by the per-kernel overhead, added on top
+  // Datasheet devices (GPU presets, --cluster devices): one calibration, fit with fused kernels (profiler/fusion.h)
+  // against measured A100 iteration times (Narayanan et al. SC21 Table 1, Korthikanti et al. MLSys'23 Table 5;
+  // docs/cost-model.md §3, bench/RESULTS.md): GEMMs sustain ~72% of the dense tensor peak and, where memory-bound
+  // (the attention's batched products), ~50% of DRAM bandwidth; fused elementwise and copy kernels ~70%, norms,
+  // softmax and reductions ~50%. Small kernels are governed by the per-kernel overhead, added on top
   // (Device::kernel_overhead_s).
   const bool datasheet = !device.measured;
   switch (c) {
-    case OpClass::kMatMul: return {datasheet ? 0.82 : 0.70, 0.80};
-    case OpClass::kElementwise: return {0.50, datasheet ? 0.90 : 0.80};
+    case OpClass::kMatMul: return {datasheet ? 0.72 : 0.70, datasheet ? 0.50 : 0.80};
+    case OpClass::kElementwise: return {0.50, datasheet ? 0.70 : 0.80};
     case OpClass::kNormalization:
     case OpClass::kSoftmax:
-    case OpClass::kReduction: return {0.40, datasheet ? 0.80 : 0.60};
+    case OpClass::kReduction: return {0.40, datasheet ? 0.50 : 0.60};
     case OpClass::kPool: return {0.40, 0.60};
-    case OpClass::kDataMovement: return {0.50, datasheet ? 0.90 : 0.50};
+    case OpClass::kDataMovement: return {0.50, datasheet ? 0.70 : 0.50};
     case OpClass::kView: return {1.0, 1.0};
     case OpClass::kOpaque: return {0.30, 0.50};
   }
@@ -386,11 +428,22 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
   std::vector<bool> saved_counted(g.num_values(), false);
   std::map<std::string, int> opaque_ops, unknown_shape_ops;
 
-  for (uint32_t i = 0; i < g.num_tasks(); ++i) {
+  // Each task's work at the graph's bound shapes; on a fusing device, less the traffic its fused kernel does not do.
+  const uint32_t n = static_cast<uint32_t>(g.num_tasks());
+  std::vector<OpWork> forward(n);
+  std::vector<BackwardWork> backward(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    forward[i] = forward_work(g, TaskId(i));
+    if (!g.task(TaskId(i)).constant) backward[i] = backward_work(g, TaskId(i), forward[i], grad);
+  }
+  const FusionGroups fusion = device.fuses_elementwise ? find_fusion_groups(g) : FusionGroups{};
+  if (device.fuses_elementwise) remove_fused_traffic(g, fusion, grad, forward, backward);
+
+  for (uint32_t i = 0; i < n; ++i) {
     const TaskId id(i);
     const Task& task = g.task(id);
     TaskCost& c = table.tasks[i];
-    const OpWork fw = forward_work(g, id);
+    const OpWork& fw = forward[i];
     const OpClass cls = op_class(task);
     c.known = fw.known;
     if (cls == OpClass::kOpaque) ++opaque_ops[task.domain.empty() ? task.op_type : task.domain + "::" + task.op_type];
@@ -422,7 +475,7 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
     c.forward_s = roofline_time(fwd_flops, fwd_bytes, peak, device.memory_bandwidth, eff, overhead);
 
     // Backward.
-    const BackwardWork bw = backward_work(g, id, fw, grad);
+    const BackwardWork& bw = backward[i];
     c.backward_flops = bw.flops * scale;
     // Backward traffic is mostly activations and their gradients; weight reads are a small share.
     c.backward_bytes = byte_factor * bw.bytes * scale;
@@ -446,6 +499,7 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
       if (in.valid() && grad[in.value()] && is_batch_value(g.value(in))) grads += act_bytes(g.value(in));
     c.workspace_bytes = std::llround(std::max(out_bytes, bw.flops > 0 || bw.bytes > 0 ? grads : 0.0) * scale);
   }
+  for (const auto& members : fusion.groups) time_fused_kernel(members, g, device, backward, table);
 
   auto list = [](const std::map<std::string, int>& m) {
     std::string s;

@@ -34,24 +34,24 @@ std::vector<Device> gpu_presets() {
   // or BF16, HBM2 900 GB/s; NVLink 2: 300 GB/s total = 150 GB/s per direction. DGX-1: 4× EDR
   // InfiniBand (100 Gb/s) per 8 GPUs = 6.25 GB/s per GPU.
   d.push_back({"v100-32gb", 32510 * kMiB, 15.7 * kT, 15.7 * kT, 125 * kT, 900 * kG, 5e-6,
-               {150 * kG, 3e-6}, {6.25 * kG, 10e-6}, false});
+               {150 * kG, 3e-6}, {6.25 * kG, 10e-6}, false, true});
   // NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB): FP32 19.5, TF32 156, FP16/BF16 312 TFLOPS
   // (dense), HBM2 1,555 GB/s; NVLink 3: 600 GB/s total = 300 per direction. DGX A100: one HDR
   // InfiniBand (200 Gb/s = 25 GB/s) per GPU.
   d.push_back({"a100-40gb", 40536 * kMiB, 19.5 * kT, 156 * kT, 312 * kT, 1555 * kG, 5e-6,
-               {300 * kG, 3e-6}, {25 * kG, 10e-6}, false});
+               {300 * kG, 3e-6}, {25 * kG, 10e-6}, false, true});
   // Same datasheet, SXM4 80 GB: HBM2e 2,039 GB/s.
   d.push_back({"a100-80gb", 81920 * kMiB, 19.5 * kT, 156 * kT, 312 * kT, 2039 * kG, 5e-6,
-               {300 * kG, 3e-6}, {25 * kG, 10e-6}, false});
+               {300 * kG, 3e-6}, {25 * kG, 10e-6}, false, true});
   // NVIDIA H100 Tensor Core GPU datasheet (SXM5 80 GB): FP32 67 TFLOPS, TF32 989 and FP16/BF16
   // 1,979 TFLOPS with sparsity (half dense: 494.5 and 989.5), HBM3 3.35 TB/s; NVLink 4: 900 GB/s
   // total = 450 per direction. DGX H100: one NDR InfiniBand (400 Gb/s = 50 GB/s) per GPU.
   d.push_back({"h100-80gb", 81559 * kMiB, 67 * kT, 494.5 * kT, 989.5 * kT, 3350 * kG, 5e-6,
-               {450 * kG, 3e-6}, {50 * kG, 10e-6}, false});
+               {450 * kG, 3e-6}, {50 * kG, 10e-6}, false, true});
   // NVIDIA H200 Tensor Core GPU datasheet (SXM 141 GB): same compute as H100 SXM, HBM3e 4.8 TB/s,
   // NVLink 900 GB/s; DGX H200 networking as DGX H100.
   d.push_back({"h200-141gb", 143771 * kMiB, 67 * kT, 494.5 * kT, 989.5 * kT, 4800 * kG, 5e-6,
-               {450 * kG, 3e-6}, {50 * kG, 10e-6}, false});
+               {450 * kG, 3e-6}, {50 * kG, 10e-6}, false, true});
   return d;
 }
 

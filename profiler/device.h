@@ -30,6 +30,10 @@ struct Device {
   Link intra_node;  // default link between two devices of one node (NVLink, shared memory)
   Link inter_node;  // default link between nodes (InfiniBand per device, Ethernet)
   bool measured = false;  // figures from the CPU probe, not a datasheet
+  // Runs chains of elementwise, normalisation and softmax ops as fused kernels (GPU presets: what Megatron-LM's
+  // kernels and torch.compile do); the cpu device runs every op as its own kernel, as `apart run` does. Costs:
+  // profiler/fusion.h.
+  bool fuses_elementwise = false;
 
   // Peak used for matrix products at this precision.
   double matmul_peak(Precision p) const;

@@ -39,6 +39,21 @@ std::string cluster_error(const char* text) {
   return "no error";
 }
 
+TEST(ClusterJson, FusesOnDatasheetDevicesUnlessTheFileSaysNot) {
+  auto device = [](const char* text) { return cluster_from_json(nlohmann::json::parse(text)).device; };
+  EXPECT_TRUE(device(R"({"device": "a100-80gb"})").fuses_elementwise);
+  EXPECT_TRUE(device(R"({"device": {"base": "h100-80gb"}})").fuses_elementwise);
+  EXPECT_TRUE(device(R"({"device": {"name": "x", "peak_flops": {"fp32": 1e13}, "memory_bandwidth_bytes_per_s": 1e12,
+                                    "memory_bytes": 1e10},
+                         "intra_node": {"bandwidth_bytes_per_s": 1e11}, "inter_node": {"bandwidth_bytes_per_s": 1e10}})")
+                  .fuses_elementwise);
+  const Cluster unfused = cluster_from_json(nlohmann::json::parse(R"({"device": {"base": "a100-80gb", "fuses_elementwise": false}})"));
+  EXPECT_FALSE(unfused.device.fuses_elementwise);
+  EXPECT_FALSE(cluster_from_json(cluster_to_json(unfused)).device.fuses_elementwise);
+  EXPECT_NE(cluster_error(R"({"device": {"base": "a100-80gb", "fuses_elementwise": 1}})").find("fuses_elementwise"),
+            std::string::npos);
+}
+
 // Issue 11: devices 7.5 was truncated to 7, a huge count reported "got -2147483648" (undefined conversion), and a
 // negative kernel overhead or latency was accepted.
 TEST(ClusterJson, RefusesFiguresOutsideTheDocumentedRangesNamingTheField) {

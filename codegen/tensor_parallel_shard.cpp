@@ -4,6 +4,7 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -102,7 +103,8 @@ bool shape_like(const std::string& op) {
 
 class Sharder {
  public:
-  Sharder(const onnx::ModelProto& stage, int degree, int rank) : degree_(degree), rank_(rank) {
+  Sharder(const onnx::ModelProto& stage, int degree, int rank, TpWeights weights)
+      : degree_(degree), rank_(rank), weights_(weights) {
     shard_.model = stage;
     onnx::GraphProto& g = *shard_.model.mutable_graph();
     for (int i = 0; i < g.node_size(); ++i) {
@@ -216,12 +218,29 @@ class Sharder {
       if (!n.domain().empty() || n.input_size() == 0) continue;
       if (n.op_type() == "Reshape" && split.count(n.output(0))) {
         const int j = split.at(n.output(0));
-        std::vector<int64_t> target = ints_of(n, 1);
-        if (j >= static_cast<int>(target.size())) unsupported(n, "a target shape shorter than its split axis");
-        if (target[static_cast<size_t>(j)] > 0) {
-          if (target[static_cast<size_t>(j)] % degree_ != 0) unsupported(n, "a split dim that the degree does not divide");
-          target[static_cast<size_t>(j)] /= degree_;
-          set_ints_input(n, 1, target);
+        std::optional<std::vector<int64_t>> target = known_ints(n.input(1));
+        if (!target) {
+          // A target computed at run time (Shape → Gather → Concat, as torch exports write it): divided by a constant
+          // [1, …, t, …, 1] there. Its entry j is the split dim's count (the heads), positive, as exporters write it.
+          std::vector<int64_t> divisor(static_cast<size_t>(target_length(n)), 1);
+          divisor[static_cast<size_t>(j)] = degree_;
+          const std::string name = n.name() + "/tp_divisor";
+          *g.add_initializer() = int64_tensor(name, divisor);
+          NodeProto div;
+          div.set_name(n.name() + "/tp_target");
+          div.set_op_type("Div");
+          div.add_input(n.input(1));
+          div.add_input(name);
+          div.add_output(n.name() + "/tp_target_output");
+          n.set_input(1, div.output(0));
+          before_[k].push_back(div);
+          continue;
+        }
+        if (j >= static_cast<int>(target->size())) unsupported(n, "a target shape shorter than its split axis");
+        if ((*target)[static_cast<size_t>(j)] > 0) {
+          if ((*target)[static_cast<size_t>(j)] % degree_ != 0) unsupported(n, "a split dim that the degree does not divide");
+          (*target)[static_cast<size_t>(j)] /= degree_;
+          set_ints_input(n, 1, *target);
         }
       } else if (n.op_type() == "Split" && split.count(n.input(0)) &&
                  normalized(attr_int(n, "axis", 0), n.input(0)) == split.at(n.input(0))) {
@@ -356,9 +375,8 @@ class Sharder {
     const int64_t r = it == rank_of_.end() ? 0 : it->second;
     return static_cast<int>(axis < 0 ? axis + r : axis);
   }
-  // The integer contents of a node's input: an initializer or a Constant node's value.
-  std::vector<int64_t> ints_of(const NodeProto& n, int input) const {
-    const std::string& v = n.input(input);
+  // The integer contents of a value held in the graph: an initializer or a Constant node's value; nullopt otherwise.
+  std::optional<std::vector<int64_t>> known_ints(const std::string& v) const {
     const onnx::GraphProto& g = shard_.model.graph();
     if (auto it = initializer_.find(v); it != initializer_.end()) return int64_values(g.initializer(it->second), quote(v));
     if (auto it = producer_.find(v); it != producer_.end()) {
@@ -367,7 +385,19 @@ class Sharder {
         for (const auto& a : p.attribute())
           if (a.name() == "value" && a.has_t()) return int64_values(a.t(), quote(v));
     }
-    unsupported(n, "a shape operand computed at run time (" + quote(v) + ")");
+    return std::nullopt;
+  }
+  // How many dims a Reshape's target (its input 1, a 1-D tensor) names: its inferred length, else its output's rank.
+  int64_t target_length(const NodeProto& n) const {
+    if (const auto it = types_.find(n.input(1)); it != types_.end() && it->second.type().tensor_type().has_shape()) {
+      const auto& shape = it->second.type().tensor_type().shape();
+      if (shape.dim_size() == 1 && shape.dim(0).has_dim_value()) return shape.dim(0).dim_value();
+    }
+    return rank_or(n.output(0), n);
+  }
+  std::vector<int64_t> ints_of(const NodeProto& n, int input) const {
+    if (auto v = known_ints(n.input(input))) return *v;
+    unsupported(n, "a shape operand computed at run time (" + quote(n.input(input)) + ")");
   }
   // A fresh int64 initializer for this node's input (the old value may be shared by other nodes).
   void set_ints_input(NodeProto& n, int input, const std::vector<int64_t>& values) {
@@ -384,7 +414,23 @@ class Sharder {
     TensorProto& t = *shard_.model.mutable_graph()->mutable_initializer(it->second);
     if (axis < 0 || axis >= t.dims_size()) unsupported(n, what + " with no axis " + std::to_string(axis));
     TpShardedParam p{v, std::vector<int64_t>(t.dims().begin(), t.dims().end()), axis, pieces};
-    slice_tensor(t, axis, tp_shard_ranges(t.dims(axis), pieces, degree_, rank_), what + " " + quote(v));
+    const auto ranges = tp_shard_ranges(t.dims(axis), pieces, degree_, rank_);
+    if (weights_ == TpWeights::kCut || t.data_location() != TensorProto::EXTERNAL) {
+      slice_tensor(t, axis, ranges, what + " " + quote(v));
+    } else {  // shapes only: the shard's dims, its external data's length to match (the bytes are never read)
+      int64_t kept = 0;
+      for (const auto& [b, e] : ranges) kept += e - b;
+      const int64_t length = t.dims(axis);
+      t.set_dims(axis, kept);
+      for (auto& entry : *t.mutable_external_data()) {
+        if (entry.key() != "length") continue;
+        int64_t bytes = 0;
+        const auto [end, ec] = std::from_chars(entry.value().data(), entry.value().data() + entry.value().size(), bytes);
+        if (ec != std::errc() || end != entry.value().data() + entry.value().size() || bytes < 0)
+          throw InvalidModel("tensor parallelism: " + what + " " + quote(v) + " has external data length " + quote(entry.value()));
+        entry.set_value(std::to_string(bytes / length * kept));
+      }
+    }
     sliced_[v] = p;
   }
   // value_info for a collective's output: the type `like` has in the forward.
@@ -397,6 +443,7 @@ class Sharder {
   }
 
   int degree_, rank_;
+  TpWeights weights_;
   TpShard shard_;
   std::map<std::string, int> node_of_name_, producer_, initializer_, rank_of_;
   std::map<std::string, std::vector<int>> consumers_;
@@ -410,10 +457,10 @@ class Sharder {
 }  // namespace
 
 TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std::vector<TpShardRegion>& regions,
-                                        int degree, int rank) {
+                                        int degree, int rank, TpWeights weights) {
   if (degree < 1 || rank < 0 || rank >= degree)
     throw InvalidArgument("tensor parallelism: rank " + std::to_string(rank) + " of degree " + std::to_string(degree));
-  Sharder sharder(stage, degree, rank);
+  Sharder sharder(stage, degree, rank, weights);
   if (degree > 1)
     for (size_t i = 0; i < regions.size(); ++i)
       if (sharder.present(regions[i])) sharder.shard(regions[i], i);

@@ -9,7 +9,9 @@
 //     (tp_shard_ranges, the one formula the runtime also gathers by);
 //   - a row linear's weight keeps its rows [r·L/t, (r+1)·L/t): its output is each rank's partial sum;
 //   - a Reshape whose output is split along axis j takes the target shape's entry j divided by t (the folded head
-//     count: [0, 0, 12, 64] → [0, 0, 6, 64] at t = 2); a Split along the split axis takes its sizes divided by t;
+//     count: [0, 0, 12, 64] → [0, 0, 6, 64] at t = 2; a target computed at run time, Shape → Gather → Concat as
+//     torch exports write it, is divided by [1, …, t, …, 1] by an inserted Div, its entry j being the positive
+//     count); a Split along the split axis takes its sizes divided by t;
 //   - ai.apart.TpCopy(x) before the column linears of each region input x: identity forward, all-reduce of the
 //     gradient backward (Megatron's f);
 //   - ai.apart.TpAllReduce after the row linear: the partial sums all-reduced forward, identity backward (g).
@@ -67,7 +69,10 @@ std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t
 // their data inline (raw_data or float_data; the runtime loads external data first): InvalidModel otherwise.
 // Unsupported, naming the node, for a layout this pass does not rewrite (a Slice along the split axis, a weight
 // behind a Transpose, a shape operand computed at run time).
+// `weights`: kCut slices the initializers' data; kShapesOnly gives the sliced initializers their shard's dims and no
+// data (a graph-only model's plan, checked for whether every stage shards and its shapes infer).
+enum class TpWeights : uint8_t { kCut, kShapesOnly };
 TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std::vector<TpShardRegion>& regions,
-                                        int degree, int rank);
+                                        int degree, int rank, TpWeights weights = TpWeights::kCut);
 
 }  // namespace apart

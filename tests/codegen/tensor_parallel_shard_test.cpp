@@ -8,10 +8,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "graph/error.h"
+#include "importer/importer.h"
 #include "plan/plan.h"
 #include "runtime/tensor.h"
 #include "runtime/tensor_parallel.h"
@@ -153,6 +155,54 @@ TEST(AShard, RefusesADegreeItsWidthsDoNotDivideAndARankOutsideIt) {
   std::vector<TpShardRegion> odd = {regions[1]};  // an MLP: 64 features do not cut into 3 equal parts
   EXPECT_THROW(shard_stage_for_tensor_parallel(stage, odd, 3, 0), Error);
   EXPECT_THROW(shard_stage_for_tensor_parallel(stage, regions, 2, 2), InvalidArgument);
+}
+
+// The GPT-2 small torch export in ../shared/models (graph only: its weights are absent), planned TP 2 × PP 2: each
+// stage of each rank shards (shapes only), and the shard imports with every shape known, the split values at half
+// their width (6 heads of 12, 1536 of 3072 features) and the all-reduced ones whole.
+TEST(AShardOfGpt2Small, ImportsWithHalfOfEverySplitValueAndTheReducedOnesWhole) {
+  const fs::path model = fs::path(APART_SOURCE_DIR) / ".." / "shared" / "models" / "gpt2_small.onnx";
+  if (!fs::exists(model)) GTEST_SKIP() << model << " is not present";
+  const fs::path dir = fs::temp_directory_path() / ("apart_tp_shard_gpt2_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto r = testing::run_apart("partition " + model.string() + " --devices 4 --tp 2 --pp 2 --dp 1 "
+                                    "--sequence-parallel off --batch 8 --microbatches 4 --no-baselines -q -o " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const PlanDocument plan = read_plan(dir);
+  const std::vector<TpShardRegion> regions = tp_shard_regions(plan);
+  std::map<std::string, std::pair<int, int64_t>> split;  // value → (axis, whole size there)
+  std::set<std::string> reduced;
+  int regions_split = 0;
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const onnx::ModelProto stage = testing::read_proto(dir / ("stage_" + std::to_string(k) + ".onnx"));
+    ImportOptions import;
+    import.batch = 2;
+    import.batch_explicit = true;
+    import.require_external_data = false;
+    import.constants_as_params = false;
+    const ImportedModel whole = import_model_bytes(stage.SerializeAsString(), dir, "stage", import);
+    for (const TpShardRegion& region : regions) {
+      for (const auto& [value, axis] : region.split_values)
+        if (const auto id = whole.graph.find_value(value))
+          split[value] = {axis, whole.graph.value(*id).shape[static_cast<size_t>(axis)]};
+      reduced.insert(region.end_value);
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      const TpShard shard = shard_stage_for_tensor_parallel(stage, regions, 2, rank, TpWeights::kShapesOnly);
+      EXPECT_TRUE(shard.replicated.empty()) << "stage " << k;
+      if (rank == 0) regions_split += shard.regions;
+      const ImportedModel m = import_model_bytes(shard.model.SerializeAsString(), dir, "shard", import);
+      EXPECT_TRUE(m.unknown_shape_values.empty()) << "stage " << k << ": " << m.unknown_shape_values.front();
+      for (const auto& [value, at] : split)
+        if (const auto id = m.graph.find_value(value))
+          EXPECT_EQ(m.graph.value(*id).shape[static_cast<size_t>(at.first)], at.second / 2) << value;
+      for (const std::string& value : reduced)
+        if (const auto id = m.graph.find_value(value); id && whole.graph.find_value(value))
+          EXPECT_EQ(m.graph.value(*id).shape, whole.graph.value(*whole.graph.find_value(value)).shape) << value;
+    }
+  }
+  EXPECT_EQ(regions_split, 24);  // 12 attention + 12 MLP, each in one stage
+  fs::remove_all(dir);
 }
 
 }  // namespace

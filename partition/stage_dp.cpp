@@ -365,8 +365,9 @@ StageDp::Fitting& StageDp::fitting_starts(double flight, const View& view) const
 }
 
 const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const {
-  const size_t base = index(first, last, 0);
-  int32_t* starts = &fitting.starts[(variants_.size() + 1) * (base / candidates_.size())];
+  const size_t range = range_index(first, last);
+  const size_t base = range * candidates_.size();
+  int32_t* starts = &fitting.starts[(variants_.size() + 1) * range];
   if (starts[0] == kUnknown) {
     int32_t fewest = kNone;  // the fewest devices any of the view's variants fits in, after the variants' starts
     for (size_t v = 0; v < variants_.size(); ++v) {
@@ -385,7 +386,7 @@ const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t la
 int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, double limit,
                            std::vector<int32_t>& under_limit, int device_cap, const View& view, int* variant) const {
   const size_t base = index(first, last, 0);
-  const size_t range = variants_.size() * (base / candidates_.size());
+  const size_t range = variants_.size() * range_index(first, last);
   const int32_t* starts = fitting_of(fitting, first, last);
   // The first candidate ≥ the fitting one with h ≤ limit. The first one with h ≤ limit at all depends only on the
   // range and the limit, so it is found once per fill and answers every in-flight count whose fitting candidate is

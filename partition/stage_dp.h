@@ -225,12 +225,12 @@ class StageDp {
   std::vector<double> h_values_;         // sorted distinct h values
   // The ranges first < last, row by row (first·k − first(first−1)/2 ranges come before row `first`); fixed splits
   // store only the ranges [i, i+1).
-  size_t index(uint32_t first, uint32_t last, size_t c) const {
-    if (fixed_split_) return static_cast<size_t>(first) * candidates_.size() + c;
+  size_t range_index(uint32_t first, uint32_t last) const {
+    if (fixed_split_) return first;
     const size_t f = first;
-    const size_t range = f * k_ - f * (f - (f > 0 ? 1 : 0)) / 2 + (last - first - 1);
-    return range * candidates_.size() + c;
+    return f * k_ - f * (f - (f > 0 ? 1 : 0)) / 2 + (last - first - 1);
   }
+  size_t index(uint32_t first, uint32_t last, size_t c) const { return range_index(first, last) * candidates_.size() + c; }
 };
 
 }  // namespace apart

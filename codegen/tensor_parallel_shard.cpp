@@ -14,6 +14,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/guarded_inference.h"
+#include "importer/importer.h"
 
 namespace apart {
 
@@ -127,6 +128,23 @@ class Sharder {
     for (const auto& init : stage.graph().initializer()) rank_of_[init.name()] = init.dims_size();
     for (const auto& [name, vi] : types_)
       if (vi.type().tensor_type().has_shape()) rank_of_[name] = vi.type().tensor_type().shape().dim_size();
+    // Ranks and the sizes of split axes from apart's importer too, which folds what ONNX's inference leaves unknown
+    // (a Reshape target computed at run time). Read at batch 1: the split axis never scales with the batch.
+    try {
+      ImportOptions import;
+      import.batch = 1;
+      import.batch_explicit = true;
+      import.require_external_data = false;
+      import.constants_as_params = false;
+      const ImportedModel m = import_model_bytes(stage.SerializeAsString(), {}, "stage", import);
+      for (const Value& v : m.graph.values())
+        if (v.shape_known) {
+          rank_of_[v.name] = static_cast<int>(v.shape.size());
+          shape_of_[v.name] = v.shape;
+        }
+    } catch (const Error&) {
+      // What ONNX's inference found is used; a missing rank is reported where it is needed.
+    }
   }
 
   // Whether the stage holds the whole region; one cut by a stage boundary is noted and left whole.
@@ -193,6 +211,10 @@ class Sharder {
     // Params and constants read sliced (a column's bias added by its own Add): along the reader's split axis.
     for (const std::string& s : r.sliced_inputs) {
       if (sliced_.count(s)) continue;
+      if (!initializer_.count(s) && !known_ints(s)) {
+        slice_computed_input(r, s, split, index);
+        continue;
+      }
       const auto readers = consumers_.find(s);
       bool done = false;
       for (int k : readers == consumers_.end() ? std::vector<int>{} : readers->second) {
@@ -399,6 +421,59 @@ class Sharder {
     if (auto v = known_ints(n.input(input))) return *v;
     unsupported(n, "a shape operand computed at run time (" + quote(n.input(input)) + ")");
   }
+  // A value computed in the stage that the region reads sliced (T5's relative position bias, computed from its
+  // table): each reader in the region reads Slice(TpCopy(value)) of this rank's range. TpCopy's backward all-reduce
+  // makes the gradient flowing back into the replicated computation whole on every rank (each rank's Slice gradient
+  // holds only its own heads).
+  void slice_computed_input(const TpShardRegion& r, const std::string& s, const std::map<std::string, int>& split,
+                            size_t index) {
+    onnx::GraphProto& g = *shard_.model.mutable_graph();
+    const auto readers = consumers_.find(s);
+    bool any = false;
+    for (int k : readers == consumers_.end() ? std::vector<int>{} : readers->second) {
+      NodeProto& reader = *g.mutable_node(k);
+      if (reader.output_size() < 1 || split.count(reader.output(0)) == 0) continue;
+      const int axis = split.at(reader.output(0)) - (rank_or(reader.output(0), reader) - rank_or(s, reader));
+      const int64_t length = dim_of(s, axis, reader);
+      const auto ranges = tp_shard_ranges(length, 1, degree_, rank_);
+      const std::string tag = "/tp_" + std::to_string(index) + "_" + std::to_string(k);
+      NodeProto f;
+      f.set_name(reader.name() + "/" + kTpCopyOp);
+      f.set_op_type(kTpCopyOp);
+      f.set_domain(autodiff::kApartDomain);
+      f.add_input(s);
+      f.add_output(s + tag + "_copy");
+      add_type(f.output(0), s, reader);
+      NodeProto slice;
+      slice.set_name(reader.name() + "/tp_slice");
+      slice.set_op_type("Slice");
+      slice.add_input(f.output(0));
+      for (const auto& [suffix, value] : {std::pair<const char*, int64_t>{"starts", ranges[0].first},
+                                          {"ends", ranges[0].second}, {"axes", axis}}) {
+        const std::string name = reader.name() + "/tp_slice_" + suffix;
+        *g.add_initializer() = int64_tensor(name, {value});
+        slice.add_input(name);
+      }
+      slice.add_output(s + tag + "_slice");
+      for (int i = 0; i < reader.input_size(); ++i)
+        if (reader.input(i) == s) reader.set_input(i, slice.output(0));
+      before_[k].push_back(f);
+      before_[k].push_back(slice);
+      any = true;
+    }
+    if (!any) throw Unsupported("tensor parallelism: region " + quote(r.name) + " reads " + quote(s) + " sliced, but no reader of it is in the stage");
+  }
+  int64_t dim_of(const std::string& value, int axis, const NodeProto& n) const {
+    if (const auto known = shape_of_.find(value); known != shape_of_.end() && axis >= 0 &&
+                                                  axis < static_cast<int>(known->second.size()))
+      return known->second[static_cast<size_t>(axis)];
+    const auto it = types_.find(value);
+    if (it != types_.end() && it->second.type().tensor_type().has_shape()) {
+      const auto& shape = it->second.type().tensor_type().shape();
+      if (axis >= 0 && axis < shape.dim_size() && shape.dim(axis).has_dim_value()) return shape.dim(axis).dim_value();
+    }
+    unsupported(n, "a sliced input of unknown size along its split axis (" + quote(value) + ")");
+  }
   // A fresh int64 initializer for this node's input (the old value may be shared by other nodes).
   void set_ints_input(NodeProto& n, int input, const std::vector<int64_t>& values) {
     const std::string name = n.name() + "/tp_" + std::to_string(input);
@@ -448,6 +523,7 @@ class Sharder {
   std::map<std::string, int> node_of_name_, producer_, initializer_, rank_of_;
   std::map<std::string, std::vector<int>> consumers_;
   std::map<std::string, onnx::ValueInfoProto> types_;
+  std::map<std::string, std::vector<int64_t>> shape_of_;  // the importer's, at batch 1
   std::map<std::string, TpShardedParam> sliced_;
   std::map<int, std::vector<NodeProto>> before_, after_;
   std::vector<onnx::ValueInfoProto> added_types_;

@@ -233,7 +233,9 @@ inline void expect_same_training(const Outcome& reference, const Outcome& run, c
       EXPECT_EQ(diff, 0) << what << ": param " << name << " moved in the run only";
       continue;
     }
-    EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(update)) << what << ": param " << name;
+    // + 1e-9: a param whose true update is 0 moves by rounding only (BERT's key bias: softmax ignores a shift of
+    // every score), where a relative bar means nothing.
+    EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(update) + 1e-9) << what << ": param " << name;
     ++compared;
   }
   EXPECT_GT(compared, 0) << what;

@@ -13,6 +13,7 @@
 #include "plan/plan.h"
 #include "runtime/checkpoint.h"
 #include "runtime/pipeline.h"
+#include "tests/support/read_model.h"
 #include "tests/runtime/pipeline_fixture.h"
 
 namespace apart {
@@ -33,11 +34,12 @@ struct TpShape {
   const char* recompute = "off";  // --recompute: off or on (whole stages; selective is not executed yet)
 };
 
-// A plan pinned by apart partition's own flags (--tp, --pp, --dp), sequence parallelism off (not executed yet).
-fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir) {
+// A plan of `model` (gpt-tiny by default) pinned by apart partition's own flags (--tp, --pp, --dp), sequence
+// parallelism off (not executed yet).
+fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir, const std::string& model = gpt_tiny()) {
   const int devices = shape.stages * shape.replicas * shape.tp;
   const auto r = testing::run_apart(
-      "partition " + gpt_tiny() + " --device cpu --devices " + std::to_string(devices) + " --tp " + std::to_string(shape.tp) +
+      "partition " + model + " --device cpu --devices " + std::to_string(devices) + " --tp " + std::to_string(shape.tp) +
       " --pp " + std::to_string(shape.stages) + " --dp " + std::to_string(shape.replicas) + " --sequence-parallel off" +
       " --microbatches " + std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) + " --schedule " +
       std::string(schedule_name(shape.schedule)) + " --zero " + std::to_string(shape.zero) + " --recompute " +
@@ -96,6 +98,61 @@ INSTANTIATE_TEST_SUITE_P(
                       // planner cuts this plan inside /blocks.1/attn: both stages compute that region whole.
                       Case{"tp2_pp2_recompute_m2", {2, 1, 2, 2, Schedule::k1F1B, 0, "on"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// apart zoo's GPT, BERT and T5 (2 layers, 4 heads, hidden 64, random weights): T5's relative position bias, computed
+// from its table and read sliced by every attention, goes through TpCopy and a Slice per reader.
+class ZooModelsUnderTensorParallelism : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZooModelsUnderTensorParallelism, TrainAsApartTrainOnTheWholeBatch) {
+  const std::string family = GetParam();
+  const fs::path dir = scratch("zoo_" + family);
+  const fs::path model = dir / (family + ".onnx");
+  const auto z = testing::run_apart("zoo " + family + " --layers 2 --hidden 64 --heads 4 --seq 16 --vocab 128 -q -o " +
+                                    model.string());
+  ASSERT_EQ(z.code, 0) << z.out;
+  constexpr int64_t kBatch = 8, kSteps = 3;
+  const Outcome reference = train_reference(model.string(), kBatch, kSteps, dir);
+  const fs::path plan = make_tp_plan({2, 1, 2, 2}, kBatch, dir / "plan", model.string());
+  const Outcome run = run_threads(plan, kSteps, dir);
+  expect_same_training(reference, run, read_weights(model), family);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ZooModelsUnderTensorParallelism, ::testing::Values("gpt", "bert", "t5"));
+
+// Reshape targets computed at run time (as torch exports write them: Shape → Gather → Concat) are divided by an
+// inserted Div: gpt-tiny's stage file with every attention target behind a Concat (so no longer a constant the shard
+// pass can rewrite) trains as apart train does.
+TEST(ATensorParallelRun, WithReshapeTargetsComputedAtRunTimeTrainsAsApartTrain) {
+  const fs::path dir = scratch("computed_targets");
+  const fs::path plan = make_tp_plan({1, 1, 2, 2}, 8, dir / "plan");
+  const fs::path file = plan / "stage_0.onnx";
+  onnx::ModelProto stage = testing::read_proto(file);
+  int wrapped = 0;
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;  // each Concat right before its Reshape
+  for (const auto& n : stage.graph().node()) {
+    onnx::NodeProto reshape = n;
+    if (n.op_type() == "Reshape" && n.name().find("/attn/") != std::string::npos) {
+      onnx::NodeProto* id = nodes.Add();
+      id->set_op_type("Concat");
+      id->set_name(n.name() + "/computed_target");
+      id->add_input(n.input(1));
+      id->add_output(n.name() + "/computed_target_output");
+      onnx::AttributeProto* axis = id->add_attribute();
+      axis->set_name("axis");
+      axis->set_type(onnx::AttributeProto::INT);
+      axis->set_i(0);
+      reshape.set_input(1, id->output(0));
+      ++wrapped;
+    }
+    *nodes.Add() = reshape;
+  }
+  ASSERT_EQ(wrapped, 8);  // 4 reshapes per attention, 2 blocks
+  stage.mutable_graph()->mutable_node()->Swap(&nodes);
+  std::ofstream(file, std::ios::binary) << stage.SerializeAsString();
+  const Outcome reference = train_reference(gpt_tiny(), 8, 3, dir);
+  const Outcome run = run_threads(plan, 3, dir);
+  expect_same_training(reference, run, read_weights(gpt_tiny()), "computed targets");
+}
 
 // The two TP ranks of a stage hold complementary halves of each split weight: apart run's trained params per rank
 // add up to the stage's with the replicated ones counted on both.

@@ -234,6 +234,14 @@ class Sharder {
       }
       if (!done) throw Unsupported("tensor parallelism: region " + quote(r.name) + " reads " + quote(s) + " sliced, but no reader of it is in the stage");
     }
+    // Dropout on split values draws per TP rank (Megatron's model-parallel RNG): the node's name, which keys its random
+    // stream (runtime/random.h), gets the rank, so the ranks' heads do not share one mask pattern. Dropout on
+    // replicated values keeps its name: every rank must drop the same elements there.
+    for (int k = 0; k < g.node_size(); ++k) {
+      NodeProto& n = *g.mutable_node(k);
+      if (n.domain().empty() && n.op_type() == "Dropout" && n.output_size() > 0 && split.count(n.output(0)))
+        n.set_name(n.name() + "/tp_rank_" + std::to_string(rank_));
+    }
     // Shape operands: Reshape targets and Split sizes along the split axis divide by the degree.
     for (int k = 0; k < g.node_size(); ++k) {
       NodeProto& n = *g.mutable_node(k);

@@ -15,6 +15,8 @@
 //   - ai.apart.TpCopy(x) before the column linears of each region input x: identity forward, all-reduce of the
 //     gradient backward (Megatron's f);
 //   - ai.apart.TpAllReduce after the row linear: the partial sums all-reduced forward, identity backward (g).
+// A Dropout on a split value is renamed per rank ("<name>/tp_rank_<r>"), which gives it the rank's own random stream
+// (Megatron's model-parallel RNG); a Dropout on a replicated value draws the same mask on every rank.
 // Everything else (norms, residuals, embeddings, the LM head, the loss) is replicated: every rank computes it whole,
 // with the same values. Embedding and LM-head regions are left replicated here (no vocabulary split yet).
 // docs/runtime.md "Tensor-parallel stages" documents the two ops.

@@ -120,6 +120,39 @@ TEST(TwoShards, PutBackTogetherByTheirRangesAreTheWholeWeights) {
   }
 }
 
+// A Dropout on the attention probabilities (split by heads) draws per rank; one on a replicated value does not.
+TEST(AShard, GivesADropoutOnSplitValuesItsRanksOwnStreamAndKeepsAReplicatedOnesName) {
+  onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  const std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(tp_plan()));
+  // The Dropouts write the values the Softmax and the Add wrote (so the plan's split values name their outputs):
+  // after /blocks.0/attn/Softmax (split: heads) and after /blocks.0/Add (replicated: the residual).
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  for (const auto& n : stage.graph().node()) {
+    onnx::NodeProto copy = n;
+    for (const std::string& after : {std::string("/blocks.0/attn/Softmax"), std::string("/blocks.0/Add")}) {
+      if (n.name() != after) continue;
+      const std::string out = n.output(0);
+      copy.set_output(0, out + "/pre_dropout");
+      *nodes.Add() = copy;
+      onnx::NodeProto* d = nodes.Add();
+      d->set_op_type("Dropout");
+      d->set_name(after + "/Dropout");
+      d->add_input(out + "/pre_dropout");
+      d->add_output(out);
+    }
+    if (copy.output(0) == n.output(0)) *nodes.Add() = copy;
+  }
+  stage.mutable_graph()->mutable_node()->Swap(&nodes);
+  std::vector<std::string> names[2];
+  for (int r = 0; r < 2; ++r) {
+    const TpShard shard = shard_stage_for_tensor_parallel(stage, regions, 2, r);
+    for (const auto& n : shard.model.graph().node())
+      if (n.op_type() == "Dropout") names[r].push_back(n.name());
+  }
+  EXPECT_EQ(names[0], (std::vector<std::string>{"/blocks.0/attn/Softmax/Dropout/tp_rank_0", "/blocks.0/Add/Dropout"}));
+  EXPECT_EQ(names[1], (std::vector<std::string>{"/blocks.0/attn/Softmax/Dropout/tp_rank_1", "/blocks.0/Add/Dropout"}));
+}
+
 TEST(AShard, OfDegreeOneIsTheStageItself) {
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
   const TpShard shard = shard_stage_for_tensor_parallel(stage, tp_shard_regions(read_plan(tp_plan())), 1, 0);

@@ -122,7 +122,7 @@ INSTANTIATE_TEST_SUITE_P(Families, ZooModelsUnderTensorParallelism, ::testing::V
 // Reshape targets computed at run time (as torch exports write them: Shape → Gather → Concat) are divided by an
 // inserted Div: gpt-tiny's stage file with every attention target behind a Concat (so no longer a constant the shard
 // pass can rewrite) trains as apart train does.
-TEST(ATensorParallelRun, WithReshapeTargetsComputedAtRunTimeTrainsAsApartTrain) {
+TEST(ATensorParallelRunWithComputedReshapeTargets, TrainsAsApartTrain) {
   const fs::path dir = scratch("computed_targets");
   const fs::path plan = make_tp_plan({1, 1, 2, 2}, 8, dir / "plan");
   const fs::path file = plan / "stage_0.onnx";
@@ -174,10 +174,13 @@ TEST(ATensorParallelStage, HoldsHalfOfEverySplitLinearOnEachRank) {
   EXPECT_EQ(run.ranks[0].params, total_params(w) - split / 2);
 }
 
-// AdamW over TP 2 × PP 2: four steps straight equal two, a checkpoint (each rank its own slices), and two resumed.
-TEST(ATensorParallelRun, ResumesFromItsCheckpointBitwise) {
-  const fs::path dir = scratch("resume");
-  const fs::path plan = make_tp_plan({2, 1, 2, 2}, 8, dir / "plan");
+// AdamW over TP 2 × PP 2, and over TP 2 × DP 2 under ZeRO-2: four steps straight equal two, a checkpoint (each rank
+// its own slices, under ZeRO its pieces of their optimizer state), and two resumed.
+class ATensorParallelRun : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ATensorParallelRun, ResumesFromItsCheckpointBitwise) {
+  const fs::path dir = scratch(std::string("resume_") + GetParam().name);
+  const fs::path plan = make_tp_plan(GetParam().shape, 8, dir / "plan");
   const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdamW, 1e-3);
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);
@@ -204,9 +207,13 @@ TEST(ATensorParallelRun, ResumesFromItsCheckpointBitwise) {
   EXPECT_EQ(qkv0->elements() * 2, read_weights(gpt_tiny()).by_name.at("blocks.0.attn.qkv.weight").elements());
 }
 
+INSTANTIATE_TEST_SUITE_P(Plans, ATensorParallelRun,
+                         ::testing::Values(Case{"tp2_pp2", {2, 1, 2, 2}}, Case{"tp2_dp2_zero2", {1, 2, 2, 2, Schedule::k1F1B, 2}}),
+                         [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
 // --init random draws every param whole (seeded per name) before the shard is cut, so each rank's slices are slices
 // of apart train's random weights: the same losses over 3 SGD steps as apart train --init random.
-TEST(ATensorParallelRun, FromRandomWeightsTrainsAsApartTrainFromTheSameRandomWeights) {
+TEST(ATensorParallelRunFromRandomWeights, TrainsAsApartTrainFromTheSameRandomWeights) {
   const fs::path dir = scratch("random");
   const fs::path plan = make_tp_plan({2, 1, 2, 2}, 8, dir / "plan");
   TrainOptions t;

@@ -241,6 +241,25 @@ inline void expect_same_training(const Outcome& reference, const Outcome& run, c
   EXPECT_GT(compared, 0) << what;
 }
 
+// `apart run PLAN` as `ranks` processes under mpirun (3 AdamW steps, lr 1e-3, seed 3, the model saved) and the same
+// plan on threads (in `dir`): the threads' outcome and the saved weights. The step-3 loss the run prints (6 decimals)
+// matches the threads' to 2e-6 + 2e-5 relative: MPI's collectives may add in another order, so nothing is bitwise.
+// Call it under ASSERT_NO_FATAL_FAILURE.
+inline void run_under_mpirun_and_on_threads(int ranks, const fs::path& plan, const fs::path& dir, const std::string& what,
+                                            Outcome* threads, Weights* saved) {
+  const fs::path model = dir / (what + ".onnx");
+  const auto r = mpirun_apart_run(ranks, plan.string() + " --steps 3 --optimizer adamw --lr 1e-3 --seed 3 --save-model " +
+                                             model.string());
+  ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
+  *saved = read_weights(model);
+  *threads = run_threads(plan, 3, dir / (what + "_threads"), Optimizer::kAdamW, 1e-3);
+  ASSERT_EQ(threads->losses.size(), 3u);
+  const size_t at = r.out.find("step=3 loss=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NEAR(std::stod(r.out.substr(at + 12, 12)), threads->losses[2], 2e-6 + 2e-5 * threads->losses[2])
+      << what << "\n" << r.out;
+}
+
 // The same params with the same bytes.
 inline bool bitwise_equal(const Weights& a, const Weights& b) {
   if (a.by_name.size() != b.by_name.size()) return false;

@@ -200,17 +200,8 @@ TEST(ZeroUnderMpirun, GivesTheThreadsLossesWithMpisReduceScatterAndAllgather) {
   for (int zero : {2, 3}) {
     const std::string z = "zero" + std::to_string(zero);
     const fs::path plan = make_plan(gpt_tiny(), {{3}, 2, Schedule::k1F1B, {}, zero}, 8, dir / z);
-    const fs::path model = dir / (z + ".onnx");
-    const auto r = mpirun_apart_run(3, plan.string() + " --steps 3 --optimizer adamw --lr 1e-3 --seed 3 --save-model " +
-                                           model.string());
-    ASSERT_EQ(r.code, 0) << r.out;
-    saved.push_back(read_weights(model));
-    const Outcome threads = run_threads(plan, 3, dir / (z + "_threads"), Optimizer::kAdamW, 1e-3);
-    ASSERT_EQ(threads.losses.size(), 3u);
-    const size_t at = r.out.find("step=3 loss=");
-    ASSERT_NE(at, std::string::npos) << r.out;
-    const double printed = std::stod(r.out.substr(at + 12, 12));  // printed to 6 decimals; MPI may add in another order
-    EXPECT_NEAR(printed, threads.losses[2], 2e-6 + 2e-5 * threads.losses[2]) << z << "\n" << r.out;
+    Outcome threads;
+    ASSERT_NO_FATAL_FAILURE(run_under_mpirun_and_on_threads(3, plan, dir, z, &threads, &saved.emplace_back()));
   }
   EXPECT_TRUE(bitwise_equal(saved[0], saved[1])) << "ZeRO-3 under mpirun trained other weights than ZeRO-2";
 }
@@ -221,17 +212,11 @@ TEST(ZeroUnderMpirun, GathersBeforeEveryPassOfAPipelineWithoutDeadlock) {
   if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
   const fs::path dir = scratch("zero3_mpi_pipeline");
   const fs::path plan = make_plan(gpt_tiny(), {{2, 2}, 4, Schedule::k1F1B, {}, 3}, 8, dir / "plan");
-  const fs::path model = dir / "mpi.onnx";
-  const auto r = mpirun_apart_run(4, plan.string() + " --steps 3 --optimizer adamw --lr 1e-3 --seed 3 --save-model " +
-                                         model.string());
-  ASSERT_EQ(r.code, 0) << r.out;
-  const Outcome threads = run_threads(plan, 3, dir / "threads", Optimizer::kAdamW, 1e-3);
-  ASSERT_EQ(threads.losses.size(), 3u);
-  const size_t at = r.out.find("step=3 loss=");
-  ASSERT_NE(at, std::string::npos) << r.out;
-  EXPECT_NEAR(std::stod(r.out.substr(at + 12, 12)), threads.losses[2], 2e-6 + 2e-5 * threads.losses[2]) << r.out;
+  Outcome threads;
+  Weights saved;
+  ASSERT_NO_FATAL_FAILURE(run_under_mpirun_and_on_threads(4, plan, dir, "mpi", &threads, &saved));
   // MPI's collectives may add in another order than the threads': not asserted bitwise.
-  expect_same_training(threads, Outcome{threads.losses, read_weights(model), {}}, read_weights(gpt_tiny()), "mpirun zero3");
+  expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), "mpirun zero3");
 }
 
 // One process per rank, so each counts its own tensors: what ZeRO-1 and ZeRO-2 save against ZeRO-0 is what the

@@ -87,8 +87,7 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate, bool devices) {
   for (const auto& [edge, bytes] : per_sample) {
     const auto [from, to] = edge;
     const std::string name = "stage " + std::to_string(from) + " → " + std::to_string(to);
-    // Under sequence parallelism each device of a TP group sends and receives its 1/tp share (stage_cost.cpp).
-    auto share = [&](const StageCost& c) { return act * static_cast<double>(c.microbatch) / (c.sequence_parallel ? c.tp : 1); };
+    auto share = [&](const StageCost& c) { return act * static_cast<double>(c.microbatch) * boundary_share(c); };
     plan.stages[to].inputs.push_back({name, from, bytes * share(sol.costs[to])});
     plan.stages[from].outputs.push_back({name, {to}, bytes * share(sol.costs[from])});
   }

@@ -184,8 +184,10 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   c.recompute = recompute;
   // Sequence parallelism shards the replicated work between the regions (and the boundaries) across the TP group,
   // where the stage has regions to split.
-  const bool sp = training.sequence_parallel && tp > 1 && range.tp.splits_work();
+  const bool split = tp > 1 && range.tp.splits_work();
+  const bool sp = training.sequence_parallel && split;
   c.sequence_parallel = sp;
+  c.boundary_parts = split ? tp : 1;
   const int64_t u = microbatch_size(training.global_batch, microbatches, replicas);
   const double ud = static_cast<double>(u);
   c.microbatch = u;
@@ -218,16 +220,25 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
     c.forward_s += tp_collective(closing_bytes, closings, ring_allreduce_time);
     c.backward_s += tp_collective(input_bytes, inputs, ring_allreduce_time);
   }
+  // Sequence parallelism keeps no gathered region input for backward: the weight gradients all-gather it again
+  // (Megatron-LM re-gathers each column-parallel linear's input).
+  if (sp) c.backward_s += tp_collective(input_bytes, inputs, ring_allgather_time);
   // The forward work run again before backward: all of it, or the attention cores (split tasks: 1/tp each).
   if (recompute == RecomputeScope::kFull) c.recompute_s = c.forward_s;
   if (recompute == RecomputeScope::kSelective) c.recompute_s = range.tp.core_forward.at(ud) / tp;
   c.backward_s += c.recompute_s;
+  // Each device of a TP group sends and receives its share of the boundary (boundary_share). Without sequence
+  // parallelism the stage needs the values whole: the received slices are all-gathered inside the group, the
+  // inputs before the forward and the outputs' gradients before the backward (a full recomputation reruns the
+  // forward from the gathered input it kept). Under sequence parallelism the slices are the shards it runs on.
+  const double whole_in = range.in_per_sample * ud * act, whole_out = range.out_per_sample * ud * act;
+  c.in_bytes = whole_in * boundary_share(c);
+  c.out_bytes = whole_out * boundary_share(c);
+  if (split && !sp) {
+    if (whole_in > 0) c.forward_s += ring_allgather_time(tp, whole_in, links.tensor);
+    if (whole_out > 0) c.backward_s += ring_allgather_time(tp, whole_out, links.tensor);
+  }
   c.compute_s = c.forward_s + c.backward_s;
-  // Under sequence parallelism each device of the group sends and receives its 1/tp of the boundary (Megatron-LM
-  // keeps them sharded along the sequence between layers).
-  const double boundary = sp ? act / tp : act;
-  c.in_bytes = range.in_per_sample * ud * boundary;
-  c.out_bytes = range.out_per_sample * ud * boundary;
   // Forward receives inputs and sends outputs; backward sends and receives their gradients.
   if (c.in_bytes > 0) c.comm_s += 2 * transfer_time(links.previous, c.in_bytes);
   if (c.out_bytes > 0) c.comm_s += 2 * transfer_time(links.next, c.out_bytes);
@@ -303,7 +314,7 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
                                 ? std::min(saved, range.tp.core_saved_per_sample * ud / tp) : 0.0;
   const double rebuilt = recompute == RecomputeScope::kFull ? saved : core_saved;
   c.memory_static = state + workspace + workspace_gathered + rebuilt;
-  c.memory_per_in_flight = recompute == RecomputeScope::kFull ? c.in_bytes : saved - core_saved;
+  c.memory_per_in_flight = recompute == RecomputeScope::kFull ? (sp ? c.in_bytes : whole_in) : saved - core_saved;
   c.memory_bytes = saturated_bytes(c.memory_static + in_flight * c.memory_per_in_flight);
   return c;
 }

@@ -28,6 +28,7 @@ struct StageCost {
   int zero = 0;             // the ZeRO stage costed (effective: 0 with one replica)
   int tp = 1;               // the tensor-parallel degree costed: each replica is a group of tp devices
   bool sequence_parallel = false;  // tp > 1 under TrainingSpec::sequence_parallel
+  int boundary_parts = 1;   // the slices each boundary value travels in: tp where the stage splits work, else 1
   RecomputeScope recompute = RecomputeScope::kNone;
   double step_s = 0;        // compute + comm: one pipeline step
   double optimizer_s = 0;   // the optimizer step after the all-reduce, once per iteration (memory-bound)
@@ -40,6 +41,12 @@ struct StageCost {
   double in_bytes = 0;      // boundary bytes received per micro-batch
   double out_bytes = 0;     // boundary bytes sent per micro-batch
 };
+
+// The share of a boundary value one device of a stage sends or receives on the pipeline's link: each device of a
+// tensor-parallel group that splits work sends 1/tp of it (Megatron-LM's scatter/gather, Narayanan et al. SC21
+// §4.1; under sequence parallelism the sequence shard it holds), and the receiver all-gathers the slices over the
+// group's own link where it needs them whole (stage_cost()). A group without split work runs as degree 1 does.
+inline double boundary_share(const StageCost& c) { return 1.0 / c.boundary_parts; }
 
 // The links of one placed stage: to the previous and next stage (activations forward, their gradients back)
 // and among its replicas (the gradient all-reduce ring).

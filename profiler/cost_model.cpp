@@ -346,7 +346,7 @@ OpEfficiency default_efficiency(OpClass c, const Device& device) {
   // against measured A100 iteration times (Narayanan et al. SC21 Table 1, Korthikanti et al. MLSys'23 Table 5;
   // docs/cost-model.md §3, bench/RESULTS.md): GEMMs sustain ~72% of the dense tensor peak and, where memory-bound
   // (the attention's batched products), ~50% of DRAM bandwidth; fused elementwise and copy kernels ~70%, norms,
-  // softmax and reductions ~50%. Small kernels are governed by the per-kernel overhead, added on top
+  // softmax and reductions ~40%. Small kernels are governed by the per-kernel overhead, added on top
   // (Device::kernel_overhead_s).
   const bool datasheet = !device.measured;
   switch (c) {
@@ -354,7 +354,7 @@ OpEfficiency default_efficiency(OpClass c, const Device& device) {
     case OpClass::kElementwise: return {0.50, datasheet ? 0.70 : 0.80};
     case OpClass::kNormalization:
     case OpClass::kSoftmax:
-    case OpClass::kReduction: return {0.40, datasheet ? 0.50 : 0.60};
+    case OpClass::kReduction: return {0.40, datasheet ? 0.40 : 0.60};
     case OpClass::kPool: return {0.40, 0.60};
     case OpClass::kDataMovement: return {0.50, datasheet ? 0.70 : 0.50};
     case OpClass::kView: return {1.0, 1.0};

@@ -118,10 +118,14 @@ TEST(AStageCostAtATensorParallelDegree, DividesTheSplitWorkWeightsAndSavedBytesA
   EXPECT_DOUBLE_EQ(one.forward_s, 0.001 + 0.010 * u);
   EXPECT_DOUBLE_EQ(one.backward_s, 0.002 + 0.020 * u);
   EXPECT_EQ(one.param_bytes, 100'000'000);
-  // Degree 4: 3/4 of the split part goes; each of the two collectives carries half the bytes over the node's link.
+  // Degree 4 (sequence parallel, TrainingSpec's default): 3/4 of the split part goes; each of the two collectives
+  // carries half the bytes over the node's link, a reduce-scatter and an all-gather (an all-reduce's time); the
+  // backward all-gathers the two region inputs once more for the weight gradients.
+  ASSERT_TRUE(four.sequence_parallel);
   const double collective = 2 * ring_allreduce_time(4, 32768.0 * u, links.tensor);
+  const double regather = 2 * ring_allgather_time(4, 32768.0 * u, links.tensor);
   EXPECT_NEAR(four.forward_s, 0.001 + 0.010 * u - 0.75 * 0.006 * u + collective, 1e-15);
-  EXPECT_NEAR(four.backward_s, 0.002 + 0.020 * u - 0.75 * 0.012 * u + collective, 1e-15);
+  EXPECT_NEAR(four.backward_s, 0.002 + 0.020 * u - 0.75 * 0.012 * u + collective + regather, 1e-15);
   EXPECT_EQ(four.param_bytes, 100'000'000 - 60'000'000);
   const double state = state_bytes_per_param_byte(t.optimizer, t.precision);
   EXPECT_NEAR(four.memory_static, 40e6 * state + 0.0, 1.0);  // no workspace in this range
@@ -154,19 +158,55 @@ TEST(AStageCostAtATensorParallelDegree, ShardsTheWorkBetweenRegionsAndTheBoundar
   // Forward: each region's closing reduce-scatter and each input's all-gather (2 + 2 here); backward the reverse.
   const double rs_ag = 2 * (ring_reduce_scatter_time(4, 32768.0 * u, links.tensor) +
                             ring_allgather_time(4, 32768.0 * u, links.tensor));
-  EXPECT_NEAR(off.forward_s - all_reduces, on.forward_s - rs_ag + 0.75 * 0.002 * u, 1e-12);
-  EXPECT_NEAR(off.backward_s - all_reduces, on.backward_s - rs_ag + 0.75 * 0.003 * u, 1e-12);
+  // Under SP the backward all-gathers the two region inputs again (the weight gradients read them whole).
+  const double regather = 2 * ring_allgather_time(4, 32768.0 * u, links.tensor);
+  // Without SP the group all-gathers the boundary slices it receives: the inputs before the forward, the outputs'
+  // gradients before the backward (4096 bytes per sample each, fp32).
+  const double gather = ring_allgather_time(4, 4096.0 * u, links.tensor);
+  EXPECT_NEAR(off.forward_s - all_reduces - gather, on.forward_s - rs_ag + 0.75 * 0.002 * u, 1e-12);
+  EXPECT_NEAR(off.backward_s - all_reduces - gather, on.backward_s - rs_ag - regather + 0.75 * 0.003 * u, 1e-12);
   EXPECT_NEAR(off.memory_per_in_flight - on.memory_per_in_flight, 0.75 * 0.2e6 * u, 1e-6);
-  // Each device sends and receives its quarter of the boundaries.
-  EXPECT_NEAR(on.in_bytes, off.in_bytes / 4, 1e-9);
-  EXPECT_NEAR(on.out_bytes, off.out_bytes / 4, 1e-9);
-  EXPECT_LT(on.comm_s, off.comm_s);
   // Degree 1 has nothing to shard: the same cost either way.
   const StageCost one_on = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 1);
   t.sequence_parallel = false;
   const StageCost one_off = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 1);
   EXPECT_EQ(one_on.h, one_off.h);
   EXPECT_FALSE(one_on.sequence_parallel);
+  EXPECT_DOUBLE_EQ(one_on.in_bytes, 4096.0 * u);
+  // Each device of the group sends and receives its quarter of the boundaries, with SP or without (Megatron-LM's
+  // scatter/gather), so the pipeline transfers cost the same.
+  for (const StageCost* c : {&on, &off}) {
+    EXPECT_EQ(c->boundary_parts, 4);
+    EXPECT_NEAR(c->in_bytes, one_off.in_bytes / 4, 1e-9);
+    EXPECT_NEAR(c->out_bytes, one_off.out_bytes / 4, 1e-9);
+  }
+  EXPECT_EQ(on.comm_s, off.comm_s);
+  EXPECT_LT(on.comm_s, one_off.comm_s);
+  // A full recomputation keeps the gathered input whole per micro-batch (SP: its shard) and gathers it once.
+  t.sequence_parallel = false;
+  const StageCost full_off = stage_cost(r, 1, 1, 1, RecomputeScope::kFull, links, t, 0, 4);
+  EXPECT_DOUBLE_EQ(full_off.memory_per_in_flight, 4096.0 * u);
+  EXPECT_NEAR(full_off.recompute_s, off.forward_s - gather, 1e-15);
+  t.sequence_parallel = true;
+  const StageCost full_on = stage_cost(r, 1, 1, 1, RecomputeScope::kFull, links, t, 0, 4);
+  EXPECT_DOUBLE_EQ(full_on.memory_per_in_flight, 4096.0 * u / 4);
+}
+
+TEST(AStageCostAtATensorParallelDegree, KeepsTheBoundariesWholeWhereTheGroupSplitsNoWork) {
+  const Cluster cluster = testing::test_cluster(8);
+  const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 4);
+  StageRange r = range_with_tp();
+  r.tp = {};  // nothing to split: every device of a group would run the whole range
+  r.in_per_sample = 4096;
+  r.out_per_sample = 4096;
+  TrainingSpec t = training(8);
+  t.sequence_parallel = false;
+  const StageCost one = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 1);
+  const StageCost four = stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 4);
+  EXPECT_EQ(four.boundary_parts, 1);
+  EXPECT_EQ(four.in_bytes, one.in_bytes);
+  EXPECT_EQ(four.forward_s, one.forward_s);  // no slices to gather
+  EXPECT_EQ(four.backward_s, one.backward_s);
 }
 
 TEST(AStageCostUnderSelectiveRecomputation, RerunsOnlyTheAttentionCoresAndKeepsNoneOfTheirActivations) {

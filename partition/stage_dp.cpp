@@ -359,16 +359,17 @@ StageDp::Fitting& StageDp::fitting_starts(double flight, const View& view) const
     if (f.flight == flight && f.active == view.active) return f;
   // Per stored range (index() / candidates): one entry per variant and the fewest devices, found on first use.
   const size_t cands = candidates_.size();
-  fitting_.push_back(
-      {flight, view.active, std::vector<int32_t>(cands == 0 ? 0 : (variants_.size() + 1) * (entries_ / cands), kUnknown)});
+  const size_t ranges = cands == 0 ? 0 : entries_ / cands;
+  fitting_.push_back({flight, view.active, std::vector<int32_t>(variants_.size() * ranges, kUnknown),
+                      std::vector<int32_t>(ranges, kUnknown)});
   return fitting_.back();
 }
 
 const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const {
   const size_t range = range_index(first, last);
   const size_t base = range * candidates_.size();
-  int32_t* starts = &fitting.starts[(variants_.size() + 1) * range];
-  if (starts[0] == kUnknown) {
+  int32_t* starts = &fitting.starts[variants_.size() * range];
+  if (fitting.fewest[range] == kUnknown) {
     int32_t fewest = kNone;  // the fewest devices any of the view's variants fits in, after the variants' starts
     for (size_t v = 0; v < variants_.size(); ++v) {
       if (!((fitting.active >> v) & 1u)) {
@@ -378,7 +379,7 @@ const int32_t* StageDp::fitting_of(Fitting& fitting, uint32_t first, uint32_t la
       starts[v] = first_fitting(base, fitting.flight, variants_[v].mem_base, variants_[v].mem_per_flight);
       if (static_cast<size_t>(starts[v]) < candidates_.size()) fewest = std::min(fewest, devices_of(starts[v], v));
     }
-    starts[variants_.size()] = fewest;
+    fitting.fewest[range] = fewest;
   }
   return starts;
 }
@@ -450,7 +451,7 @@ void StageDp::fill(int stages, double limit, bool every_start, const View& view,
           if (least_compute_[i * n + last] > limit) break;
           const int rest = t.devices[(r - 1) * n + last];
           if (rest == kNone || rest >= devices_) continue;
-          const int fewest = fitting_of(fitting, i, last)[variants_.size()];  // devices any variant fits in
+          const int fewest = fewest_fitting_devices(fitting, i, last);  // devices any variant fits in
           if (fewest == kNone || rest + fewest >= best) continue;
           const int c = min_candidate(i, last, fitting, limit, t.under_limit, best - rest, view, &variant);
           if (c < 0) continue;

@@ -167,10 +167,17 @@ class StageDp {
   struct Fitting {
     double flight;
     uint64_t active;  // the view's variants (the fewest devices is over them)
-    std::vector<int32_t> starts;  // per stored range: each variant's first fitting candidate, then the fewest devices
+    std::vector<int32_t> starts;  // per stored range: each variant's first fitting candidate
+    std::vector<int32_t> fewest;  // per stored range: the fewest devices any of them fits in (kNone: none), apart
+                                  // so that fill()'s test of every range reads a dense array
   };
   Fitting& fitting_starts(double in_flight, const View& view) const;
+  // The range's first fitting candidate per variant, found on first use.
   const int32_t* fitting_of(Fitting& fitting, uint32_t first, uint32_t last) const;
+  int fewest_fitting_devices(Fitting& fitting, uint32_t first, uint32_t last) const {
+    const int32_t known = fitting.fewest[range_index(first, last)];
+    return known != kUnknown ? known : (fitting_of(fitting, first, last), fitting.fewest[range_index(first, last)]);
+  }
   // Least candidate index whose memory fits and h ≤ limit, or -1; *variant: the variant (index into variants_)
   // that gives it, the first in order on ties. `fitting`: the stage's in-flight count's; `under_limit`: per range
   // and variant, the first candidate with h ≤ limit (kUnknown until found), kept by fill().

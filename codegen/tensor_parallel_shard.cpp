@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -104,8 +105,8 @@ bool shape_like(const std::string& op) {
 
 class Sharder {
  public:
-  Sharder(const onnx::ModelProto& stage, int degree, int rank, TpWeights weights)
-      : degree_(degree), rank_(rank), weights_(weights) {
+  Sharder(const onnx::ModelProto& stage, int degree, int rank, TpWeights weights, TpSequence sequence)
+      : degree_(degree), rank_(rank), weights_(weights), sequence_(sequence) {
     shard_.model = stage;
     onnx::GraphProto& g = *shard_.model.mutable_graph();
     for (int i = 0; i < g.node_size(); ++i) {
@@ -114,6 +115,8 @@ class Sharder {
       for (const std::string& in : g.node(i).input()) consumers_[in].push_back(i);
     }
     for (int i = 0; i < g.initializer_size(); ++i) initializer_[g.initializer(i).name()] = i;
+    for (const auto& o : stage.opset_import())
+      if (o.domain().empty() || o.domain() == "ai.onnx") opset_ = o.version();
     // The forward's value types, for the collectives' outputs (ai.apart ops have no ONNX inference).
     onnx::ModelProto inferred = stage;
     try {
@@ -323,10 +326,12 @@ class Sharder {
         add.add_output(end);
         after_[node_of_name_.at(row)] = {reduce, add};
         add_type(reduced, end, n);
+        region_reduces_[reduce.name()] = end;
       } else {
         reduce.add_output(end);
         after_[node_of_name_.at(row)] = {reduce};
         add_type(end, end, n);
+        region_reduces_[reduce.name()] = end;
       }
     }
     // Region inputs: one TpCopy each, read by the region's column linears.
@@ -349,6 +354,7 @@ class Sharder {
       f.add_output(copy);
       before_[first].push_back(f);
       add_type(copy, x, g.node(first));
+      region_copies_.insert(f.name());
     }
     for (const auto& [value, axis] : r.split_values) split_names_.insert(value);
     ++shard_.regions;
@@ -365,10 +371,12 @@ class Sharder {
       for (const NodeProto& n : after_[k]) *nodes.Add() = n;
     }
     g.mutable_node()->Swap(&nodes);
-    // Declared shapes of split values are the whole model's: drop them (the importer infers the shard's).
+    if (sequence_ == TpSequence::kSharded) shard_sequence();
+    // Declared shapes of split values and sequence parts are the whole model's: drop them (the importer infers the
+    // shard's).
     auto* infos = g.mutable_value_info();
     for (int i = infos->size() - 1; i >= 0; --i)
-      if (split_names_.count(infos->Get(i).name())) infos->DeleteSubrange(i, 1);
+      if (split_names_.count(infos->Get(i).name()) || part_of_.count(infos->Get(i).name())) infos->DeleteSubrange(i, 1);
     for (const auto& vi : added_types_) *g.add_value_info() = vi;
     bool has_opset = false;
     for (const auto& o : shard_.model.opset_import()) has_opset = has_opset || o.domain() == autodiff::kApartDomain;
@@ -525,8 +533,283 @@ class Sharder {
     added_types_.push_back(vi);
   }
 
+
+  // --- Sequence parallelism (the header's second list) --------------------------------------------------------------
+
+  struct Part {
+    int axis = 0;  // the sequence axis of the value
+    int rank = 0;
+  };
+
+  // Rewrites the graph (nodes in order, collectives in place) so that the values between regions are held in
+  // sequence parts: regions' all-reduces become reduce-scatters, position-wise readers keep parts, every other
+  // reader reads them all-gathered.
+  void shard_sequence() {
+    onnx::GraphProto& g = *shard_.model.mutable_graph();
+    producer_.clear();  // the nodes moved (finish placed the collectives): known_ints and carries_gradient read it
+    for (int k = 0; k < g.node_size(); ++k)
+      for (const std::string& o : g.node(k).output()) producer_[o] = k;
+    std::set<std::string> graph_outputs;
+    for (const auto& o : g.output()) graph_outputs.insert(o.name());
+    std::map<std::string, std::string> renamed;  // a stage output held in parts → the parts' name
+    google::protobuf::RepeatedPtrField<NodeProto> nodes;
+    auto emit = [&](const NodeProto& n) { *nodes.Add() = n; };
+    // Output i of n holds parts; a stage output is all-gathered right after (stage boundaries stay whole).
+    auto hold_parts = [&](NodeProto& n, int i, Part part, std::vector<NodeProto>& after) {
+      const std::string whole = n.output(i);
+      const std::optional<onnx::ValueInfoProto> type = known_type(whole);
+      std::string held = whole;
+      if (graph_outputs.count(whole)) {
+        held = whole + "/sp_part";
+        n.set_output(i, held);
+        renamed[whole] = held;
+        after.push_back(collective(kTpAllGatherOp, held, whole, part.axis, kTpBackwardScatter));
+      }
+      part_of_[held] = part;
+      if (type) whole_of_[held] = *type;
+      if (held != whole || added_type_index(whole) >= 0) {
+        if (!type) unsupported(n, "sequence parallelism over a value of unknown type (" + quote(whole) + ")");
+        set_type(held, part_type(*type, part.axis));
+      }
+      shard_.sequence_sharded = true;
+    };
+    for (int k = 0; k < g.node_size(); ++k) {
+      NodeProto n = g.node(k);
+      for (int i = 0; i < n.input_size(); ++i)
+        if (const auto it = renamed.find(n.input(i)); it != renamed.end()) n.set_input(i, it->second);
+      std::vector<NodeProto> after;
+      if (const auto end = region_reduces_.find(n.name()); end != region_reduces_.end()) {
+        // The region's partial sums: each rank keeps its part of the sum.
+        rename_op(n, kTpReduceScatterOp);
+        const int axis = sequence_axis(end->second, n);
+        autodiff::set_attr(n, "axis", static_cast<int64_t>(axis));
+        hold_parts(n, 0, {axis, rank_or(end->second, n)}, after);
+        emit(n);
+        for (const NodeProto& a : after) emit(a);
+        continue;
+      }
+      std::vector<int> held;
+      for (int i = 0; i < n.input_size(); ++i)
+        if (part_of_.count(n.input(i))) held.push_back(i);
+      if (held.empty()) {
+        emit(n);
+        continue;
+      }
+      if (region_copies_.count(n.name())) {  // a region input: all-gathered for the column linears
+        const Part part = part_of_.at(n.input(0));
+        rename_op(n, kTpAllGatherOp);
+        autodiff::set_attr(n, "axis", static_cast<int64_t>(part.axis));
+        autodiff::set_attr(n, kTpBackwardAttr, std::string(kTpBackwardReduceScatter));
+        emit(n);
+        continue;
+      }
+      if (const std::optional<Part> out = position_wise(n)) {
+        for (int i : data_inputs(n)) {
+          const std::string x = n.input(i);
+          if (x.empty() || part_of_.count(x)) continue;
+          const int aligned = out->axis - (out->rank - rank_or(x, n));
+          if (aligned >= 0 && dim_of(x, aligned, n) != 1) {
+            n.set_input(i, once(scattered_, x, "/sp_scatter", [&](const std::string& y) {
+              const onnx::ValueInfoProto type = whole_type(x, n);
+              emit(collective(kTpScatterOp, x, y, aligned));
+              set_type(y, part_type(type, aligned));
+            }));
+          } else if (carries_gradient(x)) {
+            n.set_input(i, once(copied_, x, "/sp_copy", [&](const std::string& y) {
+              const onnx::ValueInfoProto type = whole_type(x, n);
+              emit(collective(kTpCopyOp, x, y, -1));
+              set_type(y, type);
+            }));
+          }
+        }
+        if (n.op_type() == "Dropout") n.set_name(n.name() + "/tp_rank_" + std::to_string(rank_));
+        for (int i = 0; i < n.output_size(); ++i)
+          if (!n.output(i).empty()) hold_parts(n, i, *out, after);
+      } else {
+        for (int i : held) {
+          const std::string x = n.input(i);
+          n.set_input(i, once(gathered_, x, "/sp_gather", [&](const std::string& y) {
+            const auto type = whole_of_.find(x);
+            if (type == whole_of_.end()) unsupported(n, "sequence parallelism over a value of unknown type (" + quote(x) + ")");
+            emit(collective(kTpAllGatherOp, x, y, part_of_.at(x).axis, kTpBackwardScatter));
+            set_type(y, type->second);
+          }));
+        }
+      }
+      emit(n);
+      for (const NodeProto& a : after) emit(a);
+    }
+    g.mutable_node()->Swap(&nodes);
+  }
+
+  // A collective the shard placed, turned into `op`, its name saying so ("<region>/TpAllReduce" → "…/TpReduceScatter").
+  static void rename_op(NodeProto& n, const char* op) {
+    std::string name = n.name();
+    if (const size_t at = name.rfind(n.op_type()); at != std::string::npos) name.replace(at, n.op_type().size(), op);
+    n.set_name(name);
+    n.set_op_type(op);
+  }
+
+  // The value `make` defines for `x` the first time (named x + suffix), and the same name after.
+  static std::string once(std::map<std::string, std::string>& made, const std::string& x, const char* suffix,
+                          const std::function<void(const std::string&)>& make) {
+    if (const auto it = made.find(x); it != made.end()) return it->second;
+    const std::string y = x + suffix;
+    make(y);
+    made[x] = y;
+    return y;
+  }
+
+  NodeProto collective(const char* op, const std::string& x, const std::string& y, int axis,
+                       const char* backward = nullptr) const {
+    NodeProto c;
+    c.set_name(y);
+    c.set_op_type(op);
+    c.set_domain(autodiff::kApartDomain);
+    c.add_input(x);
+    c.add_output(y);
+    if (axis >= 0) autodiff::set_attr(c, "axis", static_cast<int64_t>(axis));
+    if (backward != nullptr) autodiff::set_attr(c, kTpBackwardAttr, std::string(backward));
+    return c;
+  }
+
+  // The sequence axis of a region's output: its first axis before the last longer than 1 at batch 1.
+  int sequence_axis(const std::string& end, const NodeProto& n) const {
+    const auto shape = shape_of_.find(end);
+    if (shape == shape_of_.end()) unsupported(n, "sequence parallelism over a value of unknown shape (" + quote(end) + ")");
+    for (size_t a = 0; a + 1 < shape->second.size(); ++a) {
+      const int64_t length = shape->second[a];
+      if (length <= 1) continue;
+      if (length % degree_ != 0)
+        throw Unsupported("sequence parallelism: region output " + quote(end) + " has " + std::to_string(length) +
+                          " positions along axis " + std::to_string(a) + ", which do not cut into " +
+                          std::to_string(degree_) + " equal parts; plan with --sequence-parallel off");
+      return static_cast<int>(a);
+    }
+    unsupported(n, "sequence parallelism over a value with no sequence axis (" + quote(end) + ")");
+  }
+
+  // The inputs of n that line up with its output position by position (the others: Dropout's ratio, Clip's bounds).
+  static std::vector<int> data_inputs(const NodeProto& n) {
+    const std::string& op = n.op_type();
+    if (op == "Dropout" || op == "Clip" || op == "Cast" || op == "Softmax" || op == "LogSoftmax" ||
+        op.rfind("Reduce", 0) == 0)
+      return {0};
+    std::vector<int> all(static_cast<size_t>(n.input_size()));
+    for (int i = 0; i < n.input_size(); ++i) all[static_cast<size_t>(i)] = i;
+    return all;
+  }
+
+  // Where n's outputs hold their parts if n works position by position along its inputs' sequence axis; nullopt
+  // when it mixes positions (or is not known to keep them apart), so its reader of a part needs it whole.
+  std::optional<Part> position_wise(const NodeProto& n) const {
+    static const std::set<std::string> elementwise = {
+        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Tanh", "Erf", "Relu", "Gelu", "Sigmoid", "Exp",
+        "Log", "Neg", "Abs", "Cast", "Identity", "Where", "Max", "Min", "Sum", "Mean", "Softplus", "LeakyRelu",
+        "Elu", "Selu", "HardSigmoid", "HardSwish", "Clip", "Dropout", "LayerNormalization", "Softmax", "LogSoftmax",
+        "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceProd"};
+    if (!n.domain().empty() || !elementwise.count(n.op_type())) return std::nullopt;
+    const std::vector<int> data = data_inputs(n);
+    for (int i = 0; i < n.input_size(); ++i)
+      if (part_of_.count(n.input(i)) && std::find(data.begin(), data.end(), i) == data.end()) return std::nullopt;
+    const bool broadcasts = data.size() > 1 && n.op_type() != "LayerNormalization";
+    int out_rank = 0;
+    for (int i : data) {
+      const std::string& x = n.input(i);
+      if (x.empty()) continue;
+      const auto part = part_of_.find(x);
+      const int r = part != part_of_.end() ? part->second.rank : rank_or(x, n);
+      out_rank = broadcasts ? std::max(out_rank, r) : (i == 0 ? r : out_rank);
+    }
+    std::optional<int> axis;
+    for (int i : data) {
+      const auto part = part_of_.find(n.input(i));
+      if (part == part_of_.end()) continue;
+      const int a = part->second.axis + (out_rank - part->second.rank);
+      if (axis && *axis != a) return std::nullopt;
+      axis = a;
+    }
+    if (!axis || (!broadcasts && !part_of_.count(n.input(0)))) return std::nullopt;
+    const std::string& op = n.op_type();
+    if (op == "LayerNormalization" && *axis >= normalized(attr_int(n, "axis", -1), out_rank)) return std::nullopt;
+    if (op == "Softmax" || op == "LogSoftmax") {
+      // Opset 13 on: along `axis` (default −1); before: over the flattened axes from `axis` (default 1) on.
+      const int over = normalized(attr_int(n, "axis", opset_ >= 13 ? -1 : 1), out_rank);
+      if (opset_ >= 13 ? *axis == over : *axis >= over) return std::nullopt;
+    }
+    if (op.rfind("Reduce", 0) == 0) {
+      if (attr_int(n, "keepdims", 1) != 1) return std::nullopt;
+      std::vector<int64_t> axes;
+      for (const auto& a : n.attribute())
+        if (a.name() == "axes") axes.assign(a.ints().begin(), a.ints().end());
+      if (n.input_size() > 1 && !n.input(1).empty()) {
+        const std::optional<std::vector<int64_t>> known = known_ints(n.input(1));
+        if (!known) return std::nullopt;
+        axes = *known;
+      }
+      if (axes.empty()) return std::nullopt;  // every axis (or none, noop_with_empty_axes): keep it simple
+      for (int64_t a : axes)
+        if (normalized(a, out_rank) == *axis) return std::nullopt;
+    }
+    return Part{*axis, out_rank};
+  }
+  int normalized(int64_t axis, int rank) const { return static_cast<int>(axis < 0 ? axis + rank : axis); }
+
+  // Whether a gradient can flow into x: not a Constant node's output, not an integer or boolean initializer.
+  bool carries_gradient(const std::string& x) const {
+    const onnx::GraphProto& g = shard_.model.graph();
+    if (const auto it = producer_.find(x); it != producer_.end() && g.node(it->second).op_type() == "Constant") return false;
+    int32_t type = 0;
+    if (const auto it = initializer_.find(x); it != initializer_.end()) type = g.initializer(it->second).data_type();
+    else if (const auto t = types_.find(x); t != types_.end()) type = t->second.type().tensor_type().elem_type();
+    return type == 0 || type == TensorProto::FLOAT || type == TensorProto::DOUBLE || type == TensorProto::FLOAT16 ||
+           type == TensorProto::BFLOAT16;
+  }
+
+  // The whole value's type: added by this pass, or ONNX's inference of the forward, or an initializer's.
+  onnx::ValueInfoProto whole_type(const std::string& v, const NodeProto& n) const {
+    if (std::optional<onnx::ValueInfoProto> type = known_type(v)) return *type;
+    unsupported(n, "sequence parallelism over a value of unknown type (" + quote(v) + ")");
+  }
+  std::optional<onnx::ValueInfoProto> known_type(const std::string& v) const {
+    if (const int i = added_type_index(v); i >= 0) return added_types_[static_cast<size_t>(i)];
+    if (const auto it = types_.find(v); it != types_.end() && it->second.type().has_tensor_type()) return it->second;
+    if (const auto it = initializer_.find(v); it != initializer_.end()) {
+      const TensorProto& t = shard_.model.graph().initializer(it->second);
+      onnx::ValueInfoProto vi;
+      vi.set_name(v);
+      auto* tensor = vi.mutable_type()->mutable_tensor_type();
+      tensor->set_elem_type(t.data_type());
+      for (int64_t d : t.dims()) tensor->mutable_shape()->add_dim()->set_dim_value(d);
+      return vi;
+    }
+    return std::nullopt;
+  }
+  // `whole` with its `axis` cut into degree parts (a symbolic length becomes unknown).
+  onnx::ValueInfoProto part_type(onnx::ValueInfoProto whole, int axis) const {
+    auto* shape = whole.mutable_type()->mutable_tensor_type()->mutable_shape();
+    if (axis < shape->dim_size()) {
+      auto* d = shape->mutable_dim(axis);
+      if (d->has_dim_value()) d->set_dim_value(d->dim_value() / degree_);
+      else d->clear_dim_param();
+    }
+    return whole;
+  }
+  int added_type_index(const std::string& v) const {
+    for (size_t i = 0; i < added_types_.size(); ++i)
+      if (added_types_[i].name() == v) return static_cast<int>(i);
+    return -1;
+  }
+  void set_type(const std::string& v, onnx::ValueInfoProto type) {
+    type.set_name(v);
+    if (const int i = added_type_index(v); i >= 0) added_types_[static_cast<size_t>(i)] = std::move(type);
+    else added_types_.push_back(std::move(type));
+  }
+
   int degree_, rank_;
   TpWeights weights_;
+  TpSequence sequence_;
+  int64_t opset_ = 17;
   TpShard shard_;
   std::map<std::string, int> node_of_name_, producer_, initializer_, rank_of_;
   std::map<std::string, std::vector<int>> consumers_;
@@ -536,15 +819,20 @@ class Sharder {
   std::map<int, std::vector<NodeProto>> before_, after_;
   std::vector<onnx::ValueInfoProto> added_types_;
   std::set<std::string> split_names_;
+  std::set<std::string> region_copies_;               // the TpCopy of each region input, by node name
+  std::map<std::string, std::string> region_reduces_;  // each region's closing TpAllReduce → its end value
+  std::map<std::string, Part> part_of_;                // values held in sequence parts
+  std::map<std::string, onnx::ValueInfoProto> whole_of_;  // … and their whole types
+  std::map<std::string, std::string> scattered_, copied_, gathered_;  // x → its TpScatter, TpCopy, TpAllGather
 };
 
 }  // namespace
 
 TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std::vector<TpShardRegion>& regions,
-                                        int degree, int rank, TpWeights weights) {
+                                        int degree, int rank, TpWeights weights, TpSequence sequence) {
   if (degree < 1 || rank < 0 || rank >= degree)
     throw InvalidArgument("tensor parallelism: rank " + std::to_string(rank) + " of degree " + std::to_string(degree));
-  Sharder sharder(stage, degree, rank, weights);
+  Sharder sharder(stage, degree, rank, weights, sequence);
   if (degree > 1)
     for (size_t i = 0; i < regions.size(); ++i)
       if (sharder.present(regions[i])) sharder.shard(regions[i], i);

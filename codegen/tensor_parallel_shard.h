@@ -19,7 +19,20 @@
 // (Megatron's model-parallel RNG); a Dropout on a replicated value draws the same mask on every rank.
 // Everything else (norms, residuals, embeddings, the LM head, the loss) is replicated: every rank computes it whole,
 // with the same values. Embedding and LM-head regions are left replicated here (no vocabulary split yet).
-// docs/runtime.md "Tensor-parallel stages" documents the two ops.
+//
+// Under sequence parallelism (TpSequence::kSharded; Korthikanti et al., MLSys'23 §4.2.2) the values between regions
+// are cut along the sequence instead of replicated:
+//   - a region's closing all-reduce becomes ai.apart.TpReduceScatter along the sequence axis (a row Gemm's bias
+//     is added after it, on the part), so each rank holds 1/t of the tokens of the region's output;
+//   - what follows runs on that part while it is position-wise (elementwise ops, Dropout, LayerNormalization and
+//     reductions, Softmax, over other axes): a whole operand with the sequence axis goes through ai.apart.TpScatter
+//     (this rank's part; gradient all-gathered), one broadcast over it (a norm's scale, a bias) through TpCopy, so
+//     its gradient, a partial sum over this rank's tokens, is all-reduced (Megatron all-reduces these params'
+//     gradients over the TP group); a Dropout on a part draws per rank;
+//   - a region input held in parts is all-gathered (ai.apart.TpAllGather, gradient reduce-scattered) in place of
+//     its TpCopy; any other reader of a part (the LM head, a Reshape, a stage output) reads it all-gathered with a
+//     "scatter" backward (its gradient is whole on every rank). A stage's inputs and outputs stay whole.
+// docs/runtime.md "Tensor-parallel stages" documents the ops.
 #pragma once
 
 #include <onnx/onnx_pb.h>
@@ -33,6 +46,15 @@ namespace apart {
 
 inline constexpr const char* kTpCopyOp = "TpCopy";            // ai.apart: f (identity; backward all-reduce)
 inline constexpr const char* kTpAllReduceOp = "TpAllReduce";  // ai.apart: g (all-reduce; backward identity)
+// Sequence parallelism, each along its `axis` attribute:
+inline constexpr const char* kTpAllGatherOp = "TpAllGather";          // parts concatenated; backward per kTpBackwardAttr
+inline constexpr const char* kTpReduceScatterOp = "TpReduceScatter";  // part r of the sum; backward all-gather
+inline constexpr const char* kTpScatterOp = "TpScatter";              // part r of a replicated x; backward all-gather
+// TpAllGather's backward: "reduce_scatter" (its output feeds a TP region: each rank's gradient is a partial sum) or
+// "scatter" (replicated computation: each rank's gradient is the whole one).
+inline constexpr const char* kTpBackwardAttr = "backward";
+inline constexpr const char* kTpBackwardReduceScatter = "reduce_scatter";
+inline constexpr const char* kTpBackwardScatter = "scatter";
 
 // A region as plan.json lays it out (PlanTpRegion's shard fields), by node and value names.
 struct TpShardRegion {
@@ -56,6 +78,7 @@ struct TpShard {
   onnx::ModelProto model;
   std::vector<TpShardedParam> params;  // in initializer order
   int regions = 0;                     // regions split in this stage
+  bool sequence_sharded = false;       // some values between regions are held in sequence parts (TpSequence)
   // Regions a stage boundary cuts (some of their linears in another stage): left whole, computed on every TP rank
   // (the same values, no memory saved); the stage on the other side of the cut leaves its part whole too.
   std::vector<std::string> replicated;
@@ -73,8 +96,13 @@ std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t
 // behind a Transpose, a shape operand computed at run time).
 // `weights`: kCut slices the initializers' data; kShapesOnly gives the sliced initializers their shard's dims and no
 // data (a graph-only model's plan, checked for whether every stage shards and its shapes infer).
+// `sequence`: kSharded cuts the values between regions along the sequence (sequence parallelism, above); the axis
+// is the end value's first axis before its last whose length at batch 1 exceeds 1 (the sequence of [B, S, H], the
+// tokens of [B·S, H]); Unsupported, naming the value, when that length does not divide by the degree.
 enum class TpWeights : uint8_t { kCut, kShapesOnly };
+enum class TpSequence : uint8_t { kWhole, kSharded };
 TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std::vector<TpShardRegion>& regions,
-                                        int degree, int rank, TpWeights weights = TpWeights::kCut);
+                                        int degree, int rank, TpWeights weights = TpWeights::kCut,
+                                        TpSequence sequence = TpSequence::kWhole);
 
 }  // namespace apart

@@ -622,7 +622,8 @@ void StageRunner::build_tensor_parallel_shard(onnx::ModelProto& proto) {
     init.clear_data_location();
     init.set_raw_data(std::string(reinterpret_cast<const char*>(t.raw()), static_cast<size_t>(t.bytes())));
   }
-  TpShard shard = shard_stage_for_tensor_parallel(proto, regions, setup_.tp, setup_.role.tp_rank);
+  TpShard shard = shard_stage_for_tensor_parallel(proto, regions, setup_.tp, setup_.role.tp_rank, TpWeights::kCut,
+                                                  full.sequence_parallel ? TpSequence::kSharded : TpSequence::kWhole);
   for (const TpShardedParam& p : shard.params) tp_sharded_[p.name] = p;
   result_.tp_whole_regions = shard.replicated;
   proto = std::move(shard.model);

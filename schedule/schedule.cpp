@@ -264,10 +264,6 @@ int action_tag(const Action& action, const PlanDocument& plan) {
 void check_executable(const PlanDocument& plan) {
   common_tp_degree(plan);  // one degree for every stage (Unsupported otherwise)
   for (const PlanStageRecord& stage : plan.stages)
-    if (stage.tp > 1 && stage.sequence_parallel)
-      throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel with sequence parallelism: the runtime "
-                        "runs tensor-parallel stages without it yet; re-plan with --sequence-parallel off");
-  for (const PlanStageRecord& stage : plan.stages)
     if (stage.recompute_scope == RecomputeScope::kSelective)
       throw Unsupported("stage " + std::to_string(stage.id) + " recomputes selectively (its attention cores): the "
                         "runtime recomputes whole stages only yet; re-plan with --recompute on or off");

@@ -122,7 +122,8 @@ void register_linalg_rules();       // linalg.cpp: MatMul, Gemm
 void register_reduce_rules();       // reduce.cpp: reductions, Softmax, LogSoftmax, LayerNorm, losses
 void register_shape_rules();        // shape.cpp: Reshape…Gather, Concat, Split, Slice, Pad, Resize, Expand, Trilu, ScatterND
 void register_conv_rules();         // conv.cpp: Conv, pools, BatchNormalization
-// tensor_parallel.cpp: ai.apart.TpCopy and ai.apart.TpAllReduce, keyed "ai.apart.<op>" (the only other-domain rules)
+// tensor_parallel.cpp: ai.apart.TpCopy, TpAllReduce, TpAllGather, TpReduceScatter and TpScatter, keyed "ai.apart.<op>"
+// (the only other-domain rules)
 void register_tensor_parallel_rules();
 
 // The gradient of a max/min reduction (ReduceMax/ReduceMin over `axes`, GlobalMaxPool): `g_kept` (the

@@ -1,4 +1,6 @@
 // The tensor-parallel collectives of a shard (codegen/tensor_parallel_shard.h) over the executor's TP group.
+#include <cstring>
+
 #include "runtime/communicator.h"
 #include "runtime/cpu/families.h"
 #include "runtime/kernel.h"
@@ -25,11 +27,127 @@ void tp_allreduce_k(KernelContext& ctx) {
   else ctx.unsupported("an all-reduce of " + std::string(dtype_name(x.dtype())));
 }
 
+// --- Sequence parallelism: a tensor cut along `axis` into one equal part per TP rank ------------------------------
+
+// A tensor of `shape` seen as [outer, length, inner] around `axis`; rank r's part is [r·part, (r+1)·part) along it.
+struct AxisCut {
+  int64_t outer = 1, length = 1, inner = 1;
+  int64_t part = 1;  // length / degree
+};
+
+int64_t cut_axis(const KernelContext& ctx, size_t rank) {
+  if (!ctx.has_attr("axis")) ctx.invalid("no axis attribute");
+  return normalize_axis(ctx, ctx.attr_int("axis", 0), static_cast<int64_t>(rank));
+}
+
+AxisCut axis_cut(const KernelContext& ctx, const std::vector<int64_t>& shape, int degree) {
+  const size_t axis = static_cast<size_t>(cut_axis(ctx, shape.size()));
+  AxisCut c;
+  c.outer = product(shape, 0, axis);
+  c.length = shape[axis];
+  c.inner = product(shape, axis + 1);
+  if (c.length % degree != 0)
+    ctx.invalid("axis " + std::to_string(axis) + " of length " + std::to_string(c.length) + " does not cut into " +
+                std::to_string(degree) + " equal parts (the sequence length must divide by the TP degree)");
+  c.part = c.length / degree;
+  return c;
+}
+
+int degree_of(const KernelContext& ctx) {
+  const Communicator* group = ctx.tensor_parallel_group();
+  return group == nullptr ? 1 : group->size();
+}
+
+// Part `rank` of `whole` ([outer, length, inner]) into `part` ([outer, c.part, inner]), and back.
+template <class T>
+void take_part(const AxisCut& c, int rank, const T* whole, T* part) {
+  const int64_t block = c.part * c.inner;
+  for (int64_t o = 0; o < c.outer; ++o)
+    std::memcpy(part + o * block, whole + (o * c.length + rank * c.part) * c.inner, static_cast<size_t>(block) * sizeof(T));
+}
+template <class T>
+void put_part(const AxisCut& c, int rank, const T* part, T* whole) {
+  const int64_t block = c.part * c.inner;
+  for (int64_t o = 0; o < c.outer; ++o)
+    std::memcpy(whole + (o * c.length + rank * c.part) * c.inner, part + o * block, static_cast<size_t>(block) * sizeof(T));
+}
+
+// The communicator's reduce_scatter_sum and allgather cut a buffer into size() consecutive shards: the TP group's
+// parts laid out rank after rank (rank r's [outer, part, inner] at r·outer·part·inner).
+int64_t part_elements(const AxisCut& c) { return c.outer * c.part * c.inner; }
+
+std::vector<int64_t> with_axis_length(const KernelContext& ctx, std::vector<int64_t> shape, int64_t length) {
+  shape[static_cast<size_t>(cut_axis(ctx, shape.size()))] = length;
+  return shape;
+}
+
+// ai.apart.TpScatter (x replicated, any dtype): this rank's part along `axis`, no message. Gradient: TpAllGather.
+void tp_scatter_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  AxisCut c = axis_cut(ctx, x.shape(), degree_of(ctx));
+  Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
+  c.inner *= dtype_size(x.dtype());  // moved as bytes
+  const Communicator* group = ctx.tensor_parallel_group();
+  take_part(c, group == nullptr ? 0 : group->rank(), x.raw(), y.raw());
+}
+
+// ai.apart.TpAllGather: every rank's part concatenated along `axis` in rank order, the same on each rank. Gradient:
+// TpReduceScatter (attribute backward = "reduce_scatter", the output feeds a TP region) or TpScatter ("scatter",
+// the output feeds replicated computation).
+void tp_allgather_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const int degree = degree_of(ctx);
+  const std::vector<int64_t> shape =
+      with_axis_length(ctx, x.shape(), x.shape()[static_cast<size_t>(cut_axis(ctx, x.shape().size()))] * degree);
+  Tensor& y = ctx.output(0, x.dtype(), shape);
+  if (degree == 1) return copy_bytes(x, y);
+  const AxisCut c = axis_cut(ctx, shape, degree);
+  Communicator& group = *ctx.tensor_parallel_group();
+  const int rank = group.rank();
+  if (x.dtype() == DType::kFloat32) {
+    std::vector<float> ranks(static_cast<size_t>(y.elements()));
+    std::memcpy(ranks.data() + rank * x.elements(), x.data<float>(), static_cast<size_t>(x.bytes()));
+    group.allgather(ranks)->wait();
+    for (int r = 0; r < degree; ++r) put_part(c, r, ranks.data() + r * part_elements(c), y.data<float>());
+  } else if (x.dtype() == DType::kFloat64) {  // no float64 all-gather: the sum over zeroed other parts, exact
+    put_part(c, rank, x.data<double>(), y.data<double>());
+    group.allreduce_sum(y.span<double>())->wait();
+  } else {
+    ctx.unsupported("an all-gather of " + std::string(dtype_name(x.dtype())));
+  }
+}
+
+// ai.apart.TpReduceScatter: this rank's part along `axis` of the sum of every rank's x. Gradient: TpAllGather.
+void tp_reduce_scatter_k(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const int degree = degree_of(ctx);
+  const AxisCut c = axis_cut(ctx, x.shape(), degree);
+  Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
+  if (degree == 1) return copy_bytes(x, y);
+  Communicator& group = *ctx.tensor_parallel_group();
+  const int rank = group.rank();
+  if (x.dtype() == DType::kFloat32) {
+    std::vector<float> ranks(static_cast<size_t>(x.elements()));
+    for (int r = 0; r < degree; ++r) take_part(c, r, x.data<float>(), ranks.data() + r * part_elements(c));
+    group.reduce_scatter_sum(ranks)->wait();
+    std::memcpy(y.data<float>(), ranks.data() + rank * y.elements(), static_cast<size_t>(y.bytes()));
+  } else if (x.dtype() == DType::kFloat64) {  // no float64 reduce-scatter: the whole sum, then this rank's part
+    std::vector<double> sum(x.data<double>(), x.data<double>() + x.elements());
+    group.allreduce_sum(std::span<double>(sum))->wait();
+    take_part(c, rank, sum.data(), y.data<double>());
+  } else {
+    ctx.unsupported("a reduce-scatter of " + std::string(dtype_name(x.dtype())));
+  }
+}
+
 }  // namespace
 
 void register_tensor_parallel_kernels() {
   register_kernel("ai.apart.TpCopy", tp_copy_k);
   register_kernel("ai.apart.TpAllReduce", tp_allreduce_k);
+  register_kernel("ai.apart.TpScatter", tp_scatter_k);
+  register_kernel("ai.apart.TpAllGather", tp_allgather_k);
+  register_kernel("ai.apart.TpReduceScatter", tp_reduce_scatter_k);
 }
 
 }  // namespace apart::cpu

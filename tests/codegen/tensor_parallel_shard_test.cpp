@@ -190,6 +190,159 @@ TEST(AShard, RefusesADegreeItsWidthsDoNotDivideAndARankOutsideIt) {
   EXPECT_THROW(shard_stage_for_tensor_parallel(stage, regions, 2, 2), InvalidArgument);
 }
 
+// --- Sequence parallelism -------------------------------------------------------------------------------------------
+
+TpShard sequence_parallel_shard(int rank) {
+  const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  return shard_stage_for_tensor_parallel(stage, tp_shard_regions(read_plan(tp_plan())), 2, rank, TpWeights::kCut,
+                                         TpSequence::kSharded);
+}
+
+const onnx::NodeProto* producer(const onnx::ModelProto& m, const std::string& value) {
+  for (const auto& n : m.graph().node())
+    for (const auto& o : n.output())
+      if (o == value) return &n;
+  return nullptr;
+}
+
+std::string attr_string(const onnx::NodeProto& n, const std::string& name) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return a.s();
+  return "";
+}
+
+// gpt-tiny, one stage: the four regions' all-reduces become reduce-scatters along the sequence (axis 1 of [B, S, H]);
+// the first attention's input (the first norm, computed whole from the embeddings) keeps its TpCopy, the other three
+// region inputs are all-gathered with a reduce-scatter backward, and the final norm is all-gathered (scatter
+// backward) for the LM head, which runs replicated.
+TEST(ASequenceParallelShard, ReduceScattersEveryRegionAndAllGathersTheRegionInputsItHoldsInParts) {
+  const TpShard shard = sequence_parallel_shard(1);
+  const onnx::ModelProto& m = shard.model;
+  EXPECT_TRUE(shard.sequence_sharded);
+  EXPECT_EQ(count_ops(m, "ai.apart", kTpAllReduceOp), 0);
+  EXPECT_EQ(count_ops(m, "ai.apart", kTpReduceScatterOp), 4);
+  int into_regions = 0, into_replicated = 0;
+  for (const auto& n : m.graph().node()) {
+    if (n.op_type() == kTpReduceScatterOp || n.op_type() == kTpAllGatherOp || n.op_type() == kTpScatterOp) {
+      ASSERT_EQ(n.attribute_size() > 0 && n.attribute(0).name() == "axis", true) << n.name();
+      EXPECT_EQ(n.attribute(0).i(), 1) << n.name();
+    }
+    if (n.op_type() != kTpAllGatherOp) continue;
+    const std::string backward = attr_string(n, kTpBackwardAttr);
+    if (backward == kTpBackwardReduceScatter) ++into_regions;
+    if (backward == kTpBackwardScatter) {
+      ++into_replicated;
+      EXPECT_EQ(n.input(0), "/lnf/Add_1_output_0");  // the final norm, for the LM head
+    }
+  }
+  EXPECT_EQ(into_regions, 3);
+  EXPECT_EQ(into_replicated, 1);
+  // The embeddings' sum enters the first residual add as this rank's half (TpScatter), once.
+  ASSERT_EQ(count_ops(m, "ai.apart", kTpScatterOp), 1);
+  const onnx::NodeProto* add = producer(m, "/blocks.0/Add_output_0");
+  ASSERT_NE(add, nullptr);
+  const onnx::NodeProto* scatter = producer(m, add->input(0));
+  ASSERT_NE(scatter, nullptr);
+  EXPECT_EQ(scatter->op_type(), kTpScatterOp);
+  EXPECT_EQ(scatter->input(0), "/wpe/Add_output_0");
+}
+
+// Every norm that runs on a part, and every row linear's bias added after its reduce-scatter, reads its params
+// through TpCopy: their gradients, partial sums over this rank's tokens, are all-reduced over the TP group. The first
+// norm runs whole and reads its params directly; constants (the norms' epsilon and exponent) get no TpCopy.
+TEST(ASequenceParallelShard, ReadsTheParamsOfWorkOnPartsThroughTpCopySoTheirGradientsSumOverTheGroup) {
+  const onnx::ModelProto m = sequence_parallel_shard(0).model;
+  std::set<std::string> copied;
+  for (const auto& n : m.graph().node())
+    if (n.op_type() == kTpCopyOp && producer(m, n.input(0)) == nullptr) copied.insert(n.input(0));
+  EXPECT_EQ(copied, (std::set<std::string>{"blocks.0.ln2.weight", "blocks.0.ln2.bias", "blocks.1.ln1.weight",
+                                           "blocks.1.ln1.bias", "blocks.1.ln2.weight", "blocks.1.ln2.bias",
+                                           "lnf.weight", "lnf.bias", "blocks.0.attn.proj.bias",
+                                           "blocks.0.mlp.2.bias", "blocks.1.attn.proj.bias", "blocks.1.mlp.2.bias"}));
+  for (const auto& n : m.graph().node())
+    if (n.op_type() == kTpCopyOp && producer(m, n.input(0)) != nullptr)
+      EXPECT_NE(producer(m, n.input(0))->op_type(), "Constant") << n.name();
+}
+
+// The shard imports at batch 2 with the values between regions at half the sequence (16 of 32 positions) and the
+// values inside regions whole along it; the loss stays a scalar.
+TEST(ASequenceParallelShard, ImportsWithHalfTheSequenceBetweenRegionsAndAllOfItInside) {
+  const TpShard shard = sequence_parallel_shard(1);
+  ImportOptions import;
+  import.batch = 2;
+  import.batch_explicit = true;
+  import.require_external_data = false;
+  const ImportedModel m = import_model_bytes(shard.model.SerializeAsString(), tp_plan(), "shard", import);
+  auto shape = [&](const std::string& v) {
+    const auto id = m.graph.find_value(v);
+    EXPECT_TRUE(id.has_value()) << v;
+    return id ? m.graph.value(*id).shape : std::vector<int64_t>{};
+  };
+  EXPECT_EQ(shape("/blocks.0/attn/proj/Add_output_0"), (std::vector<int64_t>{2, 16, 64}));  // after the reduce-scatter
+  EXPECT_EQ(shape("/blocks.1/ln2/Add_1_output_0"), (std::vector<int64_t>{2, 16, 64}));      // a norm on a part
+  EXPECT_EQ(shape("/blocks.1/ln2/Add_1_output_0/tp_copy_3"), (std::vector<int64_t>{2, 32, 64}));  // all-gathered
+  EXPECT_EQ(shape("/blocks.1/attn/Softmax_output_0"), (std::vector<int64_t>{2, 1, 32, 32}));  // 1 head, whole sequence
+  EXPECT_EQ(shape("/head/MatMul_output_0"), (std::vector<int64_t>{2, 32, 512}));  // the LM head, whole
+  EXPECT_TRUE(shape("loss").empty());
+}
+
+// A Dropout on a part (the residual stream after the first attention) draws per TP rank: each rank holds other
+// positions, so sharing the mask pattern would correlate them.
+TEST(ASequenceParallelShard, GivesADropoutOnAPartItsRanksOwnStream) {
+  onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  for (const auto& n : stage.graph().node()) {
+    onnx::NodeProto copy = n;
+    if (n.name() == "/blocks.0/Add") {
+      copy.set_output(0, n.output(0) + "/pre_dropout");
+      *nodes.Add() = copy;
+      onnx::NodeProto* d = nodes.Add();
+      d->set_op_type("Dropout");
+      d->set_name("/blocks.0/Add/Dropout");
+      d->add_input(copy.output(0));
+      d->add_output(n.output(0));
+      continue;
+    }
+    *nodes.Add() = copy;
+  }
+  stage.mutable_graph()->mutable_node()->Swap(&nodes);
+  const std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(tp_plan()));
+  for (int r = 0; r < 2; ++r) {
+    const TpShard shard = shard_stage_for_tensor_parallel(stage, regions, 2, r, TpWeights::kCut, TpSequence::kSharded);
+    std::vector<std::string> names;
+    for (const auto& n : shard.model.graph().node())
+      if (n.op_type() == "Dropout") names.push_back(n.name());
+    EXPECT_EQ(names, std::vector<std::string>{"/blocks.0/Add/Dropout/tp_rank_" + std::to_string(r)});
+  }
+}
+
+// A sequence the degree does not cut into equal parts is refused, naming the region's output: apart zoo's GPT at 6
+// positions under TP 4 (its 4 heads and 64 features cut into 4, its sequence not).
+TEST(ASequenceParallelShard, RefusesASequenceTheDegreeDoesNotDivideNamingTheValue) {
+  const fs::path dir = fs::temp_directory_path() / ("apart_tp_shard_sp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto z = testing::run_apart("zoo gpt --layers 1 --hidden 64 --heads 4 --seq 6 --vocab 64 -q -o " +
+                                    (dir / "gpt.onnx").string());
+  ASSERT_EQ(z.code, 0) << z.out;
+  const auto p = testing::run_apart("partition " + (dir / "gpt.onnx").string() + " --device cpu --devices 4 --tp 4 "
+                                    "--pp 1 --dp 1 --sequence-parallel on --batch 4 --no-baselines -q -o " +
+                                    (dir / "plan").string());
+  ASSERT_EQ(p.code, 0) << p.out;
+  const onnx::ModelProto stage = testing::read_proto(dir / "plan" / "stage_0.onnx");
+  const std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(dir / "plan"));
+  EXPECT_NO_THROW(shard_stage_for_tensor_parallel(stage, regions, 4, 0));  // without sequence parallelism: fine
+  try {
+    shard_stage_for_tensor_parallel(stage, regions, 4, 0, TpWeights::kCut, TpSequence::kSharded);
+    ADD_FAILURE() << "no error";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("'/blocks.0/attn/proj/MatMul_output_0' has 6 positions along axis 1"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--sequence-parallel off"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 // The GPT-2 small torch export in ../shared/models (graph only: its weights are absent), planned TP 2 × PP 2: each
 // stage of each rank shards (shapes only), and the shard imports with every shape known, the split values at half
 // their width (6 heads of 12, 1536 of 3072 features) and the all-reduced ones whole.

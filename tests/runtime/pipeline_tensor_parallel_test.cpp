@@ -1,7 +1,8 @@
 // apart run with tensor-parallel stages (codegen/tensor_parallel_shard.h: column/row-split linears, heads divided,
-// ai.apart.TpCopy/TpAllReduce over each replica's TP group): against apart train on the whole batch (TP 2 × PP 1,
-// TP 2 × PP 2, TP 2 × DP 2, ZB-H1, ZeRO), what each rank holds, --save-model's gathered weights, checkpoints and
-// resume, and one process per rank under mpirun.
+// ai.apart.TpCopy/TpAllReduce over each replica's TP group, and under sequence parallelism TpAllGather/
+// TpReduceScatter/TpScatter): against apart train on the whole batch (TP 2 × PP 1, TP 2 × PP 2, TP 2 × DP 2, ZB-H1,
+// ZeRO, sequence parallelism), what each rank holds, --save-model's gathered weights, checkpoints and resume, and one
+// process per rank under mpirun.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -32,15 +33,17 @@ struct TpShape {
   Schedule schedule = Schedule::k1F1B;
   int zero = 0;
   const char* recompute = "off";  // --recompute: off or on (whole stages; selective is not executed yet)
+  bool sequence_parallel = false;
 };
 
-// A plan of `model` (gpt-tiny by default) pinned by apart partition's own flags (--tp, --pp, --dp), sequence
-// parallelism off (not executed yet).
+// A plan of `model` (gpt-tiny by default) pinned by apart partition's own flags (--tp, --pp, --dp,
+// --sequence-parallel).
 fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir, const std::string& model = gpt_tiny()) {
   const int devices = shape.stages * shape.replicas * shape.tp;
   const auto r = testing::run_apart(
       "partition " + model + " --device cpu --devices " + std::to_string(devices) + " --tp " + std::to_string(shape.tp) +
-      " --pp " + std::to_string(shape.stages) + " --dp " + std::to_string(shape.replicas) + " --sequence-parallel off" +
+      " --pp " + std::to_string(shape.stages) + " --dp " + std::to_string(shape.replicas) + " --sequence-parallel " +
+      (shape.sequence_parallel ? "on" : "off") +
       " --microbatches " + std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) + " --schedule " +
       std::string(schedule_name(shape.schedule)) + " --zero " + std::to_string(shape.zero) + " --recompute " +
       shape.recompute + " --no-baselines -o " +
@@ -51,6 +54,7 @@ fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir, 
   for (const PlanStageRecord& s : plan.stages) {
     EXPECT_EQ(s.tp, shape.tp);
     EXPECT_EQ(s.replicas, shape.replicas);
+    EXPECT_EQ(s.sequence_parallel, shape.sequence_parallel);
   }
   return dir;
 }
@@ -96,28 +100,69 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tp2_dp2_zero3_m2", {1, 2, 2, 2, Schedule::k1F1B, 3}},
                       // Whole-stage recomputation: the backward re-runs the forward, its all-reduces with it. The
                       // planner cuts this plan inside /blocks.1/attn: both stages compute that region whole.
-                      Case{"tp2_pp2_recompute_m2", {2, 1, 2, 2, Schedule::k1F1B, 0, "on"}}),
+                      Case{"tp2_pp2_recompute_m2", {2, 1, 2, 2, Schedule::k1F1B, 0, "on"}},
+                      // Sequence parallelism: the values between regions in halves of the sequence; the norms'
+                      // params' gradients summed over the TP pair (their TpCopy) before the step and the norm.
+                      Case{"tp2_pp1_sp_m2", {1, 1, 2, 2, Schedule::k1F1B, 0, "off", true}},
+                      Case{"tp2_pp2_sp_m4", {2, 1, 2, 4, Schedule::k1F1B, 0, "off", true}},
+                      Case{"tp2_pp2_sp_zb_h1_m4", {2, 1, 2, 4, Schedule::kZbH1, 0, "off", true}},
+                      Case{"tp2_dp2_sp_m2", {1, 2, 2, 2, Schedule::k1F1B, 0, "off", true}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // apart zoo's GPT, BERT and T5 (2 layers, 4 heads, hidden 64, random weights): T5's relative position bias, computed
 // from its table and read sliced by every attention, goes through TpCopy and a Slice per reader.
-class ZooModelsUnderTensorParallelism : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(ZooModelsUnderTensorParallelism, TrainAsApartTrainOnTheWholeBatch) {
-  const std::string family = GetParam();
-  const fs::path dir = scratch("zoo_" + family);
+// apart zoo's `family` at 2 layers, 4 heads, hidden 64, 16 positions, on a `shape` plan: 3 SGD steps as apart train's.
+void expect_zoo_model_trains_as_apart_train(const std::string& family, const TpShape& shape, const std::string& name) {
+  const fs::path dir = scratch(name);
   const fs::path model = dir / (family + ".onnx");
   const auto z = testing::run_apart("zoo " + family + " --layers 2 --hidden 64 --heads 4 --seq 16 --vocab 128 -q -o " +
                                     model.string());
   ASSERT_EQ(z.code, 0) << z.out;
   constexpr int64_t kBatch = 8, kSteps = 3;
   const Outcome reference = train_reference(model.string(), kBatch, kSteps, dir);
-  const fs::path plan = make_tp_plan({2, 1, 2, 2}, kBatch, dir / "plan", model.string());
+  const fs::path plan = make_tp_plan(shape, kBatch, dir / "plan", model.string());
   const Outcome run = run_threads(plan, kSteps, dir);
-  expect_same_training(reference, run, read_weights(model), family);
+  expect_same_training(reference, run, read_weights(model), name);
+}
+
+class ZooModelsUnderTensorParallelism : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZooModelsUnderTensorParallelism, TrainAsApartTrainOnTheWholeBatch) {
+  expect_zoo_model_trains_as_apart_train(GetParam(), {2, 1, 2, 2}, "zoo_" + GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ZooModelsUnderTensorParallelism, ::testing::Values("gpt", "bert", "t5"));
+
+// Sequence parallelism on apart zoo's BERT (post-norm: the norm after each residual add runs on halves of the
+// sequence, the pooler reads the first token all-gathered) and T5 (RMS norms as ReduceMean chains, the relative
+// position bias computed whole), TP 2 × PP 2, 3 SGD steps.
+class ZooModelsUnderSequenceParallelism : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZooModelsUnderSequenceParallelism, TrainAsApartTrainOnTheWholeBatch) {
+  TpShape shape{2, 1, 2, 2};
+  shape.sequence_parallel = true;
+  expect_zoo_model_trains_as_apart_train(GetParam(), shape, "zoo_sp_" + GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ZooModelsUnderSequenceParallelism, ::testing::Values("bert", "t5"));
+
+// AdamW (lr 1e-3, 3 steps) under sequence parallelism: its update divides by the gradient's running RMS, so a
+// norm's param whose gradient missed the other rank's half of the sequence would step visibly apart.
+class ASequenceParallelRun : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ASequenceParallelRun, TrainsWithAdamWAsApartTrainDoes) {
+  const Case& c = GetParam();
+  const fs::path dir = scratch(std::string("adamw_") + c.name);
+  const Outcome reference = train_reference(gpt_tiny(), 8, 3, dir, 1e-3, Optimizer::kAdamW);
+  const fs::path plan = make_tp_plan(c.shape, 8, dir / "plan");
+  const Outcome run = run_threads(plan, 3, dir, Optimizer::kAdamW, 1e-3);
+  expect_same_training(reference, run, read_weights(gpt_tiny()), c.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, ASequenceParallelRun,
+                         ::testing::Values(Case{"tp2_pp1_sp", {1, 1, 2, 2, Schedule::k1F1B, 0, "off", true}},
+                                           Case{"tp2_pp2_sp", {2, 1, 2, 4, Schedule::k1F1B, 0, "off", true}}),
+                         [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Reshape targets computed at run time (as torch exports write them: Shape → Gather → Concat) are divided by an
 // inserted Div: gpt-tiny's stage file with every attention target behind a Concat (so no longer a constant the shard
@@ -258,6 +303,19 @@ TEST(ATensorParallelRunUnderMpirun, GivesTheThreadsLossesAndWeights) {
   Weights saved;
   ASSERT_NO_FATAL_FAILURE(run_under_mpirun_and_on_threads(4, plan, dir, "mpi", &threads, &saved));
   expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), "mpirun tp2 pp2");
+}
+
+// Sequence parallelism under mpirun: MPI's reduce-scatters and all-gathers inside the passes give the threads' run.
+TEST(ASequenceParallelRunUnderMpirun, GivesTheThreadsLossesAndWeights) {
+  if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = scratch("mpi_sp");
+  TpShape shape{2, 1, 2, 4};
+  shape.sequence_parallel = true;
+  const fs::path plan = make_tp_plan(shape, 8, dir / "plan");
+  Outcome threads;
+  Weights saved;
+  ASSERT_NO_FATAL_FAILURE(run_under_mpirun_and_on_threads(4, plan, dir, "mpi_sp", &threads, &saved));
+  expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), "mpirun tp2 pp2 sp");
 }
 
 // One process per rank, so each counts its own tensors: what a TP pair saves per rank against the same stage on one

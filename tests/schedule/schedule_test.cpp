@@ -203,14 +203,16 @@ TEST(RankActions, RefuseStagesOfDifferentTensorParallelDegreesNamingThem) {
   }
 }
 
-TEST(RankActions, RefuseATensorParallelStageWithSequenceParallelismNamingIt) {
+// Sequence parallelism keeps stage boundaries whole (the shard all-gathers a stage's outputs): the same steps.
+TEST(RankActions, AreTheSameForATensorParallelStageWithSequenceParallelism) {
   PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::k1F1B);
   for (PlanStageRecord& s : plan.stages) s.tp = 2;
   plan.stages[0].devices = {0, 1};
   plan.stages[1].devices = {2, 3};
-  plan.stages[1].sequence_parallel = true;
   plan.cluster.devices = 4;
-  EXPECT_THROW(rank_actions(plan, 0), Unsupported);
+  PlanDocument sequence_parallel = plan;
+  for (PlanStageRecord& s : sequence_parallel.stages) s.sequence_parallel = true;
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(rank_actions(sequence_parallel, rank), rank_actions(plan, rank)) << rank;
 }
 
 // Two stages of one replica of a TP pair: rank r of stage 0 and rank r of stage 1 form their own pipeline, so each

@@ -344,9 +344,10 @@ TEST(ASequenceParallelShard, RefusesASequenceTheDegreeDoesNotDivideNamingTheValu
 }
 
 // The GPT-2 small torch export in ../shared/models (graph only: its weights are absent), planned TP 2 × PP 2: each
-// stage of each rank shards (shapes only), and the shard imports with every shape known, the split values at half
-// their width (6 heads of 12, 1536 of 3072 features) and the all-reduced ones whole.
-TEST(AShardOfGpt2Small, ImportsWithHalfOfEverySplitValueAndTheReducedOnesWhole) {
+// stage of each rank shards (shapes only), and the shard imports with every shape known and the split values at half
+// their width (6 heads of 12, 1536 of 3072 features). The regions' outputs ([B, S, H]): whole without sequence
+// parallelism, with it at half their positions.
+void expect_gpt2_small_shards_import(TpSequence sequence) {
   const fs::path model = fs::path(APART_SOURCE_DIR) / ".." / "shared" / "models" / "gpt2_small.onnx";
   if (!fs::exists(model)) GTEST_SKIP() << model << " is not present";
   const fs::path dir = fs::temp_directory_path() / ("apart_tp_shard_gpt2_" + std::to_string(::getpid()));
@@ -358,7 +359,7 @@ TEST(AShardOfGpt2Small, ImportsWithHalfOfEverySplitValueAndTheReducedOnesWhole) 
   const std::vector<TpShardRegion> regions = tp_shard_regions(plan);
   std::map<std::string, std::pair<int, int64_t>> split;  // value → (axis, whole size there)
   std::set<std::string> reduced;
-  int regions_split = 0;
+  int regions_split = 0, parts = 0;
   for (size_t k = 0; k < plan.stages.size(); ++k) {
     const onnx::ModelProto stage = testing::read_proto(dir / ("stage_" + std::to_string(k) + ".onnx"));
     ImportOptions import;
@@ -374,21 +375,38 @@ TEST(AShardOfGpt2Small, ImportsWithHalfOfEverySplitValueAndTheReducedOnesWhole) 
       reduced.insert(region.end_value);
     }
     for (int rank = 0; rank < 2; ++rank) {
-      const TpShard shard = shard_stage_for_tensor_parallel(stage, regions, 2, rank, TpWeights::kShapesOnly);
+      const TpShard shard = shard_stage_for_tensor_parallel(stage, regions, 2, rank, TpWeights::kShapesOnly, sequence);
       EXPECT_TRUE(shard.replicated.empty()) << "stage " << k;
+      EXPECT_EQ(shard.sequence_sharded, sequence == TpSequence::kSharded) << "stage " << k;
       if (rank == 0) regions_split += shard.regions;
       const ImportedModel m = import_model_bytes(shard.model.SerializeAsString(), dir, "shard", import);
       EXPECT_TRUE(m.unknown_shape_values.empty()) << "stage " << k << ": " << m.unknown_shape_values.front();
       for (const auto& [value, at] : split)
         if (const auto id = m.graph.find_value(value))
           EXPECT_EQ(m.graph.value(*id).shape[static_cast<size_t>(at.first)], at.second / 2) << value;
-      for (const std::string& value : reduced)
-        if (const auto id = m.graph.find_value(value); id && whole.graph.find_value(value))
-          EXPECT_EQ(m.graph.value(*id).shape, whole.graph.value(*whole.graph.find_value(value)).shape) << value;
+      for (const std::string& value : reduced) {
+        const auto id = m.graph.find_value(value);
+        if (!id || !whole.graph.find_value(value)) continue;
+        std::vector<int64_t> expected = whole.graph.value(*whole.graph.find_value(value)).shape;
+        if (sequence == TpSequence::kSharded) {
+          expected[1] /= 2;
+          ++parts;
+        }
+        EXPECT_EQ(m.graph.value(*id).shape, expected) << value;
+      }
     }
   }
   EXPECT_EQ(regions_split, 24);  // 12 attention + 12 MLP, each in one stage
+  if (sequence == TpSequence::kSharded) EXPECT_EQ(parts, 48);  // each region's output, on both ranks
   fs::remove_all(dir);
+}
+
+TEST(AShardOfGpt2Small, ImportsWithHalfOfEverySplitValueAndTheReducedOnesWhole) {
+  expect_gpt2_small_shards_import(TpSequence::kWhole);
+}
+
+TEST(AShardOfGpt2Small, ImportsUnderSequenceParallelismWithHalfOfEachRegionsOutput) {
+  expect_gpt2_small_shards_import(TpSequence::kSharded);
 }
 
 }  // namespace

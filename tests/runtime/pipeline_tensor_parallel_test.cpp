@@ -106,7 +106,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tp2_pp1_sp_m2", {1, 1, 2, 2, Schedule::k1F1B, 0, "off", true}},
                       Case{"tp2_pp2_sp_m4", {2, 1, 2, 4, Schedule::k1F1B, 0, "off", true}},
                       Case{"tp2_pp2_sp_zb_h1_m4", {2, 1, 2, 4, Schedule::kZbH1, 0, "off", true}},
-                      Case{"tp2_dp2_sp_m2", {1, 2, 2, 2, Schedule::k1F1B, 0, "off", true}}),
+                      Case{"tp2_dp2_sp_m2", {1, 2, 2, 2, Schedule::k1F1B, 0, "off", true}},
+                      // The backward re-runs the forward's reduce-scatters and all-gathers; ZeRO-2 reduce-scatters
+                      // the norms' gradients over the replicas after their TpCopy summed them over the TP pair.
+                      Case{"tp2_pp2_sp_recompute_m2", {2, 1, 2, 2, Schedule::k1F1B, 0, "on", true}},
+                      Case{"tp2_dp2_sp_zero2_m2", {1, 2, 2, 2, Schedule::k1F1B, 2, "off", true}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // apart zoo's GPT, BERT and T5 (2 layers, 4 heads, hidden 64, random weights): T5's relative position bias, computed

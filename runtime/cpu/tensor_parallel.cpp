@@ -86,6 +86,7 @@ void tp_scatter_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   AxisCut c = axis_cut(ctx, x.shape(), degree_of(ctx));
   Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
+  if (y.elements() == 0) return;
   c.inner *= dtype_size(x.dtype());  // moved as bytes
   const Communicator* group = ctx.tensor_parallel_group();
   take_part(c, group == nullptr ? 0 : group->rank(), x.raw(), y.raw());
@@ -100,7 +101,7 @@ void tp_allgather_k(KernelContext& ctx) {
   const std::vector<int64_t> shape =
       with_axis_length(ctx, x.shape(), x.shape()[static_cast<size_t>(cut_axis(ctx, x.shape().size()))] * degree);
   Tensor& y = ctx.output(0, x.dtype(), shape);
-  if (degree == 1) return copy_bytes(x, y);
+  if (degree == 1 || y.elements() == 0) return copy_bytes(x, y);
   const AxisCut c = axis_cut(ctx, shape, degree);
   Communicator& group = *ctx.tensor_parallel_group();
   const int rank = group.rank();
@@ -123,7 +124,7 @@ void tp_reduce_scatter_k(KernelContext& ctx) {
   const int degree = degree_of(ctx);
   const AxisCut c = axis_cut(ctx, x.shape(), degree);
   Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
-  if (degree == 1) return copy_bytes(x, y);
+  if (degree == 1 || y.elements() == 0) return copy_bytes(x, y);
   Communicator& group = *ctx.tensor_parallel_group();
   const int rank = group.rank();
   if (x.dtype() == DType::kFloat32) {

@@ -1,0 +1,189 @@
+// The tensor-parallel collectives' CPU kernels (runtime/cpu/tensor_parallel.cpp) over an in-process TP group of 3
+// ranks, one executor per rank: sequence parallelism's all-gather, reduce-scatter and scatter along each axis of a
+// [3, 6, 9] tensor, float32 and float64, against the same cut written out index by index.
+#include <gtest/gtest.h>
+
+#include <exception>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "graph/error.h"
+#include "runtime/communicator.h"
+#include "runtime/executor.h"
+#include "tests/support/onnx_builder.h"
+
+namespace apart {
+namespace {
+
+using testing::OnnxBuilder;
+
+constexpr int kDegree = 3;
+const std::vector<int64_t> kWhole = {3, 6, 9};
+
+std::vector<int64_t> part_shape(int axis) {
+  std::vector<int64_t> s = kWhole;
+  s[static_cast<size_t>(axis)] /= kDegree;
+  return s;
+}
+
+// A one-node model: ai.apart.<op>(x) → y along `axis` (and `backward`, for TpAllGather).
+onnx::ModelProto collective(const std::string& op, int axis, DType dtype, const std::vector<int64_t>& in,
+                            const std::vector<int64_t>& out) {
+  OnnxBuilder b;
+  b.input({"x", dtype, in}).output({"y", dtype, out});
+  onnx::NodeProto& n = b.node(op, {"x"}, {"y"}, "collective");
+  n.set_domain("ai.apart");
+  OnnxBuilder::set_int(n, "axis", axis);
+  auto* apart = b.model().add_opset_import();
+  apart->set_domain("ai.apart");
+  apart->set_version(1);
+  return b.model();
+}
+
+// x[i] of a tensor of `shape`, seen as [outer, length, inner] around `axis`: the index along the axis.
+int64_t index_along(const std::vector<int64_t>& shape, int axis, int64_t flat) {
+  int64_t inner = 1;
+  for (size_t a = static_cast<size_t>(axis) + 1; a < shape.size(); ++a) inner *= shape[a];
+  return (flat / inner) % shape[static_cast<size_t>(axis)];
+}
+
+// Each rank's value at flat index i of a whole [3, 6, 9] tensor: distinct per rank and position.
+double value(int rank, int64_t i) { return 1000.0 * rank + static_cast<double>(i) + 0.25; }
+
+Tensor filled(DType dtype, const std::vector<int64_t>& shape, const std::function<double(int64_t)>& f) {
+  Tensor t(dtype, shape);
+  for (int64_t i = 0; i < t.elements(); ++i) {
+    if (dtype == DType::kFloat32) t.data<float>()[i] = static_cast<float>(f(i));
+    else t.data<double>()[i] = f(i);
+  }
+  return t;
+}
+
+double at(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kFloat32 ? static_cast<double>(t.data<float>()[i]) : t.data<double>()[i];
+}
+
+// Runs `model` on kDegree threads, rank r's input made by input(r); returns each rank's y.
+std::vector<Tensor> run_on_group(const onnx::ModelProto& model, const std::function<Tensor(int)>& input) {
+  auto comms = make_in_process_communicators(kDegree, CommOptions{30});
+  std::vector<Tensor> out(kDegree);
+  std::vector<std::exception_ptr> errors(kDegree);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kDegree; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ExecutorOptions options;
+        options.tensor_parallel = comms[static_cast<size_t>(r)].get();
+        Executor exec(model, {}, options);
+        out[static_cast<size_t>(r)] = exec.run({{"x", input(r)}})[0].second;
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+struct Axis {
+  int axis;
+  DType dtype;
+};
+
+class TensorParallelKernels : public ::testing::TestWithParam<Axis> {};
+
+// Rank r's part of the whole tensor along the axis, all-gathered: every rank holds the whole, each position from
+// the rank whose part it is.
+TEST_P(TensorParallelKernels, AllGatherConcatenatesTheRanksPartsInRankOrder) {
+  const auto [axis, dtype] = GetParam();
+  const std::vector<int64_t> part = part_shape(axis);
+  const auto ys = run_on_group(collective("TpAllGather", axis, dtype, part, kWhole), [&](int r) {
+    return filled(dtype, part, [&](int64_t i) { return value(r, i); });
+  });
+  const int64_t length = part[static_cast<size_t>(axis)];
+  for (int r = 0; r < kDegree; ++r) {
+    ASSERT_EQ(ys[static_cast<size_t>(r)].shape(), kWhole);
+    // Position i of the whole comes from rank j = its index along the axis / length, at that rank's own index.
+    std::vector<int64_t> seen(kDegree, 0);
+    for (int64_t i = 0; i < ys[0].elements(); ++i) {
+      const int j = static_cast<int>(index_along(kWhole, axis, i) / length);
+      const double want = value(j, seen[static_cast<size_t>(j)]++);
+      ASSERT_EQ(at(ys[static_cast<size_t>(r)], i), want) << "rank " << r << " index " << i;
+    }
+  }
+}
+
+// Every rank's whole x summed, each rank keeping its part: rank r holds positions [r·L/3, (r+1)·L/3) of the sum.
+TEST_P(TensorParallelKernels, ReduceScatterKeepsEachRanksPartOfTheSum) {
+  const auto [axis, dtype] = GetParam();
+  const std::vector<int64_t> part = part_shape(axis);
+  const auto ys = run_on_group(collective("TpReduceScatter", axis, dtype, kWhole, part), [&](int r) {
+    return filled(dtype, kWhole, [&](int64_t i) { return value(r, i); });
+  });
+  const int64_t length = part[static_cast<size_t>(axis)];
+  for (int r = 0; r < kDegree; ++r) {
+    ASSERT_EQ(ys[static_cast<size_t>(r)].shape(), part);
+    int64_t k = 0;
+    for (int64_t i = 0; i < Tensor(DType::kFloat32, kWhole).elements(); ++i) {
+      if (index_along(kWhole, axis, i) / length != r) continue;
+      double sum = 0;
+      for (int s = 0; s < kDegree; ++s) sum += value(s, i);
+      ASSERT_EQ(at(ys[static_cast<size_t>(r)], k++), sum) << "rank " << r << " index " << i;
+    }
+  }
+}
+
+// A value the same on every rank: each keeps its part, no message.
+TEST_P(TensorParallelKernels, ScatterKeepsEachRanksPartOfTheSameValue) {
+  const auto [axis, dtype] = GetParam();
+  const std::vector<int64_t> part = part_shape(axis);
+  const auto ys = run_on_group(collective("TpScatter", axis, dtype, kWhole, part), [&](int) {
+    return filled(dtype, kWhole, [&](int64_t i) { return value(0, i); });
+  });
+  const int64_t length = part[static_cast<size_t>(axis)];
+  for (int r = 0; r < kDegree; ++r) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < Tensor(DType::kFloat32, kWhole).elements(); ++i) {
+      if (index_along(kWhole, axis, i) / length != r) continue;
+      ASSERT_EQ(at(ys[static_cast<size_t>(r)], k++), value(0, i)) << "rank " << r << " index " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Axes, TensorParallelKernels,
+                         ::testing::Values(Axis{0, DType::kFloat32}, Axis{1, DType::kFloat32}, Axis{2, DType::kFloat32},
+                                           Axis{1, DType::kFloat64}),
+                         [](const ::testing::TestParamInfo<Axis>& info) {
+                           return "axis" + std::to_string(info.param.axis) +
+                                  (info.param.dtype == DType::kFloat32 ? "_float32" : "_float64");
+                         });
+
+// Without a TP group (a shard run at degree 1) the three are identities.
+TEST(TensorParallelKernelsWithoutAGroup, AreIdentities) {
+  for (const char* op : {"TpAllGather", "TpReduceScatter", "TpScatter"}) {
+    Executor exec(collective(op, 1, DType::kFloat32, kWhole, kWhole), {});
+    const Tensor x = filled(DType::kFloat32, kWhole, [](int64_t i) { return value(0, i); });
+    const Tensor y = exec.run({{"x", x}})[0].second;
+    ASSERT_EQ(y.shape(), kWhole) << op;
+    for (int64_t i = 0; i < x.elements(); ++i) ASSERT_EQ(at(y, i), at(x, i)) << op;
+  }
+}
+
+// An axis the group does not cut into equal parts: InvalidModel naming the node, on every rank.
+TEST(ATensorParallelKernel, RefusesAnAxisTheGroupDoesNotDivideNamingTheNode) {
+  try {
+    run_on_group(collective("TpReduceScatter", 2, DType::kFloat32, {2, 6, 4}, {2, 6, 1}), [](int) {
+      return filled(DType::kFloat32, {2, 6, 4}, [](int64_t i) { return value(0, i); });
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidModel& e) {
+    EXPECT_NE(std::string(e.what()).find("'collective'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("length 4 does not cut into 3"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace apart

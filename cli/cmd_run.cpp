@@ -97,7 +97,7 @@ void report_step(const RunResult& r, int rank, const StepRecord& s) {
 
 void summary(const RunResult& r, int rank, const RunArgs& a) {
   std::printf("%s ran %lld steps of %s on %d ranks: loss %.4f -> %.4f, %s samples/s, %.2f s (+%.2f s setup); "
-              "this rank trains %s params (%lld tensors), arenas %s, optimizer state %s, gradients %s%s; data: %s\n",
+              "this rank trains %s params (%lld tensors), arena %s, optimizer state %s, gradients %s%s; data: %s\n",
               prefix(r, rank).c_str(), static_cast<long long>(r.steps.size()), a.plan.c_str(), r.world,
               r.steps.front().loss, r.steps.back().loss, format_significant(r.samples_per_s).c_str(), r.seconds,
               r.setup_seconds, format_count(static_cast<double>(r.params)).c_str(), static_cast<long long>(r.param_tensors),

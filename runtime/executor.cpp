@@ -4,6 +4,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -117,7 +118,9 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
     for (ValueId in : task.inputs) reads_param = reads_param || (in.valid() && param_derived[in.value()]);
     for (ValueId out : task.outputs)
       if (out.valid()) param_derived[out.value()] = reads_param;
-    if (options_.precompute_constants && task.constant && !reads_param) {
+    bool small = true;
+    for (ValueId out : task.outputs) small = small && (!out.valid() || g.value(out).bytes <= options_.precompute_max_bytes);
+    if (options_.precompute_constants && task.constant && !reads_param && small) {
       bool inputs_ready = true;
       for (ValueId in : task.inputs) inputs_ready = inputs_ready && (!in.valid() || persistent_[in.value()].defined());
       if (inputs_ready) {
@@ -136,6 +139,27 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
     last_use_[v.value()] = INT64_MAX;
     is_graph_output_[v.value()] = true;
   }
+  // --- The order a step runs its tasks: the graph's, except that a task reading only params and constants (a tied
+  // head's transposed weight, a zero tensor a gradient scatters into) runs just before its first reader, so that its
+  // output is not held through the tasks in between. The liveness above stays sound: such a task's inputs are never
+  // released, and its output's readers keep their places (the arena reserves the output from the graph's position).
+  std::vector<std::pair<double, size_t>> keyed;
+  for (size_t t = 0; t < g.num_tasks(); ++t) {
+    if (!run_each_step_[t]) continue;
+    const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
+    bool reads_activations = false;
+    for (ValueId in : task.inputs) reads_activations = reads_activations || (in.valid() && !persistent_[in.value()].defined());
+    int64_t first_reader = INT64_MAX;
+    for (ValueId out : task.outputs)
+      if (out.valid())
+        for (TaskId c : g.consumers(out)) first_reader = std::min<int64_t>(first_reader, c.value());
+    const bool defer = !reads_activations && first_reader != INT64_MAX && first_reader > static_cast<int64_t>(t);
+    keyed.emplace_back(defer ? static_cast<double>(first_reader) - 0.5 : static_cast<double>(t), t);
+  }
+  std::sort(keyed.begin(), keyed.end());
+  run_order_.clear();
+  for (const auto& [key, t] : keyed) run_order_.push_back(t);
+
   MemoryPlanOptions plan_options;
   plan_options.run_task = run_each_step_;
   // A graph output outlives the run (a stage's stash waits for its backward, gradients for the step): each run
@@ -143,8 +167,10 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
   plan_options.outputs_in_arena = false;
   plan_ = plan_memory(g, plan_options);
   // One allocation of the backend for the whole plan (256-byte aligned, above the plan's 64).
-  arena_ = backend_->allocate(plan_.peak_bytes);
-  arena_base_ = arena_.get();
+  if (options_.arena) {
+    arena_ = backend_->allocate(plan_.peak_bytes);
+    arena_base_ = arena_.get();
+  }
 
   // --- Placement on a device backend: float params move to the backend (the optimizer updates them there); the
   // other persistent values (precomputed constants, integer initializers) stay on the host, with one backend copy,
@@ -192,17 +218,26 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
   const bool on_device = moves && on_backend_[t];
   std::vector<const Tensor*> inputs;
   inputs.reserve(task.inputs.size());
-  for (ValueId in : task.inputs) {
+  // ZeRO-3's params asked of the source for this task alone (set_param_source), dropped when it returns.
+  std::vector<Tensor> sourced(param_source_ && planned ? task.inputs.size() : 0);
+  auto slot_of = [&](size_t i) -> const Tensor& {
+    return i < sourced.size() && sourced[i].defined() ? sourced[i] : slots[task.inputs[i].value()];
+  };
+  for (size_t i = 0; i < task.inputs.size(); ++i) {
+    const ValueId in = task.inputs[i];
     if (!in.valid()) {
       inputs.push_back(nullptr);
       continue;
     }
-    const Tensor& s = slots[in.value()];
+    if (!sourced.empty() && !slots[in.value()].defined() && g.value(in).kind == ValueKind::kParam)
+      sourced[i] = param_source_(g.value(in).name);
+    const Tensor& s = slot_of(i);
     if (!s.defined())
       throw InvalidArgument("node " + quote(task.name) + " reads " + quote(g.value(in).name) + ", which has no data (a missing input?)");
     if (!moves || s.on_host() != on_device) {
       inputs.push_back(&s);
-    } else if (on_device && backend_device_copy_[in.value()].defined() && s.raw() == persistent_[in.value()].raw()) {
+    } else if (on_device && backend_device_copy_[in.value()].defined() && s.raw() == persistent_[in.value()].raw() &&
+               s.defined()) {
       inputs.push_back(&backend_device_copy_[in.value()]);  // a constant's copy made at load
     } else {
       // An activation (or a param read by a CPU-fallback task): one copy per step, shared by its later readers.
@@ -215,7 +250,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
   OutputAllocator allocate = [&](size_t i, DType dtype, const std::vector<int64_t>& shape) -> Tensor {
     const ValueId id = i < task.outputs.size() ? task.outputs[i] : ValueId();
     if (moves && !on_device) return Tensor(dtype, shape);  // a CPU fallback's outputs live on the host
-    if (planned && id.valid() && plan_.planned(id)) {
+    if (planned && arena_base_ && id.valid() && plan_.planned(id)) {
       const int64_t bytes = checked_element_count(shape).value_or(-1) * dtype_size(dtype);
       const int64_t planned_bytes = g.value(id).bytes;
       if (bytes >= 0 && bytes <= planned_bytes) {
@@ -229,7 +264,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
         return slice;
       }
     }
-    // Unplanned (unknown shape, or a shape inference disagreed with).
+    // Unplanned (unknown shape, or a shape inference disagreed with), or no arena.
     return on_device ? backend_->empty(dtype, shape) : Tensor(dtype, shape);
   };
   KernelContext ctx(task, opset_, std::move(inputs), tensor_attrs_[t], outputs, allocate, random_stream(random, node_random_id(task.name.data(), task.name.size())));
@@ -238,7 +273,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
   if (on_device) {
     host_copies.resize(task.inputs.size());
     ctx.set_backend(backend_, [&](size_t i) -> const Tensor& {
-      const Tensor& s = slots[task.inputs[i].value()];  // where the value lives: on the host unless a kernel made it
+      const Tensor& s = slot_of(i);  // where the value lives: on the host unless a kernel made it
       if (s.on_host()) return s;
       if (!host_copies[i].defined()) host_copies[i] = backend_->to_host(s);
       return host_copies[i];
@@ -282,7 +317,18 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
 
 NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const RandomKey& random,
                            const OutputCallback& on_output) {
+  return run_graph(inputs, random, on_output, nullptr);
+}
+
+NamedTensors Executor::run(std::map<std::string, Tensor>&& inputs, const RandomKey& random,
+                           const OutputCallback& on_output) {
+  return run_graph(inputs, random, on_output, &inputs);
+}
+
+NamedTensors Executor::run_graph(const std::map<std::string, Tensor>& inputs, const RandomKey& random,
+                                 const OutputCallback& on_output, std::map<std::string, Tensor>* taken_over) {
   const TaskGraph& g = model_->graph;
+  std::vector<bool> was_given(g.num_values(), false);  // graph inputs this run was given
   std::vector<Tensor> slots = persistent_;  // shares storage: params and constants are not copied
   for (ValueId v : g.graph_inputs()) {
     const Value& value = g.value(v);
@@ -303,21 +349,27 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
       throw InvalidArgument("input " + quote(value.name) + " has shape " + shape_string(t.shape()) +
                             "; the model was imported for " + shape_string(value.shape) + " (use --shape/--dim)");
     slots[v.value()] = t;
+    was_given[v.value()] = true;
   }
   for (const auto& [name, t] : inputs)
     if (!g.find_value(name)) throw InvalidArgument("input " + quote(name) + " is not a value of the model");
+  if (taken_over) taken_over->clear();  // `inputs` with it: the slots hold them now, until their last readers
   if (options_.time_tasks) task_seconds_.assign(g.num_tasks(), 0.0);
   if (device_) other_side_.assign(g.num_values(), Tensor());
-  for (size_t t = 0; t < g.num_tasks(); ++t) {
-    if (!run_each_step_[t]) continue;
+  std::vector<bool> taken(on_output ? g.num_values() : 0, false);  // outputs the callback took
+  for (size_t t : run_order_) {
     execute(t, slots, true, random);
     if (on_output)
       for (ValueId out : g.task(TaskId(static_cast<uint32_t>(t))).outputs)
         if (out.valid() && is_graph_output_[out.value()]) {
           const Tensor& value = slots[out.value()];
           // With outputs_on_backend the callback sees the backend's tensors, also of a CPU fallback's outputs.
-          if (device_ && options_.outputs_on_backend && value.on_host()) on_output(g.value(out).name, backend_->to_device(value));
-          else on_output(g.value(out).name, value);
+          const bool took = device_ && options_.outputs_on_backend && value.on_host()
+                                ? on_output(g.value(out).name, backend_->to_device(value))
+                                : on_output(g.value(out).name, value);
+          if (!took) continue;
+          taken[out.value()] = true;
+          if (g.consumers(out).empty() && !persistent_[out.value()].defined()) slots[out.value()] = Tensor();
         }
     // Release what no later task reads (heap fallbacks; arena slices are just references).
     for (ValueId in : g.task(TaskId(static_cast<uint32_t>(t))).inputs) {
@@ -328,10 +380,11 @@ NamedTensors Executor::run(const std::map<std::string, Tensor>& inputs, const Ra
   }
   NamedTensors outputs;
   for (ValueId v : g.graph_outputs()) {
+    if (!taken.empty() && taken[v.value()]) continue;
     const Tensor& t = slots[v.value()];
     if (!t.defined()) throw InvalidModel("graph output " + quote(g.value(v).name) + " was not computed");
     // This run's own tensor (not an arena slice, a param, a constant or an input), where the caller wants it.
-    const bool own = !plan_.planned(v) && !persistent_[v.value()].defined() && !inputs.count(g.value(v).name) &&
+    const bool own = !plan_.planned(v) && !persistent_[v.value()].defined() && !was_given[v.value()] &&
                      (device_ ? options_.outputs_on_backend && !t.on_host() : true);
     outputs.emplace_back(g.value(v).name, own ? t : output_copy(t));
   }

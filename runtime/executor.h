@@ -30,6 +30,9 @@ struct ExecutorOptions {
   // Run constant tasks that do not read params (Constant nodes, shape arithmetic) once at load.
   // Tasks reading params run every step, so that training can update params in place.
   bool precompute_constants = true;
+  // ...but not a constant of more bytes than this: it is computed in each run where the graph reads it, and freed
+  // after, instead of held for good (a param-sized zero tensor a gradient scatters into).
+  int64_t precompute_max_bytes = INT64_MAX;
   bool time_tasks = false;  // record per-task seconds (for measured profiles)
   // Where tensors live and kernels run (runtime/backend.h); nullptr: the CPU backend. The arena is one allocation of
   // the backend. Each task runs the backend's kernel or, where it has none (decided at load), the CPU kernel; a value
@@ -41,6 +44,11 @@ struct ExecutorOptions {
   // run() returns graph outputs in the backend's memory (copies from the backend's pool) instead of host copies,
   // so that gradients stay on the device for the optimizer.
   bool outputs_on_backend = false;
+  // false: no arena; each value a step computes gets storage of its own and is freed after its last reader, so that
+  // what a run holds at any moment is what its graph needs then, not an arena's whole peak from start to end (`apart
+  // run`: a stage's passes hold nothing between runs, and its backward's transients fill what the stash it consumes
+  // frees). memory_plan() is still made: the arena it would have been.
+  bool arena = true;
   // The tensor-parallel group (not owned) whose ranks run the other shards of this graph: ai.apart.TpAllReduce sums
   // over it (codegen/tensor_parallel_shard.h). nullptr: no group, the collectives are identities.
   Communicator* tensor_parallel = nullptr;
@@ -74,13 +82,25 @@ class Executor {
   // As run(), and calls `on_output(name, tensor)` as soon as each graph output is computed, before the remaining
   // tasks run (the pipeline starts a gradient's all-reduce while the rest of the backward runs). The tensor is
   // valid only during the call: copy what must outlive it. With outputs_on_backend it is in the backend's memory.
-  using OutputCallback = std::function<void(const std::string& name, const Tensor& value)>;
+  // The callback returns true when it took what it needs: run() then leaves that output out of what it returns and
+  // frees it at once unless a later task reads it (a param gradient added into its accumulator holds no memory
+  // beyond its call).
+  using OutputCallback = std::function<bool(const std::string& name, const Tensor& value)>;
   NamedTensors run(const std::map<std::string, Tensor>& inputs, const RandomKey& random, const OutputCallback& on_output);
+  // As above, and takes `inputs` over (the map is left empty): each is freed after its last reader instead of when
+  // the run returns (a backward's stash shrinks as the backward consumes it).
+  NamedTensors run(std::map<std::string, Tensor>&& inputs, const RandomKey& random, const OutputCallback& on_output);
 
   // Makes this executor's params the same tensors as `other`'s (shared storage, by name), so that a stage's
   // forward and backward executors read one copy that the optimizer updates. Params `other` lacks stay as loaded.
   // Throws Internal when a shared param's shape or dtype differs.
   void share_params(Executor& other);
+
+  // ZeRO-3: where a param whose tensor is empty (Tensor() in its param() slot) comes from. Each task reading such a
+  // param asks `source(name)` for it just before it runs and drops it when it returns, so that a run holds one task's
+  // params at a time (the planner's zero_gathered_bytes). Without a source an empty param is a missing input.
+  using ParamSource = std::function<Tensor(const std::string& name)>;
+  void set_param_source(ParamSource source) { param_source_ = std::move(source); }
 
   const MemoryPlan& memory_plan() const { return plan_; }
   int64_t param_bytes() const { return param_bytes_; }
@@ -100,6 +120,9 @@ class Executor {
 
  private:
   void execute(size_t task_index, std::vector<Tensor>& slots, bool planned, const RandomKey& random);
+  // run()'s body; `taken_over`: the inputs' map (the same as `inputs`), emptied once the slots hold them.
+  NamedTensors run_graph(const std::map<std::string, Tensor>& inputs, const RandomKey& random,
+                         const OutputCallback& on_output, std::map<std::string, Tensor>* taken_over);
   void load(const onnx::ModelProto& proto, const std::filesystem::path& base_dir);
 
   // A graph output as run() returns it: a host clone, or (outputs_on_backend) a copy in the backend's memory.
@@ -121,11 +144,13 @@ class Executor {
   std::vector<std::vector<std::pair<std::string, Tensor>>> tensor_attrs_;  // by task
   std::vector<Tensor> persistent_;  // by value: params and precomputed constants
   std::vector<bool> run_each_step_;  // by task
+  std::vector<size_t> run_order_;    // the tasks a step runs, in the order it runs them
   std::vector<int64_t> last_use_;    // by value: last step reading it
   std::vector<bool> is_graph_output_;  // by value
   MemoryPlan plan_;
-  std::shared_ptr<std::byte> arena_;
+  std::shared_ptr<std::byte> arena_;  // none without options_.arena
   std::byte* arena_base_ = nullptr;
+  ParamSource param_source_;
   int64_t param_bytes_ = 0;
   std::vector<double> task_seconds_;
 };

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <optional>
 #include <map>
@@ -326,9 +327,13 @@ struct Frame {
 };
 
 // The gradients of a stage's params in all-reduce buckets (PyTorch DDP's 25 MB), in the order the backward
-// produces them, so a bucket starts reducing while the rest of the last backward runs.
+// produces them, so a bucket starts reducing while the rest of the last backward runs. On a host-memory backend
+// the gradient accumulators are views of their bucket's buffer, which the collective reduces in place.
 // Under ZeRO (stage.zero ≥ 1 with replicas) the buckets of params no other stage holds are `sharded`: padded to a
-// multiple of the replicas and reduce-scattered (runtime/zero_shards.h); tied params keep whole buckets.
+// multiple of the replicas and reduce-scattered (runtime/zero_shards.h); tied params keep whole buckets. Under
+// ZeRO-2/3 a sharded bucket holds one param: it is filled, reduce-scattered and freed micro-batch by micro-batch,
+// and ZeRO-3 gathers it for each task that reads the param, so that what a replica holds beyond its shards is a
+// param or two at a time (the planner's working set), not a 25 MB bucket.
 struct Bucket {
   std::vector<size_t> params;
   Tensor flat;  // float32, host memory (the collectives run on the host), counted in tensor_memory()
@@ -340,7 +345,7 @@ struct Bucket {
   size_t ready = 0;
   Pending reduction;
   bool sharded = false;
-  std::vector<float> shard_sum;  // ZeRO-2: this replica's shard, summed over the step's micro-batches
+  int64_t collected = 0;  // ZeRO-2/3: the micro-batches whose reduced shard this step has added into the pieces
 };
 
 class StageRunner {
@@ -361,21 +366,27 @@ class StageRunner {
   void backward_weight(int64_t k, int64_t step);  // ZB-H1's W pass
   // What a backward pass calls for each output: accumulates a param gradient (micro-batch `first`/`last` of the
   // pass that produces it), weighted by `weight`, and starts its bucket's collective when it completes.
-  void accumulate_gradient(const std::string& name, const Tensor& value, bool first, bool last, double weight);
+  // Returns whether `name` is a param gradient (then the executor frees it: it is added in).
+  bool accumulate_gradient(const std::string& name, const Tensor& value, bool first, bool last, double weight);
   void after_param_gradients();  // ZeRO-2: collect the pass's reduce-scatters
   Tensor* param_tensor(const std::string& name) const;
   size_t send(const Action& a);  // bytes sent
   size_t recv(const Action& a);  // bytes received
   void finish_allreduce();
-  // ZeRO-2: waits for bucket b's reduce-scatter of one micro-batch and adds this replica's shard into shard_sum.
+  // ZeRO-2/3: waits for bucket b's reduce-scatter of one micro-batch, adds this replica's shard into the pieces it
+  // steps and frees the bucket's buffer.
   void collect_shard(Bucket& b);
+  // ZeRO-2/3: collects every reduce-scatter still in flight.
+  void collect_shards();
+  // ZeRO: this replica's pieces of sharded bucket `bucket` into `flat` (its whole buffer), and its all-gather started.
+  Pending start_allgather(size_t bucket, Tensor& flat);
   // ZeRO: every replica's shards of the `wanted` sharded buckets into every replica's params, a few buckets in
-  // flight at a time: after the step under ZeRO-1/2 (copied into the whole params), before each pass under ZeRO-3
+  // flight at a time: after the step under ZeRO-1/2 (copied into the whole params), for --save-model under ZeRO-3
   // (bound whole into the executors' slots until release_params).
   void allgather_params(const std::vector<bool>& wanted);
-  // ZeRO-3: the params `pass` reads whole for its run (gathered), and emptied after it, so that between passes this
-  // replica holds only its pieces. No-ops below ZeRO-3.
-  void gather_params(const Executor& pass);
+  // ZeRO-3: param `name` whole, gathered for one task (the executors' param source, Executor::set_param_source).
+  Tensor gathered_param(const std::string& name);
+  // ZeRO-3: empties the sharded params' slots, so that between tasks this replica holds only its pieces.
   void release_params();
   // The elements of bucket b's flat buffer: its params', padded to a multiple of the replicas when it is sharded.
   int64_t flat_length(const Bucket& b) const {
@@ -425,12 +436,14 @@ class StageRunner {
   // By param: each executor's slot for it (forward, backward, B pass; shared storage). ZeRO-3 binds the gathered
   // param into every slot for a pass and empties them after it.
   std::vector<std::vector<Tensor*>> param_slots_;
-  // ZeRO-3: by executor, which buckets hold a param it reads (the ones its pass gathers).
-  std::map<const Executor*, std::vector<bool>> buckets_read_;
+  std::map<std::string, size_t> param_index_;  // param name → index
   std::vector<Tensor> grads_;              // accumulated over the step's micro-batches
+  bool grads_in_buckets_ = false;          // grads_ are views of their buckets' buffers (a host-memory backend)
   std::map<std::string, size_t> grad_index_;  // gradient output name → param index
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
+  std::vector<int64_t> bucket_at_;        // by param: where it starts in its bucket's buffer
+  std::deque<size_t> reducing_;           // ZeRO-2/3: buckets whose reduce-scatter is in flight, oldest first
   std::vector<std::pair<uint32_t, size_t>> production_order_;  // (producer position in the backward, param)
   std::unique_ptr<Communicator> replicas_;  // this stage's replicas (nullptr with one)
   // This replica's TP group (nullptr without TP): the shards' collectives run over it.
@@ -452,6 +465,7 @@ class StageRunner {
   std::vector<Tensor*> step_grads_;
   std::vector<bool> step_counts_in_norm_;
   std::vector<ShardPiece> pieces_;
+  std::vector<std::vector<size_t>> pieces_of_bucket_;  // by bucket: indices into pieces_
   std::vector<Tensor> piece_params_, piece_grads_;
   // Params held by several stages (tied embeddings): one communicator per set of holding stages.
   struct Tie {
@@ -527,6 +541,8 @@ void StageRunner::build() {
   exec.backend = &backend_;
   exec.outputs_on_backend = true;  // stash and gradients stay on the backend; boundary values go to the host to be sent
   exec.tensor_parallel = tp_group_.get();
+  exec.arena = false;  // each pass holds what it needs while it runs, nothing between runs (docs/runtime.md, "ZeRO")
+  exec.precompute_max_bytes = 64 << 10;  // shape arithmetic and small masks; no param-sized constant held for good
   forward_ = std::make_unique<Executor>(graphs_.forward, setup_.plan_dir, exec, import);
   backward_ = std::make_unique<Executor>(zero_bubble_ ? graphs_.weight_pass : graphs_.backward, setup_.plan_dir, exec, import);
   backward_->share_params(*forward_);
@@ -534,8 +550,8 @@ void StageRunner::build() {
     input_pass_ = std::make_unique<Executor>(graphs_.input_pass, setup_.plan_dir, exec, import);
     input_pass_->share_params(*forward_);
   }
-  result_.arena_bytes = forward_->memory_plan().peak_bytes + backward_->memory_plan().peak_bytes +
-                        (input_pass_ ? input_pass_->memory_plan().peak_bytes : 0);
+  result_.arena_bytes = std::max({forward_->memory_plan().peak_bytes, backward_->memory_plan().peak_bytes,
+                                  input_pass_ ? input_pass_->memory_plan().peak_bytes : int64_t{0}});
   result_.backend = backend_.describe();
   std::set<std::string> fallback(forward_->fallback_ops().begin(), forward_->fallback_ops().end());
   fallback.insert(backward_->fallback_ops().begin(), backward_->fallback_ops().end());
@@ -575,6 +591,7 @@ void StageRunner::build() {
     if (p->dtype() != DType::kFloat32)
       throw Unsupported("param " + quote(param) + " is " + std::string(dtype_name(p->dtype())) + "; apart run updates float32 params only");
     grad_index_[grad] = params_.size();
+    param_index_[param] = params_.size();
     param_names_.push_back(param);
     params_.push_back(p);
     param_elements_.push_back(p->elements());
@@ -666,22 +683,31 @@ void StageRunner::build_buckets_and_optimizer() {
     for (size_t i : tie.params) tied[i] = true;
   // Buckets in the backward's production order; under ZeRO sharded and whole ones fill side by side.
   bucket_of_.assign(params_.size(), 0);
+  bucket_at_.assign(params_.size(), 0);
   std::optional<size_t> open[2];  // the bucket being filled: whole, sharded
   std::vector<double> filled;
   for (const auto& [position, i] : production_order_) {
     const bool sharded = zero_ > 0 && !tied[i];
     std::optional<size_t>& current = open[sharded ? 1 : 0];
-    if (!current || filled[*current] >= kAllreduceBucketBytes) {
+    if (!current || filled[*current] >= kAllreduceBucketBytes || (sharded && zero_ >= 2)) {  // ZeRO-2/3: one param each
       current = buckets_.size();
       buckets_.emplace_back().sharded = sharded;
       filled.push_back(0);
     }
+    bucket_at_[i] = static_cast<int64_t>(filled[*current] / 4);
     buckets_[*current].params.push_back(i);
     bucket_of_[i] = *current;
     filled[*current] += static_cast<double>(param_elements_[i]) * 4;  // float32
   }
   for (Bucket& b : buckets_)
     if (zero_ < 2 || !b.sharded) b.hold(flat_length(b));  // ZeRO-2/3 hold their sharded buckets only while they reduce
+  // The accumulators of the buckets held through the step live in them (no second copy of the gradients) where
+  // the backend's memory is the host's, which the collectives run on.
+  grads_in_buckets_ = backend_.host_memory();
+  if (grads_in_buckets_)
+    for (Bucket& b : buckets_)
+      for (size_t p : b.flat.defined() ? b.params : std::vector<size_t>{})
+        grads_[p] = b.flat.flat_range(bucket_at_[p], bucket_at_[p] + param_elements_[p]).view(param_shapes_[p]);
 
   if (zero_ == 0) {
     step_names_ = param_names_;
@@ -692,6 +718,8 @@ void StageRunner::build_buckets_and_optimizer() {
     std::vector<std::vector<size_t>> bucket_params;
     for (const Bucket& b : buckets_) bucket_params.push_back(b.sharded ? b.params : std::vector<size_t>{});
     pieces_ = owned_pieces(bucket_params, param_elements_, replicas_->size(), replicas_->rank());
+    pieces_of_bucket_.assign(buckets_.size(), {});
+    for (size_t k = 0; k < pieces_.size(); ++k) pieces_of_bucket_[pieces_[k].bucket].push_back(k);
     for (const ShardPiece& piece : pieces_) {
       const Tensor& p = *params_[piece.param];
       if (zero_ >= 3) {  // storage of its own: the whole param is emptied below
@@ -724,14 +752,9 @@ void StageRunner::build_buckets_and_optimizer() {
       for (size_t i = 0; i < params_.size(); ++i)
         if (!tied[i]) grads_[i] = Tensor();
   }
-  if (zero_ >= 3) {  // from here this replica holds only its pieces of the sharded params, between passes
-    for (Executor* pass : {forward_.get(), backward_.get(), input_pass_.get()}) {
-      if (!pass) continue;
-      std::vector<bool>& read = buckets_read_[pass];
-      read.assign(buckets_.size(), false);
-      for (size_t i = 0; i < params_.size(); ++i)
-        if (pass->param(param_names_[i])) read[bucket_of_[i]] = true;
-    }
+  if (zero_ >= 3) {  // from here this replica holds only its pieces of the sharded params, between tasks
+    for (Executor* pass : {forward_.get(), backward_.get(), input_pass_.get()})
+      if (pass) pass->set_param_source([this](const std::string& name) { return gathered_param(name); });
     release_params();
   }
   OptimizerOptions optimizer = options_.optimizer;
@@ -790,9 +813,7 @@ void StageRunner::forward(int64_t k, const std::map<std::string, Tensor>& batch,
     if (it == batch.end()) continue;  // an input with an initializer as its default
     inputs[in.value] = batch_rows(it->second, first + mine.begin, first + mine.end);
   }
-  gather_params(*forward_);
   NamedTensors outputs = forward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)});
-  release_params();
   std::map<std::string, Tensor> by_name;
   for (auto& [name, t] : outputs) by_name[name] = std::move(t);
   if (!graphs_.loss_output.empty()) losses_.push_back(backend_.to_host(by_name.at(graphs_.loss_output)).scalar_as_double());
@@ -816,50 +837,53 @@ Tensor* StageRunner::param_tensor(const std::string& name) const {
   return input_pass_ ? input_pass_->param(name) : nullptr;
 }
 
-void StageRunner::accumulate_gradient(const std::string& name, const Tensor& value, bool first, bool last, double weight) {
+bool StageRunner::accumulate_gradient(const std::string& name, const Tensor& value, bool first, bool last, double weight) {
   auto it = grad_index_.find(name);
-  if (it == grad_index_.end()) return;
+  if (it == grad_index_.end()) return false;
   const size_t i = it->second;
   Bucket& b = buckets_[bucket_of_[i]];
   if (zero_ >= 2 && b.sharded) {  // ZeRO-2/3: each micro-batch's gradient goes straight into its bucket
     if (b.ready == 0) b.hold(flat_length(b));
-    size_t at = 0;
-    for (size_t p : b.params) {
-      if (p == i) break;
-      at += static_cast<size_t>(param_elements_[p]);
-    }
-    float* into = b.values() + at;
+    float* into = b.values() + bucket_at_[i];
     backend_.copy_to_host(value.raw(), reinterpret_cast<std::byte*>(into), value.bytes());
     if (weight != 1)
       for (int64_t e = 0; e < value.elements(); ++e) into[e] *= static_cast<float>(weight);
-    if (++b.ready < b.params.size()) return;
+    if (++b.ready < b.params.size()) return true;
     b.ready = 0;
     b.reduction = replicas_->reduce_scatter_sum(b.span());
+    reducing_.push_back(bucket_of_[i]);
+    constexpr size_t kReductionsInFlight = 2;  // their buffers are what ZeRO-2/3 hold beyond the shards
+    while (reducing_.size() > kReductionsInFlight) {
+      Bucket& oldest = buckets_[reducing_.front()];
+      reducing_.pop_front();
+      if (oldest.reduction) collect_shard(oldest);
+    }
     for (Bucket& other : buckets_)
       if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
-    return;
+    return true;
   }
   if (first) backend_.copy(value, grads_[i]);  // accumulated on the backend, micro-batch by micro-batch
   else backend_.add_into(grads_[i], value);
   if (last && weight != 1) backend_.scale(grads_[i], static_cast<float>(weight));  // every micro-batch's alike
-  if (!last || !replicas_) return;
-  if (++b.ready < b.params.size()) return;
-  size_t at = 0;
-  for (size_t p : b.params) {
-    // The all-reduce runs on the host for now (MPI): the bucket is a host buffer.
-    backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.values() + at), grads_[p].bytes());
-    at += static_cast<size_t>(grads_[p].elements());
-  }
+  if (!last || !replicas_) return true;
+  if (++b.ready < b.params.size()) return true;
+  for (size_t p : grads_in_buckets_ ? std::vector<size_t>{} : b.params)  // the collectives run on host buffers (MPI)
+    backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.values() + bucket_at_[p]), grads_[p].bytes());
   b.reduction = b.sharded ? replicas_->reduce_scatter_sum(b.span())  // ZeRO-1
                           : replicas_->allreduce_sum(b.span());
   for (Bucket& other : buckets_)
     if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
+  return true;
 }
 
 void StageRunner::after_param_gradients() {
-  if (zero_ >= 2)  // this micro-batch's reduce-scatters, so that no whole gradient outlives its backward
-    for (Bucket& b : buckets_)
-      if (b.sharded && b.reduction) collect_shard(b);
+  if (zero_ >= 2) collect_shards();  // this micro-batch's reduce-scatters, so that no whole gradient outlives its backward
+}
+
+void StageRunner::collect_shards() {
+  for (Bucket& b : buckets_)
+    if (b.sharded && b.reduction) collect_shard(b);
+  reducing_.clear();
 }
 
 void StageRunner::backward(int64_t k, int64_t step) {
@@ -874,21 +898,17 @@ void StageRunner::backward(int64_t k, int64_t step) {
   const bool last = ++backwards_done_ == setup_.microbatches;
   const bool first = backwards_done_ == 1;
   const double weight = loss_weight();
-  auto on_output = [&](const std::string& name, const Tensor& value) { accumulate_gradient(name, value, first, last, weight); };
+  auto on_output = [&](const std::string& name, const Tensor& value) { return accumulate_gradient(name, value, first, last, weight); };
   const RandomKey key{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)};
   NamedTensors outputs;
   if (!zero_bubble_) {
-    gather_params(*backward_);  // a recomputing stage's forward reads them too
-    outputs = backward_->run(inputs, key, on_output);
-    release_params();
+    outputs = backward_->run(std::move(inputs), key, on_output);  // the stash freed as the backward consumes it
   } else {  // B now; W later reads the backward inputs it needs and what B carries
     if (input_pass_) {
       std::map<std::string, Tensor> reads;  // B takes the backward inputs it reads, no others
       for (const auto& in : graphs_.input_pass.graph().input())
         if (auto it = inputs.find(in.name()); it != inputs.end()) reads[in.name()] = it->second;
-      gather_params(*input_pass_);
       outputs = input_pass_->run(reads, key, on_output);
-      release_params();
     }
     for (const auto& in : graphs_.weight_pass.graph().input()) {
       if (auto it = inputs.find(in.name()); it != inputs.end()) frame.carried[in.name()] = it->second;
@@ -913,10 +933,8 @@ void StageRunner::backward_weight(int64_t k, int64_t step) {
   const bool last = ++weight_passes_done_ == setup_.microbatches;
   const bool first = weight_passes_done_ == 1;
   const double weight = loss_weight();
-  auto on_output = [&](const std::string& name, const Tensor& value) { accumulate_gradient(name, value, first, last, weight); };
-  gather_params(*backward_);
+  auto on_output = [&](const std::string& name, const Tensor& value) { return accumulate_gradient(name, value, first, last, weight); };
   backward_->run(inputs, RandomKey{options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(k)}, on_output);
-  release_params();
   after_param_gradients();
 }
 
@@ -975,43 +993,38 @@ size_t StageRunner::recv(const Action& a) {
 }
 
 void StageRunner::finish_allreduce() {
+  if (zero_ >= 2) collect_shards();
   for (Bucket& b : buckets_) {
     if (!b.reduction) continue;
-    if (zero_ >= 2 && b.sharded) {
-      collect_shard(b);
-      continue;
-    }
     b.reduction->wait();
     b.reduction.reset();
     if (b.sharded) continue;  // ZeRO-1: the pieces are copied into grads_ below
-    size_t at = 0;
-    for (size_t p : b.params) {
-      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.values() + at), grads_[p].raw(), grads_[p].bytes());
-      at += static_cast<size_t>(grads_[p].elements());
-    }
+    for (size_t p : grads_in_buckets_ ? std::vector<size_t>{} : b.params)  // views of the bucket: reduced in place
+      backend_.copy_to_device(reinterpret_cast<const std::byte*>(b.values() + bucket_at_[p]), grads_[p].raw(),
+                              grads_[p].bytes());
   }
-  // This replica's reduced shards into the gradients it steps (ZeRO-1: views of grads_; ZeRO-2: its accumulators).
-  const int64_t shard_start = replicas_ ? replicas_->rank() : 0;
+  if (zero_ != 1) return;
+  // ZeRO-1: this replica's reduced shards into the gradients it steps, views of grads_ (the same bytes when those
+  // are views of the bucket).
   for (size_t k = 0; k < pieces_.size(); ++k) {
-    const ShardPiece& piece = pieces_[k];
-    Bucket& b = buckets_[piece.bucket];
-    const float* from = zero_ >= 2 ? b.shard_sum.data() + (piece.at - shard_start * static_cast<int64_t>(b.shard_sum.size()))
-                                   : b.values() + piece.at;
-    backend_.copy_to_device(reinterpret_cast<const std::byte*>(from), piece_grads_[k].raw(), piece_grads_[k].bytes());
+    const float* from = buckets_[pieces_[k].bucket].values() + pieces_[k].at;
+    if (reinterpret_cast<const std::byte*>(from) != piece_grads_[k].raw())
+      backend_.copy_to_device(reinterpret_cast<const std::byte*>(from), piece_grads_[k].raw(), piece_grads_[k].bytes());
   }
 }
 
 void StageRunner::collect_shard(Bucket& b) {
   b.reduction->wait();
   b.reduction.reset();
-  const size_t shard = static_cast<size_t>(b.flat.elements() / replicas_->size());
-  const float* mine = b.values() + shard * static_cast<size_t>(replicas_->rank());
-  if (b.shard_sum.empty()) {
-    b.shard_sum.assign(mine, mine + shard);
-  } else {
-    for (size_t e = 0; e < shard; ++e) b.shard_sum[e] += mine[e];
+  // This replica's shard of the micro-batch's sum, added into the pieces it steps (the first micro-batch's copied).
+  for (size_t k : pieces_of_bucket_[static_cast<size_t>(&b - buckets_.data())]) {
+    const Tensor reduced = b.flat.flat_range(pieces_[k].at, pieces_[k].at + piece_grads_[k].elements());
+    const Tensor shard = backend_.host_memory() ? reduced : backend_.to_device(reduced);
+    if (b.collected == 0) backend_.copy(shard, piece_grads_[k]);
+    else backend_.add_into(piece_grads_[k], shard);
   }
-  b.flat = Tensor();  // ZeRO-2 holds no whole gradient between micro-batches
+  ++b.collected;
+  b.flat = Tensor();  // ZeRO-2/3 hold no whole gradient between micro-batches
 }
 
 void StageRunner::allgather_params(const std::vector<bool>& wanted) {
@@ -1025,16 +1038,14 @@ void StageRunner::allgather_params(const std::vector<bool>& wanted) {
   gathering.reserve(kInFlight);
   auto finish = [&](Gathering& g) {
     g.done->wait();
-    int64_t at = 0;
     for (size_t p : buckets_[g.bucket].params) {
-      const Tensor gathered = g.flat.flat_range(at, at + param_elements_[p]).view(param_shapes_[p]);
+      const Tensor gathered = g.flat.flat_range(bucket_at_[p], bucket_at_[p] + param_elements_[p]).view(param_shapes_[p]);
       if (zero_ >= 3) {  // bound until release_params(); on a host-memory backend over the buffer itself, no copy
         const Tensor whole = backend_.to_device(gathered);
         for (Tensor* slot : param_slots_[p]) *slot = whole;
       } else {
         backend_.copy(gathered, *params_[p]);
       }
-      at += param_elements_[p];
     }
   };
   for (size_t index = 0; index < buckets_.size(); ++index) {
@@ -1046,22 +1057,28 @@ void StageRunner::allgather_params(const std::vector<bool>& wanted) {
     }
     Gathering& g = gathering.emplace_back();
     g.bucket = index;
-    if (zero_ == 1) {
-      g.flat = b.flat;  // ZeRO-1 keeps its buckets' buffers (idle after the step): the gather reuses them
-    } else {  // ZeRO-2/3 hold none between reductions (and a ZB-H1 bucket may be filling while W gathers)
-      g.flat = Tensor(DType::kFloat32, {flat_length(b)});  // zero padding
-    }
-    for (size_t k = 0; k < pieces_.size(); ++k)
-      if (pieces_[k].bucket == index)
-        backend_.copy_to_host(piece_params_[k].raw(), reinterpret_cast<std::byte*>(g.flat.data<float>() + pieces_[k].at),
-                              piece_params_[k].bytes());
-    g.done = replicas_->allgather(g.flat.span<float>());
+    // ZeRO-1 keeps its buckets' buffers (idle after the step; their gradients, if they are views of them, are
+    // overwritten by the next step's first): the gather reuses them. ZeRO-2/3 hold none between reductions.
+    g.flat = zero_ == 1 ? b.flat : Tensor(DType::kFloat32, {flat_length(b)});  // zero padding
+    g.done = start_allgather(index, g.flat);
   }
   for (Gathering& g : gathering) finish(g);
 }
 
-void StageRunner::gather_params(const Executor& pass) {
-  if (zero_ >= 3) allgather_params(buckets_read_.at(&pass));
+Pending StageRunner::start_allgather(size_t bucket, Tensor& flat) {
+  for (size_t k : pieces_of_bucket_[bucket])
+    backend_.copy_to_host(piece_params_[k].raw(), reinterpret_cast<std::byte*>(flat.data<float>() + pieces_[k].at),
+                          piece_params_[k].bytes());
+  return replicas_->allgather(flat.span<float>());
+}
+
+Tensor StageRunner::gathered_param(const std::string& name) {
+  const size_t p = param_index_.at(name);
+  const size_t b = bucket_of_[p];
+  Tensor flat(DType::kFloat32, {flat_length(buckets_[b])});  // zero padding
+  start_allgather(b, flat)->wait();
+  // On a host-memory backend a view of the gathered buffer (no copy), alive while the task that asked reads it.
+  return backend_.to_device(flat.flat_range(bucket_at_[p], bucket_at_[p] + param_elements_[p]).view(param_shapes_[p]));
 }
 
 void StageRunner::release_params() {
@@ -1112,7 +1129,7 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   schedule.total_steps = options_.steps;
   record.lr = schedule.lr_at(step, options_.optimizer.lr);
   record.grad_norm = optimizer_->step(step_params_, step_grads_, record.lr, std::sqrt(totals[0]));
-  if (zero_ == 1 || zero_ == 2) allgather_params(std::vector<bool>(buckets_.size(), true));  // ZeRO-3: before each pass
+  if (zero_ == 1 || zero_ == 2) allgather_params(std::vector<bool>(buckets_.size(), true));  // ZeRO-3: for each task
   record.step = step + 1;
   record.loss = totals[1];
   return record;
@@ -1279,7 +1296,7 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
     weight_passes_done_ = 0;
     for (Bucket& b : buckets_) {
       b.ready = 0;
-      b.shard_sum.clear();
+      b.collected = 0;
     }
     StepRecord record;
     for (const Action& a : actions) {

@@ -53,9 +53,9 @@ struct RunResult {
   double samples_per_s = 0;        // global batch × steps / seconds
   double setup_seconds = 0;        // reading the plan and the stage, autodiff, executors
   std::string data_description;
-  int64_t arena_bytes = 0;         // the stage's forward + backward activation arenas
+  int64_t arena_bytes = 0;         // the largest of the stage's passes' memory plans (they run without an arena)
   // What this rank keeps between steps: its trained params (whole, or under ZeRO-3 its pieces of the sharded ones:
-  // 1/replicas, gathered whole only for each forward and backward pass), the optimizer state it steps (1/replicas
+  // 1/replicas, each gathered whole only for a task that reads it), the optimizer state it steps (1/replicas
   // of the stage's under ZeRO ≥ 1) and its gradient accumulators (whole, or 1/replicas of them under ZeRO-2/3).
   int64_t param_bytes = 0;
   int64_t optimizer_state_bytes = 0;

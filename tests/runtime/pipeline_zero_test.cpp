@@ -219,10 +219,11 @@ TEST(ZeroUnderMpirun, GathersBeforeEveryPassOfAPipelineWithoutDeadlock) {
   expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), "mpirun zero3");
 }
 
-// One process per rank, so each counts its own tensors: what ZeRO-1 and ZeRO-2 save against ZeRO-0 is what the
-// plan's memory estimate says they save (the optimizer state's half, then the gradients' half), within 10 %; ZeRO-3
-// is held to what the runtime does, which is not what the plan models (below).
-TEST(ZeroUnderMpirun, SavesThePeakMemoryThePlanPredicts) {
+// One process per rank, so each counts its own tensors: under ZeRO-0, 1, 2 and 3 a rank's measured peak (its
+// params, optimizer state, gradients, stash, the passes' transients, the buckets and ZeRO-3's gathered params) is
+// the plan's memory estimate for it within 10 % (docs/runtime.md, "ZeRO"), and each ZeRO stage holds less than
+// the one before, as the plan says.
+TEST(ZeroUnderMpirun, PeaksAtThePlansMemoryEstimate) {
   if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
   const fs::path dir = scratch("zero_memory");
   std::vector<std::pair<double, double>> figures;
@@ -234,22 +235,17 @@ TEST(ZeroUnderMpirun, SavesThePeakMemoryThePlanPredicts) {
     ASSERT_EQ(p.code, 0) << p.out;
     const auto r = mpirun_apart_run(2, plan.string() + " --steps 2");
     ASSERT_EQ(r.code, 0) << r.out;
-    figures.push_back(peak_and_plan(r.out, "[rank 0/2 stage 0 replica 0]"));
-    ASSERT_GT(figures.back().first, 0) << r.out;
-    std::printf("ZeRO-%d: peak %.0f B, plan %.0f B\n", zero, figures.back().first, figures.back().second);
+    const auto [measured, planned] = peak_and_plan(r.out, "[rank 0/2 stage 0 replica 0]");
+    ASSERT_GT(measured, 0) << r.out;
+    ASSERT_GT(planned, 0) << r.out;
+    std::printf("ZeRO-%d: peak %.0f B, plan %.0f B (%.3f)\n", zero, measured, planned, measured / planned);
+    EXPECT_NEAR(measured, planned, 0.1 * planned) << "ZeRO-" << zero;
+    if (!figures.empty()) {
+      EXPECT_LT(measured, figures.back().first) << "ZeRO-" << zero << " against ZeRO-" << zero - 1;
+      EXPECT_LT(planned, figures.back().second) << "ZeRO-" << zero << " against ZeRO-" << zero - 1;
+    }
+    figures.emplace_back(measured, planned);
   }
-  for (int zero : {1, 2}) {
-    const double measured = figures[zero - 1].first - figures[zero].first;
-    const double planned = figures[zero - 1].second - figures[zero].second;
-    EXPECT_GT(planned, 0) << "ZeRO-" << zero;
-    EXPECT_NEAR(measured, planned, 0.1 * planned) << "ZeRO-" << zero << " against ZeRO-" << zero - 1;
-  }
-  // ZeRO-3 gathers each pass's params whole, beside this replica's pieces of them (docs/runtime.md, "ZeRO"): its
-  // peak is ZeRO-2's plus the pieces, 1/r of the stage's params. The plan, which gathers one task's weights at a
-  // time, predicts ZeRO-2's less (1 − 1/r) of them plus the largest task's: measured and planned disagree, and this
-  // pins what the runtime holds (gpt-tiny: +0.25 MiB measured, −0.13 MiB planned).
-  const double pieces = static_cast<double>(read_plan(dir / "z3").stages[0].param_bytes.value_or(0)) / 2;
-  EXPECT_NEAR(figures[3].first - figures[2].first, pieces, 0.1 * pieces) << "ZeRO-3 against ZeRO-2";
 }
 
 }  // namespace

@@ -343,6 +343,53 @@ TEST(ASequenceParallelShard, RefusesASequenceTheDegreeDoesNotDivideNamingTheValu
   fs::remove_all(dir);
 }
 
+// apart zoo's BERT (post-norm: the norm after each residual add runs on parts) and T5 (RMS norms without a bias, an
+// encoder and a decoder): every region reduce-scatters, and only the first region of each stack (BERT's encoder;
+// T5's encoder and decoder) reads its input whole through TpCopy — every later region input is a part all-gathered,
+// so the norms and residual adds between regions all run on parts. T5's cross-attentions all-gather the encoder's
+// output (a part) as their second input.
+struct ZooShard {
+  const char* family;
+  int regions, whole_inputs, gathered_inputs;
+};
+
+class AZooShardUnderSequenceParallelism : public ::testing::TestWithParam<ZooShard> {};
+
+TEST_P(AZooShardUnderSequenceParallelism, HoldsEveryValueBetweenRegionsInParts) {
+  const ZooShard& z = GetParam();
+  const fs::path dir = fs::temp_directory_path() / ("apart_tp_shard_zoo_" + std::string(z.family) + "_" +
+                                                    std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path model = dir / "model.onnx";
+  ASSERT_EQ(testing::run_apart("zoo " + std::string(z.family) + " --layers 2 --hidden 64 --heads 4 --seq 16 "
+                               "--vocab 128 -q -o " + model.string()).code, 0);
+  const auto p = testing::run_apart("partition " + model.string() + " --device cpu --devices 2 --tp 2 --pp 1 --dp 1 "
+                                    "--sequence-parallel on --batch 8 --no-baselines -q -o " + (dir / "plan").string());
+  ASSERT_EQ(p.code, 0) << p.out;
+  const onnx::ModelProto stage = testing::read_proto(dir / "plan" / "stage_0.onnx");
+  const TpShard shard = shard_stage_for_tensor_parallel(stage, tp_shard_regions(read_plan(dir / "plan")), 2, 0,
+                                                        TpWeights::kCut, TpSequence::kSharded);
+  EXPECT_EQ(shard.regions, z.regions);
+  EXPECT_EQ(count_ops(shard.model, "ai.apart", kTpAllReduceOp), 0);
+  EXPECT_EQ(count_ops(shard.model, "ai.apart", kTpReduceScatterOp), z.regions);
+  int whole = 0, gathered = 0;
+  for (const auto& n : shard.model.graph().node()) {
+    const bool region_input = n.name().find("/" + std::string(kTpCopyOp) + "_") != std::string::npos ||
+                              n.name().find("/" + std::string(kTpAllGatherOp) + "_") != std::string::npos;
+    if (!region_input) continue;
+    whole += n.op_type() == kTpCopyOp ? 1 : 0;
+    gathered += n.op_type() == kTpAllGatherOp && attr_string(n, kTpBackwardAttr) == kTpBackwardReduceScatter ? 1 : 0;
+  }
+  EXPECT_EQ(whole, z.whole_inputs);
+  EXPECT_EQ(gathered, z.gathered_inputs);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, AZooShardUnderSequenceParallelism,
+                         ::testing::Values(ZooShard{"bert", 4, 1, 3}, ZooShard{"t5", 10, 2, 10}),
+                         [](const ::testing::TestParamInfo<ZooShard>& info) { return std::string(info.param.family); });
+
 // The GPT-2 small torch export in ../shared/models (graph only: its weights are absent), planned TP 2 × PP 2: each
 // stage of each rank shards (shapes only), and the shard imports with every shape known and the split values at half
 // their width (6 heads of 12, 1536 of 3072 features). The regions' outputs ([B, S, H]): whole without sequence

@@ -609,13 +609,13 @@ class Sharder {
           if (x.empty() || part_of_.count(x)) continue;
           const int aligned = out->axis - (out->rank - rank_or(x, n));
           if (aligned >= 0 && dim_of(x, aligned, n) != 1) {
-            n.set_input(i, once(scattered_, x, "/sp_scatter", [&](const std::string& y) {
+            n.set_input(i, once(x, "/sp_scatter_" + std::to_string(aligned), [&](const std::string& y) {
               const onnx::ValueInfoProto type = whole_type(x, n);
               emit(collective(kTpScatterOp, x, y, aligned));
               set_type(y, part_type(type, aligned));
             }));
           } else if (carries_gradient(x)) {
-            n.set_input(i, once(copied_, x, "/sp_copy", [&](const std::string& y) {
+            n.set_input(i, once(x, "/sp_copy", [&](const std::string& y) {
               const onnx::ValueInfoProto type = whole_type(x, n);
               emit(collective(kTpCopyOp, x, y, -1));
               set_type(y, type);
@@ -628,7 +628,7 @@ class Sharder {
       } else {
         for (int i : held) {
           const std::string x = n.input(i);
-          n.set_input(i, once(gathered_, x, "/sp_gather", [&](const std::string& y) {
+          n.set_input(i, once(x, "/sp_gather", [&](const std::string& y) {
             const auto type = whole_of_.find(x);
             if (type == whole_of_.end()) unsupported(n, "sequence parallelism over a value of unknown type (" + quote(x) + ")");
             emit(collective(kTpAllGatherOp, x, y, part_of_.at(x).axis, kTpBackwardScatter));
@@ -650,13 +650,10 @@ class Sharder {
     n.set_op_type(op);
   }
 
-  // The value `make` defines for `x` the first time (named x + suffix), and the same name after.
-  static std::string once(std::map<std::string, std::string>& made, const std::string& x, const char* suffix,
-                          const std::function<void(const std::string&)>& make) {
-    if (const auto it = made.find(x); it != made.end()) return it->second;
+  // The value x + suffix, which `make` defines the first time it is asked for.
+  std::string once(const std::string& x, const std::string& suffix, const std::function<void(const std::string&)>& make) {
     const std::string y = x + suffix;
-    make(y);
-    made[x] = y;
+    if (collectives_made_.insert(y).second) make(y);
     return y;
   }
 
@@ -823,7 +820,7 @@ class Sharder {
   std::map<std::string, std::string> region_reduces_;  // each region's closing TpAllReduce → its end value
   std::map<std::string, Part> part_of_;                // values held in sequence parts
   std::map<std::string, onnx::ValueInfoProto> whole_of_;  // … and their whole types
-  std::map<std::string, std::string> scattered_, copied_, gathered_;  // x → its TpScatter, TpCopy, TpAllGather
+  std::set<std::string> collectives_made_;  // outputs of the TpScatter, TpCopy and TpAllGather nodes placed so far
 };
 
 }  // namespace

@@ -181,7 +181,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "Data-parallel replicas of every stage, or auto (per stage, any count)")->capture_default_str();
   cmd->add_option("--tp", a->tp,
                   "Tensor-parallel degree of every stage: 1, 2, 4 or 8 devices of one node per replica, or auto (per "
-                  "stage, among the degrees dividing --devices-per-node); apart run executes plans whose stages share one degree, with --sequence-parallel off")
+                  "stage, among the degrees dividing --devices-per-node); apart run executes plans whose stages share one degree")
       ->capture_default_str();
   cmd->add_option("--recompute", a->recompute,
                   "Activation recomputation: auto (per stage: none, the attention cores or the whole forward, as "
@@ -189,7 +189,8 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--sequence-parallel", a->sequence_parallel,
                   "on: stages with --tp > 1 shard the norms, residuals and dropouts between the tensor-parallel regions "
-                  "along the sequence (Megatron-LM's sequence parallelism; apart run does not execute it yet); off: they run replicated")
+                  "along the sequence (Megatron-LM's sequence parallelism; apart run keeps the stage boundaries whole); off: they "
+                  "run replicated")
       ->capture_default_str();
   cmd->add_option("--zero", a->zero,
                   "ZeRO stage of every stage with replicas: 0 (none), 1 (optimizer state), 2 (+ gradients), "

@@ -417,7 +417,7 @@ int StageDp::min_candidate(uint32_t first, uint32_t last, Fitting& fitting, doub
   return best;
 }
 
-void StageDp::fill(int stages, double limit, bool every_start, const View& view, Table& t) const {
+void StageDp::fill(int stages, double limit, bool every_start, const View& view, Table& t, const Floor* floor) const {
   // devices[r][i]: least devices for blocks [i, k) in r + 1 stages (the first of them is stage S − 1 − r). Its
   // in-flight count, S − (S − 1 − r) = r + 1 under 1F1B (m under GPipe), does not depend on S, so one table with
   // every start i answers every stage count ≤ `stages` at once (every_start); for one S, starts before S − 1 − r
@@ -433,6 +433,9 @@ void StageDp::fill(int stages, double limit, bool every_start, const View& view,
     const uint32_t i_min = every_start ? 0u : static_cast<uint32_t>(stages - 1 - r);
     const uint32_t i_max = static_cast<uint32_t>(k_ - 1 - r);
     for (uint32_t i = i_min; i <= i_max && i < k_; ++i) {
+      // The floor's least devices: none there, none here; once a choice reaches it, no later one does better.
+      const int least = floor && floor->covers(r, i) ? (*floor->devices)[r * n + i] : 0;
+      if (least == kNone) continue;
       int best = kNone;
       uint32_t best_last = 0;
       int best_cand = -1;
@@ -461,6 +464,7 @@ void StageDp::fill(int stages, double limit, bool every_start, const View& view,
             best_last = last;
             best_cand = c;
             best_variant = variant;
+            if (best <= least) break;
           }
         }
       }
@@ -548,13 +552,25 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
   int open = 0;
   for (const Search& s : searches) open += s.active ? 1 : 0;
   const bool every_start = open > 1;  // one count: the cheaper table of its reachable starts
+  // Every probe's least devices, by h index: the nearest probe above a limit bounds its table from below (fill).
+  struct Probed {
+    size_t at;
+    int stages;
+    std::vector<int> devices;
+  };
+  std::vector<Probed> probed;
   auto probe = [&](size_t at) {
     // Only the counts whose range holds `at` read this table, and rows up to S − 1 answer S (fill): the rest of
     // the rows are not needed.
     int needed = 0;
     for (const Search& s : searches)
       if (s.active && at >= s.lo && at <= s.hi) needed = std::max(needed, s.stages);
-    fill(needed, h_values_[at], every_start, view, t);
+    const Probed* above = nullptr;
+    for (const Probed& p : probed)
+      if (p.at > at && (!above || p.at < above->at)) above = &p;
+    const Floor floor{above ? &above->devices : nullptr, above ? above->stages : 0, every_start};
+    fill(needed, h_values_[at], every_start, view, t, &floor);
+    probed.push_back({at, needed, t.devices});
     for (Search& s : searches) {
       if (!s.active || at < s.lo || at > s.hi) continue;
       const int total = t.devices[static_cast<size_t>(s.stages - 1) * n];

@@ -197,7 +197,18 @@ class StageDp {
     std::vector<uint8_t> variant;
     std::vector<int32_t> under_limit;  // min_candidate's per-range cache at this table's limit
   };
-  void fill(int stages, double limit, bool every_start, const View& view, Table& table) const;
+  // A table filled at a higher limit: its least devices bound this limit's from below (a lower limit only removes
+  // choices), for the entries it computed (rows below `stages`; every start, or those a count of `stages` reaches).
+  struct Floor {
+    const std::vector<int>* devices = nullptr;
+    int stages = 0;
+    bool every_start = false;
+    bool covers(int r, uint32_t i) const {
+      return devices && r < stages && (every_start || i >= static_cast<uint32_t>(stages - 1 - r));
+    }
+  };
+  void fill(int stages, double limit, bool every_start, const View& view, Table& table,
+            const Floor* floor = nullptr) const;
   bool feasible(int stages, double limit, const View& view, std::vector<uint32_t>* boundaries,
                 std::vector<int>* replicas, std::vector<int>* variants) const;
   std::vector<std::optional<StageSolution>> solve_many(const std::vector<int>& stage_counts, const View& view) const;

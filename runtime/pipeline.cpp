@@ -380,10 +380,10 @@ class StageRunner {
   void collect_shards();
   // ZeRO: this replica's pieces of sharded bucket `bucket` into `flat` (its whole buffer), and its all-gather started.
   Pending start_allgather(size_t bucket, Tensor& flat);
-  // ZeRO: every replica's shards of the `wanted` sharded buckets into every replica's params, a few buckets in
-  // flight at a time: after the step under ZeRO-1/2 (copied into the whole params), for --save-model under ZeRO-3
-  // (bound whole into the executors' slots until release_params).
-  void allgather_params(const std::vector<bool>& wanted);
+  // ZeRO: every replica's shards of the sharded buckets into every replica's params, a few buckets in flight at a
+  // time: after the step under ZeRO-1/2 (copied into the whole params), for --save-model under ZeRO-3 (bound whole
+  // into the executors' slots until release_params).
+  void allgather_params();
   // ZeRO-3: param `name` whole, gathered for one task (the executors' param source, Executor::set_param_source).
   Tensor gathered_param(const std::string& name);
   // ZeRO-3: empties the sharded params' slots, so that between tasks this replica holds only its pieces.
@@ -1027,7 +1027,7 @@ void StageRunner::collect_shard(Bucket& b) {
   b.flat = Tensor();  // ZeRO-2/3 hold no whole gradient between micro-batches
 }
 
-void StageRunner::allgather_params(const std::vector<bool>& wanted) {
+void StageRunner::allgather_params() {
   constexpr size_t kInFlight = 2;  // buckets gathering at once: their flat buffers are the transient memory
   struct Gathering {
     size_t bucket = 0;
@@ -1050,7 +1050,7 @@ void StageRunner::allgather_params(const std::vector<bool>& wanted) {
   };
   for (size_t index = 0; index < buckets_.size(); ++index) {
     Bucket& b = buckets_[index];
-    if (!b.sharded || !wanted[index]) continue;
+    if (!b.sharded) continue;
     if (gathering.size() == kInFlight) {
       finish(gathering.front());
       gathering.erase(gathering.begin());
@@ -1129,7 +1129,7 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   schedule.total_steps = options_.steps;
   record.lr = schedule.lr_at(step, options_.optimizer.lr);
   record.grad_norm = optimizer_->step(step_params_, step_grads_, record.lr, std::sqrt(totals[0]));
-  if (zero_ == 1 || zero_ == 2) allgather_params(std::vector<bool>(buckets_.size(), true));  // ZeRO-3: for each task
+  if (zero_ == 1 || zero_ == 2) allgather_params();  // ZeRO-3: for each task
   record.step = step + 1;
   record.loss = totals[1];
   return record;
@@ -1138,7 +1138,7 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
 void StageRunner::save_model() {
   // Every param and BatchNorm statistic of the model, from the replica 0 of the lowest stage holding it; under
   // ZeRO-3 every replica gathers its stage's params whole for it.
-  if (zero_ >= 3) allgather_params(std::vector<bool>(buckets_.size(), true));
+  if (zero_ >= 3) allgather_params();
   std::set<std::string> saved(param_names_.begin(), param_names_.end());
   for (const auto& [init, out] : graphs_.state_updates) saved.insert(init);
   std::map<std::string, int> owner_rank;  // replica 0 (TP rank 0) of the lowest stage holding it

@@ -424,9 +424,10 @@ void StageDp::fill(int stages, double limit, bool every_start, const View& view,
   // cannot be reached and are skipped.
   const size_t n = k_ + 1;
   t.devices.assign(static_cast<size_t>(stages) * n, kNone);
-  t.last.assign(t.devices.size(), 0);
-  t.cand.assign(t.devices.size(), -1);
-  t.variant.assign(t.devices.size(), 0);
+  // The choices are read only where devices is set (feasible()'s walk), which this fill writes too: not cleared.
+  t.last.resize(t.devices.size());
+  t.cand.resize(t.devices.size());
+  t.variant.resize(t.devices.size());
   t.under_limit.assign(candidates_.empty() ? 0 : variants_.size() * (entries_ / candidates_.size()), kUnknown);
   for (int r = 0; r < stages; ++r) {
     Fitting& fitting = fitting_starts(in_flight(stages - 1 - r, stages), view);

@@ -798,8 +798,6 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
     tasks_of[s.value()].insert(component.batch_task.value());
     for (TaskId t : component.constant_tasks) tasks_of[s.value()].insert(t.value());
   }
-  // Samples of a boundary value one device sends or receives per micro-batch (boundary_share).
-  auto boundary_samples = [](const StageCost& c) { return static_cast<double>(c.microbatch) * boundary_share(c); };
   for (int s = 0; s < best.stages; ++s) {
     PlanStage st;
     st.id = StageId(static_cast<uint32_t>(s));

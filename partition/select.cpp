@@ -87,9 +87,8 @@ sim::SimPlan candidate_sim_plan(const Candidate& candidate, bool devices) {
   for (const auto& [edge, bytes] : per_sample) {
     const auto [from, to] = edge;
     const std::string name = "stage " + std::to_string(from) + " → " + std::to_string(to);
-    auto share = [&](const StageCost& c) { return act * static_cast<double>(c.microbatch) * boundary_share(c); };
-    plan.stages[to].inputs.push_back({name, from, bytes * share(sol.costs[to])});
-    plan.stages[from].outputs.push_back({name, {to}, bytes * share(sol.costs[from])});
+    plan.stages[to].inputs.push_back({name, from, bytes * act * boundary_samples(sol.costs[to])});
+    plan.stages[from].outputs.push_back({name, {to}, bytes * act * boundary_samples(sol.costs[from])});
   }
   return plan;
 }

@@ -47,6 +47,8 @@ struct StageCost {
 // §4.1; under sequence parallelism the sequence shard it holds), and the receiver all-gathers the slices over the
 // group's own link where it needs them whole (stage_cost()). A group without split work runs as degree 1 does.
 inline double boundary_share(const StageCost& c) { return 1.0 / c.boundary_parts; }
+// The samples of a boundary value one device sends or receives per micro-batch: its micro-batch's, times that share.
+inline double boundary_samples(const StageCost& c) { return static_cast<double>(c.microbatch) * boundary_share(c); }
 
 // The links of one placed stage: to the previous and next stage (activations forward, their gradients back)
 // and among its replicas (the gradient all-reduce ring).

@@ -90,8 +90,9 @@ int ranks_on_this_node(int world_size) {
 }
 
 void report_step(const RunResult& r, int rank, const StepRecord& s) {
-  std::printf("%s step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g\n", prefix(r, rank).c_str(),
-              static_cast<long long>(s.step), s.loss, format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm);
+  std::printf("%s step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g%s\n", prefix(r, rank).c_str(),
+              static_cast<long long>(s.step), s.loss, format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm,
+              loss_scale_note(s).c_str());
   std::fflush(stdout);
 }
 
@@ -136,6 +137,7 @@ RunOptions run_options(const RunArgs& a) {
   o.resume = a.resume;
   o.trace = a.trace;
   o.trace_all_steps = a.trace_all_steps;
+  o.loss_scale = loss_scale_options(a.backend);
   return o;
 }
 

@@ -43,6 +43,7 @@ void run_train(const TrainArgs& a) {
   o.save_every = a.save_every;
   o.resume = a.resume;
   o.save_model = a.save_model;
+  o.loss_scale = loss_scale_options(a.backend);
   o.on_note = [](const std::string& note) { std::fprintf(stderr, "apart: note: %s\n", note.c_str()); };
 
   apply_threads(a.training.threads);
@@ -51,8 +52,8 @@ void run_train(const TrainArgs& a) {
   if (!backend) note_blas_kernel();
   const TrainResult r = train(o, [&](const StepRecord& s) {
     if (!a.quiet)
-      std::printf("step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g\n", static_cast<long long>(s.step), s.loss,
-                  format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm);
+      std::printf("step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g%s\n", static_cast<long long>(s.step), s.loss,
+                  format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm, loss_scale_note(s).c_str());
     std::fflush(stdout);
   });
   if (backend) note_backend(r.backend, r.fallback_ops);

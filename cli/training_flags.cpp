@@ -101,15 +101,34 @@ void add_backend_flags(CLI::App& cmd, BackendFlags& f) {
   cmd.add_option("--backend", f.backend, "Where kernels run: cpu, or cuda (one GPU per process: LOCAL_RANK under mpirun)")
       ->capture_default_str();
   cmd.add_option("--precision", f.precision,
-                 "GPU GEMMs: fp32, tf32, or mixed (bf16 operands, fp32 accumulation); the CPU computes in fp32")
+                 "GEMM operands: fp32, tf32 (GPU tensor cores; fp32 on the CPU), mixed or bf16 (bfloat16 operands, fp32 "
+                 "accumulation), fp16 (float16 operands, with dynamic loss scaling); the CPU rounds operands as a GPU does")
       ->capture_default_str();
+  cmd.add_option("--loss-scale-init", f.loss_scale.init_scale, "fp16: the initial loss scale (2^-24 to 2^64)")
+      ->capture_default_str();
+  cmd.add_option("--loss-scale-growth", f.loss_scale.growth_factor,
+                 "fp16: the scale's factor after --loss-scale-interval clean steps (above 1)")->capture_default_str();
+  cmd.add_option("--loss-scale-backoff", f.loss_scale.backoff_factor,
+                 "fp16: the scale's factor after a step with an inf/NaN gradient, which is skipped (between 0 and 1)")
+      ->capture_default_str();
+  cmd.add_option("--loss-scale-interval", f.loss_scale.growth_interval,
+                 "fp16: clean steps in a row before the scale grows")->capture_default_str();
+}
+
+LossScaleOptions loss_scale_options(const BackendFlags& f) {
+  LossScaleOptions o = f.loss_scale;
+  o.enabled = parse_precision(f.precision) == Precision::kMixed && parse_half_format(f.precision) == HalfFormat::kFp16;
+  o.validate();  // the numbers, even when fp16 is off: a bad flag is an error either way
+  return o;
 }
 
 std::unique_ptr<Backend> make_backend(const BackendFlags& f, int local_rank) {
   const BackendKind kind = parse_backend(f.backend);
   BackendOptions options;
   options.precision = parse_precision(f.precision);
-  if (kind == BackendKind::kCpu) return nullptr;
+  options.half = parse_half_format(f.precision);
+  if (kind == BackendKind::kCpu)  // the float32 CPU is cpu_backend(); mixed precision rounds its GEMM operands
+    return options.precision == Precision::kMixed ? apart::make_backend(kind, options) : nullptr;
   // The launcher's node-local rank picks this process's GPU (torchrun: LOCAL_RANK; Open MPI: its own variable).
   int rank = local_rank;
   for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"}) {
@@ -125,6 +144,13 @@ std::unique_ptr<Backend> make_backend(const BackendFlags& f, int local_rank) {
   const int devices = cuda_device_count();
   options.device = devices > 0 ? rank % devices : 0;  // no GPU: make_backend says so (Unsupported)
   return apart::make_backend(kind, options);
+}
+
+std::string loss_scale_note(const StepRecord& step) {
+  if (step.loss_scale <= 0) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, " loss_scale=%.6g%s", step.loss_scale, step.skipped ? " skipped" : "");
+  return text;
 }
 
 void note_backend(const std::string& description, const std::vector<std::string>& fallback_ops) {

@@ -51,16 +51,23 @@ OptimizerOptions optimizer_options(const TrainingFlags& flags);
 LrSchedule lr_schedule(const TrainingFlags& flags);
 DataOptions data_options(const TrainingFlags& flags);
 
-// --backend cpu|cuda and --precision fp32|tf32|mixed (the GPU's GEMMs; the CPU computes in fp32 whatever it says).
+// --backend cpu|cuda, --precision fp32|tf32|mixed|bf16|fp16 (the GEMMs' operands: a GPU's tensor cores; the CPU
+// rounds its operands alike under mixed/bf16/fp16 and computes fp32 and tf32 in fp32) and fp16's loss scaling.
 struct BackendFlags {
   std::string backend = "cpu";
   std::string precision = "fp32";
+  LossScaleOptions loss_scale;  // its numbers; `enabled` follows --precision fp16 (loss_scale_options)
 };
 void add_backend_flags(CLI::App& cmd, BackendFlags& flags);
-// The backend the flags name: nullptr for cpu (the runtime's cpu_backend()), else make_backend on GPU number
+// fp16's dynamic loss scaling: on under --precision fp16, with the --loss-scale-* numbers (validated).
+LossScaleOptions loss_scale_options(const BackendFlags& flags);
+// The backend the flags name: nullptr for cpu at fp32/tf32 (the runtime's cpu_backend()), the CPU backend that rounds
+// GEMM operands under mixed precision, else make_backend on GPU number
 // LOCAL_RANK (or OMPI_COMM_WORLD_LOCAL_RANK) under a launcher, else `local_rank`, modulo the GPUs this process sees.
 // Throws InvalidArgument for unknown names, Unsupported (exit 4) when apart has no CUDA or sees no GPU.
 std::unique_ptr<Backend> make_backend(const BackendFlags& flags, int local_rank = 0);
+// " loss_scale=S" (and " skipped" for a step an inf/NaN gradient skipped) for a step line under loss scaling, else "".
+std::string loss_scale_note(const StepRecord& step);
 // Says on stderr, once per process, the backend in use and the ops that run on the CPU kernel for want of one of
 // its own (nothing on the CPU backend).
 void note_backend(const std::string& description, const std::vector<std::string>& fallback_ops);

@@ -466,7 +466,11 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
     return it->second.front();
   };
 
-  if (!loss.empty()) {
+  if (!loss.empty() && !options.loss_seed_input.empty()) {  // the loss scale, fed each step
+    set_value_info(*g.add_input(), options.loss_seed_input, meta(loss));
+    contributions[loss].push_back(options.loss_seed_input);
+    result.loss_seed_input = options.loss_seed_input;
+  } else if (!loss.empty()) {
     e.set_scope("seed");
     contributions[loss].push_back(e.filled(1.0, meta(loss).dtype, meta(loss).shape));
   }

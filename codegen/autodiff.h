@@ -24,6 +24,9 @@ struct TrainingGraphOptions {
   // Dims to bind when the forward has symbolic dims (--dim batch=8, --shape …). The training graph is
   // valid for these static shapes only: reshape targets and reduction axes are computed from them.
   ImportOptions import;
+  // Not empty: the loss's gradient seed is a graph input of this name (the loss's dtype and shape), which the
+  // trainer feeds with the loss scale (runtime/loss_scale.h), instead of the constant 1.
+  std::string loss_seed_input;
   // BatchNormalization runs in training mode (batch statistics; running stats of initializer-backed
   // mean/var come out as TrainingGraph::state_updates). false: inference-mode BN, gradients through it.
   bool batch_norm_training = true;
@@ -45,6 +48,7 @@ struct TrainingGraph {
   // Outputs after the input gradients: BatchNormalization running statistics (initializer name → the
   // output holding its new value), for the trainer to copy back after a step.
   std::vector<std::pair<std::string, std::string>> state_updates;
+  std::string loss_seed_input;  // Options::loss_seed_input when the graph has a loss, else ""
 };
 
 // Whether a default-domain op has a gradient rule; forward_only_ops() lists the ops the runtime runs that need

@@ -213,9 +213,11 @@ StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraph
       if (!o.empty()) fused.producer.emplace(o, i);
   for (const auto& init : fused.graph.initializer()) fused.initializers.insert(init.name());
   for (const auto& [output, grad] : tg.output_gradient_inputs) fused.gradient_inputs.insert(grad);
+  if (!tg.loss_seed_input.empty()) fused.gradient_inputs.insert(tg.loss_seed_input);  // a backward input too
 
   StageGraphs result;
   result.loss_output = tg.loss_output;
+  result.loss_seed_input = tg.loss_seed_input;
   result.gradients = tg.gradients;
   result.input_gradients = tg.input_gradients;
   result.output_gradient_inputs = tg.output_gradient_inputs;

@@ -35,13 +35,16 @@ struct StageGraphs {
   // `outputs_without_gradient`. A name is output once, at its first place (a stash value that is also a stage
   // output or a stage input is not repeated; a stage input in the stash is output as it came in).
   onnx::ModelProto forward;
-  // Inputs: `stash` (by the same names), then the gradient inputs of `output_gradient_inputs`. Outputs, in this
+  // Inputs: `stash` (by the same names), then the gradient inputs of `output_gradient_inputs` (and
+  // `loss_seed_input`, in the fused graph's input order). Outputs, in this
   // order: one gradient per param in `gradients` order, then the input gradients in `input_gradients` order.
   onnx::ModelProto backward;
   // Forward values (stage inputs included) the backward reads, but not those it computes itself (constants,
   // values of params alone, integers folded from static shapes); with recompute: the stage's inputs it needs.
   std::vector<std::string> stash;
   std::string loss_output;         // "" on stages without the loss
+  // The backward input that carries the loss's gradient seed (the loss scale), when options.training asked for one.
+  std::string loss_seed_input;
   std::vector<std::pair<std::string, std::string>> gradients;               // param → its gradient (backward output)
   std::vector<std::pair<std::string, std::string>> input_gradients;         // stage input → its gradient (backward output)
   std::vector<std::pair<std::string, std::string>> output_gradient_inputs;  // stage output → its gradient (backward input)

@@ -88,6 +88,9 @@ std::string_view precision_name(Precision p) { return name_of<Precision>(kPrecis
 Schedule parse_schedule(std::string_view name) { return parse<Schedule>(kScheduleNames, "--schedule", name); }
 Optimizer parse_optimizer(std::string_view name) { return parse<Optimizer>(kOptimizerNames, "--optimizer", name); }
 Precision parse_precision(std::string_view name) { return parse<Precision>(kPrecisionNames, "--precision", name); }
+HalfFormat parse_half_format(std::string_view precision) {
+  return precision == "fp16" ? HalfFormat::kFp16 : HalfFormat::kBf16;
+}
 
 std::string_view tp_region_kind_name(TpRegionKind k) { return name_of<TpRegionKind>(kTpRegionKindNames, k); }
 std::string_view tp_role_name(TpRole r) { return name_of<TpRole>(kTpRoleNames, r); }

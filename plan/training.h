@@ -23,6 +23,10 @@ inline constexpr int kDefaultVirtualStages = 2;
 enum class Optimizer : uint8_t { kSgd, kMomentum, kAdam, kAdamW };
 // kMixed: fp16/bf16 math and activations, fp32 master weights.
 enum class Precision : uint8_t { kFp32, kTf32, kMixed };
+// The 16-bit format of kMixed: bfloat16 ("mixed", "bf16", "amp") or float16 ("fp16"). The planner costs both alike;
+// the runtime rounds GEMM operands to it, and trains float16 with dynamic loss scaling (runtime/loss_scale.h), since
+// float16's range (6e-8 … 65504) would lose small gradients and overflow on large ones.
+enum class HalfFormat : uint8_t { kBf16, kFp16 };
 
 // A stage's parameters are counted as bytes the way the model stores them (the cost table's param_bytes, plan.json's
 // stages[].param_bytes) and turned into elements as fp32, 4 bytes each: how training models are exported. A model
@@ -44,6 +48,8 @@ std::string_view precision_name(Precision p);
 Schedule parse_schedule(std::string_view name);
 Optimizer parse_optimizer(std::string_view name);
 Precision parse_precision(std::string_view name);
+// The half format a --precision text names: kFp16 for "fp16", kBf16 for everything else (fp32 and tf32 use none).
+HalfFormat parse_half_format(std::string_view precision);
 // What the parsers accept, for messages: "gpipe, 1f1b or interleaved (also interleaved-1f1b, interleaved1f1b)".
 std::string schedule_names();
 std::string optimizer_names();

@@ -77,11 +77,14 @@ std::span<const float> floats(const Tensor& t) {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(DType gemm_operands = DType::kFloat32) : gemm_operands_(gemm_operands) {}
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string describe() const override {
     const std::string core = blas_core_name();
-    return "cpu" + (core.empty() ? std::string() : " (OpenBLAS " + core + ")");
+    return "cpu" + (core.empty() ? std::string() : " (OpenBLAS " + core + ")") +
+           (gemm_operands_ == DType::kFloat32 ? "" : ", GEMM operands rounded to " + std::string(dtype_name(gemm_operands_)));
   }
+  DType gemm_operands() const override { return gemm_operands_; }
   bool host_memory() const override { return true; }
 
   std::shared_ptr<std::byte> allocate(int64_t bytes) override {
@@ -132,6 +135,7 @@ class CpuBackend final : public Backend {
   static void copy(const std::byte* from, std::byte* to, int64_t bytes) {
     if (bytes > 0 && from != to) std::memcpy(to, from, static_cast<size_t>(bytes));
   }
+  DType gemm_operands_;
 };
 
 void CpuBackend::optimizer_step(const OptimizerUpdate& u, std::span<Tensor* const> params,
@@ -228,8 +232,13 @@ cuda::GemmMeasurement cuda::measure_best_bf16_gemm(Backend&, int64_t, int64_t, i
 }
 #endif
 
+DType gemm_operand_dtype(const BackendOptions& options) {
+  if (options.precision != Precision::kMixed) return DType::kFloat32;
+  return options.half == HalfFormat::kFp16 ? DType::kFloat16 : DType::kBFloat16;
+}
+
 std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options) {
-  if (kind == BackendKind::kCpu) throw InvalidArgument("make_backend: the CPU backend is cpu_backend()");
+  if (kind == BackendKind::kCpu) return std::make_unique<CpuBackend>(gemm_operand_dtype(options));
 #if APART_HAVE_CUDA
   return cuda::make_cuda_backend(options);
 #else

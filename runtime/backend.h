@@ -69,6 +69,11 @@ class Backend {
   virtual void copy_on_device(const std::byte* from, std::byte* to, int64_t bytes) = 0;
   // Waits until every kernel launched so far has finished (CUDA: the compute stream).
   virtual void synchronize() = 0;
+  // What MatMul's and Gemm's float32 operands are rounded to before a product accumulated in float32: float32 itself
+  // (fp32; tf32 on a GPU's tensor cores, computed as fp32 on the CPU), or bfloat16/float16 under --precision mixed
+  // (the GPU converts them for cuBLASLt; the CPU rounds them to nearest even and multiplies the rounded values, so
+  // that it computes what the GPU computes up to the order of the sums).
+  virtual DType gemm_operands() const { return DType::kFloat32; }
 
   // --- The vector operations of a step (float32 tensors of this backend, equal element counts) ---
   virtual void fill_zero(Tensor& x) = 0;
@@ -103,10 +108,14 @@ int cuda_device_count();
 
 struct BackendOptions {
   int device = 0;  // which GPU (under mpirun: LOCAL_RANK, else the node-local rank, modulo the GPUs seen)
-  Precision precision = Precision::kFp32;  // GEMMs: fp32, tf32, or mixed (bf16 operands, fp32 accumulation)
+  Precision precision = Precision::kFp32;  // GEMMs: fp32, tf32, or mixed (16-bit operands, fp32 accumulation)
+  HalfFormat half = HalfFormat::kBf16;     // mixed's 16-bit format: bfloat16, or float16 (--precision fp16)
 };
-// A device backend (kind kCuda; the CPU backend is cpu_backend()). Unsupported when apart was built without CUDA
-// ("rebuild with `cmake --preset gpu`") or no GPU is visible (naming CUDA's error string).
+// The 16-bit operand type `options` asks for: kFloat32 unless precision is mixed, then kBFloat16 or kFloat16.
+DType gemm_operand_dtype(const BackendOptions& options);
+// A backend of `kind`: kCuda, one GPU; kCpu, the CPU backend whose GEMMs round their operands as `options` say (the
+// reduced-precision emulation; cpu_backend() is the float32 one). kCuda is Unsupported when apart was built without
+// CUDA ("rebuild with `cmake --preset gpu`") or no GPU is visible (naming CUDA's error string).
 std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options = {});
 
 }  // namespace apart

@@ -85,11 +85,11 @@ int64_t dim_of(const TaskGraph& g, ValueId v, size_t axis) {
 
 }  // namespace
 
-std::vector<ModelInput> classify_inputs(const TaskGraph& g) {
+std::vector<ModelInput> classify_inputs(const TaskGraph& g, const std::set<std::string>& fed_otherwise) {
   std::vector<ModelInput> inputs;
   for (ValueId v : g.graph_inputs()) {
     const Value& value = g.value(v);
-    if (value.kind != ValueKind::kInput) continue;
+    if (value.kind != ValueKind::kInput || fed_otherwise.count(value.name)) continue;
     if (!value.shape_known || value.shape.empty())
       throw InvalidArgument("input '" + value.name + "' needs a static shape with a batch axis to be trained on " +
                             "(bind it with --dim/--shape)");

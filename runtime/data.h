@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,9 +34,9 @@ struct ModelInput {
   int64_t range = 0;           // vocabulary / classes for kTokens / kLabels
 };
 
-// The graph inputs that have no initializer, with their roles. Throws InvalidArgument for an input
-// whose shape is not static or has no batch axis.
-std::vector<ModelInput> classify_inputs(const TaskGraph& graph);
+// The graph inputs that have no initializer, with their roles, but those the trainer feeds itself (`fed_otherwise`:
+// the loss scale's seed). Throws InvalidArgument for an input whose shape is not static or has no batch axis.
+std::vector<ModelInput> classify_inputs(const TaskGraph& graph, const std::set<std::string>& fed_otherwise = {});
 
 class DataSource {
  public:

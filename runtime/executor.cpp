@@ -278,6 +278,8 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
       if (!host_copies[i].defined()) host_copies[i] = backend_->to_host(s);
       return host_copies[i];
     });
+  } else if (planned && !device_) {
+    ctx.set_backend(backend_, {});  // a host-memory backend's settings (its GEMM operands) reach the CPU kernels
   }
   const bool timed = options_.time_tasks && planned;
   // A device kernel only starts when launched: wait for the work before it, and for it, so that the clock measures

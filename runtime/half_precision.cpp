@@ -41,6 +41,16 @@ Tensor narrow_from_float32(const Tensor& wide, DType to) {
   return half;
 }
 
+Tensor rounded_through(const Tensor& wide, DType half) {
+  APART_CHECK(wide.dtype() == DType::kFloat32 && is_half(half) && wide.on_host(),
+              "rounded_through of a " + std::string(dtype_name(wide.dtype())) + " tensor to " + std::string(dtype_name(half)));
+  Tensor rounded(DType::kFloat32, wide.shape());
+  const float* in = wide.data<float>();
+  float* out = rounded.data<float>();
+  for (int64_t i = 0; i < wide.elements(); ++i) out[i] = half_bits_to_float(half, float_to_half_bits(half, in[i]));
+  return rounded;
+}
+
 namespace {
 
 constexpr int32_t kFloat = onnx::TensorProto::FLOAT;

@@ -88,6 +88,9 @@ inline uint16_t float_to_half_bits(DType t, float f) { return t == DType::kFloat
 Tensor widen_to_float32(const Tensor& half);
 // A float32 tensor rounded to `to` (float16 or bfloat16), to nearest even (a new tensor).
 Tensor narrow_from_float32(const Tensor& wide, DType to);
+// A float32 tensor whose values are `wide`'s rounded to `half` (float16 or bfloat16) and widened back: what a GEMM
+// reading `half` operands multiplies (float16: ±inf past 65504, zero below 2^-25), in float32 storage.
+Tensor rounded_through(const Tensor& wide, DType half);
 
 // --- The model pass ---
 // What widen_half_precision changed.

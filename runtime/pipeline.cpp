@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <map>
 #include <memory>
@@ -47,6 +48,7 @@ void RunOptions::validate() const {
   if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
   if (trace_all_steps && trace.empty()) throw InvalidArgument("--trace-all-steps needs --trace FILE");
   optimizer.validate();
+  if (loss_scale.enabled) loss_scale.validate();
 }
 
 namespace {
@@ -477,6 +479,7 @@ class StageRunner {
   std::map<std::string, int> owner_stage_;  // param → the lowest stage holding it
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<ParamOptimizer> optimizer_;
+  LossScaler scaler_{options_.loss_scale};  // 1 unless --precision fp16: the loss stage's seed, every rank's unscaling
   Backend& backend_;  // options_.backend or the CPU backend: the executors', the gradients' and the optimizer's
   std::vector<Frame> frames_;
   std::vector<std::pair<std::vector<std::byte>, Pending>> sends_;
@@ -525,6 +528,7 @@ void StageRunner::build() {
   g.recompute = stage_.recompute;
   zero_bubble_ = plan_.training.schedule == Schedule::kZbH1;
   g.split_weight_pass = zero_bubble_;
+  if (scaler_.enabled()) g.training.loss_seed_input = kLossScaleInput;  // used on the loss's stage only
   auto floating = [&](const std::string& v) {
     const auto id = model_->graph.find_value(v);
     return id && is_floating(model_->graph.value(*id).dtype);
@@ -895,6 +899,12 @@ void StageRunner::backward(int64_t k, int64_t step) {
     inputs[grad_input] = std::move(it->second);
   }
   frame.output_grads.clear();
+  if (!graphs_.loss_seed_input.empty()) {  // the loss scale over m·r: the seed of the loss's gradient (a scalar)
+    const TaskGraph& fg = forward_->model().graph;
+    const double microbatches_and_replicas = static_cast<double>(setup_.microbatches) * stage_.replicas;
+    inputs[graphs_.loss_seed_input] =
+        scaler_.seed(fg.value(*fg.find_value(graphs_.loss_output)).shape, 1.0 / microbatches_and_replicas);
+  }
   const bool last = ++backwards_done_ == setup_.microbatches;
   const bool first = backwards_done_ == 1;
   const double weight = loss_weight();
@@ -1092,7 +1102,10 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   // The model's loss is a mean over its batch; each loss-stage replica's micro-batch loss is the mean over its
   // share, so the whole batch's gradient is the sum over micro-batches and replicas over (m × its replicas).
   const double loss_replicas = plan_.stages[static_cast<size_t>(setup_.loss_stage)].replicas;
-  const float scale = static_cast<float>(1.0 / (static_cast<double>(setup_.microbatches) * loss_replicas));
+  // Under loss scaling the loss stage seeded its backward with S/(m × r) instead (LossScaler::seed): what is left is
+  // to unscale by S (an inf stays inf, found below).
+  const float scale = static_cast<float>(scaler_.enabled() ? 1.0 / scaler_.scale()
+                                                           : 1.0 / (static_cast<double>(setup_.microbatches) * loss_replicas));
   for (Tensor* g : step_grads_) backend_.scale(*g, scale);
   for (Tie& tie : ties_) {  // a tied param's gradient is the sum over the stages holding it (replica 0 of each)
     for (size_t i : tie.params) {
@@ -1117,21 +1130,31 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   const bool finite = std::isfinite(local_sq) && std::isfinite(local_loss);
   totals[2 + static_cast<size_t>(world_.rank())] = finite ? 0.0 : 1.0;
   world_.allreduce_sum(std::span<double>(totals))->wait();
-  for (int r = 0; r < world_.size(); ++r)
+  StepRecord record;
+  LrSchedule schedule = options_.schedule;
+  schedule.total_steps = options_.steps;
+  record.lr = schedule.lr_at(step, options_.optimizer.lr);
+  record.step = step + 1;
+  record.loss = totals[1];
+  if (scaler_.enabled()) {  // one global overflow flag: every rank skips the same steps and keeps the same scale
+    bool overflow = false;
+    for (int r = 0; r < world_.size(); ++r) overflow = overflow || totals[2 + static_cast<size_t>(r)] != 0.0;
+    record.loss_scale = scaler_.scale();
+    record.skipped = !scaler_.update(overflow);
+    if (record.skipped) {
+      record.grad_norm = std::numeric_limits<double>::infinity();
+      return record;
+    }
+  }
+  for (int r = 0; r < world_.size() && !scaler_.enabled(); ++r)
     if (totals[2 + static_cast<size_t>(r)] != 0.0) {
       const RankRole role = rank_role(setup_.full_plan, r);
       throw Infeasible("training diverged at step " + std::to_string(step + 1) + ": the loss or a gradient of stage " +
                        std::to_string(role.stage) + " (rank " + std::to_string(r) + ", replica " + std::to_string(role.replica) +
                        ") is not finite; lower --lr or set --clip-grad-norm");
     }
-  StepRecord record;
-  LrSchedule schedule = options_.schedule;
-  schedule.total_steps = options_.steps;
-  record.lr = schedule.lr_at(step, options_.optimizer.lr);
   record.grad_norm = optimizer_->step(step_params_, step_grads_, record.lr, std::sqrt(totals[0]));
   if (zero_ == 1 || zero_ == 2) allgather_params();  // ZeRO-3: for each task
-  record.step = step + 1;
-  record.loss = totals[1];
   return record;
 }
 
@@ -1199,9 +1222,10 @@ void StageRunner::save_checkpoint(int64_t step_done) {
   if (ec) throw SystemError("cannot create " + (dir / folder).string() + ": " + ec.message());
   std::vector<std::pair<std::string, const Tensor*>> tensors;
   for (const auto& [name, t] : checkpoint_tensors()) tensors.emplace_back(name, t);
-  const nlohmann::json meta = {{"stage", setup_.role.stage}, {"replica", setup_.role.replica},
+  nlohmann::json meta = {{"stage", setup_.role.stage}, {"replica", setup_.role.replica},
                                {"tp_rank", setup_.role.tp_rank}, {"rank", world_.rank()},
                                {"optimizer_steps", optimizer_->steps_taken()}};
+  scaler_.save(meta);
   write_checkpoint_file(dir / folder / shard_name(world_.rank()), step_done, meta, tensors, backend_);
   world_.barrier();  // every shard is on disk before the manifest names them
   if (world_.rank() == 0) {
@@ -1254,6 +1278,7 @@ int64_t StageRunner::restore() {
     backend_.copy(it->second, *t);
   }
   optimizer_->restore(ck.meta.value("optimizer_steps", int64_t{0}), std::move(state));
+  scaler_.load(ck.meta);
   return m.step;
 }
 

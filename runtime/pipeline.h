@@ -38,6 +38,10 @@ struct RunOptions {
   // run there. Messages and all-reduces stay on the host for now: boundary values and gradient buckets are copied
   // to the host around each MPI call when the backend's memory is not the host's.
   Backend* backend = nullptr;
+  // Dynamic loss scaling (--precision fp16; runtime/loss_scale.h): the loss stage seeds its backward with the scale,
+  // every rank unscales, and a step with an inf/NaN gradient on any rank is skipped on every rank (the flag rides
+  // the step's world all-reduce), the scale backing off alike everywhere.
+  LossScaleOptions loss_scale;
   void validate() const;          // InvalidArgument naming the flag
 };
 

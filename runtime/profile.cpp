@@ -44,7 +44,7 @@ void ProfileOptions::validate() const {
   checked_integer(repeats, 1, 1000000, "--repeats");
   checked_number(min_seconds, 0, 3600, "--min-time (seconds)");
   checked_integer(ranks_per_node, 1, kMaxRanksPerNode, "--ranks-per-node");
-  if (ranks_per_node > 1 && backend && backend != &cpu_backend())
+  if (ranks_per_node > 1 && backend && backend->kind() != BackendKind::kCpu)
     throw InvalidArgument("--ranks-per-node " + std::to_string(ranks_per_node) +
                           ": twins share a CPU's cores; on a GPU each rank has its own device (use 1)");
 }
@@ -205,7 +205,7 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
   result.ranks_per_node = options.ranks_per_node;
 
   Backend& backend = options.backend ? *options.backend : cpu_backend();
-  const bool on_cpu = &backend == &cpu_backend();
+  const bool on_cpu = backend.kind() == BackendKind::kCpu;
   const std::string device = !options.device.empty() ? options.device : on_cpu ? "cpu" : std::string(backend_name(backend.kind()));
   result.backend = backend.describe();
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -46,6 +47,7 @@ void TrainOptions::validate() const {
   if (schedule.kind == LrScheduleKind::kConstant && schedule.warmup_steps > 0)
     throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
   optimizer.validate();
+  if (loss_scale.enabled) loss_scale.validate();
 }
 
 namespace {
@@ -209,6 +211,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   TrainingGraphOptions tg_options;
   tg_options.loss = options.loss;
   tg_options.import = import;
+  if (options.loss_scale.enabled) tg_options.loss_seed_input = kLossScaleInput;
   const TrainingGraph tg = build_training_graph(forward, tg_options);
   forward.Clear();
   ImportOptions exec_import;
@@ -238,11 +241,12 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
 
   DataOptions data_options = options.data;
   data_options.seed = options.seed;
-  const auto inputs = classify_inputs(executor.model().graph);
+  const auto inputs = classify_inputs(executor.model().graph, {tg.loss_seed_input});  // the seed is fed below, not data
   std::unique_ptr<DataSource> data = make_data_source(data_options, inputs);
   result.data_description = data->describe();
 
   ParamOptimizer optimizer(options.optimizer, names, backend);
+  LossScaler scaler(options.loss_scale);
   LrSchedule schedule = options.schedule;
   schedule.total_steps = options.steps;
 
@@ -274,7 +278,9 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
       if (at == names.end() || t.shape() != params[static_cast<size_t>(at - names.begin())]->shape())
         throw InvalidArgument(where + ": optimizer state '" + name + "' does not fit the model");
     }
-    optimizer.restore(ck.step, std::move(state));
+    // Skipped steps (loss scaling) do not count as the optimizer's: Adam's t is its own count.
+    optimizer.restore(ck.meta.value("optimizer_steps", ck.step), std::move(state));
+    scaler.load(ck.meta);
     step = ck.step;
   }
   result.first_step = step;
@@ -291,7 +297,9 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
                            {"batch", options.batch},
                            {"seed", options.seed},
                            {"data", options.data.spec},
-                           {"steps", options.steps}};
+                           {"steps", options.steps},
+                           {"optimizer_steps", optimizer.steps_taken()}};
+    scaler.save(meta);
     write_checkpoint(options.checkpoint_dir, at_step, meta, tensors, backend);
   };
   result.setup_seconds = seconds_since(setup_start);
@@ -300,18 +308,31 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   optimizer.prepare(params);  // the state now, not from blocks step 1's copies return to the backend's pool
   const auto run_start = Clock::now();
   std::vector<Tensor*> grads(params.size());
+  std::vector<int64_t> seed_shape;  // the loss's: the seed input's
+  if (scaler.enabled()) seed_shape = executor.model().graph.value(*executor.model().graph.find_value(tg.loss_seed_input)).shape;
   for (; step < options.steps; ++step) {
     const auto step_start = Clock::now();
-    const std::map<std::string, Tensor> batch = data->batch(step);
+    std::map<std::string, Tensor> batch = data->batch(step);
+    if (scaler.enabled()) batch[tg.loss_seed_input] = scaler.seed(seed_shape);
     NamedTensors outputs = executor.run(batch, RandomKey{options.seed, static_cast<uint64_t>(step), 0});
     const double loss = backend.to_host(output_named(outputs, tg.loss_output)).scalar_as_double();
-    if (!std::isfinite(loss))
+    if (!std::isfinite(loss) && !scaler.enabled())
       throw Infeasible("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                        "; lower --lr or set --clip-grad-norm");
     for (size_t i = 0; i < params.size(); ++i) grads[i] = const_cast<Tensor*>(&output_named(outputs, tg.gradients[i].second));
     const double lr = schedule.lr_at(step, options.optimizer.lr);
     StepRecord record;
-    record.grad_norm = optimizer.step(params, grads, lr);
+    if (scaler.enabled()) {
+      // Loss scaling: the gradients are the scaled loss's; one with an inf/NaN skips the step (and backs the scale off).
+      record.loss_scale = scaler.scale();
+      const std::vector<const Tensor*> checked(grads.begin(), grads.end());
+      const bool overflow = !std::isfinite(loss) || !backend.all_finite(checked);
+      record.skipped = !scaler.update(overflow);
+      if (!record.skipped)
+        for (Tensor* g : grads) backend.scale(*g, 1.0 / record.loss_scale);
+    }
+    if (record.skipped) record.grad_norm = std::numeric_limits<double>::infinity();
+    else record.grad_norm = optimizer.step(params, grads, lr);
     for (const auto& [init, out] : tg.state_updates) {  // BatchNorm running statistics
       Tensor* target = executor.param(init);
       const Tensor& value = output_named(outputs, out);

@@ -12,6 +12,7 @@
 #include "runtime/backend.h"
 #include "runtime/data.h"
 #include "runtime/half_precision.h"
+#include "runtime/loss_scale.h"
 #include "runtime/optimizer.h"
 
 namespace onnx {
@@ -41,6 +42,9 @@ struct TrainOptions {
   // Where tensors live and kernels run (not owned; nullptr: the CPU backend). On a device backend params, gradients
   // and optimizer state stay there; the loss comes back each step, the weights only for checkpoints and --save-model.
   Backend* backend = nullptr;
+  // Dynamic loss scaling (on under --precision fp16): the backward runs on the loss times the scale, gradients are
+  // unscaled before the step, and a step with an inf/NaN gradient is skipped (runtime/loss_scale.h).
+  LossScaleOptions loss_scale;
   // Told once, before the first step, what import learnt that the user should know (constant_params_note).
   std::function<void(const std::string&)> on_note;
   void validate() const;          // InvalidArgument naming the flag
@@ -53,6 +57,8 @@ struct StepRecord {
   double grad_norm = 0;     // global L2 norm before clipping
   double seconds = 0;       // wall time of the step: data, forward + backward, optimizer
   double samples_per_s = 0;
+  double loss_scale = 0;    // the scale this step's backward ran at (0: no loss scaling)
+  bool skipped = false;     // an inf/NaN gradient under loss scaling: no update, the scale backed off
 };
 
 struct TrainResult {

@@ -1,14 +1,28 @@
-// MatMul (numpy semantics: batched, broadcast, 1-D promotion) and Gemm, over cblas_sgemm/dgemm.
+// MatMul (numpy semantics: batched, broadcast, 1-D promotion) and Gemm, over cblas_sgemm/dgemm. Under mixed
+// precision (Backend::gemm_operands) float32 operands are rounded to bfloat16/float16 first, as a GPU's are.
+#include "runtime/backend.h"
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/families.h"
+#include "runtime/half_precision.h"
 
 namespace apart::cpu {
 namespace {
 
+// Input i as the GEMM reads it: itself, or its values rounded to the backend's 16-bit operand type (`keep` holds
+// the rounded copy for the kernel's duration).
+const Tensor& gemm_operand(KernelContext& ctx, size_t i, Tensor& keep) {
+  const Tensor& x = ctx.input(i);
+  const DType operands = ctx.backend().gemm_operands();
+  if (x.dtype() != DType::kFloat32 || operands == DType::kFloat32) return x;
+  keep = rounded_through(x, operands);
+  return keep;
+}
+
 void matmul_k(KernelContext& ctx) {
-  const Tensor& a = ctx.input(0);
-  const Tensor& b = ctx.input(1);
+  Tensor a_rounded, b_rounded;
+  const Tensor& a = gemm_operand(ctx, 0, a_rounded);
+  const Tensor& b = gemm_operand(ctx, 1, b_rounded);
   if (a.dtype() != b.dtype()) ctx.invalid("operand dtypes differ");
   if (a.rank() == 0 || b.rank() == 0) ctx.invalid("MatMul operands must have rank >= 1");
   std::vector<int64_t> as = a.shape(), bs = b.shape();
@@ -50,8 +64,9 @@ void matmul_k(KernelContext& ctx) {
 }
 
 void gemm_k(KernelContext& ctx) {
-  const Tensor& a = ctx.input(0);
-  const Tensor& b = ctx.input(1);
+  Tensor a_rounded, b_rounded;  // C (the bias) stays float32, as cuBLASLt's epilogue reads it
+  const Tensor& a = gemm_operand(ctx, 0, a_rounded);
+  const Tensor& b = gemm_operand(ctx, 1, b_rounded);
   if (a.rank() != 2 || b.rank() != 2) ctx.invalid("Gemm operands must be 2-D");
   const bool ta = ctx.attr_int("transA", 0) != 0, tb = ctx.attr_int("transB", 0) != 0;
   const int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);

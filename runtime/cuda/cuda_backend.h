@@ -45,6 +45,7 @@ class CudaBackend final : public Backend {
 
   int device() const { return options_.device; }
   Precision precision() const { return options_.precision; }
+  DType gemm_operands() const override { return gemm_operand_dtype(options_); }  // bf16 or fp16 under mixed
   cudaStream_t compute_stream() const { return compute_; }
   cudaStream_t comm_stream() const { return comm_; }
   cublasLtHandle_t cublaslt() const { return cublaslt_; }

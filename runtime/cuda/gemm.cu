@@ -1,9 +1,10 @@
 // MatMul (ONNX/numpy semantics) and Gemm on the GPU through cuBLASLt: row-major products as cuBLASLt's column-major
 // ones (gemm_plan.h), batches as strided-batched launches, Gemm's row-vector C as the bias epilogue. The precision is
 // the backend's: fp32 (pedantic: no reduced-precision shortcut, even under NVIDIA_TF32_OVERRIDE), tf32 (tensor cores
-// on float operands), mixed (operands rounded to bf16 in scratch, fp32 accumulation and output). float32 only: other
+// on float operands), mixed (operands rounded to bf16, or fp16 under --precision fp16, in scratch, fp32 accumulation and output). float32 only: other
 // dtypes are Unsupported, for the CPU kernel to run.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cublasLt.h>
 
@@ -33,6 +34,12 @@ int grid_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + kThre
 __global__ void to_bf16_kernel(const float* in, __nv_bfloat16* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     out[i] = __float2bfloat16_rn(in[i]);
+}
+
+// float16 operands (--precision fp16): to nearest even, ±inf past 65504, as the CPU's rounded_through.
+__global__ void to_fp16_kernel(const float* in, __half* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = __float2half_rn(in[i]);
 }
 
 // y[i, j] = factor · c[i·row_stride + j·col_stride] over [rows, cols] (Gemm's C broadcast into Y).
@@ -73,7 +80,7 @@ struct LtCall {
   const void* a = nullptr;
   const void* b = nullptr;
   float* d = nullptr;
-  bool bf16_operands = false;
+  cudaDataType_t operand_type = CUDA_R_32F;  // CUDA_R_16BF / CUDA_R_16F under mixed precision
   float alpha = 1, beta = 0;
   const float* bias = nullptr;  // length shape.m (our n): CUBLASLT_EPILOGUE_BIAS
 };
@@ -101,7 +108,7 @@ bool run_lt(CudaBackend& backend, const LtCall& call, bool may_refuse) {
   const cublasComputeType_t compute = precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                       : precision == Precision::kMixed ? CUBLAS_COMPUTE_32F
                                                                        : CUBLAS_COMPUTE_32F_PEDANTIC;
-  const cudaDataType_t operand_type = call.bf16_operands ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t operand_type = call.operand_type;
   MatmulDesc op;
   APART_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.handle, compute, CUDA_R_32F));
   const cublasOperation_t trans_a = call.shape.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -125,7 +132,7 @@ bool run_lt(CudaBackend& backend, const LtCall& call, bool may_refuse) {
 
   GemmKey key;
   key.device = backend.device();
-  key.precision = static_cast<int32_t>(precision);
+  key.precision = static_cast<int32_t>(precision) | static_cast<int32_t>(call.operand_type) << 8;  // bf16 vs fp16 operands
   key.epilogue = call.bias ? 1 : 0;
   key.trans_a = call.shape.trans_a;
   key.trans_b = call.shape.trans_b;
@@ -191,31 +198,33 @@ bool run_lt(CudaBackend& backend, const LtCall& call, bool may_refuse) {
   return true;
 }
 
-// The GEMM operands as cuBLASLt reads them: the float32 tensors themselves, or (mixed precision) bf16 copies of both
-// in one scratch block.
+// The GEMM operands as cuBLASLt reads them: the float32 tensors themselves, or (mixed precision) bf16 or fp16
+// copies of both in one scratch block (Backend::gemm_operands).
 struct Operands {
   const std::byte* a = nullptr;
   const std::byte* b = nullptr;
-  bool bf16 = false;
+  cudaDataType_t type = CUDA_R_32F;
   int64_t element_bytes = 4;
 };
+// One operand converted into `to` on the compute stream.
+void convert_operand(CudaBackend& backend, const Tensor& x, DType half, std::byte* to) {
+  if (x.elements() == 0) return;
+  if (half == DType::kFloat16)
+    to_fp16_kernel<<<grid_for(x.elements()), kThreads, 0, backend.compute_stream()>>>(
+        x.data<float>(), reinterpret_cast<__half*>(to), x.elements());
+  else
+    to_bf16_kernel<<<grid_for(x.elements()), kThreads, 0, backend.compute_stream()>>>(
+        x.data<float>(), reinterpret_cast<__nv_bfloat16*>(to), x.elements());
+  APART_CUDA_CHECK(cudaGetLastError());
+}
 Operands gemm_operands(CudaBackend& backend, const Tensor& a, const Tensor& b) {
-  if (backend.precision() != Precision::kMixed) return {a.raw(), b.raw(), false, 4};
+  const DType half = backend.gemm_operands();
+  if (half == DType::kFloat32) return {a.raw(), b.raw(), CUDA_R_32F, 4};
   const int64_t a_bytes = (a.elements() * 2 + 255) / 256 * 256;
   auto* scratch = static_cast<std::byte*>(backend.scratch(a_bytes + b.elements() * 2));
-  auto* a16 = reinterpret_cast<__nv_bfloat16*>(scratch);
-  auto* b16 = reinterpret_cast<__nv_bfloat16*>(scratch + a_bytes);
-  if (a.elements() > 0) {
-    to_bf16_kernel<<<grid_for(a.elements()), kThreads, 0, backend.compute_stream()>>>(a.data<float>(), a16,
-                                                                                     a.elements());
-    APART_CUDA_CHECK(cudaGetLastError());
-  }
-  if (b.elements() > 0) {
-    to_bf16_kernel<<<grid_for(b.elements()), kThreads, 0, backend.compute_stream()>>>(b.data<float>(), b16,
-                                                                                     b.elements());
-    APART_CUDA_CHECK(cudaGetLastError());
-  }
-  return {scratch, scratch + a_bytes, true, 2};
+  convert_operand(backend, a, half, scratch);
+  convert_operand(backend, b, half, scratch + a_bytes);
+  return {scratch, scratch + a_bytes, half == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF, 2};
 }
 
 // float32 device operands, else Unsupported (float64 and integers run on the CPU kernel).
@@ -263,7 +272,7 @@ void matmul_k(KernelContext& ctx) {
       call.a = ops.b + (l.b_offset + first * plan.b_stride) * ops.element_bytes;
       call.b = ops.a + (l.a_offset + first * plan.a_stride) * ops.element_bytes;
       call.d = y.data<float>() + (static_cast<int64_t>(launch) * plan.batch_count + first) * y_matrix;
-      call.bf16_operands = ops.bf16;
+      call.operand_type = ops.type;
       run_lt(backend, call, false);
     }
   }
@@ -311,7 +320,7 @@ void gemm_k(KernelContext& ctx) {
   call.a = ops.b;
   call.b = ops.a;
   call.d = y.data<float>();
-  call.bf16_operands = ops.bf16;
+  call.operand_type = ops.type;
   call.alpha = alpha;
   // C a row vector (one value per column of Y) and beta 1: the bias epilogue, no pass over Y.
   const bool row_vector = c && c->elements() == n && c_strides[0] == 0 && (c_strides[1] == 1 || n == 1);

@@ -53,8 +53,15 @@ TEST(ABackendName, ParsesBackAndRefusesUnknownNamesListingTheKnownOnes) {
   }
 }
 
-TEST(MakeBackend, OfCudaIsUnsupportedWithoutCudaOrAGpuAndOfTheCpuPointsAtCpuBackend) {
-  EXPECT_THROW(make_backend(BackendKind::kCpu), InvalidArgument);
+TEST(MakeBackend, OfTheCpuRoundsGemmOperandsOnlyUnderMixedPrecision) {
+  EXPECT_EQ(make_backend(BackendKind::kCpu)->gemm_operands(), DType::kFloat32);
+  EXPECT_EQ(make_backend(BackendKind::kCpu, {0, Precision::kTf32})->gemm_operands(), DType::kFloat32);
+  EXPECT_EQ(make_backend(BackendKind::kCpu, {0, Precision::kMixed})->gemm_operands(), DType::kBFloat16);
+  EXPECT_EQ(make_backend(BackendKind::kCpu, {0, Precision::kMixed, HalfFormat::kFp16})->gemm_operands(), DType::kFloat16);
+  EXPECT_EQ(cpu_backend().gemm_operands(), DType::kFloat32);
+}
+
+TEST(MakeBackend, OfCudaIsUnsupportedWithoutCudaOrAGpu) {
   if (cuda_built() && cuda_device_count() > 0) GTEST_SKIP() << "this build has CUDA and sees a GPU";
   try {
     make_backend(BackendKind::kCuda);

@@ -14,6 +14,7 @@
 #include "graph/error.h"
 #include "graph/units.h"
 #include "plan/plan.h"
+#include "runtime/cuda/cuda_entry.h"
 #include "runtime/pipeline.h"
 
 namespace apart::cli {
@@ -35,6 +36,7 @@ struct RunArgs {
   bool trace_all_steps = false;
   bool in_process = false;
   double comm_timeout_s = 300;
+  std::string device_comm = "auto";  // --device-comm: auto (nccl on a GPU), nccl, host
   bool quiet = false;
 };
 
@@ -146,6 +148,18 @@ void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, i
   const std::unique_ptr<Backend> backend = make_backend(a.backend, local_rank);
   RunOptions o = options;
   o.backend = backend.get();
+  // Stage boundaries and bucket all-reduces over NCCL on the GPU's buffers (collective: every rank decides alike, by
+  // the same flags); the host path (MPI or threads) otherwise.
+  const bool nccl = a.device_comm == "nccl" || (a.device_comm == "auto" && backend && backend->kind() == BackendKind::kCuda);
+  std::unique_ptr<Communicator> device_world;
+  if (nccl) {
+    if (!backend || backend->kind() != BackendKind::kCuda)
+      throw InvalidArgument("--device-comm nccl moves GPU buffers: it needs --backend cuda");
+    CommOptions nccl_options;
+    nccl_options.timeout_s = a.comm_timeout_s;  // a dead peer aborts the communicator after this, naming the operation
+    device_world = cuda::make_nccl_communicator(comm, *backend, nccl_options);
+    o.device_world = device_world.get();
+  }
   const RunResult r = run_plan(o, comm, [&](const RunResult& run, const StepRecord& s) {
     if (run.reports && !a.quiet) report_step(run, comm.rank(), s);
   });
@@ -226,6 +240,11 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
   cmd->add_flag("--trace-all-steps", args->trace_all_steps, "With --trace: every step, not only the last");
   cmd->add_flag("--in-process", args->in_process, "Run every rank as a thread of this process (no mpirun; for small plans)");
   cmd->add_option("--comm-timeout", args->comm_timeout_s, "Seconds a rank waits for a message before the run fails")->capture_default_str();
+  cmd->add_option("--device-comm", args->device_comm,
+                  "Stage boundaries and gradient all-reduces: auto (NCCL under --backend cuda), nccl, or host (MPI or "
+                  "threads, through host buffers)")
+      ->check(CLI::IsMember({"auto", "nccl", "host"}))
+      ->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");
   cmd->callback([args, cmd] {
     args->optimizer_given = cmd->count("--optimizer") > 0;

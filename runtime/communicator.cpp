@@ -466,6 +466,13 @@ size_t Communicator::shard_length(const char* operation, size_t elements) const 
   return elements / ranks;
 }
 
+std::vector<Pending> Communicator::post_group(std::span<const SendPart> sends, std::span<const RecvPart> recvs) {
+  std::vector<Pending> requests;
+  for (const SendPart& s : sends) requests.push_back(send(s.data, s.peer, s.tag));
+  for (const RecvPart& r : recvs) requests.push_back(recv(r.data, r.peer, r.tag));
+  return requests;
+}
+
 Pending Communicator::reduce_scatter_sum(std::span<float> data) {
   shard_length("reduce_scatter_sum", data.size());
   return allreduce_sum(data);

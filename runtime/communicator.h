@@ -49,6 +49,19 @@ class Communicator {
   static constexpr int kMaxTag = 32767;
   virtual Pending send(std::span<const std::byte> data, int peer, int tag) = 0;
   virtual Pending recv(std::span<std::byte> data, int peer, int tag) = 0;
+  // Sends and receives posted as one group: a transport that runs its operations one after another and makes a send
+  // wait for its receive (NCCL: ncclGroupStart … ncclGroupEnd) runs them together, so that two ranks that each send
+  // to the other before receiving do not wait on each other (runtime/nccl_host.h group_stream_ops). The requests:
+  // the sends', then the receives', in order. The default posts each alone (MPI and in-process sends never wait).
+  struct SendPart {
+    std::span<const std::byte> data;
+    int peer = -1, tag = 0;
+  };
+  struct RecvPart {
+    std::span<std::byte> data;
+    int peer = -1, tag = 0;
+  };
+  virtual std::vector<Pending> post_group(std::span<const SendPart> sends, std::span<const RecvPart> recvs);
 
   // Non-blocking sum of `data` over every rank of this communicator, in place. Every rank calls the collectives
   // of a communicator in the same order with the same sizes. The result is bitwise the same on every rank.

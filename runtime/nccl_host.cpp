@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -200,6 +201,119 @@ size_t SelfMailbox::unmatched() const {
   for (const auto* queues : {&sends_, &recvs_})
     for (const auto& [tag, posted] : *queues) n += posted.size();
   return n;
+}
+
+std::vector<StreamItem> group_stream_ops(const std::vector<StreamOp>& ops) {
+  std::vector<StreamItem> items;
+  std::vector<size_t> deferred;  // sends waiting for the next receive
+  for (size_t i = 0; i < ops.size(); ++i) {
+    switch (ops[i].kind) {
+      case StreamOp::Kind::kSend: deferred.push_back(i); break;
+      case StreamOp::Kind::kRecv: {
+        StreamItem& group = items.emplace_back();
+        group.ops = std::move(deferred);
+        deferred.clear();
+        group.ops.push_back(i);
+        break;
+      }
+      case StreamOp::Kind::kCollective: items.push_back({{i}}); break;
+    }
+  }
+  if (!deferred.empty()) items.push_back({std::move(deferred)});
+  return items;
+}
+
+std::vector<int> stuck_ranks(const std::vector<std::vector<StreamOp>>& ops,
+                             const std::vector<std::vector<StreamItem>>& items,
+                             const std::map<int, std::vector<int>>& members) {
+  const size_t ranks = ops.size();
+  // Each op's partner: (rank, op index) of the matching receive/send, and each collective's position in its group.
+  struct Where {
+    int rank = -1;
+    size_t op = 0;
+  };
+  std::vector<std::vector<Where>> partner(ranks);
+  std::vector<std::vector<int64_t>> collective_index(ranks);
+  std::map<std::pair<int, int>, std::vector<size_t>> sends, recvs;  // (from, to) → ops in order
+  for (size_t r = 0; r < ranks; ++r) {
+    partner[r].resize(ops[r].size());
+    collective_index[r].assign(ops[r].size(), -1);
+    std::map<int, int64_t> posted;  // by group
+    for (size_t i = 0; i < ops[r].size(); ++i) {
+      const StreamOp& op = ops[r][i];
+      if (op.kind == StreamOp::Kind::kSend) sends[{static_cast<int>(r), op.peer}].push_back(i);
+      if (op.kind == StreamOp::Kind::kRecv) recvs[{op.peer, static_cast<int>(r)}].push_back(i);
+      if (op.kind == StreamOp::Kind::kCollective) collective_index[r][i] = posted[op.group]++;
+    }
+  }
+  for (const auto& [channel, sent] : sends) {
+    const std::vector<size_t>& received = recvs[channel];
+    for (size_t k = 0; k < std::min(sent.size(), received.size()); ++k) {
+      partner[static_cast<size_t>(channel.first)][sent[k]] = {channel.second, received[k]};
+      partner[static_cast<size_t>(channel.second)][received[k]] = {channel.first, sent[k]};
+    }
+  }
+  // Which item holds each op, each rank's current item, and the ops done.
+  std::vector<std::vector<size_t>> item_of(ranks);
+  for (size_t r = 0; r < ranks; ++r) {
+    item_of[r].assign(ops[r].size(), SIZE_MAX);
+    for (size_t k = 0; k < items[r].size(); ++k)
+      for (size_t i : items[r][k].ops) item_of[r][i] = k;
+  }
+  std::vector<size_t> current(ranks, 0);
+  std::vector<std::vector<bool>> done(ranks);
+  for (size_t r = 0; r < ranks; ++r) done[r].assign(ops[r].size(), false);
+  auto is_current = [&](int rank, size_t op) {
+    const size_t r = static_cast<size_t>(rank);
+    return current[r] < items[r].size() && item_of[r][op] == current[r];
+  };
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t r = 0; r < ranks; ++r) {
+      if (current[r] >= items[r].size()) continue;
+      for (size_t i : items[r][current[r]].ops) {
+        if (done[r][i]) continue;
+        const StreamOp& op = ops[r][i];
+        if (op.kind == StreamOp::Kind::kCollective) {
+          const auto it = members.find(op.group);
+          bool all_here = it != members.end();
+          std::vector<std::pair<size_t, size_t>> theirs;  // (member, its op) of this collective
+          for (int m : it != members.end() ? it->second : std::vector<int>{}) {
+            const size_t mr = static_cast<size_t>(m);
+            bool found = false;
+            if (current[mr] < items[mr].size())
+              for (size_t j : items[mr][current[mr]].ops)
+                if (ops[mr][j].kind == StreamOp::Kind::kCollective && ops[mr][j].group == op.group &&
+                    collective_index[mr][j] == collective_index[r][i]) {
+                  theirs.emplace_back(mr, j);
+                  found = true;
+                }
+            all_here = all_here && found;
+          }
+          if (!all_here) continue;
+          for (const auto& [mr, j] : theirs) done[mr][j] = true;
+          moved = true;
+          continue;
+        }
+        const Where p = partner[r][i];
+        if (p.rank < 0 || !is_current(p.rank, p.op)) continue;
+        done[r][i] = true;
+        done[static_cast<size_t>(p.rank)][p.op] = true;
+        moved = true;
+      }
+    }
+    for (size_t r = 0; r < ranks; ++r)
+      while (current[r] < items[r].size() &&
+             std::all_of(items[r][current[r]].ops.begin(), items[r][current[r]].ops.end(),
+                         [&](size_t i) { return done[r][i]; })) {
+        ++current[r];
+        moved = true;
+      }
+  }
+  std::vector<int> stuck;
+  for (size_t r = 0; r < ranks; ++r)
+    if (current[r] < items[r].size()) stuck.push_back(static_cast<int>(r));
+  return stuck;
 }
 
 }  // namespace apart::nccl

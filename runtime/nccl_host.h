@@ -128,4 +128,35 @@ class SelfMailbox {
   std::map<int, std::deque<Posted>> sends_, recvs_;  // by tag, in posting order
 };
 
+// --- Point-to-point on one serialized stream (apart run's stage boundaries over NCCL) ---
+
+// NCCL runs a rank's operations one after another on its communication stream, and a send waits for its receive
+// (rendezvous). Posted one at a time, two neighbours deadlock: in 1F1B's steady state stage s sends micro-batch k+1's
+// activation and then waits for k's gradient, while s+1 sends k's gradient and then waits for k+1's activation; each
+// send sits in front of the receive that would release the other. So apart run defers each send and posts it in one
+// group (ncclGroupStart … ncclGroupEnd) with the rank's next receive, as Megatron-LM's send_forward_recv_backward
+// pairs them; a collective (a bucket's all-reduce over the stage's replicas) keeps its place between groups.
+struct StreamOp {
+  enum class Kind : uint8_t { kSend, kRecv, kCollective };
+  Kind kind = Kind::kSend;
+  int peer = -1;   // kSend/kRecv: the other rank
+  int group = -1;  // kCollective: the communicator (every member posts its collectives in one order)
+};
+// One launch on the stream: a group of sends and receives, or one collective (indices into the rank's ops).
+struct StreamItem {
+  std::vector<size_t> ops;
+};
+// A rank's ops, in the order it reaches them, as stream items: each receive in one group with every send deferred
+// since the previous group (sends first); a collective alone, where it is (deferred sends stay deferred); the sends
+// after the last receive in one last group (the step's end posts them).
+std::vector<StreamItem> group_stream_ops(const std::vector<StreamOp>& ops);
+// The ranks that never finish when rank r runs items[r] (of ops[r]) in order on one stream, under rendezvous: the k-th
+// send from a to b matches b's k-th receive from a and moves only while both their items are current; a collective
+// of group g moves only while it is the current item of every member of g (members[g]; matched by order). A current
+// item ends when all its ops moved. Empty: every rank finishes (no deadlock). An unmatched send or receive, or a
+// collective a member never posts, leaves its ranks stuck too.
+std::vector<int> stuck_ranks(const std::vector<std::vector<StreamOp>>& ops,
+                             const std::vector<std::vector<StreamItem>>& items,
+                             const std::map<int, std::vector<int>>& members);
+
 }  // namespace apart::nccl

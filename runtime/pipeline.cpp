@@ -28,6 +28,7 @@
 #include "plan/plan.h"
 #include "profiler/collectives.h"
 #include "runtime/checkpoint.h"
+#include "runtime/device_messages.h"
 #include "runtime/half_precision.h"
 #include "runtime/executor.h"
 #include "runtime/run_trace.h"
@@ -264,6 +265,14 @@ size_t unpack(const BoundaryValue& v, const std::byte* at, Tensor& t, int64_t fi
   return used;
 }
 
+// Where samples `samples` of `v` lie in a tensor holding the samples from `first`: byte runs (device_messages.h).
+std::vector<ByteRun> slice_runs(const BoundaryValue& v, int64_t first, const SampleRange& samples) {
+  if (v.batch_axis < 0) return {{0, v.bytes()}};
+  const Strided s = strides_of(v);
+  return row_runs(s.outer, v.shape[static_cast<size_t>(v.batch_axis)], (samples.begin - first) * v.rows_per_sample,
+                  (samples.end - samples.begin) * v.rows_per_sample, s.row_bytes);
+}
+
 // Rows [begin, end) along axis 0 of a batch-first data tensor.
 Tensor batch_rows(const Tensor& t, int64_t begin, int64_t end) {
   std::vector<int64_t> shape = t.shape();
@@ -339,10 +348,14 @@ struct Frame {
 struct Bucket {
   std::vector<size_t> params;
   Tensor flat;  // float32, host memory (the collectives run on the host), counted in tensor_memory()
+  // The backend whose memory holds `flat` when the bucket is reduced there (over RunOptions::device_world); null: the
+  // host.
+  Backend* device = nullptr;
   float* values() { return flat.data<float>(); }
   std::span<float> span() { return flat.span<float>(); }
   void hold(int64_t elements) {  // zeroed when fresh; the padding stays zero through every collective
-    if (flat.elements() != elements || !flat.defined()) flat = Tensor(DType::kFloat32, {elements});
+    if (flat.elements() != elements || !flat.defined())
+      flat = device ? device->empty(DType::kFloat32, {elements}) : Tensor(DType::kFloat32, {elements});
   }
   size_t ready = 0;
   Pending reduction;
@@ -374,6 +387,9 @@ class StageRunner {
   Tensor* param_tensor(const std::string& name) const;
   size_t send(const Action& a);  // bytes sent
   size_t recv(const Action& a);  // bytes received
+  // The same over options_.device_world: packed and unpacked on the backend, sends grouped with the next receive.
+  size_t send_on_device(const Action& a);
+  size_t recv_on_device(const Action& a);
   void finish_allreduce();
   // ZeRO-2/3: waits for bucket b's reduce-scatter of one micro-batch, adds this replica's shard into the pieces it
   // steps and frees the bucket's buffer.
@@ -448,6 +464,10 @@ class StageRunner {
   std::deque<size_t> reducing_;           // ZeRO-2/3: buckets whose reduce-scatter is in flight, oldest first
   std::vector<std::pair<uint32_t, size_t>> production_order_;  // (producer position in the backward, param)
   std::unique_ptr<Communicator> replicas_;  // this stage's replicas (nullptr with one)
+  // Over options_.device_world (NCCL): the replicas again, for the bucket all-reduce on device buffers (without
+  // ZeRO), and the stage boundaries' messages (not in interleaved plans). Null on the host path.
+  std::unique_ptr<Communicator> device_replicas_;
+  std::unique_ptr<DeviceMessages> device_messages_;
   // This replica's TP group (nullptr without TP): the shards' collectives run over it.
   std::unique_ptr<Communicator> tp_group_;
   // The params this rank holds a slice of (codegen/tensor_parallel_shard.h), by name.
@@ -703,11 +723,13 @@ void StageRunner::build_buckets_and_optimizer() {
     bucket_of_[i] = *current;
     filled[*current] += static_cast<double>(param_elements_[i]) * 4;  // float32
   }
-  for (Bucket& b : buckets_)
-    if (zero_ < 2 || !b.sharded) b.hold(flat_length(b));  // ZeRO-2/3 hold their sharded buckets only while they reduce
+  for (Bucket& b : buckets_) {
+    if (device_replicas_ && zero_ == 0) b.device = &backend_;  // reduced over NCCL where the gradients are
+    if (zero_ < 2 || !b.sharded) b.hold(flat_length(b));
+  }  // ZeRO-2/3 hold their sharded buckets only while they reduce
   // The accumulators of the buckets held through the step live in them (no second copy of the gradients) where
   // the backend's memory is the host's, which the collectives run on.
-  grads_in_buckets_ = backend_.host_memory();
+  grads_in_buckets_ = backend_.host_memory() || (device_replicas_ && zero_ == 0);
   if (grads_in_buckets_)
     for (Bucket& b : buckets_)
       for (size_t p : b.flat.defined() ? b.params : std::vector<size_t>{})
@@ -772,6 +794,12 @@ void StageRunner::build_communicators() {
   const int s = setup_.role.stage;
   replicas_ = world_.split(s * setup_.tp + setup_.role.tp_rank, setup_.role.replica);  // one group per TP rank
   if (replicas_ && replicas_->size() == 1) replicas_.reset();
+  if (options_.device_world) {  // the same split over NCCL, collective in the same order on every rank
+    device_replicas_ = options_.device_world->split(s * setup_.tp + setup_.role.tp_rank, setup_.role.replica);
+    if (!replicas_) device_replicas_.reset();
+    if (plan_.training.schedule != Schedule::kInterleaved)
+      device_messages_ = std::make_unique<DeviceMessages>(*options_.device_world, backend_);
+  }
 
   // Which stages read each param, from the plan's task lists on the whole model.
   std::map<std::string, std::set<int>> holders;
@@ -874,7 +902,7 @@ bool StageRunner::accumulate_gradient(const std::string& name, const Tensor& val
   for (size_t p : grads_in_buckets_ ? std::vector<size_t>{} : b.params)  // the collectives run on host buffers (MPI)
     backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.values() + bucket_at_[p]), grads_[p].bytes());
   b.reduction = b.sharded ? replicas_->reduce_scatter_sum(b.span())  // ZeRO-1
-                          : replicas_->allreduce_sum(b.span());
+                          : (b.device ? *device_replicas_ : *replicas_).allreduce_sum(b.span());
   for (Bucket& other : buckets_)
     if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
   return true;
@@ -949,6 +977,7 @@ void StageRunner::backward_weight(int64_t k, int64_t step) {
 }
 
 size_t StageRunner::send(const Action& a) {
+  if (device_messages_) return send_on_device(a);
   Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
   const SampleRange mine = my_samples();
   std::vector<std::byte> message;
@@ -971,6 +1000,7 @@ size_t StageRunner::send(const Action& a) {
 }
 
 size_t StageRunner::recv(const Action& a) {
+  if (device_messages_) return recv_on_device(a);
   Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
   const SampleRange mine = my_samples();
   const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
@@ -1000,6 +1030,54 @@ size_t StageRunner::recv(const Action& a) {
     at += unpack(v, message.data() + at, t, mine.begin, a.samples, true);
   }
   return bytes;
+}
+
+size_t StageRunner::send_on_device(const Action& a) {
+  Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
+  const SampleRange mine = my_samples();
+  const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
+  int64_t bytes = 0;
+  for (const std::string& name : names) bytes += boundary(name).slice_bytes(a.samples);
+  Tensor message = device_messages_->buffer(bytes);  // zeros: a gradient no param or output depends on stays zero
+  int64_t at = 0;
+  for (const std::string& name : names) {
+    const BoundaryValue& v = boundary(name);
+    const auto grad = frame.input_grads.find(name);
+    const Tensor* t = !a.gradient ? &frame.outputs.at(name) : grad != frame.input_grads.end() ? &grad->second : nullptr;
+    if (!t) {
+      at += v.slice_bytes(a.samples);
+      continue;
+    }
+    const Tensor on_backend = t->on_host() ? backend_.to_device(*t) : *t;  // a host-memory backend: itself
+    at = device_messages_->pack(on_backend, slice_runs(v, mine.begin, a.samples), message, at);
+  }
+  device_messages_->send(std::move(message), a.peer, action_tag(a, plan_));
+  return static_cast<size_t>(bytes);
+}
+
+size_t StageRunner::recv_on_device(const Action& a) {
+  Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
+  const SampleRange mine = my_samples();
+  const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
+  int64_t bytes = 0;
+  for (const std::string& name : names) bytes += boundary(name).slice_bytes(a.samples);
+  Tensor message = device_messages_->buffer(bytes);
+  device_messages_->recv(message, a.peer, action_tag(a, plan_));
+  int64_t at = 0;
+  for (const std::string& name : names) {
+    const BoundaryValue& v = boundary(name);
+    std::string grad_input;  // a gradient: the sum of what each reader sends back (recv above says so)
+    for (const auto& [output, input] : graphs_.output_gradient_inputs)
+      if (output == name) grad_input = input;
+    if (a.gradient && grad_input.empty()) {
+      at += v.slice_bytes(a.samples);
+      continue;
+    }
+    Tensor& t = a.gradient ? frame.output_grads[grad_input] : frame.inputs[name];
+    if (!t.defined()) t = backend_.empty(v.dtype, v.shape);
+    at = device_messages_->unpack(message, at, slice_runs(v, mine.begin, a.samples), t, a.gradient);
+  }
+  return static_cast<size_t>(bytes);
 }
 
 void StageRunner::finish_allreduce() {
@@ -1335,6 +1413,7 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
         case ActionKind::kRecv: bytes = recv(a); break;
         case ActionKind::kAllReduce: finish_allreduce(); break;
         case ActionKind::kStep:
+          if (device_messages_) device_messages_->finish();  // the deferred sends, then every send
           for (auto& [buffer, request] : sends_) request->wait();
           sends_.clear();
           finish_allreduce();  // a stage without kAllReduce has none in flight; harmless

@@ -35,9 +35,15 @@ struct RunOptions {
   std::string trace;              // world rank 0 writes the measured timeline here (plan/trace.h's Chrome trace)
   bool trace_all_steps = false;   // every step in the trace, not only the last
   // This rank's backend (not owned; nullptr: the CPU backend): its executors, accumulated gradients and optimizer
-  // run there. Messages and all-reduces stay on the host for now: boundary values and gradient buckets are copied
-  // to the host around each MPI call when the backend's memory is not the host's.
+  // run there. Without device_world messages and all-reduces stay on the host: boundary values and gradient buckets
+  // are copied to the host around each MPI call when the backend's memory is not the host's.
   Backend* backend = nullptr;
+  // A communicator over the same world that moves `backend`'s memory (NCCL, made with make_nccl_communicator; not
+  // owned; nullptr: none). With it the stage boundaries' messages are packed on the backend and sent over it (each
+  // send grouped with the next receive: runtime/device_messages.h), and without ZeRO the buckets' all-reduce runs
+  // over its split of the replicas on device buffers; everything else (ZeRO's collectives, tied params, the step's
+  // world all-reduce, checkpoints, --save-model, TP) stays on `world`. Not used for interleaved plans' messages.
+  Communicator* device_world = nullptr;
   // Dynamic loss scaling (--precision fp16; runtime/loss_scale.h): the loss stage seeds its backward with the scale,
   // every rank unscales, and a step with an inf/NaN gradient on any rank is skipped on every rank (the flag rides
   // the step's world all-reduce), the scale backing off alike everywhere.

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (issue 14): builds the gpu preset (or uses a bundle built on the CPU machine), then
-# on the GPU runs the tests/runtime/cuda suites, gpt-tiny `apart train` on cuda vs cpu, the GPT-layers benchmark,
-# and the measured per-op GPU profile vs the h200-141gb analytic preset; a summary at the end. Every part has its
+# on the GPU runs the tests/runtime/cuda suites, gpt-tiny `apart train` on cuda vs cpu (fp32, and fp16 with loss
+# scaling), gpt-tiny `apart run` with NCCL (one rank) vs the CPU backend, the GPT-layers benchmark, and the measured
+# per-op GPU profile vs the h200-141gb analytic preset; a summary at the end. Every part has its
 # own timeout, so one hang does not eat the device budget. All output goes to stdout and under $OUT (the device
 # tool's folder; else --out, default out/gpu_check): gpu_check.log (everything), summary.txt, tests.log,
-# train.log, bench.log, measured.json and analytic.json (7 files: the device tool returns at most 8).
+# train.log (apart train and apart run), bench.log, measured.json and analytic.json (7 files: the device tool returns
+# at most 8).
 #
 #   scripts/gpu_check.sh                 on the GPU machine: everything (fails fast with "no GPU" where none is)
 #   scripts/gpu_check.sh --build-only    configure + build only; exit 0 without a GPU
@@ -16,7 +18,7 @@
 # Device run (15 minutes of device time in all; this script needs about 8): run it once with
 #   carry [".gpu_bundle"], command "scripts/gpu_check.sh", timeout_s 560
 # leaving time for a rerun. Limits (seconds) may be overridden: GPU_CHECK_BUILD_S, _TESTS_S, _TRAIN_S, _BENCH_S,
-# _PROFILE_S; the training tolerance with GPU_CHECK_TRAIN_TOL (max relative loss difference, default 1e-3).
+# _RUN_S, _PROFILE_S; the training tolerance with GPU_CHECK_TRAIN_TOL (max relative loss difference, default 1e-3).
 set -uo pipefail
 
 mode=full
@@ -44,6 +46,7 @@ tee_pid=$!
 build_s="${GPU_CHECK_BUILD_S:-300}"
 tests_s="${GPU_CHECK_TESTS_S:-150}"
 train_s="${GPU_CHECK_TRAIN_S:-90}"
+run_s="${GPU_CHECK_RUN_S:-90}"
 bench_s="${GPU_CHECK_BENCH_S:-150}"
 profile_s="${GPU_CHECK_PROFILE_S:-150}"
 train_tol="${GPU_CHECK_TRAIN_TOL:-1e-3}"
@@ -169,27 +172,31 @@ else
   else note "cuda tests" ok $((SECONDS - t0)) "${#suites[@]} suites; skipped lines: $skipped"; fi
 fi
 
-# --- 2. gpt-tiny: apart train on cuda vs cpu, 5 steps, same seed ---
-t0=$SECONDS
-train_flags=(models/gpt-tiny.onnx --steps 5 --batch 8 --seed 1)
-"$bin/apart" train --help 2>/dev/null | grep -q -- '--precision' && train_flags+=(--precision fp32)
-echo "== apart train ${train_flags[*]} --backend cpu|cuda (tolerance: max relative loss difference $train_tol) =="
-timeout "$train_s" "$bin/apart" train "${train_flags[@]}" --backend cpu >"$out_dir/train_cpu.log" 2>&1
-cpu_rc=$?
-timeout "$train_s" "$bin/apart" train "${train_flags[@]}" --backend cuda >"$out_dir/train_cuda.log" 2>&1
-cuda_rc=$?
-{ echo "--- cpu (rc $cpu_rc)"; cat "$out_dir/train_cpu.log"; echo "--- cuda (rc $cuda_rc)"; cat "$out_dir/train_cuda.log"; } \
-  >"$out_dir/train.log"
-rm -f "$out_dir/train_cpu.log" "$out_dir/train_cuda.log"
-cat "$out_dir/train.log"
-if ((cpu_rc || cuda_rc)); then
-  note "gpt-tiny train cuda vs cpu" FAIL $((SECONDS - t0)) "apart train exited cpu=$cpu_rc cuda=$cuda_rc"
-else
-  verdict="$(python3 - "$out_dir/train.log" "$train_tol" <<'PY'
+# --- 2. gpt-tiny on cuda vs cpu, 5 steps, same seed: apart train (fp32; fp16 with loss scaling) and apart run
+# over NCCL (a one-rank plan: NCCL's init and the device path; one GPU cannot hold two NCCL ranks, so the multi-rank
+# grouping and all-reduce stay covered by the CPU tests: runtime_comm_tests, runtime_pipeline_device_tests) ---
+# compare_losses NAME LIMIT_S -- COMMAND...: runs COMMAND with --backend cpu and with --backend cuda (plus any
+# cuda-only flags in $cuda_extra), appends both logs to train.log, and notes the largest relative loss difference.
+compare_losses() {
+  local name="$1" limit="$2"; shift 3
+  local t0=$SECONDS
+  echo "== $name: $* --backend cpu|cuda ${cuda_extra[*]} (tolerance: max relative loss difference $train_tol) =="
+  timeout "$limit" "$@" --backend cpu >"$out_dir/cmp_cpu.log" 2>&1
+  local cpu_rc=$?
+  timeout "$limit" "$@" --backend cuda "${cuda_extra[@]}" >"$out_dir/cmp_cuda.log" 2>&1
+  local cuda_rc=$?
+  { echo "=== $name"; echo "--- cpu (rc $cpu_rc)"; cat "$out_dir/cmp_cpu.log"; echo "--- cuda (rc $cuda_rc)"; cat "$out_dir/cmp_cuda.log"; } \
+    >"$out_dir/cmp.log"
+  cat "$out_dir/cmp.log" | tee -a "$out_dir/train.log"
+  if ((cpu_rc || cuda_rc)); then
+    note "$name" FAIL $((SECONDS - t0)) "exited cpu=$cpu_rc cuda=$cuda_rc"
+  else
+    local verdict last
+    verdict="$(python3 - "$out_dir/cmp.log" "$train_tol" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 cpu_part, cuda_part = text.split("--- cuda", 1)
-losses = lambda s: [float(x) for x in re.findall(r"^step=\d+ loss=([-+0-9.eE]+)", s, re.M)]
+losses = lambda s: [float(x) for x in re.findall(r"^(?:\[[^]]*\] )?step=\d+ loss=([-+0-9.eE]+)", s, re.M)]
 cpu, cuda = losses(cpu_part), losses(cuda_part)
 if not cpu or len(cpu) != len(cuda):
     print(f"FAIL step lines: cpu {len(cpu)}, cuda {len(cuda)}"); sys.exit()
@@ -199,9 +206,40 @@ print("cuda " + " ".join(f"{x:.6f}" for x in cuda))
 print(("ok" if rel <= float(sys.argv[2]) else "FAIL") + f" max relative difference {rel:.3e} (tolerance {sys.argv[2]})")
 PY
 )"
-  echo "$verdict" | tee -a "$out_dir/train.log"
-  last="$(echo "$verdict" | tail -1)"
-  note "gpt-tiny train cuda vs cpu" "${last%% *}" $((SECONDS - t0)) "${last#* }"
+    echo "$verdict" | tee -a "$out_dir/train.log"
+    last="$(echo "$verdict" | tail -1)"
+    note "$name" "${last%% *}" $((SECONDS - t0)) "${last#* }"
+  fi
+  rm -f "$out_dir/cmp_cpu.log" "$out_dir/cmp_cuda.log" "$out_dir/cmp.log"
+}
+: >"$out_dir/train.log"
+train_flags=(models/gpt-tiny.onnx --steps 5 --batch 8 --seed 1)
+"$bin/apart" train --help 2>/dev/null | grep -q -- '--precision' && train_flags+=(--precision fp32)
+cuda_extra=()
+compare_losses "gpt-tiny train cuda vs cpu" "$train_s" -- "$bin/apart" train "${train_flags[@]}"
+if "$bin/apart" train --help 2>/dev/null | grep -q -- '--loss-scale-init'; then
+  # fp16 operands on both (the CPU rounds them as cuBLASLt reads them), the loss scaled by 2^16 on both.
+  compare_losses "gpt-tiny train fp16 cuda vs cpu" "$train_s" -- "$bin/apart" train models/gpt-tiny.onnx --steps 5 \
+    --batch 8 --seed 1 --precision fp16
+fi
+if "$bin/apart" run --help 2>/dev/null | grep -q -- '--device-comm'; then
+  plan_dir="$(mktemp -d)/plan"
+  if timeout 60 "$bin/apart" partition models/gpt-tiny.onnx --device cpu --devices 1 --batch 8 --no-baselines -q \
+       -o "$plan_dir" >/dev/null 2>&1; then
+    # One rank: under mpirun when this apart has MPI and mpirun is here, else as a plain process (a one-device plan
+    # needs no launcher; the NCCL communicator's bootstrap is then the in-process one).
+    launcher=()
+    if command -v mpirun >/dev/null 2>&1 && "$bin/apart" run --help 2>/dev/null | grep -q -- '--in-process' &&
+       ldd "$bin/apart" | grep -q libmpi; then
+      launcher=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --timeout "$run_s" -np 1)
+    fi
+    cuda_extra=(--device-comm nccl)
+    compare_losses "gpt-tiny run nccl vs cpu" "$run_s" -- "${launcher[@]}" "$bin/apart" run "$plan_dir" --steps 5 \
+      --seed 1 --optimizer adamw --precision fp32
+    cuda_extra=()
+  else
+    note "gpt-tiny run nccl vs cpu" FAIL 0 "apart partition of the one-device plan failed"
+  fi
 fi
 
 # --- 3. GPT-3-1.3B-shaped layers: TFLOP/s and MFU next to cuBLASLt's best GEMM ---

@@ -325,6 +325,45 @@ Pending NcclCommunicator::recv(std::span<std::byte> data, int peer, int tag) {
   return std::make_unique<NcclRequest>(state_, std::move(completion), nullptr, 0, what);
 }
 
+std::vector<Pending> NcclCommunicator::post_group(std::span<const SendPart> sends, std::span<const RecvPart> recvs) {
+  std::string what = who() + ": a group of";
+  std::vector<Pending> self;  // to self: paired by the mailbox, outside the group
+  for (const SendPart& s : sends) {
+    check_peer_and_tag("send to", s.peer, s.tag);
+    what += " send to " + std::to_string(s.peer) + " (" + std::to_string(s.data.size()) + " bytes)";
+    require_device_memory(s.data.data(), s.data.size(), state_->device, what);
+  }
+  for (const RecvPart& r : recvs) {
+    check_peer_and_tag("recv from", r.peer, r.tag);
+    what += " recv from " + std::to_string(r.peer) + " (" + std::to_string(r.data.size()) + " bytes)";
+    require_device_memory(r.data.data(), r.data.size(), state_->device, what);
+  }
+  DeviceScope scope(state_->device);
+  size_t others = 0;
+  for (const SendPart& s : sends) others += s.peer != rank() ? 1 : 0;
+  for (const RecvPart& r : recvs) others += r.peer != rank() ? 1 : 0;
+  std::shared_ptr<Completion> completion;
+  if (others > 0)
+    completion = enqueue(state_, backend_.compute_stream(), compute_done_, what, [&] {
+      APART_NCCL_CHECK(ncclGroupStart());
+      for (const SendPart& s : sends)
+        if (s.peer != rank())
+          APART_NCCL_CHECK(ncclSend(s.data.data(), s.data.size(), ncclUint8, s.peer, state_->comm, state_->stream));
+      for (const RecvPart& r : recvs)
+        if (r.peer != rank())
+          APART_NCCL_CHECK(ncclRecv(r.data.data(), r.data.size(), ncclUint8, r.peer, state_->comm, state_->stream));
+      APART_NCCL_CHECK(ncclGroupEnd());
+    });
+  std::vector<Pending> requests;
+  for (const SendPart& s : sends)
+    requests.push_back(s.peer == rank() ? post_self(true, const_cast<std::byte*>(s.data.data()), s.data.size(), s.tag, what)
+                                        : std::make_unique<NcclRequest>(state_, completion, nullptr, 0, what));
+  for (const RecvPart& r : recvs)
+    requests.push_back(r.peer == rank() ? post_self(false, r.data.data(), r.data.size(), r.tag, what)
+                                        : std::make_unique<NcclRequest>(state_, completion, nullptr, 0, what));
+  return requests;
+}
+
 Pending NcclCommunicator::post_self(bool is_send, std::byte* data, size_t bytes, int tag, const std::string& what) {
   state_->throw_if_aborted(what);
   const uint64_t id = next_self_id_++;

@@ -43,6 +43,9 @@ class NcclCommunicator final : public Communicator {
   int size() const override;
   Pending send(std::span<const std::byte> data, int peer, int tag) override;
   Pending recv(std::span<std::byte> data, int peer, int tag) override;
+  // One ncclGroupStart … ncclGroupEnd around every send and receive to another rank (one event completes them all);
+  // those to self go through the mailbox, as send/recv post them.
+  std::vector<Pending> post_group(std::span<const SendPart> sends, std::span<const RecvPart> recvs) override;
   Pending allreduce_sum(std::span<float> data) override;
   Pending allreduce_sum(std::span<double> data) override;
   Pending reduce_scatter_sum(std::span<float> data) override;  // ncclReduceScatter / ncclAllGather, in place

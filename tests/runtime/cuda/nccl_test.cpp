@@ -86,6 +86,19 @@ TEST_F(ANcclCommunicator, DeliversSendsToSelfMatchedByTag) {
   EXPECT_EQ(std::memcmp(got_second.data(), second_host.raw(), got_second.size()), 0);
 }
 
+// apart run's grouped posting (DeviceMessages): a group of sends and a receive, here all to self on one GPU.
+TEST_F(ANcclCommunicator, DeliversAGroupOfSendsAndAReceive) {
+  auto [first, first_host] = random_floats(1025, 3);
+  Tensor into = backend_->empty(DType::kFloat32, {1025});
+  const Communicator::SendPart send{device_bytes(first), 0, 9};
+  const Communicator::RecvPart recv{device_bytes(into), 0, 9};
+  std::vector<Pending> requests = nccl_->post_group(std::span(&send, 1), std::span(&recv, 1));
+  ASSERT_EQ(requests.size(), 2u);
+  for (Pending& p : requests) p->wait();
+  const auto got = bytes_of(into);
+  EXPECT_EQ(std::memcmp(got.data(), first_host.raw(), got.size()), 0);
+}
+
 TEST_F(ANcclCommunicator, RefusesASelfMessageOfTheWrongSizeOnBothSides) {
   Tensor small = backend_->empty(DType::kFloat32, {8});
   Tensor large = backend_->empty(DType::kFloat32, {16});

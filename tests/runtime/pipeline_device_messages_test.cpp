@@ -1,0 +1,81 @@
+// apart run with a device communicator (RunOptions::device_world, what NCCL is under --backend cuda), proven on the
+// CPU: every rank on a device in host memory (host_device_backend.h) and a second in-process communicator that moves
+// its buffers. The stage boundaries are packed and unpacked on the device and each send is grouped with the next
+// receive, the buckets are all-reduced on device buffers; the run must be bitwise the host path's, with fewer copies
+// to the host.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/pipeline.h"
+#include "tests/runtime/host_device_backend.h"
+#include "tests/runtime/pipeline_fixture.h"
+
+namespace apart::testing {
+namespace {
+
+struct DeviceRun {
+  std::vector<double> losses;
+  Weights weights;
+  int64_t to_host_copies = 0;
+};
+
+// The plan's ranks on threads, each on its own host-memory device; `device_messages`: with a device world.
+DeviceRun run_on_devices(const fs::path& plan, int64_t steps, const fs::path& dir, bool device_messages) {
+  const int world = plan_world(plan);
+  RunOptions o = run_options_like_reference(plan, steps, Optimizer::kAdamW, 1e-3);
+  fs::create_directories(dir);
+  o.save_model = (dir / "run.onnx").string();
+  std::vector<std::unique_ptr<HostDeviceBackend>> devices;
+  for (int r = 0; r < world; ++r) devices.push_back(std::make_unique<HostDeviceBackend>());
+  auto device_worlds = make_in_process_communicators(world, CommOptions{60});
+  std::vector<RunResult> ranks(static_cast<size_t>(world));
+  const auto errors = run_ranks(world, CommOptions{60}, [&](int r, Communicator& comm) {
+    RunOptions mine = o;
+    mine.backend = devices[static_cast<size_t>(r)].get();
+    if (device_messages) mine.device_world = device_worlds[static_cast<size_t>(r)].get();
+    ranks[static_cast<size_t>(r)] = run_plan(mine, comm);
+  });
+  DeviceRun out;
+  for (int r = 0; r < world; ++r) EXPECT_EQ(error_message(errors[static_cast<size_t>(r)]), "") << "rank " << r;
+  if (errors[0]) return out;
+  for (const StepRecord& s : ranks[0].steps) out.losses.push_back(s.loss);
+  out.weights = read_weights(o.save_model);
+  for (const auto& d : devices) out.to_host_copies += d->to_host_copies;
+  return out;
+}
+
+void expect_device_messages_equal_host_path(const Shape& shape, const std::string& name) {
+  const fs::path dir = scratch("device_messages", name);
+  const fs::path plan = make_plan(gpt_tiny(), shape, 8, dir / "plan");
+  const DeviceRun host = run_on_devices(plan, 3, dir / "host", false);
+  const DeviceRun device = run_on_devices(plan, 3, dir / "device", true);
+  ASSERT_EQ(device.losses.size(), 3u) << name;
+  EXPECT_EQ(device.losses, host.losses) << name;
+  EXPECT_TRUE(bitwise_equal(device.weights, host.weights)) << name;
+  EXPECT_LT(device.to_host_copies, host.to_host_copies) << name << ": the messages still went through the host";
+}
+
+TEST(ApartRunWithADeviceCommunicator, TrainsBitwiseAsTheHostPathUnder1F1BWithReplicas) {
+  expect_device_messages_equal_host_path({{2, 1}, 2, Schedule::k1F1B, {}}, "1f1b_2_1");
+}
+
+TEST(ApartRunWithADeviceCommunicator, TrainsBitwiseAsTheHostPathThroughThreeStagesInSteadyState) {
+  expect_device_messages_equal_host_path({{1, 1, 1}, 4, Schedule::k1F1B, {}}, "1f1b_1_1_1");
+}
+
+TEST(ApartRunWithADeviceCommunicator, TrainsBitwiseAsTheHostPathUnderGPipeAndZbH1) {
+  expect_device_messages_equal_host_path({{1, 2}, 2, Schedule::kGPipe, {}}, "gpipe_1_2");
+  expect_device_messages_equal_host_path({{1, 1}, 2, Schedule::kZbH1, {}}, "zbh1_1_1");
+}
+
+TEST(ApartRunWithADeviceCommunicator, KeepsZeroOnTheHostAndStillTrainsBitwise) {
+  Shape shape{{2, 1}, 2, Schedule::k1F1B, {}};
+  shape.zero = 1;
+  expect_device_messages_equal_host_path(shape, "zero1_2_1");
+}
+
+}  // namespace
+}  // namespace apart::testing

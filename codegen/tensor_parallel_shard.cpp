@@ -140,6 +140,7 @@ class Sharder {
       import.require_external_data = false;
       import.constants_as_params = false;
       const ImportedModel m = import_model_bytes(stage.SerializeAsString(), {}, "stage", import);
+      batch_symbol_ = m.batch_dim.find('[') == std::string::npos ? m.batch_dim : std::string();
       for (const Value& v : m.graph.values())
         if (v.shape_known) {
           rank_of_[v.name] = static_cast<int>(v.shape.size());
@@ -150,18 +151,50 @@ class Sharder {
     }
   }
 
-  // Whether the stage holds the whole region; one cut by a stage boundary is noted and left whole.
+  // Whether the stage holds the whole region; one cut by a stage boundary is noted and left whole, and so is a
+  // vocabulary region the degree does not divide (or laid out otherwise than this pass cuts: noted with why).
   bool present(const TpShardRegion& r) {
+    if (r.role == TpRegionRole::kEmbedding) {
+      const auto p = producer_.find(r.end_value);
+      if (p == producer_.end()) return false;
+      const NodeProto& n = shard_.model.graph().node(p->second);
+      const auto table = initializer_.find(n.input_size() == 2 ? n.input(0) : std::string());
+      if (n.op_type() != "Gather" || !n.domain().empty() || attr_int(n, "axis", 0) != 0 || table == initializer_.end() ||
+          shard_.model.graph().initializer(table->second).dims_size() != 2)
+        return whole(r, "not a Gather of rows of a 2-D table");
+      return divides(r, sliced_.count(table->first) ? sliced_.at(table->first).shape[0]
+                                                      : shard_.model.graph().initializer(table->second).dims(0));
+    }
     size_t found = 0;
     for (const auto* list : {&r.column_tasks, &r.row_tasks})
       for (const std::string& n : *list) found += node_of_name_.count(n);
     if (found == 0) return false;
-    if (found == r.column_tasks.size() + r.row_tasks.size()) return true;
-    shard_.replicated.push_back(r.name);
-    return false;
+    if (found != r.column_tasks.size() + r.row_tasks.size()) return whole(r, "");
+    if (r.role != TpRegionRole::kLmHead) return true;
+    if (r.column_tasks.size() != 1 || !r.row_tasks.empty()) return whole(r, "not one column linear");
+    const NodeProto& head = shard_.model.graph().node(node_of_name_.at(r.column_tasks.front()));
+    const std::optional<WeightSource> w = weight_source(head);
+    if (!w) return whole(r, "its weight is neither a param nor a transposed one");
+    std::set<std::string> outputs;
+    for (const auto& o : shard_.model.graph().output()) outputs.insert(o.name());
+    const std::map<std::string, int> split(r.split_values.begin(), r.split_values.end());
+    for (const auto& [v, axis] : r.split_values) {
+      if (outputs.count(v)) return whole(r, "its logits are a stage output");
+      const auto readers = consumers_.find(v);
+      for (int k : readers == consumers_.end() ? std::vector<int>{} : readers->second) {
+        const NodeProto& reader = shard_.model.graph().node(k);
+        if ((reader.output_size() > 0 && split.count(reader.output(0))) || (v == r.end_value && parallel_loss(reader, v, axis)))
+          continue;
+        return whole(r, "its logits are read by " + quote(reader.name()) + ", not a SoftmaxCrossEntropyLoss the pass splits");
+      }
+    }
+    const std::string& table = shard_.model.graph().node(w->node).input(w->input);
+    return divides(r, sliced_.count(table) ? sliced_.at(table).shape[static_cast<size_t>(w->axis)]
+                                           : shard_.model.graph().initializer(initializer_.at(table)).dims(w->axis));
   }
 
   void shard(const TpShardRegion& r, size_t index) {
+    if (r.role == TpRegionRole::kEmbedding) return shard_embedding(r);
     std::map<std::string, int> split(r.split_values.begin(), r.split_values.end());
     onnx::GraphProto& g = *shard_.model.mutable_graph();
     auto node = [&](const std::string& name) -> NodeProto& { return *g.mutable_node(node_of_name_.at(name)); };
@@ -205,7 +238,11 @@ class Sharder {
       }
       for (int k : chain) pieces_of_node[k] = pieces;
       const bool trans_b = n.op_type() == "Gemm" && attr_int(n, "transB", 0) != 0;
-      slice_initializer(n, 1, trans_b ? 0 : 1, pieces, "column linear " + quote(c) + "'s weight");
+      const std::string weight = slice_weight(n, trans_b ? 0 : 1, pieces, "column linear " + quote(c) + "'s weight");
+      if (r.role == TpRegionRole::kLmHead) {
+        vocabulary_tables_.insert(weight);
+        handled_readers_.insert(node_of_name_.at(c));
+      }
       if (n.op_type() == "Gemm" && n.input_size() > 2 && !n.input(2).empty()) {
         const int bias_rank = rank_or(n.input(2), n);
         slice_initializer(n, 2, bias_rank - 1, pieces, "column linear " + quote(c) + "'s bias");
@@ -358,11 +395,180 @@ class Sharder {
     }
     for (const auto& [value, axis] : r.split_values) split_names_.insert(value);
     ++shard_.regions;
+    if (r.role == TpRegionRole::kLmHead) shard_logits_readers(r, split);
+  }
+
+  // --- Vocabulary regions (the header's third list) ------------------------------------------------------------------
+
+  // A region left whole, and why ("" for a stage boundary cutting it).
+  bool whole(const TpShardRegion& r, const std::string& why) {
+    shard_.replicated.push_back(why.empty() ? r.name : r.name + " (" + why + ")");
+    return false;
+  }
+  bool divides(const TpShardRegion& r, int64_t rows) {
+    if (rows % degree_ == 0) return true;
+    return whole(r, std::to_string(rows) + " vocabulary rows do not cut into " + std::to_string(degree_) + " equal parts");
+  }
+
+  // Where a linear's weight (input 1) is held: the initializer it reads (node: the linear, input 1) or the one a
+  // Transpose of it reads (node: the Transpose, input 0: a tied embedding table read as [H, V]), with the axis of that
+  // initializer that holds `out_axis` of the weight. nullopt for anything else.
+  struct WeightSource {
+    int node = 0, input = 0, axis = 0;
+  };
+  std::optional<WeightSource> weight_source(const NodeProto& n, int out_axis = -1) const {
+    const std::string& w = n.input(1);
+    const int linear = node_of_name_.at(n.name());
+    const bool trans_b = n.op_type() == "Gemm" && attr_int(n, "transB", 0) != 0;
+    if (out_axis < 0) out_axis = trans_b ? 0 : 1;  // the output columns
+    if (initializer_.count(w)) return WeightSource{linear, 1, out_axis};
+    const auto p = producer_.find(w);
+    if (p == producer_.end()) return std::nullopt;
+    const NodeProto& t = shard_.model.graph().node(p->second);
+    if (t.op_type() != "Transpose" || !t.domain().empty() || t.input_size() != 1 || !initializer_.count(t.input(0)) ||
+        shard_.model.graph().initializer(initializer_.at(t.input(0))).dims_size() != 2)
+      return std::nullopt;
+    std::vector<int64_t> perm{1, 0};  // the default: reversed
+    for (const auto& a : t.attribute())
+      if (a.name() == "perm") perm.assign(a.ints().begin(), a.ints().end());
+    if (perm.size() != 2 || out_axis > 1) return std::nullopt;
+    return WeightSource{p->second, 0, static_cast<int>(perm[static_cast<size_t>(out_axis)])};
+  }
+  // Cuts a linear's weight along its `axis` (a weight read through a Transpose: the table along the matching axis);
+  // returns the initializer cut.
+  std::string slice_weight(NodeProto& n, int axis, int64_t pieces, const std::string& what) {
+    const std::optional<WeightSource> w = initializer_.count(n.input(1)) ? std::nullopt : weight_source(n, axis);
+    if (!w) {
+      slice_initializer(n, 1, axis, pieces, what);
+      return n.input(1);
+    }
+    NodeProto& holder = *shard_.model.mutable_graph()->mutable_node(w->node);
+    slice_initializer(holder, w->input, w->axis, pieces, what);
+    split_names_.insert(holder.output(0));  // its declared whole shape goes
+    handled_readers_.insert(w->node);
+    return holder.input(w->input);
+  }
+
+  // Gather(table, ids) on this rank's rows [start, start + rows): ids outside them read row 0, zeroed by a mask; the
+  // ranks' rows summed by TpAllReduce into the Gather's output.
+  // Every Gather of the region's table in the stage is cut alike (T5 reads its shared table in the encoder and the
+  // decoder; the plan names one region for it).
+  void shard_embedding(const TpShardRegion& r) {
+    const onnx::GraphProto& g = shard_.model.graph();
+    const std::string table = g.node(producer_.at(r.end_value)).input(0);
+    vocabulary_tables_.insert(table);
+    for (int k : consumers_.at(table)) {
+      const NodeProto& n = g.node(k);
+      if (n.op_type() == "Gather" && n.domain().empty() && attr_int(n, "axis", 0) == 0 && n.input(0) == table &&
+          handled_readers_.insert(k).second)
+        shard_gather(r, k, n.output(0));
+    }
+    ++shard_.regions;
+  }
+  void shard_gather(const TpShardRegion& r, int k, const std::string out) {  // out: a copy (the node's output is renamed)
+    onnx::GraphProto& g = *shard_.model.mutable_graph();
+    NodeProto& n = *g.mutable_node(k);
+    const int32_t float_type = g.initializer(initializer_.at(n.input(0))).data_type();
+    slice_initializer(n, 0, 0, 1, "embedding " + quote(n.name()) + "'s table");
+    const int64_t vocab = sliced_.at(n.input(0)).shape[0];  // whole (a second Gather finds the table cut already)
+    const int64_t rows = vocab / degree_;
+    const std::string p = n.name() + "/tp_vocab";
+    *g.add_initializer() = int64_tensor(p + "_start", {rank_ * rows});
+    *g.add_initializer() = int64_tensor(p + "_rows", {rows});
+    *g.add_initializer() = int64_tensor(p + "_zero", {0});
+    auto make = [](const std::string& op, std::vector<std::string> inputs, const std::string& output) {
+      NodeProto m;
+      m.set_name(output);
+      m.set_op_type(op);
+      for (std::string& i : inputs) m.add_input(std::move(i));
+      m.add_output(output);
+      return m;
+    };
+    std::vector<NodeProto>& before = before_[k];
+    before.push_back(make("Cast", {n.input(1)}, p + "_ids"));
+    autodiff::set_attr(before.back(), "to", static_cast<int64_t>(TensorProto::INT64));
+    before.push_back(make("Sub", {p + "_ids", p + "_start"}, p + "_local"));
+    before.push_back(make("Less", {p + "_local", p + "_zero"}, p + "_below"));
+    before.push_back(make("Not", {p + "_below"}, p + "_from_start"));
+    before.push_back(make("Less", {p + "_local", p + "_rows"}, p + "_before_end"));
+    before.push_back(make("And", {p + "_from_start", p + "_before_end"}, p + "_mine"));
+    before.push_back(make("Where", {p + "_mine", p + "_local", p + "_zero"}, p + "_index"));
+    n.set_input(1, p + "_index");
+    n.set_output(0, p + "_read");
+    std::vector<NodeProto>& after = after_[k];
+    if (opset_ >= 13) {
+      *g.add_initializer() = int64_tensor(p + "_last_axis", {-1});
+      after.push_back(make("Unsqueeze", {p + "_mine", p + "_last_axis"}, p + "_mine_rows"));
+    } else {
+      after.push_back(make("Unsqueeze", {p + "_mine"}, p + "_mine_rows"));
+      autodiff::set_attr(after.back(), "axes", std::vector<int64_t>{-1});
+    }
+    after.push_back(make("Cast", {p + "_mine_rows"}, p + "_mask"));
+    autodiff::set_attr(after.back(), "to", static_cast<int64_t>(float_type));
+    after.push_back(make("Mul", {p + "_read", p + "_mask"}, p + "_masked"));
+    NodeProto reduce = make(kTpAllReduceOp, {p + "_masked"}, out);
+    reduce.set_name(r.name + "/" + kTpAllReduceOp + (out == r.end_value ? "" : "_" + n.name()));
+    reduce.set_domain(autodiff::kApartDomain);
+    after.push_back(reduce);
+    add_type(out, out, n);
+  }
+
+  // A vocabulary-split table must be read only where this pass cut its readers: a Gather left whole, or a linear the
+  // pass did not split, would read the wrong rows.
+  void check_vocabulary_readers() const {
+    const onnx::GraphProto& g = shard_.model.graph();
+    for (const std::string& table : vocabulary_tables_)
+      for (int k : consumers_.at(table))
+        if (!handled_readers_.count(k))
+          throw Unsupported("tensor parallelism: node " + quote(g.node(k).name()) + " (" + g.node(k).op_type() +
+                            ") reads the vocabulary-split table " + quote(table) +
+                            " as a whole; plan this stage with --tp 1");
+  }
+
+  // The LM head's logits read by the loss (present() checked that nothing else reads them): the vocabulary-parallel
+  // loss in its place.
+  void shard_logits_readers(const TpShardRegion& r, const std::map<std::string, int>& split) {
+    onnx::GraphProto& g = *shard_.model.mutable_graph();
+    const auto readers = consumers_.find(r.end_value);
+    for (int k : readers == consumers_.end() ? std::vector<int>{} : readers->second) {
+      NodeProto& loss = *g.mutable_node(k);
+      if (!split.count(loss.output(0))) split_loss(loss, r.end_value);
+    }
+  }
+  // Whether `loss` is a SoftmaxCrossEntropyLoss this pass splits over the vocabulary: of [N, V] scores split along
+  // V, without class weights, its log_prob output unread, every type it needs known.
+  bool parallel_loss(const NodeProto& loss, const std::string& scores, int axis) const {
+    return loss.op_type() == "SoftmaxCrossEntropyLoss" && loss.domain().empty() && loss.input(0) == scores && axis == 1 &&
+           rank_of_.count(scores) && rank_of_.at(scores) == 2 && (loss.input_size() < 3 || loss.input(2).empty()) &&
+           (loss.output_size() < 2 || loss.output(1).empty() || !consumers_.count(loss.output(1))) &&
+           known_type(loss.input(1)) && known_type(loss.output(0)) && known_type(scores) && shape_of_.count(scores) &&
+           shape_of_.count(loss.input(1)) && shape_of_.at(loss.input(1)).size() == 1 && !batch_symbol_.empty();
+  }
+  void split_loss(NodeProto& loss, const std::string& scores) {
+    const onnx::ValueInfoProto value = *known_type(loss.output(0));
+    const onnx::ValueInfoProto scores_type = *known_type(scores);
+    const int64_t columns = dim_of(scores, 1, loss) / degree_;
+    loss.set_op_type(kVocabParallelCrossEntropyOp);
+    loss.set_domain(autodiff::kApartDomain);
+    autodiff::set_attr(loss, kVocabStartAttr, rank_ * columns);
+    const std::string lse = loss.name() + "/tp_lse";
+    if (loss.output_size() > 1) loss.set_output(1, lse);
+    else loss.add_output(lse);
+    set_type(loss.output(0), value);
+    // lse: one value per row of the scores, [N] (a multiple of the batch: "K*batch", as stage files write it).
+    onnx::ValueInfoProto lse_type;
+    auto* tensor = lse_type.mutable_type()->mutable_tensor_type();
+    tensor->set_elem_type(scores_type.type().tensor_type().elem_type());
+    const int64_t rows_at_one = shape_of_.at(loss.input(1))[0];
+    tensor->mutable_shape()->add_dim()->set_dim_param(rows_at_one == 1 ? batch_symbol_
+                                                                       : std::to_string(rows_at_one) + "*" + batch_symbol_);
+    set_type(lse, lse_type);
   }
 
   TpShard finish() {
     onnx::GraphProto& g = *shard_.model.mutable_graph();
     if (shard_.regions == 0) return std::move(shard_);
+    check_vocabulary_readers();
     // The collectives in place: each TpCopy before the first linear reading it, each TpAllReduce after its row.
     google::protobuf::RepeatedPtrField<NodeProto> nodes;
     for (int k = 0; k < g.node_size(); ++k) {
@@ -501,7 +707,12 @@ class Sharder {
     const std::string& v = n.input(input);
     const auto it = initializer_.find(v);
     if (it == initializer_.end()) unsupported(n, what + " that is not an initializer of the stage (" + quote(v) + ")");
-    if (sliced_.count(v)) return;
+    if (const auto done = sliced_.find(v); done != sliced_.end()) {
+      if (done->second.axis != axis || done->second.pieces != pieces)
+        unsupported(n, what + " " + quote(v) + " cut along two axes (another reader cuts it along " +
+                           std::to_string(done->second.axis) + ")");
+      return;
+    }
     TensorProto& t = *shard_.model.mutable_graph()->mutable_initializer(it->second);
     if (axis < 0 || axis >= t.dims_size()) unsupported(n, what + " with no axis " + std::to_string(axis));
     TpShardedParam p{v, std::vector<int64_t>(t.dims().begin(), t.dims().end()), axis, pieces};
@@ -812,6 +1023,9 @@ class Sharder {
   std::map<std::string, std::vector<int>> consumers_;
   std::map<std::string, onnx::ValueInfoProto> types_;
   std::map<std::string, std::vector<int64_t>> shape_of_;  // the importer's, at batch 1
+  std::string batch_symbol_;                               // the stage's batch dim_param ("" when static)
+  std::set<std::string> vocabulary_tables_;  // params cut along the vocabulary …
+  std::set<int> handled_readers_;            // … and the nodes reading them that the pass cut (Gathers, LM heads)
   std::map<std::string, TpShardedParam> sliced_;
   std::map<int, std::vector<NodeProto>> before_, after_;
   std::vector<onnx::ValueInfoProto> added_types_;

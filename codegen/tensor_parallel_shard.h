@@ -17,8 +17,20 @@
 //   - ai.apart.TpAllReduce after the row linear: the partial sums all-reduced forward, identity backward (g).
 // A Dropout on a split value is renamed per rank ("<name>/tp_rank_<r>"), which gives it the rank's own random stream
 // (Megatron's model-parallel RNG); a Dropout on a replicated value draws the same mask on every rank.
-// Everything else (norms, residuals, embeddings, the LM head, the loss) is replicated: every rank computes it whole,
-// with the same values. Embedding and LM-head regions are left replicated here (no vocabulary split yet).
+// Everything else (norms, residuals, position embeddings) is replicated: every rank computes it whole, with the same
+// values.
+//
+// Vocabulary regions (Megatron's VocabParallelEmbedding and parallel cross-entropy), the vocabulary V cut into t
+// equal row ranges [r·V/t, (r+1)·V/t) (tp_shard_ranges with one piece):
+//   - an embedding Gather(table [V, H], ids) reads this rank's rows: ids outside its range are masked (index 0, row
+//     zeroed), then ai.apart.TpAllReduce sums the ranks' rows, so each id's row comes from the rank that holds it;
+//   - an LM head (a column linear whose weight is [H, V], or Transpose([V, H]) of a tied embedding table, or Gemm's
+//     transB [V, H]) keeps V/t output columns, its input read through TpCopy;
+//   - a SoftmaxCrossEntropyLoss of those logits ([N, V/t] per rank, no class weights, no log_prob output read)
+//     becomes ai.apart.VocabParallelCrossEntropy (row max and sum of exponentials over the group, the target logit
+//     from the rank holding it), whose backward needs no message; any other reader of the split logits reads them
+//     all-gathered. A tied table read by the embedding and the LM head in one stage is cut once.
+// A vocabulary the degree does not divide is left whole (TpShard::replicated says so, naming the rows).
 //
 // Under sequence parallelism (TpSequence::kSharded; Korthikanti et al., MLSys'23 §4.2.2) the values between regions
 // are cut along the sequence instead of replicated:
@@ -55,15 +67,25 @@ inline constexpr const char* kTpScatterOp = "TpScatter";              // part r 
 inline constexpr const char* kTpBackwardAttr = "backward";
 inline constexpr const char* kTpBackwardReduceScatter = "reduce_scatter";
 inline constexpr const char* kTpBackwardScatter = "scatter";
+// The vocabulary-parallel loss (docs/runtime.md): (scores [N, V/t], labels [N]) → (loss, lse [N]), attributes
+// vocab_start (this rank's first row), ignore_index, reduction; its gradient is the second op, (dloss, scores, labels,
+// lse) → dscores, with the same attributes.
+inline constexpr const char* kVocabParallelCrossEntropyOp = "VocabParallelCrossEntropy";
+inline constexpr const char* kVocabParallelCrossEntropyGradOp = "VocabParallelCrossEntropyGrad";
+inline constexpr const char* kVocabStartAttr = "vocab_start";
+
+// What a region is: linears (attention, MLP: column then row), or a vocabulary region.
+enum class TpRegionRole : uint8_t { kLinears, kEmbedding, kLmHead };
 
 // A region as plan.json lays it out (PlanTpRegion's shard fields), by node and value names.
 struct TpShardRegion {
+  TpRegionRole role = TpRegionRole::kLinears;
   std::string name;
   std::vector<std::string> column_tasks, row_tasks;
   std::vector<std::string> inputs;         // replicated values the column linears read
   std::vector<std::string> sliced_inputs;  // params/constants read sliced along the split axis
   std::vector<std::pair<std::string, int>> split_values;  // value → the axis each rank holds 1/t of
-  std::string end_value;                   // the row linear's output (a partial sum)
+  std::string end_value;  // the row linear's output (a partial sum); an embedding's Gather output; the LM head's logits
 };
 
 // A param the shard holds a slice of: its whole shape, the axis cut, and the pieces that axis is cut into first.
@@ -80,7 +102,8 @@ struct TpShard {
   int regions = 0;                     // regions split in this stage
   bool sequence_sharded = false;       // some values between regions are held in sequence parts (TpSequence)
   // Regions a stage boundary cuts (some of their linears in another stage): left whole, computed on every TP rank
-  // (the same values, no memory saved); the stage on the other side of the cut leaves its part whole too.
+  // (the same values, no memory saved); the stage on the other side of the cut leaves its part whole too. A vocabulary
+  // region the degree does not divide is listed here too, with its rows ("/wte (50257 rows)").
   std::vector<std::string> replicated;
 };
 

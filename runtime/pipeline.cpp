@@ -1450,8 +1450,10 @@ std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan) {
   std::vector<TpShardRegion> regions;
   if (!plan.tensor_parallel) return regions;
   for (const PlanTpRegion& r : plan.tensor_parallel->regions) {
-    if (r.kind != TpRegionKind::kAttention && r.kind != TpRegionKind::kMlp) continue;  // vocabulary splits: not yet
     TpShardRegion& region = regions.emplace_back();
+    region.role = r.kind == TpRegionKind::kEmbedding ? TpRegionRole::kEmbedding
+                  : r.kind == TpRegionKind::kLmHead  ? TpRegionRole::kLmHead
+                                                     : TpRegionRole::kLinears;
     region.name = r.name;
     region.column_tasks = r.column_tasks;
     region.row_tasks = r.row_tasks;

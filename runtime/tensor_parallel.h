@@ -9,7 +9,8 @@
 namespace apart {
 
 // The regions a tensor-parallel stage splits, as codegen's shard pass reads them: plan.json's attention and MLP
-// regions with their shard layout. Embeddings and LM heads stay replicated (no vocabulary split yet).
+// regions with their shard layout, and its vocabulary regions (the embedding by its Gather's output, the LM head by
+// its layout).
 std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan);
 
 }  // namespace apart

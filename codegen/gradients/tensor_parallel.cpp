@@ -43,6 +43,15 @@ void tp_reduce_scatter_rule(GradNode& n) { n.give(0, along_axis(n, kTpAllGatherO
 // every rank (its own backward a scatter).
 void tp_scatter_rule(GradNode& n) { n.give(0, along_axis(n, kTpAllGatherOp, kTpBackwardScatter)); }
 
+// ai.apart.VocabParallelCrossEntropy: d loss / d scores = (softmax − onehot) · the reduction's coefficient, on this
+// rank's columns only; the forward's lse (log Σ exp over the whole vocabulary) makes it local: no message.
+void vocab_parallel_cross_entropy_rule(GradNode& n) {
+  const std::string dx = n.e.fresh("vocab_parallel_ce_grad");
+  onnx::NodeProto& b = n.e.node(kVocabParallelCrossEntropyGradOp, {n.gy(0), n.x(0), n.x(1), n.y(1)}, {dx}, kApartDomain);
+  n.copy_attrs(b, {kVocabStartAttr, "ignore_index", "reduction"});
+  n.give(0, dx);
+}
+
 }  // namespace
 
 void register_tensor_parallel_rules() {
@@ -52,6 +61,7 @@ void register_tensor_parallel_rules() {
   r[std::string(kApartDomain) + "." + kTpAllGatherOp] = tp_allgather_rule;
   r[std::string(kApartDomain) + "." + kTpReduceScatterOp] = tp_reduce_scatter_rule;
   r[std::string(kApartDomain) + "." + kTpScatterOp] = tp_scatter_rule;
+  r[std::string(kApartDomain) + "." + kVocabParallelCrossEntropyOp] = vocab_parallel_cross_entropy_rule;
 }
 
 }  // namespace apart::autodiff

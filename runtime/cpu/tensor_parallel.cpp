@@ -1,5 +1,7 @@
 // The tensor-parallel collectives of a shard (codegen/tensor_parallel_shard.h) over the executor's TP group.
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "runtime/communicator.h"
 #include "runtime/cpu/families.h"
@@ -141,6 +143,132 @@ void tp_reduce_scatter_k(KernelContext& ctx) {
   }
 }
 
+// --- The vocabulary-parallel loss (Megatron's parallel cross-entropy) ---------------------------------------------
+
+// The shard pass's attribute (codegen/tensor_parallel_shard.h kVocabStartAttr): this rank's first vocabulary row.
+constexpr const char* kVocabStartAttrName = "vocab_start";
+
+// What the loss reads: scores [N, C] (this rank's columns [start, start + C) of the vocabulary), labels [N].
+struct VocabRows {
+  int64_t n = 0, columns = 0, start = 0;
+  std::vector<int64_t> labels;
+  std::vector<bool> counted;  // not ignore_index
+  double count = 0;           // rows counted
+  std::string reduction;
+};
+VocabRows vocab_rows(const KernelContext& ctx) {
+  const Tensor& scores = ctx.input(0);
+  const Tensor& labels = ctx.input(1);
+  if (scores.rank() != 2) ctx.invalid("scores must be [N, C]");
+  VocabRows v;
+  v.n = scores.dim(0);
+  v.columns = scores.dim(1);
+  v.start = ctx.attr_int(kVocabStartAttrName, 0);
+  v.reduction = ctx.attr_string("reduction", "mean");
+  if (v.reduction != "mean" && v.reduction != "sum" && v.reduction != "none") ctx.invalid("unknown reduction '" + v.reduction + "'");
+  if (labels.elements() != v.n) ctx.invalid("labels do not match the scores' N");
+  v.labels = labels.to_int64s();
+  const bool has_ignore = ctx.has_attr("ignore_index");
+  const int64_t ignore = ctx.attr_int("ignore_index", 0);
+  v.counted.assign(static_cast<size_t>(v.n), true);
+  for (int64_t i = 0; i < v.n; ++i) {
+    if (has_ignore && v.labels[static_cast<size_t>(i)] == ignore) v.counted[static_cast<size_t>(i)] = false;
+    else v.count += 1;
+  }
+  return v;
+}
+
+// ai.apart.VocabParallelCrossEntropy(scores, labels) → (loss, lse): each row's max all-gathered (a stabilizer: any
+// common value gives the same lse), Σ exp(z − max) and the target's logit (from the rank whose columns hold it, 0
+// elsewhere) summed over the group in one float64 all-reduce; lse = max + log Σ; loss_i = lse_i − z_target. Every rank
+// gets the same loss. Labels are checked against the whole vocabulary (C · degree).
+void vocab_parallel_cross_entropy_k(KernelContext& ctx) {
+  const Tensor& scores = ctx.input(0);
+  const VocabRows v = vocab_rows(ctx);
+  Communicator* group = ctx.tensor_parallel_group();
+  const int degree = group == nullptr ? 1 : group->size();
+  const int rank = group == nullptr ? 0 : group->rank();
+  const int64_t vocab = v.columns * degree;
+  for (int64_t i = 0; i < v.n; ++i)
+    if (v.counted[static_cast<size_t>(i)] && (v.labels[static_cast<size_t>(i)] < 0 || v.labels[static_cast<size_t>(i)] >= vocab))
+      ctx.invalid("label " + std::to_string(v.labels[static_cast<size_t>(i)]) + " is out of range for " + std::to_string(vocab) + " classes");
+  dispatch_float(ctx, scores.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* z = scores.data<T>();
+    std::vector<float> maxes(static_cast<size_t>(v.n * degree), -std::numeric_limits<float>::infinity());
+    float* mine = maxes.data() + rank * v.n;
+    for (int64_t i = 0; i < v.n; ++i)
+      for (int64_t c = 0; c < v.columns; ++c) mine[i] = std::max(mine[i], static_cast<float>(z[i * v.columns + c]));
+    if (degree > 1) group->allgather(std::span<float>(maxes))->wait();
+    std::vector<double> top(static_cast<size_t>(v.n), -std::numeric_limits<double>::infinity());
+    for (int r = 0; r < degree; ++r)
+      for (int64_t i = 0; i < v.n; ++i) top[static_cast<size_t>(i)] = std::max(top[static_cast<size_t>(i)], static_cast<double>(maxes[static_cast<size_t>(r * v.n + i)]));
+    std::vector<double> sums(static_cast<size_t>(2 * v.n), 0.0);  // [Σ exp(z − max) | the target's logit]
+    for (int64_t i = 0; i < v.n; ++i) {
+      double sum = 0;
+      for (int64_t c = 0; c < v.columns; ++c) sum += std::exp(static_cast<double>(z[i * v.columns + c]) - top[static_cast<size_t>(i)]);
+      sums[static_cast<size_t>(i)] = sum;
+      const int64_t local = v.labels[static_cast<size_t>(i)] - v.start;
+      if (v.counted[static_cast<size_t>(i)] && local >= 0 && local < v.columns)
+        sums[static_cast<size_t>(v.n + i)] = static_cast<double>(z[i * v.columns + local]);
+    }
+    if (degree > 1) group->allreduce_sum(std::span<double>(sums))->wait();
+    Tensor& lse = ctx.output(1, scores.dtype(), {v.n});
+    std::vector<double> loss(static_cast<size_t>(v.n), 0.0);
+    double total = 0;
+    for (int64_t i = 0; i < v.n; ++i) {
+      const double l = top[static_cast<size_t>(i)] + std::log(sums[static_cast<size_t>(i)]);
+      lse.data<T>()[i] = static_cast<T>(l);
+      if (!v.counted[static_cast<size_t>(i)]) continue;
+      loss[static_cast<size_t>(i)] = l - sums[static_cast<size_t>(v.n + i)];
+      total += loss[static_cast<size_t>(i)];
+    }
+    if (v.reduction == "none") {
+      Tensor& y = ctx.output(0, scores.dtype(), ctx.input(1).shape());
+      for (int64_t i = 0; i < v.n; ++i) y.data<T>()[i] = static_cast<T>(loss[static_cast<size_t>(i)]);
+    } else {
+      const double value = v.reduction == "sum" ? total : v.count == 0 ? std::numeric_limits<double>::quiet_NaN() : total / v.count;
+      ctx.output(0, scores.dtype(), {}).template data<T>()[0] = static_cast<T>(value);
+    }
+  });
+}
+
+// ai.apart.VocabParallelCrossEntropyGrad(dloss, scores, labels, lse) → dscores = (exp(z − lse) − [c is the target])
+// × dloss (÷ the rows counted under mean; per row under none), 0 on ignored rows. Local to this rank's columns.
+void vocab_parallel_cross_entropy_grad_k(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& scores = ctx.input(1);
+  const Tensor& lse = ctx.input(3);
+  const int64_t n = scores.dim(0), columns = scores.dim(1);
+  if (scores.rank() != 2 || lse.elements() != n || ctx.input(2).elements() != n) ctx.invalid("scores must be [N, C], labels and lse [N]");
+  const std::vector<int64_t> labels = ctx.input(2).to_int64s();
+  const bool has_ignore = ctx.has_attr("ignore_index");
+  const int64_t ignore = ctx.attr_int("ignore_index", 0);
+  const int64_t start = ctx.attr_int(kVocabStartAttrName, 0);
+  const std::string reduction = ctx.attr_string("reduction", "mean");
+  double count = 0;
+  for (int64_t t : labels) count += has_ignore && t == ignore ? 0 : 1;
+  dispatch_float(ctx, scores.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* z = scores.data<T>();
+    const T* l = lse.template data<T>();
+    const T* g = dy.template data<T>();
+    Tensor& dx = ctx.output(0, scores.dtype(), scores.shape());
+    T* out = dx.data<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = labels[static_cast<size_t>(i)];
+      if (has_ignore && t == ignore) continue;  // zeros
+      const double coefficient = reduction == "none" ? static_cast<double>(g[i])
+                                 : reduction == "sum" ? static_cast<double>(g[0])
+                                                      : static_cast<double>(g[0]) / count;
+      for (int64_t c = 0; c < columns; ++c) {
+        const double p = std::exp(static_cast<double>(z[i * columns + c]) - static_cast<double>(l[i]));
+        out[i * columns + c] = static_cast<T>((p - (c == t - start ? 1.0 : 0.0)) * coefficient);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void register_tensor_parallel_kernels() {
@@ -149,6 +277,8 @@ void register_tensor_parallel_kernels() {
   register_kernel("ai.apart.TpScatter", tp_scatter_k);
   register_kernel("ai.apart.TpAllGather", tp_allgather_k);
   register_kernel("ai.apart.TpReduceScatter", tp_reduce_scatter_k);
+  register_kernel("ai.apart.VocabParallelCrossEntropy", vocab_parallel_cross_entropy_k);
+  register_kernel("ai.apart.VocabParallelCrossEntropyGrad", vocab_parallel_cross_entropy_grad_k);
 }
 
 }  // namespace apart::cpu

@@ -67,7 +67,7 @@ TEST(AShard, HoldsHalfOfEachSplitLinearAndHalfTheHeads) {
   const PlanDocument plan = read_plan(tp_plan());
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
   const TpShard shard = shard_stage_for_tensor_parallel(stage, tp_shard_regions(plan), 2, 1);
-  EXPECT_EQ(shard.regions, 4);  // 2 attention, 2 MLP (embedding and LM head replicated)
+  EXPECT_EQ(shard.regions, 6);  // 2 attention, 2 MLP, the embedding and the LM head
   const onnx::ModelProto& m = shard.model;
   EXPECT_EQ(dims(initializer(m, "blocks.0.attn.qkv.weight")), (std::vector<int64_t>{64, 96}));
   EXPECT_EQ(dims(initializer(m, "blocks.0.attn.qkv.bias")), (std::vector<int64_t>{96}));
@@ -75,10 +75,12 @@ TEST(AShard, HoldsHalfOfEachSplitLinearAndHalfTheHeads) {
   EXPECT_EQ(dims(initializer(m, "blocks.0.attn.proj.bias")), (std::vector<int64_t>{64}));  // added after the all-reduce
   EXPECT_EQ(dims(initializer(m, "blocks.1.mlp.0.weight")), (std::vector<int64_t>{64, 128}));
   EXPECT_EQ(dims(initializer(m, "blocks.1.mlp.2.weight")), (std::vector<int64_t>{128, 64}));
-  EXPECT_EQ(dims(initializer(m, "wte.weight")), (std::vector<int64_t>{512, 64}));  // the vocabulary stays whole
-  // One f before each region's first linear, one g after each row linear.
-  EXPECT_EQ(count_ops(m, "ai.apart", kTpCopyOp), 4);
-  EXPECT_EQ(count_ops(m, "ai.apart", kTpAllReduceOp), 4);
+  EXPECT_EQ(dims(initializer(m, "wte.weight")), (std::vector<int64_t>{256, 64}));  // the tied table: half the rows
+  // One f before each region's first linear (the LM head's too), one g after each row linear and the embedding.
+  EXPECT_EQ(count_ops(m, "ai.apart", kTpCopyOp), 5);
+  EXPECT_EQ(count_ops(m, "ai.apart", kTpAllReduceOp), 5);
+  EXPECT_EQ(count_ops(m, "ai.apart", kVocabParallelCrossEntropyOp), 1);
+  EXPECT_EQ(count_ops(m, "", "SoftmaxCrossEntropyLoss"), 0);
   // The head count in every Reshape target into or out of heads: 2 heads of 32 → 1 per rank, 64 features → 32.
   for (const auto& node : m.graph().node()) {
     if (node.op_type() != "Reshape" || node.name().find("/attn/") == std::string::npos) continue;
@@ -88,7 +90,8 @@ TEST(AShard, HoldsHalfOfEachSplitLinearAndHalfTheHeads) {
     if (shape.size() == 4) EXPECT_EQ(shape[2], 1) << node.name();
     else EXPECT_EQ(shape.back(), 32) << node.name();
   }
-  ASSERT_EQ(shard.params.size(), 12u);  // per block: qkv weight + bias, proj weight, mlp.0 weight + bias, mlp.2 weight
+  // Per block: qkv weight + bias, proj weight, mlp.0 weight + bias, mlp.2 weight; and the embedding table.
+  ASSERT_EQ(shard.params.size(), 13u);
 }
 
 TEST(TwoShards, PutBackTogetherByTheirRangesAreTheWholeWeights) {
@@ -153,6 +156,14 @@ TEST(AShard, GivesADropoutOnSplitValuesItsRanksOwnStreamAndKeepsAReplicatedOnesN
   EXPECT_EQ(names[1], (std::vector<std::string>{"/blocks.0/attn/Softmax/Dropout/tp_rank_1", "/blocks.0/Add/Dropout"}));
 }
 
+// The attention and MLP regions of a plan, in order (without its vocabulary regions).
+std::vector<TpShardRegion> linear_regions(const PlanDocument& plan) {
+  std::vector<TpShardRegion> regions;
+  for (const TpShardRegion& r : tp_shard_regions(plan))
+    if (r.role == TpRegionRole::kLinears) regions.push_back(r);
+  return regions;
+}
+
 TEST(AShard, OfDegreeOneIsTheStageItself) {
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
   const TpShard shard = shard_stage_for_tensor_parallel(stage, tp_shard_regions(read_plan(tp_plan())), 1, 0);
@@ -162,7 +173,7 @@ TEST(AShard, OfDegreeOneIsTheStageItself) {
 
 TEST(AShard, LeavesARegionCutByAStageBoundaryWholeAndNamesIt) {
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
-  std::vector<TpShardRegion> cut = {tp_shard_regions(read_plan(tp_plan()))[0]};
+  std::vector<TpShardRegion> cut = {linear_regions(read_plan(tp_plan()))[0]};
   cut[0].row_tasks = {"/not/in/this/stage/MatMul"};
   const TpShard shard = shard_stage_for_tensor_parallel(stage, cut, 2, 0);
   EXPECT_EQ(shard.regions, 0);
@@ -173,7 +184,7 @@ TEST(AShard, LeavesARegionCutByAStageBoundaryWholeAndNamesIt) {
 
 TEST(AShard, RefusesALayoutThatNamesANonLinearOrAnAxisTheValueLacks) {
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
-  std::vector<TpShardRegion> regions = {tp_shard_regions(read_plan(tp_plan()))[1]};
+  std::vector<TpShardRegion> regions = {linear_regions(read_plan(tp_plan()))[1]};
   std::vector<TpShardRegion> not_linear = regions;
   not_linear[0].row_tasks = {"/blocks.0/ln2/Sqrt"};
   EXPECT_THROW(shard_stage_for_tensor_parallel(stage, not_linear, 2, 0), InvalidModel);
@@ -185,7 +196,7 @@ TEST(AShard, RefusesALayoutThatNamesANonLinearOrAnAxisTheValueLacks) {
 TEST(AShard, RefusesADegreeItsWidthsDoNotDivideAndARankOutsideIt) {
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
   std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(tp_plan()));
-  std::vector<TpShardRegion> odd = {regions[1]};  // an MLP: 64 features do not cut into 3 equal parts
+  std::vector<TpShardRegion> odd = {linear_regions(read_plan(tp_plan()))[1]};  // an MLP: 64 features do not cut into 3
   EXPECT_THROW(shard_stage_for_tensor_parallel(stage, odd, 3, 0), Error);
   EXPECT_THROW(shard_stage_for_tensor_parallel(stage, regions, 2, 2), InvalidArgument);
 }
@@ -213,13 +224,13 @@ std::string attr_string(const onnx::NodeProto& n, const std::string& name) {
 
 // gpt-tiny, one stage: the four regions' all-reduces become reduce-scatters along the sequence (axis 1 of [B, S, H]);
 // the first attention's input (the first norm, computed whole from the embeddings) keeps its TpCopy, the other three
-// region inputs are all-gathered with a reduce-scatter backward, and the final norm is all-gathered (scatter
-// backward) for the LM head, which runs replicated.
+// region inputs and the final norm (the vocabulary-split LM head's input) are all-gathered with a reduce-scatter
+// backward. The embedding's all-reduce stays one: its output is whole, cut by the first TpScatter.
 TEST(ASequenceParallelShard, ReduceScattersEveryRegionAndAllGathersTheRegionInputsItHoldsInParts) {
   const TpShard shard = sequence_parallel_shard(1);
   const onnx::ModelProto& m = shard.model;
   EXPECT_TRUE(shard.sequence_sharded);
-  EXPECT_EQ(count_ops(m, "ai.apart", kTpAllReduceOp), 0);
+  EXPECT_EQ(count_ops(m, "ai.apart", kTpAllReduceOp), 1);
   EXPECT_EQ(count_ops(m, "ai.apart", kTpReduceScatterOp), 4);
   int into_regions = 0, into_replicated = 0;
   for (const auto& n : m.graph().node()) {
@@ -230,13 +241,10 @@ TEST(ASequenceParallelShard, ReduceScattersEveryRegionAndAllGathersTheRegionInpu
     if (n.op_type() != kTpAllGatherOp) continue;
     const std::string backward = attr_string(n, kTpBackwardAttr);
     if (backward == kTpBackwardReduceScatter) ++into_regions;
-    if (backward == kTpBackwardScatter) {
-      ++into_replicated;
-      EXPECT_EQ(n.input(0), "/lnf/Add_1_output_0");  // the final norm, for the LM head
-    }
+    if (backward == kTpBackwardScatter) ++into_replicated;
   }
-  EXPECT_EQ(into_regions, 3);
-  EXPECT_EQ(into_replicated, 1);
+  EXPECT_EQ(into_regions, 4);
+  EXPECT_EQ(into_replicated, 0);
   // The embeddings' sum enters the first residual add as this rank's half (TpScatter), once.
   ASSERT_EQ(count_ops(m, "ai.apart", kTpScatterOp), 1);
   const onnx::NodeProto* add = producer(m, "/blocks.0/Add_output_0");
@@ -280,9 +288,9 @@ TEST(ASequenceParallelShard, ImportsWithHalfTheSequenceBetweenRegionsAndAllOfItI
   };
   EXPECT_EQ(shape("/blocks.0/attn/proj/Add_output_0"), (std::vector<int64_t>{2, 16, 64}));  // after the reduce-scatter
   EXPECT_EQ(shape("/blocks.1/ln2/Add_1_output_0"), (std::vector<int64_t>{2, 16, 64}));      // a norm on a part
-  EXPECT_EQ(shape("/blocks.1/ln2/Add_1_output_0/tp_copy_3"), (std::vector<int64_t>{2, 32, 64}));  // all-gathered
+  EXPECT_EQ(shape("/blocks.1/ln2/Add_1_output_0/tp_copy_4"), (std::vector<int64_t>{2, 32, 64}));  // all-gathered
   EXPECT_EQ(shape("/blocks.1/attn/Softmax_output_0"), (std::vector<int64_t>{2, 1, 32, 32}));  // 1 head, whole sequence
-  EXPECT_EQ(shape("/head/MatMul_output_0"), (std::vector<int64_t>{2, 32, 512}));  // the LM head, whole
+  EXPECT_EQ(shape("/head/MatMul_output_0"), (std::vector<int64_t>{2, 32, 256}));  // the LM head: half the vocabulary
   EXPECT_TRUE(shape("loss").empty());
 }
 
@@ -347,10 +355,13 @@ TEST(ASequenceParallelShard, RefusesASequenceTheDegreeDoesNotDivideNamingTheValu
 // encoder and a decoder): every region reduce-scatters, and only the first region of each stack (BERT's encoder;
 // T5's encoder and decoder) reads its input whole through TpCopy — every later region input is a part all-gathered,
 // so the norms and residual adds between regions all run on parts. T5's cross-attentions all-gather the encoder's
-// output (a part) as their second input.
+// output (a part) as their second input. The vocabulary-split LM head reads its input like a region: BERT's through
+// TpCopy (its head's transform runs whole, outside every region), T5's all-gathered; each embedding (BERT's word
+// embedding, T5's shared table read by the encoder and the decoder) ends in an all-reduce.
 struct ZooShard {
   const char* family;
   int regions, whole_inputs, gathered_inputs;
+  int embeddings;  // vocabulary-split embeddings (each all-reduced), besides the LM head (one more region)
 };
 
 class AZooShardUnderSequenceParallelism : public ::testing::TestWithParam<ZooShard> {};
@@ -370,8 +381,8 @@ TEST_P(AZooShardUnderSequenceParallelism, HoldsEveryValueBetweenRegionsInParts) 
   const onnx::ModelProto stage = testing::read_proto(dir / "plan" / "stage_0.onnx");
   const TpShard shard = shard_stage_for_tensor_parallel(stage, tp_shard_regions(read_plan(dir / "plan")), 2, 0,
                                                         TpWeights::kCut, TpSequence::kSharded);
-  EXPECT_EQ(shard.regions, z.regions);
-  EXPECT_EQ(count_ops(shard.model, "ai.apart", kTpAllReduceOp), 0);
+  EXPECT_EQ(shard.regions, z.regions + z.embeddings + 1);
+  EXPECT_EQ(count_ops(shard.model, "ai.apart", kTpAllReduceOp), z.embeddings);
   EXPECT_EQ(count_ops(shard.model, "ai.apart", kTpReduceScatterOp), z.regions);
   int whole = 0, gathered = 0;
   for (const auto& n : shard.model.graph().node()) {
@@ -387,7 +398,7 @@ TEST_P(AZooShardUnderSequenceParallelism, HoldsEveryValueBetweenRegionsInParts) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, AZooShardUnderSequenceParallelism,
-                         ::testing::Values(ZooShard{"bert", 4, 1, 3}, ZooShard{"t5", 10, 2, 10}),
+                         ::testing::Values(ZooShard{"bert", 4, 2, 3, 1}, ZooShard{"t5", 10, 2, 11, 2}),
                          [](const ::testing::TestParamInfo<ZooShard>& info) { return std::string(info.param.family); });
 
 // The GPT-2 small torch export in ../shared/models (graph only: its weights are absent), planned TP 2 × PP 2: each
@@ -416,6 +427,7 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
     import.constants_as_params = false;
     const ImportedModel whole = import_model_bytes(stage.SerializeAsString(), dir, "stage", import);
     for (const TpShardRegion& region : regions) {
+      if (region.role != TpRegionRole::kLinears) continue;  // 50257 vocabulary rows do not cut in two: left whole
       for (const auto& [value, axis] : region.split_values)
         if (const auto id = whole.graph.find_value(value))
           split[value] = {axis, whole.graph.value(*id).shape[static_cast<size_t>(axis)]};
@@ -423,7 +435,11 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
     }
     for (int rank = 0; rank < 2; ++rank) {
       const TpShard shard = shard_stage_for_tensor_parallel(stage, regions, 2, rank, TpWeights::kShapesOnly, sequence);
-      EXPECT_TRUE(shard.replicated.empty()) << "stage " << k;
+      // Only vocabulary regions are left whole, each saying why: 50257 rows do not cut in two, and the export's
+      // logits are its output (it has no loss).
+      for (const std::string& whole_region : shard.replicated)
+        EXPECT_TRUE(whole_region.find(" (50257 vocabulary rows do not cut into 2 equal parts)") != std::string::npos ||
+                    whole_region == "/head (its logits are a stage output)") << whole_region;
       EXPECT_EQ(shard.sequence_sharded, sequence == TpSequence::kSharded) << "stage " << k;
       if (rank == 0) regions_split += shard.regions;
       const ImportedModel m = import_model_bytes(shard.model.SerializeAsString(), dir, "shard", import);

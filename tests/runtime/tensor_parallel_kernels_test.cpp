@@ -3,6 +3,7 @@
 // [3, 6, 9] tensor, float32 and float64, against the same cut written out index by index.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <string>
@@ -182,6 +183,88 @@ TEST(ATensorParallelKernel, RefusesAnAxisTheGroupDoesNotDivideNamingTheNode) {
   } catch (const InvalidModel& e) {
     EXPECT_NE(std::string(e.what()).find("'collective'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("length 4 does not cut into 3"), std::string::npos) << e.what();
+  }
+}
+
+// --- The vocabulary-parallel loss ---------------------------------------------------------------------------------
+
+// 6 rows of scores over a vocabulary of 9 (3 columns per rank), labels spread over every rank's columns, one ignored.
+constexpr int64_t kRows = 6, kVocab = 9;
+const std::vector<int64_t> kLabels = {0, 4, 8, 3, -100, 7};
+double score(int64_t row, int64_t column) { return std::sin(0.7 * static_cast<double>(row * kVocab + column)) * 3.0; }
+
+// ai.apart.VocabParallelCrossEntropy (rank r holding columns [3r, 3r + 3)) and its gradient op, fed dloss = 1, in one
+// model: outputs loss, lse and dscores.
+onnx::ModelProto vocab_parallel_loss(int rank) {
+  OnnxBuilder b;
+  b.input({"scores", DType::kFloat64, {kRows, kVocab / kDegree}}).input({"labels", DType::kInt64, {kRows}});
+  b.input({"dloss", DType::kFloat64, {}});
+  b.output({"loss", DType::kFloat64, {}}).output({"lse", DType::kFloat64, {kRows}});
+  b.output({"dscores", DType::kFloat64, {kRows, kVocab / kDegree}});
+  for (auto* n : {&b.node("VocabParallelCrossEntropy", {"scores", "labels"}, {"loss", "lse"}, "loss"),
+                  &b.node("VocabParallelCrossEntropyGrad", {"dloss", "scores", "labels", "lse"}, {"dscores"}, "grad")}) {
+    n->set_domain("ai.apart");
+    OnnxBuilder::set_int(*n, "vocab_start", rank * (kVocab / kDegree));
+    OnnxBuilder::set_int(*n, "ignore_index", -100);
+  }
+  auto* apart = b.model().add_opset_import();
+  apart->set_domain("ai.apart");
+  apart->set_version(1);
+  return b.model();
+}
+
+// Each rank's loss is the whole vocabulary's mean cross-entropy (log Σ exp over all 9 columns minus the target's
+// score, the ignored row left out), as SoftmaxCrossEntropyLoss computes it whole, and each rank's gradient is its
+// columns of (softmax − one-hot) / 5 rows.
+TEST(TheVocabularyParallelLoss, GivesEveryRankTheWholeLossAndItsColumnsOfTheGradient) {
+  auto comms = make_in_process_communicators(kDegree, CommOptions{30});
+  std::vector<std::vector<Tensor>> out(kDegree);
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(kDegree);
+  for (int r = 0; r < kDegree; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ExecutorOptions options;
+        options.tensor_parallel = comms[static_cast<size_t>(r)].get();
+        Executor exec(vocab_parallel_loss(r), {}, options);
+        Tensor scores(DType::kFloat64, {kRows, kVocab / kDegree});
+        for (int64_t i = 0; i < kRows; ++i)
+          for (int64_t c = 0; c < kVocab / kDegree; ++c) scores.data<double>()[i * 3 + c] = score(i, r * 3 + c);
+        Tensor labels(DType::kInt64, {kRows});
+        for (int64_t i = 0; i < kRows; ++i) labels.data<int64_t>()[i] = kLabels[static_cast<size_t>(i)];
+        Tensor dloss(DType::kFloat64, {});
+        dloss.data<double>()[0] = 1.0;
+        for (auto& [name, t] : exec.run({{"scores", scores}, {"labels", labels}, {"dloss", dloss}}))
+          out[static_cast<size_t>(r)].push_back(t);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  double total = 0;
+  std::vector<double> lse(kRows);
+  for (int64_t i = 0; i < kRows; ++i) {
+    double sum = 0;
+    for (int64_t c = 0; c < kVocab; ++c) sum += std::exp(score(i, c));
+    lse[static_cast<size_t>(i)] = std::log(sum);
+    if (kLabels[static_cast<size_t>(i)] >= 0) total += lse[static_cast<size_t>(i)] - score(i, kLabels[static_cast<size_t>(i)]);
+  }
+  for (int r = 0; r < kDegree; ++r) {
+    const std::vector<Tensor>& o = out[static_cast<size_t>(r)];
+    ASSERT_EQ(o.size(), 3u);
+    EXPECT_NEAR(o[0].data<double>()[0], total / 5, 1e-12) << "rank " << r;
+    for (int64_t i = 0; i < kRows; ++i) {
+      EXPECT_NEAR(o[1].data<double>()[i], lse[static_cast<size_t>(i)], 1e-12) << "rank " << r;
+      for (int64_t c = 0; c < 3; ++c) {
+        const int64_t column = r * 3 + c;
+        const int64_t label = kLabels[static_cast<size_t>(i)];
+        const double want = label < 0 ? 0.0
+                                      : (std::exp(score(i, column) - lse[static_cast<size_t>(i)]) - (column == label ? 1.0 : 0.0)) / 5;
+        EXPECT_NEAR(o[2].data<double>()[i * 3 + c], want, 1e-12) << "rank " << r << " row " << i << " column " << column;
+      }
+    }
   }
 }
 

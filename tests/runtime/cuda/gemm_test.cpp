@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -75,6 +76,30 @@ TEST(CudaMatMul, MatchesTheCpuOnOddShapesVectorsAndEveryBatchForm) {
       EXPECT_LE(matmul_error(got, want, a, b), p.tolerance)
           << precision_name(p.precision) << " " << shape_string(as) << " x " << shape_string(bs);
     }
+}
+
+// --precision fp16: cuBLASLt reads float16 operands; the CPU backend under fp16 rounds its operands alike, so the two
+// differ only in the order of the float32 sums (a product of two float16 values is exact in float32): 1e-5 of
+// |A|·|B|. A value past float16's 65504 is inf on both.
+TEST(CudaMatMul, UnderFp16MatchesTheCpusFloat16RoundedOperands) {
+  APART_SKIP_WITHOUT_GPU();
+  const BackendOptions fp16{0, Precision::kMixed, HalfFormat::kFp16};
+  const std::unique_ptr<Backend> device = make_backend(BackendKind::kCuda, fp16);
+  const std::unique_ptr<Backend> cpu = make_backend(BackendKind::kCpu, fp16);
+  ASSERT_EQ(device->gemm_operands(), DType::kFloat16);
+  std::mt19937 rng(11);
+  for (const auto& [as, bs] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{7, 129}, {129, 1000}}, {{3, 7, 129}, {3, 129, 33}}, {{1000}, {1000}}}) {
+    const Tensor a = random_tensor(as, rng), b = random_tensor(bs, rng);
+    const Tensor want = run_kernel(*cpu, find_kernel("MatMul"), make_task("MatMul"), {a, b}).at(0);
+    const Tensor got = run_kernel(*device, find_cuda_kernel("MatMul"), make_task("MatMul"), {a, b}).at(0);
+    EXPECT_LE(matmul_error(got, want, a, b), 1e-5) << shape_string(as) << " x " << shape_string(bs);
+  }
+  Tensor big(DType::kFloat32, {1, 1}), one(DType::kFloat32, {1, 1});
+  big.data<float>()[0] = 70000.0f;
+  one.data<float>()[0] = 1.0f;
+  const Tensor overflow = run_kernel(*device, find_cuda_kernel("MatMul"), make_task("MatMul"), {big, one}).at(0);
+  EXPECT_TRUE(std::isinf(overflow.data<float>()[0])) << overflow.data<float>()[0];
 }
 
 TEST(CudaMatMul, WritesZerosForAnEmptyInnerDimAndNothingForAnEmptyOutput) {

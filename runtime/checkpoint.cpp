@@ -245,4 +245,76 @@ void write_trained_model(const fs::path& forward_model, const fs::path& output,
   out.commit();
 }
 
+CheckpointPiece checkpoint_piece(const std::string& name) {
+  const size_t open = name.rfind('[');
+  const size_t colon = name.rfind(':');
+  if (name.empty() || name.back() != ']' || open == std::string::npos || colon == std::string::npos || colon < open)
+    return {name};
+  const std::string b = name.substr(open + 1, colon - open - 1), e = name.substr(colon + 1, name.size() - colon - 2);
+  auto number = [](const std::string& digits) -> int64_t {
+    if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return -1;
+    return std::stoll(digits);
+  };
+  const int64_t begin = number(b), end = number(e);
+  if (begin < 0 || end < begin) return {name};
+  return {name.substr(0, open), begin, end};
+}
+
+WholeCheckpoint assemble_checkpoint_shards(const std::vector<std::filesystem::path>& shards,
+                                           const std::map<std::string, std::vector<int64_t>>& param_shapes,
+                                           const std::string& where) {
+  WholeCheckpoint whole;
+  std::map<std::string, int64_t> filled;  // assembled from pieces: elements written
+  for (const std::filesystem::path& file : shards) {
+    Checkpoint ck = read_checkpoint(file);
+    whole.optimizer_steps = ck.meta.value("optimizer_steps", int64_t{0});
+    for (auto& [name, t] : ck.tensors) {
+      const bool optim = name.rfind("optim/", 0) == 0;
+      if (!optim && name.rfind("param/", 0) != 0) continue;
+      std::string base = name.substr(6), slot;
+      if (optim) {  // "<name>/<slot>": the slot after the last '/' (a param's name may hold '/')
+        const size_t cut = base.rfind('/');
+        if (cut == std::string::npos) continue;
+        slot = base.substr(cut);
+        base = base.substr(0, cut);
+      }
+      const CheckpointPiece piece = checkpoint_piece(base);
+      const std::string key = name.substr(0, 6) + piece.param + slot;
+      if (piece.begin < 0) {
+        whole.tensors.emplace(key, std::move(t));  // replicas hold it alike: the first serves
+        continue;
+      }
+      const auto shape = param_shapes.find(piece.param);
+      const int64_t elements = shape == param_shapes.end() ? 0 : checked_element_count(shape->second).value_or(0);
+      if (shape == param_shapes.end() || t.dtype() != DType::kFloat32 || piece.end > elements ||
+          t.elements() != piece.end - piece.begin)
+        throw InvalidArgument(where + ": " + file.string() + " holds " + name + ", which is no piece of a param of its stage");
+      Tensor& into = whole.tensors[key];
+      if (!into.defined()) into = Tensor(DType::kFloat32, shape->second);
+      std::memcpy(into.data<float>() + piece.begin, t.data<float>(), static_cast<size_t>(t.bytes()));
+      filled[key] += t.elements();
+    }
+  }
+  for (const auto& [key, n] : filled)
+    if (n != whole.tensors.at(key).elements())
+      throw InvalidArgument(where + ": the shards hold " + std::to_string(n) + " of the " +
+                            std::to_string(whole.tensors.at(key).elements()) + " elements of " + key + " (a shard missing?)");
+  return whole;
+}
+
+Tensor WholeCheckpoint::cut(const std::string& key, const CheckpointPiece& piece, const std::vector<int64_t>& shape,
+                            const std::string& what, const std::string& where) const {
+  const auto it = tensors.find(key);
+  if (it == tensors.end()) throw InvalidArgument(where + ": the checkpoint holds no " + what);
+  const Tensor& t = it->second;
+  const int64_t want = checked_element_count(shape).value_or(-1);
+  const bool fits = piece.begin < 0 ? t.elements() == want
+                                    : t.dtype() == DType::kFloat32 && piece.end <= t.elements() && piece.end - piece.begin == want;
+  if (!fits)
+    throw InvalidArgument(where + ": the checkpoint's " + what + " holds " + std::to_string(t.elements()) +
+                          " elements, not what this plan lays out there");
+  return (piece.begin < 0 ? t : t.flat_range(piece.begin, piece.end)).view(shape);
+}
+
 }  // namespace apart

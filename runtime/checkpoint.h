@@ -44,6 +44,30 @@ bool is_checkpoint_file(const std::filesystem::path& file);
 // and what is wrong (missing, truncated, bad magic/version/header, tensors past the end).
 Checkpoint read_checkpoint(const std::filesystem::path& dir_or_file);
 
+// --- apart run's shards at another layout of the same plan (docs/runtime.md "Checkpoints") -----------------------
+// A rank's shard names what it holds as the optimizer names it: "param/<name>", "optim/<name>/<slot>", and under ZeRO
+// "<name>[begin:end]" for the elements [begin, end) of a param it owns.
+struct CheckpointPiece {
+  std::string param;
+  int64_t begin = -1, end = -1;  // -1: the whole param
+};
+CheckpointPiece checkpoint_piece(const std::string& name);  // "w[0:10]" → {w, 0, 10}; "w" → {w, -1, -1}
+
+// The tensors of several shards of one stage (its replicas at one TP rank) put together whole: "param/<name>" and
+// "optim/<name>/<slot>" each whole, from a shard holding it whole or from the pieces the shards hold (every element
+// exactly once, else InvalidArgument naming the tensor and `where`). `param_shapes`: the stage's params' whole shapes.
+struct WholeCheckpoint {
+  std::map<std::string, Tensor> tensors;
+  int64_t optimizer_steps = -1;  // -1: no shard read
+  // `key` ("param/<name>" or "optim/<name>/<slot>") as piece `piece` of it (whole when piece.begin < 0), a host tensor
+  // of `shape`; InvalidArgument naming `what` when the checkpoint lacks it or its size differs.
+  Tensor cut(const std::string& key, const CheckpointPiece& piece, const std::vector<int64_t>& shape,
+             const std::string& what, const std::string& where) const;
+};
+WholeCheckpoint assemble_checkpoint_shards(const std::vector<std::filesystem::path>& shards,
+                                           const std::map<std::string, std::vector<int64_t>>& param_shapes,
+                                           const std::string& where);
+
 // Writes `forward_model` (an ONNX file) with every initializer named in `values` replaced by the
 // given tensor (a float32 value of a float16/bfloat16 initializer is rounded back to that dtype); other initializers
 // keep their values (external data is read and rewritten). Below

@@ -293,7 +293,23 @@ struct Manifest {
   std::string plan_sha256, model_sha256, optimizer, data;
   uint64_t seed = 0;
   std::string folder;  // "step_N", relative to the manifest
+  // For a resume at another layout of the same plan (absent in manifests before it): checkpoint_layout of the plan
+  // and each rank's role.
+  nlohmann::json layout;
+  std::vector<RankRole> ranks;
 };
+
+// What a checkpoint's state depends on: which tasks (so which params) each stage holds and its TP degree, and the
+// global batch (the data continues by step). Not the replicas or the ZeRO stage: resuming reshards over those.
+nlohmann::json checkpoint_layout(const RunSetup& s) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const PlanStageRecord& stage : s.full_plan.stages) {
+    std::string tasks;
+    for (const std::string& t : stage.tasks) tasks += t + "\n";
+    stages.push_back({{"tasks_sha256", sha256_hex(tasks)}, {"tp", stage.tp}});
+  }
+  return {{"global_batch", s.global_batch}, {"stages", stages}};
+}
 
 std::string shard_name(int rank) { return "rank_" + std::to_string(rank) + ".apart"; }
 
@@ -323,6 +339,16 @@ Manifest read_manifest(const fs::path& dir) {
   m.seed = static_cast<uint64_t>(r.integer(j, "", "seed", 0, JsonReader::kMaxInteger));
   m.folder = r.string(j, "", "folder");
   if (m.folder != "step_" + std::to_string(m.step)) r.fail("folder", "must be step_" + std::to_string(m.step));
+  if (j.contains("layout") && j.contains("ranks")) {
+    m.layout = j["layout"];
+    if (!j["ranks"].is_array() || static_cast<int>(j["ranks"].size()) != m.world) r.fail("ranks", "must list every rank");
+    for (const auto& role : j["ranks"]) {
+      if (!role.is_array() || role.size() != 3 || !role[0].is_number_integer() || !role[1].is_number_integer() ||
+          !role[2].is_number_integer())
+        r.fail("ranks", "each must be [stage, replica, tp_rank]");
+      m.ranks.push_back({role[0].get<int>(), role[1].get<int>(), role[2].get<int>()});
+    }
+  }
   return m;
 }
 
@@ -418,6 +444,11 @@ class StageRunner {
   void save_model();
   void save_checkpoint(int64_t step_done);
   int64_t restore();
+  // A checkpoint of another world size or plan: refused unless the plan has the same stages (tasks, TP degree) and
+  // global batch, naming what differs (InvalidArgument); then this stage's shards at this TP rank are put together
+  // whole and cut as this run's replicas and ZeRO stage lay them out.
+  void check_resharding(const Manifest& m, const std::string& where) const;
+  void restore_resharded(const fs::path& folder, const Manifest& m, const std::string& where);
   // The tensors a checkpoint shard holds: "param/<name>" (trained and BatchNorm statistics) and "optim/<name>/<slot>".
   std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors();
   SampleRange my_samples() const { return replica_samples(setup_.microbatch_samples, stage_.replicas, setup_.role.replica); }
@@ -1309,11 +1340,16 @@ void StageRunner::save_checkpoint(int64_t step_done) {
   if (world_.rank() == 0) {
     std::optional<Manifest> previous;
     if (fs::exists(dir / kManifestFile, ec)) previous = read_manifest(dir);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < world_.size(); ++r) {
+      const RankRole role = rank_role(setup_.full_plan, r);
+      ranks.push_back({role.stage, role.replica, role.tp_rank});
+    }
     const nlohmann::ordered_json manifest = {
         {"format", kManifestFormat}, {"step", step_done}, {"world", world_.size()}, {"folder", folder},
         {"plan_sha256", setup_.plan_sha256}, {"model_sha256", setup_.model_sha256},
         {"optimizer", std::string(optimizer_name(optimizer_->options().kind))}, {"seed", options_.seed},
-        {"data", options_.data.spec}, {"shards", world_.size()}};
+        {"data", options_.data.spec}, {"shards", world_.size()}, {"layout", checkpoint_layout(setup_)}, {"ranks", ranks}};
     write_file_atomically(dir / kManifestFile, manifest.dump(2) + "\n");
     // The step it replaced was ours (the manifest named it): remove it now that it is no longer the checkpoint.
     if (previous && previous->folder != folder) fs::remove_all(dir / previous->folder, ec);
@@ -1325,11 +1361,8 @@ int64_t StageRunner::restore() {
   const fs::path dir(options_.resume);
   const Manifest m = read_manifest(dir);
   const std::string where = "--resume " + dir.string();
-  if (m.world != world_.size())
-    throw InvalidArgument(where + " was written by a run on " + std::to_string(m.world) + " ranks; this run has " +
-                          std::to_string(world_.size()) + ": resume with the plan and the rank count it was written with");
-  if (m.plan_sha256 != setup_.plan_sha256)
-    throw InvalidArgument(where + " was written for another plan (plan.json differs): resume with the plan it was written with");
+  const bool same_plan = m.world == world_.size() && m.plan_sha256 == setup_.plan_sha256;
+  if (!same_plan) check_resharding(m, where);
   if (m.model_sha256 != setup_.model_sha256)
     throw InvalidArgument(where + " was written for another model (sha256 differs)");
   if (m.optimizer != optimizer_name(optimizer_->options().kind))
@@ -1339,6 +1372,10 @@ int64_t StageRunner::restore() {
                           "; resume with the same seed and data, so that the batches continue where they stopped");
   if (m.step > options_.steps)
     throw InvalidArgument(where + " is at step " + std::to_string(m.step) + ", past --steps " + std::to_string(options_.steps));
+  if (!same_plan) {
+    restore_resharded(dir / m.folder, m, where);
+    return m.step;
+  }
   Checkpoint ck = read_checkpoint(dir / m.folder / shard_name(world_.rank()));
   if (ck.meta.value("stage", -1) != setup_.role.stage || ck.meta.value("replica", -1) != setup_.role.replica ||
       ck.meta.value("tp_rank", 0) != setup_.role.tp_rank)
@@ -1358,6 +1395,59 @@ int64_t StageRunner::restore() {
   optimizer_->restore(ck.meta.value("optimizer_steps", int64_t{0}), std::move(state));
   scaler_.load(ck.meta);
   return m.step;
+}
+
+void StageRunner::check_resharding(const Manifest& m, const std::string& where) const {
+  if (m.layout.is_null())
+    throw InvalidArgument(where + " was written by a run on " + std::to_string(m.world) + " ranks of " +
+                          (m.plan_sha256 == setup_.plan_sha256 ? "this plan" : "another plan") + " (this run has " +
+                          std::to_string(world_.size()) + ") before checkpoints recorded their layout: resume with the "
+                          "plan and the rank count it was written with");
+  const nlohmann::json mine = checkpoint_layout(setup_);
+  auto refuse = [&](const std::string& what) {
+    throw InvalidArgument(where + " was written for a plan " + what + "; a checkpoint resumes on a plan of the same "
+                          "stages (tasks and TP degree) and global batch, at any replicas and ZeRO stage: re-partition "
+                          "with the same --stages/--tp/--batch, or resume with the plan it was written with");
+  };
+  const nlohmann::json& theirs = m.layout.value("stages", nlohmann::json::array());
+  if (m.layout.value("global_batch", nlohmann::json()) != mine["global_batch"])
+    refuse("of global batch " + m.layout.value("global_batch", nlohmann::json()).dump() + " (this plan's: " +
+           mine["global_batch"].dump() + ")");
+  if (theirs.size() != mine["stages"].size())
+    refuse("of " + std::to_string(theirs.size()) + " stages (this plan has " + std::to_string(mine["stages"].size()) + ")");
+  for (size_t k = 0; k < theirs.size(); ++k) {
+    if (!theirs[k].is_object() || theirs[k].value("tp", nlohmann::json()) != mine["stages"][k]["tp"])
+      refuse("whose stage " + std::to_string(k) + " has another TP degree (this plan's: " + mine["stages"][k]["tp"].dump() + ")");
+    if (theirs[k].value("tasks_sha256", nlohmann::json()) != mine["stages"][k]["tasks_sha256"])
+      refuse("whose stage " + std::to_string(k) + " holds other tasks (the model cut elsewhere)");
+  }
+}
+
+void StageRunner::restore_resharded(const fs::path& folder, const Manifest& m, const std::string& where) {
+  std::vector<fs::path> shards;  // the writing run's ranks of this stage at this TP rank: every replica's pieces
+  for (int q = 0; q < m.world; ++q)
+    if (m.ranks[static_cast<size_t>(q)].stage == setup_.role.stage && m.ranks[static_cast<size_t>(q)].tp_rank == setup_.role.tp_rank)
+      shards.push_back(folder / shard_name(q));
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (size_t i = 0; i < params_.size(); ++i) shapes[param_names_[i]] = param_shapes_[i];
+  const WholeCheckpoint whole = assemble_checkpoint_shards(shards, shapes, where);
+  if (whole.optimizer_steps < 0)
+    throw InvalidArgument(where + ": no shard holds stage " + std::to_string(setup_.role.stage) + " at TP rank " +
+                          std::to_string(setup_.role.tp_rank));
+  for (const auto& [name, t] : checkpoint_tensors()) {
+    if (name.rfind("param/", 0) != 0) continue;
+    const CheckpointPiece piece = checkpoint_piece(name.substr(6));
+    backend_.copy(whole.cut("param/" + piece.param, piece, t->shape(), name, where), *t);
+  }
+  std::vector<std::pair<std::string, Tensor>> state;  // each step name's slots, cut from the whole
+  for (size_t i = 0; i < step_names_.size(); ++i) {
+    const CheckpointPiece piece = checkpoint_piece(step_names_[i]);
+    const std::string prefix = "optim/" + piece.param + "/";
+    for (auto it = whole.tensors.lower_bound(prefix); it != whole.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it)
+      if (const std::string slot = it->first.substr(prefix.size()); slot.find('/') == std::string::npos)
+        state.emplace_back(step_names_[i] + "/" + slot, whole.cut(it->first, piece, step_params_[i]->shape(), it->first, where));
+  }
+  optimizer_->restore(whole.optimizer_steps, std::move(state));
 }
 
 RunResult StageRunner::run(const RunStepCallback& on_step) {

@@ -191,6 +191,96 @@ TEST_P(ZeroCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) {
 INSTANTIATE_TEST_SUITE_P(Zero, ZeroCheckpoints, ::testing::Values(2, 3),
                          [](const ::testing::TestParamInfo<int>& info) { return "zero" + std::to_string(info.param); });
 
+// A checkpoint written over 2 replicas under ZeRO-1 or ZeRO-3 (each rank its pieces of the optimizer state, under
+// ZeRO-3 of the params too) resumes on a plan of the same stage with 1 replica (no ZeRO) and with 4 (the same ZeRO
+// stage): the shards are put together and cut anew. 2 + 2 AdamW steps train as apart train's 4 within the suite's
+// tolerance; not bitwise, because the resumed steps add the gradients over another number of replicas (another order).
+class ZeroCheckpointsAtAnotherReplicaCount : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroCheckpointsAtAnotherReplicaCount, ResumeOnOneAndOnFourReplicasAsApartTrainTrains) {
+  const int zero = GetParam();
+  const fs::path dir = scratch("zero_reshard_" + std::to_string(zero));
+  const Outcome reference = train_reference(gpt_tiny(), 8, 4, dir, 1e-3, Optimizer::kAdamW);
+  const fs::path two = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, zero}, 8, dir / "two");
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  const Outcome first = run_threads(two, 2, dir / "first", Optimizer::kAdamW, 1e-3, ck.string());
+  ASSERT_EQ(first.losses.size(), 2u);
+  for (int replicas : {1, 4}) {
+    const std::string what = "ZeRO-" + std::to_string(zero) + " on 2 replicas resumed on " + std::to_string(replicas);
+    const fs::path plan = make_plan(gpt_tiny(), {{replicas}, 2, Schedule::k1F1B, {}, zero}, 8,
+                                    dir / ("plan" + std::to_string(replicas)));
+    Outcome rest = run_threads(plan, 4, dir / ("rest" + std::to_string(replicas)), Optimizer::kAdamW, 1e-3, "", ck.string());
+    ASSERT_EQ(rest.losses.size(), 2u) << what;
+    rest.losses.insert(rest.losses.begin(), first.losses.begin(), first.losses.end());
+    expect_same_training(reference, rest, read_weights(gpt_tiny()), what);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, ZeroCheckpointsAtAnotherReplicaCount, ::testing::Values(1, 3),
+                         [](const ::testing::TestParamInfo<int>& info) { return "zero" + std::to_string(info.param); });
+
+// Where the sums run in the same order, resharding is exact: ZeRO-1 trains bitwise as the unsharded run and ZeRO-3 as
+// ZeRO-2, so a ZeRO-1 checkpoint resumed on the same replicas without ZeRO, and a ZeRO-3 one under ZeRO-2 (another
+// plan.json, so through the resharding path), continue bitwise as the uninterrupted run.
+TEST(ZeroCheckpointsAtAnotherZeroStage, ContinueBitwiseWhereTheSumsRunInTheSameOrder) {
+  const fs::path dir = scratch("zero_reshard_bitwise");
+  for (const auto& [saved, resumed] : {std::pair{1, 0}, std::pair{3, 2}}) {
+    const std::string what = "ZeRO-" + std::to_string(saved) + " resumed under ZeRO-" + std::to_string(resumed);
+    const fs::path from = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, saved}, 8, dir / ("from" + std::to_string(saved)));
+    const fs::path to = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, resumed}, 8, dir / ("to" + std::to_string(saved)));
+    const Outcome straight = run_threads(from, 4, dir / ("straight" + std::to_string(saved)), Optimizer::kAdamW, 1e-3);
+    const fs::path ck = dir / ("ck" + std::to_string(saved));
+    fs::create_directories(ck);
+    run_threads(from, 2, dir / ("first" + std::to_string(saved)), Optimizer::kAdamW, 1e-3, ck.string());
+    const Outcome rest = run_threads(to, 4, dir / ("rest" + std::to_string(saved)), Optimizer::kAdamW, 1e-3, "", ck.string());
+    ASSERT_EQ(rest.losses.size(), 2u) << what;
+    ASSERT_EQ(straight.losses.size(), 4u) << what;
+    EXPECT_EQ(rest.losses[1], straight.losses[3]) << what;
+    EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights)) << what;
+  }
+}
+
+// A plan whose stages differ from the checkpoint's is refused on every rank, naming what differs.
+TEST(AZeroCheckpoint, OnAPlanOfOtherStagesIsRefusedNamingThem) {
+  const fs::path dir = scratch("zero_reshard_refused");
+  const fs::path one_stage = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, 1}, 8, dir / "one");
+  const fs::path two_stages = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}, 1}, 8, dir / "two");
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  run_threads(one_stage, 1, dir / "first", Optimizer::kAdamW, 1e-3, ck.string());
+  RunOptions o = run_options_like_reference(two_stages, 2, Optimizer::kAdamW, 1e-3);
+  o.resume = ck.string();
+  const auto errors = run_ranks(2, CommOptions{60}, [&](int, Communicator& comm) { run_plan(o, comm); });
+  for (const auto& e : errors) {
+    ASSERT_TRUE(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const InvalidArgument& x) {
+      EXPECT_NE(std::string(x.what()).find("of 1 stages (this plan has 2)"), std::string::npos) << x.what();
+    }
+  }
+}
+
+// One process per rank: a ZeRO-3 checkpoint of 2 replicas on threads resumed under mpirun -np 4 continues as the
+// threads' resumed run (the step-4 loss it prints, to MPI's summation order).
+TEST(ZeroUnderMpirun, ResumesATwoReplicaCheckpointOnFourRanks) {
+  if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = scratch("zero_reshard_mpirun");
+  const fs::path two = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, 3}, 8, dir / "two");
+  const fs::path four = make_plan(gpt_tiny(), {{4}, 2, Schedule::k1F1B, {}, 3}, 8, dir / "four");
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  run_threads(two, 2, dir / "first", Optimizer::kAdamW, 1e-3, ck.string());
+  const Outcome threads = run_threads(four, 4, dir / "threads", Optimizer::kAdamW, 1e-3, "", ck.string());
+  ASSERT_EQ(threads.losses.size(), 2u);
+  const auto r = mpirun_apart_run(4, four.string() + " --steps 4 --optimizer adamw --lr 1e-3 --seed 3 --resume " + ck.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t at = r.out.find("step=4 loss=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NEAR(std::stod(r.out.substr(at + 12, 12)), threads.losses[1], 2e-6 + 2e-5 * threads.losses[1]) << r.out;
+}
+
 // One process per rank: MPI's reduce-scatter and all-gather (ZeRO-3's before every pass) give the threads' losses,
 // and ZeRO-3 writes the same model bytes as ZeRO-2 (the same sums in the same order on the same ranks).
 TEST(ZeroUnderMpirun, GivesTheThreadsLossesWithMpisReduceScatterAndAllgather) {

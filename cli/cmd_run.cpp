@@ -167,8 +167,8 @@ void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, i
     std::fprintf(stderr, "%s backend %s; ops on the CPU kernel (no %s kernel): %s\n", prefix(r, comm.rank()).c_str(),
                  r.backend.c_str(), a.backend.backend.c_str(), join(r.fallback_ops).c_str());
   if (!a.quiet && r.role.tp_rank == 0 && r.role.replica == 0 && !r.tp_whole_regions.empty())
-    std::fprintf(stderr, "%s note: stage %d computes %zu tensor-parallel region(s) whole on every TP rank, a stage "
-                 "boundary cutting them: %s\n", prefix(r, comm.rank()).c_str(), r.role.stage, r.tp_whole_regions.size(),
+    std::fprintf(stderr, "%s note: stage %d computes %zu tensor-parallel region(s) whole on every TP rank (a stage "
+                 "boundary cutting them, or the reason given): %s\n", prefix(r, comm.rank()).c_str(), r.role.stage, r.tp_whole_regions.size(),
                  join(r.tp_whole_regions).c_str());
   if (r.reports) summary(r, comm.rank(), a);
 }

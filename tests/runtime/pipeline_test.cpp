@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "graph/error.h"
 #include "models/zoo.h"
@@ -131,22 +134,30 @@ TEST(ApartRunOnADeviceBackend, TrainsBitwiseAsOnTheCpuAndResumesFromItsCheckpoin
   EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
 }
 
-TEST(ApartRunCheckpoints, RefuseAnotherPlanOrRankCountSayingWhy) {
+// A checkpoint resumes at another rank count only on a plan of the same stages (docs/runtime.md "Checkpoints"):
+// one of other stages is refused naming the stage counts, and a manifest from before layouts were recorded keeps the
+// old rule (the same plan and rank count).
+TEST(ApartRunCheckpoints, RefuseAPlanOfOtherStagesOrAnOldManifestAtAnotherRankCountSayingWhy) {
   const fs::path dir = scratch("resume_refused");
   const fs::path plan = make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);
   run_threads(plan, 1, dir / "first", Optimizer::kSgd, 0.05, ck.string());
-  const fs::path other = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "other");
-  RunOptions o;
-  o.plan = other.string();
-  o.steps = 2;
-  o.resume = ck.string();
-  const auto errors = run_ranks(2, CommOptions{60}, [&](int, Communicator& comm) { run_plan(o, comm); });
-  for (const auto& e : errors) {
-    ASSERT_TRUE(e);
-    EXPECT_NE(error_message(e).find("written by a run on 3 ranks; this run has 2"), std::string::npos) << error_message(e);
-  }
+  auto refusals = [&](const fs::path& other) {
+    RunOptions o = run_options_like_reference(other, 2);
+    o.resume = ck.string();
+    std::vector<std::string> messages;
+    for (const auto& e : run_ranks(2, CommOptions{60}, [&](int, Communicator& comm) { run_plan(o, comm); }))
+      messages.push_back(error_message(e));
+    return messages;
+  };
+  for (const std::string& m : refusals(make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}}, 8, dir / "one_stage")))
+    EXPECT_NE(m.find("written for a plan of 2 stages (this plan has 1)"), std::string::npos) << m;
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(ck / "manifest.json"));
+  manifest.erase("layout");
+  std::ofstream(ck / "manifest.json") << manifest.dump(2);
+  for (const std::string& m : refusals(make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "other")))
+    EXPECT_NE(m.find("written by a run on 3 ranks of another plan (this run has 2)"), std::string::npos) << m;
 }
 
 TEST(ApartRun, SavesOneStandardModelThatApartTrainContinuesFrom) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (issue 14): builds the gpu preset (or uses a bundle built on the CPU machine), then
 # on the GPU runs the tests/runtime/cuda suites, gpt-tiny `apart train` on cuda vs cpu (fp32, and fp16 with loss
-# scaling), gpt-tiny `apart run` with NCCL (one rank) vs the CPU backend, the GPT-layers benchmark, and the measured
-# per-op GPU profile vs the h200-141gb analytic preset; a summary at the end. Every part has its
+# scaling), gpt-tiny `apart run` with NCCL (one rank) and with two stages on the one GPU (host messages) vs the CPU
+# backend, the GPT-layers benchmark, and the measured per-op GPU profile vs the h200-141gb analytic preset; a summary
+# at the end. Every part has its
 # own timeout, so one hang does not eat the device budget. All output goes to stdout and under $OUT (the device
 # tool's folder; else --out, default out/gpu_check): gpu_check.log (everything), summary.txt, tests.log,
 # train.log (apart train and apart run), bench.log, measured.json and analytic.json (7 files: the device tool returns
@@ -239,6 +240,18 @@ if "$bin/apart" run --help 2>/dev/null | grep -q -- '--device-comm'; then
     cuda_extra=()
   else
     note "gpt-tiny run nccl vs cpu" FAIL 0 "apart partition of the one-device plan failed"
+  fi
+  # Two stages as two threads on the one GPU: NCCL cannot put two ranks on one device, so their messages take the
+  # host path (--device-comm host); the pipelined CUDA run against the CPU's.
+  plan2_dir="$(dirname "$plan_dir")/plan2"
+  if timeout 60 "$bin/apart" partition models/gpt-tiny.onnx --device cpu --devices 2 --stages 2 --replicas 1 \
+       --microbatches 2 --batch 8 --no-baselines -q -o "$plan2_dir" >/dev/null 2>&1; then
+    cuda_extra=(--device-comm host)
+    compare_losses "gpt-tiny run 2 stages cuda vs cpu" "$run_s" -- "$bin/apart" run "$plan2_dir" --in-process \
+      --steps 5 --seed 1 --optimizer adamw --precision fp32
+    cuda_extra=()
+  else
+    note "gpt-tiny run 2 stages cuda vs cpu" FAIL 0 "apart partition of the two-stage plan failed"
   fi
 fi
 

@@ -143,18 +143,24 @@ RunOptions run_options(const RunArgs& a) {
   return o;
 }
 
-// `local_rank`: the GPU of an in-process rank (a launcher's LOCAL_RANK wins).
-void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, int local_rank) {
+// `local_rank`: the GPU of an in-process rank (a launcher's LOCAL_RANK wins); `ranks_on_node`: the ranks sharing this
+// node's GPUs (NCCL holds one rank per GPU).
+void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, int local_rank, int ranks_on_node) {
   const std::unique_ptr<Backend> backend = make_backend(a.backend, local_rank);
   RunOptions o = options;
   o.backend = backend.get();
   // Stage boundaries and bucket all-reduces over NCCL on the GPU's buffers (collective: every rank decides alike, by
   // the same flags); the host path (MPI or threads) otherwise.
-  const bool nccl = a.device_comm == "nccl" || (a.device_comm == "auto" && backend && backend->kind() == BackendKind::kCuda);
+  const bool on_gpu = backend && backend->kind() == BackendKind::kCuda;
+  const bool gpu_each = ranks_on_node <= cuda_device_count();  // NCCL refuses two ranks on one GPU
+  const bool nccl = a.device_comm == "nccl" || (a.device_comm == "auto" && on_gpu && gpu_each);
   std::unique_ptr<Communicator> device_world;
   if (nccl) {
-    if (!backend || backend->kind() != BackendKind::kCuda)
-      throw InvalidArgument("--device-comm nccl moves GPU buffers: it needs --backend cuda");
+    if (!on_gpu) throw InvalidArgument("--device-comm nccl moves GPU buffers: it needs --backend cuda");
+    if (!gpu_each)
+      throw InvalidArgument("--device-comm nccl: " + std::to_string(ranks_on_node) + " ranks share this node's " +
+                            std::to_string(cuda_device_count()) + " GPU(s), and NCCL holds one rank per GPU; use "
+                            "--device-comm host (or auto)");
     CommOptions nccl_options;
     nccl_options.timeout_s = a.comm_timeout_s;  // a dead peer aborts the communicator after this, naming the operation
     device_world = cuda::make_nccl_communicator(comm, *backend, nccl_options);
@@ -186,7 +192,7 @@ void run_command(const RunArgs& a) {
       if (a.backend.backend == "cpu") note_blas_kernel();
       if (!a.quiet) std::fprintf(stderr, "apart run: %d kernel thread(s) per rank (--threads)\n", threads);
     }
-    run_rank(o, *world, a, 0);
+    run_rank(o, *world, a, 0, ranks_on_this_node(world->size()));
     return;
   }
   const PlanDocument plan = read_plan(a.plan);
@@ -206,7 +212,7 @@ void run_command(const RunArgs& a) {
   for (int rank = 0; rank < devices; ++rank)
     threads.emplace_back([&, rank] {
       try {
-        run_rank(o, *comms[static_cast<size_t>(rank)], a, rank);
+        run_rank(o, *comms[static_cast<size_t>(rank)], a, rank, devices);
       } catch (const CommError&) {
         std::lock_guard<std::mutex> g(lock);
         if (!consequence) consequence = std::current_exception();
@@ -241,8 +247,8 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
   cmd->add_flag("--in-process", args->in_process, "Run every rank as a thread of this process (no mpirun; for small plans)");
   cmd->add_option("--comm-timeout", args->comm_timeout_s, "Seconds a rank waits for a message before the run fails")->capture_default_str();
   cmd->add_option("--device-comm", args->device_comm,
-                  "Stage boundaries and gradient all-reduces: auto (NCCL under --backend cuda), nccl, or host (MPI or "
-                  "threads, through host buffers)")
+                  "Stage boundaries and gradient all-reduces: auto (NCCL under --backend cuda with a GPU per rank), "
+                  "nccl, or host (MPI or threads, through host buffers)")
       ->check(CLI::IsMember({"auto", "nccl", "host"}))
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");

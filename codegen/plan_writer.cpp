@@ -251,8 +251,9 @@ fs::path make_sibling_dir(const fs::path& parent, const std::string& prefix) {
 bool is_plan_folder_file(const std::string& name) {
   for (const char* known : kPlanFolderFiles)
     if (name == known) return true;
-  if (!name.starts_with("stage_") || !name.ends_with(".onnx")) return false;
-  const std::string k = name.substr(6, name.size() - 6 - 5);
+  const size_t prefix = name.starts_with("stage_") || name.starts_with("chunk_") ? 6 : 0;  // chunk_C: interleaved
+  if (prefix == 0 || !name.ends_with(".onnx")) return false;
+  const std::string k = name.substr(prefix, name.size() - prefix - 5);
   return !k.empty() && k.find_first_not_of("0123456789") == std::string::npos;
 }
 

@@ -29,7 +29,8 @@ std::string plan_to_dot(const PlanDocument& plan, const TaskGraph& graph, bool d
 // The table a person reads first: per stage tasks, params, compute/comm/all-reduce ms, memory, replicas, devices.
 std::string plan_report(const PlanDocument& plan, const TaskGraph& graph);
 
-// Writes stage_K.onnx for every stage: the stage's nodes, its boundary values as inputs/outputs, its
+// Writes stage_K.onnx for every stage (and chunk_C.onnx for every virtual stage of an interleaved plan, C its id,
+// from virtual_stage_view): the stage's nodes, its boundary values as inputs/outputs, its
 // initializers (inline ones copied; external-data ones point at weights/<location>, where the model's file is
 // hard-linked, or copied when small: docs/runtime.md). A Constant node of kSharedConstantBytes or more that several
 // stages compute holds its value as external data in weights/stage_constants.bin, written once. Boundary dims are
@@ -57,7 +58,7 @@ struct PlanOutputs {
 // is one apart wrote. A new file in a plan folder must be added here.
 inline constexpr const char* kPlanFolderFiles[] = {"plan.json",      "plan.dot",    "report.txt", "costs.json",
                                                    "baselines.json", "report.html", "trace.json"};
-bool is_plan_folder_file(const std::string& name);  // one of the above, or stage_K.onnx
+bool is_plan_folder_file(const std::string& name);  // one of the above, stage_K.onnx or chunk_C.onnx
 // The folder of a plan where stage_K.onnx finds the model's external data (hard links; stage_onnx.cpp).
 inline constexpr const char* kPlanWeightsFolder = "weights";
 

@@ -77,19 +77,29 @@ void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const 
   for (int i = 0; i < g.initializer_size(); ++i) initializer_index[g.initializer(i).name()] = i;
   std::set<ValueId> model_outputs(graph.graph_outputs().begin(), graph.graph_outputs().end());
 
-  // Which stages compute (produce) and read each value; constant tasks are replicated, so a value can be
+  // The files: stage_K.onnx per stage and, for an interleaved plan, chunk_C.onnx per virtual stage (files k ≥
+  // plan.stages.size()), written in one pass so that they share weights/ and its constants file.
+  const PlanDocument view = plan.virtual_stages.empty() ? PlanDocument{} : virtual_stage_view(plan);
+  std::vector<const PlanStageRecord*> records;
+  std::vector<std::string> file_names;
+  for (const PlanDocument* d : {&plan, &view})
+    for (size_t k = 0; k < d->stages.size(); ++k) {
+      records.push_back(&d->stages[k]);
+      file_names.push_back(stage_file_name(*d, static_cast<int>(k)));
+    }
+  const size_t stages = records.size();
+  auto family = [&](size_t k) { return k < plan.stages.size() ? 0 : 1; };  // a stage's peers: stages, or chunks
+  // Which files compute (produce) and read each value; constant tasks are replicated, so a value can be
   // produced by several stages, and a stage that produces a value never receives it.
-  const size_t stages = plan.stages.size();
   std::vector<std::set<int>> producers(graph.num_values()), readers(graph.num_values());
   std::vector<std::vector<TaskId>> stage_tasks;
-  for (const PlanStageRecord& s : plan.stages) stage_tasks.push_back(stage_task_ids(s, graph));
-  for (size_t k = 0; k < plan.stages.size(); ++k)
+  for (const PlanStageRecord* s : records) stage_tasks.push_back(stage_task_ids(*s, graph));
+  for (size_t k = 0; k < stages; ++k)
     for (TaskId t : stage_tasks[k]) {
-      const PlanStageRecord& s = plan.stages[k];
       for (ValueId v : graph.task(t).outputs)
-        if (v.valid()) producers[v.value()].insert(s.id);
+        if (v.valid()) producers[v.value()].insert(static_cast<int>(k));
       for (ValueId v : graph.task(t).inputs)
-        if (v.valid()) readers[v.value()].insert(s.id);
+        if (v.valid()) readers[v.value()].insert(static_cast<int>(k));
     }
   // What each stage computes and reads; the values it reads and does not compute are its inputs or initializers.
   std::vector<std::set<ValueId>> produced(stages), read(stages);
@@ -174,14 +184,13 @@ void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const 
 
   // Each stage's file on its own: built and written on up to `threads` threads.
   run_indexed(stages, threads, [&](size_t k) {
-    const PlanStageRecord& s = plan.stages[k];
     onnx::ModelProto model;
     model.set_ir_version(original.ir_version());
     model.set_producer_name("apart");
     model.set_model_version(original.model_version());
     *model.mutable_opset_import() = original.opset_import();
     onnx::GraphProto* out = model.mutable_graph();
-    out->set_name(g.name() + "_stage_" + std::to_string(k));
+    out->set_name(g.name() + "_" + file_names[k].substr(0, file_names[k].size() - 5));  // "_stage_3", "_chunk_5"
     for (TaskId t : stage_tasks[k]) {
       const int index = graph.task(t).onnx_node_index;
       const auto once = shared_nodes.find(index);
@@ -203,11 +212,12 @@ void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const 
     }
     for (ValueId v : produced[k]) {
       bool needed = model_outputs.count(v) > 0;
-      for (int r : readers[v.value()]) needed |= r != s.id && !producers[v.value()].count(r);
+      for (int r : readers[v.value()])
+        needed |= r != static_cast<int>(k) && family(static_cast<size_t>(r)) == family(k) && !producers[v.value()].count(r);
       if (needed) set_value_info(out->add_output(), graph, v, shapes);
     }
-    AtomicFile file(directory / ("stage_" + std::to_string(k) + ".onnx"));
-    if (!model.SerializeToOstream(&file.stream())) throw SystemError("cannot serialize stage " + std::to_string(k));
+    AtomicFile file(directory / file_names[k]);
+    if (!model.SerializeToOstream(&file.stream())) throw SystemError("cannot serialize " + file_names[k]);
     file.commit();
   });
   if (!missing.empty())

@@ -10,6 +10,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "plan/cluster_json.h"
+#include "partition/virtual_stages.h"
 #include "plan/costs_json.h"
 
 namespace apart {
@@ -92,6 +93,9 @@ CompileResult compile(const CompileOptions& options) {
     timed(r.times.partition,
           [&] { r.plan = partition_by_method(r.model.graph, r.costs.table, partition, other, progress); });
   }
+
+  // ---- Interleaved: the chunks each device runs (Megatron-LM's layout), cut by the tasks' costs ----
+  r.plan.chunks = cut_virtual_stages(r.plan, r.model.graph, r.costs.table);
 
   // ---- Plan files: written as one folder or not at all ----
   wait_described();

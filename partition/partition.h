@@ -62,6 +62,9 @@ struct Plan {
   bool recompute = false;
   Layout layout = Layout::kStageMajor;
   std::vector<PlanStage> stages;
+  // Interleaved: the P·v chunks the devices run, in pipeline order, chunk c on stages[c mod P]'s devices
+  // (cut_virtual_stages, partition/virtual_stages.h); empty under every other schedule.
+  std::vector<PlanStage> chunks;
   PipelineEstimate estimate;   // the analytic estimate (stage_cost.h) of the chosen candidate
   PipelineEstimate simulated;  // its event-level replay (simulator/): what the plan predicts, and what chose it
   double samples_per_s = 0;

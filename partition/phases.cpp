@@ -754,6 +754,37 @@ Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candid
   return plan;
 }
 
+void add_stage_boundaries(const TaskGraph& graph, const std::vector<int>& stage_of_task, int64_t graph_batch,
+                          Precision precision, std::vector<PlanStage>& stages) {
+  // Boundary values: produced by a batch task of one stage (or a model input), read by batch tasks of others.
+  for (uint32_t v = 0; v < graph.num_values(); ++v) {
+    const Value& value = graph.value(ValueId(v));
+    int from;
+    if (value.kind == ValueKind::kInput) from = -1;
+    else if (value.producer.valid() && stage_of_task[value.producer.value()] >= 0) from = stage_of_task[value.producer.value()];
+    else continue;  // params, constants
+    std::set<int> to;
+    for (TaskId t : graph.consumers(ValueId(v)))
+      if (stage_of_task[t.value()] >= 0 && stage_of_task[t.value()] != from) to.insert(stage_of_task[t.value()]);
+    // At the run's activation precision (mixed: half of the graph's fp32 bytes), as the cost model sends them.
+    const double per_sample = static_cast<double>(value.bytes) / static_cast<double>(graph_batch) *
+                              activation_bytes_factor(precision);
+    for (int s : to) {
+      APART_CHECK(s > from, "a value flows backward between stages: " + value.name);
+      const StageId from_stage = from >= 0 ? StageId(static_cast<uint32_t>(from)) : StageId::invalid();
+      stages[s].inputs.push_back({ValueId(v), from_stage, per_sample * boundary_samples(stages[s].cost)});
+    }
+    const bool model_output = value.kind == ValueKind::kOutput ||
+                              std::find(graph.graph_outputs().begin(), graph.graph_outputs().end(), ValueId(v)) !=
+                                  graph.graph_outputs().end();
+    if (from >= 0 && (!to.empty() || model_output)) {
+      std::vector<StageId> to_stages;
+      for (int t : to) to_stages.push_back(StageId(static_cast<uint32_t>(t)));
+      stages[from].outputs.push_back({ValueId(v), std::move(to_stages), per_sample * boundary_samples(stages[from].cost)});
+    }
+  }
+}
+
 Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candidate& chosen,
                    const sim::SimResult& replay, const PartitionOptions& o) {
   const int64_t batch = o.training.global_batch;
@@ -812,34 +843,7 @@ Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Cand
     plan.peak_memory_bytes = std::max(plan.peak_memory_bytes, st.cost.memory_bytes);
     plan.stages.push_back(std::move(st));
   }
-  // Boundary values: produced by a batch task of one stage (or a model input), read by batch tasks of others.
-  for (uint32_t v = 0; v < graph.num_values(); ++v) {
-    const Value& value = graph.value(ValueId(v));
-    int from;
-    if (value.kind == ValueKind::kInput) from = -1;
-    else if (value.producer.valid() && stage_of_task[value.producer.value()] >= 0) from = stage_of_task[value.producer.value()];
-    else continue;  // params, constants
-    std::set<int> to;
-    for (TaskId t : graph.consumers(ValueId(v)))
-      if (stage_of_task[t.value()] >= 0 && stage_of_task[t.value()] != from) to.insert(stage_of_task[t.value()]);
-    // At the run's activation precision (mixed: half of the graph's fp32 bytes), as the cost model sends them.
-    const double per_sample = static_cast<double>(value.bytes) / static_cast<double>(atomic.graph_batch) *
-                              activation_bytes_factor(o.training.precision);
-    for (int s : to) {
-      APART_CHECK(s > from, "a value flows backward between stages: " + value.name);
-      const StageId from_stage = from >= 0 ? StageId(static_cast<uint32_t>(from)) : StageId::invalid();
-      plan.stages[s].inputs.push_back({ValueId(v), from_stage, per_sample * boundary_samples(plan.stages[s].cost)});
-    }
-    const bool model_output = value.kind == ValueKind::kOutput ||
-                              std::find(graph.graph_outputs().begin(), graph.graph_outputs().end(), ValueId(v)) !=
-                                  graph.graph_outputs().end();
-    if (from >= 0 && (!to.empty() || model_output)) {
-      std::vector<StageId> to_stages;
-      for (int t : to) to_stages.push_back(StageId(static_cast<uint32_t>(t)));
-      plan.stages[from].outputs.push_back({ValueId(v), std::move(to_stages),
-                                           per_sample * boundary_samples(plan.stages[from].cost)});
-    }
-  }
+  add_stage_boundaries(graph, stage_of_task, atomic.graph_batch, o.training.precision, plan.stages);
   return plan;
 }
 

@@ -199,5 +199,11 @@ Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candid
 // Leaves Plan::search to the caller.
 Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candidate& chosen,
                    const sim::SimResult& replay, const PartitionOptions& options);
+// The boundary values of groups of batch tasks (stages, or an interleaved plan's chunks): a value a batch task of
+// group a produces (a model input: a = -1) and batch tasks of later groups read is an input of each of them and an
+// output of a (also when only the model outputs it), in bytes per micro-batch at `precision` as one device sends it
+// (boundary_samples of the group's cost). `group_of_task[t]`: batch task t's group, -1 for constant tasks.
+void add_stage_boundaries(const TaskGraph& graph, const std::vector<int>& group_of_task, int64_t graph_batch,
+                          Precision precision, std::vector<PlanStage>& groups);
 
 }  // namespace apart

@@ -36,6 +36,22 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
   t.recompute = plan.recompute;
   t.overlap_allreduce = o.training.overlap_allreduce;
 
+  auto input_records = [&](const PlanStage& s) {  // plan.json numbers stages from 0 and a model input's source -1
+    std::vector<PlanInput> inputs;
+    for (const StageInput& in : s.inputs)
+      inputs.push_back({graph.value(in.value).name, in.from_stage.valid() ? static_cast<int>(in.from_stage.value()) : -1,
+                        in.bytes});
+    return inputs;
+  };
+  auto output_records = [&](const PlanStage& s) {
+    std::vector<PlanOutput> outputs;
+    for (const StageOutput& out : s.outputs) {
+      std::vector<int> to;
+      for (StageId t : out.to_stages) to.push_back(static_cast<int>(t.value()));
+      outputs.push_back({graph.value(out.value).name, std::move(to), out.bytes});
+    }
+    return outputs;
+  };
   for (const PlanStage& s : plan.stages) {
     PlanStageRecord r;
     r.id = static_cast<int>(s.id.value());
@@ -62,16 +78,17 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
     r.optimizer_s = s.cost.optimizer_s;
     r.param_bytes = s.cost.param_bytes;
     r.memory_bytes = s.cost.memory_bytes;
-    // plan.json numbers stages from 0 and writes a model input's source as -1.
-    for (const StageInput& in : s.inputs)
-      r.inputs.push_back({graph.value(in.value).name, in.from_stage.valid() ? static_cast<int>(in.from_stage.value()) : -1,
-                          in.bytes});
-    for (const StageOutput& out : s.outputs) {
-      std::vector<int> to;
-      for (StageId t : out.to_stages) to.push_back(static_cast<int>(t.value()));
-      r.outputs.push_back({graph.value(out.value).name, std::move(to), out.bytes});
-    }
+    r.inputs = input_records(s);
+    r.outputs = output_records(s);
     d.stages.push_back(std::move(r));
+  }
+  for (const PlanStage& chunk : plan.chunks) {  // interleaved only
+    PlanVirtualStage& c = d.virtual_stages.emplace_back();
+    c.id = static_cast<int>(chunk.id.value());
+    c.stage = c.id % static_cast<int>(plan.stages.size());
+    for (TaskId task : chunk.tasks) c.tasks.push_back(graph.task(task).name);
+    c.inputs = input_records(chunk);
+    c.outputs = output_records(chunk);
   }
 
   PlanOptions options;

@@ -67,6 +67,18 @@ ordered options_json(const PlanOptions& o) {
   return j;
 }
 
+void put_boundaries(ordered& j, const std::vector<PlanInput>& ins, const std::vector<PlanOutput>& outs) {
+  ordered inputs = ordered::array();
+  // Whole bytes in the file; a transfer is far below 2^53 bytes, so the cast is exact.
+  for (const PlanInput& in : ins)
+    inputs.push_back({{"value", in.value}, {"from_stage", in.from_stage}, {"bytes", static_cast<int64_t>(in.bytes)}});
+  j["inputs"] = inputs;
+  ordered outputs = ordered::array();
+  for (const PlanOutput& out : outs)
+    outputs.push_back({{"value", out.value}, {"to_stages", out.to_stages}, {"bytes", static_cast<int64_t>(out.bytes)}});
+  j["outputs"] = outputs;
+}
+
 ordered stage_json(const PlanStageRecord& s) {
   ordered j;
   j["id"] = s.id;
@@ -95,15 +107,16 @@ ordered stage_json(const PlanStageRecord& s) {
   put(j, "memory_bytes", s.memory_bytes);
   put(j, "memory_static_bytes", s.memory_static_bytes);
   put(j, "activation_bytes_per_microbatch", s.activation_bytes_per_microbatch);
-  ordered inputs = ordered::array();
-  // Whole bytes in the file; a transfer is far below 2^53 bytes, so the cast is exact.
-  for (const PlanInput& in : s.inputs)
-    inputs.push_back({{"value", in.value}, {"from_stage", in.from_stage}, {"bytes", static_cast<int64_t>(in.bytes)}});
-  j["inputs"] = inputs;
-  ordered outputs = ordered::array();
-  for (const PlanOutput& out : s.outputs)
-    outputs.push_back({{"value", out.value}, {"to_stages", out.to_stages}, {"bytes", static_cast<int64_t>(out.bytes)}});
-  j["outputs"] = outputs;
+  put_boundaries(j, s.inputs, s.outputs);
+  return j;
+}
+
+ordered virtual_stage_json(const PlanVirtualStage& c) {
+  ordered j;
+  j["id"] = c.id;
+  j["stage"] = c.stage;
+  j["tasks"] = c.tasks;
+  put_boundaries(j, c.inputs, c.outputs);
   return j;
 }
 
@@ -188,6 +201,11 @@ ordered plan_to_json(const PlanDocument& plan) {
   ordered stages = ordered::array();
   for (const PlanStageRecord& s : plan.stages) stages.push_back(stage_json(s));
   j["stages"] = stages;
+  if (!plan.virtual_stages.empty()) {  // interleaved plans only: every other plan keeps its bytes
+    ordered chunks = ordered::array();
+    for (const PlanVirtualStage& c : plan.virtual_stages) chunks.push_back(virtual_stage_json(c));
+    j["virtual_stages"] = chunks;
+  }
   if (plan.predicted) j["predicted"] = predicted_json(*plan.predicted);
   if (plan.search) j["search"] = search_json(*plan.search);
   if (plan.tensor_parallel) j["tensor_parallel"] = tensor_parallel_json(*plan.tensor_parallel);
@@ -279,6 +297,52 @@ void read_options(const Readers& rs, const json& j, PlanDocument& plan) {
   plan.options = o;
 }
 
+// A stage's (or chunk's) task names.
+std::vector<std::string> read_task_names(const JsonReader& r, const json& st, const std::string& p) {
+  std::vector<std::string> names;
+  const json& tasks = r.array(st, p, "tasks");
+  for (size_t k = 0; k < tasks.size(); ++k) {
+    if (!tasks[k].is_string()) r.fail(p + "tasks[" + std::to_string(k) + "]", "must be a string");
+    names.push_back(tasks[k].get<std::string>());
+  }
+  return names;
+}
+
+// A stage's (or chunk's) inputs, from earlier ones or -1, and outputs, to later ones among `count`.
+void read_boundaries(const JsonReader& r, const json& st, const std::string& p, int s, int count,
+                     std::vector<PlanInput>& inputs, std::vector<PlanOutput>& outputs) {
+  const json& ij = st.contains("inputs") ? r.array(st, p, "inputs") : json::array();
+  for (size_t i = 0; i < ij.size(); ++i) {
+    const std::string f = p + "inputs[" + std::to_string(i) + "].";
+    if (!ij[i].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
+    PlanInput in;
+    in.value = r.optional_string(ij[i], f, "value").value_or("");
+    in.from_stage = static_cast<int>(r.integer(ij[i], f, "from_stage", -1, limits::kMaxDevices));
+    if (in.from_stage >= s)
+      r.fail(f + "from_stage", "is " + std::to_string(in.from_stage) + ": a stage reads only from earlier stages (or -1, a model input)");
+    in.bytes = r.optional_bytes(ij[i], f, "bytes").value_or(0.0);
+    inputs.push_back(in);
+  }
+  const json& oj = st.contains("outputs") ? r.array(st, p, "outputs") : json::array();
+  for (size_t o = 0; o < oj.size(); ++o) {
+    const std::string f = p + "outputs[" + std::to_string(o) + "].";
+    if (!oj[o].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
+    PlanOutput out;
+    out.value = r.optional_string(oj[o], f, "value").value_or("");
+    const json& to = oj[o].contains("to_stages") ? r.array(oj[o], f, "to_stages") : json::array();
+    for (size_t t = 0; t < to.size(); ++t) {
+      const std::string tf = f + "to_stages[" + std::to_string(t) + "]";
+      const int target = static_cast<int>(r.integer_at(to[t], tf, 0, limits::kMaxDevices));
+      if (target <= s || target >= count)
+        r.fail(tf, "is " + std::to_string(target) + ": must name a later stage (" + std::to_string(s + 1) + ".." +
+                       std::to_string(count - 1) + ")");
+      out.to_stages.push_back(target);
+    }
+    out.bytes = r.optional_bytes(oj[o], f, "bytes").value_or(0.0);
+    outputs.push_back(out);
+  }
+}
+
 void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
   const JsonReader& r = rs.strict;
   const JsonReader& l = rs.lenient;
@@ -323,13 +387,7 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
                  "is device " + std::to_string(stage.devices[d]) + ", in another node (of " + std::to_string(per_node) +
                      " devices) than device " + std::to_string(stage.devices[g]) + " of the same tensor-parallel group; "
                      "a group's tp devices must share a node");
-    if (st.contains("tasks")) {
-      const json& tasks = r.array(st, p, "tasks");
-      for (size_t k = 0; k < tasks.size(); ++k) {
-        if (!tasks[k].is_string()) r.fail(p + "tasks[" + std::to_string(k) + "]", "must be a string");
-        stage.tasks.push_back(tasks[k].get<std::string>());
-      }
-    }
+    if (st.contains("tasks")) stage.tasks = read_task_names(r, st, p);
     stage.batch_tasks = l.optional_integer(st, p, "batch_tasks", 0);
     stage.microbatch_size = l.optional_integer(st, p, "microbatch_size", 0, limits::kMaxBatch);
     stage.forward_s = r.seconds(st, p, "forward_s");
@@ -378,37 +436,38 @@ void read_stages(const Readers& rs, const json& j, PlanDocument& plan) {
     stage.memory_static_bytes = r.optional_bytes(st, p, "memory_static_bytes");
     stage.activation_bytes_per_microbatch = r.optional_bytes(st, p, "activation_bytes_per_microbatch");
 
-    const json& ij = st.contains("inputs") ? r.array(st, p, "inputs") : json::array();
-    for (size_t i = 0; i < ij.size(); ++i) {
-      const std::string f = p + "inputs[" + std::to_string(i) + "].";
-      if (!ij[i].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
-      PlanInput in;
-      in.value = r.optional_string(ij[i], f, "value").value_or("");
-      in.from_stage = static_cast<int>(r.integer(ij[i], f, "from_stage", -1, limits::kMaxDevices));
-      if (in.from_stage >= s)
-        r.fail(f + "from_stage", "is " + std::to_string(in.from_stage) + ": a stage reads only from earlier stages (or -1, a model input)");
-      in.bytes = r.optional_bytes(ij[i], f, "bytes").value_or(0.0);
-      stage.inputs.push_back(in);
-    }
-    const json& oj = st.contains("outputs") ? r.array(st, p, "outputs") : json::array();
-    for (size_t o = 0; o < oj.size(); ++o) {
-      const std::string f = p + "outputs[" + std::to_string(o) + "].";
-      if (!oj[o].is_object()) r.fail(f.substr(0, f.size() - 1), "must be an object");
-      PlanOutput out;
-      out.value = r.optional_string(oj[o], f, "value").value_or("");
-      const json& to = oj[o].contains("to_stages") ? r.array(oj[o], f, "to_stages") : json::array();
-      for (size_t t = 0; t < to.size(); ++t) {
-        const std::string tf = f + "to_stages[" + std::to_string(t) + "]";
-        const int target = static_cast<int>(r.integer_at(to[t], tf, 0, limits::kMaxDevices));
-        if (target <= s || target >= num_stages)
-          r.fail(tf, "is " + std::to_string(target) + ": must name a later stage (" + std::to_string(s + 1) + ".." +
-                         std::to_string(num_stages - 1) + ")");
-        out.to_stages.push_back(target);
-      }
-      out.bytes = r.optional_bytes(oj[o], f, "bytes").value_or(0.0);
-      stage.outputs.push_back(out);
-    }
+    read_boundaries(r, st, p, s, num_stages, stage.inputs, stage.outputs);
     plan.stages.push_back(std::move(stage));
+  }
+}
+
+// Interleaved plans: the P·v chunks in pipeline order, chunk c on stage c mod P; absent under other schedules.
+void read_virtual_stages(const Readers& rs, const json& j, PlanDocument& plan) {
+  if (!j.contains("virtual_stages")) return;
+  const JsonReader& r = rs.strict;
+  const json& vj = r.array(j, "", "virtual_stages");
+  if (plan.training.schedule != Schedule::kInterleaved)
+    r.fail("virtual_stages", "is listed, but training.schedule is not interleaved");
+  const int stages = static_cast<int>(plan.stages.size());
+  const int chunks = stages * plan.training.virtual_stages.value_or(kDefaultVirtualStages);
+  if (static_cast<int>(vj.size()) != chunks)
+    r.fail("virtual_stages", "lists " + std::to_string(vj.size()) + " chunks, expected " + std::to_string(chunks) +
+                                 " (stages × training.virtual_stages)");
+  for (int c = 0; c < chunks; ++c) {
+    const std::string p = "virtual_stages[" + std::to_string(c) + "].";
+    const json& cj = vj[static_cast<size_t>(c)];
+    if (!cj.is_object()) r.fail("virtual_stages[" + std::to_string(c) + "]", "must be an object");
+    PlanVirtualStage chunk;
+    chunk.id = static_cast<int>(r.integer(cj, p, "id", 0, chunks - 1));
+    if (chunk.id != c) r.fail(p + "id", "is " + std::to_string(chunk.id) + ", expected " + std::to_string(c) + " (chunks in order)");
+    chunk.stage = static_cast<int>(r.integer(cj, p, "stage", 0, stages - 1));
+    if (chunk.stage != c % stages)
+      r.fail(p + "stage", "is " + std::to_string(chunk.stage) + ", expected " + std::to_string(c % stages) +
+                              " (chunk c runs on stage c mod " + std::to_string(stages) + ")");
+    chunk.tasks = read_task_names(r, cj, p);
+    if (chunk.tasks.empty()) r.fail(p + "tasks", "is empty: every chunk holds tasks");
+    read_boundaries(r, cj, p, c, chunks, chunk.inputs, chunk.outputs);
+    plan.virtual_stages.push_back(std::move(chunk));
   }
 }
 
@@ -516,6 +575,40 @@ int plan_devices(const PlanDocument& plan) {
   return devices;
 }
 
+bool is_virtual_stage_view(const PlanDocument& plan) {
+  return !plan.virtual_stages.empty() && plan.stages.size() == plan.virtual_stages.size();
+}
+
+PlanDocument virtual_stage_view(const PlanDocument& plan) {
+  if (is_virtual_stage_view(plan)) return plan;
+  if (plan.virtual_stages.empty())
+    throw InvalidModel("the plan's schedule is " + std::string(schedule_name(plan.training.schedule)) +
+                       " but plan.json lists no virtual_stages (the tasks of each chunk): re-run apart partition to "
+                       "rewrite the plan");
+  const size_t p = plan.stages.size();
+  const double v = static_cast<double>(plan.virtual_stages.size() / p);
+  PlanDocument view = plan;
+  view.stages.clear();
+  for (const PlanVirtualStage& chunk : plan.virtual_stages) {
+    PlanStageRecord record = plan.stages[static_cast<size_t>(chunk.id) % p];
+    record.id = chunk.id;
+    record.tasks = chunk.tasks;
+    record.batch_tasks.reset();
+    record.inputs = chunk.inputs;
+    record.outputs = chunk.outputs;
+    record.forward_s /= v;  // the simulator's share: 1/v of the stage's times (docs/simulator.md)
+    record.backward_s /= v;
+    if (record.backward_weight_s) *record.backward_weight_s /= v;
+    if (record.recompute_forward_s) *record.recompute_forward_s /= v;
+    view.stages.push_back(std::move(record));
+  }
+  return view;
+}
+
+std::string stage_file_name(const PlanDocument& plan, int stage) {
+  return (is_virtual_stage_view(plan) ? "chunk_" : "stage_") + std::to_string(stage) + ".onnx";
+}
+
 PlanDocument plan_from_json(const json& j, const std::string& source) {
   const Readers rs(source);
   const JsonReader& r = rs.strict;
@@ -539,6 +632,7 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
   read_training(rs, j, plan.training);
   read_options(rs, j, plan);
   read_stages(rs, j, plan);
+  read_virtual_stages(rs, j, plan);
   read_predicted(rs, j, plan);
   read_search(rs, j, plan);
   read_tensor_parallel(rs, j, plan);

@@ -121,6 +121,19 @@ struct PlanStageRecord {
   std::vector<PlanOutput> outputs;
 };
 
+// Interleaved plans (training.schedule "interleaved"): one of the P·v virtual stages (chunks) the devices run, in
+// pipeline order. Chunk `id` runs on the devices of stages[id mod P] (Megatron-LM's layout: stage k's devices hold
+// chunks k, k + P, …, k + (v − 1)·P); its inputs come from earlier chunks (or -1, a model input) and its outputs go
+// to later ones. The chunks cut the model's batch tasks, in the order the stages list them, into P·v runs, each
+// with about 1/v of its stage's forward + backward time (what the simulator gives it): docs/plan.md.
+struct PlanVirtualStage {
+  int id = 0;
+  int stage = 0;  // the stage whose devices run it: id mod P
+  std::vector<std::string> tasks;  // topological order; constant tasks may repeat across chunks
+  std::vector<PlanInput> inputs;   // from_stage: a virtual stage id, -1 a model input
+  std::vector<PlanOutput> outputs; // to_stages: virtual stage ids
+};
+
 struct PlanPrediction {
   std::optional<double> iteration_s;
   std::optional<int> bottleneck_stage;
@@ -185,6 +198,7 @@ struct PlanDocument {
   std::optional<PlanPrediction> predicted;
   std::optional<PlanSearch> search;
   std::optional<PlanTensorParallel> tensor_parallel;  // absent in plans before it
+  std::vector<PlanVirtualStage> virtual_stages;  // interleaved: the P·v chunks; empty under every other schedule
 };
 
 // Devices (processes) the plan runs on: Σ over stages of replicas × tp, the length of every stages[k].devices.
@@ -193,6 +207,16 @@ int plan_devices(const PlanDocument& plan);
 // "off", "on" (every stage's whole forward), "selective" (every stage's attention cores) or "3 of 8 stages" (where a
 // stage needs it; "3 of 8 stages (2 selective)" when some recompute their attention cores only).
 std::string recompute_summary(const PlanDocument& plan);
+
+// An interleaved plan's pipeline of chunks as a plan of its own, what the runtime and schedule/ run: stage record c
+// is virtual stage c (its tasks, inputs and outputs) with the replicas, devices, tp, ZeRO stage and recomputation of
+// stages[c mod P] and 1/v of its times; each device then sits in v stages. InvalidModel when the plan lists no
+// virtual stages (a plan written before `apart run` executed interleaving: re-run apart partition).
+PlanDocument virtual_stage_view(const PlanDocument& plan);
+// Whether `plan` is such a view (its stages are its virtual stages).
+bool is_virtual_stage_view(const PlanDocument& plan);
+// The ONNX file of stage record `stage` in the plan folder: stage_K.onnx, or in a virtual-stage view chunk_K.onnx.
+std::string stage_file_name(const PlanDocument& plan, int stage);
 
 // The one writer: fields in the documented order, optional ones when present. What `apart partition` writes.
 nlohmann::ordered_json plan_to_json(const PlanDocument& plan);

@@ -65,6 +65,7 @@ struct RunSetup {
   PlanDocument plan;
   PlanDocument full_plan;
   int tp = 1;  // the TP degree every stage shares
+  int positions = 1;  // pipeline positions P: the plan's stages (its view lists P·v chunks, chunk c at c mod P)
   fs::path plan_dir;
   fs::path model_path;
   RankRole role;
@@ -123,14 +124,21 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
     throw InvalidArgument("the plan " + options.plan + " runs on " + std::to_string(devices) + " processes (" +
                           std::to_string(plan.stages.size()) + " stages); this run has " + std::to_string(world) +
                           ": launch it with mpirun -np " + std::to_string(devices));
-  for (size_t k = 0; k < plan.stages.size(); ++k) {
-    const fs::path file = s.plan_dir / ("stage_" + std::to_string(k) + ".onnx");
+  // An interleaved plan runs as its chunks (plan/plan.h virtual_stage_view), each from its chunk_C.onnx.
+  const bool interleaved = plan.training.schedule == Schedule::kInterleaved;
+  if (interleaved && (!options.checkpoint_dir.empty() || !options.resume.empty() || !options.trace.empty()))
+    throw Unsupported("--checkpoint-dir, --resume and --trace do not run with an interleaved plan yet; drop them or "
+                      "re-plan with --schedule 1f1b");
+  const PlanDocument pipeline = interleaved ? virtual_stage_view(plan) : PlanDocument{};
+  const PlanDocument& run = interleaved ? pipeline : plan;
+  for (size_t k = 0; k < run.stages.size(); ++k) {
+    const fs::path file = s.plan_dir / stage_file_name(run, static_cast<int>(k));
     std::error_code ec;
     if (!fs::is_regular_file(file, ec))
       throw InvalidArgument("the plan folder " + s.plan_dir.string() + " has no " + file.filename().string() +
-                            " (stage " + std::to_string(k) + " of " + std::to_string(plan.stages.size()) +
+                            " (stage " + std::to_string(k) + " of " + std::to_string(run.stages.size()) +
                             "): re-run apart partition to write it");
-    check_stage_file(file, plan.stages[k]);
+    check_stage_file(file, run.stages[k]);
   }
   if (!plan.training.global_batch)
     throw InvalidModel(options.plan + ": training.global_batch is missing; apart run needs it to split the batch");
@@ -174,6 +182,11 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
       throw InvalidModel(options.plan + ": the stages are tensor-parallel (tp " + std::to_string(s.tp) + ") but plan.json "
                          "lacks the regions' shard layout (tensor_parallel.regions[].column_tasks …); re-run apart "
                          "partition to rewrite the plan");
+  }
+  s.positions = static_cast<int>(plan.stages.size());
+  if (interleaved) {  // the chunks are the stages; the rank's role is its first chunk's, d (the stage it sits at)
+    s.plan = pipeline;
+    s.role = rank_role(s.plan, rank);
   }
   s.full_plan = s.plan;
   s.plan = tensor_parallel_view(s.full_plan, s.role.tp_rank);
@@ -389,14 +402,49 @@ struct Bucket {
   int64_t collected = 0;  // ZeRO-2/3: the micro-batches whose reduced shard this step has added into the pieces
 };
 
+// What the stages a rank runs share: the communicators of the tied-param sets this rank holds (by the set of stages
+// holding them; one per set and rank, however many of its chunks hold them) and the params --save-model gathers
+// on world rank 0.
+struct RankShared {
+  std::map<std::set<int>, std::unique_ptr<Communicator>> ties;
+  std::map<std::string, Tensor> saved;
+};
+
+// One stage of the plan on this rank: its programs, params, gradients, buckets and optimizer. A rank runs one, or in
+// an interleaved plan one per chunk it holds (RankRunner), each chunk a stage of the plan's virtual-stage view.
 class StageRunner {
  public:
-  StageRunner(const RunOptions& options, const RunSetup& setup, Communicator& world)
+  StageRunner(const RunOptions& options, const RunSetup& setup, Communicator& world, int stage, RankShared& shared)
       : options_(options), setup_(setup), world_(world), plan_(setup.plan),
-        stage_(setup.plan.stages[static_cast<size_t>(setup.role.stage)]), model_(setup.model.get()),
+        stage_(setup.plan.stages[static_cast<size_t>(stage)]), model_(setup.model.get()), shared_(shared),
         backend_(options.backend ? *options.backend : cpu_backend()) {}
 
-  RunResult run(const RunStepCallback& on_step);
+  void set_up();  // programs, communicators (collective over the world: every rank's chunks in the same order), buckets
+  void begin_step();
+  // Runs a forward, backward, send, receive or all-reduce of this stage; the bytes a message carried.
+  size_t act(const Action& a, const std::map<std::string, Tensor>& batch, int64_t step);
+  // The step, around the rank's sum of tied gradients and the world all-reduce of every stage's `totals` [Σ‖g‖²,
+  // loss, then a not-finite flag per rank]: wait for the sends and the all-reduce and unscale; the gradients of the
+  // params this stage shares with the stages `stages` (RankShared::ties' keys), in the tie's param order (none when it
+  // holds none); add this stage's share of `totals`; step the optimizer.
+  void unscale_gradients();
+  std::vector<Tensor*> tied_gradients(const std::set<int>& stages);
+  void add_totals(std::vector<double>& totals);
+  StepRecord apply_step(int64_t step, const std::vector<double>& totals);
+  // --save-model: the params world rank 0 writes, gathered into shared_.saved (every stage of every rank calls it,
+  // chunk by chunk); `write` (rank 0's last stage) writes the model.
+  void save_model(bool write);
+  void save_checkpoint(int64_t step_done);
+  int64_t restore();
+  // A checkpoint of another world size or plan: refused unless the plan has the same stages (tasks, TP degree) and
+  // global batch, naming what differs (InvalidArgument); then this stage's shards at this TP rank are put together
+  // whole and cut as this run's replicas and ZeRO stage lay them out.
+  void check_resharding(const Manifest& m, const std::string& where) const;
+  void restore_resharded(const fs::path& folder, const Manifest& m, const std::string& where);
+  void prepare_optimizer();  // its state before step 1's copies fill the backend's pool; this stage's figures
+  std::map<std::string, Tensor> batch(int64_t step) const { return data_->batch(step); }
+  const RunResult& result() const { return result_; }
+  const PlanStageRecord& stage() const { return stage_; }
 
  private:
   void build();
@@ -440,15 +488,6 @@ class StageRunner {
   }
   // ZeRO-3 empties this param's tensors between passes: a param of a sharded bucket.
   bool sharded_between_uses(size_t param) const { return zero_ >= 3 && buckets_[bucket_of_[param]].sharded; }
-  StepRecord optimizer_step(int64_t step);
-  void save_model();
-  void save_checkpoint(int64_t step_done);
-  int64_t restore();
-  // A checkpoint of another world size or plan: refused unless the plan has the same stages (tasks, TP degree) and
-  // global batch, naming what differs (InvalidArgument); then this stage's shards at this TP rank are put together
-  // whole and cut as this run's replicas and ZeRO stage lay them out.
-  void check_resharding(const Manifest& m, const std::string& where) const;
-  void restore_resharded(const fs::path& folder, const Manifest& m, const std::string& where);
   // The tensors a checkpoint shard holds: "param/<name>" (trained and BatchNorm statistics) and "optim/<name>/<slot>".
   std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors();
   SampleRange my_samples() const { return replica_samples(setup_.microbatch_samples, stage_.replicas, setup_.role.replica); }
@@ -472,6 +511,7 @@ class StageRunner {
   const PlanDocument& plan_;
   const PlanStageRecord& stage_;
   const ImportedModel* model_;  // setup_.model: the whole model at the global batch (data roles, param owners)
+  RankShared& shared_;
   StageGraphs graphs_;
   // backward_ computes the param gradients: the whole backward, or under ZB-H1 its W pass, with input_pass_ its
   // B pass (nullptr when the stage has no input gradients: W is then the whole backward).
@@ -522,8 +562,8 @@ class StageRunner {
   std::vector<Tensor> piece_params_, piece_grads_;
   // Params held by several stages (tied embeddings): one communicator per set of holding stages.
   struct Tie {
+    std::set<int> stages;  // the stages holding them
     std::vector<size_t> params;
-    std::unique_ptr<Communicator> comm;
   };
   std::vector<Tie> ties_;
   std::vector<bool> counts_in_norm_;  // by param: this rank adds it to the global norm (one holder, replica 0)
@@ -559,8 +599,8 @@ const BoundaryValue& StageRunner::boundary(const std::string& name) const {
 }
 
 void StageRunner::build() {
-  const int s = setup_.role.stage;
-  const fs::path stage_file = setup_.plan_dir / ("stage_" + std::to_string(s) + ".onnx");
+  const int s = stage_.id;
+  const fs::path stage_file = setup_.plan_dir / stage_file_name(plan_, s);
 
   onnx::ModelProto proto = load_model_proto(stage_file);
   if (options_.init == ParamInit::kRandom) randomize_params(proto, options_.seed);
@@ -822,7 +862,7 @@ void StageRunner::build_buckets_and_optimizer() {
 // Collective over the world, in the same order on every rank: the stage's replicas, then one communicator per
 // set of stages that hold a common param (the tied embedding of a GPT is in its first and its last stage).
 void StageRunner::build_communicators() {
-  const int s = setup_.role.stage;
+  const int s = stage_.id;
   replicas_ = world_.split(s * setup_.tp + setup_.role.tp_rank, setup_.role.replica);  // one group per TP rank
   if (replicas_ && replicas_->size() == 1) replicas_.reset();
   if (options_.device_world) {  // the same split over NCCL, collective in the same order on every rank
@@ -848,14 +888,22 @@ void StageRunner::build_communicators() {
     if (stages.size() > 1) tied[stages].push_back(param);
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < param_names_.size(); ++i) index[param_names_[i]] = i;
+  // The stages this rank runs (several in an interleaved plan: its chunks), each tie's communicator split once per
+  // rank, by its first stage, with every rank that holds the param in some stage.
+  std::vector<int> mine;
+  for (const PlanStageRecord& stage : plan_.stages)
+    if (std::find(stage.devices.begin(), stage.devices.end(), world_.rank()) != stage.devices.end()) mine.push_back(stage.id);
   for (const auto& [stages, names] : tied) {
-    const bool member = stages.count(s) > 0;
-    std::unique_ptr<Communicator> comm = world_.split(member ? setup_.role.tp_rank : -1, world_.rank());  // per TP rank
-    if (!member) continue;
+    const bool held = std::any_of(mine.begin(), mine.end(), [&](int c) { return stages.count(c) > 0; });
+    if (s == mine.front()) {
+      std::unique_ptr<Communicator> comm = world_.split(held ? setup_.role.tp_rank : -1, world_.rank());  // per TP rank
+      if (held) shared_.ties[stages] = std::move(comm);
+    }
+    if (stages.count(s) == 0) continue;
     Tie tie;
+    tie.stages = stages;
     for (const std::string& n : names)
       if (auto it = index.find(n); it != index.end()) tie.params.push_back(it->second);
-    tie.comm = std::move(comm);
     ties_.push_back(std::move(tie));
   }
   counts_in_norm_.assign(params_.size(), false);
@@ -1207,7 +1255,11 @@ void StageRunner::release_params() {
       for (Tensor* slot : param_slots_[i]) *slot = Tensor();
 }
 
-StepRecord StageRunner::optimizer_step(int64_t step) {
+void StageRunner::unscale_gradients() {
+  if (device_messages_) device_messages_->finish();  // the deferred sends, then every send
+  for (auto& [buffer, request] : sends_) request->wait();
+  sends_.clear();
+  finish_allreduce();  // a stage without kAllReduce has none in flight; harmless
   // The model's loss is a mean over its batch; each loss-stage replica's micro-batch loss is the mean over its
   // share, so the whole batch's gradient is the sum over micro-batches and replicas over (m × its replicas).
   const double loss_replicas = plan_.stages[static_cast<size_t>(setup_.loss_stage)].replicas;
@@ -1216,29 +1268,32 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   const float scale = static_cast<float>(scaler_.enabled() ? 1.0 / scaler_.scale()
                                                            : 1.0 / (static_cast<double>(setup_.microbatches) * loss_replicas));
   for (Tensor* g : step_grads_) backend_.scale(*g, scale);
-  for (Tie& tie : ties_) {  // a tied param's gradient is the sum over the stages holding it (replica 0 of each)
-    for (size_t i : tie.params) {
-      std::vector<float> contribution(static_cast<size_t>(grads_[i].elements()), 0.0f);
-      auto* bytes = reinterpret_cast<std::byte*>(contribution.data());
-      if (setup_.role.replica == 0) backend_.copy_to_host(grads_[i].raw(), bytes, grads_[i].bytes());
-      tie.comm->allreduce_sum(std::span<float>(contribution))->wait();
-      backend_.copy_to_device(bytes, grads_[i].raw(), grads_[i].bytes());
-    }
-  }
-  // One world all-reduce: [Σ‖g‖², loss, then a not-finite flag per rank].
+}
+
+std::vector<Tensor*> StageRunner::tied_gradients(const std::set<int>& stages) {
+  std::vector<Tensor*> grads;
+  for (Tie& tie : ties_)
+    if (tie.stages == stages)
+      for (size_t i : tie.params) grads.push_back(&grads_[i]);
+  return grads;
+}
+
+void StageRunner::add_totals(std::vector<double>& totals) {
+  const double loss_replicas = plan_.stages[static_cast<size_t>(setup_.loss_stage)].replicas;
   std::vector<Tensor*> counted;
   for (size_t i = 0; i < step_grads_.size(); ++i)
     if (step_counts_in_norm_[i]) counted.push_back(step_grads_[i]);
   const double local_sq = grad_sum_of_squares(counted, backend_);
-  std::vector<double> totals(2 + static_cast<size_t>(world_.size()), 0.0);
-  totals[0] = local_sq;
+  totals[0] += local_sq;
   double local_loss = 0;
   for (double l : losses_) local_loss += l;
   if (!graphs_.loss_output.empty() && setup_.role.tp_rank == 0)  // the TP ranks of a replica compute one loss
-    totals[1] = local_loss * loss_weight() / static_cast<double>(setup_.microbatches) / loss_replicas;
+    totals[1] += local_loss * loss_weight() / static_cast<double>(setup_.microbatches) / loss_replicas;
   const bool finite = std::isfinite(local_sq) && std::isfinite(local_loss);
-  totals[2 + static_cast<size_t>(world_.rank())] = finite ? 0.0 : 1.0;
-  world_.allreduce_sum(std::span<double>(totals))->wait();
+  totals[2 + static_cast<size_t>(world_.rank())] += finite ? 0.0 : 1.0;
+}
+
+StepRecord StageRunner::apply_step(int64_t step, const std::vector<double>& totals) {
   StepRecord record;
   LrSchedule schedule = options_.schedule;
   schedule.total_steps = options_.steps;
@@ -1267,20 +1322,23 @@ StepRecord StageRunner::optimizer_step(int64_t step) {
   return record;
 }
 
-void StageRunner::save_model() {
+void StageRunner::save_model(bool write) {
   // Every param and BatchNorm statistic of the model, from the replica 0 of the lowest stage holding it; under
-  // ZeRO-3 every replica gathers its stage's params whole for it.
+  // ZeRO-3 every replica gathers its stage's params whole for it. In an interleaved plan rank 0 takes, with its chunk
+  // j·P, the params of every chunk j·P + k (the chunk rank k sends them from at the same turn).
   if (zero_ >= 3) allgather_params();
-  std::set<std::string> saved(param_names_.begin(), param_names_.end());
-  for (const auto& [init, out] : graphs_.state_updates) saved.insert(init);
+  const int positions = setup_.positions;
   std::map<std::string, int> owner_rank;  // replica 0 (TP rank 0) of the lowest stage holding it
-  for (const auto& [param, stage] : owner_stage_) owner_rank[param] = setup_.full_plan.stages[static_cast<size_t>(stage)].devices[0];
+  for (const auto& [param, stage] : owner_stage_) {
+    const bool mine = world_.rank() == 0 ? stage / positions == stage_.id / positions : stage == stage_.id;
+    if (mine) owner_rank[param] = setup_.full_plan.stages[static_cast<size_t>(stage)].devices[0];
+  }
   const std::map<std::string, Tensor> tp_whole = tp_group_ ? gather_tp_params() : std::map<std::string, Tensor>{};
   auto whole_param = [&](const std::string& name) -> const Tensor* {
     const auto it = tp_whole.find(name);
     return it != tp_whole.end() ? &it->second : param_tensor(name);
   };
-  std::map<std::string, Tensor> values;
+  std::map<std::string, Tensor>& values = shared_.saved;
   std::vector<Pending> pending;
   std::vector<Tensor> sent;  // host copies of the params being sent, alive until their sends complete
   for (const auto& [param, rank] : owner_rank) {
@@ -1305,7 +1363,7 @@ void StageRunner::save_model() {
   }
   for (Pending& p : pending) p->wait();
   release_params();  // rank 0's values share or copy what it read
-  if (world_.rank() != 0) return;
+  if (world_.rank() != 0 || !write) return;
   std::map<std::string, const Tensor*> refs;
   for (const auto& [name, t] : values) refs[name] = &t;
   write_trained_model(setup_.model_path, options_.save_model, refs);
@@ -1397,6 +1455,125 @@ int64_t StageRunner::restore() {
   return m.step;
 }
 
+void StageRunner::set_up() {
+  build();
+  build_communicators();
+  build_buckets_and_optimizer();
+  result_.role = setup_.role;
+  result_.world = world_.size();
+  result_.reports = stage_.id == setup_.loss_stage && setup_.role.replica == 0 && setup_.role.tp_rank == 0;
+}
+
+void StageRunner::prepare_optimizer() {
+  optimizer_->prepare(step_params_);  // its state before step 1's copies fill the backend's pool
+  result_.zero = zero_;
+  for (const auto& [name, t] : optimizer_->state()) result_.optimizer_state_bytes += t->bytes();
+  for (const Tensor& g : grads_) result_.gradient_bytes += g.bytes();
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!sharded_between_uses(i)) result_.param_bytes += params_[i]->bytes();
+  if (zero_ >= 3)
+    for (const Tensor& p : piece_params_) result_.param_bytes += p.bytes();
+  if (zero_ >= 2)
+    for (const Tensor& g : piece_grads_) result_.gradient_bytes += g.bytes();
+}
+
+void StageRunner::begin_step() {
+  frames_.assign(static_cast<size_t>(setup_.microbatches), Frame{});
+  losses_.clear();
+  backwards_done_ = 0;
+  weight_passes_done_ = 0;
+  for (Bucket& b : buckets_) {
+    b.ready = 0;
+    b.collected = 0;
+  }
+}
+
+size_t StageRunner::act(const Action& a, const std::map<std::string, Tensor>& batch, int64_t step) {
+  switch (a.kind) {
+    case ActionKind::kForward: forward(a.microbatch, batch, step); break;
+    case ActionKind::kBackward: backward(a.microbatch, step); break;
+    case ActionKind::kBackwardWeight: backward_weight(a.microbatch, step); break;
+    case ActionKind::kSend: return send(a);
+    case ActionKind::kRecv: return recv(a);
+    case ActionKind::kAllReduce: finish_allreduce(); break;
+    case ActionKind::kStep: APART_CHECK(false, "the step is the rank's (RankRunner)");
+  }
+  return 0;
+}
+
+// One rank's share of the plan: its stage, or in an interleaved plan its chunks d, d + P, … (each a StageRunner),
+// running the rank's actions, each on the stage it names, and one optimizer step over all of them.
+class RankRunner {
+ public:
+  RankRunner(const RunOptions& options, const RunSetup& setup, Communicator& world)
+      : options_(options), setup_(setup), world_(world) {
+    for (const PlanStageRecord& stage : setup.plan.stages)  // the rank's stages in order: every rank splits alike
+      if (std::find(stage.devices.begin(), stage.devices.end(), world.rank()) != stage.devices.end())
+        stages_.push_back(std::make_unique<StageRunner>(options, setup, world, stage.id, shared_));
+  }
+
+  RunResult run(const RunStepCallback& on_step);
+
+ private:
+  StageRunner& runner_of(const Action& a) {
+    // Compute and all-reduce name their stage in a view; a message is for the stage at this end of it.
+    const int stage = a.stage >= 0                      ? a.stage
+                      : a.kind == ActionKind::kSend     ? (a.gradient ? a.to_stage : a.from_stage)
+                      : a.kind == ActionKind::kRecv     ? (a.gradient ? a.from_stage : a.to_stage)
+                                                        : -1;
+    if (stage < 0 || stages_.size() == 1) return *stages_.front();
+    for (const auto& runner : stages_)
+      if (runner->stage().id == stage) return *runner;
+    APART_CHECK(false, "rank " + std::to_string(world_.rank()) + " runs no stage " + std::to_string(stage));
+    return *stages_.front();
+  }
+  // A tied param's gradient is the sum over the stages holding it (replica 0 of each): this rank's stages' summed,
+  // then all-reduced over the ranks holding it, into each of its stages; set by set in one order on every rank.
+  void sum_tied_gradients() {
+    Backend& backend = options_.backend ? *options_.backend : cpu_backend();
+    for (const auto& [stages, comm] : shared_.ties) {
+      std::vector<std::vector<Tensor*>> held;  // per stage of this rank holding them
+      for (auto& stage : stages_)
+        if (std::vector<Tensor*> grads = stage->tied_gradients(stages); !grads.empty()) held.push_back(std::move(grads));
+      for (size_t i = 0; !held.empty() && i < held.front().size(); ++i) {
+        const Tensor& first = *held.front()[i];
+        std::vector<float> contribution(static_cast<size_t>(first.elements()), 0.0f), part(contribution.size());
+        for (const auto& grads : held)
+          if (setup_.role.replica == 0) {
+            backend.copy_to_host(grads[i]->raw(), reinterpret_cast<std::byte*>(part.data()), grads[i]->bytes());
+            for (size_t e = 0; e < part.size(); ++e) contribution[e] += part[e];
+          }
+        comm->allreduce_sum(std::span<float>(contribution))->wait();
+        for (const auto& grads : held)
+          backend.copy_to_device(reinterpret_cast<const std::byte*>(contribution.data()), grads[i]->raw(), grads[i]->bytes());
+      }
+    }
+  }
+  // This rank's figures: the stages' summed (their largest pass for the arena), the role its first stage's.
+  RunResult merged() const {
+    RunResult r = stages_.front()->result();
+    for (size_t k = 1; k < stages_.size(); ++k) {
+      const RunResult& o = stages_[k]->result();
+      r.reports = r.reports || o.reports;
+      r.params += o.params;
+      r.param_tensors += o.param_tensors;
+      r.arena_bytes = std::max(r.arena_bytes, o.arena_bytes);
+      r.param_bytes += o.param_bytes;
+      r.optimizer_state_bytes += o.optimizer_state_bytes;
+      r.gradient_bytes += o.gradient_bytes;
+      for (const std::string& op : o.fallback_ops)
+        if (std::find(r.fallback_ops.begin(), r.fallback_ops.end(), op) == r.fallback_ops.end()) r.fallback_ops.push_back(op);
+    }
+    return r;
+  }
+
+  const RunOptions& options_;
+  const RunSetup& setup_;
+  Communicator& world_;
+  RankShared shared_;
+  std::vector<std::unique_ptr<StageRunner>> stages_;
+};
+
 void StageRunner::check_resharding(const Manifest& m, const std::string& where) const {
   if (m.layout.is_null())
     throw InvalidArgument(where + " was written by a run on " + std::to_string(m.world) + " ranks of " +
@@ -1450,29 +1627,17 @@ void StageRunner::restore_resharded(const fs::path& folder, const Manifest& m, c
   optimizer_->restore(whole.optimizer_steps, std::move(state));
 }
 
-RunResult StageRunner::run(const RunStepCallback& on_step) {
+RunResult RankRunner::run(const RunStepCallback& on_step) {
   const auto setup_start = Clock::now();
-  build();
-  build_communicators();
-  build_buckets_and_optimizer();
-  const std::vector<Action> actions = rank_actions(plan_, world_.rank());
-  result_.role = setup_.role;
-  result_.world = world_.size();
-  result_.reports = setup_.role.stage == setup_.loss_stage && setup_.role.replica == 0 && setup_.role.tp_rank == 0;
+  for (auto& stage : stages_) stage->set_up();
+  const std::vector<Action> actions = rank_actions(setup_.plan, world_.rank());
+  StageRunner& first_stage = *stages_.front();
   int64_t first = 0;
-  if (!options_.resume.empty()) first = restore();
-  optimizer_->prepare(step_params_);  // its state before step 1's copies fill the backend's pool
-  result_.zero = zero_;
-  for (const auto& [name, t] : optimizer_->state()) result_.optimizer_state_bytes += t->bytes();
-  for (const Tensor& g : grads_) result_.gradient_bytes += g.bytes();
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (!sharded_between_uses(i)) result_.param_bytes += params_[i]->bytes();
-  if (zero_ >= 3)
-    for (const Tensor& p : piece_params_) result_.param_bytes += p.bytes();
-  if (zero_ >= 2)
-    for (const Tensor& g : piece_grads_) result_.gradient_bytes += g.bytes();
-  result_.first_step = first;
-  result_.setup_seconds = seconds_since(setup_start);
+  if (!options_.resume.empty()) first = first_stage.restore();  // one stage (refused with interleaving)
+  for (auto& stage : stages_) stage->prepare_optimizer();
+  RunResult result = merged();
+  result.first_step = first;
+  result.setup_seconds = seconds_since(setup_start);
 
   // --trace: times from a common origin, taken when every rank has left a barrier.
   std::vector<TimelineEvent> trace;
@@ -1482,33 +1647,22 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
   for (int64_t step = first; step < options_.steps; ++step) {
     const bool traced = !options_.trace.empty() && (options_.trace_all_steps || step + 1 == options_.steps);
     const auto step_start = Clock::now();
-    const std::map<std::string, Tensor> batch = data_->batch(step);
-    frames_.assign(static_cast<size_t>(setup_.microbatches), Frame{});
-    losses_.clear();
-    backwards_done_ = 0;
-    weight_passes_done_ = 0;
-    for (Bucket& b : buckets_) {
-      b.ready = 0;
-      b.collected = 0;
-    }
+    const std::map<std::string, Tensor> batch = first_stage.batch(step);
+    for (auto& stage : stages_) stage->begin_step();
     StepRecord record;
     for (const Action& a : actions) {
       const double start_s = traced ? seconds_since(run_start) : 0;
       size_t bytes = 0;
-      switch (a.kind) {
-        case ActionKind::kForward: forward(a.microbatch, batch, step); break;
-        case ActionKind::kBackward: backward(a.microbatch, step); break;
-        case ActionKind::kBackwardWeight: backward_weight(a.microbatch, step); break;
-        case ActionKind::kSend: bytes = send(a); break;
-        case ActionKind::kRecv: bytes = recv(a); break;
-        case ActionKind::kAllReduce: finish_allreduce(); break;
-        case ActionKind::kStep:
-          if (device_messages_) device_messages_->finish();  // the deferred sends, then every send
-          for (auto& [buffer, request] : sends_) request->wait();
-          sends_.clear();
-          finish_allreduce();  // a stage without kAllReduce has none in flight; harmless
-          record = optimizer_step(step);
-          break;
+      if (a.kind == ActionKind::kStep) {
+        // One world all-reduce for all the rank's stages: the clip norm, the loss and the flags are global.
+        for (auto& stage : stages_) stage->unscale_gradients();
+        sum_tied_gradients();
+        std::vector<double> totals(2 + static_cast<size_t>(world_.size()), 0.0);
+        for (auto& stage : stages_) stage->add_totals(totals);
+        world_.allreduce_sum(std::span<double>(totals))->wait();
+        for (auto& stage : stages_) record = stage->apply_step(step, totals);
+      } else {
+        bytes = runner_of(a).act(a, batch, step);
       }
       if (traced)
         trace.push_back(action_event(a, setup_.role, world_.rank(), step, start_s, seconds_since(run_start),
@@ -1516,22 +1670,23 @@ RunResult StageRunner::run(const RunStepCallback& on_step) {
     }
     record.seconds = seconds_since(step_start);
     record.samples_per_s = static_cast<double>(setup_.global_batch) / std::max(record.seconds, 1e-9);
-    result_.steps.push_back(record);
-    if (on_step) on_step(result_, record);
+    result.steps.push_back(record);
+    if (on_step) on_step(result, record);
     if (!options_.checkpoint_dir.empty() && options_.save_every > 0 && record.step % options_.save_every == 0 &&
         record.step < options_.steps)
-      save_checkpoint(record.step);
+      first_stage.save_checkpoint(record.step);
   }
-  if (!options_.checkpoint_dir.empty()) save_checkpoint(options_.steps);
-  result_.seconds = seconds_since(run_start);
-  result_.peak_tensor_bytes = tensor_memory().peak;
-  result_.planned_memory_bytes = stage_.memory_bytes.value_or(0);
-  result_.samples_per_s = static_cast<double>(setup_.global_batch * static_cast<int64_t>(result_.steps.size())) /
-                          std::max(result_.seconds, 1e-9);
-  if (!options_.save_model.empty()) save_model();
+  if (!options_.checkpoint_dir.empty()) first_stage.save_checkpoint(options_.steps);
+  result.seconds = seconds_since(run_start);
+  result.peak_tensor_bytes = tensor_memory().peak;
+  result.planned_memory_bytes = first_stage.stage().memory_bytes.value_or(0);
+  result.samples_per_s = static_cast<double>(setup_.global_batch * static_cast<int64_t>(result.steps.size())) /
+                         std::max(result.seconds, 1e-9);
+  if (!options_.save_model.empty())
+    for (size_t k = 0; k < stages_.size(); ++k) stages_[k]->save_model(k + 1 == stages_.size());
   if (!options_.trace.empty()) gather_and_write_trace(world_, setup_.full_plan, options_.plan, trace, options_.trace);
   world_.barrier();
-  return result_;
+  return result;
 }
 
 }  // namespace
@@ -1575,8 +1730,7 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
   if (!options.save_model.empty()) {
     std::vector<InputFile> inputs{{"the model", setup.model_path}, {"the plan", plan_json_path(options.plan)}};
     for (const PlanStageRecord& stage : setup.plan.stages)  // the plan's stage files are inputs too
-      inputs.push_back({"stage " + std::to_string(stage.id) + "'s file",
-                        setup.plan_dir / ("stage_" + std::to_string(stage.id) + ".onnx")});
+      inputs.push_back({"stage " + std::to_string(stage.id) + "'s file", setup.plan_dir / stage_file_name(setup.plan, stage.id)});
     check_output_file(options.save_model, inputs, "--save-model");
     check_output_not_input(options.save_model + ".data", inputs, "--save-model (its external data)");
   }
@@ -1588,7 +1742,7 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
   }
   if (!options.trace.empty())
     check_output_file(options.trace, {{"the model", setup.model_path}, {"the plan", plan_json_path(options.plan)}}, "--trace");
-  StageRunner runner(options, setup, world);
+  RankRunner runner(options, setup, world);
   try {
     return runner.run(on_step);
   } catch (const CommError&) {

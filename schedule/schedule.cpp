@@ -249,10 +249,15 @@ std::vector<std::pair<int, SampleRange>> overlapping_peers(const PlanStageRecord
   return peers;
 }
 
+// Whether the actions of `plan` name the chunks of its virtual-stage view rather than its stages.
+bool needs_view(const PlanDocument& plan) {
+  return plan.training.schedule == Schedule::kInterleaved && !is_virtual_stage_view(plan);
+}
+
 }  // namespace
 
 int action_tag(const Action& action, const PlanDocument& plan) {
-  const int64_t tag = StageEdges(plan).tag(action);
+  const int64_t tag = needs_view(plan) ? StageEdges(virtual_stage_view(plan)).tag(action) : StageEdges(plan).tag(action);
   if (tag > kMaxActionTag)
     throw Unsupported("'" + to_string(action) + "' needs message tag " + std::to_string(tag) + ", above MPI's " +
                       std::to_string(kMaxActionTag) + " (plan fewer micro-batches)");
@@ -267,9 +272,13 @@ void check_executable(const PlanDocument& plan) {
     if (stage.recompute_scope == RecomputeScope::kSelective)
       throw Unsupported("stage " + std::to_string(stage.id) + " recomputes selectively (its attention cores): the "
                         "runtime recomputes whole stages only yet; re-plan with --recompute on or off");
-  if (plan.training.schedule == Schedule::kInterleaved)
-    throw Unsupported("the plan's schedule is " + std::string(schedule_name(plan.training.schedule)) +
-                      ": the runtime executes gpipe, 1f1b and zb-h1 plans only; re-plan with --schedule 1f1b");
+  if (plan.training.schedule != Schedule::kInterleaved) return;
+  for (const PlanStageRecord& stage : plan.stages)
+    if (stage.tp > 1)
+      throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel (tp " + std::to_string(stage.tp) +
+                        ") in an interleaved plan: the runtime interleaves stages without tensor parallelism only; "
+                        "re-plan with --tp 1 or --schedule 1f1b");
+  virtual_stage_view(plan);  // InvalidModel when plan.json lists no chunks
 }
 
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
@@ -277,7 +286,10 @@ std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
   check_stage_devices(plan);
   // A TP rank runs the pipeline of its own TP rank across the stages (tensor_parallel_view).
   if (common_tp_degree(plan) > 1) return rank_actions(tensor_parallel_view(plan, rank_role(plan, rank).tp_rank), rank);
-  const RankRole role = rank_role(plan, rank);
+  // An interleaved plan runs as its chunks (virtual_stage_view): the rank's stage d holds chunks d, d + P, ….
+  if (needs_view(plan)) return rank_actions(virtual_stage_view(plan), rank);
+  const bool chunked = plan.training.schedule == Schedule::kInterleaved;
+  const RankRole role = rank_role(plan, rank);  // in a view: the rank's first chunk, d
   const StageEdges graph(plan);
   const int64_t samples = microbatch_samples(plan);
   const int64_t m = plan.training.microbatches;
@@ -295,25 +307,32 @@ std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
                       std::to_string((kMaxActionTag + 1) / (2 * std::max<int64_t>(1, graph.edges.size()))) +
                       " micro-batches");
 
-  const int s = role.stage;
-  const PlanStageRecord& stage = plan.stages[static_cast<size_t>(s)];
+  const int stages = static_cast<int>(plan.stages.size());
+  const int chunks = chunked ? std::max(1, plan.training.virtual_stages.value_or(kDefaultVirtualStages)) : 1;
+  const int devices = stages / chunks;  // pipeline positions P: a view lists P·v chunks
+  const int d = role.stage;             // chunk d is this rank's first: the rank sits at position d
+  const PlanStageRecord& stage = plan.stages[static_cast<size_t>(d)];
   const SampleRange mine = replica_samples(samples, stage.replicas, role.replica);
-  const std::vector<int>& from_stages = graph.inputs_from[static_cast<size_t>(s)];
-  const std::vector<int>& to_stages = graph.outputs_to[static_cast<size_t>(s)];
-  // Who holds which of my samples, per neighbouring stage (the same for every micro-batch).
-  std::map<int, std::vector<std::pair<int, SampleRange>>> peers;
-  for (int f : from_stages) peers[f] = overlapping_peers(plan.stages[static_cast<size_t>(f)], samples, mine);
-  for (int t : to_stages) peers[t] = overlapping_peers(plan.stages[static_cast<size_t>(t)], samples, mine);
+  // Who holds which of my samples, per (my stage, neighbouring stage) (the same for every micro-batch).
+  std::map<std::pair<int, int>, std::vector<std::pair<int, SampleRange>>> peers;
+  for (int s = d; s < stages; s += devices) {
+    for (int f : graph.inputs_from[static_cast<size_t>(s)])
+      peers[{s, f}] = overlapping_peers(plan.stages[static_cast<size_t>(f)], samples, mine);
+    for (int t : graph.outputs_to[static_cast<size_t>(s)])
+      peers[{s, t}] = overlapping_peers(plan.stages[static_cast<size_t>(t)], samples, mine);
+  }
 
   std::vector<Action> actions;
-  auto local = [](ActionKind kind, int64_t mb) {  // an action without a peer: compute, all-reduce, step
+  // An action without a peer: compute, all-reduce, step; in a view it names its chunk.
+  auto local = [&](ActionKind kind, int64_t mb, int s) {
     Action a;
     a.kind = kind;
     a.microbatch = mb;
+    a.stage = chunked && kind != ActionKind::kStep ? s : -1;
     return a;
   };
-  auto exchange = [&](ActionKind kind, int64_t mb, int neighbour, int from, int to, bool gradient) {
-    for (const auto& [peer, overlap] : peers[neighbour]) {
+  auto exchange = [&](ActionKind kind, int64_t mb, int s, int neighbour, int from, int to, bool gradient) {
+    for (const auto& [peer, overlap] : peers[{s, neighbour}]) {
       Action a;
       a.kind = kind;
       a.microbatch = mb;
@@ -325,23 +344,26 @@ std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
       actions.push_back(a);
     }
   };
-  const int stages = static_cast<int>(plan.stages.size());
-  for (const ComputeOp& op : device_op_order(plan.training.schedule, s, stages, 1, m)) {
+  for (const ComputeOp& op : device_op_order(plan.training.schedule, d, devices, chunks, m)) {
     const int64_t mb = op.microbatch;
+    const int s = op.virtual_stage;  // this rank's stage, or in a view one of its chunks
+    const std::vector<int>& from_stages = graph.inputs_from[static_cast<size_t>(s)];
+    const std::vector<int>& to_stages = graph.outputs_to[static_cast<size_t>(s)];
     if (op.kind == OpKind::kForward) {
-      for (int f : from_stages) exchange(ActionKind::kRecv, mb, f, f, s, false);
-      actions.push_back(local(ActionKind::kForward, mb));
-      for (int t : to_stages) exchange(ActionKind::kSend, mb, t, s, t, false);
+      for (int f : from_stages) exchange(ActionKind::kRecv, mb, s, f, f, s, false);
+      actions.push_back(local(ActionKind::kForward, mb, s));
+      for (int t : to_stages) exchange(ActionKind::kSend, mb, s, t, s, t, false);
     } else if (op.kind == OpKind::kBackwardWeight) {
-      actions.push_back(local(ActionKind::kBackwardWeight, mb));
+      actions.push_back(local(ActionKind::kBackwardWeight, mb, s));
     } else {
-      for (int t : to_stages) exchange(ActionKind::kRecv, mb, t, s, t, true);
-      actions.push_back(local(ActionKind::kBackward, mb));
-      for (int f : from_stages) exchange(ActionKind::kSend, mb, f, f, s, true);
+      for (int t : to_stages) exchange(ActionKind::kRecv, mb, s, t, s, t, true);
+      actions.push_back(local(ActionKind::kBackward, mb, s));
+      for (int f : from_stages) exchange(ActionKind::kSend, mb, s, f, f, s, true);
     }
   }
-  if (stage.replicas > 1) actions.push_back(local(ActionKind::kAllReduce, 0));
-  actions.push_back(local(ActionKind::kStep, 0));
+  if (stage.replicas > 1)
+    for (int s = d; s < stages; s += devices) actions.push_back(local(ActionKind::kAllReduce, 0, s));
+  actions.push_back(local(ActionKind::kStep, 0, -1));
   return actions;
 }
 
@@ -349,10 +371,13 @@ std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
 
 namespace {
 
-std::string describe_rank(const std::vector<std::optional<RankRole>>& roles, int rank) {
-  const auto& role = roles[static_cast<size_t>(rank)];
-  return "rank " + std::to_string(rank) +
-         (role ? " (stage " + std::to_string(role->stage) + " replica " + std::to_string(role->replica) + ")" : "");
+// roles[r]: what rank r holds (one stage, or in an interleaved plan's view its chunks; empty: none).
+std::string describe_rank(const std::vector<std::vector<RankRole>>& roles, int rank) {
+  const auto& held = roles[static_cast<size_t>(rank)];
+  if (held.empty()) return "rank " + std::to_string(rank);
+  std::string stages;
+  for (const RankRole& role : held) stages += (stages.empty() ? "" : "/") + std::to_string(role.stage);
+  return "rank " + std::to_string(rank) + " (stage " + stages + " replica " + std::to_string(held.front().replica) + ")";
 }
 
 [[noreturn]] void schedule_broken(const std::string& message) {
@@ -362,32 +387,40 @@ std::string describe_rank(const std::vector<std::optional<RankRole>>& roles, int
 }  // namespace
 
 void check_schedule(const PlanDocument& plan, const std::vector<std::vector<Action>>& actions) {
+  if (needs_view(plan)) return check_schedule(virtual_stage_view(plan), actions);
   check_stage_devices(plan);
   const StageEdges graph(plan);
   const int world = static_cast<int>(actions.size());
-  std::vector<std::optional<RankRole>> roles(actions.size());
+  std::vector<std::vector<RankRole>> roles(actions.size());
   for (size_t s = 0; s < plan.stages.size(); ++s)
     for (size_t j = 0; j < plan.stages[s].devices.size(); ++j) {
       const int device = plan.stages[s].devices[j];
       if (device < 0 || device >= world)
         schedule_broken("stage " + std::to_string(s) + " runs on device " + std::to_string(device) + ", but there are " +
                         "action lists for ranks 0.." + std::to_string(world - 1) + " only");
-      roles[static_cast<size_t>(device)] = RankRole{static_cast<int>(s), static_cast<int>(j)};
+      roles[static_cast<size_t>(device)].push_back(RankRole{static_cast<int>(s), static_cast<int>(j)});
     }
+  auto holds = [&](int rank, int stage) {
+    for (const RankRole& role : roles[static_cast<size_t>(rank)])
+      if (role.stage == stage) return true;
+    return false;
+  };
   for (int r = 0; r < world; ++r)
-    if (!roles[static_cast<size_t>(r)] && !actions[static_cast<size_t>(r)].empty())
+    if (roles[static_cast<size_t>(r)].empty() && !actions[static_cast<size_t>(r)].empty())
       schedule_broken("rank " + std::to_string(r) + " is in no stage but has " +
                       std::to_string(actions[static_cast<size_t>(r)].size()) + " actions");
 
   // A message's sender and receiver must sit in the stages it flows between (gradients flow back, to → from).
   auto check_endpoints = [&](int rank, const Action& a) {
     auto what = [&] { return describe_rank(roles, rank) + "'s '" + to_string(a) + "'"; };
-    if (a.peer < 0 || a.peer >= world || a.peer == rank || !roles[static_cast<size_t>(a.peer)])
+    // A rank sends to itself only between two of its chunks (a value a chunk reads from one v·P chunks back).
+    if (a.peer < 0 || a.peer >= world || (a.peer == rank && roles[static_cast<size_t>(rank)].size() < 2) ||
+        roles[static_cast<size_t>(a.peer)].empty())
       schedule_broken(what() + " names a peer that is no other rank of the plan");
     const bool sending = a.kind == ActionKind::kSend;
     const int src = sending ? rank : a.peer, dst = sending ? a.peer : rank;
     const int src_stage = a.gradient ? a.to_stage : a.from_stage, dst_stage = a.gradient ? a.from_stage : a.to_stage;
-    if (roles[static_cast<size_t>(src)]->stage != src_stage || roles[static_cast<size_t>(dst)]->stage != dst_stage)
+    if (!holds(src, src_stage) || !holds(dst, dst_stage))
       schedule_broken(what() + " goes from " + describe_rank(roles, src) + " to " + describe_rank(roles, dst) +
                       ", not from stage " + std::to_string(src_stage) + " to stage " + std::to_string(dst_stage));
     if (graph.index(a.from_stage, a.to_stage) < 0) schedule_broken(what() + " is along no stage edge of the plan");
@@ -442,11 +475,15 @@ void check_schedule(const PlanDocument& plan, const std::vector<std::vector<Acti
             it->second.pop_front();
             break;
           }
-          case ActionKind::kAllReduce:
-            done = collective_ready(plan.stages[static_cast<size_t>(roles[ri]->stage)].devices, allreduces_done,
+          case ActionKind::kAllReduce: {
+            // Over the replicas of the chunk it names (in a view; every chunk of a rank has the same replicas).
+            const int stage = a.stage >= 0 ? a.stage : roles[ri].front().stage;
+            if (!holds(r, stage)) schedule_broken(describe_rank(roles, r) + "'s '" + to_string(a) + "' names a stage it does not hold");
+            done = collective_ready(plan.stages[static_cast<size_t>(stage)].devices, allreduces_done,
                                     ActionKind::kAllReduce, r);
             if (done) ++allreduces_done[ri];
             break;
+          }
           case ActionKind::kStep:
             done = collective_ready(everyone, steps_done, ActionKind::kStep, r);
             if (done) ++steps_done[ri];
@@ -480,10 +517,11 @@ void check_schedule(const PlanDocument& plan, const std::vector<std::vector<Acti
 
 std::string to_string(const Action& action) {
   const std::string mb = "mb=" + std::to_string(action.microbatch);
+  const std::string chunk = action.stage >= 0 ? "chunk " + std::to_string(action.stage) + " " : "";
   switch (action.kind) {
-    case ActionKind::kForward: return "fwd " + mb;
-    case ActionKind::kBackward: return "bwd " + mb;
-    case ActionKind::kBackwardWeight: return "bwd-weight " + mb;
+    case ActionKind::kForward: return "fwd " + chunk + mb;
+    case ActionKind::kBackward: return "bwd " + chunk + mb;
+    case ActionKind::kBackwardWeight: return "bwd-weight " + chunk + mb;
     case ActionKind::kSend:
     case ActionKind::kRecv: {
       const bool send = action.kind == ActionKind::kSend;
@@ -492,7 +530,7 @@ std::string to_string(const Action& action) {
              std::to_string(action.samples.begin) + "," + std::to_string(action.samples.end) + ") " +
              (send ? "to" : "from") + " rank " + std::to_string(action.peer);
     }
-    case ActionKind::kAllReduce: return "allreduce";
+    case ActionKind::kAllReduce: return action.stage >= 0 ? "allreduce chunk " + std::to_string(action.stage) : "allreduce";
     case ActionKind::kStep: return "step";
   }
   return "?";

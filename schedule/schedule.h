@@ -90,6 +90,10 @@ struct Action {
   int to_stage = -1;
   bool gradient = false;
   SampleRange samples;
+  // Interleaved plans (their virtual-stage view, plan/plan.h virtual_stage_view): the virtual stage (chunk) a compute
+  // op or kAllReduce is for; -1 in every other plan, where a rank holds one stage. Sends and receives name their
+  // chunks in from_stage/to_stage.
+  int stage = -1;
   bool operator==(const Action&) const = default;
 };
 
@@ -108,13 +112,17 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // with kAllReduce, every rank with kStep. Sends are non-blocking and receives blocking: check_schedule proves that
 // this never deadlocks. Receives before an op go by from_stage (gradients: to_stage), then peer rank; sends after it
 // likewise. InvalidArgument when `rank` is not in the plan or a stage has more replicas than a micro-batch has samples
-// (microbatch_samples); Unsupported for the interleaved schedule (device_op_order has it; the runtime does not yet),
-// for tensor-parallel stages (tp > 1) and for plans whose tags would pass kMaxActionTag. ZB-H1's W passes are
-// kBackwardWeight actions, with no messages around them.
+// (microbatch_samples); Unsupported for plans whose tags would pass kMaxActionTag. ZB-H1's W passes are
+// kBackwardWeight actions, with no messages around them. A TP rank's list is that of its TP view.
+// Interleaved plans run as their virtual-stage view (plan/plan.h): the rank holds chunks d, d + P, … of its stage d
+// and runs them in Megatron-LM's order (device_op_order), each op's messages going to and from the chunks its chunk
+// exchanges with (chunk c + 1 of the next device, and across the wrap from the last device to the first: chunk
+// c + 1 = (j + 1)·P of device 0 after chunk j·P + P − 1); compute ops and kAllReduce name their chunk in
+// Action::stage, and a replicated stage ends with one kAllReduce per chunk, in chunk order.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
-// What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming a tensor-parallel
-// stage (sequence parallelism needs one), a selectively recomputing stage or the interleaved schedule; nothing
-// otherwise.
+// What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming stages of different
+// TP degrees, a selectively recomputing stage, or an interleaved plan with tensor-parallel stages; InvalidModel for
+// an interleaved plan that lists no virtual_stages (re-run apart partition); nothing otherwise.
 void check_executable(const PlanDocument& plan);
 
 // Runs every rank's action list abstractly (actions[r]: rank r's; ranks the plan does not use must have none):
@@ -122,9 +130,10 @@ void check_executable(const PlanDocument& plan);
 // (micro-batch, stages, direction, samples); compute is immediate; kAllReduce completes when every replica of the
 // rank's stage has reached its kAllReduce, kStep (the clip norm is global) when every rank has reached its kStep.
 // Throws Internal naming the stuck ranks and their next actions when it cannot finish, when a message goes to or
-// from the wrong stage, or when a send has no matching receive.
+// from the wrong stage, or when a send has no matching receive. An interleaved plan is checked as its virtual-stage
+// view: a rank holds several chunks, and its n-th kAllReduce meets the n-th of every replica of its stage.
 void check_schedule(const PlanDocument& plan, const std::vector<std::vector<Action>>& actions);
 
-std::string to_string(const Action& action);  // "fwd mb=3", "send act 0→1 mb=2 [0,4) to rank 2"
+std::string to_string(const Action& action);  // "fwd mb=3", "fwd chunk 2 mb=3", "send act 0→1 mb=2 [0,4) to rank 2"
 
 }  // namespace apart

@@ -111,6 +111,83 @@ json one_stage_plan(int replicas) {
   return j;
 }
 
+// Two stages of one device, two chunks each, as apart partition --schedule interleaved writes them: chunk c on stage
+// c mod 2, values along the chain c → c + 1.
+json interleaved_plan() {
+  PlanDocument plan;
+  plan.cluster.devices = 2;
+  plan.training.global_batch = 4;
+  plan.training.microbatches = 2;
+  plan.training.schedule = Schedule::kInterleaved;
+  plan.training.virtual_stages = 2;
+  for (int s = 0; s < 2; ++s) {
+    PlanStageRecord& stage = plan.stages.emplace_back();
+    stage.id = s;
+    stage.devices = {s};
+    stage.tasks = {"t" + std::to_string(s)};
+    stage.forward_s = 1;
+    stage.backward_s = 2;
+  }
+  plan.stages[0].inputs = {{"x", -1, 8}};
+  plan.stages[0].outputs = {{"a", {1}, 8}};
+  plan.stages[1].inputs = {{"a", 0, 8}};
+  for (int c = 0; c < 4; ++c) {
+    PlanVirtualStage& chunk = plan.virtual_stages.emplace_back();
+    chunk.id = c;
+    chunk.stage = c % 2;
+    chunk.tasks = {"c" + std::to_string(c)};
+    chunk.inputs = {c == 0 ? PlanInput{"x", -1, 8} : PlanInput{"v" + std::to_string(c - 1), c - 1, 8}};
+    if (c < 3) chunk.outputs = {{"v" + std::to_string(c), {c + 1}, 8}};
+  }
+  return json::parse(plan_to_json(plan).dump());
+}
+
+TEST(APlanReader, ReadsAnInterleavedPlansChunksWritesThemBackAndViewsThemAsStagesOnTheirStagesDevices) {
+  const json j = interleaved_plan();
+  const PlanDocument plan = plan_from_json(j);
+  ASSERT_EQ(plan.virtual_stages.size(), 4u);
+  EXPECT_EQ(json::parse(plan_to_json(plan).dump()), j);
+  EXPECT_FALSE(is_virtual_stage_view(plan));
+  EXPECT_EQ(stage_file_name(plan, 1), "stage_1.onnx");
+  const PlanDocument view = virtual_stage_view(plan);
+  ASSERT_TRUE(is_virtual_stage_view(view));
+  ASSERT_EQ(view.stages.size(), 4u);
+  for (int c = 0; c < 4; ++c) {
+    const PlanStageRecord& chunk = view.stages[static_cast<size_t>(c)];
+    EXPECT_EQ(chunk.id, c);
+    EXPECT_EQ(chunk.devices, std::vector<int>{c % 2});
+    EXPECT_EQ(chunk.tasks, std::vector<std::string>{"c" + std::to_string(c)});
+    EXPECT_DOUBLE_EQ(chunk.forward_s, 0.5) << "1/v of the stage's";
+    EXPECT_DOUBLE_EQ(chunk.backward_s, 1.0);
+    EXPECT_EQ(stage_file_name(view, c), "chunk_" + std::to_string(c) + ".onnx");
+  }
+}
+
+TEST(APlanReader, RefusesChunksOfAnotherCountStageOrOrderOrUnderAnotherSchedule) {
+  auto refused = [](const std::function<void(json&)>& damage, const std::string& field) {
+    json j = interleaved_plan();
+    damage(j);
+    try {
+      plan_from_json(j, "p.json");
+      ADD_FAILURE() << "accepted damage to " << field;
+    } catch (const InvalidModel& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  refused([](json& j) { j["virtual_stages"].erase(3); }, "virtual_stages lists 3 chunks, expected 4");
+  refused([](json& j) { j["virtual_stages"][1]["stage"] = 0; }, "virtual_stages[1].stage");
+  refused([](json& j) { j["virtual_stages"][2]["id"] = 3; }, "virtual_stages[2].id");
+  refused([](json& j) { j["virtual_stages"][1]["inputs"][0]["from_stage"] = 2; }, "virtual_stages[1].inputs[0].from_stage");
+  refused([](json& j) { j["virtual_stages"][0]["tasks"] = json::array(); }, "virtual_stages[0].tasks");
+  refused([](json& j) { j["training"]["schedule"] = "1f1b"; }, "training.schedule is not interleaved");
+}
+
+TEST(AnInterleavedPlanWithoutChunks, IsRefusedWhenViewedAskingToReplan) {
+  json j = interleaved_plan();
+  j.erase("virtual_stages");
+  EXPECT_THROW(virtual_stage_view(plan_from_json(j)), InvalidModel);
+}
+
 TEST(APlanReader, ReadsAStagesZeroStageAndWritesItBack) {
   json j = one_stage_plan(4);
   EXPECT_EQ(plan_from_json(j).stages[0].zero, 0) << "absent: 0";

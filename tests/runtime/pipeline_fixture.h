@@ -47,6 +47,7 @@ struct Shape {
   Schedule schedule = Schedule::k1F1B;
   std::vector<bool> recompute;  // by stage; empty: none
   int zero = 0;                 // the ZeRO stage of every stage with replicas
+  int virtual_stages = 0;       // interleaved: chunks per device (0: partition's default, 2)
 };
 
 inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t batch, const fs::path& dir) {
@@ -55,6 +56,7 @@ inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t 
                                     std::to_string(stages) + " --replicas 1 --microbatches " +
                                     std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) +
                                     " --schedule " + std::string(schedule_name(shape.schedule)) +
+                                    (shape.virtual_stages > 0 ? " --virtual-stages " + std::to_string(shape.virtual_stages) : "") +
                                     " --no-baselines -o " + dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
   PlanDocument plan = read_plan(dir);
@@ -76,6 +78,15 @@ inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t 
   plan.cluster.devices = total;
   std::ofstream(dir / "plan.json") << plan_to_json(plan).dump(2) << "\n";
   return dir;
+}
+
+// apart zoo's `family` (gpt, bert, t5) at 2 layers, 4 heads, hidden 64, 16 positions, 128 words: dir/<family>.onnx.
+inline fs::path zoo_model(const std::string& family, const fs::path& dir) {
+  const fs::path model = dir / (family + ".onnx");
+  const auto z = testing::run_apart("zoo " + family + " --layers 2 --hidden 64 --heads 4 --seq 16 --vocab 128 -q -o " +
+                                    model.string());
+  EXPECT_EQ(z.code, 0) << z.out;
+  return model;
 }
 
 struct Weights {

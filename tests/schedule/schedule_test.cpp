@@ -109,6 +109,7 @@ TEST(AScheduleName, RoundTripsAndRejectsUnknownNames) {
 // --- Helpers -----------------------------------------------------------------------------------------------------
 
 using testing::pipeline_plan;
+using testing::interleaved_plan;
 
 int world_size(const PlanDocument& plan) {
   int ranks = 0;
@@ -257,10 +258,90 @@ TEST(RankActions, RefuseASelectivelyRecomputingStageNamingItButRunFullRecomputat
   }
 }
 
-TEST(RankActions, RefuseTheInterleavedScheduleForNow) {
+TEST(RankActions, RefuseAnInterleavedPlanThatListsNoChunksAskingToReplan) {
   PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::kInterleaved);
   plan.training.virtual_stages = 2;
+  try {
+    rank_actions(plan, 0);
+    FAIL() << "no error";
+  } catch (const InvalidModel& e) {
+    EXPECT_NE(std::string(e.what()).find("re-run apart partition"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RankActions, RefuseTensorParallelStagesInAnInterleavedPlan) {
+  PlanDocument plan = interleaved_plan({1, 1}, 2, 2);
+  for (PlanStageRecord& stage : plan.stages) {
+    stage.tp = 2;
+    stage.devices = {stage.id * 2, stage.id * 2 + 1};
+  }
+  EXPECT_THROW(check_executable(plan), Unsupported);
   EXPECT_THROW(rank_actions(plan, 0), Unsupported);
+}
+
+// P = 2, v = 2, m = 2: device 0 holds chunks 0 and 2, device 1 chunks 1 and 3. Megatron's order on device 0 warms up
+// with (2 − 0 − 1)·2 + (2 − 1)·2 = 4 forwards; chunk 2's input comes across the wrap from chunk 1 on device 1.
+TEST(RankActions, RunEachDevicesChunksInMegatronsOrderWithTheWrapFromTheLastDeviceToTheFirst) {
+  const PlanDocument plan = interleaved_plan({1, 1}, 2, 2, 4);
+  EXPECT_EQ(names(rank_actions(plan, 0)),
+            (std::vector<std::string>{
+                "fwd chunk 0 mb=0", "send act 0→1 mb=0 [0,4) to rank 1", "fwd chunk 0 mb=1",
+                "send act 0→1 mb=1 [0,4) to rank 1", "recv act 1→2 mb=0 [0,4) from rank 1", "fwd chunk 2 mb=0",
+                "send act 2→3 mb=0 [0,4) to rank 1", "recv act 1→2 mb=1 [0,4) from rank 1", "fwd chunk 2 mb=1",
+                "send act 2→3 mb=1 [0,4) to rank 1", "recv grad 2→3 mb=0 [0,4) from rank 1", "bwd chunk 2 mb=0",
+                "send grad 1→2 mb=0 [0,4) to rank 1", "recv grad 2→3 mb=1 [0,4) from rank 1", "bwd chunk 2 mb=1",
+                "send grad 1→2 mb=1 [0,4) to rank 1", "recv grad 0→1 mb=0 [0,4) from rank 1", "bwd chunk 0 mb=0",
+                "recv grad 0→1 mb=1 [0,4) from rank 1", "bwd chunk 0 mb=1", "step"}));
+  check_schedule(plan, all_actions(plan));
+}
+
+TEST(RankActions, AllReduceEachChunkOverItsStagesReplicasInChunkOrder) {
+  const PlanDocument plan = interleaved_plan({2, 2}, 2, 2);
+  for (int r = 0; r < 4; ++r) {
+    const std::vector<Action> actions = rank_actions(plan, r);
+    ASSERT_GE(actions.size(), 3u);
+    const int d = r / 2;
+    EXPECT_EQ(to_string(actions[actions.size() - 3]), "allreduce chunk " + std::to_string(d)) << "rank " << r;
+    EXPECT_EQ(to_string(actions[actions.size() - 2]), "allreduce chunk " + std::to_string(d + 2)) << "rank " << r;
+  }
+  check_schedule(plan, all_actions(plan));
+}
+
+// The oracle for interleaving: for P = 1..4 stages of 1 or 2 replicas (every mix), v = 2 and 3 chunks per device and m
+// = P, 2P and 3P micro-batches, with no skip, one from chunk 0 to the last, or one from chunk 0 to chunk P (on
+// device 0 too: a message a rank sends itself; P = 1 has only such messages), each device runs Megatron's op order
+// (device_op_order) over its chunks, every chunk's forward and backward once per micro-batch, and the lists pass the
+// abstract run (no deadlock, every message received as sent).
+TEST(RankActions, PassTheScheduleCheckUnderInterleavingForEveryDepthChunkCountAndMicrobatchCount) {
+  int checked = 0;
+  for (int p = 1; p <= 4; ++p)
+    for (int code = 0; code < (1 << p); ++code) {
+      std::vector<int> replicas;
+      for (int s = 0; s < p; ++s) replicas.push_back(1 + ((code >> s) & 1));
+      for (int v = 2; v <= 3; ++v)
+        for (int64_t m = p; m <= 3 * p; m += p)
+          for (int skip = 0; skip < 3; ++skip) {  // none; chunk 0 → the last; chunk 0 → chunk P, on its own device
+            const int chunks = p * v;
+            std::vector<std::pair<int, int>> skips;
+            if (skip == 1 && chunks > 2) skips.push_back({0, chunks - 1});
+            if (skip == 2 && p > 1) skips.push_back({0, p});
+            const PlanDocument plan = interleaved_plan(replicas, v, m, 6, skips);
+            const std::string shape = "P=" + std::to_string(p) + " v=" + std::to_string(v) + " m=" + std::to_string(m) +
+                                      " replicas code " + std::to_string(code) + " skip " + std::to_string(skip);
+            const auto actions = all_actions(plan);
+            EXPECT_EQ(schedule_error(plan, actions), "") << shape;
+            for (int r = 0; r < world_size(plan); ++r) {
+              const int d = rank_role(plan, r).stage;
+              std::vector<ComputeOp> ran;
+              for (const Action& a : actions[static_cast<size_t>(r)])
+                if (a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward)
+                  ran.push_back({a.kind == ActionKind::kForward ? OpKind::kForward : OpKind::kBackward, a.stage, a.microbatch});
+              EXPECT_EQ(ran, device_op_order(Schedule::kInterleaved, d, p, v, m)) << shape << " rank " << r;
+            }
+            ++checked;
+          }
+    }
+  EXPECT_EQ(checked, (2 + 4 + 8 + 16) * 2 * 3 * 3);
 }
 
 TEST(RankActions, RunZbH1sWeightPassesAsTheirOwnActionsWithoutMessages) {

@@ -1,0 +1,92 @@
+// Cutting an interleaved plan's batch tasks into its P·v chunks (Megatron-LM's layout: chunk c on device c mod P).
+#include "partition/virtual_stages.h"
+
+#include <algorithm>
+#include <string>
+
+#include "graph/error.h"
+#include "partition/phases.h"
+
+namespace apart {
+
+std::vector<PlanStage> cut_virtual_stages(const Plan& plan, const TaskGraph& graph, const CostTable& costs) {
+  if (plan.schedule != Schedule::kInterleaved || plan.stages.empty()) return {};
+  const size_t p = plan.stages.size();
+  const size_t v = static_cast<size_t>(std::max(1, plan.virtual_stages));
+  const size_t chunks = p * v;
+  std::vector<TaskId> order;  // batch tasks, stage after stage
+  for (const PlanStage& stage : plan.stages)
+    for (TaskId t : stage.tasks)
+      if (!graph.task(t).constant) order.push_back(t);
+  if (order.size() < chunks)
+    throw Infeasible("the interleaved plan's " + std::to_string(p) + " stages × " + std::to_string(v) +
+                     " virtual stages need " + std::to_string(chunks) + " chunks, but the model has " +
+                     std::to_string(order.size()) + " batch tasks: plan fewer --virtual-stages or --stages");
+  auto weight = [&](TaskId t) {
+    const TaskCost& c = costs.tasks.at(t.value());
+    return c.forward_s + c.backward_s;
+  };
+  double total = 0, planned = 0;
+  for (TaskId t : order) total += weight(t);
+  for (const PlanStage& stage : plan.stages) planned += stage.cost.forward_s + stage.cost.backward_s;
+  // Where chunk c ends: the cumulative share of the planned time, in the table's units.
+  std::vector<double> target(chunks);
+  double cumulative = 0;
+  for (size_t c = 0; c < chunks; ++c) {
+    const StageCost& cost = plan.stages[c % p].cost;
+    cumulative += planned > 0 ? (cost.forward_s + cost.backward_s) / static_cast<double>(v) / planned
+                              : 1.0 / static_cast<double>(chunks);
+    target[c] = cumulative * total;
+  }
+  // Each task goes to the chunk whose run its midpoint falls in; every chunk keeps at least one task.
+  std::vector<int> chunk_of_task(graph.num_tasks(), -1);
+  std::vector<size_t> end(chunks, 0);  // one past the chunk's last position in `order`
+  size_t at = 0;
+  double done = 0;
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t left = chunks - c - 1;  // chunks after this one, each needing a task
+    size_t stop = at + 1;                 // at least one task
+    done += weight(order[at]);
+    while (stop + left < order.size() && (c + 1 == chunks || done + weight(order[stop]) / 2 <= target[c])) {
+      done += weight(order[stop]);
+      ++stop;
+    }
+    for (size_t i = at; i < stop; ++i) chunk_of_task[order[i].value()] = static_cast<int>(c);
+    at = stop;
+    end[c] = stop;
+  }
+  APART_CHECK(at == order.size(), "the chunk cut left tasks out");
+
+  std::vector<PlanStage> result(chunks);
+  for (size_t c = 0; c < chunks; ++c) {
+    const PlanStage& stage = plan.stages[c % p];
+    PlanStage& chunk = result[c];
+    chunk.id = StageId(static_cast<uint32_t>(c));
+    chunk.replicas = stage.replicas;
+    chunk.devices = stage.devices;
+    chunk.cost = stage.cost;
+    chunk.recompute = stage.recompute;
+    // The chunk's batch tasks and, as a stage holds them, the constant tasks they read (through constant tasks).
+    std::vector<bool> held(graph.num_tasks(), false);
+    std::vector<TaskId> pending;
+    for (size_t i = c == 0 ? 0 : end[c - 1]; i < end[c]; ++i) pending.push_back(order[i]);
+    while (!pending.empty()) {
+      const TaskId t = pending.back();
+      pending.pop_back();
+      if (held[t.value()]) continue;
+      held[t.value()] = true;
+      for (ValueId in : graph.task(t).inputs)
+        if (in.valid() && graph.value(in).producer.valid() && graph.task(graph.value(in).producer).constant)
+          pending.push_back(graph.value(in).producer);
+    }
+    for (uint32_t t = 0; t < graph.num_tasks(); ++t)  // task ids are a topological order
+      if (held[t]) {
+        chunk.tasks.push_back(TaskId(t));
+        if (!graph.task(TaskId(t)).constant) ++chunk.batch_tasks;
+      }
+  }
+  add_stage_boundaries(graph, chunk_of_task, std::max<int64_t>(1, plan.options.atomic.graph_batch), plan.options.training.precision, result);
+  return result;
+}
+
+}  // namespace apart

@@ -324,6 +324,24 @@ TEST(ASequenceParallelRunUnderMpirun, GivesTheThreadsLossesAndWeights) {
   expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), "mpirun tp2 pp2 sp");
 }
 
+// TP 2 × DP 2 under ZeRO-2 resumed on TP 2 × DP 1 (the plan partitioned with --dp 1): each TP rank puts its replicas'
+// pieces of its slices' optimizer state together (docs/runtime.md "Checkpoints"); 2 + 2 AdamW steps train as apart
+// train's 4 within the suite's tolerance (the resumed steps sum over one replica: another order).
+TEST(ATensorParallelZeroCheckpoint, ResumesOnOneReplicaPerTpRankAsApartTrainTrains) {
+  const fs::path dir = scratch("tp_zero_reshard");
+  const Outcome reference = train_reference(gpt_tiny(), 8, 4, dir, 1e-3, Optimizer::kAdamW);
+  const fs::path two = make_tp_plan({1, 2, 2, 2, Schedule::k1F1B, 2}, 8, dir / "two");
+  const fs::path one = make_tp_plan({1, 1, 2, 2}, 8, dir / "one");
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  const Outcome first = run_threads(two, 2, dir / "first", Optimizer::kAdamW, 1e-3, ck.string());
+  ASSERT_EQ(first.losses.size(), 2u);
+  Outcome rest = run_threads(one, 4, dir / "rest", Optimizer::kAdamW, 1e-3, "", ck.string());
+  ASSERT_EQ(rest.losses.size(), 2u);
+  rest.losses.insert(rest.losses.begin(), first.losses.begin(), first.losses.end());
+  expect_same_training(reference, rest, read_weights(gpt_tiny()), "tp2 dp2 zero2 resumed on tp2 dp1");
+}
+
 // TP 2 × PP 1 under mpirun -np 2, with and without sequence parallelism: the vocabulary-parallel loss's all-gather
 // and all-reduce over MPI, and the embedding's all-reduce, give the threads' run.
 TEST(ATensorParallelRunUnderMpirun, OnTwoRanksGivesTheThreadsLossesAndWeightsWithAndWithoutSequenceParallelism) {

@@ -1,4 +1,5 @@
 // The tensor-parallel collectives of a shard (codegen/tensor_parallel_shard.h) over the executor's TP group.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -156,9 +157,9 @@ struct VocabRows {
   double count = 0;           // rows counted
   std::string reduction;
 };
-VocabRows vocab_rows(const KernelContext& ctx) {
-  const Tensor& scores = ctx.input(0);
-  const Tensor& labels = ctx.input(1);
+VocabRows vocab_rows(const KernelContext& ctx, size_t scores_input, size_t labels_input) {
+  const Tensor& scores = ctx.input(scores_input);
+  const Tensor& labels = ctx.input(labels_input);
   if (scores.rank() != 2) ctx.invalid("scores must be [N, C]");
   VocabRows v;
   v.n = scores.dim(0);
@@ -184,7 +185,7 @@ VocabRows vocab_rows(const KernelContext& ctx) {
 // gets the same loss. Labels are checked against the whole vocabulary (C · degree).
 void vocab_parallel_cross_entropy_k(KernelContext& ctx) {
   const Tensor& scores = ctx.input(0);
-  const VocabRows v = vocab_rows(ctx);
+  const VocabRows v = vocab_rows(ctx, 0, 1);
   Communicator* group = ctx.tensor_parallel_group();
   const int degree = group == nullptr ? 1 : group->size();
   const int rank = group == nullptr ? 0 : group->rank();
@@ -239,15 +240,8 @@ void vocab_parallel_cross_entropy_grad_k(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& scores = ctx.input(1);
   const Tensor& lse = ctx.input(3);
-  const int64_t n = scores.dim(0), columns = scores.dim(1);
-  if (scores.rank() != 2 || lse.elements() != n || ctx.input(2).elements() != n) ctx.invalid("scores must be [N, C], labels and lse [N]");
-  const std::vector<int64_t> labels = ctx.input(2).to_int64s();
-  const bool has_ignore = ctx.has_attr("ignore_index");
-  const int64_t ignore = ctx.attr_int("ignore_index", 0);
-  const int64_t start = ctx.attr_int(kVocabStartAttrName, 0);
-  const std::string reduction = ctx.attr_string("reduction", "mean");
-  double count = 0;
-  for (int64_t t : labels) count += has_ignore && t == ignore ? 0 : 1;
+  const VocabRows v = vocab_rows(ctx, 1, 2);
+  if (lse.elements() != v.n) ctx.invalid("lse must hold one value per row of the scores");
   dispatch_float(ctx, scores.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* z = scores.data<T>();
@@ -255,15 +249,18 @@ void vocab_parallel_cross_entropy_grad_k(KernelContext& ctx) {
     const T* g = dy.template data<T>();
     Tensor& dx = ctx.output(0, scores.dtype(), scores.shape());
     T* out = dx.data<T>();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = labels[static_cast<size_t>(i)];
-      if (has_ignore && t == ignore) continue;  // zeros
-      const double coefficient = reduction == "none" ? static_cast<double>(g[i])
-                                 : reduction == "sum" ? static_cast<double>(g[0])
-                                                      : static_cast<double>(g[0]) / count;
-      for (int64_t c = 0; c < columns; ++c) {
-        const double p = std::exp(static_cast<double>(z[i * columns + c]) - static_cast<double>(l[i]));
-        out[i * columns + c] = static_cast<T>((p - (c == t - start ? 1.0 : 0.0)) * coefficient);
+    for (int64_t i = 0; i < v.n; ++i) {
+      if (!v.counted[static_cast<size_t>(i)]) {  // an ignored row: no gradient
+        std::fill(out + i * v.columns, out + (i + 1) * v.columns, T(0));
+        continue;
+      }
+      const int64_t target = v.labels[static_cast<size_t>(i)] - v.start;
+      const double coefficient = v.reduction == "none" ? static_cast<double>(g[i])
+                                 : v.reduction == "sum" ? static_cast<double>(g[0])
+                                                        : static_cast<double>(g[0]) / v.count;
+      for (int64_t c = 0; c < v.columns; ++c) {
+        const double p = std::exp(static_cast<double>(z[i * v.columns + c]) - static_cast<double>(l[i]));
+        out[i * v.columns + c] = static_cast<T>((p - (c == target ? 1.0 : 0.0)) * coefficient);
       }
     }
   });

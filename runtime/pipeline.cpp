@@ -126,9 +126,9 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
                           ": launch it with mpirun -np " + std::to_string(devices));
   // An interleaved plan runs as its chunks (plan/plan.h virtual_stage_view), each from its chunk_C.onnx.
   const bool interleaved = plan.training.schedule == Schedule::kInterleaved;
-  if (interleaved && (!options.checkpoint_dir.empty() || !options.resume.empty() || !options.trace.empty()))
-    throw Unsupported("--checkpoint-dir, --resume and --trace do not run with an interleaved plan yet; drop them or "
-                      "re-plan with --schedule 1f1b");
+  if (interleaved && (!options.checkpoint_dir.empty() || !options.resume.empty()))
+    throw Unsupported("--checkpoint-dir and --resume do not run with an interleaved plan yet; drop them or re-plan "
+                      "with --schedule 1f1b");
   const PlanDocument pipeline = interleaved ? virtual_stage_view(plan) : PlanDocument{};
   const PlanDocument& run = interleaved ? pipeline : plan;
   for (size_t k = 0; k < run.stages.size(); ++k) {
@@ -1666,7 +1666,7 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
       }
       if (traced)
         trace.push_back(action_event(a, setup_.role, world_.rank(), step, start_s, seconds_since(run_start),
-                                     static_cast<double>(bytes)));
+                                     static_cast<double>(bytes), stages_.size() > 1 ? setup_.positions : 0));
     }
     record.seconds = seconds_since(step_start);
     record.samples_per_s = static_cast<double>(setup_.global_batch) / std::max(record.seconds, 1e-9);

@@ -50,12 +50,17 @@ std::span<std::byte> bytes_of(auto& v) { return std::as_writable_bytes(std::span
 }  // namespace
 
 TimelineEvent action_event(const Action& a, const RankRole& role, int rank, int64_t step, double start_s, double end_s,
-                           double bytes) {
+                           double bytes, int positions) {
+  const bool message = a.kind == ActionKind::kSend || a.kind == ActionKind::kRecv;
+  // The stage (chunk) this end of the action is: activations leave from_stage, their gradients leave to_stage.
+  const int chunk = a.stage >= 0 ? a.stage
+                    : message    ? ((a.kind == ActionKind::kSend) != a.gradient ? a.from_stage : a.to_stage)
+                                 : role.stage;
   TimelineEvent e;
   e.process = rank;
   e.stage = role.stage;
   e.replica = role.replica;
-  e.virtual_stage = role.stage;  // the runtime runs no interleaved schedule (rank_actions refuses it)
+  e.virtual_stage = positions > 0 ? chunk : role.stage;
   e.step = step + 1;
   e.start_s = start_s;
   e.end_s = end_s;
@@ -71,8 +76,8 @@ TimelineEvent action_event(const Action& a, const RankRole& role, int rank, int6
   if (a.kind != ActionKind::kAllReduce && a.kind != ActionKind::kStep) e.microbatch = a.microbatch;
   if (a.kind == ActionKind::kSend || a.kind == ActionKind::kRecv) {
     // Activations flow from_stage → to_stage, their gradients back: the other end is whichever stage is not ours.
-    e.peer_stage = a.from_stage == role.stage ? a.to_stage : a.from_stage;
-    e.peer_virtual_stage = e.peer_stage;
+    e.peer_virtual_stage = a.from_stage == chunk ? a.to_stage : a.from_stage;
+    e.peer_stage = positions > 0 ? e.peer_virtual_stage % positions : e.peer_virtual_stage;
     e.peer_process = a.peer;
     e.gradient = a.gradient;
     e.bytes = bytes;

@@ -91,11 +91,13 @@ Comparison compare_with_timeline(const SimPlan& plan, const SimResult& predicted
     // One sample per (process, step) of the stage: the figures are their medians.
     std::vector<double> forward, backward, busy, comm, allreduce, step;
     std::set<int> processes;
+    // Interleaved: a micro-batch is v chunk ops on each device (the predicted figures are the stage's, all chunks').
+    const double chunks = predicted.schedule == Schedule::kInterleaved ? std::max(1, predicted.virtual_stages) : 1;
     for (const auto& [key, t] : tallies) {
       if (stage_of[key.first] != s || t.forwards == 0 || t.backwards == 0) continue;
       processes.insert(key.first);
-      forward.push_back(t.forward / static_cast<double>(t.forwards));
-      backward.push_back(t.backward / static_cast<double>(t.backwards));
+      forward.push_back(t.forward * chunks / static_cast<double>(t.forwards));
+      backward.push_back(t.backward * chunks / static_cast<double>(t.backwards));
       busy.push_back(t.forward + t.backward);
       comm.push_back(t.comm);
       allreduce.push_back(t.allreduce);

@@ -58,7 +58,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"two_stages_v2_m4", {{1, 1}, 4, Schedule::kInterleaved}},
                       // Two replicas per stage: each chunk all-reduces over its stage's pair, chunk by chunk.
                       Case{"two_stages_of_two_replicas_v2_m2", {{2, 2}, 2, Schedule::kInterleaved}},
-                      Case{"two_stages_v3_m2", {{1, 1}, 2, Schedule::kInterleaved, {}, 0, 3}}),
+                      Case{"two_stages_v3_m2", {{1, 1}, 2, Schedule::kInterleaved, {}, 0, 3}},
+                      // Stages of 2 and 1 replicas: the wrap hands chunk 1's whole micro-batch to chunk 2's halves.
+                      Case{"stages_of_two_and_one_replicas_v2_m2", {{2, 1}, 2, Schedule::kInterleaved}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // apart zoo's `family` at 2 layers, 4 heads, hidden 64, 16 positions, on an interleaved plan of 2 stages × 2 chunks:
@@ -148,6 +150,24 @@ TEST(TheChunksOfAnInterleavedPlan, AreTheSameTasksAndOrderInThePlanTheSimulatorA
     const double target = (stage.forward_s + stage.backward_s) / v / planned * total;
     EXPECT_NEAR(chunk_cost[static_cast<size_t>(c)], target, 2 * largest) << "chunk " << c;
   }
+}
+
+// --trace names each chunk's ops as the simulator's trace does ("2F0": virtual stage 2's forward of micro-batch 0, on
+// stage 0's rank), and apart simulate --compare reads it against the replay, stage by stage.
+TEST(AnInterleavedRunsTrace, NamesEachChunksOpsAsTheSimulatorAndComparesWithItsReplay) {
+  const fs::path dir = scratch("trace");
+  const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::kInterleaved}, 8, dir / "plan");
+  const fs::path trace = dir / "run.json";
+  const auto r = testing::run_apart("run " + plan.string() + " --steps 2 --in-process --trace " + trace.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(trace);
+  const nlohmann::json t = nlohmann::json::parse(in);
+  std::set<std::string> names;
+  for (const auto& e : t.at("traceEvents"))
+    if (e.contains("name") && e.at("name").is_string()) names.insert(e.at("name").get<std::string>());
+  for (const char* op : {"0F0", "1F0", "2F0", "3F1", "3B1", "2B0", "0B1"}) EXPECT_TRUE(names.count(op)) << op;
+  const auto compared = testing::run_apart("simulate " + plan.string() + " --compare " + trace.string());
+  EXPECT_EQ(compared.code, 0) << compared.out;
 }
 
 TEST(AnInterleavedPlan, IsRefusedWithCheckpointsNamingTheFlags) {

@@ -110,6 +110,35 @@ TEST(ApartCheck, FailsTheStageFileCheckForAMissingOrForeignStageFile) {
       << finding(check, "stage files").detail;
 }
 
+// An interleaved plan: its chunks' files are checked beside the stages'; one written before plan.json listed its
+// chunks is valid, with a runtime note asking to re-plan.
+TEST(ApartCheck, ChecksAnInterleavedPlansChunkFilesAndNotesOneWithoutChunks) {
+  const fs::path dir = fs::temp_directory_path() / ("apart_check_test_" + std::to_string(::getpid())) / "interleaved";
+  fs::remove_all(dir);
+  fs::create_directories(dir.parent_path());
+  const auto r = testing::run_apart("partition " + kModel + " --device cpu --devices 2 --stages 2 --replicas 1 "
+                                    "--microbatches 2 --batch 8 --schedule interleaved --no-baselines -q -o " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  PlanCheck check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{});
+  EXPECT_NE(finding(check, "stage files").detail.find("2 stage_K.onnx and 4 chunk_C.onnx"), std::string::npos)
+      << finding(check, "stage files").detail;
+  EXPECT_NE(finding(check, "runtime").detail.find("apart run executes this plan"), std::string::npos)
+      << finding(check, "runtime").detail;
+  fs::copy_file(dir / "chunk_1.onnx", dir / "chunk_2.onnx", fs::copy_options::overwrite_existing);
+  check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{"stage files"});
+  EXPECT_NE(finding(check, "stage files").detail.find("chunk_2.onnx does not"), std::string::npos)
+      << finding(check, "stage files").detail;
+  PlanDocument plan = read_plan(dir);
+  plan.virtual_stages.clear();
+  rewrite(dir, plan);
+  check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{});
+  EXPECT_NE(finding(check, "runtime").detail.find("re-run apart partition"), std::string::npos)
+      << finding(check, "runtime").detail;
+}
+
 TEST(ApartCheck, FailsTheModelCheckForOtherBytesAndSkipsWhatNeedsTheModel) {
   const fs::path dir = fresh_plan("model");
   const fs::path other = dir.parent_path() / "other.onnx";

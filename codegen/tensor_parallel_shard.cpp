@@ -152,45 +152,89 @@ class Sharder {
   }
 
   // Whether the stage holds the whole region; one cut by a stage boundary is noted and left whole, and so is a
-  // vocabulary region the degree does not divide (or laid out otherwise than this pass cuts: noted with why).
+  // vocabulary region the degree does not divide, laid out otherwise than this pass cuts, or whose table another
+  // vocabulary region leaves whole (noted with why).
   bool present(const TpShardRegion& r) {
-    if (r.role == TpRegionRole::kEmbedding) {
-      const auto p = producer_.find(r.end_value);
-      if (p == producer_.end()) return false;
-      const NodeProto& n = shard_.model.graph().node(p->second);
-      const auto table = initializer_.find(n.input_size() == 2 ? n.input(0) : std::string());
-      if (n.op_type() != "Gather" || !n.domain().empty() || attr_int(n, "axis", 0) != 0 || table == initializer_.end() ||
-          shard_.model.graph().initializer(table->second).dims_size() != 2)
-        return whole(r, "not a Gather of rows of a 2-D table");
-      return divides(r, sliced_.count(table->first) ? sliced_.at(table->first).shape[0]
-                                                      : shard_.model.graph().initializer(table->second).dims(0));
+    if (r.role != TpRegionRole::kEmbedding) {
+      size_t found = 0;
+      for (const auto* list : {&r.column_tasks, &r.row_tasks})
+        for (const std::string& n : *list) found += node_of_name_.count(n);
+      if (found == 0) return false;
+      if (found != r.column_tasks.size() + r.row_tasks.size()) return whole(r, "");
+      if (r.role == TpRegionRole::kLinears) return true;
+    } else if (!producer_.count(r.end_value)) {
+      return false;
     }
-    size_t found = 0;
-    for (const auto* list : {&r.column_tasks, &r.row_tasks})
-      for (const std::string& n : *list) found += node_of_name_.count(n);
-    if (found == 0) return false;
-    if (found != r.column_tasks.size() + r.row_tasks.size()) return whole(r, "");
-    if (r.role != TpRegionRole::kLmHead) return true;
-    if (r.column_tasks.size() != 1 || !r.row_tasks.empty()) return whole(r, "not one column linear");
-    const NodeProto& head = shard_.model.graph().node(node_of_name_.at(r.column_tasks.front()));
-    const std::optional<WeightSource> w = weight_source(head);
-    if (!w) return whole(r, "its weight is neither a param nor a transposed one");
-    std::set<std::string> outputs;
-    for (const auto& o : shard_.model.graph().output()) outputs.insert(o.name());
-    const std::map<std::string, int> split(r.split_values.begin(), r.split_values.end());
-    for (const auto& [v, axis] : r.split_values) {
-      if (outputs.count(v)) return whole(r, "its logits are a stage output");
-      const auto readers = consumers_.find(v);
-      for (int k : readers == consumers_.end() ? std::vector<int>{} : readers->second) {
-        const NodeProto& reader = shard_.model.graph().node(k);
-        if ((reader.output_size() > 0 && split.count(reader.output(0))) || (v == r.end_value && parallel_loss(reader, v, axis)))
-          continue;
-        return whole(r, "its logits are read by " + quote(reader.name()) + ", not a SoftmaxCrossEntropyLoss the pass splits");
+    if (const std::optional<std::string> why = vocabulary_left_whole(r)) return whole(r, *why);
+    if (const std::optional<std::string> table = vocabulary_table(r); table && tables_kept_whole_.count(*table))
+      return whole(r, "its table " + quote(*table) + " is read whole by another vocabulary region");
+    return true;
+  }
+
+  // A table that a vocabulary region of the stage leaves whole stays whole for every region reading it (a cut table
+  // read whole would give wrong rows): found before any region is cut.
+  void keep_shared_tables_whole(const std::vector<TpShardRegion>& regions) {
+    for (const TpShardRegion& r : regions) {
+      if (r.role == TpRegionRole::kLinears) continue;
+      const bool in_stage = r.role == TpRegionRole::kEmbedding
+                                ? producer_.count(r.end_value) > 0
+                                : r.column_tasks.size() == 1 && node_of_name_.count(r.column_tasks.front()) > 0;
+      if (!in_stage) continue;
+      if (const std::optional<std::string> table = vocabulary_table(r); table && vocabulary_left_whole(r))
+        tables_kept_whole_.insert(*table);
+    }
+  }
+
+  // The table a vocabulary region in the stage cuts: the embedding Gather's, the LM head's weight (or the table its
+  // Transpose reads). nullopt when it reads none this pass can cut.
+  std::optional<std::string> vocabulary_table(const TpShardRegion& r) const {
+    const onnx::GraphProto& g = shard_.model.graph();
+    if (r.role == TpRegionRole::kEmbedding) {
+      const NodeProto& n = g.node(producer_.at(r.end_value));
+      if (n.input_size() == 2 && initializer_.count(n.input(0))) return n.input(0);
+      return std::nullopt;
+    }
+    if (r.column_tasks.size() != 1) return std::nullopt;
+    const std::optional<WeightSource> w = weight_source(g.node(node_of_name_.at(r.column_tasks.front())));
+    if (!w) return std::nullopt;
+    return g.node(w->node).input(w->input);
+  }
+
+  // Why a vocabulary region the stage holds stays whole (nullopt: it is cut).
+  std::optional<std::string> vocabulary_left_whole(const TpShardRegion& r) const {
+    const onnx::GraphProto& g = shard_.model.graph();
+    const std::optional<std::string> table = vocabulary_table(r);
+    int axis = 0;
+    if (r.role == TpRegionRole::kEmbedding) {
+      const NodeProto& n = g.node(producer_.at(r.end_value));
+      if (n.op_type() != "Gather" || !n.domain().empty() || attr_int(n, "axis", 0) != 0 || !table ||
+          g.initializer(initializer_.at(*table)).dims_size() != 2)
+        return "not a Gather of rows of a 2-D table";
+    } else {
+      if (r.column_tasks.size() != 1 || !r.row_tasks.empty()) return "not one column linear";
+      const std::optional<WeightSource> w = weight_source(g.node(node_of_name_.at(r.column_tasks.front())));
+      if (!w) return "its weight is neither a param nor a transposed one";
+      axis = w->axis;
+      std::set<std::string> outputs;
+      for (const auto& o : g.output()) outputs.insert(o.name());
+      const std::map<std::string, int> split(r.split_values.begin(), r.split_values.end());
+      for (const auto& [v, split_axis] : r.split_values) {
+        if (outputs.count(v)) return "its logits are a stage output";
+        const auto readers = consumers_.find(v);
+        for (int k : readers == consumers_.end() ? std::vector<int>{} : readers->second) {
+          const NodeProto& reader = g.node(k);
+          if ((reader.output_size() > 0 && split.count(reader.output(0))) ||
+              (v == r.end_value && parallel_loss(reader, v, split_axis)))
+            continue;
+          return "its logits are read by " + quote(reader.name()) + ", not a SoftmaxCrossEntropyLoss the pass splits";
+        }
       }
     }
-    const std::string& table = shard_.model.graph().node(w->node).input(w->input);
-    return divides(r, sliced_.count(table) ? sliced_.at(table).shape[static_cast<size_t>(w->axis)]
-                                           : shard_.model.graph().initializer(initializer_.at(table)).dims(w->axis));
+    const int64_t rows = sliced_.count(*table) ? sliced_.at(*table).shape[static_cast<size_t>(axis)]
+                                               : g.initializer(initializer_.at(*table)).dims(axis);
+    if (rows % degree_ != 0)
+      return std::to_string(rows) + " vocabulary rows do not cut into " + std::to_string(degree_) + " equal parts";
+    return std::nullopt;
   }
 
   void shard(const TpShardRegion& r, size_t index) {
@@ -405,11 +449,6 @@ class Sharder {
     shard_.replicated.push_back(why.empty() ? r.name : r.name + " (" + why + ")");
     return false;
   }
-  bool divides(const TpShardRegion& r, int64_t rows) {
-    if (rows % degree_ == 0) return true;
-    return whole(r, std::to_string(rows) + " vocabulary rows do not cut into " + std::to_string(degree_) + " equal parts");
-  }
-
   // Where a linear's weight (input 1) is held: the initializer it reads (node: the linear, input 1) or the one a
   // Transpose of it reads (node: the Transpose, input 0: a tied embedding table read as [H, V]), with the axis of that
   // initializer that holds `out_axis` of the weight. nullopt for anything else.
@@ -1024,6 +1063,7 @@ class Sharder {
   std::map<std::string, onnx::ValueInfoProto> types_;
   std::map<std::string, std::vector<int64_t>> shape_of_;  // the importer's, at batch 1
   std::string batch_symbol_;                               // the stage's batch dim_param ("" when static)
+  std::set<std::string> tables_kept_whole_;  // read by a vocabulary region left whole (keep_shared_tables_whole)
   std::set<std::string> vocabulary_tables_;  // params cut along the vocabulary …
   std::set<int> handled_readers_;            // … and the nodes reading them that the pass cut (Gathers, LM heads)
   std::map<std::string, TpShardedParam> sliced_;
@@ -1044,9 +1084,11 @@ TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std
   if (degree < 1 || rank < 0 || rank >= degree)
     throw InvalidArgument("tensor parallelism: rank " + std::to_string(rank) + " of degree " + std::to_string(degree));
   Sharder sharder(stage, degree, rank, weights, sequence);
-  if (degree > 1)
+  if (degree > 1) {
+    sharder.keep_shared_tables_whole(regions);
     for (size_t i = 0; i < regions.size(); ++i)
       if (sharder.present(regions[i])) sharder.shard(regions[i], i);
+  }
   return sharder.finish();
 }
 

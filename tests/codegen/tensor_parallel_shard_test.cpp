@@ -182,6 +182,19 @@ TEST(AShard, LeavesARegionCutByAStageBoundaryWholeAndNamesIt) {
   EXPECT_EQ(count_ops(shard.model, "ai.apart", kTpCopyOp), 0);
 }
 
+// The tied table is cut for both its readers or for neither: with gpt-tiny's logits also a stage output, the LM head
+// stays whole, so the embedding reading the same table does too (each named with why), and the linears still split.
+TEST(AShard, LeavesATiedTableWholeForTheEmbeddingWhenTheLmHeadStaysWhole) {
+  onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
+  stage.mutable_graph()->add_output()->set_name("/Reshape_output_0");
+  const TpShard shard = shard_stage_for_tensor_parallel(stage, tp_shard_regions(read_plan(tp_plan())), 2, 0);
+  EXPECT_EQ(shard.regions, 4);
+  EXPECT_EQ(dims(initializer(shard.model, "wte.weight")), (std::vector<int64_t>{512, 64}));
+  EXPECT_EQ(shard.replicated, (std::vector<std::string>{"/wte (its table 'wte.weight' is read whole by another vocabulary region)",
+                                                        "/head (its logits are a stage output)"}));
+  EXPECT_EQ(count_ops(shard.model, "ai.apart", kVocabParallelCrossEntropyOp), 0);
+}
+
 TEST(AShard, RefusesALayoutThatNamesANonLinearOrAnAxisTheValueLacks) {
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
   std::vector<TpShardRegion> regions = {linear_regions(read_plan(tp_plan()))[1]};

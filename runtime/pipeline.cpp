@@ -1710,6 +1710,15 @@ std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan) {
   return regions;
 }
 
+namespace {
+// Ends the run on every rank: the device world first (NCCL: its communicator aborted, so that no rank waits in NCCL
+// for this one until --comm-timeout; it aborts its bootstrap, the world, too), then the world.
+void abort_world(const RunOptions& options, Communicator& world, const std::string& reason, int exit_code) {
+  if (options.device_world) options.device_world->abort(reason, exit_code);
+  world.abort(reason, exit_code);
+}
+}  // namespace
+
 RunResult run_plan(const RunOptions& options, Communicator& world, const RunStepCallback& on_step) {
   options.validate();
   // Checks that need no messages: every rank reads the same files and fails the same way, with its own exit code.
@@ -1750,13 +1759,15 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
   } catch (const Infeasible&) {
     throw;  // found by the world all-reduce: every rank throws it
   } catch (const Error& e) {
-    world.abort(rank_label(world.rank(), world.size(), setup.role) + ": " + e.what(), exit_code(e.kind()));
+    abort_world(options, world, rank_label(world.rank(), world.size(), setup.role) + ": " + e.what(), exit_code(e.kind()));
     throw;
   } catch (const std::bad_alloc&) {
-    world.abort(rank_label(world.rank(), world.size(), setup.role) + ": out of memory", exit_code(ErrorKind::kSystemError));
+    abort_world(options, world, rank_label(world.rank(), world.size(), setup.role) + ": out of memory",
+                exit_code(ErrorKind::kSystemError));
     throw;
   } catch (const std::exception& e) {
-    world.abort(rank_label(world.rank(), world.size(), setup.role) + ": " + e.what(), exit_code(ErrorKind::kInternal));
+    abort_world(options, world, rank_label(world.rank(), world.size(), setup.role) + ": " + e.what(),
+                exit_code(ErrorKind::kInternal));
     throw;
   }
 }

@@ -60,7 +60,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"two_stages_of_two_replicas_v2_m2", {{2, 2}, 2, Schedule::kInterleaved}},
                       Case{"two_stages_v3_m2", {{1, 1}, 2, Schedule::kInterleaved, {}, 0, 3}},
                       // Stages of 2 and 1 replicas: the wrap hands chunk 1's whole micro-batch to chunk 2's halves.
-                      Case{"stages_of_two_and_one_replicas_v2_m2", {{2, 1}, 2, Schedule::kInterleaved}}),
+                      Case{"stages_of_two_and_one_replicas_v2_m2", {{2, 1}, 2, Schedule::kInterleaved}},
+                      // ZeRO over each stage's pair: every chunk shards its own buckets over its own replica group.
+                      Case{"two_stages_of_two_replicas_zero1_v2_m2", {{2, 2}, 2, Schedule::kInterleaved, {}, 1}},
+                      Case{"two_stages_of_two_replicas_zero3_v2_m2", {{2, 2}, 2, Schedule::kInterleaved, {}, 3}},
+                      // Whole-stage recomputation on the first stage: its chunks re-run their forwards.
+                      Case{"recompute_on_the_first_stage_v2_m2", {{1, 1}, 2, Schedule::kInterleaved, {true, false}}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // apart zoo's `family` at 2 layers, 4 heads, hidden 64, 16 positions, on an interleaved plan of 2 stages × 2 chunks:

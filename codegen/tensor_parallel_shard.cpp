@@ -29,6 +29,23 @@ std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t
   return ranges;
 }
 
+std::pair<int64_t, int64_t> tp_vocabulary_rows(int64_t rows, int degree, int rank) {
+  if (degree < 1 || rank < 0 || rank >= degree || rows < 1)
+    throw InvalidModel("tensor parallelism: rank " + std::to_string(rank) + " of " + std::to_string(degree) + " of " +
+                       std::to_string(rows) + " vocabulary rows");
+  const int64_t each = (rows + degree - 1) / degree;
+  if ((degree - 1) * each >= rows)
+    throw InvalidModel("tensor parallelism: " + std::to_string(rows) + " vocabulary rows in parts of " +
+                       std::to_string(each) + " leave a rank of " + std::to_string(degree) + " none");
+  return {rank * each, std::min(rows, (rank + 1) * each)};
+}
+
+std::vector<std::pair<int64_t, int64_t>> tp_param_ranges(const TpShardedParam& param, int degree, int rank) {
+  const int64_t length = param.shape.at(static_cast<size_t>(param.axis));
+  if (param.vocabulary) return {tp_vocabulary_rows(length, degree, rank)};
+  return tp_shard_ranges(length, param.pieces, degree, rank);
+}
+
 namespace {
 
 using onnx::NodeProto;
@@ -232,13 +249,29 @@ class Sharder {
     }
     const int64_t rows = sliced_.count(*table) ? sliced_.at(*table).shape[static_cast<size_t>(axis)]
                                                : g.initializer(initializer_.at(*table)).dims(axis);
-    if (rows % degree_ != 0)
-      return std::to_string(rows) + " vocabulary rows do not cut into " + std::to_string(degree_) + " equal parts";
+    const int64_t each = (rows + degree_ - 1) / degree_;
+    if ((degree_ - 1) * each >= rows)
+      return std::to_string(rows) + " vocabulary rows in parts of " + std::to_string(each) + " leave a rank none";
+    // Uneven parts need each Reshape of the logits to name the vocabulary: a target computed at run time is divided
+    // by the degree (shard's Div), which only equal parts allow.
+    if (r.role == TpRegionRole::kLmHead && rows % degree_ != 0)
+      for (const auto& [v, split_axis] : r.split_values)
+        if (const auto p = producer_.find(v); p != producer_.end() && g.node(p->second).op_type() == "Reshape" &&
+                                              !known_ints(g.node(p->second).input(1)))
+          return "its logits' Reshape " + quote(g.node(p->second).name()) + " computes its target at run time over " +
+                 std::to_string(rows) + " vocabulary rows that do not cut into " + std::to_string(degree_) +
+                 " equal parts";
     return std::nullopt;
   }
 
   void shard(const TpShardRegion& r, size_t index) {
     if (r.role == TpRegionRole::kEmbedding) return shard_embedding(r);
+    if (r.role == TpRegionRole::kLmHead) {  // the whole vocabulary: the table's rows (it may be cut already)
+      const std::string table = *vocabulary_table(r);
+      const std::optional<WeightSource> w = weight_source(shard_.model.graph().node(node_of_name_.at(r.column_tasks.front())));
+      vocabulary_ = sliced_.count(table) ? sliced_.at(table).shape[static_cast<size_t>(w->axis)]
+                                         : shard_.model.graph().initializer(initializer_.at(table)).dims(w->axis);
+    }
     std::map<std::string, int> split(r.split_values.begin(), r.split_values.end());
     onnx::GraphProto& g = *shard_.model.mutable_graph();
     auto node = [&](const std::string& name) -> NodeProto& { return *g.mutable_node(node_of_name_.at(name)); };
@@ -282,14 +315,16 @@ class Sharder {
       }
       for (int k : chain) pieces_of_node[k] = pieces;
       const bool trans_b = n.op_type() == "Gemm" && attr_int(n, "transB", 0) != 0;
-      const std::string weight = slice_weight(n, trans_b ? 0 : 1, pieces, "column linear " + quote(c) + "'s weight");
+      const std::string weight = slice_weight(n, trans_b ? 0 : 1, pieces, "column linear " + quote(c) + "'s weight",
+                                              r.role == TpRegionRole::kLmHead);
       if (r.role == TpRegionRole::kLmHead) {
         vocabulary_tables_.insert(weight);
         handled_readers_.insert(node_of_name_.at(c));
       }
       if (n.op_type() == "Gemm" && n.input_size() > 2 && !n.input(2).empty()) {
         const int bias_rank = rank_or(n.input(2), n);
-        slice_initializer(n, 2, bias_rank - 1, pieces, "column linear " + quote(c) + "'s bias");
+        slice_initializer(n, 2, bias_rank - 1, pieces, "column linear " + quote(c) + "'s bias",
+                          r.role == TpRegionRole::kLmHead);
       }
     }
     // Params and constants read sliced (a column's bias added by its own Add): along the reader's split axis.
@@ -310,7 +345,7 @@ class Sharder {
         for (int i = 0; i < reader.input_size(); ++i)
           if (reader.input(i) == s) {
             slice_initializer(*g.mutable_node(k), i, axis, p == pieces_of_node.end() ? 1 : p->second,
-                              "the sliced input " + quote(s));
+                              "the sliced input " + quote(s), r.role == TpRegionRole::kLmHead);  // an LM head's bias
             break;
           }
         done = true;
@@ -333,6 +368,8 @@ class Sharder {
       if (n.op_type() == "Reshape" && split.count(n.output(0))) {
         const int j = split.at(n.output(0));
         std::optional<std::vector<int64_t>> target = known_ints(n.input(1));
+        APART_CHECK(target || r.role != TpRegionRole::kLmHead || vocabulary_ % degree_ == 0,
+                    "vocabulary_left_whole keeps an uneven LM head with a run-time logits target whole");
         if (!target) {
           // A target computed at run time (Shape → Gather → Concat, as torch exports write it): divided by a constant
           // [1, …, t, …, 1] there. Its entry j is the split dim's count (the heads), positive, as exporters write it.
@@ -351,7 +388,12 @@ class Sharder {
           continue;
         }
         if (j >= static_cast<int>(target->size())) unsupported(n, "a target shape shorter than its split axis");
-        if ((*target)[static_cast<size_t>(j)] > 0) {
+        if (r.role == TpRegionRole::kLmHead && (*target)[static_cast<size_t>(j)] > 0) {  // the vocabulary: this rank's rows
+          if ((*target)[static_cast<size_t>(j)] != vocabulary_) unsupported(n, "a logits target whose split entry is not the vocabulary");
+          const auto [first, last] = tp_vocabulary_rows(vocabulary_, degree_, rank_);
+          (*target)[static_cast<size_t>(j)] = last - first;
+          set_ints_input(n, 1, *target);
+        } else if ((*target)[static_cast<size_t>(j)] > 0) {
           if ((*target)[static_cast<size_t>(j)] % degree_ != 0) unsupported(n, "a split dim that the degree does not divide");
           (*target)[static_cast<size_t>(j)] /= degree_;
           set_ints_input(n, 1, *target);
@@ -475,14 +517,14 @@ class Sharder {
   }
   // Cuts a linear's weight along its `axis` (a weight read through a Transpose: the table along the matching axis);
   // returns the initializer cut.
-  std::string slice_weight(NodeProto& n, int axis, int64_t pieces, const std::string& what) {
+  std::string slice_weight(NodeProto& n, int axis, int64_t pieces, const std::string& what, bool vocabulary) {
     const std::optional<WeightSource> w = initializer_.count(n.input(1)) ? std::nullopt : weight_source(n, axis);
     if (!w) {
-      slice_initializer(n, 1, axis, pieces, what);
+      slice_initializer(n, 1, axis, pieces, what, vocabulary);
       return n.input(1);
     }
     NodeProto& holder = *shard_.model.mutable_graph()->mutable_node(w->node);
-    slice_initializer(holder, w->input, w->axis, pieces, what);
+    slice_initializer(holder, w->input, w->axis, pieces, what, vocabulary);
     split_names_.insert(holder.output(0));  // its declared whole shape goes
     handled_readers_.insert(w->node);
     return holder.input(w->input);
@@ -508,11 +550,12 @@ class Sharder {
     onnx::GraphProto& g = *shard_.model.mutable_graph();
     NodeProto& n = *g.mutable_node(k);
     const int32_t float_type = g.initializer(initializer_.at(n.input(0))).data_type();
-    slice_initializer(n, 0, 0, 1, "embedding " + quote(n.name()) + "'s table");
+    slice_initializer(n, 0, 0, 1, "embedding " + quote(n.name()) + "'s table", true);
     const int64_t vocab = sliced_.at(n.input(0)).shape[0];  // whole (a second Gather finds the table cut already)
-    const int64_t rows = vocab / degree_;
+    const auto [start, end] = tp_vocabulary_rows(vocab, degree_, rank_);
+    const int64_t rows = end - start;
     const std::string p = n.name() + "/tp_vocab";
-    *g.add_initializer() = int64_tensor(p + "_start", {rank_ * rows});
+    *g.add_initializer() = int64_tensor(p + "_start", {start});
     *g.add_initializer() = int64_tensor(p + "_rows", {rows});
     *g.add_initializer() = int64_tensor(p + "_zero", {0});
     auto make = [](const std::string& op, std::vector<std::string> inputs, const std::string& output) {
@@ -586,10 +629,10 @@ class Sharder {
   void split_loss(NodeProto& loss, const std::string& scores) {
     const onnx::ValueInfoProto value = *known_type(loss.output(0));
     const onnx::ValueInfoProto scores_type = *known_type(scores);
-    const int64_t columns = dim_of(scores, 1, loss) / degree_;
     loss.set_op_type(kVocabParallelCrossEntropyOp);
     loss.set_domain(autodiff::kApartDomain);
-    autodiff::set_attr(loss, kVocabStartAttr, rank_ * columns);
+    autodiff::set_attr(loss, kVocabStartAttr, tp_vocabulary_rows(vocabulary_, degree_, rank_).first);
+    autodiff::set_attr(loss, kVocabSizeAttr, vocabulary_);
     const std::string lse = loss.name() + "/tp_lse";
     if (loss.output_size() > 1) loss.set_output(1, lse);
     else loss.add_output(lse);
@@ -696,7 +739,8 @@ class Sharder {
       if (reader.output_size() < 1 || split.count(reader.output(0)) == 0) continue;
       const int axis = split.at(reader.output(0)) - (rank_or(reader.output(0), reader) - rank_or(s, reader));
       const int64_t length = dim_of(s, axis, reader);
-      const auto ranges = tp_shard_ranges(length, 1, degree_, rank_);
+      const auto ranges = r.role == TpRegionRole::kLmHead ? std::vector{tp_vocabulary_rows(length, degree_, rank_)}
+                                                          : tp_shard_ranges(length, 1, degree_, rank_);
       const std::string tag = "/tp_" + std::to_string(index) + "_" + std::to_string(k);
       NodeProto f;
       f.set_name(reader.name() + "/" + kTpCopyOp);
@@ -742,20 +786,22 @@ class Sharder {
     n.set_input(input, name);
   }
   // Cuts the initializer a node reads at `input` along `axis` (each reader sees the same slice).
-  void slice_initializer(NodeProto& n, int input, int axis, int64_t pieces, const std::string& what) {
+  // `vocabulary`: rows cut by tp_vocabulary_rows (one piece) rather than tp_shard_ranges.
+  void slice_initializer(NodeProto& n, int input, int axis, int64_t pieces, const std::string& what,
+                         bool vocabulary = false) {
     const std::string& v = n.input(input);
     const auto it = initializer_.find(v);
     if (it == initializer_.end()) unsupported(n, what + " that is not an initializer of the stage (" + quote(v) + ")");
     if (const auto done = sliced_.find(v); done != sliced_.end()) {
-      if (done->second.axis != axis || done->second.pieces != pieces)
+      if (done->second.axis != axis || done->second.pieces != pieces || done->second.vocabulary != vocabulary)
         unsupported(n, what + " " + quote(v) + " cut along two axes (another reader cuts it along " +
                            std::to_string(done->second.axis) + ")");
       return;
     }
     TensorProto& t = *shard_.model.mutable_graph()->mutable_initializer(it->second);
     if (axis < 0 || axis >= t.dims_size()) unsupported(n, what + " with no axis " + std::to_string(axis));
-    TpShardedParam p{v, std::vector<int64_t>(t.dims().begin(), t.dims().end()), axis, pieces};
-    const auto ranges = tp_shard_ranges(t.dims(axis), pieces, degree_, rank_);
+    TpShardedParam p{v, std::vector<int64_t>(t.dims().begin(), t.dims().end()), axis, pieces, vocabulary};
+    const auto ranges = tp_param_ranges(p, degree_, rank_);
     if (weights_ == TpWeights::kCut || t.data_location() != TensorProto::EXTERNAL) {
       slice_tensor(t, axis, ranges, what + " " + quote(v));
     } else {  // shapes only: the shard's dims, its external data's length to match (the bytes are never read)
@@ -1063,6 +1109,7 @@ class Sharder {
   std::map<std::string, onnx::ValueInfoProto> types_;
   std::map<std::string, std::vector<int64_t>> shape_of_;  // the importer's, at batch 1
   std::string batch_symbol_;                               // the stage's batch dim_param ("" when static)
+  int64_t vocabulary_ = 0;  // the LM head being cut: its whole vocabulary
   std::set<std::string> tables_kept_whole_;  // read by a vocabulary region left whole (keep_shared_tables_whole)
   std::set<std::string> vocabulary_tables_;  // params cut along the vocabulary …
   std::set<int> handled_readers_;            // … and the nodes reading them that the pass cut (Gathers, LM heads)

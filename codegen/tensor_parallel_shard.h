@@ -20,8 +20,8 @@
 // Everything else (norms, residuals, position embeddings) is replicated: every rank computes it whole, with the same
 // values.
 //
-// Vocabulary regions (Megatron's VocabParallelEmbedding and parallel cross-entropy), the vocabulary V cut into t
-// equal row ranges [r·V/t, (r+1)·V/t) (tp_shard_ranges with one piece):
+// Vocabulary regions (Megatron's VocabParallelEmbedding and parallel cross-entropy), the vocabulary V cut into t row
+// ranges of ⌈V/t⌉, the last rank the rest (tp_vocabulary_rows):
 //   - an embedding Gather(table [V, H], ids) reads this rank's rows: ids outside its range are masked (index 0, row
 //     zeroed), then ai.apart.TpAllReduce sums the ranks' rows, so each id's row comes from the rank that holds it;
 //   - an LM head (a column linear whose weight is [H, V], or Transpose([V, H]) of a tied embedding table, or Gemm's
@@ -30,7 +30,9 @@
 //     becomes ai.apart.VocabParallelCrossEntropy (row max and sum of exponentials over the group, the target logit
 //     from the rank holding it), whose backward needs no message; any other reader of the split logits reads them
 //     all-gathered. A tied table read by the embedding and the LM head in one stage is cut once.
-// A vocabulary the degree does not divide is left whole (TpShard::replicated says so, naming the rows).
+// A vocabulary that leaves a rank no row, or an uneven one whose logits a Reshape with a target computed at run time
+// reads, is left whole (TpShard::replicated says so, naming the rows), and so is a table another vocabulary region of
+// the stage leaves whole.
 //
 // Under sequence parallelism (TpSequence::kSharded; Korthikanti et al., MLSys'23 §4.2.2) the values between regions
 // are cut along the sequence instead of replicated:
@@ -67,12 +69,13 @@ inline constexpr const char* kTpScatterOp = "TpScatter";              // part r 
 inline constexpr const char* kTpBackwardAttr = "backward";
 inline constexpr const char* kTpBackwardReduceScatter = "reduce_scatter";
 inline constexpr const char* kTpBackwardScatter = "scatter";
-// The vocabulary-parallel loss (docs/runtime.md): (scores [N, V/t], labels [N]) → (loss, lse [N]), attributes
-// vocab_start (this rank's first row), ignore_index, reduction; its gradient is the second op, (dloss, scores, labels,
+// The vocabulary-parallel loss (docs/runtime.md): (scores [N, this rank's rows], labels [N]) → (loss, lse [N]),
+// attributes vocab_start (this rank's first row), vocab_size, ignore_index, reduction; its gradient is the second op, (dloss, scores, labels,
 // lse) → dscores, with the same attributes.
 inline constexpr const char* kVocabParallelCrossEntropyOp = "VocabParallelCrossEntropy";
 inline constexpr const char* kVocabParallelCrossEntropyGradOp = "VocabParallelCrossEntropyGrad";
 inline constexpr const char* kVocabStartAttr = "vocab_start";
+inline constexpr const char* kVocabSizeAttr = "vocab_size";  // the whole vocabulary (labels are checked against it)
 
 // What a region is: linears (attention, MLP: column then row), or a vocabulary region.
 enum class TpRegionRole : uint8_t { kLinears, kEmbedding, kLmHead };
@@ -94,6 +97,7 @@ struct TpShardedParam {
   std::vector<int64_t> shape;  // whole
   int axis = 0;
   int64_t pieces = 1;
+  bool vocabulary = false;  // rows cut by tp_vocabulary_rows (uneven when the degree does not divide them)
 };
 
 struct TpShard {
@@ -110,6 +114,11 @@ struct TpShard {
 // The [begin, end) ranges along an axis of `length` that rank `rank` of `degree` holds when the axis is cut into
 // `pieces` equal pieces, each cut into `degree` equal parts. InvalidModel unless length divides by pieces × degree.
 std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t pieces, int degree, int rank);
+// The rows [begin, end) of a vocabulary of `rows` that rank `rank` of `degree` holds: ⌈rows/degree⌉ each, the last
+// rank what is left (Megatron-LM pads the table to a multiple instead). InvalidModel when a rank would hold none.
+std::pair<int64_t, int64_t> tp_vocabulary_rows(int64_t rows, int degree, int rank);
+// What rank `rank` holds of `param` along its axis: tp_vocabulary_rows or tp_shard_ranges (cutting and gathering).
+std::vector<std::pair<int64_t, int64_t>> tp_param_ranges(const TpShardedParam& param, int degree, int rank);
 
 // Rank `rank` of `degree`'s shard of `stage` (a stage's forward, as stage_K.onnx holds it). Regions none of whose
 // linears are in the stage are skipped; one cut by a stage boundary stays whole (TpShard::replicated). The sliced

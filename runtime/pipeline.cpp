@@ -753,7 +753,7 @@ std::map<std::string, Tensor> StageRunner::gather_tp_params() {
     for (int a = 0; a < p.axis; ++a) outer *= p.shape[static_cast<size_t>(a)];
     for (size_t a = static_cast<size_t>(p.axis) + 1; a < p.shape.size(); ++a) inner *= p.shape[a];
     const int64_t length = p.shape[static_cast<size_t>(p.axis)];
-    const auto ranges = tp_shard_ranges(length, p.pieces, setup_.tp, setup_.role.tp_rank);
+    const auto ranges = tp_param_ranges(p, setup_.tp, setup_.role.tp_rank);  // a vocabulary's last rank: fewer rows
     int64_t kept = 0;
     for (const auto& [b, e] : ranges) kept += e - b;
     const float* from = mine.data<float>();

@@ -48,7 +48,7 @@ void tp_scatter_rule(GradNode& n) { n.give(0, along_axis(n, kTpAllGatherOp, kTpB
 void vocab_parallel_cross_entropy_rule(GradNode& n) {
   const std::string dx = n.e.fresh("vocab_parallel_ce_grad");
   onnx::NodeProto& b = n.e.node(kVocabParallelCrossEntropyGradOp, {n.gy(0), n.x(0), n.x(1), n.y(1)}, {dx}, kApartDomain);
-  n.copy_attrs(b, {kVocabStartAttr, "ignore_index", "reduction"});
+  n.copy_attrs(b, {kVocabStartAttr, kVocabSizeAttr, "ignore_index", "reduction"});
   n.give(0, dx);
 }
 

@@ -182,14 +182,14 @@ VocabRows vocab_rows(const KernelContext& ctx, size_t scores_input, size_t label
 // ai.apart.VocabParallelCrossEntropy(scores, labels) → (loss, lse): each row's max all-gathered (a stabilizer: any
 // common value gives the same lse), Σ exp(z − max) and the target's logit (from the rank whose columns hold it, 0
 // elsewhere) summed over the group in one float64 all-reduce; lse = max + log Σ; loss_i = lse_i − z_target. Every rank
-// gets the same loss. Labels are checked against the whole vocabulary (C · degree).
+// gets the same loss. Labels are checked against the whole vocabulary (vocab_size; C · degree when absent).
 void vocab_parallel_cross_entropy_k(KernelContext& ctx) {
   const Tensor& scores = ctx.input(0);
   const VocabRows v = vocab_rows(ctx, 0, 1);
   Communicator* group = ctx.tensor_parallel_group();
   const int degree = group == nullptr ? 1 : group->size();
   const int rank = group == nullptr ? 0 : group->rank();
-  const int64_t vocab = v.columns * degree;
+  const int64_t vocab = ctx.attr_int("vocab_size", v.columns * degree);  // the whole vocabulary
   for (int64_t i = 0; i < v.n; ++i)
     if (v.counted[static_cast<size_t>(i)] && (v.labels[static_cast<size_t>(i)] < 0 || v.labels[static_cast<size_t>(i)] >= vocab))
       ctx.invalid("label " + std::to_string(v.labels[static_cast<size_t>(i)]) + " is out of range for " + std::to_string(vocab) + " classes");

@@ -1,5 +1,5 @@
 // A tensor-parallel rank's shard of a stage: gpt-tiny's stage under a TP 2 plan, cut for rank 0 and rank 1 (weights,
-// biases, head counts, the collectives), the shards' slices put back together by tp_shard_ranges, and what is refused.
+// biases, head counts, the collectives), the shards' slices put back together by tp_param_ranges, and what is refused.
 #include "codegen/tensor_parallel_shard.h"
 
 #include <gtest/gtest.h>
@@ -63,6 +63,33 @@ TEST(TpShardRanges, CutEachPieceAliveSoEveryRankHoldsItsHeadsOfQKAndV) {
   EXPECT_THROW(tp_shard_ranges(8, 1, 2, 2), InvalidModel);
 }
 
+// A vocabulary in ⌈V/t⌉ rows per rank, the last rank the rest: every row once, in rank order; none left to a rank is
+// refused.
+TEST(TpVocabularyRows, CutAnyVocabularyIntoCeilingPartsTheLastRankTakingTheRest) {
+  using Range = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(tp_vocabulary_rows(127, 2, 0), (Range{0, 64}));
+  EXPECT_EQ(tp_vocabulary_rows(127, 2, 1), (Range{64, 127}));
+  EXPECT_EQ(tp_vocabulary_rows(50257, 4, 3), (Range{37695, 50257}));  // 12565 × 3, then 12562
+  EXPECT_EQ(tp_vocabulary_rows(128, 4, 2), (Range{64, 96}));          // equal parts as tp_shard_ranges cuts them
+  for (int64_t rows = 1; rows <= 40; ++rows)
+    for (int degree = 1; degree <= 8; ++degree) {
+      if ((degree - 1) * ((rows + degree - 1) / degree) >= rows) {
+        EXPECT_THROW(tp_vocabulary_rows(rows, degree, 0), InvalidModel) << rows << " rows, degree " << degree;
+        continue;
+      }
+      int64_t next = 0;
+      for (int r = 0; r < degree; ++r) {
+        const auto [begin, end] = tp_vocabulary_rows(rows, degree, r);
+        EXPECT_EQ(begin, next) << rows << " rows, rank " << r << " of " << degree;
+        EXPECT_GT(end, begin);
+        next = end;
+      }
+      EXPECT_EQ(next, rows) << rows << " rows, degree " << degree;
+    }
+  EXPECT_THROW(tp_vocabulary_rows(5, 4, 0), InvalidModel);  // 2 + 2 + 1 leave rank 3 none
+  EXPECT_THROW(tp_vocabulary_rows(8, 2, 2), InvalidModel);
+}
+
 TEST(AShard, HoldsHalfOfEachSplitLinearAndHalfTheHeads) {
   const PlanDocument plan = read_plan(tp_plan());
   const onnx::ModelProto stage = testing::read_proto(tp_plan() / "stage_0.onnx");
@@ -108,8 +135,9 @@ TEST(TwoShards, PutBackTogetherByTheirRangesAreTheWholeWeights) {
     const int64_t length = p.shape[static_cast<size_t>(p.axis)];
     for (int r = 0; r < 2; ++r) {
       const Tensor part = tensor_from_proto(initializer(shards[static_cast<size_t>(r)].model, p.name));
-      const auto ranges = tp_shard_ranges(length, p.pieces, 2, r);
-      const int64_t kept = length / 2;
+      const auto ranges = tp_param_ranges(p, 2, r);
+      int64_t kept = 0;
+      for (const auto& [b, e] : ranges) kept += e - b;
       for (int64_t o = 0; o < outer; ++o) {
         int64_t at = 0;
         for (const auto& [b, e] : ranges) {
@@ -430,7 +458,7 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
   const std::vector<TpShardRegion> regions = tp_shard_regions(plan);
   std::map<std::string, std::pair<int, int64_t>> split;  // value → (axis, whole size there)
   std::set<std::string> reduced;
-  int regions_split = 0, parts = 0;
+  int regions_split = 0, parts = 0, vocabulary_cuts = 0;
   for (size_t k = 0; k < plan.stages.size(); ++k) {
     const onnx::ModelProto stage = testing::read_proto(dir / ("stage_" + std::to_string(k) + ".onnx"));
     ImportOptions import;
@@ -440,7 +468,7 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
     import.constants_as_params = false;
     const ImportedModel whole = import_model_bytes(stage.SerializeAsString(), dir, "stage", import);
     for (const TpShardRegion& region : regions) {
-      if (region.role != TpRegionRole::kLinears) continue;  // 50257 vocabulary rows do not cut in two: left whole
+      if (region.role != TpRegionRole::kLinears) continue;  // 50257 vocabulary rows: 25129 and 25128, not halves
       for (const auto& [value, axis] : region.split_values)
         if (const auto id = whole.graph.find_value(value))
           split[value] = {axis, whole.graph.value(*id).shape[static_cast<size_t>(axis)]};
@@ -448,11 +476,16 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
     }
     for (int rank = 0; rank < 2; ++rank) {
       const TpShard shard = shard_stage_for_tensor_parallel(stage, regions, 2, rank, TpWeights::kShapesOnly, sequence);
-      // Only vocabulary regions are left whole, each saying why: 50257 rows do not cut in two, and the export's
-      // logits are its output (it has no loss).
+      // Only the LM head is left whole, saying why: the export's logits are its output (it has no loss). The
+      // embedding's 50257 rows are cut into 25129 and 25128.
       for (const std::string& whole_region : shard.replicated)
-        EXPECT_TRUE(whole_region.find(" (50257 vocabulary rows do not cut into 2 equal parts)") != std::string::npos ||
-                    whole_region == "/head (its logits are a stage output)") << whole_region;
+        EXPECT_EQ(whole_region, "/head (its logits are a stage output)");
+      for (const TpShardedParam& p : shard.params)
+        if (p.vocabulary) {
+          ++vocabulary_cuts;
+          for (const auto& init : shard.model.graph().initializer())
+            if (init.name() == p.name) EXPECT_EQ(init.dims(0), rank == 0 ? 25129 : 25128) << p.name;
+        }
       EXPECT_EQ(shard.sequence_sharded, sequence == TpSequence::kSharded) << "stage " << k;
       if (rank == 0) regions_split += shard.regions;
       const ImportedModel m = import_model_bytes(shard.model.SerializeAsString(), dir, "shard", import);
@@ -472,7 +505,8 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
       }
     }
   }
-  EXPECT_EQ(regions_split, 24);  // 12 attention + 12 MLP, each in one stage
+  EXPECT_EQ(regions_split, 25);  // 12 attention + 12 MLP, each in one stage, and the embedding
+  EXPECT_EQ(vocabulary_cuts, 2);  // the embedding's table, on each rank
   if (sequence == TpSequence::kSharded) EXPECT_EQ(parts, 48);  // each region's output, on both ranks
   fs::remove_all(dir);
 }

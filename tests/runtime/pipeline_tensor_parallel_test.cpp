@@ -116,17 +116,20 @@ INSTANTIATE_TEST_SUITE_P(
 // apart zoo's GPT, BERT and T5 (2 layers, 4 heads, hidden 64, random weights): T5's relative position bias, computed
 // from its table and read sliced by every attention, goes through TpCopy and a Slice per reader.
 // apart zoo's `family` at 2 layers, 4 heads, hidden 64, 16 positions, on a `shape` plan: 3 SGD steps as apart train's.
-void expect_zoo_model_trains_as_apart_train(const std::string& family, const TpShape& shape, const std::string& name) {
+// `ranks`: where to put each rank's RunResult.
+void expect_zoo_model_trains_as_apart_train(const std::string& family, const TpShape& shape, const std::string& name,
+                                            int64_t vocab = 128, std::vector<RunResult>* ranks = nullptr) {
   const fs::path dir = scratch(name);
   const fs::path model = dir / (family + ".onnx");
-  const auto z = testing::run_apart("zoo " + family + " --layers 2 --hidden 64 --heads 4 --seq 16 --vocab 128 -q -o " +
-                                    model.string());
+  const auto z = testing::run_apart("zoo " + family + " --layers 2 --hidden 64 --heads 4 --seq 16 --vocab " +
+                                    std::to_string(vocab) + " -q -o " + model.string());
   ASSERT_EQ(z.code, 0) << z.out;
   constexpr int64_t kBatch = 8, kSteps = 3;
   const Outcome reference = train_reference(model.string(), kBatch, kSteps, dir);
   const fs::path plan = make_tp_plan(shape, kBatch, dir / "plan", model.string());
   const Outcome run = run_threads(plan, kSteps, dir);
   expect_same_training(reference, run, read_weights(model), name);
+  if (ranks) *ranks = run.ranks;
 }
 
 class ZooModelsUnderTensorParallelism : public ::testing::TestWithParam<std::string> {};
@@ -340,6 +343,28 @@ TEST(ATensorParallelZeroCheckpoint, ResumesOnOneReplicaPerTpRankAsApartTrainTrai
   ASSERT_EQ(rest.losses.size(), 2u);
   rest.losses.insert(rest.losses.begin(), first.losses.begin(), first.losses.end());
   expect_same_training(reference, rest, read_weights(gpt_tiny()), "tp2 dp2 zero2 resumed on tp2 dp1");
+}
+
+// A vocabulary the degree does not divide: 127 rows cut into 64 and 63 (tp_vocabulary_rows), the last rank's
+// embedding rows, logits and loss columns one fewer; TP 2 × PP 1 and TP 2 × PP 2 (the tied table in both stages, its
+// uneven slices summed per TP rank), with SP too, train as apart train, and --save-model puts the rows back together.
+// No region is left whole, and TP rank 1 of each stage holds one row of the tied table (64 floats) fewer than rank 0.
+TEST(AnUnevenVocabulary, IsCutIntoCeilingPartsAndTrainsAsApartTrain) {
+  TpShape sp{1, 1, 2, 2};
+  sp.sequence_parallel = true;
+  for (const auto& [shape, name] : {std::pair{TpShape{1, 1, 2, 2}, "uneven_pp1"}, std::pair{TpShape{2, 1, 2, 2}, "uneven_pp2"},
+                                    std::pair{sp, "uneven_pp1_sp"}}) {
+    std::vector<RunResult> ranks;
+    expect_zoo_model_trains_as_apart_train("gpt", shape, name, 127, &ranks);
+    ASSERT_EQ(static_cast<int>(ranks.size()), shape.stages * 2) << name;
+    for (int stage = 0; stage < shape.stages; ++stage) {
+      const RunResult& first = ranks[static_cast<size_t>(stage * 2)];
+      const RunResult& second = ranks[static_cast<size_t>(stage * 2 + 1)];
+      EXPECT_EQ(first.params - second.params, 64) << name << " stage " << stage;
+      for (const RunResult* r : {&first, &second})
+        EXPECT_TRUE(r->tp_whole_regions.empty()) << name << ": " << r->tp_whole_regions.front();
+    }
+  }
 }
 
 // TP 2 × PP 1 under mpirun -np 2, with and without sequence parallelism: the vocabulary-parallel loss's all-gather

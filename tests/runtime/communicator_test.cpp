@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/communicator.h"
+#include "tests/runtime/forwarding_communicator.h"
 
 namespace apart {
 namespace {
@@ -228,21 +229,11 @@ TEST(AnAllreduceOverSplitGroups, GivesTheSameBitsWhenRunTwice) {
 }
 
 // A transport with only the required collectives: Communicator's default reduce_scatter_sum and allgather.
-class AllreduceOnly final : public Communicator {
+class AllreduceOnly final : public testing::ForwardingCommunicator {
  public:
-  explicit AllreduceOnly(Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Pending send(std::span<const std::byte> d, int peer, int tag) override { return inner_.send(d, peer, tag); }
-  Pending recv(std::span<std::byte> d, int peer, int tag) override { return inner_.recv(d, peer, tag); }
-  Pending allreduce_sum(std::span<float> d) override { return inner_.allreduce_sum(d); }
-  Pending allreduce_sum(std::span<double> d) override { return inner_.allreduce_sum(d); }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
-  void abort(const std::string& reason, int code) override { inner_.abort(reason, code); }
-
- private:
-  Communicator& inner_;
+  using ForwardingCommunicator::ForwardingCommunicator;
+  Pending reduce_scatter_sum(std::span<float> d) override { return Communicator::reduce_scatter_sum(d); }
+  Pending allgather(std::span<float> d) override { return Communicator::allgather(d); }
 };
 
 // ZeRO's pair over the split groups {0,2,4} and {1,3}: each member's reduce-scattered shard is the group's serial

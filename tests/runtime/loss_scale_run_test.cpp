@@ -13,6 +13,7 @@
 #include "runtime/loss_scale.h"
 #include "runtime/pipeline.h"
 #include "runtime/trainer.h"
+#include "tests/runtime/forwarding_communicator.h"
 #include "tests/runtime/pipeline_fixture.h"
 
 namespace apart {
@@ -129,26 +130,16 @@ TEST(AnFp16TrainingRun, ResumesWithItsScaleAndSkippedStepsAsAnUninterruptedRun) 
 
 // A world communicator that passes everything through, but says on the `at`-th call of the step's world all-reduce
 // (the only float64 one of these plans) that this rank found an inf: its flag in [Σ‖g‖², loss, flag per rank].
-class OverflowOnce final : public Communicator {
+class OverflowOnce final : public testing::ForwardingCommunicator {
  public:
-  OverflowOnce(Communicator& inner, int at) : inner_(inner), at_(at) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Pending send(std::span<const std::byte> d, int peer, int tag) override { return inner_.send(d, peer, tag); }
-  Pending recv(std::span<std::byte> d, int peer, int tag) override { return inner_.recv(d, peer, tag); }
-  Pending allreduce_sum(std::span<float> d) override { return inner_.allreduce_sum(d); }
+  OverflowOnce(Communicator& inner, int at) : ForwardingCommunicator(inner), at_(at) {}
+  using ForwardingCommunicator::allreduce_sum;
   Pending allreduce_sum(std::span<double> d) override {
     if (++calls_ == at_) d[2 + static_cast<size_t>(rank())] = 1;
     return inner_.allreduce_sum(d);
   }
-  Pending reduce_scatter_sum(std::span<float> d) override { return inner_.reduce_scatter_sum(d); }
-  Pending allgather(std::span<float> d) override { return inner_.allgather(d); }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
-  void abort(const std::string& reason, int code) override { inner_.abort(reason, code); }
 
  private:
-  Communicator& inner_;
   int at_;
   int calls_ = 0;
 };

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/pipeline.h"
+#include "tests/runtime/forwarding_communicator.h"
 #include "tests/runtime/host_device_backend.h"
 #include "tests/runtime/pipeline_fixture.h"
 
@@ -78,29 +79,6 @@ TEST(ApartRunWithADeviceCommunicator, KeepsZeroOnTheHostAndStillTrainsBitwise) {
   expect_device_messages_equal_host_path(shape, "zero1_2_1");
 }
 
-// A device world whose `at`-th send throws (a failed NCCL call on this rank), the rest passed through.
-class SendFailsAt final : public Communicator {
- public:
-  SendFailsAt(Communicator& inner, int at) : inner_(inner), at_(at) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Pending send(std::span<const std::byte> d, int peer, int tag) override {
-    if (++sends_ == at_) throw SystemError("injected device send failure");
-    return inner_.send(d, peer, tag);
-  }
-  Pending recv(std::span<std::byte> d, int peer, int tag) override { return inner_.recv(d, peer, tag); }
-  Pending allreduce_sum(std::span<float> d) override { return inner_.allreduce_sum(d); }
-  Pending allreduce_sum(std::span<double> d) override { return inner_.allreduce_sum(d); }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
-  void abort(const std::string& reason, int code) override { inner_.abort(reason, code); }
-
- private:
-  Communicator& inner_;
-  int at_;
-  int sends_ = 0;
-};
-
 // A rank whose device send fails aborts the device world as well as the world: the ranks waiting on it in a device
 // receive end with CommError carrying its reason at once, not after --comm-timeout.
 TEST(ApartRunWithADeviceCommunicator, EndsEveryRankAtOnceWhenOneRanksDeviceSendFails) {
@@ -115,13 +93,13 @@ TEST(ApartRunWithADeviceCommunicator, EndsEveryRankAtOnceWhenOneRanksDeviceSendF
   const auto errors = run_ranks(3, CommOptions{kTimeout}, [&](int r, Communicator& comm) {
     RunOptions mine = o;
     mine.backend = devices[static_cast<size_t>(r)].get();
-    SendFailsAt failing(*device_worlds[static_cast<size_t>(r)], r == 2 ? 5 : 0);  // rank 2: step 2's first send
+    FailingCommunicator failing(*device_worlds[static_cast<size_t>(r)], r == 2 ? 5 : 0);  // rank 2: step 2's first send
     mine.device_world = &failing;
     run_plan(mine, comm);
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(errors[2]);
-  EXPECT_NE(error_message(errors[2]).find("injected device send failure"), std::string::npos) << error_message(errors[2]);
+  EXPECT_NE(error_message(errors[2]).find("injected"), std::string::npos) << error_message(errors[2]);
   for (int r : {0, 1}) {
     ASSERT_TRUE(errors[static_cast<size_t>(r)]) << "rank " << r << " finished a run whose rank 2 failed";
     EXPECT_THROW(std::rethrow_exception(errors[static_cast<size_t>(r)]), CommError) << "rank " << r;

@@ -21,6 +21,7 @@
 #include "plan/plan.h"
 #include "runtime/communicator.h"
 #include "runtime/pipeline.h"
+#include "tests/runtime/forwarding_communicator.h"
 #include "tests/runtime/pipeline_fixture.h"
 
 namespace apart {
@@ -47,29 +48,6 @@ size_t count(const std::string& text, const std::string& what) {
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
   return n;
 }
-
-// A rank's communicator that fails on its `fail_at`-th send, as a rank whose link or memory gives out mid-step
-// would: the error is raised inside run_plan on this rank alone.
-class FailingCommunicator : public Communicator {
- public:
-  FailingCommunicator(Communicator& inner, int fail_at) : inner_(inner), sends_left_(fail_at) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Pending send(std::span<const std::byte> data, int peer, int tag) override {
-    if (--sends_left_ == 0) throw SystemError("injected: this rank's send to rank " + std::to_string(peer) + " failed");
-    return inner_.send(data, peer, tag);
-  }
-  Pending recv(std::span<std::byte> data, int peer, int tag) override { return inner_.recv(data, peer, tag); }
-  Pending allreduce_sum(std::span<float> data) override { return inner_.allreduce_sum(data); }
-  Pending allreduce_sum(std::span<double> data) override { return inner_.allreduce_sum(data); }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
-  void abort(const std::string& reason, int exit_code) override { inner_.abort(reason, exit_code); }
-
- private:
-  Communicator& inner_;
-  int sends_left_;
-};
 
 // Stage `stage`'s file with its first inline weight cut short by one float: a plan folder whose structure is
 // intact (every rank's pre-launch check passes) but whose weight only the ranks training that stage read.

@@ -2,12 +2,61 @@
 #include "partition/virtual_stages.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <string>
 
 #include "graph/error.h"
 #include "partition/phases.h"
+#include "partition/tensor_parallel.h"
 
 namespace apart {
+
+namespace {
+
+// In a plan of tensor-parallel stages, moves each cut between chunks (end[c]: one past chunk c's last position in
+// `order`) that falls inside a TP region to the nearest position, by the tasks' time, that falls inside none, keeping
+// every chunk at least one task: the runtime computes a region a boundary cuts whole on every TP rank
+// (codegen/tensor_parallel_shard.h). A cut with no such position in reach stays where it was.
+void keep_tensor_parallel_regions_whole(const Plan& plan, const std::vector<TaskId>& order,
+                                        const std::function<double(TaskId)>& weight, std::vector<size_t>& end) {
+  if (!plan.tensor_parallel || std::none_of(plan.stages.begin(), plan.stages.end(),
+                                            [](const PlanStage& s) { return s.cost.tp > 1; }))
+    return;
+  const TensorParallelRegions& tp = *plan.tensor_parallel;
+  const size_t n = order.size();
+  // inside[e]: a cut before position e would split a region (it has tasks before e and at or after it).
+  std::vector<size_t> first(tp.regions.size(), n), last(tp.regions.size(), 0);
+  for (size_t i = 0; i < n; ++i)
+    if (const int32_t r = order[i].value() < tp.region_of.size() ? tp.region_of[order[i].value()] : -1; r >= 0) {
+      first[static_cast<size_t>(r)] = std::min(first[static_cast<size_t>(r)], i);
+      last[static_cast<size_t>(r)] = std::max(last[static_cast<size_t>(r)], i);
+    }
+  std::vector<int> opened(n + 1, 0);
+  for (size_t r = 0; r < tp.regions.size(); ++r)
+    if (first[r] < last[r]) {
+      ++opened[first[r] + 1];
+      --opened[last[r] + 1];
+    }
+  std::vector<bool> inside(n + 1, false);
+  std::vector<double> before(n + 1, 0.0);  // time of the tasks before position e
+  for (size_t e = 1, depth = 0; e <= n; ++e) {
+    depth += static_cast<size_t>(opened[e]);
+    inside[e] = depth > 0;
+    before[e] = before[e - 1] + weight(order[e - 1]);
+  }
+  for (size_t c = 0; c + 1 < end.size(); ++c) {
+    if (!inside[end[c]]) continue;
+    const size_t low = (c == 0 ? 0 : end[c - 1]) + 1, high = n - (end.size() - c - 1);
+    size_t best = end[c];
+    for (size_t e = low; e <= high; ++e)
+      if (!inside[e] && (best == end[c] || std::abs(before[e] - before[end[c]]) < std::abs(before[best] - before[end[c]])))
+        best = e;
+    end[c] = best;
+  }
+}
+
+}  // namespace
 
 std::vector<PlanStage> cut_virtual_stages(const Plan& plan, const TaskGraph& graph, const CostTable& costs) {
   if (plan.schedule != Schedule::kInterleaved || plan.stages.empty()) return {};
@@ -51,11 +100,13 @@ std::vector<PlanStage> cut_virtual_stages(const Plan& plan, const TaskGraph& gra
       done += weight(order[stop]);
       ++stop;
     }
-    for (size_t i = at; i < stop; ++i) chunk_of_task[order[i].value()] = static_cast<int>(c);
     at = stop;
     end[c] = stop;
   }
   APART_CHECK(at == order.size(), "the chunk cut left tasks out");
+  keep_tensor_parallel_regions_whole(plan, order, weight, end);
+  for (size_t c = 0; c < chunks; ++c)
+    for (size_t i = c == 0 ? 0 : end[c - 1]; i < end[c]; ++i) chunk_of_task[order[i].value()] = static_cast<int>(c);
 
   std::vector<PlanStage> result(chunks);
   for (size_t c = 0; c < chunks; ++c) {

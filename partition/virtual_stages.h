@@ -16,7 +16,9 @@ namespace apart {
 // c mod P's time the simulator gives it (docs/simulator.md), device k's chunks together about stage k's. Each chunk
 // also holds the constant tasks its batch tasks read (through other constant tasks), as a stage does; its boundary
 // values are add_stage_boundaries' over the chunks. Chunk c's replicas, devices and cost are stage c mod P's (the
-// cost fixes what a boundary carries per device). Infeasible when there are fewer batch tasks than chunks; empty
+// cost fixes what a boundary carries per device). With tensor-parallel stages a cut that falls inside a TP region
+// moves to the nearest position (by time) between regions, as the runtime computes a region a boundary cuts whole on
+// every TP rank. Infeasible when there are fewer batch tasks than chunks; empty
 // for a plan that is not interleaved.
 std::vector<PlanStage> cut_virtual_stages(const Plan& plan, const TaskGraph& graph, const CostTable& costs);
 

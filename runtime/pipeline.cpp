@@ -723,7 +723,8 @@ void StageRunner::build() {
 // weights are final (read or randomized, widened), so that every TP rank cuts the same whole params. The TP group is
 // split here, before the executors that run the shard's collectives over it.
 void StageRunner::build_tensor_parallel_shard(onnx::ModelProto& proto) {
-  const PlanStageRecord& full = setup_.full_plan.stages[static_cast<size_t>(setup_.role.stage)];
+  // This stage's record (in an interleaved plan this chunk's: its stage's devices and sequence parallelism).
+  const PlanStageRecord& full = setup_.full_plan.stages[static_cast<size_t>(stage_.id)];
   tp_group_ = world_.split(full.devices[static_cast<size_t>(setup_.role.replica * setup_.tp)], setup_.role.tp_rank);
   const std::vector<TpShardRegion> regions = tp_shard_regions(setup_.full_plan);
   // The shard cuts initializers held inline: external data is read in first.
@@ -738,6 +739,8 @@ void StageRunner::build_tensor_parallel_shard(onnx::ModelProto& proto) {
                                                   full.sequence_parallel ? TpSequence::kSharded : TpSequence::kWhole);
   for (const TpShardedParam& p : shard.params) tp_sharded_[p.name] = p;
   result_.tp_whole_regions = shard.replicated;
+  if (is_virtual_stage_view(plan_))  // a rank holds several chunks: say which one computes each region whole
+    for (std::string& region : result_.tp_whole_regions) region = "chunk " + std::to_string(stage_.id) + ": " + region;
   proto = std::move(shard.model);
 }
 
@@ -1563,6 +1566,7 @@ class RankRunner {
       r.gradient_bytes += o.gradient_bytes;
       for (const std::string& op : o.fallback_ops)
         if (std::find(r.fallback_ops.begin(), r.fallback_ops.end(), op) == r.fallback_ops.end()) r.fallback_ops.push_back(op);
+      r.tp_whole_regions.insert(r.tp_whole_regions.end(), o.tp_whole_regions.begin(), o.tp_whole_regions.end());
     }
     return r;
   }

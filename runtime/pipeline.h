@@ -79,7 +79,7 @@ struct RunResult {
   std::string backend;             // Backend::describe() of this rank's backend
   std::vector<std::string> fallback_ops;  // ops its executors run on the CPU kernel for want of a backend kernel
   // Tensor-parallel regions this rank's stage computes whole on every TP rank: a stage boundary cuts them
-  // (codegen/tensor_parallel_shard.h TpShard::replicated).
+  // (codegen/tensor_parallel_shard.h TpShard::replicated); in an interleaved plan every chunk's, each "chunk C: …".
   std::vector<std::string> tp_whole_regions;
 };
 

@@ -273,11 +273,6 @@ void check_executable(const PlanDocument& plan) {
       throw Unsupported("stage " + std::to_string(stage.id) + " recomputes selectively (its attention cores): the "
                         "runtime recomputes whole stages only yet; re-plan with --recompute on or off");
   if (plan.training.schedule != Schedule::kInterleaved) return;
-  for (const PlanStageRecord& stage : plan.stages)
-    if (stage.tp > 1)
-      throw Unsupported("stage " + std::to_string(stage.id) + " is tensor-parallel (tp " + std::to_string(stage.tp) +
-                        ") in an interleaved plan: the runtime interleaves stages without tensor parallelism only; "
-                        "re-plan with --tp 1 or --schedule 1f1b");
   virtual_stage_view(plan);  // InvalidModel when plan.json lists no chunks
 }
 

@@ -113,7 +113,8 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // this never deadlocks. Receives before an op go by from_stage (gradients: to_stage), then peer rank; sends after it
 // likewise. InvalidArgument when `rank` is not in the plan or a stage has more replicas than a micro-batch has samples
 // (microbatch_samples); Unsupported for plans whose tags would pass kMaxActionTag. ZB-H1's W passes are
-// kBackwardWeight actions, with no messages around them. A TP rank's list is that of its TP view.
+// kBackwardWeight actions, with no messages around them. A TP rank's list is that of its TP view (an interleaved
+// plan's too: the view keeps the chunks, each on its stage's devices of that TP rank).
 // Interleaved plans run as their virtual-stage view (plan/plan.h): the rank holds chunks d, d + P, … of its stage d
 // and runs them in Megatron-LM's order (device_op_order), each op's messages going to and from the chunks its chunk
 // exchanges with (chunk c + 1 of the next device, and across the wrap from the last device to the first: chunk
@@ -121,8 +122,8 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // Action::stage, and a replicated stage ends with one kAllReduce per chunk, in chunk order.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
 // What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming stages of different
-// TP degrees, a selectively recomputing stage, or an interleaved plan with tensor-parallel stages; InvalidModel for
-// an interleaved plan that lists no virtual_stages (re-run apart partition); nothing otherwise.
+// TP degrees or a selectively recomputing stage; InvalidModel for an interleaved plan that lists no virtual_stages
+// (re-run apart partition); nothing otherwise.
 void check_executable(const PlanDocument& plan);
 
 // Runs every rank's action list abstractly (actions[r]: rank r's; ranks the plan does not use must have none):

@@ -5,6 +5,7 @@
 // process per rank under mpirun.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
@@ -34,6 +35,7 @@ struct TpShape {
   int zero = 0;
   const char* recompute = "off";  // --recompute: off or on (whole stages; selective is not executed yet)
   bool sequence_parallel = false;
+  int virtual_stages = 0;  // chunks per device under Schedule::kInterleaved (0: partition's default, 2)
 };
 
 // A plan of `model` (gpt-tiny by default) pinned by apart partition's own flags (--tp, --pp, --dp,
@@ -45,12 +47,15 @@ fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir, 
       " --pp " + std::to_string(shape.stages) + " --dp " + std::to_string(shape.replicas) + " --sequence-parallel " +
       (shape.sequence_parallel ? "on" : "off") +
       " --microbatches " + std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) + " --schedule " +
-      std::string(schedule_name(shape.schedule)) + " --zero " + std::to_string(shape.zero) + " --recompute " +
+      std::string(schedule_name(shape.schedule)) +
+      (shape.virtual_stages > 0 ? " --virtual-stages " + std::to_string(shape.virtual_stages) : "") + " --zero " + std::to_string(shape.zero) + " --recompute " +
       shape.recompute + " --no-baselines -o " +
       dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
   const PlanDocument plan = read_plan(dir);
   EXPECT_EQ(static_cast<int>(plan.stages.size()), shape.stages);
+  if (shape.schedule == Schedule::kInterleaved)
+    EXPECT_EQ(plan.virtual_stages.size(), static_cast<size_t>(shape.stages * std::max(2, shape.virtual_stages)));
   for (const PlanStageRecord& s : plan.stages) {
     EXPECT_EQ(s.tp, shape.tp);
     EXPECT_EQ(s.replicas, shape.replicas);
@@ -78,8 +83,15 @@ TEST_P(TensorParallelPlans, TrainAsOneProcessTrainsOnTheWholeBatch) {
   expect_same_training(reference, run, read_weights(gpt_tiny()), c.name);
   ASSERT_EQ(static_cast<int>(run.ranks.size()), c.shape.stages * c.shape.replicas * c.shape.tp);
   const int64_t whole = total_params(read_weights(gpt_tiny()));
+  // The pair holds about one copy of the model between them, not two: everything is split but the norms, the
+  // position embeddings, a region a stage (or chunk) boundary cuts and the tied table's copy in a second stage.
+  int64_t held = 0;
+  for (const RunResult& r : run.ranks) held += r.params;
+  EXPECT_LT(static_cast<double>(held) / c.shape.replicas, 1.5 * static_cast<double>(whole)) << c.name;
   for (const RunResult& r : run.ranks) {
     EXPECT_LT(r.params, whole) << c.name;
+    if (c.shape.schedule == Schedule::kInterleaved)  // the chunks are cut between regions (partition/virtual_stages.h)
+      EXPECT_TRUE(r.tp_whole_regions.empty()) << c.name << ": " << r.tp_whole_regions.front();
     EXPECT_EQ(r.reports, r.role.tp_rank == 0 && r.role.replica == 0 && r.role.stage == c.shape.stages - 1)
         << c.name << " rank stage " << r.role.stage << " tp " << r.role.tp_rank;
   }
@@ -110,7 +122,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // The backward re-runs the forward's reduce-scatters and all-gathers; ZeRO-2 reduce-scatters
                       // the norms' gradients over the replicas after their TpCopy summed them over the TP pair.
                       Case{"tp2_pp2_sp_recompute_m2", {2, 1, 2, 2, Schedule::k1F1B, 0, "on", true}},
-                      Case{"tp2_dp2_sp_zero2_m2", {1, 2, 2, 2, Schedule::k1F1B, 2, "off", true}}),
+                      Case{"tp2_dp2_sp_zero2_m2", {1, 2, 2, 2, Schedule::k1F1B, 2, "off", true}},
+                      // Interleaved (v = 2): each chunk_C.onnx cut into its TP pair's shards, every chunk of a rank on
+                      // its stage's TP group; the tied embedding (chunks 0 and 3) summed per TP rank.
+                      Case{"tp2_pp2_interleaved_v2_m2", {2, 1, 2, 2, Schedule::kInterleaved}},
+                      Case{"tp2_pp2_interleaved_v2_m4", {2, 1, 2, 4, Schedule::kInterleaved}},
+                      Case{"tp2_pp2_sp_interleaved_v2_m2", {2, 1, 2, 2, Schedule::kInterleaved, 0, "off", true}},
+                      Case{"tp2_pp2_dp2_interleaved_v2_m2", {2, 2, 2, 2, Schedule::kInterleaved}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // apart zoo's GPT, BERT and T5 (2 layers, 4 heads, hidden 64, random weights): T5's relative position bias, computed
@@ -382,6 +400,18 @@ TEST(ATensorParallelRunUnderMpirun, OnTwoRanksGivesTheThreadsLossesAndWeightsWit
     ASSERT_NO_FATAL_FAILURE(run_under_mpirun_and_on_threads(2, plan, dir, what, &threads, &saved));
     expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), what);
   }
+}
+
+// TP 2 × PP 2 interleaved (v = 2) under mpirun -np 4: each rank's two chunks and their TP collectives over MPI, and
+// --save-model gathering the shards chunk by chunk, give the threads' run.
+TEST(ATensorParallelRunUnderMpirun, OfAnInterleavedPlanGivesTheThreadsLossesAndWeights) {
+  if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = scratch("mpi_tp2_pp2_interleaved");
+  const fs::path plan = make_tp_plan({2, 1, 2, 2, Schedule::kInterleaved}, 8, dir / "plan");
+  Outcome threads;
+  Weights saved;
+  ASSERT_NO_FATAL_FAILURE(run_under_mpirun_and_on_threads(4, plan, dir, "mpi_tp2_pp2_interleaved", &threads, &saved));
+  expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), "mpi_tp2_pp2_interleaved");
 }
 
 // One process per rank, so each counts its own tensors: what a TP pair saves per rank against the same stage on one

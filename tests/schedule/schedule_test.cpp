@@ -269,14 +269,30 @@ TEST(RankActions, RefuseAnInterleavedPlanThatListsNoChunksAskingToReplan) {
   }
 }
 
-TEST(RankActions, RefuseTensorParallelStagesInAnInterleavedPlan) {
-  PlanDocument plan = interleaved_plan({1, 1}, 2, 2);
+// An interleaved plan of TP pairs (P = 2, v = 2): TP rank t of each stage runs the interleaved pipeline of the plan
+// without TP, its chunks' messages going to TP rank t of the other stage; each TP rank's pipeline checks as a schedule.
+TEST(RankActions, GiveEachTensorParallelRankOfAnInterleavedPlanTheInterleavedPipelineOfItsOwnTpRank) {
+  const PlanDocument plain = interleaved_plan({1, 1}, 2, 2);
+  PlanDocument plan = plain;
   for (PlanStageRecord& stage : plan.stages) {
     stage.tp = 2;
     stage.devices = {stage.id * 2, stage.id * 2 + 1};
   }
-  EXPECT_THROW(check_executable(plan), Unsupported);
-  EXPECT_THROW(rank_actions(plan, 0), Unsupported);
+  plan.cluster.devices = 4;
+  EXPECT_NO_THROW(check_executable(plan));
+  for (int t = 0; t < 2; ++t) {
+    std::vector<std::vector<Action>> pipeline(4);  // the ranks of TP rank t; the others' lists empty
+    for (int stage = 0; stage < 2; ++stage) {
+      const int rank = stage * 2 + t;
+      const std::vector<Action> mine = rank_actions(plan, rank);
+      std::vector<Action> expected = rank_actions(plain, stage);
+      for (Action& a : expected)
+        if (a.kind == ActionKind::kSend || a.kind == ActionKind::kRecv) a.peer = a.peer * 2 + t;
+      EXPECT_EQ(mine, expected) << "rank " << rank;
+      pipeline[static_cast<size_t>(rank)] = mine;
+    }
+    check_schedule(tensor_parallel_view(plan, t), pipeline);
+  }
 }
 
 // P = 2, v = 2, m = 2: device 0 holds chunks 0 and 2, device 1 chunks 1 and 3. Megatron's order on device 0 warms up

@@ -126,9 +126,6 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
                           ": launch it with mpirun -np " + std::to_string(devices));
   // An interleaved plan runs as its chunks (plan/plan.h virtual_stage_view), each from its chunk_C.onnx.
   const bool interleaved = plan.training.schedule == Schedule::kInterleaved;
-  if (interleaved && (!options.checkpoint_dir.empty() || !options.resume.empty()))
-    throw Unsupported("--checkpoint-dir and --resume do not run with an interleaved plan yet; drop them or re-plan "
-                      "with --schedule 1f1b");
   const PlanDocument pipeline = interleaved ? virtual_stage_view(plan) : PlanDocument{};
   const PlanDocument& run = interleaved ? pipeline : plan;
   for (size_t k = 0; k < run.stages.size(); ++k) {
@@ -313,7 +310,9 @@ struct Manifest {
 };
 
 // What a checkpoint's state depends on: which tasks (so which params) each stage holds and its TP degree, and the
-// global batch (the data continues by step). Not the replicas or the ZeRO stage: resuming reshards over those.
+// global batch (the data continues by step). Not the replicas or the ZeRO stage: resuming reshards over those. An
+// interleaved plan's "stages" are its P·v chunks, and "positions" is P (chunk c sits at stage c mod P); absent, the
+// stages are the plan's (so a layout written before interleaved checkpoints reads the same).
 nlohmann::json checkpoint_layout(const RunSetup& s) {
   nlohmann::json stages = nlohmann::json::array();
   for (const PlanStageRecord& stage : s.full_plan.stages) {
@@ -321,10 +320,26 @@ nlohmann::json checkpoint_layout(const RunSetup& s) {
     for (const std::string& t : stage.tasks) tasks += t + "\n";
     stages.push_back({{"tasks_sha256", sha256_hex(tasks)}, {"tp", stage.tp}});
   }
-  return {{"global_batch", s.global_batch}, {"stages", stages}};
+  nlohmann::json layout = {{"global_batch", s.global_batch}, {"stages", stages}};
+  if (is_virtual_stage_view(s.full_plan)) layout["positions"] = s.positions;
+  return layout;
 }
 
-std::string shard_name(int rank) { return "rank_" + std::to_string(rank) + ".apart"; }
+// A layout as the refusals name it: "1 stage", "2 stages", or "4 chunks over 2 stages (interleaved, v = 2)".
+std::string describe_layout(const nlohmann::json& layout) {
+  const size_t stages = layout.value("stages", nlohmann::json::array()).size();
+  if (!layout.contains("positions")) return std::to_string(stages) + (stages == 1 ? " stage" : " stages");
+  const nlohmann::json& positions = layout["positions"];
+  const int64_t p = positions.is_number_integer() ? positions.get<int64_t>() : 0;
+  return std::to_string(stages) + " chunks over " + positions.dump() + " stages (interleaved, v = " +
+         (p > 0 ? std::to_string(static_cast<int64_t>(stages) / p) : std::string("?")) + ")";
+}
+
+// A rank's shard of a checkpoint: rank_R.apart, or in an interleaved plan one file per chunk C it holds,
+// rank_R.chunk_C.apart (each chunk has its own params, optimizer and ZeRO pieces).
+std::string shard_name(int rank, int chunk = -1) {
+  return "rank_" + std::to_string(rank) + (chunk >= 0 ? ".chunk_" + std::to_string(chunk) : "") + ".apart";
+}
 
 Manifest read_manifest(const fs::path& dir) {
   const fs::path file = dir / kManifestFile;
@@ -354,6 +369,7 @@ Manifest read_manifest(const fs::path& dir) {
   if (m.folder != "step_" + std::to_string(m.step)) r.fail("folder", "must be step_" + std::to_string(m.step));
   if (j.contains("layout") && j.contains("ranks")) {
     m.layout = j["layout"];
+    if (!m.layout.is_object()) r.fail("layout", "must be an object");
     if (!j["ranks"].is_array() || static_cast<int>(j["ranks"].size()) != m.world) r.fail("ranks", "must list every rank");
     for (const auto& role : j["ranks"]) {
       if (!role.is_array() || role.size() != 3 || !role[0].is_number_integer() || !role[1].is_number_integer() ||
@@ -363,6 +379,37 @@ Manifest read_manifest(const fs::path& dir) {
     }
   }
   return m;
+}
+
+// A checkpoint of another world size or plan resumes when this plan has its layout (checkpoint_layout: the same
+// stages, or chunks at the same positions, with the same tasks and TP degrees, and the global batch), at any replicas
+// and ZeRO stage; otherwise InvalidArgument naming what differs (both layouts when those do).
+void check_resharding(const Manifest& m, const RunSetup& setup, int world, const std::string& where) {
+  if (m.layout.is_null())
+    throw InvalidArgument(where + " was written by a run on " + std::to_string(m.world) + " ranks of " +
+                          (m.plan_sha256 == setup.plan_sha256 ? "this plan" : "another plan") + " (this run has " +
+                          std::to_string(world) + ") before checkpoints recorded their layout: resume with the "
+                          "plan and the rank count it was written with");
+  const nlohmann::json mine = checkpoint_layout(setup);
+  auto refuse = [&](const std::string& what) {
+    throw InvalidArgument(where + " was written for a plan " + what + "; a checkpoint resumes on a plan of the same "
+                          "stages or chunks (tasks and TP degree) and global batch, at any replicas and ZeRO stage: "
+                          "re-partition with the same --stages/--tp/--batch/--schedule/--virtual-stages, or resume "
+                          "with the plan it was written with");
+  };
+  const nlohmann::json& theirs = m.layout.value("stages", nlohmann::json::array());
+  if (m.layout.value("global_batch", nlohmann::json()) != mine["global_batch"])
+    refuse("of global batch " + m.layout.value("global_batch", nlohmann::json()).dump() + " (this plan's: " +
+           mine["global_batch"].dump() + ")");
+  if (theirs.size() != mine["stages"].size() || m.layout.value("positions", nlohmann::json()) != mine.value("positions", nlohmann::json()))
+    refuse("of " + describe_layout(m.layout) + " (this plan has " + describe_layout(mine) + ")");
+  const std::string part = mine.contains("positions") ? "chunk " : "stage ";
+  for (size_t k = 0; k < theirs.size(); ++k) {
+    if (!theirs[k].is_object() || theirs[k].value("tp", nlohmann::json()) != mine["stages"][k]["tp"])
+      refuse("whose " + part + std::to_string(k) + " has another TP degree (this plan's: " + mine["stages"][k]["tp"].dump() + ")");
+    if (theirs[k].value("tasks_sha256", nlohmann::json()) != mine["stages"][k]["tasks_sha256"])
+      refuse("whose " + part + std::to_string(k) + " holds other tasks (the model cut elsewhere)");
+  }
 }
 
 // One micro-batch's storage on this rank: what its forward received and left for the backward, and the
@@ -434,13 +481,14 @@ class StageRunner {
   // --save-model: the params world rank 0 writes, gathered into shared_.saved (every stage of every rank calls it,
   // chunk by chunk); `write` (rank 0's last stage) writes the model.
   void save_model(bool write);
-  void save_checkpoint(int64_t step_done);
-  int64_t restore();
-  // A checkpoint of another world size or plan: refused unless the plan has the same stages (tasks, TP degree) and
-  // global batch, naming what differs (InvalidArgument); then this stage's shards at this TP rank are put together
-  // whole and cut as this run's replicas and ZeRO stage lay them out.
-  void check_resharding(const Manifest& m, const std::string& where) const;
+  // Checkpoints, around RankRunner's manifest: this stage's shard written into the step's `folder`, and read back
+  // from a checkpoint of this plan and world size; or, from one of another world size or plan of the same layout
+  // (check_resharding), this stage's shards at this TP rank put together whole and cut as this run's replicas and
+  // ZeRO stage lay them out.
+  void write_checkpoint_shard(const fs::path& folder, int64_t step_done);
+  void restore(const fs::path& folder, const std::string& where);
   void restore_resharded(const fs::path& folder, const Manifest& m, const std::string& where);
+  std::string optimizer() const { return std::string(optimizer_name(optimizer_->options().kind)); }
   void prepare_optimizer();  // its state before step 1's copies fill the backend's pool; this stage's figures
   std::map<std::string, Tensor> batch(int64_t step) const { return data_->batch(step); }
   const RunResult& result() const { return result_; }
@@ -1384,63 +1432,23 @@ std::vector<std::pair<std::string, Tensor*>> StageRunner::checkpoint_tensors() {
   return tensors;
 }
 
-void StageRunner::save_checkpoint(int64_t step_done) {
-  const fs::path dir(options_.checkpoint_dir);
-  const std::string folder = "step_" + std::to_string(step_done);
-  std::error_code ec;
-  fs::create_directories(dir / folder, ec);
-  if (ec) throw SystemError("cannot create " + (dir / folder).string() + ": " + ec.message());
+void StageRunner::write_checkpoint_shard(const fs::path& folder, int64_t step_done) {
   std::vector<std::pair<std::string, const Tensor*>> tensors;
   for (const auto& [name, t] : checkpoint_tensors()) tensors.emplace_back(name, t);
-  nlohmann::json meta = {{"stage", setup_.role.stage}, {"replica", setup_.role.replica},
-                               {"tp_rank", setup_.role.tp_rank}, {"rank", world_.rank()},
-                               {"optimizer_steps", optimizer_->steps_taken()}};
+  nlohmann::json meta = {{"stage", stage_.id}, {"replica", setup_.role.replica}, {"tp_rank", setup_.role.tp_rank},
+                         {"rank", world_.rank()}, {"optimizer_steps", optimizer_->steps_taken()}};
   scaler_.save(meta);
-  write_checkpoint_file(dir / folder / shard_name(world_.rank()), step_done, meta, tensors, backend_);
-  world_.barrier();  // every shard is on disk before the manifest names them
-  if (world_.rank() == 0) {
-    std::optional<Manifest> previous;
-    if (fs::exists(dir / kManifestFile, ec)) previous = read_manifest(dir);
-    nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < world_.size(); ++r) {
-      const RankRole role = rank_role(setup_.full_plan, r);
-      ranks.push_back({role.stage, role.replica, role.tp_rank});
-    }
-    const nlohmann::ordered_json manifest = {
-        {"format", kManifestFormat}, {"step", step_done}, {"world", world_.size()}, {"folder", folder},
-        {"plan_sha256", setup_.plan_sha256}, {"model_sha256", setup_.model_sha256},
-        {"optimizer", std::string(optimizer_name(optimizer_->options().kind))}, {"seed", options_.seed},
-        {"data", options_.data.spec}, {"shards", world_.size()}, {"layout", checkpoint_layout(setup_)}, {"ranks", ranks}};
-    write_file_atomically(dir / kManifestFile, manifest.dump(2) + "\n");
-    // The step it replaced was ours (the manifest named it): remove it now that it is no longer the checkpoint.
-    if (previous && previous->folder != folder) fs::remove_all(dir / previous->folder, ec);
-  }
-  world_.barrier();
+  const int chunk = is_virtual_stage_view(setup_.full_plan) ? stage_.id : -1;
+  write_checkpoint_file(folder / shard_name(world_.rank(), chunk), step_done, meta, tensors, backend_);
 }
 
-int64_t StageRunner::restore() {
-  const fs::path dir(options_.resume);
-  const Manifest m = read_manifest(dir);
-  const std::string where = "--resume " + dir.string();
-  const bool same_plan = m.world == world_.size() && m.plan_sha256 == setup_.plan_sha256;
-  if (!same_plan) check_resharding(m, where);
-  if (m.model_sha256 != setup_.model_sha256)
-    throw InvalidArgument(where + " was written for another model (sha256 differs)");
-  if (m.optimizer != optimizer_name(optimizer_->options().kind))
-    throw InvalidArgument(where + " was written with --optimizer " + m.optimizer + "; resume with the same optimizer");
-  if (m.seed != options_.seed || m.data != options_.data.spec)
-    throw InvalidArgument(where + " was written with --seed " + std::to_string(m.seed) + " --data " + m.data +
-                          "; resume with the same seed and data, so that the batches continue where they stopped");
-  if (m.step > options_.steps)
-    throw InvalidArgument(where + " is at step " + std::to_string(m.step) + ", past --steps " + std::to_string(options_.steps));
-  if (!same_plan) {
-    restore_resharded(dir / m.folder, m, where);
-    return m.step;
-  }
-  Checkpoint ck = read_checkpoint(dir / m.folder / shard_name(world_.rank()));
-  if (ck.meta.value("stage", -1) != setup_.role.stage || ck.meta.value("replica", -1) != setup_.role.replica ||
+void StageRunner::restore(const fs::path& folder, const std::string& where) {
+  const int chunk = is_virtual_stage_view(setup_.full_plan) ? stage_.id : -1;
+  Checkpoint ck = read_checkpoint(folder / shard_name(world_.rank(), chunk));
+  if (ck.meta.value("stage", -1) != stage_.id || ck.meta.value("replica", -1) != setup_.role.replica ||
       ck.meta.value("tp_rank", 0) != setup_.role.tp_rank)
-    throw InvalidArgument(where + ": the shard of rank " + std::to_string(world_.rank()) + " holds another stage or replica");
+    throw InvalidArgument(where + ": the shard of rank " + std::to_string(world_.rank()) + " holds another " +
+                          (chunk >= 0 ? "chunk" : "stage") + " or replica");
   std::map<std::string, Tensor> saved;
   for (auto& [name, t] : ck.tensors) saved[name] = std::move(t);
   std::vector<std::pair<std::string, Tensor>> state;
@@ -1455,7 +1463,6 @@ int64_t StageRunner::restore() {
   }
   optimizer_->restore(ck.meta.value("optimizer_steps", int64_t{0}), std::move(state));
   scaler_.load(ck.meta);
-  return m.step;
 }
 
 void StageRunner::set_up() {
@@ -1518,6 +1525,10 @@ class RankRunner {
   RunResult run(const RunStepCallback& on_step);
 
  private:
+  // DIR/step_N: each of the rank's stages writes its shard, then (every shard on disk) rank 0 the manifest.
+  void save_checkpoint(int64_t step_done);
+  // --resume: the manifest checked against this run, then each of the rank's stages restored; the step it is at.
+  int64_t restore();
   StageRunner& runner_of(const Action& a) {
     // Compute and all-reduce name their stage in a view; a message is for the stage at this end of it.
     const int stage = a.stage >= 0                      ? a.stage
@@ -1578,43 +1589,21 @@ class RankRunner {
   std::vector<std::unique_ptr<StageRunner>> stages_;
 };
 
-void StageRunner::check_resharding(const Manifest& m, const std::string& where) const {
-  if (m.layout.is_null())
-    throw InvalidArgument(where + " was written by a run on " + std::to_string(m.world) + " ranks of " +
-                          (m.plan_sha256 == setup_.plan_sha256 ? "this plan" : "another plan") + " (this run has " +
-                          std::to_string(world_.size()) + ") before checkpoints recorded their layout: resume with the "
-                          "plan and the rank count it was written with");
-  const nlohmann::json mine = checkpoint_layout(setup_);
-  auto refuse = [&](const std::string& what) {
-    throw InvalidArgument(where + " was written for a plan " + what + "; a checkpoint resumes on a plan of the same "
-                          "stages (tasks and TP degree) and global batch, at any replicas and ZeRO stage: re-partition "
-                          "with the same --stages/--tp/--batch, or resume with the plan it was written with");
-  };
-  const nlohmann::json& theirs = m.layout.value("stages", nlohmann::json::array());
-  if (m.layout.value("global_batch", nlohmann::json()) != mine["global_batch"])
-    refuse("of global batch " + m.layout.value("global_batch", nlohmann::json()).dump() + " (this plan's: " +
-           mine["global_batch"].dump() + ")");
-  if (theirs.size() != mine["stages"].size())
-    refuse("of " + std::to_string(theirs.size()) + " stages (this plan has " + std::to_string(mine["stages"].size()) + ")");
-  for (size_t k = 0; k < theirs.size(); ++k) {
-    if (!theirs[k].is_object() || theirs[k].value("tp", nlohmann::json()) != mine["stages"][k]["tp"])
-      refuse("whose stage " + std::to_string(k) + " has another TP degree (this plan's: " + mine["stages"][k]["tp"].dump() + ")");
-    if (theirs[k].value("tasks_sha256", nlohmann::json()) != mine["stages"][k]["tasks_sha256"])
-      refuse("whose stage " + std::to_string(k) + " holds other tasks (the model cut elsewhere)");
-  }
-}
-
 void StageRunner::restore_resharded(const fs::path& folder, const Manifest& m, const std::string& where) {
-  std::vector<fs::path> shards;  // the writing run's ranks of this stage at this TP rank: every replica's pieces
+  // The writing run's ranks of this stage at this TP rank: every replica's pieces. In an interleaved plan (the same
+  // chunks at the same positions: check_resharding) the ranks at this chunk's position, each its file of the chunk.
+  const bool chunks = is_virtual_stage_view(setup_.full_plan);
+  const int position = stage_.id % setup_.positions;
+  std::vector<fs::path> shards;
   for (int q = 0; q < m.world; ++q)
-    if (m.ranks[static_cast<size_t>(q)].stage == setup_.role.stage && m.ranks[static_cast<size_t>(q)].tp_rank == setup_.role.tp_rank)
-      shards.push_back(folder / shard_name(q));
+    if (m.ranks[static_cast<size_t>(q)].stage == position && m.ranks[static_cast<size_t>(q)].tp_rank == setup_.role.tp_rank)
+      shards.push_back(folder / shard_name(q, chunks ? stage_.id : -1));
   std::map<std::string, std::vector<int64_t>> shapes;
   for (size_t i = 0; i < params_.size(); ++i) shapes[param_names_[i]] = param_shapes_[i];
   const WholeCheckpoint whole = assemble_checkpoint_shards(shards, shapes, where);
   if (whole.optimizer_steps < 0)
-    throw InvalidArgument(where + ": no shard holds stage " + std::to_string(setup_.role.stage) + " at TP rank " +
-                          std::to_string(setup_.role.tp_rank));
+    throw InvalidArgument(where + ": no shard holds " + (chunks ? "chunk " : "stage ") + std::to_string(stage_.id) +
+                          " at TP rank " + std::to_string(setup_.role.tp_rank));
   for (const auto& [name, t] : checkpoint_tensors()) {
     if (name.rfind("param/", 0) != 0) continue;
     const CheckpointPiece piece = checkpoint_piece(name.substr(6));
@@ -1631,13 +1620,65 @@ void StageRunner::restore_resharded(const fs::path& folder, const Manifest& m, c
   optimizer_->restore(whole.optimizer_steps, std::move(state));
 }
 
+void RankRunner::save_checkpoint(int64_t step_done) {
+  const fs::path dir(options_.checkpoint_dir);
+  const std::string folder = "step_" + std::to_string(step_done);
+  std::error_code ec;
+  fs::create_directories(dir / folder, ec);
+  if (ec) throw SystemError("cannot create " + (dir / folder).string() + ": " + ec.message());
+  for (auto& stage : stages_) stage->write_checkpoint_shard(dir / folder, step_done);
+  world_.barrier();  // every shard is on disk before the manifest names them
+  if (world_.rank() == 0) {
+    std::optional<Manifest> previous;
+    if (fs::exists(dir / kManifestFile, ec)) previous = read_manifest(dir);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < world_.size(); ++r) {
+      const RankRole role = rank_role(setup_.full_plan, r);
+      ranks.push_back({role.stage, role.replica, role.tp_rank});
+    }
+    int shards = 0;  // one per rank, or per rank and chunk
+    for (const PlanStageRecord& stage : setup_.full_plan.stages) shards += static_cast<int>(stage.devices.size());
+    const nlohmann::ordered_json manifest = {
+        {"format", kManifestFormat}, {"step", step_done}, {"world", world_.size()}, {"folder", folder},
+        {"plan_sha256", setup_.plan_sha256}, {"model_sha256", setup_.model_sha256},
+        {"optimizer", stages_.front()->optimizer()}, {"seed", options_.seed},
+        {"data", options_.data.spec}, {"shards", shards}, {"layout", checkpoint_layout(setup_)}, {"ranks", ranks}};
+    write_file_atomically(dir / kManifestFile, manifest.dump(2) + "\n");
+    // The step it replaced was ours (the manifest named it): remove it now that it is no longer the checkpoint.
+    if (previous && previous->folder != folder) fs::remove_all(dir / previous->folder, ec);
+  }
+  world_.barrier();
+}
+
+int64_t RankRunner::restore() {
+  const fs::path dir(options_.resume);
+  const Manifest m = read_manifest(dir);
+  const std::string where = "--resume " + dir.string();
+  const bool same_plan = m.world == world_.size() && m.plan_sha256 == setup_.plan_sha256;
+  if (!same_plan) check_resharding(m, setup_, world_.size(), where);
+  if (m.model_sha256 != setup_.model_sha256)
+    throw InvalidArgument(where + " was written for another model (sha256 differs)");
+  if (const std::string optimizer = stages_.front()->optimizer(); m.optimizer != optimizer)
+    throw InvalidArgument(where + " was written with --optimizer " + m.optimizer + "; resume with the same optimizer");
+  if (m.seed != options_.seed || m.data != options_.data.spec)
+    throw InvalidArgument(where + " was written with --seed " + std::to_string(m.seed) + " --data " + m.data +
+                          "; resume with the same seed and data, so that the batches continue where they stopped");
+  if (m.step > options_.steps)
+    throw InvalidArgument(where + " is at step " + std::to_string(m.step) + ", past --steps " + std::to_string(options_.steps));
+  for (auto& stage : stages_) {
+    if (same_plan) stage->restore(dir / m.folder, where);
+    else stage->restore_resharded(dir / m.folder, m, where);
+  }
+  return m.step;
+}
+
 RunResult RankRunner::run(const RunStepCallback& on_step) {
   const auto setup_start = Clock::now();
   for (auto& stage : stages_) stage->set_up();
   const std::vector<Action> actions = rank_actions(setup_.plan, world_.rank());
   StageRunner& first_stage = *stages_.front();
   int64_t first = 0;
-  if (!options_.resume.empty()) first = first_stage.restore();  // one stage (refused with interleaving)
+  if (!options_.resume.empty()) first = restore();
   for (auto& stage : stages_) stage->prepare_optimizer();
   RunResult result = merged();
   result.first_step = first;
@@ -1678,9 +1719,9 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
     if (on_step) on_step(result, record);
     if (!options_.checkpoint_dir.empty() && options_.save_every > 0 && record.step % options_.save_every == 0 &&
         record.step < options_.steps)
-      first_stage.save_checkpoint(record.step);
+      save_checkpoint(record.step);
   }
-  if (!options_.checkpoint_dir.empty()) first_stage.save_checkpoint(options_.steps);
+  if (!options_.checkpoint_dir.empty()) save_checkpoint(options_.steps);
   result.seconds = seconds_since(run_start);
   result.peak_tensor_bytes = tensor_memory().peak;
   result.planned_memory_bytes = first_stage.stage().memory_bytes.value_or(0);

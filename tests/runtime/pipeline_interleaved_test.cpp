@@ -175,13 +175,5 @@ TEST(AnInterleavedRunsTrace, NamesEachChunksOpsAsTheSimulatorAndComparesWithItsR
   EXPECT_EQ(compared.code, 0) << compared.out;
 }
 
-TEST(AnInterleavedPlan, IsRefusedWithCheckpointsNamingTheFlags) {
-  const fs::path dir = scratch("refused");
-  const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::kInterleaved}, 8, dir / "plan");
-  const auto r = testing::run_apart("run " + plan.string() + " --steps 1 --in-process --checkpoint-dir " + (dir / "ck").string());
-  EXPECT_EQ(r.code, 4) << r.out;
-  EXPECT_NE(r.out.find("--checkpoint-dir"), std::string::npos) << r.out;
-}
-
 }  // namespace
 }  // namespace apart

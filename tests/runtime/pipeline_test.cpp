@@ -152,7 +152,7 @@ TEST(ApartRunCheckpoints, RefuseAPlanOfOtherStagesOrAnOldManifestAtAnotherRankCo
     return messages;
   };
   for (const std::string& m : refusals(make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}}, 8, dir / "one_stage")))
-    EXPECT_NE(m.find("written for a plan of 2 stages (this plan has 1)"), std::string::npos) << m;
+    EXPECT_NE(m.find("written for a plan of 2 stages (this plan has 1 stage)"), std::string::npos) << m;
   nlohmann::json manifest = nlohmann::json::parse(std::ifstream(ck / "manifest.json"));
   manifest.erase("layout");
   std::ofstream(ck / "manifest.json") << manifest.dump(2);

@@ -257,7 +257,7 @@ TEST(AZeroCheckpoint, OnAPlanOfOtherStagesIsRefusedNamingThem) {
     try {
       std::rethrow_exception(e);
     } catch (const InvalidArgument& x) {
-      EXPECT_NE(std::string(x.what()).find("of 1 stages (this plan has 2)"), std::string::npos) << x.what();
+      EXPECT_NE(std::string(x.what()).find("of 1 stage (this plan has 2 stages)"), std::string::npos) << x.what();
     }
   }
 }

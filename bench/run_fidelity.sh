@@ -11,46 +11,66 @@
 # error; the median over rounds is the systematic part.
 #
 # Usage: OMP_NUM_THREADS=1 bench/run_fidelity.sh [path/to/apart] [--mpi]
-#   (default build/release/cli/apart, ranks as threads of one process; --mpi: mpirun -np 2, one process per rank)
+#   (default build/release/cli/apart, ranks as threads of one process; --mpi: mpirun, one process per rank)
 # Environment: ROUNDS (default 5), STEPS (default 40; step 1 is left out as warm-up), MODEL (gpt-tiny),
 #   VERBOSE=1 prints every round's whole comparison table, KINDS=all adds the plan kinds of issue 17: ZeRO-1 and
-#   ZeRO-2 and ZeRO-3 data-parallel (1 stage × 2 replicas, 2 micro-batches) and ZB-H1 pipelined (2 stages, 4
-#   micro-batches).
+#   ZeRO-2 and ZeRO-3 data-parallel (1 stage × 2 replicas, 2 micro-batches), ZB-H1 pipelined and interleaved
+#   pipelined (2 stages, 4 micro-batches; v = 2), tensor-parallel TP 2 × PP 1 (2 micro-batches) and TP 2 × PP 2
+#   (4 ranks on this machine's 2 cores: oversubscribed, as the profile beside 3 twins measures it); KINDS="NAME …"
+#   runs only the kinds named. KEEP=DIR keeps the profiles, plans, traces and comparisons in DIR.
 set -euo pipefail
 apart=${1:-build/release/cli/apart}
 launch=(--in-process)
 prefix=()
 if [[ "${2:-}" == "--mpi" ]]; then
   launch=()
-  prefix=(mpirun --timeout 600 --oversubscribe -np 2)
+  prefix=(mpirun --timeout 600 --oversubscribe)  # -np: the plan's ranks
 fi
 model=${MODEL:-models/gpt-tiny.onnx}
 steps=${STEPS:-40}
 rounds=${ROUNDS:-5}
 batch=8
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+if [[ -n "${KEEP:-}" ]]; then  # KEEP=DIR: the plans, traces and tables stay there, to read a miss op by op
+  dir=$KEEP
+  mkdir -p "$dir"
+else
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+fi
 # The load average tells how much of the 2 cores other processes took: the measured times stretch with it.
 echo "apart fidelity: $model, batch $batch, $rounds rounds of $steps steps, OMP_NUM_THREADS=$OMP_NUM_THREADS," \
   "${prefix[*]:-in-process}, load average $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"
-shapes=("pipelined 2 1 4 1f1b 0" "data-parallel 1 2 1 1f1b 0")  # name stages replicas micro-batches schedule zero
-if [[ "${KINDS:-}" == all ]]; then
-  shapes+=("zero1-data-parallel 1 2 2 1f1b 1" "zero2-data-parallel 1 2 2 1f1b 2" "zero3-data-parallel 1 2 2 1f1b 3"
-    "zb-h1-pipelined 2 1 4 zb-h1 0")
-fi
+# name stages replicas micro-batches schedule zero tp virtual-stages (0: none)
+all_shapes=("pipelined 2 1 4 1f1b 0 1 0" "data-parallel 1 2 1 1f1b 0 1 0"
+  "zero1-data-parallel 1 2 2 1f1b 1 1 0" "zero2-data-parallel 1 2 2 1f1b 2 1 0" "zero3-data-parallel 1 2 2 1f1b 3 1 0"
+  "zb-h1-pipelined 2 1 4 zb-h1 0 1 0" "interleaved-pipelined 2 1 4 interleaved 0 1 2"
+  "tp2-pp1 1 1 2 1f1b 0 2 0" "tp2-pp2 2 1 4 1f1b 0 2 0")
+case "${KINDS:-}" in
+  "") shapes=("${all_shapes[@]:0:2}") ;;
+  all) shapes=("${all_shapes[@]}") ;;
+  *)
+    shapes=()
+    for shape in "${all_shapes[@]}"; do [[ " $KINDS " == *" ${shape%% *} "* ]] && shapes+=("$shape"); done
+    ((${#shapes[@]})) || { echo "KINDS names none of: ${all_shapes[*]%% *}" >&2; exit 2; } ;;
+esac
 for ((round = 1; round <= rounds; ++round)); do
   rm -f "$dir"/costs_*.json
   for shape in "${shapes[@]}"; do
-    read -r name stages replicas microbatches schedule zero <<<"$shape"
+    read -r name stages replicas microbatches schedule zero tp virtual <<<"$shape"
     mb=$((batch / microbatches / replicas))  # samples one rank runs per forward: what the profile must measure
-    # Both shapes run 2 ranks on this machine: the profile runs a twin beside it (--ranks-per-node 2), as they will.
-    [[ -f "$dir/costs_$mb.json" ]] || "$apart" profile "$model" --batch "$mb" --ranks-per-node 2 --repeats 20 -q \
-      -o "$dir/costs_$mb.json" 2>/dev/null
-    "$apart" partition "$model" --profile "$dir/costs_$mb.json" --device cpu --devices 2 --stages "$stages" \
-      --replicas "$replicas" --microbatches "$microbatches" --batch "$batch" --schedule "$schedule" --zero "$zero" --no-baselines \
-      -o "$dir/$name" >/dev/null
-    "${prefix[@]}" "$apart" run "$dir/$name" "${launch[@]}" --steps "$steps" -q --trace-all-steps \
+    ranks=$((stages * replicas * tp))
+    # The plan's ranks share this machine: the profile runs twins beside it (--ranks-per-node), as they will.
+    [[ -f "$dir/costs_${mb}_$ranks.json" ]] || "$apart" profile "$model" --batch "$mb" --ranks-per-node "$ranks" \
+      --repeats 20 -q -o "$dir/costs_${mb}_$ranks.json" 2>/dev/null
+    chunks=()
+    ((virtual > 0)) && chunks=(--virtual-stages "$virtual")
+    "$apart" partition "$model" --profile "$dir/costs_${mb}_$ranks.json" --device cpu --devices "$ranks" --stages "$stages" \
+      --replicas "$replicas" --tp "$tp" --microbatches "$microbatches" --batch "$batch" --schedule "$schedule" \
+      "${chunks[@]}" --zero "$zero" --no-baselines -o "$dir/$name" >/dev/null
+    run_prefix=()
+    ((${#prefix[@]})) && run_prefix=("${prefix[@]}" -np "$ranks")
+    "${run_prefix[@]}" "$apart" run "$dir/$name" "${launch[@]}" --steps "$steps" -q --trace-all-steps \
       --trace "$dir/$name.trace.json" >/dev/null 2>&1
     "$apart" simulate "$dir/$name" --compare "$dir/$name.trace.json" | sed -n '/^predicted (apart simulate)/,$p' \
       >"$dir/$name.$round.txt"
@@ -63,8 +83,11 @@ for ((round = 1; round <= rounds; ++round)); do
 done
 # The summary: per shape, a line per round (iteration predicted → measured, ratio; each stage's busy ratio).
 for shape in "${shapes[@]}"; do
-  read -r name stages replicas microbatches schedule zero <<<"$shape"
-  echo "== $name: $stages stage(s) x $replicas replica(s), $microbatches micro-batch(es) of $((batch / microbatches))"
+  read -r name stages replicas microbatches schedule zero tp virtual <<<"$shape"
+  chunks=""
+  ((virtual > 0)) && chunks=" (v = $virtual)"
+  echo "== $name: $stages stage(s) x $replicas replica(s) x tp $tp, $schedule$chunks, $microbatches micro-batch(es) of" \
+    "$((batch / microbatches))"
   for ((round = 1; round <= rounds; ++round)); do
     awk -v round="$round" '
       /^ +[0-9]+ +[0-9]+ \|/ { split($0, cells, "|"); split(cells[4], busy, " "); stages = stages sprintf("  stage %d busy %s %s → %s %s (%s)", $1, busy[1], busy[2], busy[3], busy[4], busy[5]) }

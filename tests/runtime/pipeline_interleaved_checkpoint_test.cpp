@@ -1,7 +1,7 @@
 // apart run's checkpoints of interleaved plans: each rank writes one shard per chunk it holds (rank_R.chunk_C.apart:
 // the chunk's params, optimizer state and ZeRO pieces) and the manifest records the chunk layout; a resume on the
-// same plan continues bitwise, one at another ZeRO stage of the same chunks reshards, and one on a plan of other
-// chunks or stages is refused naming both layouts.
+// same plan continues bitwise (with tensor-parallel stages too), one at another ZeRO stage of the same chunks
+// reshards, and one on a plan of other chunks or stages is refused naming both layouts.
 #include <gtest/gtest.h>
 
 #include <exception>
@@ -79,6 +79,32 @@ INSTANTIATE_TEST_SUITE_P(
                       // And of the params: each chunk's files hold its pieces ("param/<name>[begin:end]").
                       Case{"zero3_over_two_replicas_per_stage", {{2, 2}, 2, Schedule::kInterleaved, {}, 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Tensor-parallel stages in the interleaved plan (TP 2 × PP 2, v = 2, as apart partition writes it): each TP rank's
+// chunk files hold its slices, and 2 + resumed 2 Adam steps equal 4 straight, bit for bit.
+TEST(AnInterleavedCheckpointWithTensorParallelStages, ResumesBitwiseFromEachTpRanksSlices) {
+  const fs::path dir = scratch("tp2_pp2_v2");
+  const fs::path plan = dir / "plan";
+  const auto partitioned = testing::run_apart("partition " + gpt_tiny() + " --device cpu --devices 4 --stages 2 --tp 2 "
+                                              "--replicas 1 --microbatches 2 --batch 8 --schedule interleaved "
+                                              "--no-baselines -o " + plan.string());
+  ASSERT_EQ(partitioned.code, 0) << partitioned.out;
+  ASSERT_EQ(plan_world(plan), 4);
+  const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdam, 1e-3);
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  run_threads(plan, 2, dir / "first", Optimizer::kAdam, 1e-3, ck.string());
+  const Outcome rest = run_threads(plan, 4, dir / "rest", Optimizer::kAdam, 1e-3, "", ck.string());
+  ASSERT_EQ(straight.losses.size(), 4u);
+  ASSERT_EQ(rest.losses.size(), 2u);
+  EXPECT_EQ(rest.losses[1], straight.losses[3]);
+  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
+  // Both TP ranks of stage 1 (ranks 2 and 3) wrote their slices of chunk 3, which differ.
+  const Checkpoint a = read_checkpoint(ck / "step_2" / "rank_2.chunk_3.apart");
+  const Checkpoint b = read_checkpoint(ck / "step_2" / "rank_3.chunk_3.apart");
+  EXPECT_EQ(a.meta.value("tp_rank", -1), 0);
+  EXPECT_EQ(b.meta.value("tp_rank", -1), 1);
+}
 
 // A ZeRO-1 checkpoint of the interleaved plan resumed on the same chunks and replicas without ZeRO (another plan.json,
 // so through the resharding path: each chunk's pieces put together from both replicas' files of that chunk) continues

@@ -283,6 +283,26 @@ inline bool bitwise_equal(const Weights& a, const Weights& b) {
   return true;
 }
 
+// A resumed run equals an uninterrupted one: `steps` steps straight on plan `from`, and steps / 2 on `from` saved into
+// dir/ck (left there for the caller to inspect) then resumed on plan `to` (`from` itself, or another plan of the same
+// layout: the resharding path) up to `steps`, give the same per-step losses and the same weights, bit for bit;
+// `resumed` (when given) gets the resumed run's outcome. Call it under ASSERT_NO_FATAL_FAILURE.
+inline void expect_resumes_bitwise(const fs::path& from, const fs::path& to, const fs::path& dir, Optimizer optimizer,
+                                   double lr, const std::string& what, size_t steps = 4, Outcome* resumed = nullptr) {
+  const Outcome straight = run_threads(from, static_cast<int64_t>(steps), dir / "straight", optimizer, lr);
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  const Outcome first = run_threads(from, static_cast<int64_t>(steps / 2), dir / "first", optimizer, lr, ck.string());
+  const Outcome rest = run_threads(to, static_cast<int64_t>(steps), dir / "rest", optimizer, lr, "", ck.string());
+  ASSERT_EQ(straight.losses.size(), steps) << what;
+  ASSERT_EQ(first.losses.size(), steps / 2) << what;
+  ASSERT_EQ(rest.losses.size(), steps - steps / 2) << what;
+  for (size_t i = 0; i < steps; ++i)
+    EXPECT_EQ(i < steps / 2 ? first.losses[i] : rest.losses[i - steps / 2], straight.losses[i]) << what << ": step " << i + 1;
+  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights)) << what;
+  if (resumed) *resumed = rest;
+}
+
 // Each rank trained a strict part of the model: the plan was really split.
 inline void expect_split(const Outcome& run, int64_t total_params) {
   for (const RunResult& r : run.ranks) {

@@ -39,18 +39,8 @@ class InterleavedCheckpoints : public ::testing::TestWithParam<Case> {};
 TEST_P(InterleavedCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) {
   const fs::path dir = scratch(GetParam().name);
   const fs::path plan = make_plan(gpt_tiny(), GetParam().shape, 8, dir / "plan");
-  const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdam, 1e-3);
+  ASSERT_NO_FATAL_FAILURE(expect_resumes_bitwise(plan, plan, dir, Optimizer::kAdam, 1e-3, GetParam().name));
   const fs::path ck = dir / "ck";
-  fs::create_directories(ck);
-  const Outcome first = run_threads(plan, 2, dir / "first", Optimizer::kAdam, 1e-3, ck.string());
-  const Outcome rest = run_threads(plan, 4, dir / "rest", Optimizer::kAdam, 1e-3, "", ck.string());
-  ASSERT_EQ(straight.losses.size(), 4u);
-  ASSERT_EQ(first.losses.size(), 2u);
-  ASSERT_EQ(rest.losses.size(), 2u);
-  EXPECT_EQ(first.losses[1], straight.losses[1]);
-  EXPECT_EQ(rest.losses[0], straight.losses[2]);
-  EXPECT_EQ(rest.losses[1], straight.losses[3]);
-  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
 
   // One shard per rank and chunk it holds (chunk c on the ranks of stage c mod 2), and the manifest's chunk layout.
   const PlanDocument view = virtual_stage_view(read_plan(plan));
@@ -90,15 +80,8 @@ TEST(AnInterleavedCheckpointWithTensorParallelStages, ResumesBitwiseFromEachTpRa
                                               "--no-baselines -o " + plan.string());
   ASSERT_EQ(partitioned.code, 0) << partitioned.out;
   ASSERT_EQ(plan_world(plan), 4);
-  const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdam, 1e-3);
+  ASSERT_NO_FATAL_FAILURE(expect_resumes_bitwise(plan, plan, dir, Optimizer::kAdam, 1e-3, "TP 2 x PP 2, v = 2"));
   const fs::path ck = dir / "ck";
-  fs::create_directories(ck);
-  run_threads(plan, 2, dir / "first", Optimizer::kAdam, 1e-3, ck.string());
-  const Outcome rest = run_threads(plan, 4, dir / "rest", Optimizer::kAdam, 1e-3, "", ck.string());
-  ASSERT_EQ(straight.losses.size(), 4u);
-  ASSERT_EQ(rest.losses.size(), 2u);
-  EXPECT_EQ(rest.losses[1], straight.losses[3]);
-  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
   // Both TP ranks of stage 1 (ranks 2 and 3) wrote their slices of chunk 3, which differ.
   const Checkpoint a = read_checkpoint(ck / "step_2" / "rank_2.chunk_3.apart");
   const Checkpoint b = read_checkpoint(ck / "step_2" / "rank_3.chunk_3.apart");
@@ -113,15 +96,7 @@ TEST(AnInterleavedZeroCheckpoint, ResumesWithoutZeroOnTheSameChunksBitwise) {
   const fs::path dir = scratch("zero1_resumed_without_zero");
   const fs::path from = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::kInterleaved, {}, 1}, 8, dir / "from");
   const fs::path to = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::kInterleaved, {}, 0}, 8, dir / "to");
-  const Outcome straight = run_threads(from, 4, dir / "straight", Optimizer::kAdamW, 1e-3);
-  const fs::path ck = dir / "ck";
-  fs::create_directories(ck);
-  run_threads(from, 2, dir / "first", Optimizer::kAdamW, 1e-3, ck.string());
-  const Outcome rest = run_threads(to, 4, dir / "rest", Optimizer::kAdamW, 1e-3, "", ck.string());
-  ASSERT_EQ(straight.losses.size(), 4u);
-  ASSERT_EQ(rest.losses.size(), 2u);
-  EXPECT_EQ(rest.losses[1], straight.losses[3]);
-  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
+  expect_resumes_bitwise(from, to, dir, Optimizer::kAdamW, 1e-3, "ZeRO-1 resumed without ZeRO");
 }
 
 // A checkpoint resumed on a plan whose chunks or stages differ is refused on every rank (InvalidArgument), naming the

@@ -170,15 +170,8 @@ TEST_P(ZeroCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) {
   const int zero = GetParam();
   const fs::path dir = scratch("zero_resume_" + std::to_string(zero));
   const fs::path plan = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::k1F1B, {}, zero}, 8, dir / "plan");
-  const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdam, 1e-3);
+  ASSERT_NO_FATAL_FAILURE(expect_resumes_bitwise(plan, plan, dir, Optimizer::kAdam, 1e-3, "ZeRO-" + std::to_string(zero)));
   const fs::path ck = dir / "ck";
-  fs::create_directories(ck);
-  run_threads(plan, 2, dir / "first", Optimizer::kAdam, 1e-3, ck.string());
-  const Outcome rest = run_threads(plan, 4, dir / "rest", Optimizer::kAdam, 1e-3, "", ck.string());
-  ASSERT_EQ(rest.losses.size(), 2u);
-  ASSERT_EQ(straight.losses.size(), 4u);
-  EXPECT_EQ(rest.losses[1], straight.losses[3]);
-  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
   // ZeRO-1/2 ranks save their params whole; ZeRO-3 ranks their pieces ("param/<name>[begin:end]") of all but the
   // tied embedding, as they hold them.
   int pieces = 0;
@@ -229,15 +222,7 @@ TEST(ZeroCheckpointsAtAnotherZeroStage, ContinueBitwiseWhereTheSumsRunInTheSameO
     const std::string what = "ZeRO-" + std::to_string(saved) + " resumed under ZeRO-" + std::to_string(resumed);
     const fs::path from = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, saved}, 8, dir / ("from" + std::to_string(saved)));
     const fs::path to = make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, resumed}, 8, dir / ("to" + std::to_string(saved)));
-    const Outcome straight = run_threads(from, 4, dir / ("straight" + std::to_string(saved)), Optimizer::kAdamW, 1e-3);
-    const fs::path ck = dir / ("ck" + std::to_string(saved));
-    fs::create_directories(ck);
-    run_threads(from, 2, dir / ("first" + std::to_string(saved)), Optimizer::kAdamW, 1e-3, ck.string());
-    const Outcome rest = run_threads(to, 4, dir / ("rest" + std::to_string(saved)), Optimizer::kAdamW, 1e-3, "", ck.string());
-    ASSERT_EQ(rest.losses.size(), 2u) << what;
-    ASSERT_EQ(straight.losses.size(), 4u) << what;
-    EXPECT_EQ(rest.losses[1], straight.losses[3]) << what;
-    EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights)) << what;
+    expect_resumes_bitwise(from, to, dir / ("run" + std::to_string(saved)), Optimizer::kAdamW, 1e-3, what);
   }
 }
 

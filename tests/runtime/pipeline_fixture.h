@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph/error.h"
 #include "plan/plan.h"
 #include "runtime/pipeline.h"
 #include "runtime/tensor.h"
@@ -148,6 +149,20 @@ inline std::string error_message(const std::exception_ptr& e) {
     return x.what();
   } catch (...) {
     return "(not a std::exception)";
+  }
+}
+
+// What run_ranks returned when every rank must refuse: each threw InvalidArgument whose message holds `text`.
+inline void expect_every_rank_refuses(const std::vector<std::exception_ptr>& errors, const std::string& text) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " did not refuse: " << text;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const InvalidArgument& x) {
+      EXPECT_NE(std::string(x.what()).find(text), std::string::npos) << x.what();
+    } catch (const std::exception& x) {
+      ADD_FAILURE() << "rank " << r << ": not InvalidArgument: " << x.what();
+    }
   }
 }
 

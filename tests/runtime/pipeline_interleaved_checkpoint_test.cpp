@@ -123,18 +123,30 @@ TEST(AnInterleavedCheckpoint, OnAPlanOfOtherChunksOrStagesIsRefusedNamingBothLay
                            Refusal{interleaved, ck_1f1b, "of 2 stages (this plan has " + two_by_two + ")"}}) {
     RunOptions o = run_options_like_reference(r.plan, 2);
     o.resume = r.checkpoint.string();
-    const auto errors = run_ranks(2, CommOptions{60}, [&](int, Communicator& comm) { run_plan(o, comm); });
-    for (const auto& e : errors) {
-      ASSERT_TRUE(e) << r.expected;
-      try {
-        std::rethrow_exception(e);
-      } catch (const InvalidArgument& x) {
-        EXPECT_NE(std::string(x.what()).find(r.expected), std::string::npos) << x.what();
-      } catch (const std::exception& x) {
-        ADD_FAILURE() << "not InvalidArgument: " << x.what();
-      }
-    }
+    expect_every_rank_refuses(run_ranks(2, CommOptions{60}, [&](int, Communicator& comm) { run_plan(o, comm); }),
+                              r.expected);
   }
+}
+
+// A manifest whose layout is not an object (hand-edited, or not apart's) is refused on every rank as InvalidArgument
+// naming the field, not read as an empty layout or left to throw from the JSON library.
+TEST(ACheckpointManifest, WhoseLayoutIsNotAnObjectIsRefusedNamingTheField) {
+  const fs::path dir = scratch("bad_layout");
+  const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::kInterleaved}, 8, dir / "plan");
+  const fs::path ck = dir / "ck";
+  fs::create_directories(ck);
+  run_threads(plan, 1, dir / "first", Optimizer::kSgd, 0.05, ck.string());
+  nlohmann::json manifest;
+  {
+    std::ifstream in(ck / "manifest.json");
+    manifest = nlohmann::json::parse(in);
+  }
+  manifest["layout"] = nlohmann::json::array();
+  std::ofstream(ck / "manifest.json") << manifest.dump(2) << "\n";
+  RunOptions o = run_options_like_reference(plan, 2);
+  o.resume = ck.string();
+  expect_every_rank_refuses(run_ranks(2, CommOptions{60}, [&](int, Communicator& comm) { run_plan(o, comm); }),
+                            "layout");
 }
 
 // One process per rank: the threads' interleaved checkpoint resumed under mpirun -np 2 prints the threads' resumed

@@ -381,12 +381,19 @@ StageReplacementEstimate::StageReplacementEstimate(std::span<const StageCost> st
                                                    Schedule schedule, int chunks)
     : microbatches_(microbatches), schedule_(schedule), chunks_(chunks),
       closed_form_(schedule == Schedule::kGPipe || schedule == Schedule::k1F1B) {
+  reset(stages);
+}
+
+void StageReplacementEstimate::reset(std::span<const StageCost> stages) {
   if (!closed_form_) {
     scratch_.assign(stages.begin(), stages.end());
     return;
   }
+  steps_.resize(stages.size());
+  sum_steps_ = 0;
+  step_ = allreduce_ = optimizer_ = TopTwo{};
   for (size_t s = 0; s < stages.size(); ++s) {
-    steps_.push_back(stages[s].step_s);
+    steps_[s] = stages[s].step_s;
     sum_steps_ += stages[s].step_s;
     step_.add(stages[s].step_s, s);
     allreduce_.add(stages[s].allreduce_exposed_s, s);

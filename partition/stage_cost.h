@@ -180,6 +180,8 @@ PipelineEstimate estimate_iteration_time(std::span<const StageCost> stages, int6
 class StageReplacementEstimate {
  public:
   StageReplacementEstimate(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule, int chunks);
+  // Starts again from `stages` (the same schedule), reusing the storage.
+  void reset(std::span<const StageCost> stages);
   double iteration_s(size_t stage, const StageCost& replacement);
 
  private:

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <queue>
+#include <utility>
 
 #include "graph/error.h"
 #include "profiler/memory_model.h"
@@ -197,6 +199,50 @@ std::vector<int> tp_degrees(std::optional<int> pinned, const Cluster& cluster) {
   return degrees;
 }
 
+StageDp::EntryRule StageDp::entry_rule(const StageRange& range, const StageVariant& v) const {
+  EntryRule rule;
+  // A degree the range's regions refuse never fits; where degree 1 is a choice too, one over a range without split
+  // work only adds devices (the same h on t× the devices), so the DP never needs it either.
+  if (v.tp > 1 && (!tp_allows(range, v.tp) || (!range.tp.splits_work() && tp_degrees_.front() == 1))) {
+    rule.refused = true;
+    return rule;
+  }
+  // Candidates whose groups would need more devices than the cluster has are never evaluated.
+  while (rule.placeable < candidates_.size() && candidates_[rule.placeable] * v.tp <= devices_) ++rule.placeable;
+  return rule;
+}
+
+template <class Cost>
+void StageDp::find_lo(EntryRule& rule, Cost&& cost) const {
+  // A stage holds at least this many micro-batches in flight (the last one under 1F1B), and memory only grows with
+  // it and falls as replicas grow (a smaller micro-batch, a smaller ZeRO shard): the candidates below the first that
+  // fits there fit nowhere, so they are not evaluated (never fitting, h infinite) and their h is never a bottleneck.
+  const double least_flight = stage_in_flight_activations(schedule_, 0, 1, microbatches_, chunks_);
+  const double budget = static_cast<double>(memory_limit_);
+  auto fits = [&](size_t c) {
+    const StageCost& e = cost(c);
+    return std::ceil(e.memory_static + least_flight * e.memory_per_in_flight) <= budget;
+  };
+  size_t hi = rule.placeable;  // the first candidate that fits at the least in-flight count: in [lo, hi]
+  if (rule.refused || rule.placeable == 0 || fits(0)) return;
+  for (rule.lo = 1; rule.lo < hi;) {
+    const size_t mid = (rule.lo + hi) / 2;
+    if (fits(mid)) hi = mid; else rule.lo = mid + 1;
+  }
+}
+
+template <class Cost>
+StageDp::Entry StageDp::entry(const EntryRule& rule, const StageVariant& v, size_t c, Cost&& cost) const {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  // Under --zero auto a 1-replica stage runs ZeRO 0 whatever its variant says: that is the ZeRO-0 variant's entry,
+  // so the others leave it out as never fitting. Never fitting: memory infinite (memory stays monotone for
+  // first_fitting), h infinite; beyond the cluster: memory 0, h infinite.
+  if (rule.refused || c < rule.lo || (zero_.automatic && v.zero > 0 && candidates_[c] == 1)) return {kInf, kInf, 0};
+  if (c >= rule.placeable) return {};
+  const auto& e = cost(c);
+  return {e.h, e.memory_static, e.memory_per_in_flight};
+}
+
 StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     : evaluator_(evaluator),
       microbatches_(options.microbatches),
@@ -225,26 +271,25 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
     }
   }
   const size_t cands = candidates_.size();
-  entries_ = (fixed_split ? k_ : k_ * (k_ + 1) / 2) * cands;
+  entries_ = k_ * (k_ + 1) / 2 * cands;  // the tables' size (fixed splits have none)
   APART_CHECK(!options.tp_degrees.empty() && std::is_sorted(options.tp_degrees.begin(), options.tp_degrees.end()),
               "tensor-parallel degrees");
   tp_degrees_ = options.tp_degrees;
   for (const StageVariant& v : stage_variants(options.recompute, zero_, options.tp_degrees)) {
     VariantTable& table = variants_.emplace_back();
     table.variant = v;
+    if (fixed_split) continue;
     table.h.assign(entries_, std::numeric_limits<double>::infinity());
     table.mem_base.assign(entries_, 0);
     table.mem_per_flight.assign(entries_, 0);
   }
-  // A stage holds at least this many micro-batches in flight (the last one under 1F1B), and memory only grows with
-  // it and falls as replicas grow (a smaller micro-batch, a smaller ZeRO shard): the candidates below the first that
-  // fits there fit nowhere, so they are not evaluated (never fitting, h infinite) and their h is never a
-  // bottleneck; the rest go into h_values_.
-  const double least_flight = stage_in_flight_activations(schedule_, 0, 1, microbatches, chunks_);
-  const double budget = static_cast<double>(memory_limit_);
-  auto fits = [&](const StageCost& cost) {
-    return std::ceil(cost.memory_static + least_flight * cost.memory_per_in_flight) <= budget;
-  };
+  if (fixed_split) {
+    // Each block's entries are evaluated on first use (solve_fixed_split): no tables.
+    for (uint32_t b = 0; b < k_; ++b) block_ranges_.push_back(evaluator.range(b, b + 1));
+    lazy_.resize(k_ * variants_.size());
+    return;
+  }
+  // The rest go into h_values_ (the candidates never evaluated have infinite h: never a bottleneck).
   h_values_.reserve(entries_ * variants_.size());
   least_compute_.assign((k_ + 1) * (k_ + 1), 0);
   std::vector<StageCost> costs(cands);
@@ -254,14 +299,6 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
   auto tabulate = [&](uint32_t first, uint32_t last, const StageRange& range, VariantTable& table) {
     const StageVariant v = table.variant;
-    if (v.tp > 1) {
-      // A degree the range's regions refuse never fits; where degree 1 is a choice too, one over a range without
-      // split work only adds devices (the same h on t× the devices), so the DP never needs it either.
-      if (!tp_allows(range, v.tp) || (!range.tp.splits_work() && options.tp_degrees.front() == 1)) {
-        for (size_t c = 0; c < cands; ++c) table.mem_base[index(first, last, c)] = std::numeric_limits<double>::infinity();
-        return;
-      }
-    }
     ++round;
     auto cost = [&](size_t c) -> const StageCost& {
       if (evaluated[c] != round)
@@ -269,34 +306,19 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       evaluated[c] = round;
       return costs[c];
     };
-    // Candidates whose groups would need more devices than the cluster has are never evaluated: memory 0 (fits, so
-    // memory stays monotone for first_fitting) and h infinite.
-    size_t placeable = 0;
-    while (placeable < cands && candidates_[placeable] * v.tp <= devices_) ++placeable;
-    size_t lo = 0, hi = placeable;  // the first candidate that fits at the least in-flight count: in [lo, hi]
-    if (placeable > 0 && !fits(cost(0)))
-      for (lo = 1; lo < hi;) {
-        const size_t mid = (lo + hi) / 2;
-        if (fits(cost(mid))) hi = mid; else lo = mid + 1;
-      }
+    EntryRule rule = entry_rule(range, v);
+    find_lo(rule, cost);
     for (size_t c = 0; c < cands; ++c) {
       const size_t at = index(first, last, c);
-      // Under --zero auto a 1-replica stage runs ZeRO 0 whatever its variant says: that is the ZeRO-0 variant's
-      // entry, so the others leave it out as never fitting (memory stays monotone for first_fitting).
-      if (c < lo || (zero_.automatic && v.zero > 0 && candidates_[c] == 1)) {
-        table.mem_base[at] = std::numeric_limits<double>::infinity();  // h stays infinite
-        continue;
-      }
-      if (c >= placeable) continue;  // mem_base and mem_per_flight stay 0, h infinite
-      const StageCost& e = cost(c);
-      table.mem_base[at] = e.memory_static;
-      table.mem_per_flight[at] = e.memory_per_in_flight;
+      const Entry e = entry(rule, v, c, cost);
       table.h[at] = e.h;
+      table.mem_base[at] = e.mem_base;
+      table.mem_per_flight[at] = e.mem_per_flight;
       if (std::isfinite(e.h)) h_values_.push_back(e.h);
     }
   };
   for (uint32_t first = 0; first < k_ && cands > 0; ++first)
-    for (uint32_t last = first + 1; last <= (fixed_split ? first + 1 : k_); ++last) {
+    for (uint32_t last = first + 1; last <= k_; ++last) {
       const StageRange range = evaluator.range(first, last);
       for (VariantTable& table : variants_) tabulate(first, last, range, table);
       // A lower bound on h for every candidate and variant: the compute at the most replicas under ZeRO 0 (ZeRO
@@ -422,6 +444,7 @@ void StageDp::fill(int stages, double limit, bool every_start, const View& view,
   // in-flight count, S − (S − 1 − r) = r + 1 under 1F1B (m under GPipe), does not depend on S, so one table with
   // every start i answers every stage count ≤ `stages` at once (every_start); for one S, starts before S − 1 − r
   // cannot be reached and are skipped.
+  APART_CHECK(!fixed_split_, "a fixed split's DP has no tables (solve_fixed_split)");
   const size_t n = k_ + 1;
   t.devices.assign(static_cast<size_t>(stages) * n, kNone);
   // The choices are read only where devices is set (feasible()'s walk), which this fill writes too: not cleared.
@@ -450,7 +473,7 @@ void StageDp::fill(int stages, double limit, bool every_start, const View& view,
           best_variant = variant;
         }
       } else {
-        for (uint32_t last = i + 1; last + r <= k_ && (!fixed_split_ || last == i + 1); ++last) {
+        for (uint32_t last = i + 1; last + r <= k_; ++last) {
           // h ≥ compute time ≥ its least (most replicas, no recomputation), which only grows with `last`.
           if (least_compute_[i * n + last] > limit) break;
           const int rest = t.devices[(r - 1) * n + last];
@@ -531,6 +554,11 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
         (stage_counts[0] < 1 || microbatches_ % stage_counts[0] != 0))
       return out;
   }
+  if (fixed_split_) {
+    for (size_t q = 0; q < stage_counts.size(); ++q)
+      if (static_cast<size_t>(stage_counts[q]) == k_) out[q] = solve_fixed_split(view);
+    return out;
+  }
   // Per stage count, the index range of h_values_ its least feasible bottleneck lies in; nothing to search for
   // counts that cannot be feasible.
   struct Search {
@@ -593,28 +621,160 @@ std::vector<std::optional<StageSolution>> StageDp::solve_many(const std::vector<
   for (size_t q = 0; q < searches.size(); ++q) {
     const Search& s = searches[q];
     if (!s.active) continue;
-    StageSolution solution;
-    solution.stages = s.stages;
-    solution.microbatches = microbatches_;
-    solution.schedule = schedule_;
-    solution.virtual_stages = chunks_;
-    solution.recompute = view.recompute;
-    solution.zero = zero_.automatic ? 0 : zero_.stage;
-    std::vector<int> chosen;
-    APART_CHECK(feasible(s.stages, h_values_[s.hi], view, &solution.boundaries, &solution.replicas, &chosen),
-                "DP lost feasibility");
-    if (view.where_needed) {
-      for (int v : chosen) solution.stage_recompute.push_back(variants_[static_cast<size_t>(v)].variant.recompute);
-    }
-    if (zero_.automatic)
-      for (int v : chosen) solution.stage_zero.push_back(variants_[static_cast<size_t>(v)].variant.zero);
-    if (variants_.back().variant.tp > 1)
-      for (int v : chosen) solution.stage_tp.push_back(variants_[static_cast<size_t>(v)].variant.tp);
-    const bool fits = evaluate_solution(evaluator_, solution);
-    APART_CHECK(fits, "DP returned a split that does not fit memory");
-    out[q] = std::move(solution);
+    std::vector<uint32_t> boundaries;
+    std::vector<int> replicas, chosen;
+    APART_CHECK(feasible(s.stages, h_values_[s.hi], view, &boundaries, &replicas, &chosen), "DP lost feasibility");
+    out[q] = solution_of(s.stages, view, std::move(boundaries), std::move(replicas), chosen);
   }
   return out;
+}
+
+StageSolution StageDp::solution_of(int stages, const View& view, std::vector<uint32_t> boundaries,
+                                   std::vector<int> replicas, const std::vector<int>& chosen) const {
+  StageSolution solution;
+  solution.stages = stages;
+  solution.microbatches = microbatches_;
+  solution.schedule = schedule_;
+  solution.virtual_stages = chunks_;
+  solution.recompute = view.recompute;
+  solution.zero = zero_.automatic ? 0 : zero_.stage;
+  solution.boundaries = std::move(boundaries);
+  solution.replicas = std::move(replicas);
+  if (view.where_needed)
+    for (int v : chosen) solution.stage_recompute.push_back(variants_[static_cast<size_t>(v)].variant.recompute);
+  if (zero_.automatic)
+    for (int v : chosen) solution.stage_zero.push_back(variants_[static_cast<size_t>(v)].variant.zero);
+  if (variants_.back().variant.tp > 1)
+    for (int v : chosen) solution.stage_tp.push_back(variants_[static_cast<size_t>(v)].variant.tp);
+  const bool fits = evaluate_solution(evaluator_, solution);
+  APART_CHECK(fits, "DP returned a split that does not fit memory");
+  return solution;
+}
+
+StageDp::LazyEntries& StageDp::lazy_entries(uint32_t block, size_t variant) const {
+  LazyEntries& lazy = lazy_[block * variants_.size() + variant];
+  if (!lazy.ruled) {
+    lazy.entries.resize(candidates_.size());
+    lazy.known.assign(candidates_.size(), 0);
+    // No least-fitting candidate (lo): with memory monotone in the replicas, the binary search at a stage's own
+    // in-flight count (at least the least) never lands below it.
+    lazy.rule = entry_rule(block_ranges_[block], variants_[variant].variant);
+    lazy.ruled = true;
+  }
+  return lazy;
+}
+
+const StageDp::Entry& StageDp::lazy_entry(uint32_t block, size_t variant, size_t c) const {
+  LazyEntries& lazy = lazy_entries(block, variant);
+  if (!lazy.known[c]) {
+    const StageVariant& v = variants_[variant].variant;
+    lazy.entries[c] = entry(lazy.rule, v, c, [&](size_t at) {
+      return evaluator_.evaluate(block_ranges_[block], candidates_[at], microbatches_, 0, v.recompute, v.zero, v.tp);
+    });
+    lazy.known[c] = 1;
+  }
+  return lazy.entries[c];
+}
+
+int StageDp::lazy_first_fitting(uint32_t block, size_t variant, double flight) const {
+  // first_fitting's binary search over the same memory figures.
+  const double budget = static_cast<double>(memory_limit_);
+  size_t lo = 0, hi = candidates_.size();
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    const Entry& e = lazy_entry(block, variant, mid);
+    if (std::ceil(e.mem_base + flight * e.mem_per_flight) <= budget) hi = mid; else lo = mid + 1;
+  }
+  return static_cast<int>(lo);
+}
+
+std::optional<StageSolution> StageDp::solve_fixed_split(const View& view) const {
+  // Every block is a stage, so a bottleneck limit L is feasible iff Σ_i (the fewest devices stage i fits in with
+  // h ≤ L) ≤ devices, and that sum only falls as L rises. Start every stage at its fewest devices (any h); while the
+  // sum fits, move the stages whose h is the bottleneck to their fewest devices with a lower h. When one has none,
+  // or the sum would pass the devices, the bottleneck is the least feasible limit — the binary search's answer —
+  // and each stage takes min_candidate's choice there (the first variant on ties, its first candidate).
+  const int stages = static_cast<int>(k_);
+  const size_t cands = candidates_.size(), variants = variants_.size();
+  if (stages < 1 || cands == 0 || static_cast<int64_t>(stages) * candidates_.front() > devices_) return std::nullopt;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  struct Choice {
+    int cand = -1, variant = 0, devices = kNone;
+    double h = kInf;
+  };
+  std::vector<int> start(static_cast<size_t>(stages) * variants, static_cast<int>(cands));
+  for (int s = 0; s < stages; ++s) {
+    const double flight = in_flight(s, stages);
+    for (size_t v = 0; v < variants; ++v)
+      if (view.has(v)) start[s * variants + v] = lazy_first_fitting(static_cast<uint32_t>(s), v, flight);
+  }
+  // The fewest devices of stage s with h < bound (`strict`) or ≤ bound, from candidate `from[v]` of each variant
+  // on; the candidates passed are left out of `from` (strict: a later bound is lower, they stay above it).
+  auto fewest = [&](int s, double bound, bool strict, int* from) {
+    Choice best;
+    for (size_t v = 0; v < variants; ++v) {
+      if (!view.has(v)) continue;
+      LazyEntries& lazy = lazy_entries(static_cast<uint32_t>(s), v);
+      auto h_at = [&](int c) {
+        return lazy.known[c] ? lazy.entries[c].h : lazy_entry(static_cast<uint32_t>(s), v, static_cast<size_t>(c)).h;
+      };
+      int c = from[v];
+      // Only fewer devices than the best so far count.
+      for (; c < static_cast<int>(cands) && devices_of(c, v) < best.devices; ++c) {
+        const double h = h_at(c);
+        if (strict ? h < bound : h <= bound) {
+          best = {c, static_cast<int>(v), devices_of(c, v), h};
+          break;
+        }
+      }
+      if (strict) from[v] = c;
+    }
+    return best;
+  };
+  std::vector<int> next = start;
+  std::vector<Choice> current(static_cast<size_t>(stages));
+  int64_t total = 0;
+  // The stages by h, the bottleneck on top (a stage's entry is replaced only when it moves, and only the top's move).
+  std::priority_queue<std::pair<double, int>> by_h;
+  for (int s = 0; s < stages; ++s) {
+    current[s] = fewest(s, kInf, true, &next[s * variants]);
+    if (current[s].cand < 0) return std::nullopt;
+    total += current[s].devices;
+    by_h.emplace(current[s].h, s);
+  }
+  if (total > devices_) return std::nullopt;
+  double limit = 0;
+  std::vector<std::pair<int, Choice>> moves;
+  for (;;) {
+    limit = by_h.top().first;
+    moves.clear();
+    int64_t moved_total = total;
+    bool lower = true;
+    while (!by_h.empty() && by_h.top().first == limit && lower) {
+      const int s = by_h.top().second;
+      by_h.pop();
+      const Choice c = fewest(s, limit, true, &next[s * variants]);
+      lower = c.cand >= 0;
+      moved_total += c.devices - current[s].devices;
+      moves.emplace_back(s, c);
+    }
+    if (!lower || moved_total > devices_) break;
+    for (const auto& [s, c] : moves) {
+      current[s] = c;
+      by_h.emplace(c.h, s);
+    }
+    total = moved_total;
+  }
+  std::vector<uint32_t> boundaries(1, 0);
+  std::vector<int> replicas, chosen;
+  for (int s = 0; s < stages; ++s) {
+    const Choice c = fewest(s, limit, false, &start[s * variants]);
+    APART_CHECK(c.cand >= 0, "fixed split lost feasibility");
+    boundaries.push_back(static_cast<uint32_t>(s + 1));
+    replicas.push_back(candidates_[static_cast<size_t>(c.cand)]);
+    chosen.push_back(c.variant);
+  }
+  return solution_of(stages, view, std::move(boundaries), std::move(replicas), chosen);
 }
 
 void StageDp::spend_leftover_devices(StageSolution& solution) const {
@@ -638,17 +798,23 @@ void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) 
     StageCost cost;
   };
   std::vector<Trial> trials(static_cast<size_t>(solution.stages));
+  StageReplacementEstimate replaced(solution.costs, microbatches_, schedule_, chunks_);
   for (;;) {
     const int used = solution.devices_used();
-    StageReplacementEstimate replaced(solution.costs, microbatches_, schedule_, chunks_);
     double best_time = solution.estimate.iteration_s;
     int best_stage = -1;
     for (int s = 0; s < solution.stages; ++s) {
-      const int tp = solution.tp_of(s);
-      auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
-      if (it == candidates_.end() || used + (*it - solution.replicas[s]) * tp > devices_) continue;
       Trial& trial = trials[static_cast<size_t>(s)];
+      if (trial.known && !trial.fits) continue;
+      const int tp = solution.tp_of(s);
       if (!trial.known) {
+        // Devices used only grow: a stage without a next candidate, or whose next one does not fit the devices
+        // left, has none until it changes (it never does then).
+        auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
+        if (it == candidates_.end() || used + (*it - solution.replicas[s]) * tp > devices_) {
+          trial = Trial{.known = true, .fits = false};
+          continue;
+        }
         // Per stage (where needed, --zero auto): the first variant in the DP's order, at the stage's
         // tensor-parallel degree, that now fits.
         trial = Trial{.known = true, .replicas = *it};
@@ -664,6 +830,9 @@ void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) 
             break;
           }
         }
+      } else if (used + (trial.replicas - solution.replicas[s]) * tp > devices_) {
+        trial.fits = false;
+        continue;
       }
       if (!trial.fits) continue;
       const double t = replaced.iteration_s(static_cast<size_t>(s), trial.cost);
@@ -681,6 +850,7 @@ void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) 
     solution.costs[best_stage] = best.cost;
     best.known = false;
     solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_, chunks_);
+    replaced.reset(solution.costs);
   }
   evaluate_solution(evaluator_, solution);
 }

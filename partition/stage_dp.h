@@ -120,7 +120,7 @@ struct StageDpOptions {
   StageZero zero = {};
   std::vector<int> tp_degrees = {1};  // the tensor-parallel degrees each stage may choose among (ascending)
   std::optional<int> pinned_replicas = std::nullopt;  // every stage gets exactly this many replicas (--replicas)
-  bool fixed_split = false;  // every block is a stage (baselines): only single-block ranges are tabulated
+  bool fixed_split = false;  // every block is a stage (baselines): no tables, each block evaluated as needed
 };
 
 // The DP for one (m, schedule, recompute, zero), reusable across stage counts S. Replica candidates are, for each
@@ -212,6 +212,42 @@ class StageDp {
   bool feasible(int stages, double limit, const View& view, std::vector<uint32_t>* boundaries,
                 std::vector<int>* replicas, std::vector<int>* variants) const;
   std::vector<std::optional<StageSolution>> solve_many(const std::vector<int>& stage_counts, const View& view) const;
+  // The solution of `stages` stages with these blocks and choices (variants_ indices), evaluated.
+  StageSolution solution_of(int stages, const View& view, std::vector<uint32_t> boundaries, std::vector<int> replicas,
+                            const std::vector<int>& chosen) const;
+
+  // One range's entry at one replica candidate under one variant, by the tables' rules (Entries).
+  struct Entry {
+    double h = std::numeric_limits<double>::infinity();
+    double mem_base = 0, mem_per_flight = 0;
+  };
+  // Which candidates of a range under a variant are never evaluated: all (`refused`: a tensor-parallel degree the
+  // range refuses or does not need), those before `lo` (the first that fits a device at the least in-flight count;
+  // 0 until find_lo) and from `placeable` on (more devices than the cluster has).
+  struct EntryRule {
+    bool refused = false;
+    size_t lo = 0, placeable = 0;
+  };
+  EntryRule entry_rule(const StageRange& range, const StageVariant& v) const;
+  // `cost(c)`: candidate c's StageCost (the caller's cache evaluates each at most once).
+  template <class Cost>
+  void find_lo(EntryRule& rule, Cost&& cost) const;
+  template <class Cost>
+  Entry entry(const EntryRule& rule, const StageVariant& v, size_t c, Cost&& cost) const;
+
+  // Fixed splits (every block a stage, the baselines') build no tables: each block's entries are evaluated on first
+  // use, and the least bottleneck is found by moving the bottleneck stages to their fewest devices at a lower h
+  // (solve_fixed_split) — the binary search's answer, with far fewer evaluations.
+  struct LazyEntries {
+    bool ruled = false;
+    EntryRule rule;
+    std::vector<Entry> entries;  // per candidate
+    std::vector<uint8_t> known;  // per candidate: entries[c] evaluated
+  };
+  const Entry& lazy_entry(uint32_t block, size_t variant, size_t c) const;
+  LazyEntries& lazy_entries(uint32_t block, size_t variant) const;
+  int lazy_first_fitting(uint32_t block, size_t variant, double in_flight) const;
+  std::optional<StageSolution> solve_fixed_split(const View& view) const;
   void spend_leftover_devices(StageSolution& solution, const View& view) const;
   double in_flight(int stage, int stages) const;
 
@@ -240,11 +276,11 @@ class StageDp {
   // bound on its h for every candidate, rising with `last`: fill() stops widening a range past the limit there.
   std::vector<double> least_compute_;
   mutable std::deque<Fitting> fitting_;  // per in-flight count (a deque: fill() holds one while adding another)
+  std::vector<StageRange> block_ranges_;  // fixed splits: each block's range
+  mutable std::vector<LazyEntries> lazy_;  // fixed splits: per (block, variant)
   std::vector<double> h_values_;         // sorted distinct h values
-  // The ranges first < last, row by row (first·k − first(first−1)/2 ranges come before row `first`); fixed splits
-  // store only the ranges [i, i+1).
+  // The ranges first < last, row by row (first·k − first(first−1)/2 ranges come before row `first`).
   size_t range_index(uint32_t first, uint32_t last) const {
-    if (fixed_split_) return first;
     const size_t f = first;
     return f * k_ - f * (f - (f > 0 ? 1 : 0)) / 2 + (last - first - 1);
   }

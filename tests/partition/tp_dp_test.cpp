@@ -5,7 +5,9 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "brute_force.h"
 #include "partition/placement.h"
@@ -166,6 +168,96 @@ TEST(AStageDpWithTensorParallelDegrees, ChoosesTheSameSplitReplicasAndDegreesEve
   EXPECT_EQ(a->stage_recompute, b->stage_recompute);
   EXPECT_EQ(a->estimate.iteration_s, b->estimate.iteration_s);
   EXPECT_LE(a->devices_used(), 16);
+}
+
+// A fixed split (every block a stage: the baselines') builds no tables and finds its bottleneck greedily
+// (solve_fixed_split). Oracle: the tabled DP asked for k stages of k blocks solves the same problem exactly (itself
+// checked against brute force above), so both give the same plan — bottleneck, replicas, degrees, recomputation,
+// ZeRO stages, and after spending leftover devices the same estimate — over degrees, recomputation, ZeRO, schedules,
+// pinned replicas and 1–64 devices; brute force too where it is small.
+TEST(AFixedSplitStageDp, ChoosesWhatTheTabledDpChoosesForOneBlockPerStage) {
+  std::mt19937 rng(53);
+  int compared = 0, infeasible = 0, brute = 0, with_tp = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const int k = 2 + trial % 6;
+    const int devices = std::vector<int>{2, 3, 4, 6, 8, 16, 24, 64}[static_cast<size_t>(trial % 8)];
+    const Cluster cluster = testing::test_cluster(devices, trial % 3 ? 8 : 4,
+                                                  static_cast<int64_t>(std::uniform_real_distribution<double>(3e9, 16e9)(rng)));
+    TrainingSpec training;
+    training.global_batch = 64;
+    training.precision = trial % 3 ? Precision::kMixed : Precision::kFp32;
+    const BlockSequence seq = tp_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    const std::vector<std::vector<int>> degree_sets{{1}, tp_degrees(std::nullopt, cluster)};
+    for (const std::vector<int>& degrees : degree_sets)
+      for (StageRecompute recompute : {StageRecompute::kOff, StageRecompute::kAll, StageRecompute::kWhereNeeded})
+        for (StageZero zero : {StageZero{}, StageZero{.stage = 1}, StageZero{.stage = 0, .automatic = true}})
+          for (Schedule schedule : {Schedule::k1F1B, Schedule::kGPipe})
+            for (int64_t m : {1, 4, 16})
+              for (std::optional<int> pinned : {std::optional<int>{}, std::optional<int>{2}}) {
+                if (pinned && (trial % 4 != 0 || *pinned * k > devices)) continue;
+                const StageDpOptions o{.microbatches = m, .schedule = schedule, .recompute = recompute, .zero = zero,
+                                       .tp_degrees = degrees, .pinned_replicas = pinned};
+                StageDpOptions fixed_options = o;
+                fixed_options.fixed_split = true;
+                const StageDp tabled(ev, o), fixed(ev, fixed_options);
+                std::optional<StageSolution> want = tabled.solve(k), got = fixed.solve(k);
+                const std::string where = "trial " + std::to_string(trial) + " m=" + std::to_string(m) +
+                                          " degrees " + std::to_string(degrees.size());
+                ASSERT_EQ(got.has_value(), want.has_value()) << where;
+                EXPECT_FALSE(fixed.solve(k - 1).has_value()) << where << ": a fixed split has k stages only";
+                if (!got) {
+                  ++infeasible;
+                  continue;
+                }
+                EXPECT_EQ(got->bottleneck_h, want->bottleneck_h) << where;
+                EXPECT_EQ(got->replicas, want->replicas) << where;
+                EXPECT_EQ(got->stage_tp, want->stage_tp) << where;
+                EXPECT_EQ(got->stage_recompute, want->stage_recompute) << where;
+                EXPECT_EQ(got->stage_zero, want->stage_zero) << where;
+                fixed.spend_leftover_devices(*got);
+                tabled.spend_leftover_devices(*want);
+                EXPECT_EQ(got->replicas, want->replicas) << where << ", leftover devices spent";
+                EXPECT_EQ(got->estimate.iteration_s, want->estimate.iteration_s) << where;
+                if (degrees.size() == 1 && !pinned && zero.stage == 0 && !zero.automatic && devices <= 4 && k <= 4 &&
+                    recompute == StageRecompute::kOff && schedule == Schedule::k1F1B) {
+                  std::optional<StageSolution> again = fixed.solve(k);
+                  EXPECT_NEAR(again->bottleneck_h, brute_force_tp(ev, k, m, degrees, false), 1e-12 * again->bottleneck_h);
+                  ++brute;
+                }
+                for (int s = 0; s < k; ++s) with_tp += got->tp_of(s) > 1;
+                ++compared;
+              }
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GT(infeasible, 0);
+  EXPECT_GT(brute, 10);
+  EXPECT_GT(with_tp, 0);
+}
+
+TEST(AFixedSplitStageDp, ChoosesTheSamePlanEveryRun) {
+  std::mt19937 rng(59);
+  const BlockSequence seq = tp_sequence(rng, 7);
+  const Cluster cluster = testing::test_cluster(64, 8, 10'000'000'000);
+  TrainingSpec training;
+  training.global_batch = 256;
+  training.precision = Precision::kMixed;
+  const StageEvaluator ev(seq, cluster, training);
+  auto solve = [&] {
+    const StageDp dp(ev, {.microbatches = 8, .recompute = StageRecompute::kWhereNeeded,
+                          .zero = {.stage = 0, .automatic = true}, .tp_degrees = tp_degrees(std::nullopt, cluster),
+                          .fixed_split = true});
+    std::optional<StageSolution> s = dp.solve(7);
+    if (s) dp.spend_leftover_devices(*s);
+    return s;
+  };
+  const auto a = solve(), b = solve();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->replicas, b->replicas);
+  EXPECT_EQ(a->stage_tp, b->stage_tp);
+  EXPECT_EQ(a->stage_recompute, b->stage_recompute);
+  EXPECT_EQ(a->stage_zero, b->stage_zero);
+  EXPECT_EQ(a->estimate.iteration_s, b->estimate.iteration_s);
 }
 
 TEST(TensorParallelDegrees, AreThoseDividingTheNodeUpToTheClusterOrThePinnedOne) {

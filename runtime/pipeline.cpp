@@ -64,7 +64,7 @@ struct RunSetup {
   // (schedule/ tensor_parallel_view: every stage tp 1, the devices of that TP rank); `full_plan` is plan.json as read.
   PlanDocument plan;
   PlanDocument full_plan;
-  int tp = 1;  // the TP degree every stage shares
+  int tp = 1;  // the largest TP degree of any stage (schedule/ max_tp_degree); each stage's is its record's
   int positions = 1;  // pipeline positions P: the plan's stages (its view lists P·v chunks, chunk c at c mod P)
   fs::path plan_dir;
   fs::path model_path;
@@ -166,7 +166,7 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
                             "…): re-run apart partition on it, or pass the original with --model");
   }
   s.role = rank_role(plan, rank);
-  s.tp = common_tp_degree(plan);
+  s.tp = max_tp_degree(plan);
   if (s.tp > 1) {
     // Every region a TP stage splits needs its shard layout (plans before apart run executed TP stages lack it).
     const bool laid_out = plan.tensor_parallel.has_value() &&
@@ -452,6 +452,34 @@ struct Bucket {
 // What the stages a rank runs share: the communicators of the tied-param sets this rank holds (by the set of stages
 // holding them; one per set and rank, however many of its chunks hold them) and the params --save-model gathers
 // on world rank 0.
+// Calls run(whole, part, count) for each contiguous run of elements rank `rank` of `degree` holds of the sliced
+// param `p`: `whole` its offset in the whole param, `part` in the rank's slice.
+template <class Run>
+void for_each_tp_run(const TpShardedParam& p, int degree, int rank, const Run& run) {
+  int64_t outer = 1, inner = 1;
+  for (int a = 0; a < p.axis; ++a) outer *= p.shape[static_cast<size_t>(a)];
+  for (size_t a = static_cast<size_t>(p.axis) + 1; a < p.shape.size(); ++a) inner *= p.shape[a];
+  const int64_t length = p.shape[static_cast<size_t>(p.axis)];
+  const auto ranges = tp_param_ranges(p, degree, rank);  // a vocabulary's last rank: fewer rows
+  int64_t kept = 0;
+  for (const auto& [b, e] : ranges) kept += e - b;
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t at = 0;
+    for (const auto& [b, e] : ranges) {
+      run((o * length + b) * inner, (o * kept + at) * inner, (e - b) * inner);
+      at += e - b;
+    }
+  }
+}
+
+// Whether the stages holding a tied param differ in TP degree: their tie then sums whole-size gradients over every
+// holder (RankRunner::sum_tied_gradients) instead of each TP rank's slices over its own group.
+bool mixed_tp_degrees(const PlanDocument& plan, const std::set<int>& stages) {
+  std::set<int> degrees;
+  for (int s : stages) degrees.insert(std::max(1, plan.stages[static_cast<size_t>(s)].tp));
+  return degrees.size() > 1;
+}
+
 struct RankShared {
   std::map<std::set<int>, std::unique_ptr<Communicator>> ties;
   std::map<std::string, Tensor> saved;
@@ -476,6 +504,11 @@ class StageRunner {
   // holds none); add this stage's share of `totals`; step the optimizer.
   void unscale_gradients();
   std::vector<Tensor*> tied_gradients(const std::set<int>& stages);
+  // A tie over stages of different TP degrees: adds this stage's gradients of its params into whole-size buffers
+  // (one per param, created at the first stage holding them) when it contributes — replica 0, its slice at its rows,
+  // a param it holds whole from TP rank 0 only —, and takes its own rows back from their sums.
+  void add_tied_gradients(const std::set<int>& stages, std::vector<std::vector<float>>& whole);
+  void take_tied_gradients(const std::set<int>& stages, const std::vector<std::vector<float>>& whole);
   void add_totals(std::vector<double>& totals);
   StepRecord apply_step(int64_t step, const std::vector<double>& totals);
   // --save-model: the params world rank 0 writes, gathered into shared_.saved (every stage of every rank calls it,
@@ -593,6 +626,7 @@ class StageRunner {
   std::map<std::string, TpShardedParam> tp_sharded_;
   // Whether this rank adds param i to the global norm and the tied sums: one holder of a replicated param (TP rank 0),
   // every TP rank for its slice of a sharded one.
+  int tp() const { return std::max(1, setup_.full_plan.stages[static_cast<size_t>(stage_.id)].tp); }  // this stage's
   bool tp_counts(size_t param) const { return setup_.role.tp_rank == 0 || tp_sharded_.count(param_names_[param]) > 0; }
   void build_tensor_parallel_shard(onnx::ModelProto& proto);
   // --save-model: every sharded param of this stage whole, gathered over the TP group (every TP rank calls it).
@@ -653,7 +687,8 @@ void StageRunner::build() {
   onnx::ModelProto proto = load_model_proto(stage_file);
   if (options_.init == ParamInit::kRandom) randomize_params(proto, options_.seed);
   widen_half_precision(proto, setup_.plan_dir);  // a float16/bfloat16 stage trains in float32, as apart train does
-  if (setup_.tp > 1) build_tensor_parallel_shard(proto);
+  if (tp() > 1) build_tensor_parallel_shard(proto);
+  else if (setup_.tp > 1) world_.split(-1, world_.rank());  // the TP groups' split is collective over the world
 
   // Boundary values: those from earlier stages come in (their gradients go out), those for later stages go out.
   StageGraphOptions g;
@@ -773,7 +808,7 @@ void StageRunner::build() {
 void StageRunner::build_tensor_parallel_shard(onnx::ModelProto& proto) {
   // This stage's record (in an interleaved plan this chunk's: its stage's devices and sequence parallelism).
   const PlanStageRecord& full = setup_.full_plan.stages[static_cast<size_t>(stage_.id)];
-  tp_group_ = world_.split(full.devices[static_cast<size_t>(setup_.role.replica * setup_.tp)], setup_.role.tp_rank);
+  tp_group_ = world_.split(full.devices[static_cast<size_t>(setup_.role.replica * tp())], setup_.role.tp_rank);
   const std::vector<TpShardRegion> regions = tp_shard_regions(setup_.full_plan);
   // The shard cuts initializers held inline: external data is read in first.
   for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
@@ -783,7 +818,7 @@ void StageRunner::build_tensor_parallel_shard(onnx::ModelProto& proto) {
     init.clear_data_location();
     init.set_raw_data(std::string(reinterpret_cast<const char*>(t.raw()), static_cast<size_t>(t.bytes())));
   }
-  TpShard shard = shard_stage_for_tensor_parallel(proto, regions, setup_.tp, setup_.role.tp_rank, TpWeights::kCut,
+  TpShard shard = shard_stage_for_tensor_parallel(proto, regions, tp(), setup_.role.tp_rank, TpWeights::kCut,
                                                   full.sequence_parallel ? TpSequence::kSharded : TpSequence::kWhole);
   for (const TpShardedParam& p : shard.params) tp_sharded_[p.name] = p;
   result_.tp_whole_regions = shard.replicated;
@@ -800,22 +835,11 @@ std::map<std::string, Tensor> StageRunner::gather_tp_params() {
     const TpShardedParam& p = it->second;
     const Tensor mine = backend_.to_host(*params_[i]);
     Tensor t(DType::kFloat32, p.shape);  // zeros: each rank writes its ranges, the sum is the whole param
-    int64_t outer = 1, inner = 1;
-    for (int a = 0; a < p.axis; ++a) outer *= p.shape[static_cast<size_t>(a)];
-    for (size_t a = static_cast<size_t>(p.axis) + 1; a < p.shape.size(); ++a) inner *= p.shape[a];
-    const int64_t length = p.shape[static_cast<size_t>(p.axis)];
-    const auto ranges = tp_param_ranges(p, setup_.tp, setup_.role.tp_rank);  // a vocabulary's last rank: fewer rows
-    int64_t kept = 0;
-    for (const auto& [b, e] : ranges) kept += e - b;
     const float* from = mine.data<float>();
     float* to = t.data<float>();
-    for (int64_t o = 0; o < outer; ++o) {
-      int64_t at = 0;
-      for (const auto& [b, e] : ranges) {
-        std::memcpy(to + (o * length + b) * inner, from + (o * kept + at) * inner, static_cast<size_t>((e - b) * inner) * 4);
-        at += e - b;
-      }
-    }
+    for_each_tp_run(p, tp(), setup_.role.tp_rank, [&](int64_t whole_at, int64_t part_at, int64_t count) {
+      std::memcpy(to + whole_at, from + part_at, static_cast<size_t>(count) * sizeof(float));
+    });
     tp_group_->allreduce_sum(t.span<float>())->wait();
     whole[p.name] = std::move(t);
   }
@@ -947,7 +971,10 @@ void StageRunner::build_communicators() {
   for (const auto& [stages, names] : tied) {
     const bool held = std::any_of(mine.begin(), mine.end(), [&](int c) { return stages.count(c) > 0; });
     if (s == mine.front()) {
-      std::unique_ptr<Communicator> comm = world_.split(held ? setup_.role.tp_rank : -1, world_.rank());  // per TP rank
+      // Per TP rank (each sums its slices with its counterparts'); over every holder when the holding stages differ
+      // in TP degree (whole-size sums, RankRunner::sum_tied_gradients).
+      const int color = !held ? -1 : mixed_tp_degrees(setup_.full_plan, stages) ? 0 : setup_.role.tp_rank;
+      std::unique_ptr<Communicator> comm = world_.split(color, world_.rank());
       if (held) shared_.ties[stages] = std::move(comm);
     }
     if (stages.count(s) == 0) continue;
@@ -1329,6 +1356,51 @@ std::vector<Tensor*> StageRunner::tied_gradients(const std::set<int>& stages) {
   return grads;
 }
 
+void StageRunner::add_tied_gradients(const std::set<int>& stages, std::vector<std::vector<float>>& whole) {
+  for (const Tie& tie : ties_) {
+    if (tie.stages != stages) continue;
+    whole.resize(tie.params.size());
+    for (size_t k = 0; k < tie.params.size(); ++k) {
+      const size_t i = tie.params[k];
+      const auto id = model_->graph.find_value(param_names_[i]);
+      APART_CHECK(id.has_value(), "tied param " + param_names_[i] + " is not in the model");
+      whole[k].resize(static_cast<size_t>(model_->graph.value(*id).elements), 0.0f);
+      const auto cut = tp_sharded_.find(param_names_[i]);
+      if (setup_.role.replica != 0 || (cut == tp_sharded_.end() && setup_.role.tp_rank != 0)) continue;
+      const Tensor part = backend_.to_host(grads_[i]);
+      const float* from = part.data<float>();
+      float* to = whole[k].data();
+      if (cut == tp_sharded_.end()) {
+        APART_CHECK(part.elements() == static_cast<int64_t>(whole[k].size()), "tied param " + param_names_[i] + " is not whole");
+        for (size_t e = 0; e < whole[k].size(); ++e) to[e] += from[e];
+        continue;
+      }
+      for_each_tp_run(cut->second, tp(), setup_.role.tp_rank, [&](int64_t whole_at, int64_t part_at, int64_t count) {
+        for (int64_t e = 0; e < count; ++e) to[whole_at + e] += from[part_at + e];
+      });
+    }
+  }
+}
+
+void StageRunner::take_tied_gradients(const std::set<int>& stages, const std::vector<std::vector<float>>& whole) {
+  for (const Tie& tie : ties_) {
+    if (tie.stages != stages) continue;
+    for (size_t k = 0; k < tie.params.size(); ++k) {
+      const size_t i = tie.params[k];
+      Tensor part = backend_.to_host(grads_[i]);
+      float* to = part.data<float>();
+      const float* from = whole[k].data();
+      if (const auto cut = tp_sharded_.find(param_names_[i]); cut != tp_sharded_.end())
+        for_each_tp_run(cut->second, tp(), setup_.role.tp_rank, [&](int64_t whole_at, int64_t part_at, int64_t count) {
+          std::memcpy(to + part_at, from + whole_at, static_cast<size_t>(count) * sizeof(float));
+        });
+      else
+        std::memcpy(to, from, static_cast<size_t>(part.bytes()));
+      backend_.copy_to_device(part.raw(), grads_[i].raw(), grads_[i].bytes());
+    }
+  }
+}
+
 void StageRunner::add_totals(std::vector<double>& totals) {
   const double loss_replicas = plan_.stages[static_cast<size_t>(setup_.loss_stage)].replicas;
   std::vector<Tensor*> counted;
@@ -1546,6 +1618,13 @@ class RankRunner {
   void sum_tied_gradients() {
     Backend& backend = options_.backend ? *options_.backend : cpu_backend();
     for (const auto& [stages, comm] : shared_.ties) {
+      if (mixed_tp_degrees(setup_.full_plan, stages)) {
+        std::vector<std::vector<float>> whole;
+        for (auto& stage : stages_) stage->add_tied_gradients(stages, whole);
+        for (std::vector<float>& w : whole) comm->allreduce_sum(std::span<float>(w))->wait();
+        for (auto& stage : stages_) stage->take_tied_gradients(stages, whole);
+        continue;
+      }
       std::vector<std::vector<Tensor*>> held;  // per stage of this rank holding them
       for (auto& stage : stages_)
         if (std::vector<Tensor*> grads = stage->tied_gradients(stages); !grads.empty()) held.push_back(std::move(grads));
@@ -1675,7 +1754,9 @@ int64_t RankRunner::restore() {
 RunResult RankRunner::run(const RunStepCallback& on_step) {
   const auto setup_start = Clock::now();
   for (auto& stage : stages_) stage->set_up();
-  const std::vector<Action> actions = rank_actions(setup_.plan, world_.rank());
+  // The whole plan's (setup_.plan is this TP rank's view): a send to a stage of another TP degree goes to each of
+  // its TP ranks that takes the value from this one (schedule/ tp_send_targets).
+  const std::vector<Action> actions = rank_actions(setup_.full_plan, world_.rank());
   StageRunner& first_stage = *stages_.front();
   int64_t first = 0;
   if (!options_.resume.empty()) first = restore();

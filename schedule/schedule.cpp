@@ -105,29 +105,31 @@ RankRole rank_role(const PlanDocument& plan, int rank) {
                         std::to_string(plan.stages.size()) + " stages); run with as many ranks as the plan has devices");
 }
 
-int common_tp_degree(const PlanDocument& plan) {
-  int tp = 0;
-  for (const PlanStageRecord& stage : plan.stages) {
-    if (tp != 0 && stage.tp != tp)
-      throw Unsupported("stages " + std::to_string(plan.stages.front().id) + " and " + std::to_string(stage.id) +
-                        " have different tensor-parallel degrees (" + std::to_string(tp) + ", " + std::to_string(stage.tp) +
-                        "): the runtime executes plans whose stages share one degree; re-plan with --tp N");
-    tp = stage.tp;
-  }
-  return std::max(1, tp);
+int max_tp_degree(const PlanDocument& plan) {
+  int tp = 1;
+  for (const PlanStageRecord& stage : plan.stages) tp = std::max(tp, stage.tp);
+  return tp;
+}
+
+std::vector<int> tp_send_targets(int degree, int tp_rank, int to_degree) {
+  std::vector<int> targets;
+  for (int k = 0; k < to_degree; ++k)
+    if (k % degree == tp_rank) targets.push_back(k);
+  return targets;
 }
 
 PlanDocument tensor_parallel_view(const PlanDocument& plan, int tp_rank) {
-  const int tp = common_tp_degree(plan);
+  const int tp = max_tp_degree(plan);
   if (tp == 1) return plan;
   if (tp_rank < 0 || tp_rank >= tp) throw InvalidArgument("TP rank " + std::to_string(tp_rank) + " of degree " + std::to_string(tp));
   PlanDocument view = plan;
   for (PlanStageRecord& stage : view.stages) {
-    if (static_cast<int>(stage.devices.size()) != stage.replicas * tp)
+    const int degree = std::max(1, stage.tp);
+    if (static_cast<int>(stage.devices.size()) != stage.replicas * degree)
       throw InvalidArgument("stages[" + std::to_string(stage.id) + "] lists " + std::to_string(stage.devices.size()) +
-                            " devices for " + std::to_string(stage.replicas) + " replicas of " + std::to_string(tp));
+                            " devices for " + std::to_string(stage.replicas) + " replicas of " + std::to_string(degree));
     std::vector<int> devices;
-    for (int j = 0; j < stage.replicas; ++j) devices.push_back(stage.devices[static_cast<size_t>(j * tp + tp_rank)]);
+    for (int j = 0; j < stage.replicas; ++j) devices.push_back(stage.devices[static_cast<size_t>(j * degree + tp_rank % degree)]);
     stage.devices = std::move(devices);
     stage.tp = 1;
   }
@@ -267,7 +269,6 @@ int action_tag(const Action& action, const PlanDocument& plan) {
 // --- Each rank's actions ---------------------------------------------------------------------------------------
 
 void check_executable(const PlanDocument& plan) {
-  common_tp_degree(plan);  // one degree for every stage (Unsupported otherwise)
   for (const PlanStageRecord& stage : plan.stages)
     if (stage.recompute_scope == RecomputeScope::kSelective)
       throw Unsupported("stage " + std::to_string(stage.id) + " recomputes selectively (its attention cores): the "
@@ -279,8 +280,33 @@ void check_executable(const PlanDocument& plan) {
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank) {
   check_executable(plan);
   check_stage_devices(plan);
-  // A TP rank runs the pipeline of its own TP rank across the stages (tensor_parallel_view).
-  if (common_tp_degree(plan) > 1) return rank_actions(tensor_parallel_view(plan, rank_role(plan, rank).tp_rank), rank);
+  // A TP rank runs the pipeline of its own TP rank across the stages (tensor_parallel_view), its sends spread over
+  // the TP ranks of a stage of another degree that take them from it (tp_send_targets).
+  if (max_tp_degree(plan) > 1) {
+    const RankRole role = rank_role(plan, rank);
+    const PlanDocument view = tensor_parallel_view(plan, role.tp_rank);
+    std::vector<Action> actions = rank_actions(view, rank);
+    const PlanDocument& stages = needs_view(plan) ? virtual_stage_view(plan) : plan;  // by the actions' stage ids
+    const PlanDocument& lanes = needs_view(view) ? virtual_stage_view(view) : view;
+    std::vector<Action> spread;
+    for (const Action& a : actions) {
+      if (a.kind != ActionKind::kSend) {
+        spread.push_back(a);
+        continue;
+      }
+      const int mine = a.gradient ? a.to_stage : a.from_stage, theirs = a.gradient ? a.from_stage : a.to_stage;
+      const PlanStageRecord& to = stages.stages[static_cast<size_t>(theirs)];
+      const std::vector<int>& peers = lanes.stages[static_cast<size_t>(theirs)].devices;
+      const int replica = static_cast<int>(std::find(peers.begin(), peers.end(), a.peer) - peers.begin());
+      for (int k : tp_send_targets(std::max(1, stages.stages[static_cast<size_t>(mine)].tp), role.tp_rank,
+                                   std::max(1, to.tp))) {
+        Action copy = a;
+        copy.peer = to.devices[static_cast<size_t>(replica * std::max(1, to.tp) + k)];
+        spread.push_back(copy);
+      }
+    }
+    return spread;
+  }
   // An interleaved plan runs as its chunks (virtual_stage_view): the rank's stage d holds chunks d, d + P, ….
   if (needs_view(plan)) return rank_actions(virtual_stage_view(plan), rank);
   const bool chunked = plan.training.schedule == Schedule::kInterleaved;

@@ -47,12 +47,19 @@ struct RankRole {
 // InvalidArgument when `rank` is not one of the plan's devices.
 RankRole rank_role(const PlanDocument& plan, int rank);
 
-// The pipeline TP rank `tp_rank` runs, when every stage has one TP degree: each stage with tp 1 and, per replica, the
-// device of that TP rank. The TP ranks of a replica then run the same actions, each with its own counterparts in the
-// neighbouring stages (every boundary value is whole on every TP rank). The plan itself when no stage is TP.
+// The pipeline TP rank `tp_rank` runs: each stage with tp 1 and, per replica, the device of its TP rank
+// tp_rank mod its degree (a stage of one degree: that TP rank's). The TP ranks of a replica then run the same actions,
+// each with its own counterparts in the neighbouring stages (every boundary value is whole on every TP rank). The plan
+// itself when no stage is TP. Between stages of different degrees t and t' (docs/runtime.md "Stages of different TP
+// degrees"), TP rank k of the receiving stage takes a value (activation or gradient) from TP rank k mod t of the
+// sending one, which is what the view's receives name; rank_actions spreads each send over tp_send_targets.
 PlanDocument tensor_parallel_view(const PlanDocument& plan, int tp_rank);
-// The TP degree every stage shares (1 without TP); Unsupported when stages differ.
-int common_tp_degree(const PlanDocument& plan);
+// The largest TP degree of any stage (1 without TP).
+int max_tp_degree(const PlanDocument& plan);
+// The TP ranks of a stage of degree `to_degree` that TP rank `tp_rank` of a stage of degree `degree` sends a
+// boundary value to: every k with k mod degree == tp_rank (its own rank between equal degrees; none from a rank at or
+// above the other's degree when the sender's is larger, as rank 0 has already sent the same whole value).
+std::vector<int> tp_send_targets(int degree, int tp_rank, int to_degree);
 
 // The samples [begin, end) of a micro-batch (0-based within it) that replica `replica` of a stage with `replicas`
 // replicas holds: contiguous slices, equal but for one sample (the first n mod r replicas take ⌈n/r⌉, the others
@@ -114,15 +121,16 @@ int action_tag(const Action& action, const PlanDocument& plan);
 // likewise. InvalidArgument when `rank` is not in the plan or a stage has more replicas than a micro-batch has samples
 // (microbatch_samples); Unsupported for plans whose tags would pass kMaxActionTag. ZB-H1's W passes are
 // kBackwardWeight actions, with no messages around them. A TP rank's list is that of its TP view (an interleaved
-// plan's too: the view keeps the chunks, each on its stage's devices of that TP rank).
+// plan's too: the view keeps the chunks, each on its stage's devices of that TP rank), each send spread over the
+// tp_send_targets of a stage of another degree.
 // Interleaved plans run as their virtual-stage view (plan/plan.h): the rank holds chunks d, d + P, … of its stage d
 // and runs them in Megatron-LM's order (device_op_order), each op's messages going to and from the chunks its chunk
 // exchanges with (chunk c + 1 of the next device, and across the wrap from the last device to the first: chunk
 // c + 1 = (j + 1)·P of device 0 after chunk j·P + P − 1); compute ops and kAllReduce name their chunk in
 // Action::stage, and a replicated stage ends with one kAllReduce per chunk, in chunk order.
 std::vector<Action> rank_actions(const PlanDocument& plan, int rank);
-// What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming stages of different
-// TP degrees or a selectively recomputing stage; InvalidModel for an interleaved plan that lists no virtual_stages
+// What of a plan the runtime cannot execute yet, as rank_actions refuses it: Unsupported naming a selectively
+// recomputing stage; InvalidModel for an interleaved plan that lists no virtual_stages
 // (re-run apart partition); nothing otherwise.
 void check_executable(const PlanDocument& plan);
 

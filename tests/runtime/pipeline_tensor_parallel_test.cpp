@@ -64,9 +64,28 @@ fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir, 
   return dir;
 }
 
+// `plan` (a TP plan of apart partition's) with stage k at TP degree degrees[k]: its devices renumbered in stage
+// order, sequence parallelism off on a stage of degree 1 (its regions, laid out in plan.json, are then not cut).
+fs::path with_stage_degrees(const fs::path& plan_dir, const std::vector<int>& degrees) {
+  PlanDocument plan = read_plan(plan_dir);
+  EXPECT_EQ(plan.stages.size(), degrees.size());
+  int device = 0;
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    PlanStageRecord& stage = plan.stages[k];
+    stage.tp = degrees[k];
+    if (stage.tp == 1) stage.sequence_parallel = false;
+    stage.devices.clear();
+    for (int d = 0; d < stage.replicas * stage.tp; ++d) stage.devices.push_back(device++);
+  }
+  plan.cluster.devices = device;
+  std::ofstream(plan_dir / "plan.json") << plan_to_json(plan).dump(2) << "\n";
+  return plan_dir;
+}
+
 struct Case {
   const char* name;
   TpShape shape;
+  std::vector<int> degrees = {};  // per stage (with_stage_degrees); empty: every stage shape.tp
 };
 
 class TensorParallelPlans : public ::testing::TestWithParam<Case> {};
@@ -78,10 +97,11 @@ TEST_P(TensorParallelPlans, TrainAsOneProcessTrainsOnTheWholeBatch) {
   const fs::path dir = scratch(c.name);
   constexpr int64_t kBatch = 8, kSteps = 3;
   const Outcome reference = train_reference(gpt_tiny(), kBatch, kSteps, dir);
-  const fs::path plan = make_tp_plan(c.shape, kBatch, dir / "plan");
+  fs::path plan = make_tp_plan(c.shape, kBatch, dir / "plan");
+  if (!c.degrees.empty()) plan = with_stage_degrees(plan, c.degrees);
   const Outcome run = run_threads(plan, kSteps, dir);
   expect_same_training(reference, run, read_weights(gpt_tiny()), c.name);
-  ASSERT_EQ(static_cast<int>(run.ranks.size()), c.shape.stages * c.shape.replicas * c.shape.tp);
+  ASSERT_EQ(run.ranks.size(), static_cast<size_t>(plan_devices(read_plan(plan))));
   const int64_t whole = total_params(read_weights(gpt_tiny()));
   // The pair holds about one copy of the model between them, not two: everything is split but the norms, the
   // position embeddings, a region a stage (or chunk) boundary cuts and the tied table's copy in a second stage.
@@ -128,7 +148,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tp2_pp2_interleaved_v2_m2", {2, 1, 2, 2, Schedule::kInterleaved}},
                       Case{"tp2_pp2_interleaved_v2_m4", {2, 1, 2, 4, Schedule::kInterleaved}},
                       Case{"tp2_pp2_sp_interleaved_v2_m2", {2, 1, 2, 2, Schedule::kInterleaved, 0, "off", true}},
-                      Case{"tp2_pp2_dp2_interleaved_v2_m2", {2, 2, 2, 2, Schedule::kInterleaved}}),
+                      Case{"tp2_pp2_dp2_interleaved_v2_m2", {2, 2, 2, 2, Schedule::kInterleaved}},
+                      // Stages of different degrees: a pair's TP rank 0 sends each activation to the one rank, which
+                      // sends each gradient to both TP ranks (and the other way round: tp_send_targets); the tied
+                      // embedding, cut by the pair's vocabulary regions and whole on the other stage, summed whole.
+                      Case{"tp2_then_tp1_m2", {2, 1, 2, 2}, {2, 1}},
+                      Case{"tp1_then_tp2_m4", {2, 1, 2, 4}, {1, 2}},
+                      Case{"tp2_sp_then_tp1_m2", {2, 1, 2, 2, Schedule::k1F1B, 0, "off", true}, {2, 1}},
+                      Case{"tp1_then_tp2_dp2_m2", {2, 2, 2, 2}, {1, 2}},
+                      Case{"tp2_then_tp1_interleaved_v2_m2", {2, 1, 2, 2, Schedule::kInterleaved}, {2, 1}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // apart zoo's GPT, BERT and T5 (2 layers, 4 heads, hidden 64, random weights): T5's relative position bias, computed
@@ -412,6 +440,18 @@ TEST(ATensorParallelRunUnderMpirun, OfAnInterleavedPlanGivesTheThreadsLossesAndW
   Weights saved;
   ASSERT_NO_FATAL_FAILURE(run_under_mpirun_and_on_threads(4, plan, dir, "mpi_tp2_pp2_interleaved", &threads, &saved));
   expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), "mpi_tp2_pp2_interleaved");
+}
+
+// A TP pair feeding one rank under mpirun -np 3: the spread sends and the tie over stages of degrees 2 and 1 (whole-size
+// gradient sums over every holder) over MPI give the threads' run.
+TEST(ATensorParallelRunUnderMpirun, OfStagesOfDifferentTpDegreesGivesTheThreadsLossesAndWeights) {
+  if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = scratch("mpi_tp2_then_tp1");
+  const fs::path plan = with_stage_degrees(make_tp_plan({2, 1, 2, 2}, 8, dir / "plan"), {2, 1});
+  Outcome threads;
+  Weights saved;
+  ASSERT_NO_FATAL_FAILURE(run_under_mpirun_and_on_threads(3, plan, dir, "mpi_tp2_then_tp1", &threads, &saved));
+  expect_same_training(threads, Outcome{threads.losses, saved, {}}, read_weights(gpt_tiny()), "mpi_tp2_then_tp1");
 }
 
 // One process per rank, so each counts its own tensors: what a TP pair saves per rank against the same stage on one

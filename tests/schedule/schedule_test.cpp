@@ -191,17 +191,50 @@ TEST(RankActions, RefuseAStageWithMoreReplicasThanAMicrobatchHasSamplesOnEveryRa
   EXPECT_NO_THROW(rank_actions(pipeline_plan({1, 4}, 2, Schedule::k1F1B, 6), 1));  // 2 + 2 + 1 + 1 samples
 }
 
-TEST(RankActions, RefuseStagesOfDifferentTensorParallelDegreesNamingThem) {
-  PlanDocument plan = pipeline_plan({1, 1}, 4, Schedule::k1F1B);
-  plan.stages[1].tp = 2;
-  plan.stages[1].devices = {1, 2};
-  plan.cluster.devices = 3;
-  try {
-    rank_actions(plan, 0);
-    ADD_FAILURE() << "no error";
-  } catch (const Unsupported& e) {
-    EXPECT_NE(std::string(e.what()).find("different tensor-parallel degrees"), std::string::npos) << e.what();
+// Stage 0 of one rank, stage 1 a TP pair (ranks 1 and 2): rank 0 sends each activation to both TP ranks, and only
+// TP rank 0 (rank 1) sends the gradient back (both hold the same one); the other way round (a pair feeding one rank)
+// only TP rank 0 sends activations, and the one rank sends each gradient to both.
+TEST(RankActions, SendABoundaryValueBetweenStagesOfDifferentTpDegreesFromTpRankKModTheSendersDegree) {
+  const PlanDocument plain = pipeline_plan({1, 1}, 2, Schedule::k1F1B);
+  auto peers = [](const std::vector<Action>& actions, ActionKind kind, bool gradient) {
+    std::vector<int> out;
+    for (const Action& a : actions)
+      if (a.kind == kind && a.gradient == gradient && a.microbatch == 0) out.push_back(a.peer);
+    return out;
+  };
+  PlanDocument widening = plain;
+  widening.stages[1].tp = 2;
+  widening.stages[1].devices = {1, 2};
+  widening.cluster.devices = 3;
+  EXPECT_NO_THROW(check_executable(widening));
+  EXPECT_EQ(peers(rank_actions(widening, 0), ActionKind::kSend, false), (std::vector<int>{1, 2}));
+  EXPECT_EQ(peers(rank_actions(widening, 0), ActionKind::kRecv, true), (std::vector<int>{1}));
+  for (int r : {1, 2}) {
+    EXPECT_EQ(peers(rank_actions(widening, r), ActionKind::kRecv, false), (std::vector<int>{0})) << r;
+    EXPECT_EQ(peers(rank_actions(widening, r), ActionKind::kSend, true), (r == 1 ? std::vector<int>{0} : std::vector<int>{})) << r;
   }
+  PlanDocument narrowing = plain;
+  narrowing.stages[0].tp = 2;
+  narrowing.stages[0].devices = {0, 1};
+  narrowing.stages[1].devices = {2};
+  narrowing.cluster.devices = 3;
+  EXPECT_EQ(peers(rank_actions(narrowing, 0), ActionKind::kSend, false), (std::vector<int>{2}));
+  EXPECT_TRUE(peers(rank_actions(narrowing, 1), ActionKind::kSend, false).empty());
+  for (int r : {0, 1}) EXPECT_EQ(peers(rank_actions(narrowing, r), ActionKind::kRecv, true), (std::vector<int>{2})) << r;
+  EXPECT_EQ(peers(rank_actions(narrowing, 2), ActionKind::kSend, true), (std::vector<int>{0, 1}));
+  EXPECT_EQ(peers(rank_actions(narrowing, 2), ActionKind::kRecv, false), (std::vector<int>{0}));
+  // Each rank's compute ops are the plain plan's of its stage.
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> compute, plain_compute;
+    for (const Action& a : rank_actions(narrowing, r))
+      if (a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward) compute.push_back(to_string(a));
+    for (const Action& a : rank_actions(plain, rank_role(narrowing, r).stage))
+      if (a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward) plain_compute.push_back(to_string(a));
+    EXPECT_EQ(compute, plain_compute) << r;
+  }
+  EXPECT_EQ(tp_send_targets(2, 1, 3), (std::vector<int>{1}));
+  EXPECT_EQ(tp_send_targets(2, 0, 4), (std::vector<int>{0, 2}));
+  EXPECT_TRUE(tp_send_targets(4, 3, 2).empty());
 }
 
 // Sequence parallelism keeps stage boundaries whole (the shard all-gathers a stage's outputs): the same steps.

@@ -812,7 +812,8 @@ void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) 
         // left, has none until it changes (it never does then).
         auto it = std::upper_bound(candidates_.begin(), candidates_.end(), solution.replicas[s]);
         if (it == candidates_.end() || used + (*it - solution.replicas[s]) * tp > devices_) {
-          trial = Trial{.known = true, .fits = false};
+          trial.known = true;
+          trial.fits = false;
           continue;
         }
         // Per stage (where needed, --zero auto): the first variant in the DP's order, at the stage's

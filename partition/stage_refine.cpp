@@ -537,13 +537,14 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
         if (!from.reached) continue;
         for (size_t j = std::max(i + 1, earliest[s + 1]); j <= latest[s + 1]; ++j) {
           if (runs.compute_s(i, j, p.microbatch, p.recompute, p.tp, p.sp) > limit) break;  // and for every later end
+          State& to = state[s + 1][j - earliest[s + 1]];
+          if (to.reached && to.max_h < from.max_h) continue;  // max(from, this stage) cannot beat it: not costed
           const StageRange range = runs.range(i, j);
           if (!tp_allows(range, p.tp)) continue;
           const StageCost c = stage_cost(range, p.replicas, coarse.microbatches, p.in_flight, p.recompute, p.links,
                                          training, p.zero, p.tp);
           if (c.h > limit || c.memory_bytes > memory_limit) continue;
           const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
-          State& to = state[s + 1][j - earliest[s + 1]];
           if (!to.reached || max_h < to.max_h || (max_h == to.max_h && sum_step < to.sum_step))
             to = State{max_h, sum_step, i, true};
         }

@@ -105,13 +105,11 @@ std::vector<StageLinks> placed_links(const Placement& placement, const Cluster& 
   for (size_t s = 0; s < stages; ++s) {
     const std::vector<int>& d = placement.devices[s];
     const size_t tp = placement.tp.empty() ? 1 : static_cast<size_t>(placement.tp[s]);
-    // Each member of a group all-reduces its shard with the same member of every other group.
-    std::vector<int> ring;
-    for (size_t i = 0; i < d.size(); i += tp) {
-      ring.push_back(d[i]);
+    // Each member of a group all-reduces its shard with the same member of every other group: the ring of each
+    // group's first device.
+    for (size_t i = 0; tp > 1 && i < d.size(); i += tp)
       APART_CHECK(cluster.same_node(d[i], d[i + tp - 1]), "a tensor-parallel group straddles a node");
-    }
-    links[s].replicas = cluster.link_among(ring);
+    links[s].replicas = cluster.link_among(d, tp);
     links[s].memory_bandwidth = cluster.device.memory_bandwidth;
     links[s].tensor = cluster.intra_node;  // a TP group is devices of one node
     // The first and last stage have no neighbour on one side; the link there carries nothing.

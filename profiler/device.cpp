@@ -258,8 +258,11 @@ const Link& Cluster::link_between_groups(std::span<const int> a, std::span<const
   return intra_node;
 }
 
-const Link& Cluster::link_among(std::span<const int> group) const {
-  return group.empty() ? inter_node : link_between_groups(group, group.first(1));
+const Link& Cluster::link_among(std::span<const int> group, size_t stride) const {
+  if (group.empty()) return inter_node;
+  for (size_t i = 0; i < group.size(); i += stride)
+    if (!same_node(group[0], group[i])) return inter_node;
+  return intra_node;
 }
 
 Cluster make_cluster(const Device& device, int devices, int devices_per_node) {

@@ -105,7 +105,8 @@ struct Cluster {
   // group's size), so the transfer stays inside a node only if every such pair does; an empty group: inter-node.
   const Link& link_between_groups(std::span<const int> a, std::span<const int> b) const;
   // The link a ring among `group` (a stage's replicas all-reducing) runs over: inside a node only if all of them are.
-  const Link& link_among(std::span<const int> group) const;
+  // `stride`: the ring is every stride-th device of `group` (each tensor-parallel group's first).
+  const Link& link_among(std::span<const int> group, size_t stride = 1) const;
 };
 
 // `--devices N --device NAME --devices-per-node K`; the links are the device's defaults.

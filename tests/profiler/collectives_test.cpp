@@ -46,6 +46,12 @@ TEST(ACluster, RingsAmongAGroupInsideANodeOnlyWhenAllOfItIs) {
   EXPECT_EQ(&c.link_among(G{4, 5, 6, 7, 8, 9, 10, 11}), &c.inter_node);
   EXPECT_EQ(&c.link_among(G{0, 8}), &c.inter_node);
   EXPECT_EQ(&c.link_among(G{5}), &c.intra_node);
+  EXPECT_EQ(&c.link_among(G{}), &c.inter_node);
+  // Every stride-th device (each tensor-parallel group's first): the others do not count.
+  EXPECT_EQ(&c.link_among(G{0, 9, 1, 10}, 2), &c.intra_node);
+  EXPECT_EQ(&c.link_among(G{0, 1, 9, 10}, 2), &c.inter_node);
+  EXPECT_EQ(&c.link_among(G{0, 1, 2, 3, 8, 9, 10, 11}, 4), &c.inter_node);
+  EXPECT_EQ(&c.link_among(G{0, 1, 2, 3, 8, 9, 10, 11}, 8), &c.intra_node);
 }
 
 TEST(ANamedCluster, TakesAPresetsLinksOrDocumentedDefaultsForAnUnknownDevice) {

@@ -473,7 +473,7 @@ void for_each_tp_run(const TpShardedParam& p, int degree, int rank, const Run& r
 }
 
 // Whether the stages holding a tied param differ in TP degree: their tie then sums whole-size gradients over every
-// holder (RankRunner::sum_tied_gradients) instead of each TP rank's slices over its own group.
+// holder (RankRunner::split_ties) instead of each TP rank's slices over its own group.
 bool mixed_tp_degrees(const PlanDocument& plan, const std::set<int>& stages) {
   std::set<int> degrees;
   for (int s : stages) degrees.insert(std::max(1, plan.stages[static_cast<size_t>(s)].tp));
@@ -481,7 +481,9 @@ bool mixed_tp_degrees(const PlanDocument& plan, const std::set<int>& stages) {
 }
 
 struct RankShared {
-  std::map<std::set<int>, std::unique_ptr<Communicator>> ties;
+  std::vector<std::set<int>> tie_sets;  // the sets of stages holding a common param, the same on every rank
+  std::map<std::set<int>, std::unique_ptr<Communicator>> ties;  // the sets this rank holds: their communicators
+  std::set<std::set<int>> whole_ties;  // … those summed in whole-size buffers (RankRunner::split_ties)
   std::map<std::string, Tensor> saved;
 };
 
@@ -504,10 +506,17 @@ class StageRunner {
   // holds none); add this stage's share of `totals`; step the optimizer.
   void unscale_gradients();
   std::vector<Tensor*> tied_gradients(const std::set<int>& stages);
-  // A tie over stages of different TP degrees: adds this stage's gradients of its params into whole-size buffers
+  // A tie summed in whole-size buffers (RankRunner::split_ties): adds this stage's gradients of its params into whole-size buffers
   // (one per param, created at the first stage holding them) when it contributes — replica 0, its slice at its rows,
   // a param it holds whole from TP rank 0 only —, and takes its own rows back from their sums.
   void add_tied_gradients(const std::set<int>& stages, std::vector<std::vector<float>>& whole);
+  // How this stage holds a tie's params: -1 not at all, 1 cut over its TP group (a vocabulary region), 0 whole.
+  int tied_layout(const std::set<int>& stages) const {
+    for (const Tie& tie : ties_)
+      if (tie.stages == stages)
+        return std::any_of(tie.params.begin(), tie.params.end(), [&](size_t i) { return tp_sharded_.count(param_names_[i]) > 0; });
+    return -1;
+  }
   void take_tied_gradients(const std::set<int>& stages, const std::vector<std::vector<float>>& whole);
   void add_totals(std::vector<double>& totals);
   StepRecord apply_step(int64_t step, const std::vector<double>& totals);
@@ -963,20 +972,10 @@ void StageRunner::build_communicators() {
     if (stages.size() > 1) tied[stages].push_back(param);
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < param_names_.size(); ++i) index[param_names_[i]] = i;
-  // The stages this rank runs (several in an interleaved plan: its chunks), each tie's communicator split once per
-  // rank, by its first stage, with every rank that holds the param in some stage.
-  std::vector<int> mine;
-  for (const PlanStageRecord& stage : plan_.stages)
-    if (std::find(stage.devices.begin(), stage.devices.end(), world_.rank()) != stage.devices.end()) mine.push_back(stage.id);
+  // The ties' communicators are split once per rank when every stage it runs is built (RankRunner::split_ties).
+  shared_.tie_sets.clear();
   for (const auto& [stages, names] : tied) {
-    const bool held = std::any_of(mine.begin(), mine.end(), [&](int c) { return stages.count(c) > 0; });
-    if (s == mine.front()) {
-      // Per TP rank (each sums its slices with its counterparts'); over every holder when the holding stages differ
-      // in TP degree (whole-size sums, RankRunner::sum_tied_gradients).
-      const int color = !held ? -1 : mixed_tp_degrees(setup_.full_plan, stages) ? 0 : setup_.role.tp_rank;
-      std::unique_ptr<Communicator> comm = world_.split(color, world_.rank());
-      if (held) shared_.ties[stages] = std::move(comm);
-    }
+    shared_.tie_sets.push_back(stages);
     if (stages.count(s) == 0) continue;
     Tie tie;
     tie.stages = stages;
@@ -1613,12 +1612,33 @@ class RankRunner {
     APART_CHECK(false, "rank " + std::to_string(world_.rank()) + " runs no stage " + std::to_string(stage));
     return *stages_.front();
   }
+  // Each tie's communicator, tie by tie in one order on every rank: per TP rank (each sums its slices with its
+  // counterparts'), or one over every holder summing whole-size buffers when the holding stages differ in TP degree
+  // or some cut the params and others hold them whole (a last stage whose LM head stays whole: its logits a stage
+  // output). Which holders cut them is known once every stage is sharded: one world all-reduce of the counts (none
+  // without TP stages, where nothing is cut).
+  void split_ties() {
+    const std::vector<std::set<int>>& sets = shared_.tie_sets;
+    std::vector<float> layouts(2 * sets.size(), 0.0f);  // per tie: [stages holding it cut, stages holding it whole]
+    for (size_t k = 0; k < sets.size(); ++k)
+      for (const auto& stage : stages_)
+        if (const int layout = stage->tied_layout(sets[k]); layout >= 0) layouts[2 * k + (layout == 1 ? 0 : 1)] += 1;
+    if (!sets.empty() && setup_.tp > 1) world_.allreduce_sum(std::span<float>(layouts))->wait();  // small counts: exact
+    for (size_t k = 0; k < sets.size(); ++k) {
+      const bool held = std::any_of(stages_.begin(), stages_.end(), [&](const auto& stage) { return stage->tied_layout(sets[k]) >= 0; });
+      const bool whole = mixed_tp_degrees(setup_.full_plan, sets[k]) || (layouts[2 * k] > 0 && layouts[2 * k + 1] > 0);
+      std::unique_ptr<Communicator> comm = world_.split(!held ? -1 : whole ? 0 : setup_.role.tp_rank, world_.rank());
+      if (!held) continue;
+      shared_.ties[sets[k]] = std::move(comm);
+      if (whole) shared_.whole_ties.insert(sets[k]);
+    }
+  }
   // A tied param's gradient is the sum over the stages holding it (replica 0 of each): this rank's stages' summed,
   // then all-reduced over the ranks holding it, into each of its stages; set by set in one order on every rank.
   void sum_tied_gradients() {
     Backend& backend = options_.backend ? *options_.backend : cpu_backend();
     for (const auto& [stages, comm] : shared_.ties) {
-      if (mixed_tp_degrees(setup_.full_plan, stages)) {
+      if (shared_.whole_ties.count(stages)) {
         std::vector<std::vector<float>> whole;
         for (auto& stage : stages_) stage->add_tied_gradients(stages, whole);
         for (std::vector<float>& w : whole) comm->allreduce_sum(std::span<float>(w))->wait();
@@ -1754,6 +1774,7 @@ int64_t RankRunner::restore() {
 RunResult RankRunner::run(const RunStepCallback& on_step) {
   const auto setup_start = Clock::now();
   for (auto& stage : stages_) stage->set_up();
+  split_ties();
   // The whole plan's (setup_.plan is this TP rank's view): a send to a stage of another TP degree goes to each of
   // its TP ranks that takes the value from this one (schedule/ tp_send_targets).
   const std::vector<Action> actions = rank_actions(setup_.full_plan, world_.rank());

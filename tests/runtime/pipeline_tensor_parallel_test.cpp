@@ -413,6 +413,28 @@ TEST(AnUnevenVocabulary, IsCutIntoCeilingPartsAndTrainsAsApartTrain) {
   }
 }
 
+// gpt-tiny with its logits also a model output, over TP 2 × PP 2: the last stage computes its LM head whole (the
+// planner lays out no vocabulary region for logits read by more than the loss) while the first cuts the embedding's
+// rows, so the tied table is cut in one stage and whole in the other; its gradient is summed whole-size over every
+// holder (RankRunner::split_ties), and the run trains as apart train. (Summed per TP rank as before, the stages'
+// gradients differ in size, 16384 and 32768 floats, and the in-process all-reduce refused the run.)
+TEST(ATiedTableCutInOneStageAndWholeInAnother, TrainsAsApartTrain) {
+  const fs::path dir = scratch("tied_cut_and_whole");
+  fs::create_directories(dir);
+  onnx::ModelProto model = testing::read_proto(gpt_tiny());
+  model.mutable_graph()->add_output()->set_name("/Reshape_output_0");
+  const fs::path path = dir / "gpt_tiny_logits.onnx";
+  {
+    std::ofstream out(path, std::ios::binary);
+    ASSERT_TRUE(model.SerializeToOstream(&out));
+  }
+  constexpr int64_t kBatch = 8, kSteps = 3;
+  const Outcome reference = train_reference(path.string(), kBatch, kSteps, dir);
+  const fs::path plan = make_tp_plan({2, 1, 2, 2}, kBatch, dir / "plan", path.string());
+  const Outcome run = run_threads(plan, kSteps, dir);
+  expect_same_training(reference, run, read_weights(path.string()), "tied table cut and whole");
+}
+
 // TP 2 × PP 1 under mpirun -np 2, with and without sequence parallelism: the vocabulary-parallel loss's all-gather
 // and all-reduce over MPI, and the embedding's all-reduce, give the threads' run.
 TEST(ATensorParallelRunUnderMpirun, OnTwoRanksGivesTheThreadsLossesAndWeightsWithAndWithoutSequenceParallelism) {

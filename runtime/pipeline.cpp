@@ -98,12 +98,27 @@ std::string model_loss(const TaskGraph& graph, const std::string& requested, con
 // A stage file that is ONNX and fits its plan record: a graph input for each of the stage's plan inputs, a graph
 // output for each of its plan outputs. Every rank checks every stage's file (protobuf only; weights are read by
 // the rank that trains them), so a truncated, foreign or swapped stage_K.onnx fails everywhere before any message.
-void check_stage_file(const fs::path& file, const PlanStageRecord& stage) {
+// `init`: under --init model the stage's external-data files (PLAN/weights/…, linked there by apart partition) must
+// exist, or every rank refuses here, naming the file and --init random, which never reads them.
+void check_stage_file(const fs::path& file, const PlanStageRecord& stage, ParamInit init) {
   std::vector<std::string> inputs, outputs;
   for (const PlanInput& in : stage.inputs) inputs.push_back(in.value);
   for (const PlanOutput& out : stage.outputs) outputs.push_back(out.value);
   // InvalidModel naming the file when it is not ONNX.
-  const MissingInterface missing = missing_interface(load_model_proto(file), inputs, outputs);
+  const onnx::ModelProto proto = load_model_proto(file);
+  if (init == ParamInit::kModel)
+    for (const auto& t : proto.graph().initializer()) {
+      if (t.data_location() != onnx::TensorProto::EXTERNAL) continue;
+      for (const auto& kv : t.external_data()) {
+        std::error_code ec;
+        if (kv.key() != "location" || fs::is_regular_file(file.parent_path() / kv.value(), ec)) continue;
+        throw InvalidModel("the weights of " + file.string() + " are external data in " +
+                           quote((file.parent_path() / kv.value()).string()) + ", which is not present: link or copy the "
+                           "model's weights file there to train from its weights, or pass --init random to train from "
+                           "freshly initialized ones");
+      }
+    }
+  const MissingInterface missing = missing_interface(proto, inputs, outputs);
   auto refuse = [&](const std::string& what, const std::string& value) {
     throw InvalidModel(file.string() + " is not stage " + std::to_string(stage.id) + " of this plan: plan.json's stages[" +
                        std::to_string(stage.id) + "]." + what + " names " + quote(value) + ", which the file does not " +
@@ -135,7 +150,7 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
       throw InvalidArgument("the plan folder " + s.plan_dir.string() + " has no " + file.filename().string() +
                             " (stage " + std::to_string(k) + " of " + std::to_string(run.stages.size()) +
                             "): re-run apart partition to write it");
-    check_stage_file(file, run.stages[k]);
+    check_stage_file(file, run.stages[k], options.init);
   }
   if (!plan.training.global_batch)
     throw InvalidModel(options.plan + ": training.global_batch is missing; apart run needs it to split the batch");

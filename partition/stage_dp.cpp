@@ -714,10 +714,7 @@ std::optional<StageSolution> StageDp::solve_fixed_split(const View& view) const 
     Choice best;
     for (size_t v = 0; v < variants; ++v) {
       if (!view.has(v)) continue;
-      LazyEntries& lazy = lazy_entries(static_cast<uint32_t>(s), v);
-      auto h_at = [&](int c) {
-        return lazy.known[c] ? lazy.entries[c].h : lazy_entry(static_cast<uint32_t>(s), v, static_cast<size_t>(c)).h;
-      };
+      auto h_at = [&](int c) { return lazy_entry(static_cast<uint32_t>(s), v, static_cast<size_t>(c)).h; };
       int c = from[v];
       // Only fewer devices than the best so far count.
       for (; c < static_cast<int>(cands) && devices_of(c, v) < best.devices; ++c) {

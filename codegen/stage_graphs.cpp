@@ -9,6 +9,7 @@
 
 #include "codegen/gradients/gradient.h"
 #include "graph/error.h"
+#include "graph/text.h"
 
 namespace apart {
 
@@ -332,6 +333,40 @@ StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraph
   }
   if (options.split_weight_pass) split_weight_pass(fused, tg.model, in_backward, folded, result);
   return result;
+}
+
+std::vector<std::string> fold_shape_only_inputs(onnx::ModelProto& stage, const std::set<std::string>& sent,
+                                                const ImportOptions& import) {
+  onnx::GraphProto& g = *stage.mutable_graph();
+  std::set<std::string> initializers;
+  for (const auto& init : g.initializer()) initializers.insert(init.name());
+  std::set<std::string> unsent;
+  for (const auto& in : g.input())
+    if (!sent.count(in.name()) && !initializers.count(in.name())) unsent.insert(in.name());
+  if (unsent.empty()) return {};
+  ImportOptions shapes_only = import;
+  shapes_only.require_external_data = false;
+  const ImportedModel imported = import_model_bytes(stage.SerializeAsString(), {}, "stage " + g.name(), shapes_only);
+  for (const Task& task : imported.graph.tasks()) {
+    std::string read;
+    for (ValueId in : task.inputs)
+      if (in.valid() && unsent.count(imported.graph.value(in).name)) read = imported.graph.value(in).name;
+    if (read.empty() || task.onnx_node_index < 0) continue;
+    onnx::NodeProto& node = *g.mutable_node(task.onnx_node_index);
+    const bool folded = task.outputs.size() == 1 && task.outputs[0].valid() &&
+                        imported.graph.value(task.outputs[0]).known_ints && imported.graph.value(task.outputs[0]).shape_known;
+    if (!folded)
+      throw InvalidModel("stage " + quote(g.name()) + ": node " + quote(task.name) + " (" + task.op_type + ") reads " +
+                         quote(read) + ", which the plan does not send to this stage, for more than its shape; re-run "
+                         "apart partition to rewrite the plan folder");
+    onnx::NodeProto constant = folded_constant(node.output(0), imported.graph.value(task.outputs[0]));
+    constant.set_name(node.name());
+    node = std::move(constant);
+  }
+  auto* inputs = g.mutable_input();
+  for (int i = inputs->size() - 1; i >= 0; --i)
+    if (unsent.count(inputs->Get(i).name())) inputs->DeleteSubrange(i, 1);
+  return {unsent.begin(), unsent.end()};
 }
 
 }  // namespace apart

@@ -6,6 +6,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,5 +72,16 @@ struct StageGraphs {
 // the same order (bitwise equal on the CPU backend), with or without recompute. Throws what
 // build_training_graph throws.
 StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraphOptions& options);
+
+// A stage file reads some values only for their static shape: a Shape (or Size) of a value another stage computes,
+// replicated into this stage with the constant tasks that read it (torch exports' Shape -> Gather -> Concat of an
+// attention's input, the cut inside that attention). The file declares such a value as a graph input, but the plan
+// sends nothing for it: the planner's boundaries are what batch tasks read (DESIGN.md, "Partitioning").
+// Replaces each reader of a graph input outside `sent` (and not an initializer) with a Constant holding what the
+// importer folds it to under `import` (the batch bound as the stage runs it), and drops those inputs; returns their
+// names. InvalidModel, naming the value and the node, when a reader needs more than the shape (a stage file that is
+// not its plan's).
+std::vector<std::string> fold_shape_only_inputs(onnx::ModelProto& stage, const std::set<std::string>& sent,
+                                                const ImportOptions& import);
 
 }  // namespace apart

@@ -709,6 +709,17 @@ void StageRunner::build() {
   const fs::path stage_file = setup_.plan_dir / stage_file_name(plan_, s);
 
   onnx::ModelProto proto = load_model_proto(stage_file);
+  ImportOptions import;
+  const SampleRange mine = my_samples();  // this replica's slice: ⌈n/r⌉ or ⌊n/r⌋ samples
+  import.batch = mine.end - mine.begin;
+  import.batch_explicit = true;
+  import.require_external_data = options_.init == ParamInit::kModel;
+  import.constants_as_params = false;  // the stage file as partition wrote it (its Constant weights already converted)
+  // The stage reads exactly what the plan sends it: values of another stage it reads only for their shape (replicated
+  // Shape tasks) are folded at this rank's micro-batch, before the TP shard (its inputs are whole).
+  std::set<std::string> sent;
+  for (const PlanInput& in : stage_.inputs) sent.insert(in.value);
+  fold_shape_only_inputs(proto, sent, import);
   if (options_.init == ParamInit::kRandom) randomize_params(proto, options_.seed);
   widen_half_precision(proto, setup_.plan_dir);  // a float16/bfloat16 stage trains in float32, as apart train does
   if (tp() > 1) build_tensor_parallel_shard(proto);
@@ -716,12 +727,6 @@ void StageRunner::build() {
 
   // Boundary values: those from earlier stages come in (their gradients go out), those for later stages go out.
   StageGraphOptions g;
-  ImportOptions import;
-  const SampleRange mine = my_samples();  // this replica's slice: ⌈n/r⌉ or ⌊n/r⌋ samples
-  import.batch = mine.end - mine.begin;
-  import.batch_explicit = true;
-  import.require_external_data = options_.init == ParamInit::kModel;
-  import.constants_as_params = false;  // the stage file as partition wrote it (its Constant weights already converted)
   g.training.import = import;
   g.recompute = stage_.recompute;
   zero_bubble_ = plan_.training.schedule == Schedule::kZbH1;

@@ -485,6 +485,63 @@ TEST(StageGraphsOfADecoderStage, ComputeTheFusedGraphsOutputsAndGradientsBitwise
   }
 }
 
+// --- Values a stage reads only for their shape (fold_shape_only_inputs) ---
+
+// h [batch, 6] → MatMul·W → Reshape to Shape(early): `early` [batch, 2, 3], another stage's value, is read only by the
+// Shape, as a torch export's attention reads its input's shape in a later stage than the input's.
+onnx::ModelProto stage_reading_a_shape() {
+  std::mt19937 rng(31);
+  OnnxBuilder b;
+  b.input("h", {"batch", kWidth}).input("early", {"batch", 2, 3});
+  b.output("y");
+  b.initializer(random_floats({kWidth, kWidth}, rng), "W");
+  b.node("MatMul", {"h", "W"}, {"a"}, "fc");
+  b.node("Shape", {"early"}, {"early_dims"}, "early_dims");
+  b.node("Reshape", {"a", "early_dims"}, {"y"}, "reshape");
+  return b.model();
+}
+
+ImportOptions at_batch(int64_t batch) {
+  ImportOptions import;
+  import.batch = batch;
+  import.batch_explicit = true;
+  return import;
+}
+
+TEST(AStageInputReadOnlyForItsShape, IsFoldedAtTheStagesBatchAndNoLongerAnInput) {
+  onnx::ModelProto stage = stage_reading_a_shape();
+  EXPECT_EQ(fold_shape_only_inputs(stage, {"h"}, at_batch(3)), std::vector<std::string>{"early"});
+  std::vector<std::string> inputs;
+  for (const auto& in : stage.graph().input()) inputs.push_back(in.name());
+  EXPECT_EQ(inputs, std::vector<std::string>{"h"});
+  EXPECT_EQ(stage.graph().node(1).op_type(), "Constant");
+  EXPECT_EQ(stage.graph().node(1).name(), "early_dims");
+  std::mt19937 rng(37);
+  Executor exec(stage, {}, {}, at_batch(3));
+  const NamedTensors out = exec.run({{"h", random_floats({3, kWidth}, rng)}});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].second.shape(), (std::vector<int64_t>{3, 2, 3}));  // the batch the stage runs, not the file's
+  // Every input sent: nothing to fold, the stage unchanged.
+  onnx::ModelProto whole = stage_reading_a_shape();
+  EXPECT_TRUE(fold_shape_only_inputs(whole, {"h", "early"}, at_batch(3)).empty());
+  EXPECT_EQ(whole.SerializeAsString(), stage_reading_a_shape().SerializeAsString());
+}
+
+TEST(AStageInputReadForItsData, IsRefusedNamingTheValueAndItsReader) {
+  onnx::ModelProto stage = stage_reading_a_shape();
+  OnnxBuilder extra;
+  extra.node("Identity", {"early"}, {"early_copy"}, "copy");  // reads the data: cannot be folded
+  *stage.mutable_graph()->add_node() = extra.graph().node(0);
+  stage.mutable_graph()->add_output()->set_name("early_copy");
+  try {
+    fold_shape_only_inputs(stage, {"h"}, at_batch(3));
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidModel& e) {
+    EXPECT_NE(std::string(e.what()).find("'copy' (Identity) reads 'early'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("re-run apart partition"), std::string::npos) << e.what();
+  }
+}
+
 // --- Bad input ---
 
 TEST(StageGraphs, RefuseANodeWithoutAGradientRuleNamingIt) {

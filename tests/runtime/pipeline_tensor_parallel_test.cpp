@@ -435,6 +435,66 @@ TEST(ATiedTableCutInOneStageAndWholeInAnother, TrainsAsApartTrain) {
   expect_same_training(reference, run, read_weights(path.string()), "tied table cut and whole");
 }
 
+// gpt-tiny with its final norm's output reshaped to the shape of the embeddings' sum (the same [batch, 32, 64]: a
+// no-op, as torch exports read an attention input's shape, Shape -> Gather -> Concat): the last stage reads
+// /wpe/Add_output_0, computed in the first, only through a Shape task replicated into it. Its stage file declares the
+// value as an input, the plan sends nothing for it, and the run folds that Shape at each rank's micro-batch: TP 1 and
+// TP 2 × PP 2 train as apart train. (Before, every rank of the last stage stopped at its first forward: "input
+// '/wpe/Add_output_0' was not given", as GPT-2 small's export did cut inside /blocks.8/attn, issue 17.)
+TEST(AStageReadingAnEarlierStagesValueOnlyForItsShape, TrainsAsApartTrainWithAndWithoutTensorParallelism) {
+  const fs::path dir = scratch("shape_only_input");
+  fs::create_directories(dir);
+  onnx::ModelProto model = testing::read_proto(gpt_tiny());
+  const std::string norm = "/lnf/Add_1_output_0", probe = "/probe/Shape_output_0", reshaped = "/probe/Reshape_output_0";
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;  // Shape and Reshape right before the norm's reader
+  int readers = 0;
+  for (const onnx::NodeProto& n : model.graph().node()) {
+    onnx::NodeProto reader = n;
+    for (std::string& in : *reader.mutable_input()) {
+      if (in != norm) continue;
+      in = reshaped;
+      ++readers;
+      onnx::NodeProto* shape = nodes.Add();
+      shape->set_name("/probe/Shape");
+      shape->set_op_type("Shape");
+      shape->add_input("/wpe/Add_output_0");
+      shape->add_output(probe);
+      onnx::NodeProto* reshape = nodes.Add();
+      reshape->set_name("/probe/Reshape");
+      reshape->set_op_type("Reshape");
+      reshape->add_input(norm);
+      reshape->add_input(probe);
+      reshape->add_output(reshaped);
+    }
+    *nodes.Add() = reader;
+  }
+  ASSERT_EQ(readers, 1);  // the LM head
+  model.mutable_graph()->mutable_node()->Swap(&nodes);
+  const fs::path path = dir / "gpt_tiny_shape_probe.onnx";
+  {
+    std::ofstream out(path, std::ios::binary);
+    ASSERT_TRUE(model.SerializeToOstream(&out));
+  }
+  constexpr int64_t kBatch = 8, kSteps = 3;
+  const Outcome reference = train_reference(path.string(), kBatch, kSteps, dir);
+  for (const int tp : {1, 2}) {
+    const std::string name = "tp" + std::to_string(tp) + "_pp2";
+    const fs::path plan = make_tp_plan({2, 1, tp, 2}, kBatch, dir / name, path.string());
+    // The case this test is about: the last stage's file reads the value, its plan record does not.
+    const PlanDocument doc = read_plan(plan);
+    bool sent = false;
+    for (const PlanInput& in : doc.stages[1].inputs) sent = sent || in.value == "/wpe/Add_output_0";
+    EXPECT_FALSE(sent) << name;
+    bool declared = false;
+    const onnx::ModelProto last = testing::read_proto(plan / "stage_1.onnx");
+    for (const auto& in : last.graph().input())
+      declared = declared || in.name() == "/wpe/Add_output_0";
+    EXPECT_TRUE(declared) << name;
+    const Outcome run = run_threads(plan, kSteps, dir / (name + "_run"));
+    expect_same_training(reference, run, read_weights(path.string()), name);
+  }
+}
+
 // TP 2 × PP 1 under mpirun -np 2, with and without sequence parallelism: the vocabulary-parallel loss's all-gather
 // and all-reduce over MPI, and the embedding's all-reduce, give the threads' run.
 TEST(ATensorParallelRunUnderMpirun, OnTwoRanksGivesTheThreadsLossesAndWeightsWithAndWithoutSequenceParallelism) {

@@ -447,14 +447,15 @@ void CandidateSet::add(CandidateSet other) {
 }
 
 CandidateSet refined_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks, const StageSolutions& coarse,
-                                const PartitionOptions& o, const std::string& source, int threads) {
+                                const PartitionOptions& o, const std::string& source, int threads,
+                                ExactCutCache* exact) {
   CandidateSet found;
   for (RefinedCandidate& refined :
-       refine_best_candidates(atomic, blocks, coarse.solutions, o.cluster, o.training, threads)) {
+       refine_best_candidates(atomic, blocks, coarse.solutions, o.cluster, o.training, threads, exact)) {
     Split runs;
     runs.assignment = std::make_shared<const BlockAssignment>(std::move(refined.assignment));
     runs.sequence = refined.sequence;
-    runs.evaluator = std::shared_ptr<const StageEvaluator>(std::move(refined.evaluator));
+    runs.evaluator = std::move(refined.evaluator);
     runs.source = source + " " + refined.kind;
     StageSolutions one;
     one.solutions.push_back(std::move(refined.solution));
@@ -471,7 +472,8 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
       solve_stage_dp(*split.evaluator, grid, stage_candidates(max_stages, o.stage), o.stage, clock);
   CandidateSet found;
   const bool refine = refinement == CutRefinement::kOn && !stage_major.stopped_by_time_limit;
-  if (refine) found.add(refined_candidates(atomic, blocks, stage_major, o, split.source, clock.threads));
+  ExactCutCache exact;  // the block levels below mostly refine the same pins again: their exact cuts are the same
+  if (refine) found.add(refined_candidates(atomic, blocks, stage_major, o, split.source, clock.threads, &exact));
   const std::vector<int> counts = refine ? refined_stage_counts(stage_major.solutions) : std::vector<int>{};
   found.add(std::move(stage_major), split);
   // More blocks never hurt: the refined stage counts are searched again over the coarser block levels k/2, k/4, …
@@ -495,7 +497,7 @@ CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& 
       const Split coarser = make_split(
           atomic, build_blocks(atomic, level, o.block, o.training, grid.reference_microbatch), o, source);
       StageSolutions solutions = solve_stage_dp(*coarser.evaluator, grid, fitting, o.stage, clock.silent());
-      found.add(refined_candidates(atomic, *coarser.assignment, solutions, o, source, clock.threads));
+      found.add(refined_candidates(atomic, *coarser.assignment, solutions, o, source, clock.threads, &exact));
       found.add(std::move(solutions), coarser);
     }
   }

@@ -18,6 +18,7 @@
 #include "partition/partition.h"
 #include "partition/select.h"
 #include "partition/stage_dp.h"
+#include "partition/stage_refine.h"
 #include "profiler/cost_table.h"
 
 namespace apart {
@@ -134,9 +135,11 @@ inline constexpr int kMinCoarserBlocks = 16;
 // Stage-cut refinement (stage_refine.h refine_best_candidates): the best split of each stage count among `coarse`
 // (solutions over `blocks`) with its cuts moved off block edges and solved exactly at component granularity, as
 // candidates over their own runs of components, their source `source` + " refined" (or the refinement's kind).
-// The stage counts are refined on `threads` threads (the same candidates whatever the count).
+// The stage counts are refined on `threads` threads (the same candidates whatever the count); `exact` keeps the
+// exact cuts for the next call of the same search (stage_refine.h ExactCutCache; nullptr: none kept).
 CandidateSet refined_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks, const StageSolutions& coarse,
-                                const PartitionOptions& options, const std::string& source, int threads = 1);
+                                const PartitionOptions& options, const std::string& source, int threads = 1,
+                                ExactCutCache* exact = nullptr);
 CandidateSet block_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                               const PartitionOptions& options, const SearchGrid& grid, const SearchClock& clock,
                               CutRefinement refinement);

@@ -362,7 +362,7 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
     if (!moved) break;  // the next round would search the same windows
   }
   if (!result || result_cut == coarse_cut) return std::nullopt;
-  result->evaluator = std::make_unique<StageEvaluator>(*result->sequence, cluster, training);
+  result->evaluator = std::make_shared<const StageEvaluator>(*result->sequence, cluster, training);
   // The same sums in the evaluator's order; a split on the memory limit may land a byte over it.
   if (!evaluate_solution(*result->evaluator, result->solution)) return std::nullopt;
   return result;
@@ -463,7 +463,7 @@ RefinedCandidate candidate_of_cuts(const AtomicGraph& atomic, const std::vector<
   for (int s = 0; s < stages; ++s)
     for (size_t c = cut[s]; c < cut[s + 1]; ++c) candidate.assignment.block_of[c] = BlockId(static_cast<uint32_t>(s));
   candidate.sequence = std::make_shared<const BlockSequence>(make_block_sequence(atomic, candidate.assignment));
-  candidate.evaluator = std::make_unique<StageEvaluator>(*candidate.sequence, cluster, training);
+  candidate.evaluator = std::make_shared<const StageEvaluator>(*candidate.sequence, cluster, training);
   candidate.solution = coarse;
   candidate.solution.boundaries.resize(stages + 1);
   std::iota(candidate.solution.boundaries.begin(), candidate.solution.boundaries.end(), 0u);
@@ -511,8 +511,14 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
     size_t previous = 0;
     bool reached = false;
   };
+  // No split is worth more than the coarse one's bottleneck, which the DP can reach: a stage (and a state) over it
+  // is dropped without changing the answer, as every state's best way there is under it when any is. Unless the
+  // coarse bottleneck was reckoned otherwise (its sums in another order; a pipeline-major layout's links) and the
+  // DP then finds nothing under it: the round runs again without the ceiling.
+  double ceiling = coarse.bottleneck_h > 0 ? coarse.bottleneck_h * (1 + 1e-6) : std::numeric_limits<double>::infinity();
   for (double margin = 1.0 / 1024; margin <= 4.0; margin *= 2) {
     const double limit = compute_optimum * (1 + margin);
+    const double cap = std::min(limit, ceiling);  // a stage's compute ≤ its h
     const std::vector<size_t> earliest = earliest_cuts(runs, pins, limit), latest = latest_cuts(runs, pins, limit);
     if (earliest.empty() || latest.empty()) continue;
     size_t pairs = 0;
@@ -536,21 +542,27 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
         const State& from = state[s][i - earliest[s]];
         if (!from.reached) continue;
         for (size_t j = std::max(i + 1, earliest[s + 1]); j <= latest[s + 1]; ++j) {
-          if (runs.compute_s(i, j, p.microbatch, p.recompute, p.tp, p.sp) > limit) break;  // and for every later end
+          if (runs.compute_s(i, j, p.microbatch, p.recompute, p.tp, p.sp) > cap) break;  // and for every later end
           State& to = state[s + 1][j - earliest[s + 1]];
           if (to.reached && to.max_h < from.max_h) continue;  // max(from, this stage) cannot beat it: not costed
           const StageRange range = runs.range(i, j);
           if (!tp_allows(range, p.tp)) continue;
           const StageCost c = stage_cost(range, p.replicas, coarse.microbatches, p.in_flight, p.recompute, p.links,
                                          training, p.zero, p.tp);
-          if (c.h > limit || c.memory_bytes > memory_limit) continue;
+          if (c.h > cap || c.memory_bytes > memory_limit) continue;
           const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
           if (!to.reached || max_h < to.max_h || (max_h == to.max_h && sum_step < to.sum_step))
             to = State{max_h, sum_step, i, true};
         }
       }
     }
-    if (!state[stages][0].reached) continue;
+    if (!state[stages][0].reached) {
+      if (limit >= ceiling) {  // the coarse split was inside: reckoned over the ceiling here
+        ceiling = std::numeric_limits<double>::infinity();
+        margin /= 2;
+      }
+      continue;
+    }
     std::vector<size_t> cut(stages + 1, n);
     for (int s = stages; s > 0; --s) cut[s - 1] = state[s][cut[s] - earliest[s]].previous;
     RefinedCandidate best = candidate_of_cuts(atomic, cut, coarse, cluster, training, &fits);
@@ -594,7 +606,7 @@ std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidat
 std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                                                      const std::vector<StageSolution>& candidates,
                                                      const Cluster& cluster, const TrainingSpec& training,
-                                                     int threads) {
+                                                     int threads, ExactCutCache* exact_cache) {
   // Per candidate: the window refinement and the exact cuts, two independent jobs each; gathered in that order.
   const std::vector<const StageSolution*> queue = best_per_stage_count(candidates);
   std::vector<std::vector<RefinedCandidate>> found(2 * queue.size());
@@ -605,7 +617,8 @@ std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, 
       if (auto moved = refine_stage_cuts(atomic, blocks, coarse, cluster, training)) out.push_back(std::move(*moved));
       return;
     }
-    ExactCuts exact = exact_stage_cuts(atomic, coarse, cluster, training);
+    auto solve = [&] { return exact_stage_cuts(atomic, coarse, cluster, training); };
+    ExactCuts exact = exact_cache ? exact_cache->get_or_solve(coarse, solve) : solve();
     if (exact.least_bottleneck) out.push_back(std::move(*exact.least_bottleneck));
     if (exact.least_compute) out.push_back(std::move(*exact.least_compute));
   });

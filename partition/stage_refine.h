@@ -4,9 +4,12 @@
 // granularity over the components' topological order. docs/partitioning.md, "Stage-cut refinement".
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "partition/atomic.h"
@@ -17,7 +20,7 @@ namespace apart {
 struct RefinedCandidate {
   BlockAssignment assignment;                 // runs of components; solution.boundaries index these runs
   std::shared_ptr<const BlockSequence> sequence;  // make_block_sequence(atomic, assignment)
-  std::unique_ptr<StageEvaluator> evaluator;  // over `sequence`
+  std::shared_ptr<const StageEvaluator> evaluator;  // over `sequence`
   StageSolution solution;
   std::string kind = "refined";  // how it was found: "refined", "task cuts" (least bottleneck), "compute-balanced"
 };
@@ -53,6 +56,36 @@ inline constexpr size_t kExactCutMaxPairs = size_t{1} << 21;
 ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coarse, const Cluster& cluster,
                            const TrainingSpec& training, size_t max_pairs = kExactCutMaxPairs);
 
+// exact_stage_cuts' answers by what they read of the coarse solution: its stage count, micro-batches, schedule and
+// per-stage replicas, recomputation, ZeRO and TP degrees — not its blocks or cuts. One cache serves the calls of one
+// search over one atomic graph, cluster and training spec: the block levels of partition/phases.cpp block_candidates
+// each refine the best candidate of the same stage counts, mostly with the same pins. Thread-safe.
+class ExactCutCache {
+ public:
+  // The cached answer for `coarse`'s pins, else solve() stored under them.
+  template <class Solve>
+  ExactCuts get_or_solve(const StageSolution& coarse, Solve&& solve) {
+    const Key key = key_of(coarse);
+    {
+      std::lock_guard lock(mutex_);
+      if (const auto it = found_.find(key); it != found_.end()) return it->second;
+    }
+    ExactCuts cuts = solve();
+    std::lock_guard lock(mutex_);
+    return found_.emplace(key, std::move(cuts)).first->second;
+  }
+
+ private:
+  using Key = std::tuple<int, int64_t, Schedule, int, RecomputeScope, std::vector<RecomputeScope>, int,
+                         std::vector<int>, std::vector<int>, std::vector<int>>;
+  static Key key_of(const StageSolution& s) {
+    return {s.stages, s.microbatches, s.schedule, s.virtual_stages, s.recompute, s.stage_recompute,
+            s.zero, s.stage_zero, s.stage_tp, s.replicas};
+  }
+  std::mutex mutex_;
+  std::map<Key, ExactCuts> found_;
+};
+
 // The stage counts refine_best_candidates refines: those whose best candidate's estimate is within 5 % of the best,
 // fastest first.
 std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidates);
@@ -62,9 +95,10 @@ std::vector<int> refined_stage_counts(const std::vector<StageSolution>& candidat
 // first (ties: in that order). The simulated selection chooses among them and the candidates.
 // (Before task-granular cuts it returned only the fastest refined split, and only when it beat every candidate.)
 // The candidates are refined on `threads` threads, gathered in order (the same result whatever the count).
+// `exact`: where the exact cuts of earlier calls of the same search are kept (nullptr: none kept).
 std::vector<RefinedCandidate> refine_best_candidates(const AtomicGraph& atomic, const BlockAssignment& blocks,
                                                      const std::vector<StageSolution>& candidates,
                                                      const Cluster& cluster, const TrainingSpec& training,
-                                                     int threads = 1);
+                                                     int threads = 1, ExactCutCache* exact = nullptr);
 
 }  // namespace apart

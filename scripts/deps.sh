@@ -4,7 +4,7 @@
 # the test suite uses (GoogleTest, ONNX's test data and Python checker, Chromium for the report test, Graphviz);
 # `deps.sh --fuzz` adds clang with its libFuzzer runtime and GNU time (scripts/fuzz.sh) to the test set.
 set -euo pipefail
-packages=(cmake g++ make pkg-config
+packages=(cmake g++ make pkg-config lld
   libonnx-dev libprotobuf-dev protobuf-compiler nlohmann-json3-dev libcli11-dev libfmt-dev
   libmetis-dev libopenblas-dev libopenmpi-dev openmpi-bin)
 if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--fuzz" ]; then

@@ -13,8 +13,8 @@ ctest --preset dev -LE slow
 # Release build both runs the slow suites and compiles and links the CUDA backend, its tests and the GPU benchmark:
 # the CUDA code never rots without a GPU. Its suites (label cuda) run too: the host-side plans pass, the GPU tests
 # skip with the reason where there is no device.
-slow_targets=(apart cli_plan_goldens_tests codegen_tests runtime_pipeline_resnet_tests runtime_pipeline_gpt2_small_tests
-              partition_real_model_tests)
+slow_targets=(apart cli_plan_goldens_tests codegen_tests codegen_autodiff_models_tests runtime_pipeline_resnet_tests
+              runtime_pipeline_gpt2_small_tests partition_real_model_tests)
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   launchers=()
   if command -v ccache >/dev/null; then

@@ -1,5 +1,5 @@
-// Training graphs: every op's backward against central finite differences; whole models (gpt-tiny,
-// a small ResNet); ONNX checker; determinism.
+// Training graphs: every op's backward against central finite differences; a one-layer GPT; ONNX checker;
+// determinism. The whole gpt-tiny and ResNet-50 checks are in autodiff_models_test.cpp (label slow).
 #include <gtest/gtest.h>
 #include <onnx/checker.h>
 
@@ -17,65 +17,13 @@
 #include "models/zoo.h"
 #include "runtime/executor.h"
 #include "tests/support/onnx_builder.h"
+#include "tests/codegen/finite_differences.h"
 #include "tests/support/read_model.h"
 
 namespace apart {
 namespace {
 
-using testing::Io;
-using testing::OnnxBuilder;
-
-Tensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double lo = -1, double hi = 1) {
-  Tensor t(dt, std::move(shape));
-  std::uniform_real_distribution<double> u(lo, hi);
-  for (int64_t i = 0; i < t.elements(); ++i) {
-    if (dt == DType::kFloat64) t.data<double>()[i] = u(rng);
-    else t.data<float>()[i] = static_cast<float>(u(rng));
-  }
-  return t;
-}
-
-double get(const Tensor& t, int64_t i) { return t.scalar_as_double(i); }
-void set(Tensor& t, int64_t i, double v) {
-  if (t.dtype() == DType::kFloat64) t.data<double>()[i] = v;
-  else t.data<float>()[i] = static_cast<float>(v);
-}
-
-struct Tolerance {
-  double eps = 1e-6, atol = 1e-6, rtol = 1e-4;
-};
-constexpr Tolerance kDouble{1e-6, 1e-6, 1e-4};
-constexpr Tolerance kFloat{1e-2, 2e-3, 5e-2};  // float32 kernels: eps 1e-2, loose
-
-// Runs the training graph; for up to `samples` entries of every param compares the gradient with
-// (L(p + eps) − L(p − eps)) / 2 eps computed by the same executor.
-void expect_gradients_match(const TrainingGraph& tg, const std::map<std::string, Tensor>& inputs, Tolerance tol,
-                            int samples = 6, const std::filesystem::path& base_dir = {}) {
-  Executor exec(tg.model, base_dir);
-  auto out = exec.run(inputs);
-  std::map<std::string, Tensor> got;
-  for (auto& [name, t] : out) got[name] = t;
-  auto loss = [&] { return get(exec.run(inputs).front().second, 0); };
-  std::mt19937 rng(7);
-  for (const auto& [param, grad_name] : tg.gradients) {
-    Tensor* p = exec.param(param);
-    ASSERT_NE(p, nullptr) << param;
-    const Tensor& g = got.at(grad_name);
-    ASSERT_EQ(g.shape(), p->shape()) << param;
-    const int64_t n = p->elements();
-    for (int s = 0; s < std::min<int64_t>(samples, n); ++s) {
-      const int64_t i = n <= samples ? s : std::uniform_int_distribution<int64_t>(0, n - 1)(rng);
-      const double orig = get(*p, i);
-      set(*p, i, orig + tol.eps);
-      const double up = loss();
-      set(*p, i, orig - tol.eps);
-      const double down = loss();
-      set(*p, i, orig);
-      const double fd = (up - down) / (2 * tol.eps), analytic = get(g, i);
-      EXPECT_NEAR(analytic, fd, tol.atol + tol.rtol * std::fabs(fd)) << param << "[" << i << "]";
-    }
-  }
-}
+using namespace apart::testing;  // Io, OnnxBuilder, finite_differences.h
 
 // A model computing loss = ReduceSum(op(params…) · R) for a fixed random R per output.
 struct OpCase {
@@ -129,12 +77,6 @@ std::function<void(onnx::NodeProto&)> ints_attr(const std::string& name, std::ve
 std::function<void(onnx::NodeProto&)> int_attr(const std::string& name, int64_t v) {
   return [name, v](onnx::NodeProto& n) { OnnxBuilder::set_int(n, name, v); };
 }
-Tensor ints(std::vector<int64_t> shape, std::vector<int64_t> values) {
-  Tensor t(DType::kInt64, std::move(shape));
-  for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = values[i];
-  return t;
-}
-
 Tensor floats(std::vector<int64_t> shape, std::vector<double> values, DType dt = DType::kFloat32) {
   Tensor t(dt, std::move(shape));
   for (size_t i = 0; i < values.size(); ++i) set(t, static_cast<int64_t>(i), values[i]);
@@ -519,28 +461,6 @@ TEST(ATrainingGraph, RefusesAnOpWithoutAGradientRule) {
   }
 }
 
-std::map<std::string, Tensor> gpt_inputs(int64_t batch, int64_t seq, int64_t vocab) {
-  std::mt19937 rng(5);
-  Tensor ids(DType::kInt64, {batch, seq}), labels(DType::kInt64, {batch, seq});
-  for (int64_t i = 0; i < batch * seq; ++i) {
-    ids.data<int64_t>()[i] = std::uniform_int_distribution<int64_t>(0, vocab - 1)(rng);
-    labels.data<int64_t>()[i] = std::uniform_int_distribution<int64_t>(0, vocab - 1)(rng);
-  }
-  return {{"input_ids", ids}, {"labels", labels}};
-}
-
-TEST(ATrainingGraph, OfGptTinyIsValidOnnxAndMatchesFiniteDifferences) {
-  const auto forward = testing::read_proto(std::filesystem::path(APART_SOURCE_DIR) / "models/gpt-tiny.onnx");
-  TrainingGraphOptions options;
-  options.import.dims["batch"] = 2;
-  const TrainingGraph tg = build_training_graph(forward, options);
-  EXPECT_EQ(tg.loss_output, "loss");
-  EXPECT_EQ(tg.model.graph().output(0).name(), "loss");
-  EXPECT_EQ(tg.gradients.size(), static_cast<size_t>(forward.graph().initializer_size()));
-  EXPECT_NO_THROW(onnx::checker::check_model(tg.model));
-  expect_gradients_match(tg, gpt_inputs(2, 32, 512), kFloat, 3);
-}
-
 TEST(ATrainingGraph, OfGptTinyIsByteIdenticalAcrossBuilds) {
   const auto forward = testing::read_proto(std::filesystem::path(APART_SOURCE_DIR) / "models/gpt-tiny.onnx");
   TrainingGraphOptions options;
@@ -558,107 +478,6 @@ TEST(ATrainingGraph, OfFusedLayerNormGptMatchesFiniteDifferences) {
   const TrainingGraph tg = build_training_graph(models::build_zoo_model(z));
   EXPECT_NO_THROW(onnx::checker::check_model(tg.model));
   expect_gradients_match(tg, gpt_inputs(2, 8, 512), kFloat, 2);
-}
-
-// The same model in float64: float initializers, Constant tensors, graph inputs/outputs and Cast targets.
-onnx::ModelProto to_float64(onnx::ModelProto m) {
-  auto fix_type = [](onnx::TypeProto* t) {
-    if (t->has_tensor_type() && t->tensor_type().elem_type() == onnx::TensorProto::FLOAT)
-      t->mutable_tensor_type()->set_elem_type(onnx::TensorProto::DOUBLE);
-  };
-  auto fix_tensor = [](onnx::TensorProto* t) {
-    if (t->data_type() != onnx::TensorProto::FLOAT) return;
-    std::vector<double> values;
-    const std::string& raw = t->raw_data();
-    for (size_t i = 0; i + 4 <= raw.size(); i += 4) {
-      float f;
-      std::memcpy(&f, raw.data() + i, 4);
-      values.push_back(f);
-    }
-    for (float f : t->float_data()) values.push_back(f);
-    t->clear_raw_data();
-    t->clear_float_data();
-    t->set_data_type(onnx::TensorProto::DOUBLE);
-    for (double v : values) t->add_double_data(v);
-  };
-  auto* g = m.mutable_graph();
-  for (auto& i : *g->mutable_input()) fix_type(i.mutable_type());
-  for (auto& o : *g->mutable_output()) fix_type(o.mutable_type());
-  for (auto& v : *g->mutable_value_info()) fix_type(v.mutable_type());
-  for (auto& t : *g->mutable_initializer()) fix_tensor(&t);
-  for (auto& n : *g->mutable_node())
-    for (auto& a : *n.mutable_attribute()) {
-      if (a.has_t()) fix_tensor(a.mutable_t());
-      if (a.name() == "to" && a.i() == onnx::TensorProto::FLOAT) a.set_i(onnx::TensorProto::DOUBLE);
-    }
-  return m;
-}
-
-// Directional check over all params at once: one random direction d (entries N(0,1)·RMS of their param,
-// so a step h moves every weight by about h relative; RMS 1 for all-zero params), the analytic ⟨∇L, d⟩
-// against (L(p + h·d) − L(p − h·d)) / 2h. L is evaluated by `forward` (the training graph's forward: same
-// kernels, BatchNormalization in the same mode), which is cheaper than rerunning the backward.
-void expect_directional_derivative_matches(const TrainingGraph& tg, const onnx::ModelProto& forward,
-                                           const std::map<std::string, Tensor>& inputs, double h, double rtol) {
-  Executor training(tg.model, {});
-  std::map<std::string, Tensor> grads;
-  for (auto& [name, t] : training.run(inputs)) grads[name] = t;
-  Executor exec(forward, {});
-  std::mt19937 rng(23);
-  std::normal_distribution<double> normal;
-  struct Step {
-    Tensor* param;
-    std::vector<double> orig, dir;
-  };
-  std::vector<Step> steps;
-  double analytic = 0;
-  for (const auto& [param, grad_name] : tg.gradients) {
-    Step s{exec.param(param), {}, {}};
-    ASSERT_NE(s.param, nullptr) << param;
-    const Tensor& g = grads.at(grad_name);
-    ASSERT_EQ(g.shape(), s.param->shape()) << param;
-    double rms = 0;
-    for (int64_t i = 0; i < g.elements(); ++i) rms += get(*s.param, i) * get(*s.param, i);
-    rms = rms > 0 ? std::sqrt(rms / static_cast<double>(g.elements())) : 1.0;
-    for (int64_t i = 0; i < g.elements(); ++i) {
-      s.orig.push_back(get(*s.param, i));
-      s.dir.push_back(normal(rng) * rms);
-      analytic += s.dir.back() * get(g, i);
-    }
-    steps.push_back(std::move(s));
-  }
-  auto loss_at = [&](double t) {
-    for (auto& s : steps)
-      for (size_t i = 0; i < s.dir.size(); ++i) set(*s.param, static_cast<int64_t>(i), s.orig[i] + t * s.dir[i]);
-    return get(exec.run(inputs).front().second, 0);
-  };
-  const double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
-  EXPECT_NEAR(analytic, fd, rtol * std::fabs(fd)) << "directional derivative over " << steps.size() << " params";
-}
-
-// ResNet-50 from `apart zoo`, BatchNormalization in training mode, every param: float64 and a direction
-// over all params (docs/autodiff.md, "Checks"). Why this config: training-mode BN makes this network's loss
-// vary over tiny parameter steps. At batch 2 / image 32 the layer4 BNs normalise 2 values per channel;
-// hundreds of channels have a batch variance below ε = 1e-5, each such BN amplifies by up to 1/√ε ≈ 316,
-// gradients reach 1e6–1e8, and float32 forwards differ from float64 ones in the loss's first digit. Batch 8
-// keeps every BN at ≥ 8 values per channel (min variance 0.008), yet float32 differences along one tensor
-// still do not converge (steps of 1e-2…1e-4 relative); in float64 they do, to ~1e-6 relative, from
-// h ≤ 1e-8 (at 1e-6 a difference gives 2.8 for 7.9, at 1e-7 8.6). Eval-mode BN is well conditioned in float32.
-TEST(ATrainingGraph, OfResNet50MatchesADirectionalFiniteDifferenceInFloat64) {
-  models::ZooOptions z = models::options_for("resnet50");
-  z.image = 32;
-  z.classes = 10;
-  z.batch = 8;
-  const onnx::ModelProto forward = to_float64(models::build_zoo_model(z));
-  const TrainingGraph tg = build_training_graph(forward);
-  EXPECT_EQ(tg.gradients.size(), static_cast<size_t>(forward.graph().initializer_size()));
-  onnx::ModelProto training_forward = forward;  // the loss as the training graph computes it
-  for (auto& n : *training_forward.mutable_graph()->mutable_node())
-    if (n.op_type() == "BatchNormalization") OnnxBuilder::set_int(n, "training_mode", 1);
-  std::mt19937 rng(9);
-  std::map<std::string, Tensor> inputs{{"input", random_tensor(DType::kFloat64, {8, 3, 32, 32}, rng)},
-                                       {"labels", ints({8}, {3, 7, 0, 9, 1, 1, 4, 6})}};
-  expect_directional_derivative_matches(tg, training_forward, inputs, 1e-8, 1e-4);
 }
 
 // The one loss rule build_training_graph, apart train and apart run share.

@@ -35,7 +35,10 @@ std::vector<RealModel> real_models(const fs::path& scratch) {
     const fs::path p = fs::path(APART_SHARED_MODELS_DIR) / (std::string(m) + ".onnx");
     if (fs::exists(p)) out.push_back({m, p});
   }
-  for (const char* zoo : {"gpt2-medium", "bert-base", "t5-small", "resnet101"}) {
+  // resnet152x8 (RaNNC's widened ResNet: compute grows with width², activations with width) is the zoo model whose
+  // transfers are negligible (0.3 % of its replay at S = 4 and 8), so the 1 % bar is checked on a clean clone
+  // without ../shared/models too (there, DenseNet-121 at S = 4 is the only other one: 0.8 %).
+  for (const char* zoo : {"gpt2-medium", "bert-base", "t5-small", "resnet101", "resnet152x8"}) {
     models::ZooOptions zo = models::options_for(zoo);
     zo.weights = models::WeightsMode::kNone;
     const fs::path p = scratch / (std::string(zoo) + ".onnx");
@@ -124,7 +127,7 @@ TEST(ThePartitionPipeline, IsNeverSlowerInSimulationThanTheExactComputeOptimalSp
       ++compared;
     }
   fs::remove_all(scratch);
-  EXPECT_GE(compared, 8) << "the zoo models at least";
+  EXPECT_GE(compared, 10) << "the zoo models at least";
   EXPECT_GT(negligible, 0) << "no model where communication is negligible: the 1 % bar was never checked";
 }
 

@@ -566,6 +566,11 @@ class StageRunner {
   Tensor* param_tensor(const std::string& name) const;
   size_t send(const Action& a);  // bytes sent
   size_t recv(const Action& a);  // bytes received
+  // The parts a boundary message of `a` travels in (host messages): tp when this stage and the stage at the other end
+  // are cut over TP groups of one degree — TP rank r sends and receives part r of the message (padded to a multiple
+  // of 4·tp bytes) and the receivers all-gather the whole message over their group, as the planner costs a TP
+  // stage's boundary (partition/stage_cost.h boundary_share) —, else 1: every TP rank sends the whole message.
+  int message_parts(const Action& a) const;
   // The same over options_.device_world: packed and unpacked on the backend, sends grouped with the next receive.
   size_t send_on_device(const Action& a);
   size_t recv_on_device(const Action& a);
@@ -1152,6 +1157,19 @@ void StageRunner::backward_weight(int64_t k, int64_t step) {
   after_param_gradients();
 }
 
+int StageRunner::message_parts(const Action& a) const {
+  const int peer = (a.kind == ActionKind::kSend) != a.gradient ? a.to_stage : a.from_stage;
+  const int degree = tp();
+  return degree > 1 && setup_.full_plan.stages[static_cast<size_t>(peer)].tp == degree ? degree : 1;
+}
+
+// A message of `bytes` in `parts`: each part's length (the message padded to a multiple of 4·parts bytes, so that
+// the receivers' all-gather moves whole float32 shards).
+size_t message_part_bytes(size_t bytes, int parts) {
+  const size_t unit = 4 * static_cast<size_t>(parts);
+  return (bytes + unit - 1) / unit * 4;
+}
+
 size_t StageRunner::send(const Action& a) {
   if (device_messages_) return send_on_device(a);
   Frame& frame = frames_[static_cast<size_t>(a.microbatch)];
@@ -1170,9 +1188,18 @@ size_t StageRunner::send(const Action& a) {
       message.resize(message.size() + static_cast<size_t>(v.slice_bytes(a.samples)), std::byte{0});
     }
   }
+  const int parts = message_parts(a);
+  if (parts == 1) {
+    auto& [buffer, request] = sends_.emplace_back(std::move(message), nullptr);
+    request = world_.send(std::span<const std::byte>(buffer), a.peer, action_tag(a, plan_));
+    return buffer.size();
+  }
+  const size_t part = message_part_bytes(message.size(), parts);
+  message.resize(part * static_cast<size_t>(parts), std::byte{0});
   auto& [buffer, request] = sends_.emplace_back(std::move(message), nullptr);
-  request = world_.send(std::span<const std::byte>(buffer), a.peer, action_tag(a, plan_));
-  return buffer.size();
+  const auto mine_part = std::span<const std::byte>(buffer).subspan(part * static_cast<size_t>(setup_.role.tp_rank), part);
+  request = world_.send(mine_part, a.peer, action_tag(a, plan_));
+  return part;
 }
 
 size_t StageRunner::recv(const Action& a) {
@@ -1182,8 +1209,13 @@ size_t StageRunner::recv(const Action& a) {
   const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
   size_t bytes = 0;
   for (const std::string& name : names) bytes += static_cast<size_t>(boundary(name).slice_bytes(a.samples));
-  std::vector<std::byte> message(bytes);
-  world_.recv(std::span<std::byte>(message), a.peer, action_tag(a, plan_))->wait();
+  const int parts = message_parts(a);
+  const size_t part = parts == 1 ? bytes : message_part_bytes(bytes, parts);
+  std::vector<std::byte> message(part * static_cast<size_t>(parts));
+  auto mine_part = std::span<std::byte>(message).subspan(parts == 1 ? 0 : part * static_cast<size_t>(setup_.role.tp_rank), part);
+  world_.recv(mine_part, a.peer, action_tag(a, plan_))->wait();
+  if (parts > 1)  // every TP rank received its part: the whole message on each
+    tp_group_->allgather(std::span<float>(reinterpret_cast<float*>(message.data()), message.size() / sizeof(float)))->wait();
   size_t at = 0;
   for (const std::string& name : names) {
     const BoundaryValue& v = boundary(name);
@@ -1205,7 +1237,7 @@ size_t StageRunner::recv(const Action& a) {
     if (!t.defined()) t = Tensor(v.dtype, v.shape);
     at += unpack(v, message.data() + at, t, mine.begin, a.samples, true);
   }
-  return bytes;
+  return part;
 }
 
 size_t StageRunner::send_on_device(const Action& a) {

@@ -6,13 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "plan/plan.h"
+#include "plan/trace.h"
 #include "runtime/checkpoint.h"
 #include "runtime/pipeline.h"
 #include "tests/support/read_model.h"
@@ -492,6 +496,38 @@ TEST(AStageReadingAnEarlierStagesValueOnlyForItsShape, TrainsAsApartTrainWithAnd
     EXPECT_TRUE(declared) << name;
     const Outcome run = run_threads(plan, kSteps, dir / (name + "_run"));
     expect_same_training(reference, run, read_weights(path.string()), name);
+  }
+}
+
+// Between two TP stages of one degree each TP rank sends its part of a boundary message and the receiving pair
+// all-gathers it (docs/runtime.md "Boundary messages in TP parts"): in the measured traces of gpt-tiny TP 1 × PP 2
+// and TP 2 × PP 2 each send carries what plan.json says one device of stage 1 receives per micro-batch (its inputs'
+// bytes: under TP 2 half of the boundary, partition/stage_cost.h boundary_share), both TP ranks send (the whole
+// message padded to a multiple of 8 bytes, in halves), and the run trains as apart train (TensorParallelPlans above).
+TEST(ATensorParallelPipeline, SendsEachTpRankItsPartOfABoundaryMessage) {
+  const fs::path dir = scratch("message_parts");
+  constexpr int64_t kBatch = 8;
+  for (const int tp : {1, 2}) {
+    const std::string name = "tp" + std::to_string(tp);
+    const fs::path plan = make_tp_plan({2, 1, tp, 2}, kBatch, dir / name);
+    double received = 0;  // by one device of stage 1
+    for (const PlanInput& in : read_plan(plan).stages[1].inputs)
+      if (in.from_stage == 0) received += in.bytes;
+    ASSERT_GT(received, 0) << name;
+    const double whole = received * tp;
+    const fs::path trace = dir / (name + ".json");
+    const auto r = run_apart("run " + plan.string() + " --in-process --steps 1 -q --trace " + trace.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::map<std::tuple<int64_t, bool>, std::vector<double>> sends;  // (micro-batch, gradient) → each send's bytes
+    for (const TimelineEvent& e : read_timeline(trace).events)
+      if (e.kind == TimelineKind::kSend) sends[{e.microbatch, e.gradient}].push_back(e.bytes);
+    ASSERT_EQ(sends.size(), 4u) << name;  // 2 micro-batches, activations and gradients
+    for (const auto& [key, sent] : sends) {
+      const std::string what = name + " micro-batch " + std::to_string(std::get<0>(key)) + (std::get<1>(key) ? " gradient" : "");
+      ASSERT_EQ(sent.size(), static_cast<size_t>(tp)) << what;
+      const double part = std::ceil(whole / (4.0 * tp)) * 4;
+      for (double bytes : sent) EXPECT_EQ(bytes, part) << what << " of " << whole << " bytes";
+    }
   }
 }
 

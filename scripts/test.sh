@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh --test
 cmake --preset dev >/dev/null
 cmake --build --preset dev -j"$(nproc)"
+# The test presets run two tests at a time with one compute thread each (OMP_NUM_THREADS=1 in CMakePresets.json):
+# two cores, and a test's ranks as threads each spawning kernel threads would otherwise oversubscribe them (a ZeRO
+# run: 12.7 → 7.9 CPU s). Tests of the thread count set it themselves.
 ctest --preset dev -LE slow
 # The slow suites (label slow: the plan goldens of real models on up to 1024 devices, the real models' plans and
 # stage files, apart run on a ResNet) in a Release build of the targets they need. Where the CUDA toolkit is

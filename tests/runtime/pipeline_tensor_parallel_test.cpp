@@ -511,7 +511,8 @@ TEST(ATensorParallelPipeline, SendsEachTpRankItsPartOfABoundaryMessage) {
     const std::string name = "tp" + std::to_string(tp);
     const fs::path plan = make_tp_plan({2, 1, tp, 2}, kBatch, dir / name);
     double received = 0;  // by one device of stage 1
-    for (const PlanInput& in : read_plan(plan).stages[1].inputs)
+    const PlanDocument doc = read_plan(plan);
+    for (const PlanInput& in : doc.stages[1].inputs)
       if (in.from_stage == 0) received += in.bytes;
     ASSERT_GT(received, 0) << name;
     const double whole = received * tp;

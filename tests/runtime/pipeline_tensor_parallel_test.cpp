@@ -278,13 +278,14 @@ TEST(ATensorParallelStage, HoldsHalfOfEverySplitLinearAndOfTheVocabularyOnEachRa
   EXPECT_EQ(run.ranks[0].params, total_params(w) - split / 2);
 }
 
-// AdamW over TP 2 × PP 2, and over TP 2 × DP 2 under ZeRO-2: four steps straight equal two, a checkpoint (each rank
-// its own slices, under ZeRO its pieces of their optimizer state), and two resumed.
+// AdamW over TP 2 × PP 2, over stages of TP degrees 2 and 1, and over TP 2 × DP 2 under ZeRO-2: four steps straight
+// equal two, a checkpoint (each rank its own slices, under ZeRO its pieces of their optimizer state), and two resumed.
 class ATensorParallelRun : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ATensorParallelRun, ResumesFromItsCheckpointBitwise) {
   const fs::path dir = scratch(std::string("resume_") + GetParam().name);
-  const fs::path plan = make_tp_plan(GetParam().shape, 8, dir / "plan");
+  fs::path plan = make_tp_plan(GetParam().shape, 8, dir / "plan");
+  if (!GetParam().degrees.empty()) plan = with_stage_degrees(plan, GetParam().degrees);
   const Outcome straight = run_threads(plan, 4, dir / "straight", Optimizer::kAdamW, 1e-3);
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);
@@ -312,7 +313,8 @@ TEST_P(ATensorParallelRun, ResumesFromItsCheckpointBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, ATensorParallelRun,
-                         ::testing::Values(Case{"tp2_pp2", {2, 1, 2, 2}}, Case{"tp2_dp2_zero2", {1, 2, 2, 2, Schedule::k1F1B, 2}}),
+                         ::testing::Values(Case{"tp2_pp2", {2, 1, 2, 2}}, Case{"tp2_then_tp1", {2, 1, 2, 2}, {2, 1}},
+                                           Case{"tp2_dp2_zero2", {1, 2, 2, 2, Schedule::k1F1B, 2}}),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // --init random draws every param whole (seeded per name) before the shard is cut, so each rank's slices are slices

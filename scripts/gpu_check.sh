@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (issue 14): builds the gpu preset (or uses a bundle built on the CPU machine), then
 # on the GPU runs the tests/runtime/cuda suites, gpt-tiny `apart train` on cuda vs cpu (fp32, and fp16 with loss
-# scaling), gpt-tiny `apart run` with NCCL (one rank) and with two stages on the one GPU (host messages) vs the CPU
-# backend, the GPT-layers benchmark, and the measured per-op GPU profile vs the h200-141gb analytic preset; a summary
+# scaling), gpt-tiny `apart run` with NCCL (one rank), and with two stages, TP 2, TP 2 × PP 2, ZeRO-1 and ZeRO-3 on
+# the one GPU (ranks as threads, host messages) vs the CPU backend, the GPT-layers benchmark, and the measured per-op GPU profile vs the h200-141gb analytic preset; a summary
 # at the end. Every part has its
 # own timeout, so one hang does not eat the device budget. All output goes to stdout and under $OUT (the device
 # tool's folder; else --out, default out/gpu_check): gpu_check.log (everything), summary.txt, tests.log,
@@ -253,6 +253,25 @@ if "$bin/apart" run --help 2>/dev/null | grep -q -- '--device-comm'; then
   else
     note "gpt-tiny run 2 stages cuda vs cpu" FAIL 0 "apart partition of the two-stage plan failed"
   fi
+  # Tensor parallelism and ZeRO on the one GPU (issue 17), two ranks as threads with host messages: TP 2 (each TP
+  # rank runs its shard of the stage graph — column/row-split linears, heads, the vocabulary-parallel loss — on the
+  # GPU; the ai.apart Tp* collectives run as CPU-kernel fallbacks over the host group), TP 2 × PP 2 on four, and
+  # ZeRO-1 and ZeRO-3 over 2 replicas; each against the CPU backend.
+  for shape in "tp2:2:--tp 2 --pp 1 --dp 1" "tp2 pp2:4:--tp 2 --pp 2 --dp 1" "zero1:2:--tp 1 --pp 1 --dp 2 --zero 1" \
+               "zero3:2:--tp 1 --pp 1 --dp 2 --zero 3"; do
+    name="${shape%%:*}"; rest="${shape#*:}"; devices="${rest%%:*}"; flags="${rest#*:}"
+    shape_dir="$(dirname "$plan_dir")/${name// /_}"
+    # shellcheck disable=SC2086  # the flags are words
+    if timeout 60 "$bin/apart" partition models/gpt-tiny.onnx --device cpu --devices "$devices" $flags \
+         --microbatches 2 --batch 8 --no-baselines -q -o "$shape_dir" >/dev/null 2>&1; then
+      cuda_extra=(--device-comm host)
+      compare_losses "gpt-tiny run $name cuda vs cpu" "$run_s" -- "$bin/apart" run "$shape_dir" --in-process \
+        --steps 5 --seed 1 --optimizer adamw --precision fp32
+      cuda_extra=()
+    else
+      note "gpt-tiny run $name cuda vs cpu" FAIL 0 "apart partition of the $name plan failed"
+    fi
+  done
 fi
 
 # --- 3. GPT-3-1.3B-shaped layers: TFLOP/s and MFU next to cuBLASLt's best GEMM ---

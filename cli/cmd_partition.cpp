@@ -181,7 +181,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "Data-parallel replicas of every stage, or auto (per stage, any count)")->capture_default_str();
   cmd->add_option("--tp", a->tp,
                   "Tensor-parallel degree of every stage: 1, 2, 4 or 8 devices of one node per replica, or auto (per "
-                  "stage, among the degrees dividing --devices-per-node); apart run executes plans whose stages share one degree")
+                  "stage, among the degrees dividing --devices-per-node); apart run executes them, the stages' degrees alike or not")
       ->capture_default_str();
   cmd->add_option("--recompute", a->recompute,
                   "Activation recomputation: auto (per stage: none, the attention cores or the whole forward, as "

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -82,5 +83,37 @@ TEST_P(APlan, EqualsItsGoldenByteForByte) {
 
 INSTANTIATE_TEST_SUITE_P(GptTinyAndTheSharedModels, APlan, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+
+}  // namespace
+
+namespace {
+
+// `apart partition` runs itself again with glibc's malloc tunables (cli/main.cpp; Release builds only, as this suite):
+// the re-run writes the same plan, report and stage files as a run without it (APART_MALLOC_TUNING=0), gpt-tiny on
+// 8 devices with baselines and stage files.
+TEST(APartitionRerunWithMallocTunables, WritesWhatARunWithoutThemWrites) {
+  const fs::path source(APART_SOURCE_DIR);
+  TempDir dir;
+  std::map<std::string, std::string> written[2];
+  for (int tuned = 0; tuned < 2; ++tuned) {
+    const fs::path out = dir / (tuned ? "tuned" : "plain");
+    const std::string env = tuned ? "env -u APART_MALLOC_TUNING -u GLIBC_TUNABLES " : "env APART_MALLOC_TUNING=0 ";
+    const auto run = run_command("cd " + source.string() + " && " + env + APART_BINARY +
+                                 " partition models/gpt-tiny.onnx --device cpu --devices 8 --batch 64 -q -o " +
+                                 out.string() + " 2>&1");
+    ASSERT_EQ(run.code, 0) << run.out;
+    for (const auto& entry : fs::directory_iterator(out))
+      if (entry.is_regular_file()) {
+        const std::string name = entry.path().filename().string();
+        written[tuned][name] = without_wall_clock(name, read_file(entry.path()));
+      }
+  }
+  ASSERT_GE(written[0].size(), 5u);
+  EXPECT_EQ(written[0].size(), written[1].size());
+  for (const auto& [name, text] : written[0]) {
+    if (name == "baselines.json") continue;  // each method's planning seconds
+    EXPECT_TRUE(written[1].count(name) && written[1][name] == text) << name;
+  }
+}
 
 }  // namespace

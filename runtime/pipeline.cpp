@@ -566,11 +566,16 @@ class StageRunner {
   Tensor* param_tensor(const std::string& name) const;
   size_t send(const Action& a);  // bytes sent
   size_t recv(const Action& a);  // bytes received
-  // The parts a boundary message of `a` travels in (host messages): tp when this stage and the stage at the other end
-  // are cut over TP groups of one degree — TP rank r sends and receives part r of the message (padded to a multiple
-  // of 4·tp bytes) and the receivers all-gather the whole message over their group, as the planner costs a TP
-  // stage's boundary (partition/stage_cost.h boundary_share) —, else 1: every TP rank sends the whole message.
-  int message_parts(const Action& a) const;
+  // This TP rank's part of a boundary message of `bytes` for `a` (host messages). When this stage and the stage at
+  // the other end are cut over TP groups of one degree t, TP rank r sends and receives part r of the message padded
+  // to a multiple of 4·t bytes, and the receivers all-gather the whole message over their group, as the planner
+  // costs a TP stage's boundary (partition/stage_cost.h boundary_share); otherwise the part is the whole message.
+  struct MessagePart {
+    int parts = 1;
+    size_t offset = 0, bytes = 0;  // this rank's part of the message
+    size_t padded = 0;             // the whole message's length: parts · bytes
+  };
+  MessagePart message_part(const Action& a, size_t bytes) const;
   // The same over options_.device_world: packed and unpacked on the backend, sends grouped with the next receive.
   size_t send_on_device(const Action& a);
   size_t recv_on_device(const Action& a);
@@ -1157,17 +1162,13 @@ void StageRunner::backward_weight(int64_t k, int64_t step) {
   after_param_gradients();
 }
 
-int StageRunner::message_parts(const Action& a) const {
+StageRunner::MessagePart StageRunner::message_part(const Action& a, size_t bytes) const {
   const int peer = (a.kind == ActionKind::kSend) != a.gradient ? a.to_stage : a.from_stage;
   const int degree = tp();
-  return degree > 1 && setup_.full_plan.stages[static_cast<size_t>(peer)].tp == degree ? degree : 1;
-}
-
-// A message of `bytes` in `parts`: each part's length (the message padded to a multiple of 4·parts bytes, so that
-// the receivers' all-gather moves whole float32 shards).
-size_t message_part_bytes(size_t bytes, int parts) {
-  const size_t unit = 4 * static_cast<size_t>(parts);
-  return (bytes + unit - 1) / unit * 4;
+  if (degree == 1 || setup_.full_plan.stages[static_cast<size_t>(peer)].tp != degree) return {1, 0, bytes, bytes};
+  // Whole float32 shards, so that the receivers' all-gather moves them.
+  const size_t t = static_cast<size_t>(degree), part = (bytes + 4 * t - 1) / (4 * t) * 4;
+  return {degree, part * static_cast<size_t>(setup_.role.tp_rank), part, part * t};
 }
 
 size_t StageRunner::send(const Action& a) {
@@ -1188,18 +1189,11 @@ size_t StageRunner::send(const Action& a) {
       message.resize(message.size() + static_cast<size_t>(v.slice_bytes(a.samples)), std::byte{0});
     }
   }
-  const int parts = message_parts(a);
-  if (parts == 1) {
-    auto& [buffer, request] = sends_.emplace_back(std::move(message), nullptr);
-    request = world_.send(std::span<const std::byte>(buffer), a.peer, action_tag(a, plan_));
-    return buffer.size();
-  }
-  const size_t part = message_part_bytes(message.size(), parts);
-  message.resize(part * static_cast<size_t>(parts), std::byte{0});
+  const MessagePart part = message_part(a, message.size());
+  message.resize(part.padded, std::byte{0});
   auto& [buffer, request] = sends_.emplace_back(std::move(message), nullptr);
-  const auto mine_part = std::span<const std::byte>(buffer).subspan(part * static_cast<size_t>(setup_.role.tp_rank), part);
-  request = world_.send(mine_part, a.peer, action_tag(a, plan_));
-  return part;
+  request = world_.send(std::span<const std::byte>(buffer).subspan(part.offset, part.bytes), a.peer, action_tag(a, plan_));
+  return part.bytes;
 }
 
 size_t StageRunner::recv(const Action& a) {
@@ -1209,12 +1203,10 @@ size_t StageRunner::recv(const Action& a) {
   const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
   size_t bytes = 0;
   for (const std::string& name : names) bytes += static_cast<size_t>(boundary(name).slice_bytes(a.samples));
-  const int parts = message_parts(a);
-  const size_t part = parts == 1 ? bytes : message_part_bytes(bytes, parts);
-  std::vector<std::byte> message(part * static_cast<size_t>(parts));
-  auto mine_part = std::span<std::byte>(message).subspan(parts == 1 ? 0 : part * static_cast<size_t>(setup_.role.tp_rank), part);
-  world_.recv(mine_part, a.peer, action_tag(a, plan_))->wait();
-  if (parts > 1)  // every TP rank received its part: the whole message on each
+  const MessagePart part = message_part(a, bytes);
+  std::vector<std::byte> message(part.padded);
+  world_.recv(std::span<std::byte>(message).subspan(part.offset, part.bytes), a.peer, action_tag(a, plan_))->wait();
+  if (part.parts > 1)  // every TP rank received its part: the whole message on each
     tp_group_->allgather(std::span<float>(reinterpret_cast<float*>(message.data()), message.size() / sizeof(float)))->wait();
   size_t at = 0;
   for (const std::string& name : names) {
@@ -1237,7 +1229,7 @@ size_t StageRunner::recv(const Action& a) {
     if (!t.defined()) t = Tensor(v.dtype, v.shape);
     at += unpack(v, message.data() + at, t, mine.begin, a.samples, true);
   }
-  return part;
+  return part.bytes;
 }
 
 size_t StageRunner::send_on_device(const Action& a) {

@@ -241,24 +241,13 @@ if "$bin/apart" run --help 2>/dev/null | grep -q -- '--device-comm'; then
   else
     note "gpt-tiny run nccl vs cpu" FAIL 0 "apart partition of the one-device plan failed"
   fi
-  # Two stages as two threads on the one GPU: NCCL cannot put two ranks on one device, so their messages take the
-  # host path (--device-comm host); the pipelined CUDA run against the CPU's.
-  plan2_dir="$(dirname "$plan_dir")/plan2"
-  if timeout 60 "$bin/apart" partition models/gpt-tiny.onnx --device cpu --devices 2 --stages 2 --replicas 1 \
-       --microbatches 2 --batch 8 --no-baselines -q -o "$plan2_dir" >/dev/null 2>&1; then
-    cuda_extra=(--device-comm host)
-    compare_losses "gpt-tiny run 2 stages cuda vs cpu" "$run_s" -- "$bin/apart" run "$plan2_dir" --in-process \
-      --steps 5 --seed 1 --optimizer adamw --precision fp32
-    cuda_extra=()
-  else
-    note "gpt-tiny run 2 stages cuda vs cpu" FAIL 0 "apart partition of the two-stage plan failed"
-  fi
-  # Tensor parallelism and ZeRO on the one GPU (issue 17), two ranks as threads with host messages: TP 2 (each TP
-  # rank runs its shard of the stage graph — column/row-split linears, heads, the vocabulary-parallel loss — on the
-  # GPU; the ai.apart Tp* collectives run as CPU-kernel fallbacks over the host group), TP 2 × PP 2 on four, and
-  # ZeRO-1 and ZeRO-3 over 2 replicas; each against the CPU backend.
-  for shape in "tp2:2:--tp 2 --pp 1 --dp 1" "tp2 pp2:4:--tp 2 --pp 2 --dp 1" "zero1:2:--tp 1 --pp 1 --dp 2 --zero 1" \
-               "zero3:2:--tp 1 --pp 1 --dp 2 --zero 3"; do
+  # Multi-rank plans as threads on the one GPU: NCCL cannot put two ranks on one device, so their messages take the
+  # host path (--device-comm host), each run against the CPU's: two stages (the pipelined CUDA run), and issue 17's
+  # TP 2 (each TP rank runs its shard of the stage graph — column/row-split linears, heads, the vocabulary-parallel
+  # loss — on the GPU; the ai.apart Tp* collectives run as CPU-kernel fallbacks over the host group), TP 2 × PP 2 on
+  # four, and ZeRO-1 and ZeRO-3 over 2 replicas.
+  for shape in "2 stages:2:--stages 2 --replicas 1" "tp2:2:--tp 2 --pp 1 --dp 1" "tp2 pp2:4:--tp 2 --pp 2 --dp 1" \
+               "zero1:2:--tp 1 --pp 1 --dp 2 --zero 1" "zero3:2:--tp 1 --pp 1 --dp 2 --zero 3"; do
     name="${shape%%:*}"; rest="${shape#*:}"; devices="${rest%%:*}"; flags="${rest#*:}"
     shape_dir="$(dirname "$plan_dir")/${name// /_}"
     # shellcheck disable=SC2086  # the flags are words

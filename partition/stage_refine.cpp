@@ -17,6 +17,10 @@ namespace apart {
 namespace {
 
 constexpr int kMaxRounds = 12;
+constexpr double kNoCeiling = std::numeric_limits<double>::infinity();
+// A split's bottleneck as a ceiling for the DPs that look for a better one (a little above it: the same sums in
+// another order may land an ulp over).
+double ceiling_over(double bottleneck_h) { return bottleneck_h > 0 ? bottleneck_h * (1 + 1e-6) : kNoCeiling; }
 // Candidates slower than the best by more than this are not refined: moving each cut within about one of
 // k = 64 blocks gained up to 4.8 % of a candidate's estimate on GPT-3 13B × 64 devices (all stage counts).
 constexpr double kRefineSlack = 0.05;
@@ -311,28 +315,40 @@ std::optional<RefinedCandidate> refine_stage_cuts(const AtomicGraph& atomic, con
       const size_t from = cut[s] - std::min(before[s], cut[s]), to = std::min(n, cut[s] + after[s]);
       for (size_t t = run_of(from); t <= runs && positions[t] <= to; ++t) allowed[s].push_back(t);
     }
-    std::vector<std::map<size_t, WindowDpState>> state(stages + 1);
-    state[0][0] = WindowDpState{0, 0, 0, true};
-    for (int s = 0; s < stages; ++s) {
-      const double flight =
-          stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
-      const int tp = coarse.tp_of(s);
-      const StageLinks links = assumed_links(cluster, Layout::kStageMajor, coarse.replicas[s] * tp);
-      for (size_t j : allowed[s + 1]) {
-        WindowDpState best;
-        for (const auto& [i, from] : state[s]) {
-          if (i >= j) break;
-          const StageRange range = sums.range(i, j);
-          if (!tp_allows(range, tp)) continue;
-          const StageCost c = stage_cost(range, coarse.replicas[s], coarse.microbatches, flight, coarse.recompute_of(s),
-                                         links, training, coarse.zero_of(s), tp);
-          if (c.memory_bytes > cluster.usable_memory_bytes()) continue;
-          const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
-          if (!best.reached || max_h < best.max_h || (max_h == best.max_h && sum_step < best.sum_step))
-            best = WindowDpState{max_h, sum_step, i, true};
+    // No split is worth more than the previous one's bottleneck, which is among the positions: a stage (and a
+    // state) over that ceiling is dropped without changing the answer (exact_stage_cuts' argument), and a stage
+    // whose compute alone passes it is not costed. If the ceiling was reckoned otherwise (the coarse split's sums in
+    // another order, a pipeline-major layout's links) and the DP then reaches nothing, the round runs again without.
+    std::vector<std::map<size_t, WindowDpState>> state;
+    for (double ceiling : {ceiling_over(bottleneck), kNoCeiling}) {
+      state.assign(stages + 1, {});
+      state[0][0] = WindowDpState{0, 0, 0, true};
+      for (int s = 0; s < stages; ++s) {
+        const double flight =
+            stage_in_flight_activations(coarse.schedule, s, stages, coarse.microbatches, coarse.virtual_stages);
+        const int tp = coarse.tp_of(s);
+        const bool sp = training.sequence_parallel && tp > 1;  // compute_s under it: a lower bound either way
+        const int64_t microbatch = microbatch_size(training.global_batch, coarse.microbatches, coarse.replicas[s]);
+        const StageLinks links = assumed_links(cluster, Layout::kStageMajor, coarse.replicas[s] * tp);
+        for (size_t j : allowed[s + 1]) {
+          WindowDpState best;
+          for (const auto& [i, from] : state[s]) {
+            if (i >= j) break;
+            if (best.reached && best.max_h < from.max_h) continue;  // max(from, this stage) cannot beat it
+            if (sums.compute_s(i, j, microbatch, coarse.recompute_of(s), tp, sp) > ceiling) continue;
+            const StageRange range = sums.range(i, j);
+            if (!tp_allows(range, tp)) continue;
+            const StageCost c = stage_cost(range, coarse.replicas[s], coarse.microbatches, flight,
+                                           coarse.recompute_of(s), links, training, coarse.zero_of(s), tp);
+            if (c.h > ceiling || c.memory_bytes > cluster.usable_memory_bytes()) continue;
+            const double max_h = std::max(from.max_h, c.h), sum_step = from.sum_step + c.step_s;
+            if (!best.reached || max_h < best.max_h || (max_h == best.max_h && sum_step < best.sum_step))
+              best = WindowDpState{max_h, sum_step, i, true};
+          }
+          if (best.reached) state[s + 1][j] = best;
         }
-        if (best.reached) state[s + 1][j] = best;
       }
+      if (state[stages].find(runs) != state[stages].end() || ceiling == kNoCeiling) break;
     }
     // The previous split is among the positions, so the DP reaches the end unless rounding moved a stage's
     // memory across the limit between run structures; then keep what the previous round found.
@@ -515,7 +531,7 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
   // is dropped without changing the answer, as every state's best way there is under it when any is. Unless the
   // coarse bottleneck was reckoned otherwise (its sums in another order; a pipeline-major layout's links) and the
   // DP then finds nothing under it: the round runs again without the ceiling.
-  double ceiling = coarse.bottleneck_h > 0 ? coarse.bottleneck_h * (1 + 1e-6) : std::numeric_limits<double>::infinity();
+  double ceiling = ceiling_over(coarse.bottleneck_h);
   for (double margin = 1.0 / 1024; margin <= 4.0; margin *= 2) {
     const double limit = compute_optimum * (1 + margin);
     const double cap = std::min(limit, ceiling);  // a stage's compute ≤ its h
@@ -558,7 +574,7 @@ ExactCuts exact_stage_cuts(const AtomicGraph& atomic, const StageSolution& coars
     }
     if (!state[stages][0].reached) {
       if (limit >= ceiling) {  // the coarse split was inside: reckoned over the ceiling here
-        ceiling = std::numeric_limits<double>::infinity();
+        ceiling = kNoCeiling;
         margin /= 2;
       }
       continue;

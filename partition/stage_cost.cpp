@@ -390,15 +390,43 @@ void StageReplacementEstimate::reset(std::span<const StageCost> stages) {
     return;
   }
   steps_.resize(stages.size());
-  sum_steps_ = 0;
-  step_ = allreduce_ = optimizer_ = TopTwo{};
+  allreduces_.resize(stages.size());
+  optimizers_.resize(stages.size());
   for (size_t s = 0; s < stages.size(); ++s) {
     steps_[s] = stages[s].step_s;
-    sum_steps_ += stages[s].step_s;
-    step_.add(stages[s].step_s, s);
-    allreduce_.add(stages[s].allreduce_exposed_s, s);
-    optimizer_.add(stages[s].optimizer_s, s);
+    allreduces_[s] = stages[s].allreduce_exposed_s;
+    optimizers_[s] = stages[s].optimizer_s;
   }
+  sum_up();
+}
+
+void StageReplacementEstimate::replace(size_t stage, const StageCost& replacement) {
+  if (!closed_form_) {
+    scratch_[stage] = replacement;
+    return;
+  }
+  steps_[stage] = replacement.step_s;
+  allreduces_[stage] = replacement.allreduce_exposed_s;
+  optimizers_[stage] = replacement.optimizer_s;
+  sum_up();
+}
+
+void StageReplacementEstimate::sum_up() {
+  sum_steps_ = 0;
+  step_ = allreduce_ = optimizer_ = TopTwo{};
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    sum_steps_ += steps_[s];
+    step_.add(steps_[s], s);
+    allreduce_.add(allreduces_[s], s);
+    optimizer_.add(optimizers_[s], s);
+  }
+}
+
+std::optional<double> StageReplacementEstimate::current_iteration_s() const {
+  if (!closed_form_) return std::nullopt;
+  // estimate_iteration_time's lines: its maxima start at 0 and only rise, as TopTwo's firsts (costs are ≥ 0).
+  const double pipeline_s = static_cast<double>(microbatches_ - 1) * std::max(0.0, step_.first) + sum_steps_;
+  return pipeline_s + std::max(0.0, allreduce_.first) + std::max(0.0, optimizer_.first);
 }
 
 double StageReplacementEstimate::iteration_s(size_t stage, const StageCost& replacement) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -182,7 +183,12 @@ class StageReplacementEstimate {
   StageReplacementEstimate(std::span<const StageCost> stages, int64_t microbatches, Schedule schedule, int chunks);
   // Starts again from `stages` (the same schedule), reusing the storage.
   void reset(std::span<const StageCost> stages);
+  // Starts again from the current stages with one replaced: reset's result, from the kept figures.
+  void replace(size_t stage, const StageCost& replacement);
   double iteration_s(size_t stage, const StageCost& replacement);
+  // GPipe and 1F1B: estimate_iteration_time(the current stages).iteration_s, bit for bit (the same sums in the same
+  // order); nullopt otherwise.
+  std::optional<double> current_iteration_s() const;
 
  private:
   struct TopTwo {  // the largest value (first index on ties) and the largest at any other index
@@ -191,12 +197,13 @@ class StageReplacementEstimate {
     void add(double value, size_t index);
     double without(size_t index) const { return index == at ? second : first; }
   };
+  void sum_up();  // the sum and top twos of the kept figures
   int64_t microbatches_;
   Schedule schedule_;
   int chunks_;
   bool closed_form_;
   double sum_steps_ = 0;
-  std::vector<double> steps_;
+  std::vector<double> steps_, allreduces_, optimizers_;
   TopTwo step_, allreduce_, optimizer_;
   std::vector<StageCost> scratch_;  // the full formula's copy (interleaved, ZB-H1)
 };

@@ -664,7 +664,7 @@ StageDp::LazyEntries& StageDp::lazy_entries(uint32_t block, size_t variant) cons
   return lazy;
 }
 
-const StageDp::Entry& StageDp::lazy_entry(uint32_t block, size_t variant, size_t c) const {
+const StageDp::Entry& StageDp::evaluate_lazy_entry(uint32_t block, size_t variant, size_t c) const {
   LazyEntries& lazy = lazy_entries(block, variant);
   if (!lazy.known[c]) {
     const StageVariant& v = variants_[variant].variant;
@@ -847,8 +847,14 @@ void StageDp::spend_leftover_devices(StageSolution& solution, const View& view) 
     if (zero_.automatic) solution.stage_zero[best_stage] = best.variant.zero;
     solution.costs[best_stage] = best.cost;
     best.known = false;
-    solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_, chunks_);
-    replaced.reset(solution.costs);
+    // The next round compares with this one's time: under GPipe and 1F1B from the kept figures (the same bits as
+    // estimate_iteration_time), else the full formula; evaluate_solution sets the whole estimate at the end.
+    replaced.replace(static_cast<size_t>(best_stage), best.cost);
+    if (const std::optional<double> now = replaced.current_iteration_s()) {
+      solution.estimate.iteration_s = *now;
+    } else {
+      solution.estimate = estimate_iteration_time(solution.costs, microbatches_, schedule_, chunks_);
+    }
   }
   evaluate_solution(evaluator_, solution);
 }

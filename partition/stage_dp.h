@@ -244,7 +244,12 @@ class StageDp {
     std::vector<Entry> entries;  // per candidate
     std::vector<uint8_t> known;  // per candidate: entries[c] evaluated
   };
-  const Entry& lazy_entry(uint32_t block, size_t variant, size_t c) const;
+  const Entry& lazy_entry(uint32_t block, size_t variant, size_t c) const {
+    const LazyEntries& lazy = lazy_[block * variants_.size() + variant];
+    if (lazy.ruled && lazy.known[c]) [[likely]] return lazy.entries[c];
+    return evaluate_lazy_entry(block, variant, c);
+  }
+  const Entry& evaluate_lazy_entry(uint32_t block, size_t variant, size_t c) const;
   LazyEntries& lazy_entries(uint32_t block, size_t variant) const;
   int lazy_first_fitting(uint32_t block, size_t variant, double in_flight) const;
   std::optional<StageSolution> solve_fixed_split(const View& view) const;

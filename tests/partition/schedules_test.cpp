@@ -69,6 +69,50 @@ TEST(AStageReplacementEstimate, EqualsTheFullEstimateWithThatStageReplacedUnderE
   EXPECT_GT(compared, 1000);
 }
 
+TEST(AStageReplacementEstimate, KeepsTheFullEstimatesBitsAcrossReplacedStagesUnderGPipeAnd1F1B) {
+  // spend_leftover_devices compares each round with the current time from the kept figures instead of the full
+  // formula: the two must agree to the bit (a last-bit difference could flip a choice), and replace() must leave
+  // what reset() over the replaced costs leaves. Random costs with ties, a replaced stage at a time.
+  std::mt19937 rng(5);
+  auto value = [&] { return static_cast<double>(rng() % 7) * 1.37e-3 + static_cast<double>(rng() % 1000) * 1e-9; };
+  auto random_cost = [&] {
+    StageCost c;
+    c.step_s = value();
+    c.allreduce_exposed_s = value();
+    c.optimizer_s = value() / 3;
+    return c;
+  };
+  int compared = 0;
+  for (int round = 0; round < 100; ++round) {
+    const int stages = 1 + static_cast<int>(rng() % 9);
+    std::vector<StageCost> costs;
+    for (int s = 0; s < stages; ++s) costs.push_back(random_cost());
+    const int64_t m = 1 + static_cast<int64_t>(rng() % 16);
+    for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+      StageReplacementEstimate kept(costs, m, schedule, 1);
+      std::vector<StageCost> current = costs;
+      for (int step = 0; step < 12; ++step) {
+        const size_t s = rng() % static_cast<size_t>(stages);
+        const StageCost replacement = random_cost();
+        const StageCost probe = random_cost();
+        current[s] = replacement;
+        kept.replace(s, replacement);
+        StageReplacementEstimate fresh(current, m, schedule, 1);
+        ASSERT_TRUE(kept.current_iteration_s().has_value());
+        EXPECT_EQ(*kept.current_iteration_s(), estimate_iteration_time(current, m, schedule).iteration_s)
+            << schedule_name(schedule) << " round " << round << " step " << step;
+        EXPECT_EQ(kept.iteration_s(s, probe), fresh.iteration_s(s, probe));
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 2000);
+  // The other schedules have no closed form: the caller runs the full formula.
+  const std::vector<StageCost> two(2, random_cost());
+  EXPECT_FALSE(StageReplacementEstimate(two, 4, Schedule::kZbH1, 1).current_iteration_s().has_value());
+  EXPECT_FALSE(StageReplacementEstimate(two, 4, Schedule::kInterleaved, 2).current_iteration_s().has_value());
+}
+
 TEST(AnInterleavedEstimate, HasMegatronsBubbleOnEqualStagesWithoutCommunication) {
   // Narayanan et al., SC'21 §2.2: the bubble is (p − 1)/(v · m) of the ideal m · T.
   const double t = 7e-3;

@@ -92,7 +92,8 @@ TEST(StageModels, ChainFromModelInputsToModelOutputs) {
   if (models.empty()) GTEST_SKIP() << "no models";
   for (const fs::path& path : models) {
     SCOPED_TRACE(path.string());
-    const fs::path dir = fs::temp_directory_path() / ("apart_codegen_test_" + path.stem().string());
+    const testing::TempDir scratch("codegen_test_" + path.stem().string());
+    const fs::path dir = scratch / "plan";
     const CompileResult p = plan_model(path, 16, 64, dir);
     std::set<std::string> available;
     for (ValueId v : p.model.graph.graph_inputs()) available.insert(p.model.graph.value(v).name);
@@ -112,7 +113,6 @@ TEST(StageModels, ChainFromModelInputsToModelOutputs) {
     EXPECT_TRUE(fs::exists(dir / "plan.json"));
     EXPECT_TRUE(fs::exists(dir / "plan.dot"));
     EXPECT_TRUE(fs::exists(dir / "report.txt"));
-    fs::remove_all(dir);
   }
 }
 

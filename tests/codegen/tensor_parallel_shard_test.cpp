@@ -3,7 +3,6 @@
 #include "codegen/tensor_parallel_shard.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -19,6 +18,7 @@
 #include "runtime/tensor_parallel.h"
 #include "tests/support/read_model.h"
 #include "tests/support/run_apart.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart {
 namespace {
@@ -28,8 +28,7 @@ namespace fs = std::filesystem;
 // gpt-tiny planned as one stage on a TP pair (apart partition --tp 2 --pp 1 --dp 1), written once per process.
 const fs::path& tp_plan() {
   static const fs::path dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("apart_tp_shard_test_" + std::to_string(::getpid()));
-    fs::remove_all(d);
+    const fs::path d = testing::process_temp_dir("tp_shard_test") / "plan";
     const auto r = testing::run_apart("partition " + std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx --device cpu "
                                       "--devices 2 --tp 2 --pp 1 --dp 1 --sequence-parallel off --batch 8 "
                                       "--no-baselines -o " + d.string());
@@ -368,9 +367,8 @@ TEST(ASequenceParallelShard, GivesADropoutOnAPartItsRanksOwnStream) {
 // A sequence the degree does not cut into equal parts is refused, naming the region's output: apart zoo's GPT at 6
 // positions under TP 4 (its 4 heads and 64 features cut into 4, its sequence not).
 TEST(ASequenceParallelShard, RefusesASequenceTheDegreeDoesNotDivideNamingTheValue) {
-  const fs::path dir = fs::temp_directory_path() / ("apart_tp_shard_sp_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const testing::TempDir scratch("tp_shard_sp");
+  const fs::path& dir = scratch.path();
   const auto z = testing::run_apart("zoo gpt --layers 1 --hidden 64 --heads 4 --seq 6 --vocab 64 -q -o " +
                                     (dir / "gpt.onnx").string());
   ASSERT_EQ(z.code, 0) << z.out;
@@ -389,7 +387,6 @@ TEST(ASequenceParallelShard, RefusesASequenceTheDegreeDoesNotDivideNamingTheValu
               std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("--sequence-parallel off"), std::string::npos) << e.what();
   }
-  fs::remove_all(dir);
 }
 
 // apart zoo's BERT (post-norm: the norm after each residual add runs on parts) and T5 (RMS norms without a bias, an
@@ -409,10 +406,8 @@ class AZooShardUnderSequenceParallelism : public ::testing::TestWithParam<ZooSha
 
 TEST_P(AZooShardUnderSequenceParallelism, HoldsEveryValueBetweenRegionsInParts) {
   const ZooShard& z = GetParam();
-  const fs::path dir = fs::temp_directory_path() / ("apart_tp_shard_zoo_" + std::string(z.family) + "_" +
-                                                    std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const testing::TempDir scratch("tp_shard_zoo_" + std::string(z.family));
+  const fs::path& dir = scratch.path();
   const fs::path model = dir / "model.onnx";
   ASSERT_EQ(testing::run_apart("zoo " + std::string(z.family) + " --layers 2 --hidden 64 --heads 4 --seq 16 "
                                "--vocab 128 -q -o " + model.string()).code, 0);
@@ -435,7 +430,6 @@ TEST_P(AZooShardUnderSequenceParallelism, HoldsEveryValueBetweenRegionsInParts) 
   }
   EXPECT_EQ(whole, z.whole_inputs);
   EXPECT_EQ(gathered, z.gathered_inputs);
-  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, AZooShardUnderSequenceParallelism,
@@ -449,8 +443,8 @@ INSTANTIATE_TEST_SUITE_P(Families, AZooShardUnderSequenceParallelism,
 void expect_gpt2_small_shards_import(TpSequence sequence) {
   const fs::path model = fs::path(APART_SOURCE_DIR) / ".." / "shared" / "models" / "gpt2_small.onnx";
   if (!fs::exists(model)) GTEST_SKIP() << model << " is not present";
-  const fs::path dir = fs::temp_directory_path() / ("apart_tp_shard_gpt2_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const testing::TempDir scratch("tp_shard_gpt2");
+  const fs::path dir = scratch / "plan";
   const auto r = testing::run_apart("partition " + model.string() + " --devices 4 --tp 2 --pp 2 --dp 1 "
                                     "--sequence-parallel off --batch 8 --microbatches 4 --no-baselines -q -o " + dir.string());
   ASSERT_EQ(r.code, 0) << r.out;
@@ -508,7 +502,6 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
   EXPECT_EQ(regions_split, 25);  // 12 attention + 12 MLP, each in one stage, and the embedding
   EXPECT_EQ(vocabulary_cuts, 2);  // the embedding's table, on each rank
   if (sequence == TpSequence::kSharded) EXPECT_EQ(parts, 48);  // each region's output, on both ranks
-  fs::remove_all(dir);
 }
 
 TEST(AShardOfGpt2Small, ImportsWithHalfOfEverySplitValueAndTheReducedOnesWhole) {

@@ -1,7 +1,6 @@
 // apart check: a plan apart partition wrote passes every check; each kind of damage fails the check it belongs to
 // (and only the checks that depend on it), through check_plan_folder and through the CLI's exit code.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,6 +9,7 @@
 #include "driver/check.h"
 #include "plan/plan.h"
 #include "tests/support/run_apart.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart {
 namespace {
@@ -18,10 +18,15 @@ namespace fs = std::filesystem;
 
 const std::string kModel = std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx";
 
-fs::path fresh_plan(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("apart_check_test_" + std::to_string(::getpid())) / name;
+// <name> in this process's folder, removed at exit.
+fs::path plan_dir(const std::string& name) {
+  const fs::path dir = testing::process_temp_dir("check_test") / name;
   fs::remove_all(dir);
-  fs::create_directories(dir.parent_path());
+  return dir;
+}
+
+fs::path fresh_plan(const std::string& name) {
+  const fs::path dir = plan_dir(name);
   const auto r = testing::run_apart("partition " + kModel + " --device cpu --devices 4 --stages 2 --batch 8 "
                                     "--no-baselines -q -o " + dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
@@ -113,9 +118,7 @@ TEST(ApartCheck, FailsTheStageFileCheckForAMissingOrForeignStageFile) {
 // An interleaved plan: its chunks' files are checked beside the stages'; one written before plan.json listed its
 // chunks is valid, with a runtime note asking to re-plan.
 TEST(ApartCheck, ChecksAnInterleavedPlansChunkFilesAndNotesOneWithoutChunks) {
-  const fs::path dir = fs::temp_directory_path() / ("apart_check_test_" + std::to_string(::getpid())) / "interleaved";
-  fs::remove_all(dir);
-  fs::create_directories(dir.parent_path());
+  const fs::path dir = plan_dir("interleaved");
   const auto r = testing::run_apart("partition " + kModel + " --device cpu --devices 2 --stages 2 --replicas 1 "
                                     "--microbatches 2 --batch 8 --schedule interleaved --no-baselines -q -o " + dir.string());
   ASSERT_EQ(r.code, 0) << r.out;

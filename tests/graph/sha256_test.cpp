@@ -7,6 +7,8 @@
 #include <random>
 #include <string>
 
+#include "tests/support/temp_dir.h"
+
 namespace apart {
 namespace {
 
@@ -32,7 +34,8 @@ TEST(TheSha256Digest, TakesTheSameDigestWithAndWithoutTheCpusShaExtensionsAtEver
 }
 
 TEST(TheSha256Digest, HashesAFileInPiecesAsItsBytesAtOnce) {
-  const std::string path = testing::TempDir() + "/sha256_test.bin";
+  const apart::testing::TempDir dir("sha256_test");
+  const std::string path = (dir / "sha256_test.bin").string();
   std::string bytes;
   std::mt19937 rng(5);
   for (int i = 0; i < (3 << 20) + 77; ++i) bytes.push_back(static_cast<char>(rng()));  // more than one read

@@ -23,7 +23,7 @@ TEST(TheZooCommand, ListsPresetsWithParameterCounts) {
 }
 
 TEST(TheZooCommand, RejectsBadFlagsWithExitCode2AndNoFile) {
-  TempDir dir("cli_bad");
+  TempDir dir("zoo_cli_bad");
   const std::string out = dir.file("x.onnx");
   for (const std::string args : {"gpt --heads 3", "gpt --dtype fp8", "resnet --layers 34", "nosuchmodel",
                                  "gpt --loss hinge", "gpt --batch 0"}) {
@@ -34,8 +34,8 @@ TEST(TheZooCommand, RejectsBadFlagsWithExitCode2AndNoFile) {
 }
 
 TEST(TheZooCommand, PrintsAOneLineSummary) {
-  TempDir dir("cli_summary");
-  const auto r = run_command(kApart + " zoo gpt-tiny -o " + dir.file("t.onnx"));
+  TempDir dir("zoo_cli_summary");
+  const auto r = run_command(kApart + " zoo gpt-tiny -o " + dir.file("t.onnx").string());
   ASSERT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("134.9K params"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("nodes"), std::string::npos) << r.out;
@@ -43,7 +43,7 @@ TEST(TheZooCommand, PrintsAOneLineSummary) {
 
 // What `apart inspect --json` counts as params must be exactly the generator's count.
 TEST(TheZooCommand, AgreesWithApartInspectOnParams) {
-  TempDir dir("cli_inspect");
+  TempDir dir("zoo_cli_inspect");
   for (const std::string args : {"gpt-tiny", "bert --layers 3", "t5", "mlp-tiny", "resnet50 --weights none",
                                  "gpt3-175b", "bert-large --weights none --dtype fp16"}) {
     SCOPED_TRACE(args);

@@ -23,7 +23,7 @@ onnx::ModelProto load(const std::string& path) {
 }
 
 TEST(AZooWriter, WritesByteIdenticalFilesForTheSameSeed) {
-  TempDir dir("determinism");
+  TempDir dir("zoo_determinism");
   ZooOptions o = options_for("gpt");
   o.seed = 7;
   write_zoo_model(o, dir.file("a.onnx"));
@@ -36,7 +36,7 @@ TEST(AZooWriter, WritesByteIdenticalFilesForTheSameSeed) {
 
 TEST(ABundledGptTiny, IsExactlyWhatTheZooGeneratesToday) {
   const std::string bundled = std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx";
-  TempDir dir("bundled");
+  TempDir dir("zoo_bundled");
   const ZooResult r = write_zoo_model(options_for("gpt-tiny"), dir.file("gpt-tiny.onnx"));
   EXPECT_LT(r.model_bytes, 1 << 20);
   EXPECT_EQ(read_bytes(dir.file("gpt-tiny.onnx")), read_bytes(bundled))
@@ -44,7 +44,7 @@ TEST(ABundledGptTiny, IsExactlyWhatTheZooGeneratesToday) {
 }
 
 TEST(AZooWriter, StreamsLargeRandomWeightsToAnAlignedExternalFile) {
-  TempDir dir("external");
+  TempDir dir("zoo_external");
   ZooOptions o = options_for("gpt");
   const onnx::ModelProto inline_model = build_zoo_model(o);
   o.inline_limit_bytes = 1;  // force the > 2 GiB path on a small model
@@ -70,7 +70,7 @@ TEST(AZooWriter, StreamsLargeRandomWeightsToAnAlignedExternalFile) {
 }
 
 TEST(AZooWriter, WritesNoWeightsFileForShapesOnly) {
-  TempDir dir("none");
+  TempDir dir("zoo_none");
   ZooOptions o = options_for("gpt3-175b");
   const ZooResult r = write_zoo_model(o, dir.file("gpt3.onnx"));
   EXPECT_FALSE(r.weights_written);
@@ -81,7 +81,7 @@ TEST(AZooWriter, WritesNoWeightsFileForShapesOnly) {
 }
 
 TEST(AZooWriter, LeavesNoFileBehindOnBadOptions) {
-  TempDir dir("bad");
+  TempDir dir("zoo_bad");
   ZooOptions o = options_for("gpt");
   o.heads = 5;
   EXPECT_THROW(write_zoo_model(o, dir.file("bad.onnx")), InvalidArgument);
@@ -95,7 +95,7 @@ bool python_has_onnx() { return std::system("/usr/bin/python3 -c 'import onnx' >
 
 TEST(APythonOnnxChecker, AcceptsEveryFamilyWithFullCheck) {
   if (!python_has_onnx()) GTEST_SKIP() << "/usr/bin/python3 has no onnx package (apt install python3-onnx)";
-  TempDir dir("python");
+  TempDir dir("zoo_python");
   std::vector<std::pair<std::string, ZooOptions>> cases;
   for (const char* name : {"gpt-tiny", "bert", "t5", "mlp-tiny"}) cases.emplace_back(name, options_for(name));
   ZooOptions resnet = options_for("resnet50");
@@ -124,7 +124,7 @@ TEST(APythonOnnxChecker, AcceptsEveryFamilyWithFullCheck) {
 TEST(AGptTinyModel, StartsNearLnVocabLossAndOnlyLooksBackwards) {
   if (std::system("/usr/bin/python3 -c 'import onnx, numpy' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "/usr/bin/python3 lacks onnx or numpy";
-  TempDir dir("semantics");
+  TempDir dir("zoo_semantics");
   auto no_loss = [](const char* name) {
     ZooOptions o = options_for(name);
     o.loss = Loss::kNone;
@@ -134,8 +134,8 @@ TEST(AGptTinyModel, StartsNearLnVocabLossAndOnlyLooksBackwards) {
   write_zoo_model(no_loss("t5"), dir.file("t5.onnx"));
   write_zoo_model(no_loss("bert"), dir.file("bert.onnx"));
   const std::string cmd = "/usr/bin/python3 " + std::string(APART_SOURCE_DIR) + "/tests/models/zoo_semantics.py " +
-                          APART_SOURCE_DIR + "/models/gpt-tiny.onnx " + dir.file("gpt.onnx") + " " +
-                          dir.file("t5.onnx") + " " + dir.file("bert.onnx");
+                          APART_SOURCE_DIR + "/models/gpt-tiny.onnx " + dir.file("gpt.onnx").string() + " " +
+                          dir.file("t5.onnx").string() + " " + dir.file("bert.onnx").string();
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tests/support/run_apart.h"
+#include "tests/support/temp_dir.h"
 
 #include <onnx/onnx_pb.h>
 
@@ -26,24 +27,7 @@ inline int64_t initializer_elements(const onnx::ModelProto& m) {
 }
 
 // A fresh directory under the system temp dir, removed at scope exit.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag)
-      : path_(std::filesystem::temp_directory_path() /
-              ("apart_zoo_" + tag + "_" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using apart::testing::TempDir;
 
 inline std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

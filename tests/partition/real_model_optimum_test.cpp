@@ -3,7 +3,6 @@
 // order, its compute bottleneck within 1 % of that optimum wherever communication is negligible, and raising
 // --blocks never makes the plan slower in simulation. Label slow: dozens of searches of real models.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +15,7 @@
 #include "graph/error.h"
 #include "models/zoo.h"
 #include "partition/stage_refine.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart {
 namespace {
@@ -66,12 +66,6 @@ CompileOptions a100_pipeline(const fs::path& model, int stages, int blocks = 0) 
   return o;
 }
 
-fs::path scratch_dir() {
-  const fs::path dir = fs::temp_directory_path() / ("apart_optimum_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
-
 // Communication is negligible for a split when the simulator, replaying it with transfers that take no time, finds
 // its iteration less than 1 % shorter: its transfers hide behind compute (the simulator overlaps them with it), so
 // no split can gain more than that by trading compute for communication, and the plan's compute bottleneck must be
@@ -79,9 +73,9 @@ fs::path scratch_dir() {
 constexpr double kNegligibleComm = 0.01;
 
 TEST(ThePartitionPipeline, IsNeverSlowerInSimulationThanTheExactComputeOptimalSplitOfARealModel) {
-  const fs::path scratch = scratch_dir();
+  const testing::TempDir scratch("optimum_test");
   int compared = 0, negligible = 0;
-  for (const RealModel& model : real_models(scratch))
+  for (const RealModel& model : real_models(scratch.path()))
     for (int stages : {4, 8}) {
       const CompileOptions request = a100_pipeline(model.path, stages);
       CompileResult result;
@@ -126,7 +120,6 @@ TEST(ThePartitionPipeline, IsNeverSlowerInSimulationThanTheExactComputeOptimalSp
       }
       ++compared;
     }
-  fs::remove_all(scratch);
   EXPECT_GE(compared, 10) << "the zoo models at least";
   EXPECT_GT(negligible, 0) << "no model where communication is negligible: the 1 % bar was never checked";
 }
@@ -134,9 +127,9 @@ TEST(ThePartitionPipeline, IsNeverSlowerInSimulationThanTheExactComputeOptimalSp
 // ---------------- More blocks never hurt ----------------
 
 TEST(ThePartitionPipeline, NeverGetsSlowerInSimulationWhenGivenMoreBlocks) {
-  const fs::path scratch = scratch_dir();
+  const testing::TempDir scratch("optimum_test");
   int compared = 0;
-  for (const RealModel& model : real_models(scratch))
+  for (const RealModel& model : real_models(scratch.path()))
     for (int stages : {4, 8}) {
       double previous = std::numeric_limits<double>::infinity();
       for (int blocks : {16, 32, 64, 128, 256}) {
@@ -147,7 +140,6 @@ TEST(ThePartitionPipeline, NeverGetsSlowerInSimulationWhenGivenMoreBlocks) {
         ++compared;
       }
     }
-  fs::remove_all(scratch);
   EXPECT_GE(compared, 40);
 }
 

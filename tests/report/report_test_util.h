@@ -12,6 +12,7 @@
 #include <string>
 
 #include "tests/support/run_apart.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart::testing {
 
@@ -79,20 +80,13 @@ inline nlohmann::json three_stage_plan() {
 inline void write_json(const std::filesystem::path& file, const nlohmann::json& j) { std::ofstream(file) << j.dump(1); }
 
 // Plans of models/gpt-tiny.onnx from `apart partition` (4 × a100-80gb, batch 32, `--stages S` and any extra flags),
-// made once per test program and removed at its exit.
+// made once per test program, in its folder that goes at its exit.
 inline std::filesystem::path gpt_tiny_plan(int stages, const std::string& extra_flags = "") {
   static std::map<std::string, std::filesystem::path> dirs;
-  static const struct Cleanup {
-    ~Cleanup() {
-      for (const auto& [key, dir] : dirs) std::filesystem::remove_all(dir);
-    }
-  } cleanup;
   const std::string flags = "--stages " + std::to_string(stages) + " " + extra_flags;
   auto [it, inserted] = dirs.emplace(flags, std::filesystem::path());
   if (inserted) {
-    it->second = std::filesystem::temp_directory_path() /
-                 ("apart_report_gpt_tiny_" + std::to_string(::getpid()) + "_" + std::to_string(dirs.size()));
-    std::filesystem::remove_all(it->second);
+    it->second = process_temp_dir("report_gpt_tiny") / std::to_string(dirs.size());
     const CommandRun r = run_apart("partition " + std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx --devices 4 "
                                    "--device a100-80gb --batch 32 " + flags + " -o " + it->second.string());
     if (r.code != 0) ADD_FAILURE() << "apart partition " << flags << " failed (" << r.code << "):\n" << r.out;

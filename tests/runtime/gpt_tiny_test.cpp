@@ -6,10 +6,9 @@
 #include <filesystem>
 #include <random>
 
-#include <unistd.h>
-
 #include "importer/importer.h"
 #include "runtime/executor.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart {
 namespace {
@@ -42,8 +41,8 @@ TEST(TheBundledGptTiny, HasAnInitialLossNearLnVocabMatchingANumpyInterpreter) {
 
   if (std::system("/usr/bin/python3 -c 'import onnx, numpy' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "/usr/bin/python3 lacks onnx or numpy: the numpy comparison is skipped";
-  const fs::path dir = fs::temp_directory_path() / ("apart_gpt_tiny_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const testing::TempDir scratch("gpt_tiny");
+  const fs::path& dir = scratch.path();
   write_tensor_file(ids, "input_ids", dir / "ids.pb");
   write_tensor_file(labels, "labels", dir / "labels.pb");
   const std::string cmd = "/usr/bin/python3 " + (fs::path(APART_SOURCE_DIR) / "tests/runtime/gpt_tiny_reference.py").string() +
@@ -53,7 +52,6 @@ TEST(TheBundledGptTiny, HasAnInitialLossNearLnVocabMatchingANumpyInterpreter) {
   double reference = NAN;
   ASSERT_EQ(std::fscanf(pipe, "%lf", &reference), 1) << cmd;
   ::pclose(pipe);
-  fs::remove_all(dir);
   std::printf("[ gpt-tiny ] numpy reference loss %.6f\n", reference);
   EXPECT_NEAR(loss, reference, 1e-4 * std::fabs(reference));
 }

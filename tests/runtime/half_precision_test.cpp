@@ -10,13 +10,13 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <unistd.h>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "runtime/half_precision.h"
 #include "runtime/kernel.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart {
 namespace {
@@ -267,8 +267,8 @@ onnx::ModelProto every_kind_of_half(const std::filesystem::path& dir) {
 }
 
 TEST(TheWideningPass, WidensEveryHalfTensorTypeAndCastAndIsIdempotent) {
-  const auto dir = std::filesystem::temp_directory_path() / ("apart_half_pass_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const testing::TempDir scratch("half_pass");
+  const std::filesystem::path& dir = scratch.path();
   onnx::ModelProto m = every_kind_of_half(dir);
   ASSERT_TRUE(has_half_precision(m));
   const int nodes = m.graph().node_size();
@@ -301,7 +301,6 @@ TEST(TheWideningPass, WidensEveryHalfTensorTypeAndCastAndIsIdempotent) {
   EXPECT_EQ(m.graph().node(3).attribute(0).i(), onnx::TensorProto::FLOAT);
   EXPECT_EQ(m.graph().input(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT);
   EXPECT_EQ(m.graph().node(4).attribute(0).g().output(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TheWideningPass, LeavesAFloat32ModelAsItIs) {

@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -25,14 +24,16 @@
 #include "runtime/trainer.h"
 #include "tests/support/read_model.h"
 #include "tests/support/run_apart.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart::testing {
 
 namespace fs = std::filesystem;
 
-// A fresh folder for one test: /tmp/apart_<suite>_<pid>/<name>.
+// A fresh folder for one test: <name> in this process's folder for `suite` (/tmp/apart_<suite>_<pid>_<n>), which goes
+// at exit, when what the test ran under mpirun is done with it.
 inline fs::path scratch(const std::string& suite, const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("apart_" + suite + "_" + std::to_string(::getpid())) / name;
+  const fs::path dir = process_temp_dir(suite) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

@@ -14,6 +14,7 @@
 #include "plan/costs_json.h"
 #include "runtime/profile.h"
 #include "tests/runtime/host_device_backend.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using apart::testing::run_apart;
@@ -22,11 +23,7 @@ namespace {
 
 std::string gpt_tiny() { return std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx"; }
 
-fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("apart_profile_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir / name;
-}
+fs::path scratch(const std::string& name) { return apart::testing::process_temp_dir("profile_test") / name; }
 
 apart::ImportOptions batch(int64_t b) {
   apart::ImportOptions o;

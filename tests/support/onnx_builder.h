@@ -10,9 +10,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 #include "graph/dtype.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart::testing {
 
@@ -134,12 +134,11 @@ class OnnxBuilder {
     std::ofstream out(path, std::ios::binary);
     out << bytes();
   }
-  // Saves as `file` in this process's folder under the system temp dir; returns the path.
+  // Saves as `file` in this process's folder under the system temp dir (removed at exit); returns the path.
   std::filesystem::path write(const std::string& file) const {
-    const auto dir = std::filesystem::temp_directory_path() / ("apart_test_models_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    save(dir / file);
-    return dir / file;
+    const std::filesystem::path path = process_temp_dir("test_models") / file;
+    save(path);
+    return path;
   }
 
  private:
@@ -182,30 +181,5 @@ inline std::string read_file(const std::filesystem::path& path) {
   s << in.rdbuf();
   return s.str();
 }
-
-// A fresh empty directory under the system temp dir, removed when the object dies.
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("apart_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-  std::filesystem::path file(const std::string& name) const { return path_ / name; }
-
- private:
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-  std::filesystem::path path_;
-};
 
 }  // namespace apart::testing

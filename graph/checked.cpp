@@ -64,12 +64,6 @@ int checked_int(int64_t value, int64_t lo, int64_t hi, const std::string& name, 
   return static_cast<int>(checked_integer(value, lo, hi, name, kind));
 }
 
-int64_t saturated_bytes(double value) {
-  constexpr double kCap = 4 * limits::kMaxBytes;
-  if (!(value < kCap)) return static_cast<int64_t>(kCap);  // also NaN
-  return value <= 0 ? 0 : static_cast<int64_t>(std::ceil(value));
-}
-
 std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
   int64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;

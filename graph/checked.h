@@ -2,6 +2,7 @@
 // conversions from double to integers: a value out of range is a typed error that names it, never UB.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -59,7 +60,11 @@ int checked_int(int64_t value, int64_t lo, int64_t hi, const std::string& name,
 
 // `value` rounded up to an int64, saturating at limits::kMaxByteCount × 4 (NaN too): for sizes a model computes in
 // doubles, where "more than any device holds" is the only thing a caller compares.
-int64_t saturated_bytes(double value);
+inline int64_t saturated_bytes(double value) {
+  constexpr double kCap = 4 * limits::kMaxBytes;
+  if (!(value < kCap)) return static_cast<int64_t>(kCap);  // also NaN
+  return value <= 0 ? 0 : static_cast<int64_t>(std::ceil(value));
+}
 
 // a × b and a + b, or nullopt on int64 overflow.
 std::optional<int64_t> checked_mul(int64_t a, int64_t b);

@@ -31,7 +31,7 @@ Plan partition_by_method(const TaskGraph& graph, const CostTable& costs, const P
     case Method::kPipeDream: found = pipedream_candidates(atomic, options, grid); break;
     default: found = fixed_split_candidates(atomic, options.method, options, grid, clock);
   }
-  return choose_plan(graph, atomic, found, blocks, options, clock);
+  return choose_plan(graph, atomic, std::move(found), blocks, options, clock);
 }
 
 // ---------------- The comparison ----------------

@@ -62,9 +62,16 @@ ApartCandidates apart_candidates(const TaskGraph& graph, const CostTable& costs,
   return search;
 }
 
-CandidateSet ApartCandidates::all() const {
-  CandidateSet every = own;
-  for (const BaselineSplit& split : baseline_splits) every.add(split.found);
+CandidateSet ApartCandidates::all() const& {
+  ApartCandidates sets;  // a copy of the candidate sets only
+  sets.own = own;
+  sets.baseline_splits = baseline_splits;
+  return std::move(sets).all();
+}
+
+CandidateSet ApartCandidates::all() && {
+  CandidateSet every = std::move(own);
+  for (BaselineSplit& split : baseline_splits) every.add(std::move(split.found));
   return every;
 }
 
@@ -77,10 +84,10 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
       .time_limit_s = options.stage.time_limit_s, .progress = progress, .threads = options.search_threads()};
   check_request(options);
   const SearchGrid grid = search_grid(options);
-  const ApartCandidates search = apart_candidates(graph, costs, options, grid, clock, costs_at_other_size);
+  ApartCandidates search = apart_candidates(graph, costs, options, grid, clock, costs_at_other_size);
 
   // ---------------- Simulated selection → the Plan ----------------
-  return choose_plan(graph, search.atomic, search.all(), search.blocks, options, clock);
+  return choose_plan(graph, search.atomic, std::move(search).all(), search.blocks, options, clock);
 }
 
 }  // namespace apart

@@ -722,20 +722,17 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
 
 // ---------------- Simulated selection → the Plan ----------------
 
-Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const CandidateSet& found,
-                 const BlockLevel& blocks, const PartitionOptions& o, const SearchClock& clock) {
+Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, CandidateSet found, const BlockLevel& blocks,
+                 const PartitionOptions& o, const SearchClock& clock) {
   if (found.candidates.empty()) throw_infeasible(graph, atomic, o);
-  std::vector<Candidate> variants;
+  // The found candidates, then their schedule variants (ties go to the found).
+  std::vector<Candidate>& candidates = found.candidates;
   if (!o.stage.schedule) {
     clock.report("the pipelined candidates under ZB-H1 and the interleaved order (--schedule auto)");
-    variants = schedule_variants(atomic, found.candidates, o, clock);
+    std::vector<Candidate> variants = schedule_variants(atomic, candidates, o, clock);
+    candidates.insert(candidates.end(), std::make_move_iterator(variants.begin()),
+                      std::make_move_iterator(variants.end()));
   }
-  std::vector<Candidate> pool;  // the found candidates, then their schedule variants (ties go to the found)
-  if (!variants.empty()) {
-    pool = found.candidates;
-    pool.insert(pool.end(), std::make_move_iterator(variants.begin()), std::make_move_iterator(variants.end()));
-  }
-  const std::vector<Candidate>& candidates = variants.empty() ? found.candidates : pool;
   clock.report("simulating the best of " + std::to_string(candidates.size()) + " placed candidates");
   const Selection selection = select_by_simulation(candidates, o.stage.max_simulations, clock.deadline(), clock.threads);
   const Candidate& chosen = candidates[selection.index];

@@ -168,7 +168,9 @@ struct ApartCandidates {
   };
   // uniform, params, gpipe-balance, pipedream, metis; empty without include_baselines
   std::vector<BaselineSplit> baseline_splits;
-  CandidateSet all() const;  // own, then every baseline split's, in that order: what partition_graph chooses among
+  // own, then every baseline split's, in that order: what partition_graph chooses among (&&: moved out, not copied)
+  CandidateSet all() const&;
+  CandidateSet all() &&;
 };
 ApartCandidates apart_candidates(const TaskGraph& graph, const CostTable& costs, const PartitionOptions& options,
                                  const SearchGrid& grid, const SearchClock& clock,
@@ -196,8 +198,9 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
 // With --schedule auto the candidates and their schedule_variants.
 // Throws Infeasible (with what would fit) when there is no candidate; else simulates them (select_by_simulation
 // under --time-limit and the simulation cap) and assembles the plan of the fastest, with the search statistics.
-Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, const CandidateSet& found,
-                 const BlockLevel& blocks, const PartitionOptions& options, const SearchClock& clock);
+// `found` by value: a caller done with its candidates moves them in (they are many, each with its stage costs).
+Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, CandidateSet found, const BlockLevel& blocks,
+                 const PartitionOptions& options, const SearchClock& clock);
 // The Plan of one candidate and its replay: chosen options, stages with their tasks and boundary values.
 // Leaves Plan::search to the caller.
 Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candidate& chosen,

@@ -392,12 +392,41 @@ void StageReplacementEstimate::reset(std::span<const StageCost> stages) {
   steps_.resize(stages.size());
   allreduces_.resize(stages.size());
   optimizers_.resize(stages.size());
+  sum_steps_ = 0;
+  step_ = allreduce_ = optimizer_ = TopTwo{};
   for (size_t s = 0; s < stages.size(); ++s) {
     steps_[s] = stages[s].step_s;
     allreduces_[s] = stages[s].allreduce_exposed_s;
     optimizers_[s] = stages[s].optimizer_s;
+    sum_steps_ += steps_[s];
+    step_.add(steps_[s], s);
+    allreduce_.add(allreduces_[s], s);
+    optimizer_.add(optimizers_[s], s);
   }
-  sum_up();
+}
+
+void StageReplacementEstimate::TopTwo::replace(std::vector<double>& values, size_t index, double value) {
+  // first: the largest value, at: its first index; second: the largest at any other index (0 without one).
+  const double old = values[index];
+  values[index] = value;
+  bool again = false;
+  if (index == at) {
+    if (value >= old || value > second) first = value; else again = true;  // equal to second: which index is first?
+  } else if (value > first) {
+    second = first;
+    first = value;
+    at = index;
+  } else if (value == first) {
+    second = first;
+    at = std::min(at, index);
+  } else if (value >= old) {
+    second = std::max(second, value);
+  } else {
+    again = old >= second;  // it may have been the second largest
+  }
+  if (!again) return;
+  *this = TopTwo{};
+  for (size_t s = 0; s < values.size(); ++s) add(values[s], s);
 }
 
 void StageReplacementEstimate::replace(size_t stage, const StageCost& replacement) {
@@ -405,21 +434,12 @@ void StageReplacementEstimate::replace(size_t stage, const StageCost& replacemen
     scratch_[stage] = replacement;
     return;
   }
-  steps_[stage] = replacement.step_s;
-  allreduces_[stage] = replacement.allreduce_exposed_s;
-  optimizers_[stage] = replacement.optimizer_s;
-  sum_up();
-}
-
-void StageReplacementEstimate::sum_up() {
+  step_.replace(steps_, stage, replacement.step_s);
+  allreduce_.replace(allreduces_, stage, replacement.allreduce_exposed_s);
+  optimizer_.replace(optimizers_, stage, replacement.optimizer_s);
+  // The sum again in stage order: the bits reset() and estimate_iteration_time get.
   sum_steps_ = 0;
-  step_ = allreduce_ = optimizer_ = TopTwo{};
-  for (size_t s = 0; s < steps_.size(); ++s) {
-    sum_steps_ += steps_[s];
-    step_.add(steps_[s], s);
-    allreduce_.add(allreduces_[s], s);
-    optimizer_.add(optimizers_[s], s);
-  }
+  for (double step : steps_) sum_steps_ += step;
 }
 
 std::optional<double> StageReplacementEstimate::current_iteration_s() const {

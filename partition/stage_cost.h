@@ -196,8 +196,10 @@ class StageReplacementEstimate {
     size_t at = 0;
     void add(double value, size_t index);
     double without(size_t index) const { return index == at ? second : first; }
+    // values[index] becomes `value`: the same first, second and at as adding every value again (non-negative
+    // values), in O(1) unless the old value was one of the two and fell.
+    void replace(std::vector<double>& values, size_t index, double value);
   };
-  void sum_up();  // the sum and top twos of the kept figures
   int64_t microbatches_;
   Schedule schedule_;
   int chunks_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "graph/error.h"
 #include "plan/training.h"
 
 namespace apart {
@@ -27,11 +28,26 @@ double stage_in_flight_activations(Schedule schedule, int stage, int stages, int
 // Persistent bytes per parameter: weights + gradients + optimizer state.
 //   fp32/tf32: 4 + 4 + {SGD 0, momentum 4, Adam 8}        → 8, 12, 16
 //   mixed:     2 + 2 + 4 (fp32 master) + {0, 4, 8}          → 8, 12, 16
-double weight_bytes_per_param(Precision precision);       // 4; mixed: 2 + 4 (fp16 copy + fp32 master)
-double working_weight_bytes_per_param(Precision precision);  // the copy forward and backward read: 4; mixed: 2
-double master_weight_bytes_per_param(Precision precision);   // the fp32 master beside it: 0; mixed: 4
-double gradient_bytes_per_param(Precision precision);     // 4; mixed: 2
-double optimizer_state_bytes_per_param(Optimizer optimizer);  // fp32 state: 0, 4 (velocity), 8 (moments)
+// The copy forward and backward read: 4; mixed: 2.
+inline double working_weight_bytes_per_param(Precision precision) { return precision == Precision::kMixed ? 2 : 4; }
+// The fp32 master beside it: 0; mixed: 4.
+inline double master_weight_bytes_per_param(Precision precision) { return precision == Precision::kMixed ? 4 : 0; }
+// 4; mixed: 2 + 4 (fp16 copy + fp32 master).
+inline double weight_bytes_per_param(Precision precision) {
+  return working_weight_bytes_per_param(precision) + master_weight_bytes_per_param(precision);
+}
+// 4; mixed: 2.
+inline double gradient_bytes_per_param(Precision precision) { return precision == Precision::kMixed ? 2 : 4; }
+// fp32 state: 0, 4 (velocity), 8 (moments).
+inline double optimizer_state_bytes_per_param(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::kSgd: return 0;
+    case Optimizer::kMomentum: return 4;  // fp32 velocity
+    case Optimizer::kAdam:
+    case Optimizer::kAdamW: return 8;     // fp32 first and second moments
+  }
+  return 8;
+}
 double bytes_per_param(Optimizer optimizer, Precision precision);  // the three together
 
 // ZeRO (Rajbhandari et al., SC20, §5): a stage's `replicas` data-parallel replicas each keep 1/N_d of
@@ -41,7 +57,10 @@ double bytes_per_param(Optimizer optimizer, Precision precision);  // the three 
 // Mixed Adam (K = 12): 2 + 2 + 12 → 2 + 2 + 12/N_d, 2 + 14/N_d, 16/N_d bytes per parameter. Stage 0 is plain data
 // parallelism (stages 0..kMaxZeroStage, plan/training.h). A stage with one replica has nothing to shard across:
 // effective_zero is 0 there.
-int effective_zero(int zero, int replicas);
+inline int effective_zero(int zero, int replicas) {
+  APART_CHECK(zero >= 0 && zero <= kMaxZeroStage && replicas >= 1, "bad ZeRO stage or replica count");
+  return replicas > 1 ? zero : 0;
+}
 // Bytes per parameter on one device, split as StageMemory splits them (weights include the master copy).
 struct ParamStateBytes {
   double weights = 0;
@@ -49,36 +68,64 @@ struct ParamStateBytes {
   double optimizer_state = 0;
   double total() const { return weights + gradients + optimizer_state; }
 };
-ParamStateBytes param_state_bytes(Optimizer optimizer, Precision precision, int zero = 0, int replicas = 1);
-// ZeRO-3 gathers each task's full working weights just before it runs (forward, and again for backward) and frees
-// them after: the largest task's gathered weights, `largest_task_param_bytes` as stored, are workspace on top of the
-// 1/N_d shard (one task's set in flight at a time; prefetching the next would double it). 0 below stage 3.
-double zero_gathered_bytes(double largest_task_param_bytes, Precision precision, int zero, int replicas);
+inline ParamStateBytes param_state_bytes(Optimizer optimizer, Precision precision, int zero = 0, int replicas = 1) {
+  const int z = effective_zero(zero, replicas);
+  const double n = replicas;
+  auto sharded_from = [&](int stage, double bytes) { return z >= stage ? bytes / n : bytes; };
+  ParamStateBytes b;
+  b.weights = sharded_from(3, working_weight_bytes_per_param(precision)) +
+              sharded_from(1, master_weight_bytes_per_param(precision));
+  b.gradients = sharded_from(2, gradient_bytes_per_param(precision));
+  b.optimizer_state = sharded_from(1, optimizer_state_bytes_per_param(optimizer));
+  return b;
+}
 
 // The stage rules below take a stage's parameters as bytes the way the model stores them (the cost table's
 // param_bytes, plan.json's stages[].param_bytes) and count elements as kParamStorageBytes each (plan/training.h).
 // Weights + gradients + optimizer state per stored parameter byte: bytes_per_param / kParamStorageBytes
 // (fp32 and mixed alike: 2, 3, 4 for sgd, momentum, adam).
 // Under ZeRO `zero` over `replicas` replicas: param_state_bytes(...).total() / kParamStorageBytes.
-double state_bytes_per_param_byte(Optimizer optimizer, Precision precision, int zero = 0, int replicas = 1);
+inline double state_bytes_per_param_byte(Optimizer optimizer, Precision precision, int zero = 0, int replicas = 1) {
+  return param_state_bytes(optimizer, precision, zero, replicas).total() / kParamStorageBytes;
+}
 // Gradient bytes all-reduced per stored parameter byte: gradient_bytes_per_param / kParamStorageBytes (mixed: 0.5).
-double gradient_bytes_per_param_byte(Precision precision);
+inline double gradient_bytes_per_param_byte(Precision precision) {
+  return gradient_bytes_per_param(precision) / kParamStorageBytes;
+}
 // Working-weight bytes (what ZeRO all-gathers) per stored parameter byte: working_weight_bytes_per_param /
 // kParamStorageBytes (mixed: 0.5).
-double working_weight_bytes_per_param_byte(Precision precision);
+inline double working_weight_bytes_per_param_byte(Precision precision) {
+  return working_weight_bytes_per_param(precision) / kParamStorageBytes;
+}
+// ZeRO-3 gathers each task's full working weights just before it runs (forward, and again for backward) and frees
+// them after: the largest task's gathered weights, `largest_task_param_bytes` as stored, are workspace on top of the
+// 1/N_d shard (one task's set in flight at a time; prefetching the next would double it). 0 below stage 3.
+inline double zero_gathered_bytes(double largest_task_param_bytes, Precision precision, int zero, int replicas) {
+  if (effective_zero(zero, replicas) < 3) return 0;
+  return largest_task_param_bytes * working_weight_bytes_per_param_byte(precision);
+}
 // Bytes the optimizer step moves through memory per stored parameter byte: it reads the fp32 master weights,
 // the gradients and the state, writes the weights (and their 16-bit copy under mixed), the state, and zeroes the
 // gradients for the next iteration: (4 + weight + 2 · gradient + 2 · state bytes per param) / kParamStorageBytes.
 // fp32: 4, 6, 8 for sgd, momentum, adam (Adam: 32 bytes per 4-byte param).
-double optimizer_traffic_bytes_per_param_byte(Optimizer optimizer, Precision precision);
+inline double optimizer_traffic_bytes_per_param_byte(Optimizer optimizer, Precision precision) {
+  return (kParamStorageBytes + weight_bytes_per_param(precision) + 2 * gradient_bytes_per_param(precision) +
+          2 * optimizer_state_bytes_per_param(optimizer)) /
+         kParamStorageBytes;
+}
 // The optimizer step of `param_bytes` stored parameter bytes on a device whose memory streams `memory_bandwidth`
 // bytes/s: a memory-bound update, traffic / bandwidth (docs/cost-model.md, "Optimizer step"); 0 without a bandwidth.
 // Under ZeRO stage ≥ 1 each of the `replicas` replicas updates only its 1/N_d shard: the time over N_d.
-double optimizer_step_time(int64_t param_bytes, Optimizer optimizer, Precision precision, double memory_bandwidth,
-                           int zero = 0, int replicas = 1);
+inline double optimizer_step_time(int64_t param_bytes, Optimizer optimizer, Precision precision,
+                                  double memory_bandwidth, int zero = 0, int replicas = 1) {
+  if (param_bytes <= 0 || !(memory_bandwidth > 0)) return 0;
+  const double shards = effective_zero(zero, replicas) >= 1 ? replicas : 1;
+  return static_cast<double>(param_bytes) * optimizer_traffic_bytes_per_param_byte(optimizer, precision) /
+         memory_bandwidth / shards;
+}
 // Activation bytes per fp32 byte the graph stores: mixed precision keeps activations (and moves whole-kernel
 // traffic) in fp16/bf16, half; fp32 and tf32 keep fp32.
-double activation_bytes_factor(Precision precision);
+inline double activation_bytes_factor(Precision precision) { return precision == Precision::kMixed ? 0.5 : 1.0; }
 
 struct StageMemoryInput {
   int64_t param_bytes = 0;                       // the stage's distinct params as stored in the model

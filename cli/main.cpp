@@ -36,9 +36,10 @@ bool register_command(CommandSpec spec) {
 namespace {
 
 // `apart partition` builds and frees its DP tables thousands of times: by default glibc hands every block over
-// 128 KiB back to the kernel and faults it in again, on 4 KiB pages. It runs itself again, once, with glibc's malloc
-// tunables keeping freed memory and backing the heap with transparent huge pages (GPT-3 175B × 1,024 A100s, the
-// default command: 1.05 → 0.80 s wall, minor page faults 56 K → 29 K; bench/RESULTS.md). Not where the user set
+// 128 KiB back to the kernel and faults it in again, on 4 KiB pages, and grows each thread's heap a little at a
+// time. It runs itself again, once, with glibc's malloc tunables keeping freed memory, growing a heap 64 MiB at a
+// time (top_pad) and backing it with transparent huge pages (GPT-3 175B × 1,024 A100s, the default command:
+// 1.05 → 0.62 s wall, minor page faults 56 K → 1 K; bench/RESULTS.md). Not where the user set
 // GLIBC_TUNABLES or APART_MALLOC_TUNING (0 turns it off; the re-run sets it to 1), nor under the sanitizers (their
 // allocator ignores the tunables). If the re-run cannot start, the thresholds are set in this process instead.
 void tune_allocator_for_planning(int argc, char** argv) {
@@ -50,11 +51,13 @@ void tune_allocator_for_planning(int argc, char** argv) {
   if (std::getenv("APART_MALLOC_TUNING") || std::getenv("GLIBC_TUNABLES")) return;
   ::setenv("APART_MALLOC_TUNING", "1", 1);
   ::setenv("GLIBC_TUNABLES",
-           "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912:glibc.malloc.hugetlb=1", 1);
+           "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912:"
+           "glibc.malloc.top_pad=67108864:glibc.malloc.hugetlb=1", 1);
   ::execv("/proc/self/exe", argv);
   ::unsetenv("GLIBC_TUNABLES");
   ::mallopt(M_MMAP_THRESHOLD, 256 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  ::mallopt(M_TOP_PAD, 64 << 20);
 #endif
 }
 

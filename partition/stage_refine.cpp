@@ -127,16 +127,30 @@ class ComponentRuns {
   // Makes range() answer for runs starting or ending at these cut positions (sorted, unique).
   void prepare(const std::vector<size_t>& positions) {
     // One sweep over the cut positions with the transfers and weights live across the current one.
-    std::vector<std::vector<uint32_t>> transfers_made_at(n_), params_first_read_at(n_);
-    for (uint32_t t = 0; t < transfers_.size(); ++t) transfers_made_at[transfers_[t].producer].push_back(t);
-    for (uint32_t p = 0; p < params_.size(); ++p)
-      if (params_[p].readers.size() > 1) params_first_read_at[params_[p].readers.front()].push_back(p);
+    // The transfers made at each position and the shared weights first read there, each in index order (two
+    // flat arrays with offsets: this runs once per refinement round).
+    auto group_by = [&](size_t count, auto&& key, auto&& keep) {
+      std::vector<uint32_t> offset(n_ + 1, 0), items;
+      for (uint32_t i = 0; i < count; ++i)
+        if (keep(i)) ++offset[key(i) + 1];
+      for (size_t c = 0; c < n_; ++c) offset[c + 1] += offset[c];
+      items.resize(offset[n_]);
+      std::vector<uint32_t> filled(offset.begin(), offset.end() - 1);
+      for (uint32_t i = 0; i < count; ++i)
+        if (keep(i)) items[filled[key(i)]++] = i;
+      return std::pair{std::move(offset), std::move(items)};
+    };
+    const auto [made_from, made] = group_by(
+        transfers_.size(), [&](uint32_t t) { return transfers_[t].producer; }, [](uint32_t) { return true; });
+    const auto [read_from, read] = group_by(
+        params_.size(), [&](uint32_t p) { return params_[p].readers.front(); },
+        [&](uint32_t p) { return params_[p].readers.size() > 1; });
     std::vector<uint32_t> live_transfers, live_params;
     size_t next = 0;
     for (size_t c = 0; c <= n_ && next < positions.size(); ++c) {
       if (c > 0) {
-        for (uint32_t t : transfers_made_at[c - 1]) live_transfers.push_back(t);
-        for (uint32_t p : params_first_read_at[c - 1]) live_params.push_back(p);
+        live_transfers.insert(live_transfers.end(), made.begin() + made_from[c - 1], made.begin() + made_from[c]);
+        live_params.insert(live_params.end(), read.begin() + read_from[c - 1], read.begin() + read_from[c]);
       }
       std::erase_if(live_transfers, [&](uint32_t t) { return transfers_[t].consumers.back() < c; });
       std::erase_if(live_params, [&](uint32_t p) { return params_[p].readers.back() < c; });

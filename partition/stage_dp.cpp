@@ -254,6 +254,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
       k_(evaluator.blocks()),
       devices_(evaluator.cluster().devices),
       memory_limit_(evaluator.cluster().usable_memory_bytes()) {
+  for (size_t f = 0; f <= k_; ++f) row_start_.push_back(f * k_ - f * (f - (f > 0 ? 1 : 0)) / 2);
   const int64_t microbatches = options.microbatches;
   const bool fixed_split = options.fixed_split;
   const std::optional<int>& pinned_replicas = options.pinned_replicas;

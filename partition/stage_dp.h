@@ -284,11 +284,9 @@ class StageDp {
   std::vector<StageRange> block_ranges_;  // fixed splits: each block's range
   mutable std::vector<LazyEntries> lazy_;  // fixed splits: per (block, variant)
   std::vector<double> h_values_;         // sorted distinct h values
-  // The ranges first < last, row by row (first·k − first(first−1)/2 ranges come before row `first`).
-  size_t range_index(uint32_t first, uint32_t last) const {
-    const size_t f = first;
-    return f * k_ - f * (f - (f > 0 ? 1 : 0)) / 2 + (last - first - 1);
-  }
+  // The ranges first < last, row by row (first·k − first(first−1)/2 ranges come before row `first`: row_start_).
+  std::vector<size_t> row_start_;
+  size_t range_index(uint32_t first, uint32_t last) const { return row_start_[first] + (last - first - 1); }
   size_t index(uint32_t first, uint32_t last, size_t c) const { return range_index(first, last) * candidates_.size() + c; }
 };
 

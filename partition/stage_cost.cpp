@@ -392,17 +392,27 @@ void StageReplacementEstimate::reset(std::span<const StageCost> stages) {
   steps_.resize(stages.size());
   allreduces_.resize(stages.size());
   optimizers_.resize(stages.size());
-  sum_steps_ = 0;
-  step_ = allreduce_ = optimizer_ = TopTwo{};
   for (size_t s = 0; s < stages.size(); ++s) {
     steps_[s] = stages[s].step_s;
     allreduces_[s] = stages[s].allreduce_exposed_s;
     optimizers_[s] = stages[s].optimizer_s;
-    sum_steps_ += steps_[s];
-    step_.add(steps_[s], s);
-    allreduce_.add(allreduces_[s], s);
-    optimizer_.add(optimizers_[s], s);
   }
+  sum_steps_ = sum_in_stage_order(steps_);
+  step_ = TopTwo::of(steps_);
+  allreduce_ = TopTwo::of(allreduces_);
+  optimizer_ = TopTwo::of(optimizers_);
+}
+
+double StageReplacementEstimate::sum_in_stage_order(const std::vector<double>& values) {
+  double sum = 0;  // estimate_iteration_time's order: the bits current_iteration_s() promises
+  for (double v : values) sum += v;
+  return sum;
+}
+
+StageReplacementEstimate::TopTwo StageReplacementEstimate::TopTwo::of(const std::vector<double>& values) {
+  TopTwo top;
+  for (size_t s = 0; s < values.size(); ++s) top.add(values[s], s);
+  return top;
 }
 
 void StageReplacementEstimate::TopTwo::replace(std::vector<double>& values, size_t index, double value) {
@@ -424,9 +434,7 @@ void StageReplacementEstimate::TopTwo::replace(std::vector<double>& values, size
   } else {
     again = old >= second;  // it may have been the second largest
   }
-  if (!again) return;
-  *this = TopTwo{};
-  for (size_t s = 0; s < values.size(); ++s) add(values[s], s);
+  if (again) *this = of(values);
 }
 
 void StageReplacementEstimate::replace(size_t stage, const StageCost& replacement) {
@@ -437,9 +445,7 @@ void StageReplacementEstimate::replace(size_t stage, const StageCost& replacemen
   step_.replace(steps_, stage, replacement.step_s);
   allreduce_.replace(allreduces_, stage, replacement.allreduce_exposed_s);
   optimizer_.replace(optimizers_, stage, replacement.optimizer_s);
-  // The sum again in stage order: the bits reset() and estimate_iteration_time get.
-  sum_steps_ = 0;
-  for (double step : steps_) sum_steps_ += step;
+  sum_steps_ = sum_in_stage_order(steps_);
 }
 
 std::optional<double> StageReplacementEstimate::current_iteration_s() const {

@@ -195,11 +195,13 @@ class StageReplacementEstimate {
     double first = 0, second = 0;
     size_t at = 0;
     void add(double value, size_t index);
+    static TopTwo of(const std::vector<double>& values);  // every value added in order
     double without(size_t index) const { return index == at ? second : first; }
     // values[index] becomes `value`: the same first, second and at as adding every value again (non-negative
     // values), in O(1) unless the old value was one of the two and fell.
     void replace(std::vector<double>& values, size_t index, double value);
   };
+  static double sum_in_stage_order(const std::vector<double>& values);
   int64_t microbatches_;
   Schedule schedule_;
   int chunks_;

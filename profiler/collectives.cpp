@@ -1,8 +1,6 @@
 // Communication-time rules (docs/cost-model.md): transfers, ring all-reduce, overlapped buckets.
 #include "profiler/collectives.h"
 
-#include <algorithm>
-
 namespace apart {
 
 double p2p_time(const Cluster& c, int a, int b, double bytes) {

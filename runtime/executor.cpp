@@ -82,8 +82,13 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
                         task.op_type + " has no CPU kernel in apart's runtime (docs/runtime.md lists the supported ops)");
     cpu_kernels_[t] = fn;
     if (backend_ != &cpu_backend()) {
-      if (KernelFn on_device = backend_->find_kernel(op)) fn = on_device;
-      else on_backend_[t] = false;
+      if (is_tensor_parallel_collective(op)) {  // backend-generic: on the backend where the group moves its memory
+        if (device_ && options_.tensor_parallel && !options_.tensor_parallel_on_backend) on_backend_[t] = false;
+      } else if (KernelFn on_device = backend_->find_kernel(op)) {
+        fn = on_device;
+      } else {
+        on_backend_[t] = false;
+      }
     }
     kernels_[t] = fn;
   }
@@ -268,7 +273,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
     return on_device ? backend_->empty(dtype, shape) : Tensor(dtype, shape);
   };
   KernelContext ctx(task, opset_, std::move(inputs), tensor_attrs_[t], outputs, allocate, random_stream(random, node_random_id(task.name.data(), task.name.size())));
-  ctx.set_tensor_parallel_group(options_.tensor_parallel);
+  ctx.set_tensor_parallel_group(on_device ? options_.tensor_parallel_on_backend : options_.tensor_parallel);
   std::vector<Tensor> host_copies;  // host_input's copies of device inputs: kept until the task ends
   if (on_device) {
     host_copies.resize(task.inputs.size());

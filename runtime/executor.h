@@ -50,8 +50,14 @@ struct ExecutorOptions {
   // frees). memory_plan() is still made: the arena it would have been.
   bool arena = true;
   // The tensor-parallel group (not owned) whose ranks run the other shards of this graph: ai.apart.TpAllReduce sums
-  // over it (codegen/tensor_parallel_shard.h). nullptr: no group, the collectives are identities.
+  // over it (codegen/tensor_parallel_shard.h). nullptr: no group, the collectives are identities. It moves host
+  // memory (MPI, in-process): the tasks that run on the CPU kernels over host memory use it.
   Communicator* tensor_parallel = nullptr;
+  // The same group over a transport that moves a device backend's memory (NCCL under --backend cuda), or nullptr.
+  // With it the TP collectives (is_tensor_parallel_collective) run on the backend, on its tensors, and so does any
+  // backend kernel that reads the group; without it, on a device backend with a group, they run on host copies (a
+  // CPU fallback over `tensor_parallel`).
+  Communicator* tensor_parallel_on_backend = nullptr;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;

@@ -114,6 +114,12 @@ std::vector<std::string> supported_ops();
 // Adds a kernel; the cpu/*.cpp families call it from their register_*_kernels() (cpu/families.h).
 void register_kernel(std::string_view op_type, KernelFn fn);
 
+// Whether `op` (as find_kernel names it) is one of the tensor-parallel collectives (ai.apart.TpCopy, TpAllReduce,
+// TpScatter, TpAllGather, TpReduceScatter): backend-generic kernels that move bytes only through their backend's
+// copies and the TP group's collectives (runtime/cpu/tensor_parallel.cpp), so the executor runs them on any backend
+// whose memory the group moves (ExecutorOptions::tensor_parallel_on_backend).
+bool is_tensor_parallel_collective(std::string_view op);
+
 // --- Helpers shared by kernels ------------------------------------------------
 
 // The threads one process's kernels use: parallel_for's and OpenBLAS's (set through openblas_set_num_threads when

@@ -298,6 +298,11 @@ std::vector<ByteRun> slice_runs(const BoundaryValue& v, int64_t first, const Sam
                   (samples.end - samples.begin) * v.rows_per_sample, s.row_bytes);
 }
 
+// Bytes [offset, offset + bytes) of a float32 message (both multiples of 4), over the same memory.
+Tensor float_range(const Tensor& message, size_t offset, size_t bytes) {
+  return message.flat_range(static_cast<int64_t>(offset / 4), static_cast<int64_t>((offset + bytes) / 4));
+}
+
 // Rows [begin, end) along axis 0 of a batch-first data tensor.
 Tensor batch_rows(const Tensor& t, int64_t begin, int64_t end) {
   std::vector<int64_t> shape = t.shape();
@@ -419,9 +424,16 @@ void check_resharding(const Manifest& m, const RunSetup& setup, int world, const
   if (theirs.size() != mine["stages"].size() || m.layout.value("positions", nlohmann::json()) != mine.value("positions", nlohmann::json()))
     refuse("of " + describe_layout(m.layout) + " (this plan has " + describe_layout(mine) + ")");
   const std::string part = mine.contains("positions") ? "chunk " : "stage ";
+  auto degrees = [](const nlohmann::json& stages) {  // "[2, 1]": each stage's (or chunk's) TP degree
+    std::string listed;
+    for (const nlohmann::json& stage : stages)
+      listed += (listed.empty() ? "" : ", ") + (stage.is_object() ? stage.value("tp", nlohmann::json()).dump() : "?");
+    return "[" + listed + "]";
+  };
+  if (degrees(theirs) != degrees(mine["stages"]))
+    refuse(std::string("whose ") + (mine.contains("positions") ? "chunks" : "stages") + " have TP degrees " +
+           degrees(theirs) + " (this plan's: " + degrees(mine["stages"]) + ")");
   for (size_t k = 0; k < theirs.size(); ++k) {
-    if (!theirs[k].is_object() || theirs[k].value("tp", nlohmann::json()) != mine["stages"][k]["tp"])
-      refuse("whose " + part + std::to_string(k) + " has another TP degree (this plan's: " + mine["stages"][k]["tp"].dump() + ")");
     if (theirs[k].value("tasks_sha256", nlohmann::json()) != mine["stages"][k]["tasks_sha256"])
       refuse("whose " + part + std::to_string(k) + " holds other tasks (the model cut elsewhere)");
   }
@@ -654,8 +666,10 @@ class StageRunner {
   // ZeRO), and the stage boundaries' messages (not in interleaved plans). Null on the host path.
   std::unique_ptr<Communicator> device_replicas_;
   std::unique_ptr<DeviceMessages> device_messages_;
-  // This replica's TP group (nullptr without TP): the shards' collectives run over it.
+  // This replica's TP group (nullptr without TP): the shards' collectives run over it; device_tp_group_ is the same
+  // group over options_.device_world (NCCL), which runs them on device tensors (null on the host path).
   std::unique_ptr<Communicator> tp_group_;
+  std::unique_ptr<Communicator> device_tp_group_;
   // The params this rank holds a slice of (codegen/tensor_parallel_shard.h), by name.
   std::map<std::string, TpShardedParam> tp_sharded_;
   // Whether this rank adds param i to the global norm and the tied sums: one holder of a replicated param (TP rank 0),
@@ -732,8 +746,12 @@ void StageRunner::build() {
   fold_shape_only_inputs(proto, sent, import);
   if (options_.init == ParamInit::kRandom) randomize_params(proto, options_.seed);
   widen_half_precision(proto, setup_.plan_dir);  // a float16/bfloat16 stage trains in float32, as apart train does
-  if (tp() > 1) build_tensor_parallel_shard(proto);
-  else if (setup_.tp > 1) world_.split(-1, world_.rank());  // the TP groups' split is collective over the world
+  if (tp() > 1) {
+    build_tensor_parallel_shard(proto);
+  } else if (setup_.tp > 1) {  // the TP groups' splits are collective over the world (and the device world)
+    world_.split(-1, world_.rank());
+    if (options_.device_world) options_.device_world->split(-1, world_.rank());
+  }
 
   // Boundary values: those from earlier stages come in (their gradients go out), those for later stages go out.
   StageGraphOptions g;
@@ -758,6 +776,7 @@ void StageRunner::build() {
   exec.backend = &backend_;
   exec.outputs_on_backend = true;  // stash and gradients stay on the backend; boundary values go to the host to be sent
   exec.tensor_parallel = tp_group_.get();
+  exec.tensor_parallel_on_backend = device_tp_group_.get();  // NCCL: the shards' collectives on device tensors
   exec.arena = false;  // each pass holds what it needs while it runs, nothing between runs (docs/runtime.md, "ZeRO")
   exec.precompute_max_bytes = 64 << 10;  // shape arithmetic and small masks; no param-sized constant held for good
   forward_ = std::make_unique<Executor>(graphs_.forward, setup_.plan_dir, exec, import);
@@ -847,7 +866,9 @@ void StageRunner::build() {
 void StageRunner::build_tensor_parallel_shard(onnx::ModelProto& proto) {
   // This stage's record (in an interleaved plan this chunk's: its stage's devices and sequence parallelism).
   const PlanStageRecord& full = setup_.full_plan.stages[static_cast<size_t>(stage_.id)];
-  tp_group_ = world_.split(full.devices[static_cast<size_t>(setup_.role.replica * tp())], setup_.role.tp_rank);
+  const int color = full.devices[static_cast<size_t>(setup_.role.replica * tp())];
+  tp_group_ = world_.split(color, setup_.role.tp_rank);
+  if (options_.device_world) device_tp_group_ = options_.device_world->split(color, setup_.role.tp_rank);
   const std::vector<TpShardRegion> regions = tp_shard_regions(setup_.full_plan);
   // The shard cuts initializers held inline: external data is read in first.
   for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
@@ -1238,7 +1259,9 @@ size_t StageRunner::send_on_device(const Action& a) {
   const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
   int64_t bytes = 0;
   for (const std::string& name : names) bytes += boundary(name).slice_bytes(a.samples);
-  Tensor message = device_messages_->buffer(bytes);  // zeros: a gradient no param or output depends on stays zero
+  const MessagePart part = message_part(a, static_cast<size_t>(bytes));
+  // Zeros: a gradient no param or output depends on stays zero, and so does the padding of TP parts.
+  Tensor message = device_messages_->buffer(static_cast<int64_t>(part.padded));
   int64_t at = 0;
   for (const std::string& name : names) {
     const BoundaryValue& v = boundary(name);
@@ -1251,8 +1274,9 @@ size_t StageRunner::send_on_device(const Action& a) {
     const Tensor on_backend = t->on_host() ? backend_.to_device(*t) : *t;  // a host-memory backend: itself
     at = device_messages_->pack(on_backend, slice_runs(v, mine.begin, a.samples), message, at);
   }
-  device_messages_->send(std::move(message), a.peer, action_tag(a, plan_));
-  return static_cast<size_t>(bytes);
+  device_messages_->send(part.parts == 1 ? std::move(message) : float_range(message, part.offset, part.bytes), a.peer,
+                         action_tag(a, plan_));
+  return part.bytes;
 }
 
 size_t StageRunner::recv_on_device(const Action& a) {
@@ -1261,8 +1285,15 @@ size_t StageRunner::recv_on_device(const Action& a) {
   const std::vector<std::string> names = edge_values(a.from_stage, a.to_stage, a.gradient);
   int64_t bytes = 0;
   for (const std::string& name : names) bytes += boundary(name).slice_bytes(a.samples);
-  Tensor message = device_messages_->buffer(bytes);
-  device_messages_->recv(message, a.peer, action_tag(a, plan_));
+  const MessagePart part = message_part(a, static_cast<size_t>(bytes));
+  Tensor message = device_messages_->buffer(static_cast<int64_t>(part.padded));
+  if (part.parts == 1) {
+    device_messages_->recv(message, a.peer, action_tag(a, plan_));
+  } else {  // every TP rank receives its part: the whole message on each (message_part)
+    Tensor mine = float_range(message, part.offset, part.bytes);
+    device_messages_->recv(mine, a.peer, action_tag(a, plan_));
+    device_tp_group_->allgather(message.span<float>())->wait();
+  }
   int64_t at = 0;
   for (const std::string& name : names) {
     const BoundaryValue& v = boundary(name);
@@ -1277,7 +1308,7 @@ size_t StageRunner::recv_on_device(const Action& a) {
     if (!t.defined()) t = backend_.empty(v.dtype, v.shape);
     at = device_messages_->unpack(message, at, slice_runs(v, mine.begin, a.samples), t, a.gradient);
   }
-  return static_cast<size_t>(bytes);
+  return part.bytes;
 }
 
 void StageRunner::finish_allreduce() {

@@ -1,9 +1,11 @@
-// The tensor-parallel collectives of a shard (codegen/tensor_parallel_shard.h) over the executor's TP group.
+// The tensor-parallel collectives of a shard (codegen/tensor_parallel_shard.h) over the executor's TP group, and the
+// vocabulary-parallel loss.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "runtime/backend.h"
 #include "runtime/communicator.h"
 #include "runtime/cpu/families.h"
 #include "runtime/kernel.h"
@@ -11,10 +13,20 @@
 namespace apart::cpu {
 namespace {
 
+// The five collectives below are backend-generic: they move bytes only through their backend's copies
+// (KernelContext::backend(): the CPU's memcpy, or a device's copies) and the group's collectives, never reading an
+// element, so the executor runs them on any backend whose memory the group moves (NCCL under --backend cuda:
+// ExecutorOptions::tensor_parallel_on_backend) and on host copies otherwise.
+
+void copy_on_backend(const KernelContext& ctx, const std::byte* from, std::byte* to, int64_t bytes) {
+  ctx.backend().copy_on_device(from, to, bytes);
+}
+void copy_tensor(const KernelContext& ctx, const Tensor& from, Tensor& to) { copy_on_backend(ctx, from.raw(), to.raw(), from.bytes()); }
+
 // ai.apart.TpCopy (Megatron's f): the input, unchanged; its gradient is all-reduced (by TpAllReduce in the backward).
 void tp_copy_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  copy_bytes(x, ctx.output(0, x.dtype(), x.shape()));
+  copy_tensor(ctx, x, ctx.output(0, x.dtype(), x.shape()));
 }
 
 // ai.apart.TpAllReduce (Megatron's g): the sum of every TP rank's input, the same on each (float32 or float64). Without
@@ -22,7 +34,7 @@ void tp_copy_k(KernelContext& ctx) {
 void tp_allreduce_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  copy_bytes(x, y);
+  copy_tensor(ctx, x, y);
   Communicator* group = ctx.tensor_parallel_group();
   if (group == nullptr || group->size() == 1) return;
   if (x.dtype() == DType::kFloat32) group->allreduce_sum(y.span<float>())->wait();
@@ -61,23 +73,20 @@ int degree_of(const KernelContext& ctx) {
   return group == nullptr ? 1 : group->size();
 }
 
-// Part `rank` of `whole` ([outer, length, inner]) into `part` ([outer, c.part, inner]), and back.
-template <class T>
-void take_part(const AxisCut& c, int rank, const T* whole, T* part) {
-  const int64_t block = c.part * c.inner;
-  for (int64_t o = 0; o < c.outer; ++o)
-    std::memcpy(part + o * block, whole + (o * c.length + rank * c.part) * c.inner, static_cast<size_t>(block) * sizeof(T));
-}
-template <class T>
-void put_part(const AxisCut& c, int rank, const T* part, T* whole) {
-  const int64_t block = c.part * c.inner;
-  for (int64_t o = 0; o < c.outer; ++o)
-    std::memcpy(whole + (o * c.length + rank * c.part) * c.inner, part + o * block, static_cast<size_t>(block) * sizeof(T));
-}
-
 // The communicator's reduce_scatter_sum and allgather cut a buffer into size() consecutive shards: the TP group's
 // parts laid out rank after rank (rank r's [outer, part, inner] at r·outer·part·inner).
 int64_t part_elements(const AxisCut& c) { return c.outer * c.part * c.inner; }
+
+// Part `rank` of `whole` ([outer, length, inner]) to `part` ([outer, c.part, inner]) (`to_part`), or back; byte
+// offsets into tensors of `element` bytes, one backend copy per outer block.
+void move_part(const KernelContext& ctx, const AxisCut& c, int rank, int64_t element, const std::byte* from, std::byte* to,
+               bool to_part) {
+  const int64_t block = c.part * c.inner * element;
+  for (int64_t o = 0; o < c.outer; ++o) {
+    const int64_t in_whole = (o * c.length + rank * c.part) * c.inner * element, in_part = o * block;
+    copy_on_backend(ctx, from + (to_part ? in_whole : in_part), to + (to_part ? in_part : in_whole), block);
+  }
+}
 
 std::vector<int64_t> with_axis_length(const KernelContext& ctx, std::vector<int64_t> shape, int64_t length) {
   shape[static_cast<size_t>(cut_axis(ctx, shape.size()))] = length;
@@ -87,12 +96,11 @@ std::vector<int64_t> with_axis_length(const KernelContext& ctx, std::vector<int6
 // ai.apart.TpScatter (x replicated, any dtype): this rank's part along `axis`, no message. Gradient: TpAllGather.
 void tp_scatter_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  AxisCut c = axis_cut(ctx, x.shape(), degree_of(ctx));
+  const AxisCut c = axis_cut(ctx, x.shape(), degree_of(ctx));
   Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
   if (y.elements() == 0) return;
-  c.inner *= dtype_size(x.dtype());  // moved as bytes
   const Communicator* group = ctx.tensor_parallel_group();
-  take_part(c, group == nullptr ? 0 : group->rank(), x.raw(), y.raw());
+  move_part(ctx, c, group == nullptr ? 0 : group->rank(), dtype_size(x.dtype()), x.raw(), y.raw(), true);
 }
 
 // ai.apart.TpAllGather: every rank's part concatenated along `axis` in rank order, the same on each rank. Gradient:
@@ -104,17 +112,21 @@ void tp_allgather_k(KernelContext& ctx) {
   const std::vector<int64_t> shape =
       with_axis_length(ctx, x.shape(), x.shape()[static_cast<size_t>(cut_axis(ctx, x.shape().size()))] * degree);
   Tensor& y = ctx.output(0, x.dtype(), shape);
-  if (degree == 1 || y.elements() == 0) return copy_bytes(x, y);
+  if (degree == 1 || y.elements() == 0) return copy_tensor(ctx, x, y);
   const AxisCut c = axis_cut(ctx, shape, degree);
   Communicator& group = *ctx.tensor_parallel_group();
   const int rank = group.rank();
+  const int64_t element = dtype_size(x.dtype());
   if (x.dtype() == DType::kFloat32) {
-    std::vector<float> ranks(static_cast<size_t>(y.elements()));
-    std::memcpy(ranks.data() + rank * x.elements(), x.data<float>(), static_cast<size_t>(x.bytes()));
-    group.allgather(ranks)->wait();
-    for (int r = 0; r < degree; ++r) put_part(c, r, ranks.data() + r * part_elements(c), y.data<float>());
+    // With one outer block the output is the parts in rank order: gathered in place; else through a buffer of the
+    // backend's, rearranged after.
+    Tensor ranks = c.outer == 1 ? y : ctx.backend().empty(DType::kFloat32, {y.elements()});
+    copy_on_backend(ctx, x.raw(), ranks.raw() + rank * x.bytes(), x.bytes());
+    group.allgather(ranks.span<float>())->wait();
+    if (c.outer == 1) return;
+    for (int r = 0; r < degree; ++r) move_part(ctx, c, r, element, ranks.raw() + r * part_elements(c) * element, y.raw(), false);
   } else if (x.dtype() == DType::kFloat64) {  // no float64 all-gather: the sum over zeroed other parts, exact
-    put_part(c, rank, x.data<double>(), y.data<double>());
+    move_part(ctx, c, rank, element, x.raw(), y.raw(), false);
     group.allreduce_sum(y.span<double>())->wait();
   } else {
     ctx.unsupported("an all-gather of " + std::string(dtype_name(x.dtype())));
@@ -127,18 +139,19 @@ void tp_reduce_scatter_k(KernelContext& ctx) {
   const int degree = degree_of(ctx);
   const AxisCut c = axis_cut(ctx, x.shape(), degree);
   Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
-  if (degree == 1 || y.elements() == 0) return copy_bytes(x, y);
+  if (degree == 1 || y.elements() == 0) return copy_tensor(ctx, x, y);
   Communicator& group = *ctx.tensor_parallel_group();
   const int rank = group.rank();
+  const int64_t element = dtype_size(x.dtype());
+  Tensor buffer = ctx.backend().empty(x.dtype(), {x.elements()});  // x's parts in rank order, reduced in place
   if (x.dtype() == DType::kFloat32) {
-    std::vector<float> ranks(static_cast<size_t>(x.elements()));
-    for (int r = 0; r < degree; ++r) take_part(c, r, x.data<float>(), ranks.data() + r * part_elements(c));
-    group.reduce_scatter_sum(ranks)->wait();
-    std::memcpy(y.data<float>(), ranks.data() + rank * y.elements(), static_cast<size_t>(y.bytes()));
+    for (int r = 0; r < degree; ++r) move_part(ctx, c, r, element, x.raw(), buffer.raw() + r * part_elements(c) * element, true);
+    group.reduce_scatter_sum(buffer.span<float>())->wait();
+    copy_on_backend(ctx, buffer.raw() + rank * y.bytes(), y.raw(), y.bytes());
   } else if (x.dtype() == DType::kFloat64) {  // no float64 reduce-scatter: the whole sum, then this rank's part
-    std::vector<double> sum(x.data<double>(), x.data<double>() + x.elements());
-    group.allreduce_sum(std::span<double>(sum))->wait();
-    take_part(c, rank, sum.data(), y.data<double>());
+    copy_tensor(ctx, x, buffer);
+    group.allreduce_sum(buffer.span<double>())->wait();
+    move_part(ctx, c, rank, element, buffer.raw(), y.raw(), true);
   } else {
     ctx.unsupported("a reduce-scatter of " + std::string(dtype_name(x.dtype())));
   }
@@ -279,3 +292,12 @@ void register_tensor_parallel_kernels() {
 }
 
 }  // namespace apart::cpu
+
+namespace apart {
+
+bool is_tensor_parallel_collective(std::string_view op) {
+  return op == "ai.apart.TpCopy" || op == "ai.apart.TpAllReduce" || op == "ai.apart.TpScatter" ||
+         op == "ai.apart.TpAllGather" || op == "ai.apart.TpReduceScatter";
+}
+
+}  // namespace apart

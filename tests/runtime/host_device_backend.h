@@ -8,7 +8,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,19 +29,25 @@ class HostDeviceBackend final : public Backend {
   // device tensor refuses: a real device kernel reads those on the device.
   static const std::set<std::string>& host_only_ops() {
     static const std::set<std::string> ops{"Reshape", "Gather", "Shape", "Pow", "Sum", "Min", "Max", "Mean",
-                                           "ScatterND", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"};
+                                           "ScatterND", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss",
+                                           "ai.apart.VocabParallelCrossEntropy", "ai.apart.VocabParallelCrossEntropyGrad"};
     return ops;
   }
 
   HostDeviceBackend()
       : pool_(
-            [](size_t bytes, void*) -> void* {
+            [](size_t bytes, void* self) -> void* {
               // Not zeroed: garbage, so an output a kernel relied on being zero would show.
               void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
               if (p) std::memset(p, 0xA5, bytes);
+              if (p) static_cast<HostDeviceBackend*>(self)->record(p, bytes);
               return p;
             },
-            [](void* p, void*) { std::free(p); }, this) {}
+            [](void* p, void* self) {
+              static_cast<HostDeviceBackend*>(self)->forget(p);
+              std::free(p);
+            },
+            this) {}
 
   BackendKind kind() const override { return BackendKind::kCuda; }  // a device, as far as callers can tell
   std::string describe() const override { return "host-device (test)"; }
@@ -102,6 +110,16 @@ class HostDeviceBackend final : public Backend {
     cpu_backend().optimizer_step(update, pp, gp, sp);
   }
 
+  // Whether [data, data + bytes) lies in one block of this device's memory (what NCCL checks of a buffer).
+  bool owns(const void* data, size_t bytes) const {
+    const auto* p = static_cast<const std::byte*>(data);
+    std::lock_guard lock(blocks_mutex_);
+    auto it = blocks_.upper_bound(p);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return p + bytes <= it->first + it->second;
+  }
+
   DevicePool& pool() { return pool_; }
   std::atomic<int64_t> to_device_copies{0}, to_host_copies{0}, synchronizations{0}, optimizer_steps{0};
 
@@ -120,7 +138,18 @@ class HostDeviceBackend final : public Backend {
     if (bytes > 0 && from != to) std::memcpy(to, from, static_cast<size_t>(bytes));
   }
 
-  DevicePool pool_;
+  void record(void* p, size_t bytes) {
+    std::lock_guard lock(blocks_mutex_);
+    blocks_[static_cast<const std::byte*>(p)] = bytes;
+  }
+  void forget(void* p) {
+    std::lock_guard lock(blocks_mutex_);
+    blocks_.erase(static_cast<const std::byte*>(p));
+  }
+
+  mutable std::mutex blocks_mutex_;
+  std::map<const std::byte*, size_t> blocks_;  // the raw blocks: start → bytes
+  DevicePool pool_;  // after the blocks: its cached blocks are freed (forgotten) before the map goes
 };
 
 }  // namespace apart::testing

@@ -5,12 +5,14 @@
 // to the host.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/pipeline.h"
+#include "tests/runtime/device_memory_communicator.h"
 #include "tests/runtime/forwarding_communicator.h"
 #include "tests/runtime/host_device_backend.h"
 #include "tests/runtime/pipeline_fixture.h"
@@ -22,9 +24,11 @@ struct DeviceRun {
   std::vector<double> losses;
   Weights weights;
   int64_t to_host_copies = 0;
+  int64_t device_collectives = 0;  // all-reduces, reduce-scatters and all-gathers over the device world and its splits
 };
 
-// The plan's ranks on threads, each on its own host-memory device; `device_messages`: with a device world.
+// The plan's ranks on threads, each on its own host-memory device; `device_messages`: with a device world that moves
+// only its device's memory, as NCCL does (DeviceMemoryCommunicator).
 DeviceRun run_on_devices(const fs::path& plan, int64_t steps, const fs::path& dir, bool device_messages) {
   const int world = plan_world(plan);
   RunOptions o = run_options_like_reference(plan, steps, Optimizer::kAdamW, 1e-3);
@@ -33,14 +37,17 @@ DeviceRun run_on_devices(const fs::path& plan, int64_t steps, const fs::path& di
   std::vector<std::unique_ptr<HostDeviceBackend>> devices;
   for (int r = 0; r < world; ++r) devices.push_back(std::make_unique<HostDeviceBackend>());
   auto device_worlds = make_in_process_communicators(world, CommOptions{60});
+  std::atomic<int64_t> collectives{0};
   std::vector<RunResult> ranks(static_cast<size_t>(world));
   const auto errors = run_ranks(world, CommOptions{60}, [&](int r, Communicator& comm) {
     RunOptions mine = o;
     mine.backend = devices[static_cast<size_t>(r)].get();
-    if (device_messages) mine.device_world = device_worlds[static_cast<size_t>(r)].get();
+    DeviceMemoryCommunicator device_world(*device_worlds[static_cast<size_t>(r)], *devices[static_cast<size_t>(r)], collectives);
+    if (device_messages) mine.device_world = &device_world;
     ranks[static_cast<size_t>(r)] = run_plan(mine, comm);
   });
   DeviceRun out;
+  out.device_collectives = collectives;
   for (int r = 0; r < world; ++r) EXPECT_EQ(error_message(errors[static_cast<size_t>(r)]), "") << "rank " << r;
   if (errors[0]) return out;
   for (const StepRecord& s : ranks[0].steps) out.losses.push_back(s.loss);
@@ -49,15 +56,32 @@ DeviceRun run_on_devices(const fs::path& plan, int64_t steps, const fs::path& di
   return out;
 }
 
-void expect_device_messages_equal_host_path(const Shape& shape, const std::string& name) {
-  const fs::path dir = scratch("device_messages", name);
-  const fs::path plan = make_plan(gpt_tiny(), shape, 8, dir / "plan");
+// Trains `plan` 3 steps with and without the device world; the device run must be bitwise the host path's, with
+// fewer copies to the host.
+DeviceRun expect_device_run_equals_host_path(const fs::path& plan, const fs::path& dir, const std::string& name) {
   const DeviceRun host = run_on_devices(plan, 3, dir / "host", false);
   const DeviceRun device = run_on_devices(plan, 3, dir / "device", true);
-  ASSERT_EQ(device.losses.size(), 3u) << name;
+  EXPECT_EQ(device.losses.size(), 3u) << name;
   EXPECT_EQ(device.losses, host.losses) << name;
   EXPECT_TRUE(bitwise_equal(device.weights, host.weights)) << name;
   EXPECT_LT(device.to_host_copies, host.to_host_copies) << name << ": the messages still went through the host";
+  return device;
+}
+
+void expect_device_messages_equal_host_path(const Shape& shape, const std::string& name) {
+  const fs::path dir = scratch("device_messages", name);
+  expect_device_run_equals_host_path(make_plan(gpt_tiny(), shape, 8, dir / "plan"), dir, name);
+}
+
+// A tensor-parallel plan of gpt-tiny pinned by apart partition's flags.
+fs::path make_tp_plan(int tp, int pp, int dp, bool sequence_parallel, int zero, const fs::path& dir) {
+  const auto r = run_apart("partition " + gpt_tiny() + " --device cpu --devices " + std::to_string(tp * pp * dp) +
+                           " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) + " --dp " + std::to_string(dp) +
+                           " --sequence-parallel " + (sequence_parallel ? "on" : "off") + " --zero " +
+                           std::to_string(zero) + " --microbatches 2 --batch 8 --schedule 1f1b --no-baselines -o " +
+                           dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir;
 }
 
 TEST(ApartRunWithADeviceCommunicator, TrainsBitwiseAsTheHostPathUnder1F1BWithReplicas) {
@@ -77,6 +101,19 @@ TEST(ApartRunWithADeviceCommunicator, KeepsZeroOnTheHostAndStillTrainsBitwise) {
   Shape shape{{2, 1}, 2, Schedule::k1F1B, {}};
   shape.zero = 1;
   expect_device_messages_equal_host_path(shape, "zero1_2_1");
+}
+
+// Under TP the shards' collectives (TpAllReduce, and under sequence parallelism TpAllGather and TpReduceScatter) and
+// the TP parts of the boundary messages' all-gather run over the device world's TP groups on device tensors, as NCCL
+// runs them under --backend cuda: no host buffer reaches the device communicator (it refuses one), and the run is
+// bitwise the host path's.
+TEST(ApartRunWithADeviceCommunicator, RunsTheTensorParallelCollectivesOnDeviceTensorsBitwiseAsTheHostPath) {
+  for (const auto& [pp, sequence_parallel] : {std::pair{1, false}, std::pair{2, true}}) {
+    const std::string name = "tp2_pp" + std::to_string(pp) + (sequence_parallel ? "_sp" : "");
+    const fs::path dir = scratch("device_messages", name);
+    const DeviceRun device = expect_device_run_equals_host_path(make_tp_plan(2, pp, 1, sequence_parallel, 0, dir / "plan"), dir, name);
+    EXPECT_GT(device.device_collectives, 0) << name;
+  }
 }
 
 // A rank whose device send fails aborts the device world as well as the world: the ranks waiting on it in a device

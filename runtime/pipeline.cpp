@@ -460,15 +460,17 @@ struct Frame {
 // param or two at a time (the planner's working set), not a 25 MB bucket.
 struct Bucket {
   std::vector<size_t> params;
-  Tensor flat;  // float32, host memory (the collectives run on the host), counted in tensor_memory()
-  // The backend whose memory holds `flat` when the bucket is reduced there (over RunOptions::device_world); null: the
-  // host.
+  Tensor flat;  // float32: host memory (counted in tensor_memory()), or `device`'s
+  // The backend whose memory holds `flat` when the bucket is reduced there (over RunOptions::device_world: its
+  // all-reduce, and under ZeRO its reduce-scatter and the params' all-gather); null: the host.
   Backend* device = nullptr;
   float* values() { return flat.data<float>(); }
   std::span<float> span() { return flat.span<float>(); }
+  Tensor fresh(int64_t elements) const {  // a zeroed buffer where the bucket's collectives run
+    return device ? device->empty(DType::kFloat32, {elements}) : Tensor(DType::kFloat32, {elements});
+  }
   void hold(int64_t elements) {  // zeroed when fresh; the padding stays zero through every collective
-    if (flat.elements() != elements || !flat.defined())
-      flat = device ? device->empty(DType::kFloat32, {elements}) : Tensor(DType::kFloat32, {elements});
+    if (flat.elements() != elements || !flat.defined()) flat = fresh(elements);
   }
   size_t ready = 0;
   Pending reduction;
@@ -510,6 +512,8 @@ bool mixed_tp_degrees(const PlanDocument& plan, const std::set<int>& stages) {
 struct RankShared {
   std::vector<std::set<int>> tie_sets;  // the sets of stages holding a common param, the same on every rank
   std::map<std::set<int>, std::unique_ptr<Communicator>> ties;  // the sets this rank holds: their communicators
+  // … the same over RunOptions::device_world (NCCL), where the tied gradients are summed on the device
+  std::map<std::set<int>, std::unique_ptr<Communicator>> device_ties;
   std::set<std::set<int>> whole_ties;  // … those summed in whole-size buffers (RankRunner::split_ties)
   std::map<std::string, Tensor> saved;
 };
@@ -535,8 +539,9 @@ class StageRunner {
   std::vector<Tensor*> tied_gradients(const std::set<int>& stages);
   // A tie summed in whole-size buffers (RankRunner::split_ties): adds this stage's gradients of its params into whole-size buffers
   // (one per param, created at the first stage holding them) when it contributes — replica 0, its slice at its rows,
-  // a param it holds whole from TP rank 0 only —, and takes its own rows back from their sums.
-  void add_tied_gradients(const std::set<int>& stages, std::vector<std::vector<float>>& whole);
+  // a param it holds whole from TP rank 0 only —, and takes its own rows back from their sums. The buffers are host
+  // tensors, or with `on_device` the backend's (summed over the device world).
+  void add_tied_gradients(const std::set<int>& stages, std::vector<Tensor>& whole, bool on_device);
   // How this stage holds a tie's params: -1 not at all, 1 cut over its TP group (a vocabulary region), 0 whole.
   int tied_layout(const std::set<int>& stages) const {
     for (const Tie& tie : ties_)
@@ -544,7 +549,7 @@ class StageRunner {
         return std::any_of(tie.params.begin(), tie.params.end(), [&](size_t i) { return tp_sharded_.count(param_names_[i]) > 0; });
     return -1;
   }
-  void take_tied_gradients(const std::set<int>& stages, const std::vector<std::vector<float>>& whole);
+  void take_tied_gradients(const std::set<int>& stages, const std::vector<Tensor>& whole);
   void add_totals(std::vector<double>& totals);
   StepRecord apply_step(int64_t step, const std::vector<double>& totals);
   // --save-model: the params world rank 0 writes, gathered into shared_.saved (every stage of every rank calls it,
@@ -592,6 +597,8 @@ class StageRunner {
   size_t send_on_device(const Action& a);
   size_t recv_on_device(const Action& a);
   void finish_allreduce();
+  // Where bucket b's collectives run: the device replicas (NCCL) when its buffer is the backend's, else the host's.
+  Communicator& replicas_of(const Bucket& b) { return b.device ? *device_replicas_ : *replicas_; }
   // ZeRO-2/3: waits for bucket b's reduce-scatter of one micro-batch, adds this replica's shard into the pieces it
   // steps and frees the bucket's buffer.
   void collect_shard(Bucket& b);
@@ -930,12 +937,12 @@ void StageRunner::build_buckets_and_optimizer() {
     filled[*current] += static_cast<double>(param_elements_[i]) * 4;  // float32
   }
   for (Bucket& b : buckets_) {
-    if (device_replicas_ && zero_ == 0) b.device = &backend_;  // reduced over NCCL where the gradients are
+    if (device_replicas_) b.device = &backend_;  // reduced over NCCL where the gradients are
     if (zero_ < 2 || !b.sharded) b.hold(flat_length(b));
   }  // ZeRO-2/3 hold their sharded buckets only while they reduce
   // The accumulators of the buckets held through the step live in them (no second copy of the gradients) where
   // the backend's memory is the host's, which the collectives run on.
-  grads_in_buckets_ = backend_.host_memory() || (device_replicas_ && zero_ == 0);
+  grads_in_buckets_ = backend_.host_memory() || device_replicas_;
   if (grads_in_buckets_)
     for (Bucket& b : buckets_)
       for (size_t p : b.flat.defined() ? b.params : std::vector<size_t>{})
@@ -1083,13 +1090,14 @@ bool StageRunner::accumulate_gradient(const std::string& name, const Tensor& val
   Bucket& b = buckets_[bucket_of_[i]];
   if (zero_ >= 2 && b.sharded) {  // ZeRO-2/3: each micro-batch's gradient goes straight into its bucket
     if (b.ready == 0) b.hold(flat_length(b));
-    float* into = b.values() + bucket_at_[i];
-    backend_.copy_to_host(value.raw(), reinterpret_cast<std::byte*>(into), value.bytes());
-    if (weight != 1)
-      for (int64_t e = 0; e < value.elements(); ++e) into[e] *= static_cast<float>(weight);
+    Tensor into = b.flat.flat_range(bucket_at_[i], bucket_at_[i] + value.elements());
+    backend_.copy(value, into);
+    if (weight != 1 && b.device) backend_.scale(into, weight);
+    if (weight != 1 && !b.device)
+      for (float& e : into.span<float>()) e *= static_cast<float>(weight);  // as Backend::scale
     if (++b.ready < b.params.size()) return true;
     b.ready = 0;
-    b.reduction = replicas_->reduce_scatter_sum(b.span());
+    b.reduction = replicas_of(b).reduce_scatter_sum(b.span());
     reducing_.push_back(bucket_of_[i]);
     constexpr size_t kReductionsInFlight = 2;  // their buffers are what ZeRO-2/3 hold beyond the shards
     while (reducing_.size() > kReductionsInFlight) {
@@ -1108,8 +1116,8 @@ bool StageRunner::accumulate_gradient(const std::string& name, const Tensor& val
   if (++b.ready < b.params.size()) return true;
   for (size_t p : grads_in_buckets_ ? std::vector<size_t>{} : b.params)  // the collectives run on host buffers (MPI)
     backend_.copy_to_host(grads_[p].raw(), reinterpret_cast<std::byte*>(b.values() + bucket_at_[p]), grads_[p].bytes());
-  b.reduction = b.sharded ? replicas_->reduce_scatter_sum(b.span())  // ZeRO-1
-                          : (b.device ? *device_replicas_ : *replicas_).allreduce_sum(b.span());
+  b.reduction = b.sharded ? replicas_of(b).reduce_scatter_sum(b.span())  // ZeRO-1
+                          : replicas_of(b).allreduce_sum(b.span());
   for (Bucket& other : buckets_)
     if (other.reduction) other.reduction->test();  // progress for MPI's non-blocking collectives
   return true;
@@ -1338,7 +1346,7 @@ void StageRunner::collect_shard(Bucket& b) {
   // This replica's shard of the micro-batch's sum, added into the pieces it steps (the first micro-batch's copied).
   for (size_t k : pieces_of_bucket_[static_cast<size_t>(&b - buckets_.data())]) {
     const Tensor reduced = b.flat.flat_range(pieces_[k].at, pieces_[k].at + piece_grads_[k].elements());
-    const Tensor shard = backend_.host_memory() ? reduced : backend_.to_device(reduced);
+    const Tensor shard = backend_.host_memory() || b.device ? reduced : backend_.to_device(reduced);
     if (b.collected == 0) backend_.copy(shard, piece_grads_[k]);
     else backend_.add_into(piece_grads_[k], shard);
   }
@@ -1359,8 +1367,8 @@ void StageRunner::allgather_params() {
     g.done->wait();
     for (size_t p : buckets_[g.bucket].params) {
       const Tensor gathered = g.flat.flat_range(bucket_at_[p], bucket_at_[p] + param_elements_[p]).view(param_shapes_[p]);
-      if (zero_ >= 3) {  // bound until release_params(); on a host-memory backend over the buffer itself, no copy
-        const Tensor whole = backend_.to_device(gathered);
+      if (zero_ >= 3) {  // bound until release_params(); over the buffer itself where it is the backend's, no copy
+        const Tensor whole = buckets_[g.bucket].device ? gathered : backend_.to_device(gathered);
         for (Tensor* slot : param_slots_[p]) *slot = whole;
       } else {
         backend_.copy(gathered, *params_[p]);
@@ -1378,26 +1386,28 @@ void StageRunner::allgather_params() {
     g.bucket = index;
     // ZeRO-1 keeps its buckets' buffers (idle after the step; their gradients, if they are views of them, are
     // overwritten by the next step's first): the gather reuses them. ZeRO-2/3 hold none between reductions.
-    g.flat = zero_ == 1 ? b.flat : Tensor(DType::kFloat32, {flat_length(b)});  // zero padding
+    g.flat = zero_ == 1 ? b.flat : b.fresh(flat_length(b));  // zero padding
     g.done = start_allgather(index, g.flat);
   }
   for (Gathering& g : gathering) finish(g);
 }
 
 Pending StageRunner::start_allgather(size_t bucket, Tensor& flat) {
-  for (size_t k : pieces_of_bucket_[bucket])
-    backend_.copy_to_host(piece_params_[k].raw(), reinterpret_cast<std::byte*>(flat.data<float>() + pieces_[k].at),
-                          piece_params_[k].bytes());
-  return replicas_->allgather(flat.span<float>());
+  for (size_t k : pieces_of_bucket_[bucket]) {
+    Tensor into = flat.flat_range(pieces_[k].at, pieces_[k].at + piece_params_[k].elements());
+    backend_.copy(piece_params_[k], into);
+  }
+  return replicas_of(buckets_[bucket]).allgather(flat.span<float>());
 }
 
 Tensor StageRunner::gathered_param(const std::string& name) {
   const size_t p = param_index_.at(name);
   const size_t b = bucket_of_[p];
-  Tensor flat(DType::kFloat32, {flat_length(buckets_[b])});  // zero padding
+  Tensor flat = buckets_[b].fresh(flat_length(buckets_[b]));  // zero padding
   start_allgather(b, flat)->wait();
-  // On a host-memory backend a view of the gathered buffer (no copy), alive while the task that asked reads it.
-  return backend_.to_device(flat.flat_range(bucket_at_[p], bucket_at_[p] + param_elements_[p]).view(param_shapes_[p]));
+  // Where the buffer is the backend's, a view of it (no copy), alive while the task that asked reads it.
+  const Tensor gathered = flat.flat_range(bucket_at_[p], bucket_at_[p] + param_elements_[p]).view(param_shapes_[p]);
+  return buckets_[b].device ? gathered : backend_.to_device(gathered);
 }
 
 void StageRunner::release_params() {
@@ -1430,7 +1440,8 @@ std::vector<Tensor*> StageRunner::tied_gradients(const std::set<int>& stages) {
   return grads;
 }
 
-void StageRunner::add_tied_gradients(const std::set<int>& stages, std::vector<std::vector<float>>& whole) {
+void StageRunner::add_tied_gradients(const std::set<int>& stages, std::vector<Tensor>& whole, bool on_device) {
+  Backend& buffers = on_device ? backend_ : cpu_backend();  // where `whole` lives and is summed
   for (const Tie& tie : ties_) {
     if (tie.stages != stages) continue;
     whole.resize(tie.params.size());
@@ -1438,39 +1449,37 @@ void StageRunner::add_tied_gradients(const std::set<int>& stages, std::vector<st
       const size_t i = tie.params[k];
       const auto id = model_->graph.find_value(param_names_[i]);
       APART_CHECK(id.has_value(), "tied param " + param_names_[i] + " is not in the model");
-      whole[k].resize(static_cast<size_t>(model_->graph.value(*id).elements), 0.0f);
+      if (!whole[k].defined()) whole[k] = buffers.empty(DType::kFloat32, {model_->graph.value(*id).elements});
       const auto cut = tp_sharded_.find(param_names_[i]);
       if (setup_.role.replica != 0 || (cut == tp_sharded_.end() && setup_.role.tp_rank != 0)) continue;
-      const Tensor part = backend_.to_host(grads_[i]);
-      const float* from = part.data<float>();
-      float* to = whole[k].data();
+      const Tensor part = on_device ? grads_[i] : backend_.to_host(grads_[i]);
       if (cut == tp_sharded_.end()) {
-        APART_CHECK(part.elements() == static_cast<int64_t>(whole[k].size()), "tied param " + param_names_[i] + " is not whole");
-        for (size_t e = 0; e < whole[k].size(); ++e) to[e] += from[e];
+        APART_CHECK(part.elements() == whole[k].elements(), "tied param " + param_names_[i] + " is not whole");
+        buffers.add_into(whole[k], part);
         continue;
       }
       for_each_tp_run(cut->second, tp(), setup_.role.tp_rank, [&](int64_t whole_at, int64_t part_at, int64_t count) {
-        for (int64_t e = 0; e < count; ++e) to[whole_at + e] += from[part_at + e];
+        Tensor to = whole[k].flat_range(whole_at, whole_at + count);
+        buffers.add_into(to, part.flat_range(part_at, part_at + count));
       });
     }
   }
 }
 
-void StageRunner::take_tied_gradients(const std::set<int>& stages, const std::vector<std::vector<float>>& whole) {
+void StageRunner::take_tied_gradients(const std::set<int>& stages, const std::vector<Tensor>& whole) {
   for (const Tie& tie : ties_) {
     if (tie.stages != stages) continue;
     for (size_t k = 0; k < tie.params.size(); ++k) {
       const size_t i = tie.params[k];
-      Tensor part = backend_.to_host(grads_[i]);
-      float* to = part.data<float>();
-      const float* from = whole[k].data();
-      if (const auto cut = tp_sharded_.find(param_names_[i]); cut != tp_sharded_.end())
-        for_each_tp_run(cut->second, tp(), setup_.role.tp_rank, [&](int64_t whole_at, int64_t part_at, int64_t count) {
-          std::memcpy(to + part_at, from + whole_at, static_cast<size_t>(count) * sizeof(float));
-        });
-      else
-        std::memcpy(to, from, static_cast<size_t>(part.bytes()));
-      backend_.copy_to_device(part.raw(), grads_[i].raw(), grads_[i].bytes());
+      const auto cut = tp_sharded_.find(param_names_[i]);
+      if (cut == tp_sharded_.end()) {
+        backend_.copy(whole[k], grads_[i]);
+        continue;
+      }
+      for_each_tp_run(cut->second, tp(), setup_.role.tp_rank, [&](int64_t whole_at, int64_t part_at, int64_t count) {
+        Tensor to = grads_[i].flat_range(part_at, part_at + count);
+        backend_.copy(whole[k].flat_range(whole_at, whole_at + count), to);
+      });
     }
   }
 }
@@ -1702,9 +1711,12 @@ class RankRunner {
     for (size_t k = 0; k < sets.size(); ++k) {
       const bool held = std::any_of(stages_.begin(), stages_.end(), [&](const auto& stage) { return stage->tied_layout(sets[k]) >= 0; });
       const bool whole = mixed_tp_degrees(setup_.full_plan, sets[k]) || (layouts[2 * k] > 0 && layouts[2 * k + 1] > 0);
-      std::unique_ptr<Communicator> comm = world_.split(!held ? -1 : whole ? 0 : setup_.role.tp_rank, world_.rank());
+      const int color = !held ? -1 : whole ? 0 : setup_.role.tp_rank;
+      std::unique_ptr<Communicator> comm = world_.split(color, world_.rank());
+      std::unique_ptr<Communicator> device_comm = options_.device_world ? options_.device_world->split(color, world_.rank()) : nullptr;
       if (!held) continue;
       shared_.ties[sets[k]] = std::move(comm);
+      if (device_comm) shared_.device_ties[sets[k]] = std::move(device_comm);
       if (whole) shared_.whole_ties.insert(sets[k]);
     }
   }
@@ -1712,11 +1724,16 @@ class RankRunner {
   // then all-reduced over the ranks holding it, into each of its stages; set by set in one order on every rank.
   void sum_tied_gradients() {
     Backend& backend = options_.backend ? *options_.backend : cpu_backend();
-    for (const auto& [stages, comm] : shared_.ties) {
+    for (const auto& [stages, host_comm] : shared_.ties) {
+      // Over the device world the sums are the backend's tensors; on the host path host tensors.
+      const auto device_comm = shared_.device_ties.find(stages);
+      const bool on_device = device_comm != shared_.device_ties.end();
+      Communicator& comm = on_device ? *device_comm->second : *host_comm;
+      Backend& buffers = on_device ? backend : cpu_backend();
       if (shared_.whole_ties.count(stages)) {
-        std::vector<std::vector<float>> whole;
-        for (auto& stage : stages_) stage->add_tied_gradients(stages, whole);
-        for (std::vector<float>& w : whole) comm->allreduce_sum(std::span<float>(w))->wait();
+        std::vector<Tensor> whole;
+        for (auto& stage : stages_) stage->add_tied_gradients(stages, whole, on_device);
+        for (Tensor& w : whole) comm.allreduce_sum(w.span<float>())->wait();
         for (auto& stage : stages_) stage->take_tied_gradients(stages, whole);
         continue;
       }
@@ -1724,18 +1741,26 @@ class RankRunner {
       for (auto& stage : stages_)
         if (std::vector<Tensor*> grads = stage->tied_gradients(stages); !grads.empty()) held.push_back(std::move(grads));
       for (size_t i = 0; !held.empty() && i < held.front().size(); ++i) {
-        const Tensor& first = *held.front()[i];
-        std::vector<float> contribution(static_cast<size_t>(first.elements()), 0.0f), part(contribution.size());
+        Tensor contribution = buffers.empty(DType::kFloat32, held.front()[i]->shape());
         for (const auto& grads : held)
-          if (setup_.role.replica == 0) {
-            backend.copy_to_host(grads[i]->raw(), reinterpret_cast<std::byte*>(part.data()), grads[i]->bytes());
-            for (size_t e = 0; e < part.size(); ++e) contribution[e] += part[e];
-          }
-        comm->allreduce_sum(std::span<float>(contribution))->wait();
-        for (const auto& grads : held)
-          backend.copy_to_device(reinterpret_cast<const std::byte*>(contribution.data()), grads[i]->raw(), grads[i]->bytes());
+          if (setup_.role.replica == 0) buffers.add_into(contribution, on_device ? *grads[i] : backend.to_host(*grads[i]));
+        comm.allreduce_sum(contribution.span<float>())->wait();
+        for (const auto& grads : held) backend.copy(contribution, *grads[i]);
       }
     }
+  }
+  // The step's world all-reduce of `totals`: over the device world where there is one (NCCL: a device buffer).
+  void reduce_totals(std::vector<double>& totals) {
+    if (!options_.device_world) {
+      world_.allreduce_sum(std::span<double>(totals))->wait();
+      return;
+    }
+    Backend& backend = options_.backend ? *options_.backend : cpu_backend();
+    const int64_t bytes = static_cast<int64_t>(totals.size() * sizeof(double));
+    Tensor on_device = backend.empty(DType::kFloat64, {static_cast<int64_t>(totals.size())});
+    backend.copy_to_device(reinterpret_cast<const std::byte*>(totals.data()), on_device.raw(), bytes);
+    options_.device_world->allreduce_sum(on_device.span<double>())->wait();
+    backend.copy_to_host(on_device.raw(), reinterpret_cast<std::byte*>(totals.data()), bytes);
   }
   // This rank's figures: the stages' summed (their largest pass for the arena), the role its first stage's.
   RunResult merged() const {
@@ -1881,7 +1906,7 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
         sum_tied_gradients();
         std::vector<double> totals(2 + static_cast<size_t>(world_.size()), 0.0);
         for (auto& stage : stages_) stage->add_totals(totals);
-        world_.allreduce_sum(std::span<double>(totals))->wait();
+        reduce_totals(totals);
         for (auto& stage : stages_) record = stage->apply_step(step, totals);
       } else {
         bytes = runner_of(a).act(a, batch, step);

@@ -97,10 +97,14 @@ TEST(ApartRunWithADeviceCommunicator, TrainsBitwiseAsTheHostPathUnderGPipeAndZbH
   expect_device_messages_equal_host_path({{1, 1}, 2, Schedule::kZbH1, {}}, "zbh1_1_1");
 }
 
-TEST(ApartRunWithADeviceCommunicator, KeepsZeroOnTheHostAndStillTrainsBitwise) {
-  Shape shape{{2, 1}, 2, Schedule::k1F1B, {}};
-  shape.zero = 1;
-  expect_device_messages_equal_host_path(shape, "zero1_2_1");
+// ZeRO's reduce-scatters and all-gathers run over the device replicas on device buffers (NCCL's ncclReduceScatter
+// and ncclAllGather under --backend cuda), ZeRO-3's per-task gathers included.
+TEST(ApartRunWithADeviceCommunicator, RunsZeroOneTwoAndThreeOnDeviceBuffersBitwiseAsTheHostPath) {
+  for (int zero : {1, 2, 3}) {
+    Shape shape{{2, 1}, 2, Schedule::k1F1B, {}};
+    shape.zero = zero;
+    expect_device_messages_equal_host_path(shape, "zero" + std::to_string(zero) + "_2_1");
+  }
 }
 
 // Under TP the shards' collectives (TpAllReduce, and under sequence parallelism TpAllGather and TpReduceScatter) and
@@ -114,6 +118,11 @@ TEST(ApartRunWithADeviceCommunicator, RunsTheTensorParallelCollectivesOnDeviceTe
     const DeviceRun device = expect_device_run_equals_host_path(make_tp_plan(2, pp, 1, sequence_parallel, 0, dir / "plan"), dir, name);
     EXPECT_GT(device.device_collectives, 0) << name;
   }
+}
+
+TEST(ApartRunWithADeviceCommunicator, RunsATensorParallelZeroTwoPlanOnDeviceTensorsBitwiseAsTheHostPath) {
+  const fs::path dir = scratch("device_messages", "tp2_dp2_zero2");
+  expect_device_run_equals_host_path(make_tp_plan(2, 1, 2, false, 2, dir / "plan"), dir, "tp2_dp2_zero2");
 }
 
 // A rank whose device send fails aborts the device world as well as the world: the ranks waiting on it in a device

@@ -122,5 +122,96 @@ TEST(GroupedStageBoundaries, FinishEveryScheduleApartRunExecutesAndMatchInPostin
   EXPECT_GT(one_by_one_deadlocks, 0) << "of " << plans;
 }
 
+// A rank's stream as apart run posts it over NCCL under tensor parallelism and ZeRO (everything on the device world):
+// each forward or backward pass of a TP stage runs its shards' collectives over its replica's TP group; a receive from
+// a stage of the same degree is followed by the all-gather of the TP parts; under ZeRO-2/3 every pass that completes
+// gradients reduce-scatters over the stage's replicas of this TP rank (ZeRO-0/1: the last one), and ZeRO-3 gathers
+// params in every pass; the step ends with the world's all-reduce of the norm, loss and flags, the last op (posted
+// after the deferred sends are: tp_stream_items).
+RankStreams tp_streams_of(const PlanDocument& plan, int zero) {
+  RankStreams s;
+  const int world = plan_devices(plan);
+  s.ops.resize(static_cast<size_t>(world));
+  constexpr int kWorld = 1 << 30;
+  auto replicas_group = [](const RankRole& role) { return 2 * (role.stage * 1000 + role.tp_rank); };
+  auto tp_group = [](const RankRole& role) { return 2 * (role.stage * 1000 + role.replica) + 1; };
+  for (int r = 0; r < world; ++r) {
+    const RankRole role = rank_role(plan, r);
+    const PlanStageRecord& stage = plan.stages[static_cast<size_t>(role.stage)];
+    const bool replicated = stage.replicas > 1, sharded = stage.tp > 1;
+    if (replicated) s.members[replicas_group(role)].push_back(r);
+    if (sharded) s.members[tp_group(role)].push_back(r);
+    s.members[kWorld].push_back(r);
+    std::vector<StreamOp>& ops = s.ops[static_cast<size_t>(r)];
+    const std::vector<Action> actions = rank_actions(plan, r);
+    size_t last_gradient = actions.size();
+    for (size_t i = 0; i < actions.size(); ++i)
+      if (actions[i].kind == ActionKind::kBackward || actions[i].kind == ActionKind::kBackwardWeight) last_gradient = i;
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const Action& a = actions[i];
+      const bool pass = a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
+      const bool gradients = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
+      if (pass && replicated && zero >= 3) ops.push_back(collective(replicas_group(role)));
+      if (pass && sharded) ops.push_back(collective(tp_group(role)));
+      if (a.kind == ActionKind::kSend) {
+        ops.push_back(send_to(a.peer));
+        s.sent_tags[{r, a.peer}].push_back(action_tag(a, plan));
+      } else if (a.kind == ActionKind::kRecv) {
+        ops.push_back(recv_from(a.peer));
+        s.received_tags[{a.peer, r}].push_back(action_tag(a, plan));
+        const int other = a.gradient ? a.to_stage : a.from_stage;
+        if (sharded && plan.stages[static_cast<size_t>(other)].tp == stage.tp) ops.push_back(collective(tp_group(role)));
+      }
+      if (replicated && gradients && (zero >= 2 || i == last_gradient)) ops.push_back(collective(replicas_group(role)));
+    }
+    ops.push_back(collective(kWorld));  // the step (apart run posts every deferred send and waits for it first)
+  }
+  return s;
+}
+
+// The stream items of tp_streams_of's ranks: the step's ops grouped, the sends deferred to its end posted in one last
+// group (DeviceMessages::finish), then the world's all-reduce alone.
+std::vector<std::vector<StreamItem>> tp_stream_items(const std::vector<std::vector<StreamOp>>& ops) {
+  std::vector<std::vector<StreamItem>> items;
+  for (const auto& rank : ops) {
+    items.push_back(group_stream_ops(std::vector<StreamOp>(rank.begin(), rank.end() - 1)));
+    items.back().push_back({{rank.size() - 1}});
+  }
+  return items;
+}
+
+// `plan` with stage k at TP degree degrees[k], its devices renumbered in stage order (replica by replica).
+PlanDocument with_degrees(PlanDocument plan, const std::vector<int>& degrees) {
+  int device = 0;
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    PlanStageRecord& stage = plan.stages[k];
+    stage.tp = degrees[k];
+    stage.devices.clear();
+    for (int d = 0; d < stage.replicas * stage.tp; ++d) stage.devices.push_back(device++);
+  }
+  return plan;
+}
+
+TEST(GroupedStageBoundariesWithTensorParallelAndZeroCollectives, FinishEveryScheduleApartRunExecutes) {
+  const std::vector<std::pair<std::vector<int>, std::vector<int>>> shapes{  // (replicas, TP degrees) per stage
+      {{1}, {2}},       {{2}, {2}},       {{1, 1}, {2, 2}}, {{2, 2}, {2, 2}}, {{1, 1}, {2, 1}},
+      {{1, 2}, {1, 2}}, {{2, 1}, {4, 2}}, {{1, 1, 1}, {2, 2, 2}}, {{2, 1, 1}, {2, 1, 4}}};
+  int plans = 0;
+  for (const Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kZbH1})
+    for (const auto& [replicas, degrees] : shapes)
+      for (const int64_t m : {1, 2, 4})
+        for (const int zero : {0, 2, 3}) {
+          const PlanDocument plan = with_degrees(testing::pipeline_plan(replicas, m, schedule), degrees);
+          const std::string what = std::string(schedule_name(schedule)) + " m " + std::to_string(m) + " stages " +
+                                   std::to_string(replicas.size()) + " first tp " + std::to_string(degrees[0]) +
+                                   " zero " + std::to_string(zero);
+          const RankStreams s = tp_streams_of(plan, zero);
+          EXPECT_TRUE(stuck_ranks(s.ops, tp_stream_items(s.ops), s.members).empty()) << what;
+          EXPECT_EQ(s.sent_tags, s.received_tags) << what;
+          ++plans;
+        }
+  EXPECT_EQ(plans, 3 * 9 * 3 * 3);
+}
+
 }  // namespace
 }  // namespace apart::nccl

@@ -73,16 +73,6 @@ void expect_device_messages_equal_host_path(const Shape& shape, const std::strin
   expect_device_run_equals_host_path(make_plan(gpt_tiny(), shape, 8, dir / "plan"), dir, name);
 }
 
-// A tensor-parallel plan of gpt-tiny pinned by apart partition's flags.
-fs::path make_tp_plan(int tp, int pp, int dp, bool sequence_parallel, int zero, const fs::path& dir) {
-  const auto r = run_apart("partition " + gpt_tiny() + " --device cpu --devices " + std::to_string(tp * pp * dp) +
-                           " --tp " + std::to_string(tp) + " --pp " + std::to_string(pp) + " --dp " + std::to_string(dp) +
-                           " --sequence-parallel " + (sequence_parallel ? "on" : "off") + " --zero " +
-                           std::to_string(zero) + " --microbatches 2 --batch 8 --schedule 1f1b --no-baselines -o " +
-                           dir.string());
-  EXPECT_EQ(r.code, 0) << r.out;
-  return dir;
-}
 
 TEST(ApartRunWithADeviceCommunicator, TrainsBitwiseAsTheHostPathUnder1F1BWithReplicas) {
   expect_device_messages_equal_host_path({{2, 1}, 2, Schedule::k1F1B, {}}, "1f1b_2_1");
@@ -115,14 +105,29 @@ TEST(ApartRunWithADeviceCommunicator, RunsTheTensorParallelCollectivesOnDeviceTe
   for (const auto& [pp, sequence_parallel] : {std::pair{1, false}, std::pair{2, true}}) {
     const std::string name = "tp2_pp" + std::to_string(pp) + (sequence_parallel ? "_sp" : "");
     const fs::path dir = scratch("device_messages", name);
-    const DeviceRun device = expect_device_run_equals_host_path(make_tp_plan(2, pp, 1, sequence_parallel, 0, dir / "plan"), dir, name);
+    TpShape shape;
+    shape.stages = pp;
+    shape.sequence_parallel = sequence_parallel;
+    const DeviceRun device = expect_device_run_equals_host_path(make_tp_plan(shape, 8, dir / "plan"), dir, name);
     EXPECT_GT(device.device_collectives, 0) << name;
   }
 }
 
 TEST(ApartRunWithADeviceCommunicator, RunsATensorParallelZeroTwoPlanOnDeviceTensorsBitwiseAsTheHostPath) {
   const fs::path dir = scratch("device_messages", "tp2_dp2_zero2");
-  expect_device_run_equals_host_path(make_tp_plan(2, 1, 2, false, 2, dir / "plan"), dir, "tp2_dp2_zero2");
+  TpShape shape;
+  shape.replicas = 2;
+  shape.zero = 2;
+  expect_device_run_equals_host_path(make_tp_plan(shape, 8, dir / "plan"), dir, "tp2_dp2_zero2");
+}
+
+// Stages of TP degrees 2 and 1 share the tied embedding: its gradient is summed in whole-size buffers over every
+// holder (RankRunner::split_ties), here in device tensors over the device world's tie communicator.
+TEST(ApartRunWithADeviceCommunicator, SumsATieAcrossStagesOfDifferentTpDegreesOnDeviceTensorsBitwiseAsTheHostPath) {
+  const fs::path dir = scratch("device_messages", "tp2_then_tp1");
+  TpShape shape;
+  shape.stages = 2;
+  expect_device_run_equals_host_path(with_stage_degrees(make_tp_plan(shape, 8, dir / "plan"), {2, 1}), dir, "tp2_then_tp1");
 }
 
 // A rank whose device send fails aborts the device world as well as the world: the ranks waiting on it in a device

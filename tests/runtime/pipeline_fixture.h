@@ -82,6 +82,62 @@ inline fs::path make_plan(const std::string& model, const Shape& shape, int64_t 
   return dir;
 }
 
+struct TpShape {
+  int stages = 1;
+  int replicas = 1;
+  int tp = 2;
+  int64_t microbatches = 2;
+  Schedule schedule = Schedule::k1F1B;
+  int zero = 0;
+  const char* recompute = "off";  // --recompute: off or on (whole stages; selective is not executed yet)
+  bool sequence_parallel = false;
+  int virtual_stages = 0;  // chunks per device under Schedule::kInterleaved (0: partition's default, 2)
+};
+
+// A plan of `model` (gpt-tiny by default) pinned by apart partition's own flags (--tp, --pp, --dp,
+// --sequence-parallel).
+inline fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path& dir, const std::string& model = gpt_tiny()) {
+  const int devices = shape.stages * shape.replicas * shape.tp;
+  const auto r = testing::run_apart(
+      "partition " + model + " --device cpu --devices " + std::to_string(devices) + " --tp " + std::to_string(shape.tp) +
+      " --pp " + std::to_string(shape.stages) + " --dp " + std::to_string(shape.replicas) + " --sequence-parallel " +
+      (shape.sequence_parallel ? "on" : "off") +
+      " --microbatches " + std::to_string(shape.microbatches) + " --batch " + std::to_string(batch) + " --schedule " +
+      std::string(schedule_name(shape.schedule)) +
+      (shape.virtual_stages > 0 ? " --virtual-stages " + std::to_string(shape.virtual_stages) : "") + " --zero " + std::to_string(shape.zero) + " --recompute " +
+      shape.recompute + " --no-baselines -o " +
+      dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  const PlanDocument plan = read_plan(dir);
+  EXPECT_EQ(static_cast<int>(plan.stages.size()), shape.stages);
+  if (shape.schedule == Schedule::kInterleaved)
+    EXPECT_EQ(plan.virtual_stages.size(), static_cast<size_t>(shape.stages * std::max(2, shape.virtual_stages)));
+  for (const PlanStageRecord& s : plan.stages) {
+    EXPECT_EQ(s.tp, shape.tp);
+    EXPECT_EQ(s.replicas, shape.replicas);
+    EXPECT_EQ(s.sequence_parallel, shape.sequence_parallel);
+  }
+  return dir;
+}
+
+// `plan` (a TP plan of apart partition's) with stage k at TP degree degrees[k]: its devices renumbered in stage
+// order, sequence parallelism off on a stage of degree 1 (its regions, laid out in plan.json, are then not cut).
+inline fs::path with_stage_degrees(const fs::path& plan_dir, const std::vector<int>& degrees) {
+  PlanDocument plan = read_plan(plan_dir);
+  EXPECT_EQ(plan.stages.size(), degrees.size());
+  int device = 0;
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    PlanStageRecord& stage = plan.stages[k];
+    stage.tp = degrees[k];
+    if (stage.tp == 1) stage.sequence_parallel = false;
+    stage.devices.clear();
+    for (int d = 0; d < stage.replicas * stage.tp; ++d) stage.devices.push_back(device++);
+  }
+  plan.cluster.devices = device;
+  std::ofstream(plan_dir / "plan.json") << plan_to_json(plan).dump(2) << "\n";
+  return plan_dir;
+}
+
 // apart zoo's `family` (gpt, bert, t5) at 2 layers, 4 heads, hidden 64, 16 positions, 128 words: dir/<family>.onnx.
 inline fs::path zoo_model(const std::string& family, const fs::path& dir) {
   const fs::path model = dir / (family + ".onnx");

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "cli/command_registry.h"
@@ -14,6 +15,7 @@ namespace {
 struct CheckArgs {
   std::string plan;
   std::string model;
+  std::string write_shards;
   bool quiet = false;
 };
 
@@ -29,6 +31,10 @@ void run_check(const CheckArgs& a) {
     throw InvalidModel(a.plan + ": " + std::to_string(failed) + " of " + std::to_string(check.findings.size()) +
                        " checks failed (listed above)");
   if (!a.quiet) std::printf("%s: the plan is valid\n", a.plan.c_str());
+  if (a.write_shards.empty()) return;
+  const std::vector<std::filesystem::path> files = write_tensor_parallel_shards(a.plan, a.write_shards);
+  if (files.empty()) std::printf("no tensor-parallel stage: no shards to write\n");
+  for (const auto& f : files) std::printf("wrote %s\n", f.string().c_str());
 }
 
 const bool kRegistered = register_command({"check", 62, [](CLI::App& app) {
@@ -38,6 +44,10 @@ const bool kRegistered = register_command({"check", 62, [](CLI::App& app) {
                "prediction (exit 3 when a check fails)");
   cmd->add_option("plan", args->plan, "Plan directory (written by `apart partition`) or its plan.json")->required();
   cmd->add_option("model", args->model, "The model the plan was made for (default: the path plan.json names)");
+  cmd->add_option("--write-shards", args->write_shards,
+                  "Also write each TP rank's shard of each tensor-parallel stage, as apart run cuts it, to DIR/"
+                  "stage_K.tp_R.onnx (Netron-viewable; inline weights sliced, external ones as dims only)")
+      ->type_name("DIR");
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the failed checks");
   cmd->callback([args] { run_check(*args); });
 }});

@@ -16,6 +16,7 @@
 #include "graph/text.h"
 #include "importer/guarded_inference.h"
 #include "importer/importer.h"
+#include "plan/plan.h"
 
 namespace apart {
 
@@ -1137,6 +1138,25 @@ TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std
       if (sharder.present(regions[i])) sharder.shard(regions[i], i);
   }
   return sharder.finish();
+}
+
+std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan) {
+  std::vector<TpShardRegion> regions;
+  if (!plan.tensor_parallel) return regions;
+  for (const PlanTpRegion& r : plan.tensor_parallel->regions) {
+    TpShardRegion& region = regions.emplace_back();
+    region.role = r.kind == TpRegionKind::kEmbedding ? TpRegionRole::kEmbedding
+                  : r.kind == TpRegionKind::kLmHead  ? TpRegionRole::kLmHead
+                                                     : TpRegionRole::kLinears;
+    region.name = r.name;
+    region.column_tasks = r.column_tasks;
+    region.row_tasks = r.row_tasks;
+    region.inputs = r.inputs;
+    region.sliced_inputs = r.sliced_inputs;
+    for (const PlanTpRegion::SplitValue& v : r.split_values) region.split_values.emplace_back(v.value, v.axis);
+    region.end_value = r.end_value;
+  }
+  return regions;
 }
 
 }  // namespace apart

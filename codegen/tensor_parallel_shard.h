@@ -58,6 +58,8 @@
 
 namespace apart {
 
+struct PlanDocument;  // plan/plan.h
+
 inline constexpr const char* kTpCopyOp = "TpCopy";            // ai.apart: f (identity; backward all-reduce)
 inline constexpr const char* kTpAllReduceOp = "TpAllReduce";  // ai.apart: g (all-reduce; backward identity)
 // Sequence parallelism, each along its `axis` attribute:
@@ -119,6 +121,11 @@ std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t
 std::pair<int64_t, int64_t> tp_vocabulary_rows(int64_t rows, int degree, int rank);
 // What rank `rank` holds of `param` along its axis: tp_vocabulary_rows or tp_shard_ranges (cutting and gathering).
 std::vector<std::pair<int64_t, int64_t>> tp_param_ranges(const TpShardedParam& param, int degree, int rank);
+
+// The regions plan.json lays out (its tensor_parallel.regions: attention and MLP regions with their shard layout,
+// the vocabulary regions by the embedding's Gather output and the LM head's logits), as the shard pass reads them:
+// what apart run cuts each TP stage by, and what `apart check` cuts them by to see that every rank's shard holds.
+std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan);
 
 // Rank `rank` of `degree`'s shard of `stage` (a stage's forward, as stage_K.onnx holds it). Regions none of whose
 // linears are in the stage are skipped; one cut by a stage boundary stays whole (TpShard::replicated). The sliced

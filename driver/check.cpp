@@ -7,8 +7,13 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 
+#include "codegen/stage_graphs.h"
+#include "codegen/tensor_parallel_shard.h"
+#include "graph/atomic_file.h"
 #include "graph/error.h"
+#include "graph/output_path.h"
 #include "graph/sha256.h"
 #include "graph/text.h"
 #include "graph/units.h"
@@ -127,6 +132,111 @@ void check_stage_files(Checker& c, const PlanDocument& plan, const fs::path& dir
   }
 }
 
+// The files apart run runs, with their records: the stages', or an interleaved plan's chunks'.
+std::vector<std::pair<PlanStageRecord, fs::path>> run_files(const PlanDocument& plan, const fs::path& dir) {
+  const PlanDocument& view = plan.virtual_stages.empty() ? plan : virtual_stage_view(plan);
+  std::vector<std::pair<PlanStageRecord, fs::path>> files;
+  for (const PlanStageRecord& stage : view.stages) files.emplace_back(stage, dir / stage_file_name(view, stage.id));
+  return files;
+}
+
+}  // namespace
+
+std::vector<TpRankShard> tensor_parallel_shards(const PlanDocument& plan, const fs::path& dir, TpWeights weights) {
+  const std::vector<TpShardRegion> regions = tp_shard_regions(plan);
+  std::vector<TpRankShard> shards;
+  for (const auto& [stage, file] : run_files(plan, dir)) {
+    if (stage.tp <= 1) continue;
+    const onnx::ModelProto whole = load_model_proto(file);
+    for (int rank = 0; rank < stage.tp; ++rank) {
+      onnx::ModelProto proto = whole;
+      // As apart run cuts it (StageRunner::build): values read only for their shape folded at the stage's
+      // micro-batch, then the rank's shard.
+      ImportOptions import;
+      import.batch = stage.microbatch_size.value_or(1);
+      import.batch_explicit = true;
+      import.require_external_data = false;
+      import.constants_as_params = false;
+      std::set<std::string> sent;
+      for (const PlanInput& in : stage.inputs) sent.insert(in.value);
+      fold_shape_only_inputs(proto, sent, import);
+      TpRankShard& shard = shards.emplace_back();
+      shard.stage = stage.id;
+      shard.rank = rank;
+      shard.file = file;
+      shard.shard = shard_stage_for_tensor_parallel(proto, regions, stage.tp, rank, weights,
+                                                    stage.sequence_parallel ? TpSequence::kSharded : TpSequence::kWhole);
+    }
+  }
+  return shards;
+}
+
+std::vector<fs::path> write_tensor_parallel_shards(const fs::path& plan_path, const fs::path& out) {
+  const fs::path json = plan_json_path(plan_path);
+  const fs::path dir = json.parent_path();
+  if (contains_path(out, json))
+    throw InvalidArgument("--write-shards " + out.string() + " is the plan folder (or one above it): write the shards elsewhere");
+  check_output_directory_writable(out, "--write-shards");
+  const PlanDocument plan = read_plan(plan_path);
+  const std::vector<TpRankShard> shards = tensor_parallel_shards(plan, dir, TpWeights::kShapesOnly);
+  fs::create_directories(out);
+  std::vector<fs::path> written;
+  for (const TpRankShard& s : shards) {
+    const fs::path file = out / (s.file.stem().string() + ".tp_" + std::to_string(s.rank) + ".onnx");
+    onnx::ModelProto model = s.shard.model;
+    int dims_only = 0;  // external data would name the plan folder's files at offsets of the whole weights: dropped
+    for (onnx::TensorProto& t : *model.mutable_graph()->mutable_initializer()) {
+      if (t.data_location() != onnx::TensorProto::EXTERNAL) continue;
+      t.clear_external_data();
+      t.clear_data_location();
+      ++dims_only;
+    }
+    model.set_doc_string("TP rank " + std::to_string(s.rank) + " of " + s.file.filename().string() +
+                         " as apart run cuts it (apart check --write-shards)" +
+                         (dims_only ? "; " + std::to_string(dims_only) + " weight(s) the stage file keeps as external "
+                                      "data are written with their shard's dims and no data" : std::string()));
+    check_output_file(file, {{"the plan", json}, {"the stage file", s.file}}, "--write-shards");
+    write_file_atomically(file, model.SerializeAsString());
+    written.push_back(file);
+  }
+  return written;
+}
+
+namespace {
+
+// tp shards: every TP rank's shard of each TP stage (or chunk) cut from its file as apart run cuts it, without the
+// weights (their dims only), its shapes inferred by the pass.
+void check_tp_shards(Checker& c, const PlanDocument& plan, const fs::path& dir) {
+  int stages = 0;
+  for (const auto& [stage, file] : run_files(plan, dir)) {
+    std::error_code ec;
+    if (stage.tp > 1 && !fs::is_regular_file(file, ec)) {
+      c.pass("tp shards", "not checked: no stage files (planned with --no-stage-models)");
+      return;
+    }
+    stages += stage.tp > 1;
+  }
+  if (stages == 0) {
+    c.pass("tp shards", "no tensor-parallel stage");
+    return;
+  }
+  try {
+    const std::vector<TpRankShard> shards = tensor_parallel_shards(plan, dir, TpWeights::kShapesOnly);
+    int regions = 0;
+    std::vector<std::string> whole;
+    for (const TpRankShard& s : shards) {
+      if (s.rank != 0) continue;
+      regions += s.shard.regions;
+      for (const std::string& r : s.shard.replicated) whole.push_back(s.file.filename().string() + ": " + r);
+    }
+    c.pass("tp shards", std::to_string(shards.size()) + " rank shards of " + std::to_string(stages) + " stage file(s) cut, " +
+                            std::to_string(regions) + " region(s) split" +
+                            (whole.empty() ? "" : "; computed whole on every TP rank: " + some(whole, 3)));
+  } catch (const Error& e) {
+    c.fail("tp shards", std::string("apart run cannot cut this plan's TP shards: ") + e.what());
+  }
+}
+
 void check_prediction(Checker& c, const PlanDocument& plan) {
   if (!plan.predicted || !plan.predicted->iteration_s) {
     c.pass("prediction", "plan.json predicts no iteration time to reproduce");
@@ -230,6 +340,7 @@ PlanCheck check_plan_folder(const fs::path& plan_path, const fs::path& model_arg
   }
 
   check_stage_files(c, plan, dir);
+  check_tp_shards(c, plan, dir);
   check_prediction(c, plan);
   try {
     check_executable(plan);

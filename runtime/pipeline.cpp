@@ -32,7 +32,6 @@
 #include "runtime/half_precision.h"
 #include "runtime/executor.h"
 #include "runtime/run_trace.h"
-#include "runtime/tensor_parallel.h"
 #include "runtime/zero_shards.h"
 
 namespace apart {
@@ -1938,24 +1937,6 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
 
 }  // namespace
 
-std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan) {
-  std::vector<TpShardRegion> regions;
-  if (!plan.tensor_parallel) return regions;
-  for (const PlanTpRegion& r : plan.tensor_parallel->regions) {
-    TpShardRegion& region = regions.emplace_back();
-    region.role = r.kind == TpRegionKind::kEmbedding ? TpRegionRole::kEmbedding
-                  : r.kind == TpRegionKind::kLmHead  ? TpRegionRole::kLmHead
-                                                     : TpRegionRole::kLinears;
-    region.name = r.name;
-    region.column_tasks = r.column_tasks;
-    region.row_tasks = r.row_tasks;
-    region.inputs = r.inputs;
-    region.sliced_inputs = r.sliced_inputs;
-    for (const PlanTpRegion::SplitValue& v : r.split_values) region.split_values.emplace_back(v.value, v.axis);
-    region.end_value = r.end_value;
-  }
-  return regions;
-}
 
 namespace {
 // Ends the run on every rank: the device world first (NCCL: its communicator aborted, so that no rank waits in NCCL

@@ -15,7 +15,7 @@
 #include "importer/importer.h"
 #include "plan/plan.h"
 #include "runtime/tensor.h"
-#include "runtime/tensor_parallel.h"
+#include "plan/plan.h"
 #include "tests/support/read_model.h"
 #include "tests/support/run_apart.h"
 #include "tests/support/temp_dir.h"

@@ -1,9 +1,11 @@
 // apart check: a plan apart partition wrote passes every check; each kind of damage fails the check it belongs to
 // (and only the checks that depend on it), through check_plan_folder and through the CLI's exit code.
 #include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "driver/check.h"
@@ -25,10 +27,10 @@ fs::path plan_dir(const std::string& name) {
   return dir;
 }
 
-fs::path fresh_plan(const std::string& name) {
+// gpt-tiny planned by apart partition with `flags` (default: 2 stages on 4 devices, batch 8).
+fs::path fresh_plan(const std::string& name, const std::string& flags = "--devices 4 --stages 2 --batch 8") {
   const fs::path dir = plan_dir(name);
-  const auto r = testing::run_apart("partition " + kModel + " --device cpu --devices 4 --stages 2 --batch 8 "
-                                    "--no-baselines -q -o " + dir.string());
+  const auto r = testing::run_apart("partition " + kModel + " --device cpu " + flags + " --no-baselines -q -o " + dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
   return dir;
 }
@@ -56,7 +58,7 @@ TEST(ApartCheck, PassesEveryCheckOnAPlanPartitionWrote) {
   const fs::path dir = fresh_plan("valid");
   const PlanCheck check = check_plan_folder(dir);
   EXPECT_TRUE(check.ok());
-  EXPECT_EQ(check.findings.size(), 9u);
+  EXPECT_EQ(check.findings.size(), 10u);
   EXPECT_EQ(failed(check), std::vector<std::string>{});
   const auto r = testing::run_apart("check " + dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
@@ -118,10 +120,8 @@ TEST(ApartCheck, FailsTheStageFileCheckForAMissingOrForeignStageFile) {
 // An interleaved plan: its chunks' files are checked beside the stages'; one written before plan.json listed its
 // chunks is valid, with a runtime note asking to re-plan.
 TEST(ApartCheck, ChecksAnInterleavedPlansChunkFilesAndNotesOneWithoutChunks) {
-  const fs::path dir = plan_dir("interleaved");
-  const auto r = testing::run_apart("partition " + kModel + " --device cpu --devices 2 --stages 2 --replicas 1 "
-                                    "--microbatches 2 --batch 8 --schedule interleaved --no-baselines -q -o " + dir.string());
-  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path dir =
+      fresh_plan("interleaved", "--devices 2 --stages 2 --replicas 1 --microbatches 2 --batch 8 --schedule interleaved");
   PlanCheck check = check_plan_folder(dir);
   EXPECT_EQ(failed(check), std::vector<std::string>{});
   EXPECT_NE(finding(check, "stage files").detail.find("2 stage_K.onnx and 4 chunk_C.onnx"), std::string::npos)
@@ -140,6 +140,86 @@ TEST(ApartCheck, ChecksAnInterleavedPlansChunkFilesAndNotesOneWithoutChunks) {
   EXPECT_EQ(failed(check), std::vector<std::string>{});
   EXPECT_NE(finding(check, "runtime").detail.find("re-run apart partition"), std::string::npos)
       << finding(check, "runtime").detail;
+}
+
+// The initializers of a model file, by name.
+std::map<std::string, onnx::TensorProto> initializers(const fs::path& file) {
+  onnx::ModelProto m;
+  std::ifstream in(file, std::ios::binary);
+  EXPECT_TRUE(m.ParseFromIstream(&in)) << file;
+  std::map<std::string, onnx::TensorProto> by_name;
+  for (const onnx::TensorProto& t : m.graph().initializer()) by_name[t.name()] = t;
+  return by_name;
+}
+
+// A TP 2 × PP 2 plan with sequence parallelism: every rank's shard cuts; --write-shards writes the four files apart
+// run runs, each rank holding its rows or columns of every split weight (of each piece of a fused one: Q, K and V),
+// replicated weights whole, its collectives as ai.apart nodes.
+TEST(ApartCheck, CutsEveryTpRanksShardAndWritesTheShardsApartRunRuns) {
+  const fs::path dir =
+      fresh_plan("tp", "--devices 4 --tp 2 --pp 2 --dp 1 --sequence-parallel on --microbatches 2 --batch 8");
+  const PlanCheck check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{});
+  EXPECT_NE(finding(check, "tp shards").detail.find("4 rank shards of 2 stage file(s)"), std::string::npos)
+      << finding(check, "tp shards").detail;
+
+  const fs::path out = plan_dir("tp_shards");
+  const auto w = testing::run_apart("check " + dir.string() + " -q --write-shards " + out.string());
+  ASSERT_EQ(w.code, 0) << w.out;
+  const std::vector<TpRankShard> shards = tensor_parallel_shards(read_plan(dir), dir, TpWeights::kCut);
+  ASSERT_EQ(shards.size(), 4u);
+  int split = 0;
+  for (const TpRankShard& s : shards) {
+    const auto whole = initializers(s.file);
+    const fs::path file = out / (s.file.stem().string() + ".tp_" + std::to_string(s.rank) + ".onnx");
+    ASSERT_TRUE(fs::is_regular_file(file)) << file << "\n" << w.out;
+    const auto mine = initializers(file);
+    onnx::ModelProto written;
+    std::ifstream in(file, std::ios::binary);
+    ASSERT_TRUE(written.ParseFromIstream(&in));
+    int collectives = 0;
+    for (const onnx::NodeProto& n : written.graph().node()) collectives += n.domain() == "ai.apart";
+    EXPECT_GT(collectives, 0) << file;
+    std::map<std::string, TpShardedParam> cut;
+    for (const TpShardedParam& p : s.shard.params) cut[p.name] = p;
+    for (const auto& [name, all] : whole) {
+      ASSERT_TRUE(mine.count(name)) << name << " is not in " << file;
+      const std::string& bytes = mine.at(name).raw_data();
+      const auto it = cut.find(name);
+      if (it == cut.end()) {  // replicated: the stage file's
+        EXPECT_TRUE(bytes == all.raw_data()) << name << " differs from the stage file's in " << file;
+        continue;
+      }
+      ++split;
+      const TpShardedParam& p = it->second;
+      int64_t outer = 1, inner = 4;  // float32 bytes
+      for (int a = 0; a < p.axis; ++a) outer *= all.dims(a);
+      for (int a = p.axis + 1; a < all.dims_size(); ++a) inner *= all.dims(a);
+      std::string expected;
+      for (int64_t o = 0; o < outer; ++o)
+        for (const auto& [begin, end] : tp_param_ranges(p, 2, s.rank))
+          expected += all.raw_data().substr(static_cast<size_t>((o * all.dims(p.axis) + begin) * inner),
+                                            static_cast<size_t>((end - begin) * inner));
+      EXPECT_TRUE(bytes == expected) << name << ": rank " << s.rank << " does not hold its ranges along axis " << p.axis;
+    }
+  }
+  EXPECT_GT(split, 8);
+  EXPECT_NE(testing::run_apart("check " + dir.string() + " -q --write-shards " + dir.string()).code, 0)
+      << "wrote shards into the plan folder";
+}
+
+// A TP region whose plan.json layout cuts its row linears as column linears too: the shard pass refuses it, and so
+// does the check, before mpirun would.
+TEST(ApartCheck, FailsTheTpShardCheckForARegionTheStagesCannotBeCutBy) {
+  const fs::path dir = fresh_plan("tp_broken", "--devices 2 --tp 2 --pp 1 --dp 1 --microbatches 2 --batch 8");
+  PlanDocument plan = read_plan(dir);
+  ASSERT_TRUE(plan.tensor_parallel.has_value());
+  for (PlanTpRegion& region : plan.tensor_parallel->regions)
+    if (!region.row_tasks.empty()) region.column_tasks = region.row_tasks;  // the row linears cut as columns too
+  rewrite(dir, plan);
+  const PlanCheck check = check_plan_folder(dir);
+  EXPECT_EQ(failed(check), std::vector<std::string>{"tp shards"});
+  EXPECT_NE(finding(check, "tp shards").detail.find("cannot cut"), std::string::npos) << finding(check, "tp shards").detail;
 }
 
 TEST(ApartCheck, FailsTheModelCheckForOtherBytesAndSkipsWhatNeedsTheModel) {

@@ -65,70 +65,19 @@ TEST(StuckRanks, NamesTheRanksOfAnUnmatchedReceiveAndOfACollectiveAMemberNeverPo
   EXPECT_TRUE(stuck_ranks(ordered, grouped(ordered), both).empty());
 }
 
-// A rank's stream as apart run posts it over NCCL: the schedule's sends and receives, and its stage's bucket
-// all-reduce (group = the stage) posted during the last backward that completes a gradient (then the sends after it).
 struct RankStreams {
   std::vector<std::vector<StreamOp>> ops;
   std::map<int, std::vector<int>> members;
   std::map<std::pair<int, int>, std::vector<int>> sent_tags, received_tags;  // (from, to) → tags in posting order
 };
-RankStreams streams_of(const PlanDocument& plan) {
-  RankStreams s;
-  const int world = plan_devices(plan);
-  s.ops.resize(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    const RankRole role = rank_role(plan, r);
-    const bool replicated = plan.stages[static_cast<size_t>(role.stage)].replicas > 1;
-    if (replicated) s.members[role.stage].push_back(r);
-    const std::vector<Action> actions = rank_actions(plan, r);
-    size_t last_gradient = actions.size();
-    for (size_t i = 0; i < actions.size(); ++i)
-      if (actions[i].kind == ActionKind::kBackward || actions[i].kind == ActionKind::kBackwardWeight) last_gradient = i;
-    for (size_t i = 0; i < actions.size(); ++i) {
-      const Action& a = actions[i];
-      if (a.kind == ActionKind::kSend) {
-        s.ops[static_cast<size_t>(r)].push_back(send_to(a.peer));
-        s.sent_tags[{r, a.peer}].push_back(action_tag(a, plan));
-      } else if (a.kind == ActionKind::kRecv) {
-        s.ops[static_cast<size_t>(r)].push_back(recv_from(a.peer));
-        s.received_tags[{a.peer, r}].push_back(action_tag(a, plan));
-      }
-      if (i == last_gradient && replicated) s.ops[static_cast<size_t>(r)].push_back(collective(role.stage));
-    }
-  }
-  return s;
-}
 
-TEST(GroupedStageBoundaries, FinishEveryScheduleApartRunExecutesAndMatchInPostingOrder) {
-  const std::vector<std::vector<int>> shapes{{1, 1}, {1, 1, 1}, {1, 1, 1, 1}, {2, 1}, {1, 2}, {2, 2}, {2, 1, 3}};
-  int one_by_one_deadlocks = 0, plans = 0;
-  for (const Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kZbH1})
-    for (const auto& replicas : shapes)
-      for (const int64_t m : {1, 2, 3, 4, 8}) {
-        const PlanDocument plan = testing::pipeline_plan(replicas, m, schedule);
-        const std::string what = std::string(schedule_name(schedule)) + " m " + std::to_string(m) + " stages " +
-                                 std::to_string(replicas.size()) + " replicas " + std::to_string(replicas[0]) + "," +
-                                 std::to_string(replicas[1]);
-        const RankStreams s = streams_of(plan);
-        EXPECT_TRUE(stuck_ranks(s.ops, grouped(s.ops), s.members).empty()) << what;
-        // NCCL has no tags: the messages of a channel must be received in the order they are sent.
-        EXPECT_EQ(s.sent_tags, s.received_tags) << what;
-        std::vector<std::vector<StreamItem>> alone;
-        for (const auto& ops : s.ops) alone.push_back(one_by_one(ops));
-        one_by_one_deadlocks += stuck_ranks(s.ops, alone, s.members).empty() ? 0 : 1;
-        ++plans;
-      }
-  // Posting each message alone deadlocks 1F1B's steady state (the model sees it): grouping is what the test checks.
-  EXPECT_GT(one_by_one_deadlocks, 0) << "of " << plans;
-}
-
-// A rank's stream as apart run posts it over NCCL under tensor parallelism and ZeRO (everything on the device world):
-// each forward or backward pass of a TP stage runs its shards' collectives over its replica's TP group; a receive from
-// a stage of the same degree is followed by the all-gather of the TP parts; under ZeRO-2/3 every pass that completes
-// gradients reduce-scatters over the stage's replicas of this TP rank (ZeRO-0/1: the last one), and ZeRO-3 gathers
-// params in every pass; the step ends with the world's all-reduce of the norm, loss and flags, the last op (posted
-// after the deferred sends are: tp_stream_items).
-RankStreams tp_streams_of(const PlanDocument& plan, int zero) {
+// A rank's stream as apart run posts it over NCCL (everything on the device world): the schedule's sends and
+// receives; each forward or backward pass of a TP stage runs its shards' collectives over its replica's TP group; a
+// receive from a stage of the same degree is followed by the all-gather of the TP parts; the stage's replicas of this
+// TP rank reduce their gradients after the last pass that completes them (ZeRO-0/1's buckets; ZeRO-2/3 reduce-scatter
+// after every such pass, and ZeRO-3 gathers params in every pass); the step ends with the world's all-reduce of the norm, loss and flags, the last op (posted
+// after the deferred sends are: stream_items).
+RankStreams streams_of(const PlanDocument& plan, int zero) {
   RankStreams s;
   const int world = plan_devices(plan);
   s.ops.resize(static_cast<size_t>(world));
@@ -169,15 +118,38 @@ RankStreams tp_streams_of(const PlanDocument& plan, int zero) {
   return s;
 }
 
-// The stream items of tp_streams_of's ranks: the step's ops grouped, the sends deferred to its end posted in one last
+// The stream items of streams_of's ranks: the step's ops grouped, the sends deferred to its end posted in one last
 // group (DeviceMessages::finish), then the world's all-reduce alone.
-std::vector<std::vector<StreamItem>> tp_stream_items(const std::vector<std::vector<StreamOp>>& ops) {
+std::vector<std::vector<StreamItem>> stream_items(const std::vector<std::vector<StreamOp>>& ops) {
   std::vector<std::vector<StreamItem>> items;
   for (const auto& rank : ops) {
     items.push_back(group_stream_ops(std::vector<StreamOp>(rank.begin(), rank.end() - 1)));
     items.back().push_back({{rank.size() - 1}});
   }
   return items;
+}
+
+TEST(GroupedStageBoundaries, FinishEveryScheduleApartRunExecutesAndMatchInPostingOrder) {
+  const std::vector<std::vector<int>> shapes{{1, 1}, {1, 1, 1}, {1, 1, 1, 1}, {2, 1}, {1, 2}, {2, 2}, {2, 1, 3}};
+  int one_by_one_deadlocks = 0, plans = 0;
+  for (const Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kZbH1})
+    for (const auto& replicas : shapes)
+      for (const int64_t m : {1, 2, 3, 4, 8}) {
+        const PlanDocument plan = testing::pipeline_plan(replicas, m, schedule);
+        const std::string what = std::string(schedule_name(schedule)) + " m " + std::to_string(m) + " stages " +
+                                 std::to_string(replicas.size()) + " replicas " + std::to_string(replicas[0]) + "," +
+                                 std::to_string(replicas[1]);
+        const RankStreams s = streams_of(plan, 0);
+        EXPECT_TRUE(stuck_ranks(s.ops, stream_items(s.ops), s.members).empty()) << what;
+        // NCCL has no tags: the messages of a channel must be received in the order they are sent.
+        EXPECT_EQ(s.sent_tags, s.received_tags) << what;
+        std::vector<std::vector<StreamItem>> alone;
+        for (const auto& ops : s.ops) alone.push_back(one_by_one(ops));
+        one_by_one_deadlocks += stuck_ranks(s.ops, alone, s.members).empty() ? 0 : 1;
+        ++plans;
+      }
+  // Posting each message alone deadlocks 1F1B's steady state (the model sees it): grouping is what the test checks.
+  EXPECT_GT(one_by_one_deadlocks, 0) << "of " << plans;
 }
 
 // `plan` with stage k at TP degree degrees[k], its devices renumbered in stage order (replica by replica).
@@ -205,8 +177,8 @@ TEST(GroupedStageBoundariesWithTensorParallelAndZeroCollectives, FinishEverySche
           const std::string what = std::string(schedule_name(schedule)) + " m " + std::to_string(m) + " stages " +
                                    std::to_string(replicas.size()) + " first tp " + std::to_string(degrees[0]) +
                                    " zero " + std::to_string(zero);
-          const RankStreams s = tp_streams_of(plan, zero);
-          EXPECT_TRUE(stuck_ranks(s.ops, tp_stream_items(s.ops), s.members).empty()) << what;
+          const RankStreams s = streams_of(plan, zero);
+          EXPECT_TRUE(stuck_ranks(s.ops, stream_items(s.ops), s.members).empty()) << what;
           EXPECT_EQ(s.sent_tags, s.received_tags) << what;
           ++plans;
         }

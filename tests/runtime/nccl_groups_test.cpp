@@ -82,36 +82,45 @@ RankStreams streams_of(const PlanDocument& plan, int zero) {
   const int world = plan_devices(plan);
   s.ops.resize(static_cast<size_t>(world));
   constexpr int kWorld = 1 << 30;
-  auto replicas_group = [](const RankRole& role) { return 2 * (role.stage * 1000 + role.tp_rank); };
-  auto tp_group = [](const RankRole& role) { return 2 * (role.stage * 1000 + role.replica) + 1; };
+  // In an interleaved plan each chunk (an action's `stage`) has its communicators; the stage's devices hold them all.
+  const bool interleaved = !plan.virtual_stages.empty();
+  auto stage_of = [&](int id) { return interleaved ? plan.virtual_stages[static_cast<size_t>(id)].stage : id; };
+  auto replicas_group = [](int chunk, const RankRole& role) { return 2 * (chunk * 1000 + role.tp_rank); };
+  auto tp_group = [](int chunk, const RankRole& role) { return 2 * (chunk * 1000 + role.replica) + 1; };
   for (int r = 0; r < world; ++r) {
     const RankRole role = rank_role(plan, r);
     const PlanStageRecord& stage = plan.stages[static_cast<size_t>(role.stage)];
     const bool replicated = stage.replicas > 1, sharded = stage.tp > 1;
-    if (replicated) s.members[replicas_group(role)].push_back(r);
-    if (sharded) s.members[tp_group(role)].push_back(r);
-    s.members[kWorld].push_back(r);
     std::vector<StreamOp>& ops = s.ops[static_cast<size_t>(r)];
     const std::vector<Action> actions = rank_actions(plan, r);
-    size_t last_gradient = actions.size();
+    auto chunk_of = [&](const Action& a) { return a.stage >= 0 ? a.stage : role.stage; };
+    std::map<int, size_t> last_gradient;  // by chunk
     for (size_t i = 0; i < actions.size(); ++i)
-      if (actions[i].kind == ActionKind::kBackward || actions[i].kind == ActionKind::kBackwardWeight) last_gradient = i;
+      if (actions[i].kind == ActionKind::kBackward || actions[i].kind == ActionKind::kBackwardWeight)
+        last_gradient[chunk_of(actions[i])] = i;
+    for (const auto& [chunk, i] : last_gradient) {
+      if (replicated) s.members[replicas_group(chunk, role)].push_back(r);
+      if (sharded) s.members[tp_group(chunk, role)].push_back(r);
+    }
+    s.members[kWorld].push_back(r);
     for (size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
+      const int chunk = chunk_of(a);
       const bool pass = a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
       const bool gradients = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
-      if (pass && replicated && zero >= 3) ops.push_back(collective(replicas_group(role)));
-      if (pass && sharded) ops.push_back(collective(tp_group(role)));
+      if (pass && replicated && zero >= 3) ops.push_back(collective(replicas_group(chunk, role)));
+      if (pass && sharded) ops.push_back(collective(tp_group(chunk, role)));
       if (a.kind == ActionKind::kSend) {
         ops.push_back(send_to(a.peer));
         s.sent_tags[{r, a.peer}].push_back(action_tag(a, plan));
       } else if (a.kind == ActionKind::kRecv) {
         ops.push_back(recv_from(a.peer));
         s.received_tags[{a.peer, r}].push_back(action_tag(a, plan));
-        const int other = a.gradient ? a.to_stage : a.from_stage;
-        if (sharded && plan.stages[static_cast<size_t>(other)].tp == stage.tp) ops.push_back(collective(tp_group(role)));
+        const int mine = a.gradient ? a.from_stage : a.to_stage, other = a.gradient ? a.to_stage : a.from_stage;
+        if (sharded && plan.stages[static_cast<size_t>(stage_of(other))].tp == stage.tp)
+          ops.push_back(collective(tp_group(mine, role)));
       }
-      if (replicated && gradients && (zero >= 2 || i == last_gradient)) ops.push_back(collective(replicas_group(role)));
+      if (replicated && gradients && (zero >= 2 || i == last_gradient[chunk])) ops.push_back(collective(replicas_group(chunk, role)));
     }
     ops.push_back(collective(kWorld));  // the step (apart run posts every deferred send and waits for it first)
   }
@@ -183,6 +192,32 @@ TEST(GroupedStageBoundariesWithTensorParallelAndZeroCollectives, FinishEverySche
           ++plans;
         }
   EXPECT_EQ(plans, 3 * 9 * 3 * 3);
+}
+
+// Why interleaved plans keep their stage boundaries on the host (docs/runtime.md): posted on one NCCL stream with each
+// send grouped with the rank's next receive, whichever chunk posts it, their steady state deadlocks once there are
+// more micro-batches than stages, and so does grouping the sends and receives between two passes (the model found
+// both); Megatron-LM batches an interleaved step's sends and receives of both directions in an order of its own
+// (send_forward_backward_recv_forward_backward), which apart run's action lists would have to follow. The rule
+// finishes every m = P plan; tags still arrive in posting order.
+TEST(GroupedStageBoundariesOfInterleavedPlans, DeadlockUnderTheNextReceiveRuleBeyondOneMicroBatchPerStage) {
+  int stuck = 0, stuck_at_m_equal_p = 0, plans = 0;
+  for (const std::vector<int>& replicas : std::vector<std::vector<int>>{{1, 1}, {1, 1, 1}, {2, 1}, {1, 2}, {2, 2}})
+    for (const int v : {2, 3})
+      for (const int64_t m : {2, 3, 4, 6, 8})
+        for (const int tp : {1, 2}) {
+          if (m % static_cast<int64_t>(replicas.size()) != 0) continue;  // Megatron's interleaving: m a multiple of P
+          const PlanDocument plan =
+              with_degrees(testing::interleaved_plan(replicas, v, m), std::vector<int>(replicas.size(), tp));
+          const RankStreams s = streams_of(plan, 0);
+          const bool deadlocks = !stuck_ranks(s.ops, stream_items(s.ops), s.members).empty();
+          stuck += deadlocks;
+          stuck_at_m_equal_p += deadlocks && m == static_cast<int64_t>(replicas.size());
+          EXPECT_EQ(s.sent_tags, s.received_tags);
+          ++plans;
+        }
+  EXPECT_GT(stuck, plans / 2) << "of " << plans;
+  EXPECT_EQ(stuck_at_m_equal_p, 0);
 }
 
 }  // namespace

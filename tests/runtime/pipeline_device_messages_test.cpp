@@ -130,6 +130,21 @@ TEST(ApartRunWithADeviceCommunicator, SumsATieAcrossStagesOfDifferentTpDegreesOn
   expect_device_run_equals_host_path(with_stage_degrees(make_tp_plan(shape, 8, dir / "plan"), {2, 1}), dir, "tp2_then_tp1");
 }
 
+// An interleaved plan keeps its boundaries on the host (nccl_groups_test: the next-receive rule deadlocks them), but its
+// chunks' collectives — ZeRO-1 over 2 replicas, and TP 2 — run on device tensors.
+TEST(ApartRunWithADeviceCommunicator, RunsAnInterleavedPlansCollectivesOnDeviceTensorsBitwiseAsTheHostPath) {
+  Shape zero{{2, 2}, 2, Schedule::kInterleaved, {}};
+  zero.zero = 1;
+  const fs::path dir = scratch("device_messages", "interleaved_zero1");
+  expect_device_run_equals_host_path(make_plan(gpt_tiny(), zero, 8, dir / "plan"), dir, "interleaved_zero1");
+  TpShape tp;
+  tp.stages = 2;
+  tp.schedule = Schedule::kInterleaved;
+  const fs::path tp_dir = scratch("device_messages", "interleaved_tp2");
+  const DeviceRun device = expect_device_run_equals_host_path(make_tp_plan(tp, 8, tp_dir / "plan"), tp_dir, "interleaved_tp2");
+  EXPECT_GT(device.device_collectives, 0);
+}
+
 // A rank whose device send fails aborts the device world as well as the world: the ranks waiting on it in a device
 // receive end with CommError carrying its reason at once, not after --comm-timeout.
 TEST(ApartRunWithADeviceCommunicator, EndsEveryRankAtOnceWhenOneRanksDeviceSendFails) {

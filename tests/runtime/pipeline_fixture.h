@@ -110,8 +110,9 @@ inline fs::path make_tp_plan(const TpShape& shape, int64_t batch, const fs::path
   EXPECT_EQ(r.code, 0) << r.out;
   const PlanDocument plan = read_plan(dir);
   EXPECT_EQ(static_cast<int>(plan.stages.size()), shape.stages);
-  if (shape.schedule == Schedule::kInterleaved)
+  if (shape.schedule == Schedule::kInterleaved) {
     EXPECT_EQ(plan.virtual_stages.size(), static_cast<size_t>(shape.stages * std::max(2, shape.virtual_stages)));
+  }
   for (const PlanStageRecord& s : plan.stages) {
     EXPECT_EQ(s.tp, shape.tp);
     EXPECT_EQ(s.replicas, shape.replicas);

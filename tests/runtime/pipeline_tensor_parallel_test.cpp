@@ -59,8 +59,9 @@ TEST_P(TensorParallelPlans, TrainAsOneProcessTrainsOnTheWholeBatch) {
   EXPECT_LT(static_cast<double>(held) / c.shape.replicas, 1.5 * static_cast<double>(whole)) << c.name;
   for (const RunResult& r : run.ranks) {
     EXPECT_LT(r.params, whole) << c.name;
-    if (c.shape.schedule == Schedule::kInterleaved)  // the chunks are cut between regions (partition/virtual_stages.h)
+    if (c.shape.schedule == Schedule::kInterleaved) {  // the chunks are cut between regions (partition/virtual_stages.h)
       EXPECT_TRUE(r.tp_whole_regions.empty()) << c.name << ": " << r.tp_whole_regions.front();
+    }
     EXPECT_EQ(r.reports, r.role.tp_rank == 0 && r.role.replica == 0 && r.role.stage == c.shape.stages - 1)
         << c.name << " rank stage " << r.role.stage << " tp " << r.role.tp_rank;
   }

@@ -19,7 +19,7 @@ using testing::read_file;
 
 std::vector<fs::path> real_models() {
   std::vector<fs::path> out;
-  for (const fs::path dir : {fs::path(APART_SOURCE_DIR) / "models", fs::path(APART_SHARED_MODELS_DIR)}) {
+  for (const fs::path& dir : {fs::path(APART_SOURCE_DIR) / "models", fs::path(APART_SHARED_MODELS_DIR)}) {
     if (!fs::is_directory(dir)) continue;
     for (const auto& e : fs::directory_iterator(dir))
       if (e.path().extension() == ".onnx") out.push_back(e.path());
@@ -64,7 +64,9 @@ TEST(PlansOfRealModels, KeepEveryInvariant) {
         if (g.task(TaskId(t)).constant) continue;
         ASSERT_GE(stage_of[t], 0) << g.task(TaskId(t)).name << " in no stage";
         for (TaskId s : g.successors(TaskId(t)))
-          if (!g.task(s).constant) EXPECT_LE(stage_of[t], stage_of[s.value()]) << "backward edge";
+          if (!g.task(s).constant) {
+            EXPECT_LE(stage_of[t], stage_of[s.value()]) << "backward edge";
+          }
       }
       // Every cut value: once as its sender's output, once as each receiver's input.
       std::map<std::pair<uint32_t, int>, int> sent, received;
@@ -80,8 +82,9 @@ TEST(PlansOfRealModels, KeepEveryInvariant) {
         const Value& value = g.value(ValueId(v));
         if (!value.producer.valid() || stage_of[value.producer.value()] < 0) continue;
         for (TaskId c : g.consumers(ValueId(v)))
-          if (stage_of[c.value()] >= 0 && stage_of[c.value()] != stage_of[value.producer.value()])
+          if (stage_of[c.value()] >= 0 && stage_of[c.value()] != stage_of[value.producer.value()]) {
             EXPECT_EQ(sent.count({v, stage_of[c.value()]}), 1u) << value.name;
+          }
       }
     }
   }

@@ -230,7 +230,9 @@ TEST(FusionGroups, AreDeterministic) {
 
 TEST(DevicePresets, FuseOnGpusAndNotOnTheCpu) {
   for (const auto& name : device_preset_names())
-    if (name != "cpu") EXPECT_TRUE(device_preset(name).fuses_elementwise) << name;
+    if (name != "cpu") {
+      EXPECT_TRUE(device_preset(name).fuses_elementwise) << name;
+    }
   EXPECT_FALSE(device_preset("cpu").fuses_elementwise);  // as `apart run` on the CPU runs every op alone
 }
 

@@ -147,24 +147,23 @@ std::vector<TpRankShard> tensor_parallel_shards(const PlanDocument& plan, const 
   std::vector<TpRankShard> shards;
   for (const auto& [stage, file] : run_files(plan, dir)) {
     if (stage.tp <= 1) continue;
-    const onnx::ModelProto whole = load_model_proto(file);
+    // As apart run cuts it (StageRunner::build): values read only for their shape folded at the stage's
+    // micro-batch, then each rank's shard.
+    onnx::ModelProto whole = load_model_proto(file);
+    ImportOptions import;
+    import.batch = stage.microbatch_size.value_or(1);
+    import.batch_explicit = true;
+    import.require_external_data = false;
+    import.constants_as_params = false;
+    std::set<std::string> sent;
+    for (const PlanInput& in : stage.inputs) sent.insert(in.value);
+    fold_shape_only_inputs(whole, sent, import);
     for (int rank = 0; rank < stage.tp; ++rank) {
-      onnx::ModelProto proto = whole;
-      // As apart run cuts it (StageRunner::build): values read only for their shape folded at the stage's
-      // micro-batch, then the rank's shard.
-      ImportOptions import;
-      import.batch = stage.microbatch_size.value_or(1);
-      import.batch_explicit = true;
-      import.require_external_data = false;
-      import.constants_as_params = false;
-      std::set<std::string> sent;
-      for (const PlanInput& in : stage.inputs) sent.insert(in.value);
-      fold_shape_only_inputs(proto, sent, import);
       TpRankShard& shard = shards.emplace_back();
       shard.stage = stage.id;
       shard.rank = rank;
       shard.file = file;
-      shard.shard = shard_stage_for_tensor_parallel(proto, regions, stage.tp, rank, weights,
+      shard.shard = shard_stage_for_tensor_parallel(whole, regions, stage.tp, rank, weights,
                                                     stage.sequence_parallel ? TpSequence::kSharded : TpSequence::kWhole);
     }
   }

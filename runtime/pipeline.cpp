@@ -1091,9 +1091,7 @@ bool StageRunner::accumulate_gradient(const std::string& name, const Tensor& val
     if (b.ready == 0) b.hold(flat_length(b));
     Tensor into = b.flat.flat_range(bucket_at_[i], bucket_at_[i] + value.elements());
     backend_.copy(value, into);
-    if (weight != 1 && b.device) backend_.scale(into, weight);
-    if (weight != 1 && !b.device)
-      for (float& e : into.span<float>()) e *= static_cast<float>(weight);  // as Backend::scale
+    if (weight != 1) (b.device ? backend_ : cpu_backend()).scale(into, weight);  // where the bucket is
     if (++b.ready < b.params.size()) return true;
     b.ready = 0;
     b.reduction = replicas_of(b).reduce_scatter_sum(b.span());
@@ -1722,7 +1720,7 @@ class RankRunner {
   // A tied param's gradient is the sum over the stages holding it (replica 0 of each): this rank's stages' summed,
   // then all-reduced over the ranks holding it, into each of its stages; set by set in one order on every rank.
   void sum_tied_gradients() {
-    Backend& backend = options_.backend ? *options_.backend : cpu_backend();
+    Backend& backend = this->backend();
     for (const auto& [stages, host_comm] : shared_.ties) {
       // Over the device world the sums are the backend's tensors; on the host path host tensors.
       const auto device_comm = shared_.device_ties.find(stages);
@@ -1748,13 +1746,14 @@ class RankRunner {
       }
     }
   }
+  Backend& backend() const { return options_.backend ? *options_.backend : cpu_backend(); }  // the stages'
   // The step's world all-reduce of `totals`: over the device world where there is one (NCCL: a device buffer).
   void reduce_totals(std::vector<double>& totals) {
     if (!options_.device_world) {
       world_.allreduce_sum(std::span<double>(totals))->wait();
       return;
     }
-    Backend& backend = options_.backend ? *options_.backend : cpu_backend();
+    Backend& backend = this->backend();
     const int64_t bytes = static_cast<int64_t>(totals.size() * sizeof(double));
     Tensor on_device = backend.empty(DType::kFloat64, {static_cast<int64_t>(totals.size())});
     backend.copy_to_device(reinterpret_cast<const std::byte*>(totals.data()), on_device.raw(), bytes);
@@ -1935,10 +1934,6 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
   return result;
 }
 
-}  // namespace
-
-
-namespace {
 // Ends the run on every rank: the device world first (NCCL: its communicator aborted, so that no rank waits in NCCL
 // for this one until --comm-timeout; it aborts its bootstrap, the world, too), then the world.
 void abort_world(const RunOptions& options, Communicator& world, const std::string& reason, int exit_code) {

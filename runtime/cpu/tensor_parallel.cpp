@@ -21,12 +21,11 @@ namespace {
 void copy_on_backend(const KernelContext& ctx, const std::byte* from, std::byte* to, int64_t bytes) {
   ctx.backend().copy_on_device(from, to, bytes);
 }
-void copy_tensor(const KernelContext& ctx, const Tensor& from, Tensor& to) { copy_on_backend(ctx, from.raw(), to.raw(), from.bytes()); }
 
 // ai.apart.TpCopy (Megatron's f): the input, unchanged; its gradient is all-reduced (by TpAllReduce in the backward).
 void tp_copy_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  copy_tensor(ctx, x, ctx.output(0, x.dtype(), x.shape()));
+  ctx.backend().copy(x, ctx.output(0, x.dtype(), x.shape()));
 }
 
 // ai.apart.TpAllReduce (Megatron's g): the sum of every TP rank's input, the same on each (float32 or float64). Without
@@ -34,7 +33,7 @@ void tp_copy_k(KernelContext& ctx) {
 void tp_allreduce_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  copy_tensor(ctx, x, y);
+  ctx.backend().copy(x, y);
   Communicator* group = ctx.tensor_parallel_group();
   if (group == nullptr || group->size() == 1) return;
   if (x.dtype() == DType::kFloat32) group->allreduce_sum(y.span<float>())->wait();
@@ -112,7 +111,7 @@ void tp_allgather_k(KernelContext& ctx) {
   const std::vector<int64_t> shape =
       with_axis_length(ctx, x.shape(), x.shape()[static_cast<size_t>(cut_axis(ctx, x.shape().size()))] * degree);
   Tensor& y = ctx.output(0, x.dtype(), shape);
-  if (degree == 1 || y.elements() == 0) return copy_tensor(ctx, x, y);
+  if (degree == 1 || y.elements() == 0) return ctx.backend().copy(x, y);
   const AxisCut c = axis_cut(ctx, shape, degree);
   Communicator& group = *ctx.tensor_parallel_group();
   const int rank = group.rank();
@@ -139,7 +138,7 @@ void tp_reduce_scatter_k(KernelContext& ctx) {
   const int degree = degree_of(ctx);
   const AxisCut c = axis_cut(ctx, x.shape(), degree);
   Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
-  if (degree == 1 || y.elements() == 0) return copy_tensor(ctx, x, y);
+  if (degree == 1 || y.elements() == 0) return ctx.backend().copy(x, y);
   Communicator& group = *ctx.tensor_parallel_group();
   const int rank = group.rank();
   const int64_t element = dtype_size(x.dtype());
@@ -149,7 +148,7 @@ void tp_reduce_scatter_k(KernelContext& ctx) {
     group.reduce_scatter_sum(buffer.span<float>())->wait();
     copy_on_backend(ctx, buffer.raw() + rank * y.bytes(), y.raw(), y.bytes());
   } else if (x.dtype() == DType::kFloat64) {  // no float64 reduce-scatter: the whole sum, then this rank's part
-    copy_tensor(ctx, x, buffer);
+    ctx.backend().copy(x, buffer);
     group.allreduce_sum(buffer.span<double>())->wait();
     move_part(ctx, c, rank, element, buffer.raw(), y.raw(), true);
   } else {

@@ -22,6 +22,7 @@
 #include "runtime/pipeline.h"
 #include "runtime/tensor.h"
 #include "runtime/trainer.h"
+#include "tests/support/printed_numbers.h"
 #include "tests/support/read_model.h"
 #include "tests/support/run_apart.h"
 #include "tests/support/temp_dir.h"
@@ -327,7 +328,7 @@ inline void expect_same_training(const Outcome& reference, const Outcome& run, c
 
 // `apart run PLAN` as `ranks` processes under mpirun (3 AdamW steps, lr 1e-3, seed 3, the model saved) and the same
 // plan on threads (in `dir`): the threads' outcome and the saved weights. The step-3 loss the run prints (6 decimals)
-// matches the threads' to 2e-6 + 2e-5 relative: MPI's collectives may add in another order, so nothing is bitwise.
+// matches the threads' to printed_loss_tolerance: MPI's collectives may add in another order, so nothing is bitwise.
 // Call it under ASSERT_NO_FATAL_FAILURE.
 inline void run_under_mpirun_and_on_threads(int ranks, const fs::path& plan, const fs::path& dir, const std::string& what,
                                             Outcome* threads, Weights* saved) {
@@ -338,10 +339,9 @@ inline void run_under_mpirun_and_on_threads(int ranks, const fs::path& plan, con
   *saved = read_weights(model);
   *threads = run_threads(plan, 3, dir / (what + "_threads"), Optimizer::kAdamW, 1e-3);
   ASSERT_EQ(threads->losses.size(), 3u);
-  const size_t at = r.out.find("step=3 loss=");
-  ASSERT_NE(at, std::string::npos) << r.out;
-  EXPECT_NEAR(std::stod(r.out.substr(at + 12, 12)), threads->losses[2], 2e-6 + 2e-5 * threads->losses[2])
-      << what << "\n" << r.out;
+  const auto printed = testing::number_after(r.out, "step=3 loss=");
+  ASSERT_TRUE(printed.has_value()) << r.out;
+  EXPECT_NEAR(*printed, threads->losses[2], testing::printed_loss_tolerance(threads->losses[2])) << what << "\n" << r.out;
 }
 
 // The same params with the same bytes.

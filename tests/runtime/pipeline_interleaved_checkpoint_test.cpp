@@ -162,9 +162,9 @@ TEST(AnInterleavedCheckpointUnderMpirun, ResumesAsOnThreads) {
   ASSERT_EQ(threads.losses.size(), 2u);
   const auto r = mpirun_apart_run(2, plan.string() + " --steps 4 --optimizer adamw --lr 1e-3 --seed 3 --resume " + ck.string());
   ASSERT_EQ(r.code, 0) << r.out;
-  const size_t at = r.out.find("step=4 loss=");
-  ASSERT_NE(at, std::string::npos) << r.out;
-  EXPECT_NEAR(std::stod(r.out.substr(at + 12, 12)), threads.losses[1], 2e-6 + 2e-5 * threads.losses[1]) << r.out;
+  const auto printed = testing::number_after(r.out, "step=4 loss=");
+  ASSERT_TRUE(printed.has_value()) << r.out;
+  EXPECT_NEAR(*printed, threads.losses[1], testing::printed_loss_tolerance(threads.losses[1])) << r.out;
 }
 
 }  // namespace

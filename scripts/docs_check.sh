@@ -63,7 +63,7 @@ for doc in "${docs[@]}"; do
       continue
     fi
     t0=$SECONDS
-    if ! (cd "$scratch/work" && bash -o pipefail -c "$cmd") >"$scratch/out.txt" 2>&1; then
+    if ! (cd "$scratch/work" && bash -o pipefail -c "$cmd") </dev/null >"$scratch/out.txt" 2>&1; then
       echo "docs_check: FAIL ($(basename "$doc")): \$ $cmd" >&2
       tail -n 40 "$scratch/out.txt" >&2
       exit 1

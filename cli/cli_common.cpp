@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "graph/error.h"
+#include "profiler/device.h"
 #include "runtime/blas_info.h"
 
 namespace apart::cli {
@@ -108,6 +109,15 @@ std::vector<InputFile> plan_inputs(const std::string& plan) {
 std::string human_flops(double flops) {
   static const char* const units[] = {" ", " K", " M", " G", " T", " P", " E"};
   return scaled(flops, units, 7, 1000.0, "FLOP");
+}
+
+std::string device_flag_help(const std::string& lead) {
+  std::string list;
+  for (const DevicePresetInfo& info : device_preset_infos()) {
+    list += (list.empty() ? "" : ", ") + info.name;
+    if (!info.aliases.empty()) list += " (or " + info.aliases.front() + ")";
+  }
+  return lead + ": " + list + "; the GPU presets are SXM parts, `apart devices` lists their figures";
 }
 
 void note_blas_kernel() {

@@ -60,6 +60,9 @@ std::vector<InputFile> plan_inputs(const std::string& plan);
 
 std::string human_flops(double flops);  // 1.23 GFLOP
 
+// --device's help: the presets with their short names ("h100" = the SXM5 part) and where their figures are listed.
+std::string device_flag_help(const std::string& lead = "Device preset");
+
 // The commands that run the CPU kernels (train, run, profile) call this once: one "apart: note:" line on stderr
 // when OpenBLAS runs a generic kernel on a CPU with AVX2/AVX-512 (runtime/blas_info.h), nothing otherwise.
 void note_blas_kernel();

@@ -157,9 +157,8 @@ static const bool kRegistered = register_command({"inspect", 10, [](CLI::App& ap
   cmd->add_flag("--json", args->json, "Print one JSON object instead of the text summary");
   cmd->add_option("--top", args->top, "How many ops to list by FLOPs")->default_val(5);
   cmd->add_option("--device", args->device,
-                  "Add forward/backward time, saved activations and training memory on this device "
-                  "(v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu), at its default precision "
-                  "(mixed on GPUs, fp32 on cpu)");
+                  device_flag_help("Add forward/backward time, saved activations and training memory on this "
+                                   "device, at its default precision (mixed on GPUs, fp32 on cpu)"));
   cmd->callback([args] {
     const ImportedModel m = import_model(args->model, import_options(args->model_flags));
     note_constant_params(m.constant_params);

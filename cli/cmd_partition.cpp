@@ -156,7 +156,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("model", a->model, "ONNX model file")->required();
   add_model_flags(*cmd, a->model_flags);
   cmd->add_option("--devices", a->devices, "Number of devices")->capture_default_str();
-  cmd->add_option("--device", a->device, "Device preset: v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu")
+  cmd->add_option("--device", a->device, device_flag_help())
       ->capture_default_str();
   cmd->add_option("--devices-per-node", a->devices_per_node, "Devices per node")->capture_default_str();
   cmd->add_option("--memory-reserve", a->memory_reserve,

@@ -13,6 +13,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/importer.h"
+#include "profiler/device.h"
 #include "runtime/profile.h"
 
 namespace apart::cli {
@@ -62,6 +63,11 @@ void run_profile(const ProfileArgs& a) {
   ProfileOptions options = a.options;
   options.backend = backend.get();
   options.device = a.device;
+  try {  // a preset's alias ("h100") stands for the preset's name, which partition --profile checks against
+    if (!a.device.empty()) options.device = device_preset_name(a.device);
+  } catch (const InvalidArgument&) {
+    // another device's name: kept as given (no preset, analytic figures of the cpu)
+  }
   options.loss = a.loss;
   options.seed = a.seed;
   if (a.init == "random") options.random_params = true;

@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "apart_version.h"
 #include "cli/command_registry.h"
@@ -61,12 +64,59 @@ void tune_allocator_for_planning(int argc, char** argv) {
 #endif
 }
 
+// What is wrong when argv[1] names no command (nullopt when it names one, or is a flag such as --help): the word, the
+// nearest command, and the list.
+std::optional<std::string> unknown_command(const CLI::App& app, std::string_view word) {
+  if (word.empty() || word[0] == '-') return std::nullopt;
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == word) return std::nullopt;
+    names.push_back(sub->get_name());
+  }
+  std::string message = "unknown command " + apart::quote(word) + "; ";
+  if (const auto near = apart::closest_match(word, names)) message += "did you mean '" + *near + "'? ";
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  return message + "the commands are " + list + " (`apart --help` says what each does)";
+}
+
+// CLI11's message, made complete where it stops at the first problem: every missing required flag and argument of
+// the command in one message, and for a flag the command does not have, the one it most likely meant.
+std::string flag_error_message(const CLI::App& command, const CLI::ParseError& e, const std::vector<std::string>& args) {
+  if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+    std::string missing;
+    size_t count = 0;
+    for (const CLI::Option* o : command.get_options())
+      if (o->get_required() && o->count() == 0) {
+        missing += (missing.empty() ? "" : ", ") + o->get_name();
+        ++count;
+      }
+    if (count > 0) return (count == 1 ? missing + " is required" : "these are required: " + missing);
+  }
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    std::vector<std::string> flags;
+    for (const CLI::Option* o : command.get_options())
+      for (const std::string& long_name : o->get_lnames()) flags.push_back("--" + long_name);
+    std::string hints;
+    for (const std::string& word : args) {
+      const std::string flag = word.substr(0, word.find('='));
+      if (flag.rfind("--", 0) != 0 || flag == "--" || std::find(flags.begin(), flags.end(), flag) != flags.end())
+        continue;
+      if (const auto near = apart::closest_match(flag, flags))
+        hints += (hints.empty() ? "" : "; ") + std::string("did you mean ") + *near + " for " + flag + "?";
+    }
+    if (!hints.empty()) return std::string(e.what()) + " (" + hints + ")";
+  }
+  return e.what();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   tune_allocator_for_planning(argc, argv);
   CLI::App app{"apart: automatic partitioning of ONNX models into pipeline stages with data-parallel replicas\n"
                "for very large-scale training (Tanaka et al., IPDPS 2021), and a runtime that carries the plan out."};
+  app.name("apart");
   app.set_version_flag("-V,--version", std::string("apart ") + APART_VERSION);
   app.require_subcommand(1);
   app.fallthrough();
@@ -79,20 +129,31 @@ int main(int argc, char** argv) {
   });
   for (const auto& spec : registry) spec.setup(app);
 
+  // `apart` alone: the usage and the commands, then the error in its documented form (exit 2): nothing was asked for.
+  if (argc < 2) {
+    std::fprintf(stderr, "%s\napart: error [InvalidArgument]: a command is required; run `apart <command> --help` for "
+                 "its options\n", app.help().c_str());
+    return apart::exit_code(apart::ErrorKind::kInvalidArgument);
+  }
   try {
+    if (const auto unknown = unknown_command(app, argv[1])) {
+      std::fprintf(stderr, "apart: error [InvalidArgument]: %s\n", unknown->c_str());
+      return apart::exit_code(apart::ErrorKind::kInvalidArgument);
+    }
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" that succeed: CLI11 prints them as it documents.
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
     // Flag errors take the documented form and exit code, with the command whose --help lists the flags.
-    std::string command = "apart";
-    for (const CLI::App* sub = &app; !sub->get_subcommands().empty();) {
-      sub = sub->get_subcommands().front();
-      command += " " + sub->get_name();
+    const CLI::App* command = &app;
+    std::string command_line = "apart";
+    while (!command->get_subcommands().empty()) {
+      command = command->get_subcommands().front();
+      command_line += " " + command->get_name();
     }
     std::fflush(stdout);
     std::fprintf(stderr, "apart: error [InvalidArgument]: %s; run `%s --help` for the options\n",
-                 apart::printable(e.what()).c_str(), command.c_str());
+                 apart::printable(flag_error_message(*command, e, std::vector<std::string>(argv + 1, argv + argc))).c_str(), command_line.c_str());
     return apart::exit_code(apart::ErrorKind::kInvalidArgument);
   } catch (const apart::Error& e) {
     // Messages quote model-controlled names already; escaping here too keeps any that slipped through

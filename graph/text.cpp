@@ -1,6 +1,7 @@
 // Model-controlled strings made safe to print: control characters escaped, UTF-8 checked, DOT quoting.
 #include "graph/text.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -99,6 +100,37 @@ std::string dot_quote(std::string_view s) {
     start = nl + 1;
   }
   return out + "\"";
+}
+
+namespace {
+
+// Optimal string alignment distance (Levenshtein plus the swap of two neighbours), ASCII case folded.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = lower(a[i - 1]) == lower(b[j - 1]) ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) && lower(a[i - 2]) == lower(b[j - 1]))
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::optional<std::string> closest_match(std::string_view word, const std::vector<std::string>& candidates) {
+  const size_t allowed = word.size() <= 4 ? 1 : word.size() <= 8 ? 2 : 3;
+  std::optional<std::string> best;
+  size_t best_distance = allowed + 1;
+  for (const std::string& c : candidates) {
+    const size_t distance = edit_distance(word, c);
+    if (distance < best_distance) best = c, best_distance = distance;
+  }
+  return best;
 }
 
 }  // namespace apart

@@ -1,8 +1,10 @@
 // Model-controlled strings made safe to print: control characters escaped, UTF-8 checked, DOT quoting.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace apart {
 
@@ -21,5 +23,10 @@ std::string quote(std::string_view s);
 // A DOT double-quoted string: quotes and backslashes escaped, a newline as DOT's centred line break
 // (\n), and any other control character shown as visible text (\xNN), never written raw.
 std::string dot_quote(std::string_view s);
+
+// The candidate nearest to `word` by edit distance (insertions, deletions, substitutions and swaps of neighbours,
+// case ignored) when it is near enough to be what was meant: at most 1 edit for words up to 4 characters, 2 up to 8,
+// 3 beyond. Ties go to the earlier candidate. For "did you mean" hints on commands, flags and names.
+std::optional<std::string> closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
 }  // namespace apart

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "graph/atomic_file.h"
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "graph/text.h"
 #include "profiler/cpu_probe.h"
 
 namespace apart {
@@ -104,14 +106,59 @@ std::vector<std::string> device_preset_names() {
   return names;
 }
 
-Device device_preset(std::string_view name) {
-  if (name == "cpu") return cpu_device();
-  for (auto& d : gpu_presets())
-    if (d.name == name) return d;
+const std::vector<DevicePresetInfo>& device_preset_infos() {
+  // The presets are the SXM parts of each datasheet (the DGX/HGX boards): what a short name means. A PCIe or NVL
+  // card has other clocks, memory and links; describe it in a --cluster JSON file.
+  static const std::vector<DevicePresetInfo> infos = {
+      {"v100-32gb", "NVIDIA V100 SXM2 32 GB, DGX-1 links", {"v100", "v100-sxm2"}},
+      {"a100-40gb", "NVIDIA A100 SXM4 40 GB, DGX A100 links", {"a100-sxm4-40gb"}},
+      {"a100-80gb", "NVIDIA A100 SXM4 80 GB, DGX A100 links", {"a100-sxm4-80gb"}},
+      {"h100-80gb", "NVIDIA H100 SXM5 80 GB, DGX H100 links", {"h100", "h100-sxm", "h100-sxm5"}},
+      {"h200-141gb", "NVIDIA H200 SXM 141 GB, DGX H200 links", {"h200", "h200-sxm"}},
+      {"cpu", "this machine's CPU, measured by a probe (cached; --refresh on apart costs)", {}},
+  };
+  return infos;
+}
+
+std::string device_preset_name(std::string_view name) {
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::vector<std::string> names;
+  for (const DevicePresetInfo& info : device_preset_infos()) {
+    if (lower == info.name) return info.name;
+    for (const std::string& alias : info.aliases)
+      if (lower == alias) return info.name;
+    names.push_back(info.name);
+  }
   std::string known;
-  for (const auto& n : device_preset_names()) known += (known.empty() ? "" : ", ") + n;
-  throw InvalidArgument("unknown device '" + std::string(name) + "'; known devices: " + known +
-                        " (or describe one in a --cluster JSON file)");
+  for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+  if (lower == "a100")
+    throw InvalidArgument("device 'a100' is ambiguous: a100-40gb or a100-80gb (`apart devices` lists the presets)");
+  if (lower.find("pcie") != std::string::npos || lower.find("nvl") != std::string::npos)
+    throw InvalidArgument("unknown device " + quote(name) + ": the presets are SXM parts (" + known +
+                          "); describe a PCIe or NVL card in a --cluster JSON file");
+  std::vector<std::string> spellings;  // names and aliases, each with the preset it means
+  std::vector<std::string> means;
+  for (const DevicePresetInfo& info : device_preset_infos())
+    for (size_t k = 0; k <= info.aliases.size(); ++k) {
+      spellings.push_back(k == 0 ? info.name : info.aliases[k - 1]);
+      means.push_back(info.name);
+    }
+  std::string hint;
+  if (const auto near = closest_match(lower, spellings)) {
+    const size_t at = static_cast<size_t>(std::find(spellings.begin(), spellings.end(), *near) - spellings.begin());
+    hint = "did you mean '" + means[at] + "'? ";
+  }
+  throw InvalidArgument("unknown device " + quote(name) + "; " + hint + "known devices: " + known +
+                        " (`apart devices` lists their figures; or describe one in a --cluster JSON file)");
+}
+
+Device device_preset(std::string_view name) {
+  const std::string preset = device_preset_name(name);
+  if (preset == "cpu") return cpu_device();
+  for (auto& d : gpu_presets())
+    if (d.name == preset) return d;
+  throw InvalidArgument("unknown device " + quote(name));  // unreachable: every info names a preset
 }
 
 CpuProbe run_cpu_probe() { return detail::measure_cpu(); }

@@ -48,7 +48,18 @@ inline constexpr const char* kPrecisionHelp =
     "auto, fp32, tf32 or mixed (bf16/fp16 math, fp32 master weights); auto: mixed on GPU devices, fp32 on cpu";
 
 std::vector<std::string> device_preset_names();  // v100-32gb … h200-141gb, cpu
-// A preset by name; "cpu" runs (or reads the cache of) the CPU probe. Throws InvalidArgument.
+// What each preset is (the datasheet's part and board) and the short names that mean it ("h100" → h100-80gb, the SXM5
+// part), in device_preset_names' order: for `apart devices` and --device's help.
+struct DevicePresetInfo {
+  std::string name;
+  std::string part;
+  std::vector<std::string> aliases;
+};
+const std::vector<DevicePresetInfo>& device_preset_infos();
+// The preset a --device value names: a preset's name or an alias, case ignored. Throws InvalidArgument naming the
+// value with the nearest preset ("did you mean"), or saying why ("a100" is ambiguous, a PCIe card is not a preset).
+std::string device_preset_name(std::string_view name);
+// A preset by name or alias; "cpu" runs (or reads the cache of) the CPU probe. Throws InvalidArgument.
 Device device_preset(std::string_view name);
 
 // The CPU probe: a small sgemm loop and a streaming copy on every hardware thread (< 1 s).

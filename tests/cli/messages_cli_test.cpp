@@ -82,13 +82,32 @@ TEST(FlagErrorsFoundByTheParser, TakeTheDocumentedFormAndExitCode) {
   EXPECT_EQ(missing.code, 2) << missing.out;
   EXPECT_EQ(missing.out.rfind("apart: error [InvalidArgument]: --batch is required", 0), 0u) << missing.out;
   EXPECT_NE(missing.out.find("`apart partition --help`"), std::string::npos) << missing.out;
+  // Every missing flag and argument in one message, not one per run.
+  const CommandRun all_missing = run("partition");
+  EXPECT_EQ(all_missing.code, 2) << all_missing.out;
+  EXPECT_NE(all_missing.out.find("these are required: model, --batch, --output"), std::string::npos) << all_missing.out;
+  // A misspelt flag: the one meant.
+  const CommandRun misspelt = run("train " + model + " --stepz 3");
+  EXPECT_EQ(misspelt.code, 2) << misspelt.out;
+  EXPECT_NE(misspelt.out.find("did you mean --steps for --stepz?"), std::string::npos) << misspelt.out;
   const CommandRun convert = run("inspect " + model + " --dim batch=2 --top many");
   EXPECT_EQ(convert.code, 2) << convert.out;
   EXPECT_EQ(convert.out.rfind("apart: error [InvalidArgument]: ", 0), 0u) << convert.out;
   EXPECT_NE(convert.out.find("many"), std::string::npos) << convert.out;
+  // No command: the usage with every command, then the error.
   const CommandRun none = run("");
   EXPECT_EQ(none.code, 2) << none.out;
-  EXPECT_EQ(none.out.rfind("apart: error [InvalidArgument]: ", 0), 0u) << none.out;
+  EXPECT_NE(none.out.find("Usage: apart [OPTIONS] SUBCOMMAND"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("partition"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("\napart: error [InvalidArgument]: a command is required"), std::string::npos) << none.out;
+  // A misspelt command: the one meant, and the list.
+  const CommandRun typo = run("partiton " + model);
+  EXPECT_EQ(typo.code, 2) << typo.out;
+  EXPECT_EQ(typo.out.rfind("apart: error [InvalidArgument]: unknown command 'partiton'; did you mean 'partition'? "
+                           "the commands are ", 0), 0u) << typo.out;
+  const CommandRun strange = run("deploy");
+  EXPECT_EQ(strange.code, 2) << strange.out;
+  EXPECT_EQ(strange.out.find("did you mean"), std::string::npos) << strange.out;
   EXPECT_EQ(run("partition --help").code, 0);
   EXPECT_EQ(run("--version").code, 0);
 }
@@ -104,6 +123,38 @@ std::string two_losses(const TempDir& dir) {
   b.int_initializer("axes", {0, 1});
   b.save(dir / "losses.onnx");
   return (dir / "losses.onnx").string();
+}
+
+// --device takes a preset's short name (the SXM part, as the presets are), says which name it meant for a typo and
+// why an ambiguous or PCIe name is not a preset; `apart devices` lists the presets with the figures the model uses.
+TEST(ADeviceFlag, TakesTheShortNameOfAnSxmPresetAndSaysWhatATypoMeant) {
+  TempDir dir;
+  const std::string model = mlp(dir, "m.onnx", "matmul", "h");
+  const CommandRun h100 = run("partition " + model + " --device h100 --devices 8 --batch 8 -q -o " + (dir / "p").string());
+  ASSERT_EQ(h100.code, 0) << h100.out;
+  EXPECT_NE(read_file(dir / "p" / "plan.json").find("\"device\": \"h100-80gb\""), std::string::npos);
+  const CommandRun typo = run("costs " + model + " --device h10");
+  EXPECT_EQ(typo.code, 2) << typo.out;
+  EXPECT_NE(typo.out.find("unknown device 'h10'; did you mean 'h100-80gb'?"), std::string::npos) << typo.out;
+  const CommandRun ambiguous = run("costs " + model + " --device A100");
+  EXPECT_EQ(ambiguous.code, 2) << ambiguous.out;
+  EXPECT_NE(ambiguous.out.find("ambiguous: a100-40gb or a100-80gb"), std::string::npos) << ambiguous.out;
+  const CommandRun pcie = run("costs " + model + " --device h100-pcie");
+  EXPECT_EQ(pcie.code, 2) << pcie.out;
+  EXPECT_NE(pcie.out.find("the presets are SXM parts"), std::string::npos) << pcie.out;
+  EXPECT_NE(run("partition --help").out.find("h100-80gb (or h100)"), std::string::npos);
+}
+
+TEST(ApartDevices, ListsEveryPresetWithItsPartAndFigures) {
+  const CommandRun table = run("devices --no-cpu");
+  ASSERT_EQ(table.code, 0) << table.out;
+  for (const char* row : {"v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"})
+    EXPECT_NE(table.out.find(row), std::string::npos) << row << "\n" << table.out;
+  EXPECT_NE(table.out.find("989.5"), std::string::npos) << table.out;  // H100 SXM5's dense BF16 TFLOP/s
+  EXPECT_NE(table.out.find("NVIDIA H100 SXM5 80 GB"), std::string::npos) << table.out;
+  const CommandRun json = apart::testing::run_apart("devices --no-cpu --json", /*with_stderr=*/false);
+  ASSERT_EQ(json.code, 0) << json.out;
+  EXPECT_NE(json.out.find("\"peak_fp16_flops\": 989500000000000.0"), std::string::npos) << json.out;
 }
 
 TEST(ApartTrain, TakesTheLossToMinimiseFromLoss) {

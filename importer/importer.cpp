@@ -340,8 +340,8 @@ class Importer {
   // A model past kMaxOpset: named by its first node whose op ONNX revised after kMaxOpset (newer_revision), else by
   // its opset, since the training graphs apart writes must be valid at the model's opset.
   [[noreturn]] void refuse_newer_opset(int64_t opset) const {
-    const std::string known = "apart knows ONNX operators up to opset " + std::to_string(kMaxOpset) + " (ONNX 1.12's "
-                              "schemas up to " + std::to_string(kLibraryOpset) + ", adapted beyond)";
+    const std::string known = "the ONNX operators apart knows go up to opset " + std::to_string(kMaxOpset) +
+                              " (ONNX 1.12's schemas up to " + std::to_string(kLibraryOpset) + ", adapted beyond)";
     const std::string fix = "; export the model at opset " + std::to_string(kMaxOpset) +
                             " or older, or convert it with onnx.version_converter.convert_version(model, " +
                             std::to_string(kMaxOpset) + ")";
@@ -352,8 +352,7 @@ class Importer {
       const std::string revision = newer_revision(node.op_type(), opset);
       if (!revision.empty())
         throw Unsupported("node " + quote(node_label(node, i)) + " (" + printable(node.op_type()) + ") of " + result_.path +
-                          " is " + revision + " (the model imports opset " + std::to_string(opset) + "), newer than " +
-                          known + fix);
+                          " is " + revision + " (the model imports opset " + std::to_string(opset) + "); " + known + fix);
     }
     throw Unsupported(result_.path + " imports the default ONNX domain at opset " + std::to_string(opset) + "; " + known +
                       (opset > newest_listed_opset() ? "" : ", and although none of this model's ops changed after " +

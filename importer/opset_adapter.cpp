@@ -438,9 +438,10 @@ OpsetSchema opset_schema(const std::string& op, int opset, const std::string& do
 std::string newer_revision(const std::string& op, int64_t opset) {
   const auto it = revisions().find(op);
   if (it == revisions().end()) return "";
+  int latest = 0;
   for (int v : it->second)
-    if (v > kMaxOpset && v <= opset) return op + "-" + std::to_string(v);
-  return "";
+    if (v > kMaxOpset && v <= opset) latest = v;
+  return latest == 0 ? "" : op + "-" + std::to_string(latest);
 }
 
 int64_t newest_listed_opset() { return std::end(kRevisions)[-1].first; }

@@ -46,8 +46,8 @@ struct OpsetSchema {
 // and opsets ≤ 17, ONNX 1.12's registry. Thread-safe; the schemas live as long as the process.
 OpsetSchema opset_schema(const std::string& op, int opset, const std::string& domain);
 
-// "Cast-24" when ONNX revised default-domain `op` after kMaxOpset, at or before `opset`; "" otherwise (also for
-// opsets past the newest revision list apart carries, which it cannot tell).
+// "Cast-25": the newest revision of default-domain `op` after kMaxOpset, at or before `opset`; "" when none (also for
+// revisions past the newest opset apart lists, which it cannot tell).
 std::string newer_revision(const std::string& op, int64_t opset);
 // The newest default-domain opset whose revisions apart lists (newer_revision knows nothing past it).
 int64_t newest_listed_opset();

@@ -318,6 +318,7 @@ TEST(AModelNewerThanOpset23, IsRefusedByItsOpsetWhenNoOpChanged) {
 
 TEST(TheOpsetAdapter, ListsOnlyNewerRevisionsAfter23) {
   EXPECT_EQ(newer_revision("Cast", 24), "Cast-24");
+  EXPECT_EQ(newer_revision("Cast", 27), "Cast-25");
   EXPECT_EQ(newer_revision("Cast", 23), "");
   EXPECT_EQ(newer_revision("MatMul", 28), "");
   EXPECT_EQ(newer_revision("Range", 27), "Range-27");

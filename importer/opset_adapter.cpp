@@ -52,15 +52,15 @@ constexpr std::pair<int, const char*> kRevisions[] = {
 
 // op → the opsets (ascending) that revised it after 17.
 const std::map<std::string, std::vector<int>>& revisions() {
-  static const auto* table = [] {
-    auto* t = new std::map<std::string, std::vector<int>>;
+  static const std::map<std::string, std::vector<int>> table = [] {
+    std::map<std::string, std::vector<int>> t;
     for (const auto& [opset, ops] : kRevisions) {
       std::istringstream words(ops);
-      for (std::string op; words >> op;) (*t)[op].push_back(opset);
+      for (std::string op; words >> op;) t[op].push_back(opset);
     }
     return t;
   }();
-  return *table;
+  return table;
 }
 
 // The newest revision of `op` in (kLibraryOpset, opset], or 0.
@@ -404,7 +404,13 @@ OpSchema types_only_schema(const std::string& op, int version) {
   return s;
 }
 
-OpsetSchema build_schema(const std::string& op, int version) {
+// A schema apart built, or why it has none; kept for the life of the process, as ONNX's registry keeps its own.
+struct BuiltSchema {
+  std::unique_ptr<OpSchema> schema;
+  std::string refusal;
+};
+
+BuiltSchema build_schema(const std::string& op, int version) {
   if (not_adapted(op))
     return {nullptr, op + "-" + std::to_string(version) + " (ONNX opset " + std::to_string(version) +
                          ") is not adapted onto ONNX 1.12's schemas: apart has no shape rule for this revision"};
@@ -416,8 +422,7 @@ OpsetSchema build_schema(const std::string& op, int version) {
   else s = new_op_schema(op, version);
   if (!s) s = types_only_schema(op, version);
   s->Finalize();
-  auto* owned = new OpSchema(std::move(*s));  // lives as long as the process, as ONNX's own schemas do
-  return {owned, ""};
+  return {std::make_unique<OpSchema>(std::move(*s)), ""};
 }
 
 }  // namespace
@@ -428,11 +433,11 @@ OpsetSchema opset_schema(const std::string& op, int opset, const std::string& do
   const int version = latest_revision(op, std::min<int>(opset, kMaxOpset));
   if (version == 0) return {library_schema(op, static_cast<int>(kLibraryOpset)), ""};
   static std::mutex mutex;
-  static std::map<std::pair<std::string, int>, OpsetSchema> built;
+  static std::map<std::pair<std::string, int>, BuiltSchema> built;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = built.find({op, version});
   if (it == built.end()) it = built.emplace(std::pair{op, version}, build_schema(op, version)).first;
-  return it->second;
+  return {it->second.schema.get(), it->second.refusal};
 }
 
 std::string newer_revision(const std::string& op, int64_t opset) {

@@ -1,6 +1,6 @@
-// A model written at opsets 18–23 (ReduceMean's axes as input, Split's num_outputs, Pad's axes input) trains to the
-// same losses, bitwise, as its opset-17 form, with apart train and with a 2-stage apart run; its stage files keep its
-// opset and its nodes as written (importer/opset_adapter.h).
+// Models written at opsets 18–23 (Reduce*'s axes as input, Split's num_outputs, Pad's axes input) train to the
+// same losses, bitwise, as their opset-17 forms, with apart train and with a 2-stage apart run; their stage files keep
+// the opset and the nodes as written (importer/opset_adapter.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -72,6 +72,31 @@ OnnxBuilder gated_mlp(int64_t opset) {
   return b;
 }
 
+// x [batch, 8] → Linear 8→12 → ReduceMax + ReduceMin + ReduceProd(Sigmoid) over the features → squared error against
+// `target` [batch, 1]: the gradient rules of the extreme and product reductions, their axes an attribute at 17 and
+// input 1 from 18 (ReduceProd's gradient emits a ReduceProd in the model's form).
+OnnxBuilder reductions_model(int64_t opset) {
+  OnnxBuilder b(opset);
+  b.input("x", {"batch", 8}).input("target", {"batch", 1}).output("loss");
+  b.weight("w", {8, 12});
+  b.int_initializer("features", {1});
+  b.node("MatMul", {"x", "w"}, {"h"});
+  b.node("Sigmoid", {"h"}, {"s"});
+  const auto reduce = [&](const char* op, const std::string& in, const std::string& out) {
+    auto& n = opset >= 18 ? b.node(op, {in, "features"}, {out}) : b.node(op, {in}, {out});
+    if (opset < 18) OnnxBuilder::set_ints(n, "axes", {1});
+  };
+  reduce("ReduceMax", "h", "max");
+  reduce("ReduceMin", "h", "min");
+  reduce("ReduceProd", "s", "prod");
+  b.node("Add", {"max", "min"}, {"extremes"});
+  b.node("Add", {"extremes", "prod"}, {"out"});
+  b.node("Sub", {"out", "target"}, {"err"});
+  b.node("Mul", {"err", "err"}, {"err2"});
+  OnnxBuilder::set_int(b.node("ReduceMean", {"err2"}, {"loss"}), "keepdims", 0);
+  return b;
+}
+
 std::vector<double> losses_of(const fs::path& model) {
   TrainOptions o;
   o.model = model.string();
@@ -87,16 +112,18 @@ std::vector<double> losses_of(const fs::path& model) {
 }
 
 TEST(AModelAtOpsets18To23, TrainsToTheLossesOfItsOpset17FormBitwise) {
-  TempDir dir;
-  const fs::path at17 = dir.file("m17.onnx");
-  gated_mlp(17).save(at17);
-  const std::vector<double> reference = losses_of(at17);
-  ASSERT_EQ(reference.size(), 6u);
-  EXPECT_LT(reference.back(), reference.front());
-  for (int64_t opset : {18, 20, 21, 23}) {
-    const fs::path model = dir.file("m" + std::to_string(opset) + ".onnx");
-    gated_mlp(opset).save(model);
-    EXPECT_EQ(losses_of(model), reference) << "opset " << opset;
+  for (const auto& [name, make] : {std::pair{"gated_mlp", &gated_mlp}, std::pair{"reductions", &reductions_model}}) {
+    TempDir dir;
+    const fs::path at17 = dir.file("m17.onnx");
+    make(17).save(at17);
+    const std::vector<double> reference = losses_of(at17);
+    ASSERT_EQ(reference.size(), 6u) << name;
+    EXPECT_LT(reference.back(), reference.front()) << name;
+    for (int64_t opset : {18, 20, 21, 23}) {
+      const fs::path model = dir.file(std::to_string(opset) + ".onnx");
+      make(opset).save(model);
+      EXPECT_EQ(losses_of(model), reference) << name << " at opset " << opset;
+    }
   }
 }
 
@@ -115,8 +142,11 @@ void plan_two_stages(const std::string& model, const std::string& plan, int64_t 
   ASSERT_EQ(planned.code, 0) << planned.out;
   for (const char* stage : {"stage_0.onnx", "stage_1.onnx"}) {
     const onnx::ModelProto m = load_model_proto(fs::path(plan) / stage);
-    for (const auto& o : m.opset_import())
-      if (o.domain().empty()) EXPECT_EQ(o.version(), opset) << stage;
+    for (const auto& o : m.opset_import()) {
+      if (o.domain().empty()) {
+        EXPECT_EQ(o.version(), opset) << stage;
+      }
+    }
   }
 }
 

@@ -68,7 +68,7 @@ std::string choose_loss(const std::vector<LossCandidate>& outputs, const std::st
                         const std::string& model = "the model");
 
 // Throws Unsupported naming the node whose op has no gradient rule, InvalidArgument for a bad loss/param.
-// Any default-domain opset 7–17 the importer takes: a forward below kMinTrainingOpset is first converted to it
+// Any default-domain opset 7–23 the importer takes: a forward below kMinTrainingOpset is first converted to it
 // (at_training_opset).
 TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options = {});
 

@@ -8,6 +8,8 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "importer/opset_adapter.h"
+
 namespace apart {
 
 namespace {
@@ -100,7 +102,8 @@ std::string inference_hazard(const std::string& op, const NodeShapes& node) {
 
 const onnx::OpSchema* GuardedSchemaRegistry::GetSchema(const std::string& key, const int maxInclusiveVersion,
                                                        const std::string& domain) const {
-  const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Instance()->GetSchema(key, maxInclusiveVersion, domain);
+  // Opsets past ONNX 1.12's are read with the adapted schemas (importer/opset_adapter.h).
+  const onnx::OpSchema* schema = opset_schema(key, maxInclusiveVersion, domain).schema;
   if (schema == nullptr || (!schema->has_type_and_shape_inference_function() && !schema->has_data_propagation_function()))
     return schema;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -28,6 +28,7 @@
 #include "importer/fold.h"
 #include "importer/guarded_inference.h"
 #include "importer/model_proto.h"
+#include "importer/opset_adapter.h"
 
 namespace apart {
 
@@ -35,9 +36,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Lowest and highest default-domain opsets apart imports (ONNX 1.12 knows up to 17).
+// Lowest default-domain opset apart imports; the highest is kMaxOpset (importer/opset_adapter.h: ONNX 1.12 knows up
+// to 17, apart adapts 18–23 onto its schemas).
 constexpr int64_t kMinOpset = 1;
-constexpr int64_t kMaxOpset = 17;
 constexpr int64_t kMinTestedOpset = 7;
 // Initializers up to this many elements with integer types keep their values (shape arithmetic).
 constexpr int64_t kKnownIntsLimit = 4096;
@@ -327,13 +328,37 @@ class Importer {
     if (model_.opset_import_size() == 0) result_.opsets[""] = 1;  // ONNX: IR < 3 models imply opset 1
     auto it = result_.opsets.find("");
     if (it != result_.opsets.end()) {
-      if (it->second < kMinOpset || it->second > kMaxOpset)
+      if (it->second < kMinOpset)
         throw Unsupported(result_.path + " imports the default ONNX domain at opset " + std::to_string(it->second) +
-                          "; apart supports opsets " + std::to_string(kMinOpset) + "–" + std::to_string(kMaxOpset) +
-                          " (ONNX 1.12). Convert it with onnx.version_converter.convert_version(model, 17)");
+                          "; apart supports opsets " + std::to_string(kMinOpset) + "–" + std::to_string(kMaxOpset));
+      if (it->second > kMaxOpset) refuse_newer_opset(it->second);
       if (it->second < kMinTestedOpset)
         result_.warnings.push_back("default-domain opset " + std::to_string(it->second) + " is older than 7; imported with the schemas of that opset, but untested");
     }
+  }
+
+  // A model past kMaxOpset: named by its first node whose op ONNX revised after kMaxOpset (newer_revision), else by
+  // its opset, since the training graphs apart writes must be valid at the model's opset.
+  [[noreturn]] void refuse_newer_opset(int64_t opset) const {
+    const std::string known = "the ONNX operators apart knows go up to opset " + std::to_string(kMaxOpset) +
+                              " (ONNX 1.12's schemas up to " + std::to_string(kLibraryOpset) + ", adapted beyond)";
+    const std::string fix = "; export the model at opset " + std::to_string(kMaxOpset) +
+                            " or older, or convert it with onnx.version_converter.convert_version(model, " +
+                            std::to_string(kMaxOpset) + ")";
+    const auto& nodes = model_.graph().node();
+    for (int i = 0; i < nodes.size(); ++i) {
+      const auto& node = nodes.Get(i);
+      if (!node.domain().empty() && node.domain() != "ai.onnx") continue;
+      const std::string revision = newer_revision(node.op_type(), opset);
+      if (!revision.empty())
+        throw Unsupported("node " + quote(node_label(node, i)) + " (" + printable(node.op_type()) + ") of " + result_.path +
+                          " is " + revision + " (the model imports opset " + std::to_string(opset) + "); " + known + fix);
+    }
+    throw Unsupported(result_.path + " imports the default ONNX domain at opset " + std::to_string(opset) + "; " + known +
+                      (opset > newest_listed_opset() ? "" : ", and although none of this model's ops changed after " +
+                                                                std::to_string(kMaxOpset) + ", the graphs apart writes "
+                                                                "for it would declare opset " + std::to_string(opset)) +
+                      fix);
   }
 
   void add_initializers(onnx::GraphProto& g) {
@@ -750,19 +775,31 @@ class Importer {
     }
   }
   void verify_subgraph(const onnx::GraphProto& body, const std::string& owner) {
-    const auto* registry = onnx::OpSchemaRegistry::Instance();
     for (int i = 0; i < body.node_size(); ++i) {
       const auto& node = body.node(i);
       const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
       auto opset = result_.opsets.find(domain);
       if (opset == result_.opsets.end()) continue;
-      if (const onnx::OpSchema* schema = registry->GetSchema(node.op_type(), static_cast<int>(opset->second), domain))
-        verify_against_schema(*schema, node, owner + "/" + node_label(node, i));
+      const std::string label = owner + "/" + node_label(node, i);
+      const OpsetSchema found = opset_schema(node.op_type(), static_cast<int>(opset->second), domain);
+      refuse_unadapted(found, node, label, opset->second);
+      if (found.schema != nullptr) verify_against_schema(*found.schema, node, label);
     }
   }
 
+  // Unsupported for a node at opset > 17 whose op revision apart does not adapt (opset_adapter.h), or that uses a new
+  // attribute in a way the adapted schema does not infer.
+  void refuse_unadapted(const OpsetSchema& found, const onnx::NodeProto& node, const std::string& label, int64_t opset) {
+    std::string problem = found.refusal;
+    if (problem.empty() && found.schema != nullptr && node.domain().empty()) problem = adapted_node_problem(node, opset);
+    if (!problem.empty())
+      throw Unsupported("node " + quote(label) + " (" + printable(node.op_type()) + "): " + problem + "; apart knows ONNX "
+                        "operators up to opset " + std::to_string(kMaxOpset) + ", with ONNX 1.12's schemas up to " +
+                        std::to_string(kLibraryOpset) + "; export the model at opset " + std::to_string(kLibraryOpset) +
+                        " or replace the node");
+  }
+
   void add_nodes(onnx::GraphProto& g) {
-    const auto* registry = onnx::OpSchemaRegistry::Instance();
     std::set<std::string> opaque_ops;
     std::unordered_set<std::string> produced;
     for (int i = 0; i < g.node_size(); ++i) {
@@ -802,7 +839,9 @@ class Importer {
                            ", which the model does not import (its opset_import lists " + imported_domains() +
                            "); add the domain to opset_import or re-export the model");
       const int version = static_cast<int>(opset->second);
-      const onnx::OpSchema* schema = registry->GetSchema(t.op_type, version, t.domain);
+      const OpsetSchema found = opset_schema(t.op_type, version, t.domain);
+      refuse_unadapted(found, node, t.name, version);
+      const onnx::OpSchema* schema = found.schema;
       if (schema != nullptr) verify_against_schema(*schema, node, t.name);
       // The default domain is ONNX's own: an op it does not define at the model's opset is a broken model, not a
       // custom op to estimate (custom ops live in their own domains).

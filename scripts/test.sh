@@ -27,14 +27,21 @@ phase "build dev (ASan+UBSan)" cmake --build --preset dev -j"$(nproc)"
 # two cores, and a test's ranks as threads each spawning kernel threads would otherwise oversubscribe them (a ZeRO
 # run: 12.7 → 7.9 CPU s). Tests of the thread count set it themselves.
 phase "dev suite (-LE slow)" ctest --preset dev -LE slow
-# The slow suites (label slow: the plan goldens of real models on up to 1024 devices, the real models' plans and
-# stage files, apart run on a ResNet) in a Release build of the targets they need. Where the CUDA toolkit is
+# The slow suites (label slow: the end-to-end runs of apart train and apart run — ZeRO, tensor-parallel, interleaved,
+# loss-scaled and device-message plans, under mpirun too —, the plan goldens of real models on up to 1024 devices, the
+# real models' plans and stage files, apart run on a ResNet and on GPT-2 small, the documents' commands) in a Release
+# build of the targets they need: under ASan+UBSan the end-to-end runs were two thirds of the dev suite's time.
+# Where the CUDA toolkit is
 # installed that build is the gpu preset (Release, APART_CUDA=ON; CI: sm_90 only, to halve nvcc's time), so one
 # Release build both runs the slow suites and compiles and links the CUDA backend, its tests and the GPU benchmark:
 # the CUDA code never rots without a GPU. Its suites (label cuda) run too: the host-side plans pass, the GPU tests
 # skip with the reason where there is no device.
-slow_targets=(apart cli_plan_goldens_tests codegen_tests codegen_autodiff_models_tests runtime_pipeline_resnet_tests
-              runtime_pipeline_gpt2_small_tests partition_real_model_tests)
+# The slow suites' targets, as the configured build lists them (tests/CMakeLists.txt), and apart itself.
+read_slow_targets() {
+  local list
+  list=$(cat "$1/slow_test_targets.txt")
+  IFS=';' read -r -a slow_targets <<<"apart;$list"
+}
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   launchers=()
   if command -v ccache >/dev/null; then
@@ -42,12 +49,14 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   fi
   phase "configure gpu" cmake --preset gpu "${launchers[@]}" -DCMAKE_CUDA_ARCHITECTURES="${APART_CUDA_ARCHITECTURES:-90}" \
     >/dev/null
+  read_slow_targets build/gpu
   phase "build gpu (Release, CUDA)" cmake --build --preset gpu -j"$(nproc)" --target "${slow_targets[@]}" \
     runtime_cuda_tests runtime_cuda_plan_tests bench_gpu_layers
   phase "slow suite (-L slow)" ctest --test-dir build/gpu --output-on-failure -j2 --timeout 900 -L slow
   phase "gpu suite (-L cuda)" ctest --preset gpu
 else
   phase "configure release" cmake --preset release -DAPART_BUILD_BENCH=OFF >/dev/null
+  read_slow_targets build/release
   phase "build release" cmake --build --preset release -j"$(nproc)" --target "${slow_targets[@]}"
   phase "slow suite (-L slow)" ctest --preset release -L slow
 fi

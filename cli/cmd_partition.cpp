@@ -170,7 +170,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
   cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
   cmd->add_option("--schedule", a->schedule, "1f1b, gpipe, interleaved, zb-h1 or auto (auto: the fastest of 1f1b, zb-h1 and interleaved "
-                  "at 2-4 chunks; apart run executes 1f1b and gpipe)")->capture_default_str();
+                  "at 2-4 chunks; apart run executes each of them)")->capture_default_str();
   cmd->add_option("--virtual-stages", a->virtual_stages,
                   "Chunks per device under --schedule interleaved, 2 to 64 (0: 2; under auto 0: 2 to 4); m must be a "
                   "multiple of the stages")
@@ -189,7 +189,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--sequence-parallel", a->sequence_parallel,
                   "on: stages with --tp > 1 shard the norms, residuals and dropouts between the tensor-parallel regions "
-                  "along the sequence (Megatron-LM's sequence parallelism; apart run keeps the stage boundaries whole); off: they "
+                  "along the sequence (Megatron-LM's sequence parallelism); off: they "
                   "run replicated")
       ->capture_default_str();
   cmd->add_option("--zero", a->zero,

@@ -24,7 +24,7 @@ struct RunArgs {
   std::string plan;
   std::string model;
   std::string loss;
-  int64_t steps = 10;
+  int64_t steps = 100;  // as apart train
   TrainingFlags training;
   BackendFlags backend;
   bool optimizer_given = false;
@@ -38,6 +38,8 @@ struct RunArgs {
   double comm_timeout_s = 300;
   std::string device_comm = "auto";  // --device-comm: auto (nccl on a GPU), nccl, host
   bool quiet = false;
+  StepLogFlags log;
+  bool precision_given = false;  // else the plan's training.precision
 };
 
 std::string join(const std::vector<std::string>& names) {
@@ -91,10 +93,10 @@ int ranks_on_this_node(int world_size) {
   return world_size;
 }
 
-void report_step(const RunResult& r, int rank, const StepRecord& s) {
-  std::printf("%s step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g%s\n", prefix(r, rank).c_str(),
-              static_cast<long long>(s.step), s.loss, format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm,
-              loss_scale_note(s).c_str());
+void report_step(const RunResult& r, int rank, const StepRecord& s, StepLog& log, bool quiet) {
+  const std::string line = log.step(s);
+  if (quiet) return;
+  std::printf("%s %s\n", prefix(r, rank).c_str(), line.c_str());
   std::fflush(stdout);
 }
 
@@ -145,7 +147,8 @@ RunOptions run_options(const RunArgs& a) {
 
 // `local_rank`: the GPU of an in-process rank (a launcher's LOCAL_RANK wins); `ranks_on_node`: the ranks sharing this
 // node's GPUs (NCCL holds one rank per GPU).
-void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, int local_rank, int ranks_on_node) {
+void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, int local_rank, int ranks_on_node,
+              StepLog& log) {
   const std::unique_ptr<Backend> backend = make_backend(a.backend, local_rank);
   RunOptions o = options;
   o.backend = backend.get();
@@ -167,7 +170,7 @@ void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, i
     o.device_world = device_world.get();
   }
   const RunResult r = run_plan(o, comm, [&](const RunResult& run, const StepRecord& s) {
-    if (run.reports && !a.quiet) report_step(run, comm.rank(), s);
+    if (run.reports) report_step(run, comm.rank(), s, log, a.quiet);
   });
   if (backend && !a.quiet && !r.fallback_ops.empty())
     std::fprintf(stderr, "%s backend %s; ops on the CPU kernel (no %s kernel): %s\n", prefix(r, comm.rank()).c_str(),
@@ -179,9 +182,20 @@ void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, i
   if (r.reports) summary(r, comm.rank(), a);
 }
 
-void run_command(const RunArgs& a) {
+void run_command(RunArgs a) {
+  // What the plan was priced at is what runs, unless --precision says otherwise.
+  const PlanDocument plan = read_plan(a.plan);
+  if (!a.precision_given) {
+    a.backend.precision = std::string(precision_name(plan.training.precision));
+    if (plan.training.precision != Precision::kFp32 && !a.quiet)
+      std::fprintf(stderr, "apart: note: running at the plan's precision, %s (--precision fp32 to override)\n",
+                   a.backend.precision.c_str());
+  }
   const RunOptions o = run_options(a);
   checked_number(a.comm_timeout_s, 1, 86400, "--comm-timeout");
+  std::vector<InputFile> inputs = plan_inputs(a.plan);
+  if (!a.model.empty()) inputs.push_back({"the model", a.model});
+  StepLog log(a.log, inputs, a.steps);  // the rank that reports the loss logs; the others never touch it
   CommOptions comm_options;
   comm_options.timeout_s = a.comm_timeout_s;
   if (launched_by_mpi()) {
@@ -192,10 +206,9 @@ void run_command(const RunArgs& a) {
       if (a.backend.backend == "cpu") note_blas_kernel();
       if (!a.quiet) std::fprintf(stderr, "apart run: %d kernel thread(s) per rank (--threads)\n", threads);
     }
-    run_rank(o, *world, a, 0, ranks_on_this_node(world->size()));
+    run_rank(o, *world, a, 0, ranks_on_this_node(world->size()), log);
     return;
   }
-  const PlanDocument plan = read_plan(a.plan);
   const int devices = plan_devices(plan);
   if (devices > 1 && !a.in_process)
     throw InvalidArgument("the plan " + a.plan + " runs on " + std::to_string(devices) + " processes: launch it with mpirun -np " +
@@ -212,7 +225,7 @@ void run_command(const RunArgs& a) {
   for (int rank = 0; rank < devices; ++rank)
     threads.emplace_back([&, rank] {
       try {
-        run_rank(o, *comms[static_cast<size_t>(rank)], a, rank, devices);
+        run_rank(o, *comms[static_cast<size_t>(rank)], a, rank, devices, log);
       } catch (const CommError&) {
         std::lock_guard<std::mutex> g(lock);
         if (!consequence) consequence = std::current_exception();
@@ -235,7 +248,7 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
   cmd->add_option("--loss", args->loss, "The graph output to minimise (default: the model's only scalar float output)");
   cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
   add_training_flags(*cmd, args->training, "sgd, momentum, adam or adamw (default: the plan's training.optimizer)");
-  add_backend_flags(*cmd, args->backend);
+  add_backend_flags(*cmd, args->backend, /*precision_from_plan=*/true);
   cmd->add_option("--save-model", args->save_model, "Gather every stage's trained weights into one ONNX model here (rank 0 writes it)");
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
                   "Every rank writes its shard here (params, optimizer state), then rank 0 the manifest: at the end and --save-every");
@@ -251,9 +264,11 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
                   "nccl, or host (MPI or threads, through host buffers)")
       ->check(CLI::IsMember({"auto", "nccl", "host"}))
       ->capture_default_str();
+  add_step_log_flags(*cmd, args->log);
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");
   cmd->callback([args, cmd] {
     args->optimizer_given = cmd->count("--optimizer") > 0;
+    args->precision_given = cmd->count("--precision") > 0;
     run_command(*args);
   });
 }});

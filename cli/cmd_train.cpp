@@ -25,6 +25,7 @@ struct TrainArgs {
   std::string resume;
   std::string save_model;
   bool quiet = false;
+  StepLogFlags log;
 };
 
 void run_train(const TrainArgs& a) {
@@ -50,10 +51,10 @@ void run_train(const TrainArgs& a) {
   const std::unique_ptr<Backend> backend = make_backend(a.backend);
   o.backend = backend.get();
   if (!backend) note_blas_kernel();
+  StepLog log(a.log, {{"the model", a.model}}, a.steps);
   const TrainResult r = train(o, [&](const StepRecord& s) {
-    if (!a.quiet)
-      std::printf("step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g%s\n", static_cast<long long>(s.step), s.loss,
-                  format_significant(s.samples_per_s).c_str(), s.lr, s.grad_norm, loss_scale_note(s).c_str());
+    const std::string line = log.step(s);
+    if (!a.quiet) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   });
   if (backend) note_backend(r.backend, r.fallback_ops);
@@ -91,6 +92,7 @@ const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
   cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
   cmd->add_option("--resume", args->resume, "Continue from this checkpoint directory");
   cmd->add_option("--save-model", args->save_model, "Write the trained weights into a copy of the model (ONNX)");
+  add_step_log_flags(*cmd, args->log);
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");
   cmd->callback([args] { run_train(*args); });
 }});

@@ -2,7 +2,11 @@
 #include "cli/training_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -15,7 +19,9 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "graph/threads.h"
+#include "graph/units.h"
 #include "runtime/kernel.h"
+#include "runtime/tensor.h"
 
 namespace apart::cli {
 namespace {
@@ -97,13 +103,15 @@ DataOptions data_options(const TrainingFlags& f) {
   return d;
 }
 
-void add_backend_flags(CLI::App& cmd, BackendFlags& f) {
+void add_backend_flags(CLI::App& cmd, BackendFlags& f, bool precision_from_plan) {
   cmd.add_option("--backend", f.backend, "Where kernels run: cpu, or cuda (one GPU per process: LOCAL_RANK under mpirun)")
       ->capture_default_str();
-  cmd.add_option("--precision", f.precision,
-                 "GEMM operands: fp32, tf32 (GPU tensor cores; fp32 on the CPU), mixed or bf16 (bfloat16 operands, fp32 "
-                 "accumulation), fp16 (float16 operands, with dynamic loss scaling); the CPU rounds operands as a GPU does")
-      ->capture_default_str();
+  const std::string precision_help =
+      "GEMM operands: fp32, tf32 (GPU tensor cores; fp32 on the CPU), mixed or bf16 (bfloat16 operands, fp32 "
+      "accumulation), fp16 (float16 operands, with dynamic loss scaling); the CPU rounds operands as a GPU does";
+  CLI::Option* precision = cmd.add_option("--precision", f.precision,
+                                          precision_help + (precision_from_plan ? "; default: the plan's precision" : ""));
+  if (!precision_from_plan) precision->capture_default_str();
   cmd.add_option("--loss-scale-init", f.loss_scale.init_scale, "fp16: the initial loss scale (2^-24 to 2^64)")
       ->capture_default_str();
   cmd.add_option("--loss-scale-growth", f.loss_scale.growth_factor,
@@ -144,6 +152,75 @@ std::unique_ptr<Backend> make_backend(const BackendFlags& f, int local_rank) {
   const int devices = cuda_device_count();
   options.device = devices > 0 ? rank % devices : 0;  // no GPU: make_backend says so (Unsupported)
   return apart::make_backend(kind, options);
+}
+
+void add_step_log_flags(CLI::App& cmd, StepLogFlags& f) {
+  cmd.add_option("--log-every", f.log_every,
+                 "Add the elapsed training time and the ETA to every Nth step line (and the last; 0: only the last)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  cmd.add_option("--metrics", f.metrics,
+                 "Append one JSON object per step to this file (JSON Lines: loss, lr, grad_norm, step_time_s, "
+                 "samples_per_s, tokens_per_s, elapsed_s, eta_s, memory), flushed as each step ends");
+}
+
+namespace {
+
+// "16.9ms": format_seconds without its space, for key=value lines.
+std::string compact_seconds(double seconds) {
+  std::string text = format_seconds(seconds);
+  text.erase(std::remove(text.begin(), text.end(), ' '), text.end());
+  return text;
+}
+
+// The process's peak resident memory (VmHWM), in bytes; 0 where /proc does not say.
+int64_t peak_resident_bytes() {
+  std::FILE* status = std::fopen("/proc/self/status", "r");
+  if (!status) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof line, status))
+    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+  std::fclose(status);
+  return static_cast<int64_t>(kib) * 1024;
+}
+
+}  // namespace
+
+StepLog::StepLog(const StepLogFlags& flags, const std::vector<InputFile>& inputs, int64_t last_step)
+    : flags_(flags), last_step_(last_step) {
+  if (!flags_.metrics.empty()) check_output_file(flags_.metrics, inputs, "--metrics");
+}
+
+StepLog::~StepLog() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+std::string StepLog::step(const StepRecord& s) {
+  elapsed_s_ += s.seconds;
+  ++steps_seen_;
+  const double eta_s = elapsed_s_ / static_cast<double>(steps_seen_) * static_cast<double>(std::max<int64_t>(0, last_step_ - s.step));
+  std::string line = fmt::format("step={} loss={:.6f} samples/s={}", s.step, s.loss, format_significant(s.samples_per_s));
+  if (s.tokens_per_s > 0) line += " tokens/s=" + format_significant(s.tokens_per_s);
+  line += fmt::format(" step_time={} lr={:.3g} grad_norm={:.4g}{}", compact_seconds(s.seconds), s.lr, s.grad_norm,
+                      loss_scale_note(s));
+  const bool timed = s.step >= last_step_ || (flags_.log_every > 0 && s.step % flags_.log_every == 0);
+  if (timed) line += " elapsed=" + compact_seconds(elapsed_s_) + " eta=" + compact_seconds(eta_s);
+  if (!flags_.metrics.empty()) {
+    if (!metrics_ && !(metrics_ = std::fopen(flags_.metrics.c_str(), "w")))
+      throw SystemError("--metrics " + flags_.metrics + ": cannot open it for writing");
+    nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
+                        {"step_time_s", s.seconds}, {"samples_per_s", s.samples_per_s},
+                        {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed_s_}, {"eta_s", eta_s},
+                        {"tensor_memory_peak_bytes", tensor_memory().peak},
+                        {"resident_peak_bytes", peak_resident_bytes()}};
+    if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale, j["skipped"] = s.skipped;
+    if (!std::isfinite(s.grad_norm)) j["grad_norm"] = nullptr;  // JSON has no inf
+    const std::string text = j.dump() + "\n";
+    if (std::fwrite(text.data(), 1, text.size(), metrics_) != text.size() || std::fflush(metrics_) != 0)
+      throw SystemError("--metrics " + flags_.metrics + ": writing step " + std::to_string(s.step) + " failed (disk full?)");
+  }
+  return line;
 }
 
 std::string loss_scale_note(const StepRecord& step) {

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "graph/output_path.h"
 #include "runtime/backend.h"
 #include "runtime/trainer.h"
 
@@ -58,7 +60,8 @@ struct BackendFlags {
   std::string precision = "fp32";
   LossScaleOptions loss_scale;  // its numbers; `enabled` follows --precision fp16 (loss_scale_options)
 };
-void add_backend_flags(CLI::App& cmd, BackendFlags& flags);
+// precision_from_plan: `apart run`, whose --precision defaults to the plan's (what the plan was priced at runs).
+void add_backend_flags(CLI::App& cmd, BackendFlags& flags, bool precision_from_plan = false);
 // fp16's dynamic loss scaling: on under --precision fp16, with the --loss-scale-* numbers (validated).
 LossScaleOptions loss_scale_options(const BackendFlags& flags);
 // The backend the flags name: nullptr for cpu at fp32/tf32 (the runtime's cpu_backend()), the CPU backend that rounds
@@ -66,6 +69,36 @@ LossScaleOptions loss_scale_options(const BackendFlags& flags);
 // LOCAL_RANK (or OMPI_COMM_WORLD_LOCAL_RANK) under a launcher, else `local_rank`, modulo the GPUs this process sees.
 // Throws InvalidArgument for unknown names, Unsupported (exit 4) when apart has no CUDA or sees no GPU.
 std::unique_ptr<Backend> make_backend(const BackendFlags& flags, int local_rank = 0);
+// The per-step output `apart train` and `apart run` share: the step line (loss, throughput, step time, lr, gradient
+// norm), with the elapsed training time and the ETA every --log-every steps and on the last, and --metrics
+// FILE.jsonl: one JSON object per step, appended and flushed as each step ends (so a crashed or killed run keeps the
+// steps it did).
+struct StepLogFlags {
+  int64_t log_every = 10;
+  std::string metrics;
+};
+void add_step_log_flags(CLI::App& cmd, StepLogFlags& flags);
+
+class StepLog {
+ public:
+  // `last_step`: the run's final step number (for the ETA). Checks --metrics before any work (never one of
+  // `inputs`, a writable folder); the file is opened at the first step, by the one rank that logs.
+  StepLog(const StepLogFlags& flags, const std::vector<InputFile>& inputs, int64_t last_step);
+  ~StepLog();
+  StepLog(const StepLog&) = delete;
+  StepLog& operator=(const StepLog&) = delete;
+  // "step=K loss=… samples/s=… tokens/s=… step_time=… lr=… grad_norm=…[ loss_scale=…][ elapsed=… eta=…]", and the
+  // step's metrics object when --metrics is given. Throws SystemError when the metrics file cannot be written.
+  std::string step(const StepRecord& s);
+
+ private:
+  StepLogFlags flags_;
+  int64_t last_step_;
+  double elapsed_s_ = 0;  // the steps' own seconds so far: training time, setup and checkpoints excluded
+  int64_t steps_seen_ = 0;
+  std::FILE* metrics_ = nullptr;
+};
+
 // " loss_scale=S" (and " skipped" for a step an inf/NaN gradient skipped) for a step line under loss scaling, else "".
 std::string loss_scale_note(const StepRecord& step);
 // Says on stderr, once per process, the backend in use and the ops that run on the CPU kernel for want of one of

@@ -64,14 +64,12 @@ std::optional<std::string> blas_kernel_note(std::string_view core_name, std::str
   const std::string core = lower(core_name);
   if (std::find(kVectorCores.begin(), kVectorCores.end(), core) != kVectorCores.end()) return std::nullopt;
   const bool avx512 = has_flag(flags, "avx512f");
-  // Figures: bench/RESULTS.md ("Which OpenBLAS kernel runs"): single-precision GEMM on the machines measured.
+  // Figures: docs/runtime.md ("Which OpenBLAS kernel runs"): single-precision GEMM on the machines measured. One short
+  // line: the commands print it once per run.
   const std::string coretype = avx512 ? "SKYLAKEX" : "HASWELL";
-  const std::string gain = avx512 ? "about 7x faster (~140 vs 14-20 GFLOP/s on 2 cores)"
-                                  : "about 4x faster (41 vs 10 GFLOP/s on 2 cores; a gpt2-small step 2.3x)";
   return "OpenBLAS runs its generic '" + std::string(core_name) + "' kernel on this " + (avx512 ? "AVX-512" : "AVX2") +
-         " CPU (its build does not know this CPU model, or OPENBLAS_CORETYPE asked for it). With OPENBLAS_CORETYPE=" +
-         coretype + " sgemm ran " + gain + " on a machine like this one. apart does not "
-         "set it: exporting it is your choice (bench/RESULTS.md, \"Which OpenBLAS kernel runs\")";
+         " CPU; OPENBLAS_CORETYPE=" + coretype + " ran sgemm " + (avx512 ? "~7x" : "~4x") +
+         " faster on such machines (your choice; docs/runtime.md)";
 }
 
 std::optional<std::string> blas_kernel_note() { return blas_kernel_note(blas_core_name(), cpu_flags()); }

@@ -642,4 +642,15 @@ std::unique_ptr<DataSource> make_data_source(const DataOptions& options, const s
   return make_npy_data(files, inputs);
 }
 
+int64_t tokens_per_sample(const std::map<std::string, Tensor>& batch) {
+  int64_t tokens = 0;
+  for (const auto& [name, t] : batch) {
+    if (t.shape().size() < 2 || is_floating(t.dtype()) || t.dtype() == DType::kBool) continue;
+    int64_t per_sample = 1;
+    for (size_t d = 1; d < t.shape().size(); ++d) per_sample *= t.shape()[d];
+    tokens = std::max(tokens, per_sample);
+  }
+  return tokens;
+}
+
 }  // namespace apart

@@ -57,6 +57,11 @@ struct DataOptions {
 // for a malformed spec.
 std::vector<std::pair<std::string, std::filesystem::path>> data_files(const std::string& spec);
 
+// Tokens one sample of `batch` carries, for throughput in tokens/s: the elements per sample (every dim but the
+// leading batch dim) of its integer tensors of rank ≥ 2 — token ids or labels [batch, sequence] — the largest when
+// several; 0 when there is none (an image or feature model).
+int64_t tokens_per_sample(const std::map<std::string, Tensor>& batch);
+
 // Picks the source from options.spec. Throws InvalidArgument for a spec that does not fit the model
 // (a .bin for a model without token inputs, a missing .npy for some input) and InvalidArgument /
 // InvalidModel naming the file and what is wrong for bad files.

@@ -1915,6 +1915,7 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
     }
     record.seconds = seconds_since(step_start);
     record.samples_per_s = static_cast<double>(setup_.global_batch) / std::max(record.seconds, 1e-9);
+    record.tokens_per_s = record.samples_per_s * static_cast<double>(tokens_per_sample(batch));
     result.steps.push_back(record);
     if (on_step) on_step(result, record);
     if (!options_.checkpoint_dir.empty() && options_.save_every > 0 && record.step % options_.save_every == 0 &&

@@ -343,6 +343,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     record.lr = lr;
     record.seconds = seconds_since(step_start);
     record.samples_per_s = static_cast<double>(options.batch) / std::max(record.seconds, 1e-9);
+    record.tokens_per_s = record.samples_per_s * static_cast<double>(tokens_per_sample(batch));
     result.steps.push_back(record);
     if (on_step) on_step(record);
     if (!options.checkpoint_dir.empty() && options.save_every > 0 && record.step % options.save_every == 0 &&

@@ -213,6 +213,30 @@ TEST(ApartRunCli, TrainsAPlanInProcessAndPrintsEachStep) {
   EXPECT_NE(refused.out.find("mpirun -np 2"), std::string::npos) << refused.out;
 }
 
+// A plan priced at mixed precision (any GPU preset) runs at it unless --precision says otherwise, and says so; the
+// step lines carry tokens/s and --metrics gets one object per step.
+TEST(ApartRunCli, RunsAtThePlansPrecisionUnlessToldAndWritesMetrics) {
+  const fs::path dir = scratch("cli_precision");
+  const std::string model = gpt_tiny();
+  const std::string plan = (dir / "plan").string();
+  ASSERT_EQ(testing::run_apart("partition " + model + " --device h100 --devices 1 --batch 4 -q -o " + plan).code, 0);
+  const std::string metrics = (dir / "metrics.jsonl").string();
+  const auto planned = testing::run_apart("run " + plan + " --steps 2 --metrics " + metrics);
+  const auto mixed = testing::run_apart("run " + plan + " --steps 2 --precision mixed");
+  const auto fp32 = testing::run_apart("run " + plan + " --steps 2 --precision fp32");
+  ASSERT_EQ(planned.code, 0) << planned.out;
+  EXPECT_NE(planned.out.find("running at the plan's precision, mixed"), std::string::npos) << planned.out;
+  EXPECT_NE(planned.out.find(" tokens/s="), std::string::npos) << planned.out;
+  const auto loss = [](const testing::CommandRun& r) { return testing::number_after(r.out, "step=2 loss="); };
+  ASSERT_TRUE(loss(planned) && loss(mixed) && loss(fp32)) << planned.out << mixed.out << fp32.out;
+  EXPECT_EQ(*loss(planned), *loss(mixed));  // the same computation, printed alike
+  EXPECT_NE(*loss(planned), *loss(fp32));   // bf16-rounded GEMM operands change the digits
+  std::ifstream in(metrics);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 2);
+}
+
 TEST(ApartRunCli, RunsUnderMpirunWithOneProcessPerRank) {
   if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
   const fs::path dir = scratch("mpi");

@@ -2,8 +2,13 @@
 // with the trained loss; a resumed run equals an uninterrupted one; the CLI prints its step lines.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "graph/error.h"
 #include "importer/importer.h"
@@ -169,6 +174,42 @@ TEST(TheTrainCommand, PrintsOneLinePerStepAndASummary) {
   EXPECT_NE(r.out.find("step=3 loss="), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("samples/s="), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("trained 134.91K params"), std::string::npos) << r.out;
+}
+
+// Each step line carries its time and throughput (tokens/s for a sequence model: gpt-tiny's samples are 32 tokens),
+// every --log-every steps and the last the elapsed time and ETA; --metrics writes one JSON object per step.
+TEST(TheTrainCommand, PrintsStepTimeTokensAndEtaAndWritesOneMetricsObjectPerStep) {
+  TempDir dir;
+  const std::string metrics = dir.file("metrics.jsonl").string();
+  const auto r = testing::run_apart("train " + gpt_tiny() + " --steps 5 --batch 2 --log-every 2 --metrics " + metrics);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> lines;  // the step lines
+  std::istringstream out(r.out);
+  for (std::string line; std::getline(out, line);)
+    if (line.rfind("step=", 0) == 0) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  for (size_t k = 0; k < lines.size(); ++k) {
+    EXPECT_NE(lines[k].find(" tokens/s="), std::string::npos) << lines[k];
+    EXPECT_NE(lines[k].find(" step_time="), std::string::npos) << lines[k];
+    const bool timed = k == 1 || k == 3 || k == 4;  // steps 2 and 4 (--log-every 2) and the last
+    EXPECT_EQ(lines[k].find(" eta=") != std::string::npos, timed) << lines[k];
+  }
+  std::ifstream in(metrics);
+  std::string line;
+  int64_t step = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.at("step").get<int64_t>(), ++step);
+    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+    EXPECT_NEAR(j.at("tokens_per_s").get<double>(), 32 * j.at("samples_per_s").get<double>(),
+                1e-9 * j.at("tokens_per_s").get<double>());
+    EXPECT_GT(j.at("step_time_s").get<double>(), 0);
+    EXPECT_GT(j.at("resident_peak_bytes").get<int64_t>(), 0);
+  }
+  EXPECT_EQ(step, 5);
+  // The metrics file may not be the model it reads.
+  const auto refused = testing::run_apart("train " + gpt_tiny() + " --steps 1 --metrics " + gpt_tiny());
+  EXPECT_EQ(refused.code, 2) << refused.out;
 }
 
 TEST(TheTrainCommand, ExitsWithTheInvalidArgumentCodeOnBadFlags) {

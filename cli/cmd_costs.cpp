@@ -57,8 +57,7 @@ const bool kRegistered = register_command({"costs", 40, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("costs", "Per-task forward/backward time, FLOPs and memory on a device (apart.costs/1 JSON)");
   cmd->add_option("model", args->model, "ONNX model file")->required();
   add_model_flags(*cmd, args->model_flags, /*default_batch=*/1);
-  cmd->add_option("--device", args->device, device_flag_help())
-      ->capture_default_str();
+  cmd->add_option("--device", args->device, device_flag_help())->capture_default_str();
   cmd->add_option("--cluster", args->cluster, "Cluster JSON (apart.cluster/1, docs/cost-model.md); its device wins over --device");
   cmd->add_option("--precision", args->precision, kPrecisionHelp)
       ->capture_default_str();

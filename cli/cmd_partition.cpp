@@ -156,8 +156,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
   cmd->add_option("model", a->model, "ONNX model file")->required();
   add_model_flags(*cmd, a->model_flags);
   cmd->add_option("--devices", a->devices, "Number of devices")->capture_default_str();
-  cmd->add_option("--device", a->device, device_flag_help())
-      ->capture_default_str();
+  cmd->add_option("--device", a->device, device_flag_help())->capture_default_str();
   cmd->add_option("--devices-per-node", a->devices_per_node, "Devices per node")->capture_default_str();
   cmd->add_option("--memory-reserve", a->memory_reserve,
                   "Memory kept free on every device for the CUDA context, NCCL buffers and fragmentation: a size, a "
@@ -169,8 +168,10 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
       ->required();
   cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
   cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
-  cmd->add_option("--schedule", a->schedule, "1f1b, gpipe, interleaved, zb-h1 or auto (auto: the fastest of 1f1b, zb-h1 and interleaved "
-                  "at 2-4 chunks; apart run executes each of them)")->capture_default_str();
+  cmd->add_option("--schedule", a->schedule,
+                  "1f1b, gpipe, interleaved, zb-h1 or auto (auto: the fastest of 1f1b, zb-h1 and interleaved "
+                  "at 2-4 chunks; apart run executes each of them)")
+      ->capture_default_str();
   cmd->add_option("--virtual-stages", a->virtual_stages,
                   "Chunks per device under --schedule interleaved, 2 to 64 (0: 2; under auto 0: 2 to 4); m must be a "
                   "multiple of the stages")
@@ -187,10 +188,11 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "Activation recomputation: auto (per stage: none, the attention cores or the whole forward, as "
                   "memory needs), on (every stage's whole forward), selective (every stage's attention cores) or off")
       ->capture_default_str();
-  cmd->add_option("--sequence-parallel", a->sequence_parallel,
-                  "on: stages with --tp > 1 shard the norms, residuals and dropouts between the tensor-parallel regions "
-                  "along the sequence (Megatron-LM's sequence parallelism); off: they "
-                  "run replicated")
+  cmd->add_option(
+         "--sequence-parallel", a->sequence_parallel,
+         "on: stages with --tp > 1 shard the norms, residuals and dropouts between the tensor-parallel regions "
+         "along the sequence (Megatron-LM's sequence parallelism); off: they "
+         "run replicated")
       ->capture_default_str();
   cmd->add_option("--zero", a->zero,
                   "ZeRO stage of every stage with replicas: 0 (none), 1 (optimizer state), 2 (+ gradients), "

@@ -82,7 +82,8 @@ std::optional<std::string> unknown_command(const CLI::App& app, std::string_view
 
 // CLI11's message, made complete where it stops at the first problem: every missing required flag and argument of
 // the command in one message, and for a flag the command does not have, the one it most likely meant.
-std::string flag_error_message(const CLI::App& command, const CLI::ParseError& e, const std::vector<std::string>& args) {
+std::string flag_error_message(const CLI::App& command, const CLI::ParseError& e,
+                               const std::vector<std::string>& args) {
   if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
     std::string missing;
     size_t count = 0;
@@ -131,8 +132,10 @@ int main(int argc, char** argv) {
 
   // `apart` alone: the usage and the commands, then the error in its documented form (exit 2): nothing was asked for.
   if (argc < 2) {
-    std::fprintf(stderr, "%s\napart: error [InvalidArgument]: a command is required; run `apart <command> --help` for "
-                 "its options\n", app.help().c_str());
+    std::fprintf(stderr,
+                 "%s\napart: error [InvalidArgument]: a command is required; run `apart <command> --help` for "
+                 "its options\n",
+                 app.help().c_str());
     return apart::exit_code(apart::ErrorKind::kInvalidArgument);
   }
   try {
@@ -152,8 +155,10 @@ int main(int argc, char** argv) {
       command_line += " " + command->get_name();
     }
     std::fflush(stdout);
-    std::fprintf(stderr, "apart: error [InvalidArgument]: %s; run `%s --help` for the options\n",
-                 apart::printable(flag_error_message(*command, e, std::vector<std::string>(argv + 1, argv + argc))).c_str(), command_line.c_str());
+    std::fprintf(
+        stderr, "apart: error [InvalidArgument]: %s; run `%s --help` for the options\n",
+        apart::printable(flag_error_message(*command, e, std::vector<std::string>(argv + 1, argv + argc))).c_str(),
+        command_line.c_str());
     return apart::exit_code(apart::ErrorKind::kInvalidArgument);
   } catch (const apart::Error& e) {
     // Messages quote model-controlled names already; escaping here too keeps any that slipped through

@@ -109,8 +109,8 @@ void add_backend_flags(CLI::App& cmd, BackendFlags& f, bool precision_from_plan)
   const std::string precision_help =
       "GEMM operands: fp32, tf32 (GPU tensor cores; fp32 on the CPU), mixed or bf16 (bfloat16 operands, fp32 "
       "accumulation), fp16 (float16 operands, with dynamic loss scaling); the CPU rounds operands as a GPU does";
-  CLI::Option* precision = cmd.add_option("--precision", f.precision,
-                                          precision_help + (precision_from_plan ? "; default: the plan's precision" : ""));
+  CLI::Option* precision = cmd.add_option(
+      "--precision", f.precision, precision_help + (precision_from_plan ? "; default: the plan's precision" : ""));
   if (!precision_from_plan) precision->capture_default_str();
   cmd.add_option("--loss-scale-init", f.loss_scale.init_scale, "fp16: the initial loss scale (2^-24 to 2^64)")
       ->capture_default_str();
@@ -199,8 +199,10 @@ StepLog::~StepLog() {
 std::string StepLog::step(const StepRecord& s) {
   elapsed_s_ += s.seconds;
   ++steps_seen_;
-  const double eta_s = elapsed_s_ / static_cast<double>(steps_seen_) * static_cast<double>(std::max<int64_t>(0, last_step_ - s.step));
-  std::string line = fmt::format("step={} loss={:.6f} samples/s={}", s.step, s.loss, format_significant(s.samples_per_s));
+  const double eta_s =
+      elapsed_s_ / static_cast<double>(steps_seen_) * static_cast<double>(std::max<int64_t>(0, last_step_ - s.step));
+  std::string line =
+      fmt::format("step={} loss={:.6f} samples/s={}", s.step, s.loss, format_significant(s.samples_per_s));
   if (s.tokens_per_s > 0) line += " tokens/s=" + format_significant(s.tokens_per_s);
   line += fmt::format(" step_time={} lr={:.3g} grad_norm={:.4g}{}", compact_seconds(s.seconds), s.lr, s.grad_norm,
                       loss_scale_note(s));
@@ -209,16 +211,23 @@ std::string StepLog::step(const StepRecord& s) {
   if (!flags_.metrics.empty()) {
     if (!metrics_ && !(metrics_ = std::fopen(flags_.metrics.c_str(), "w")))
       throw SystemError("--metrics " + flags_.metrics + ": cannot open it for writing");
-    nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
-                        {"step_time_s", s.seconds}, {"samples_per_s", s.samples_per_s},
-                        {"tokens_per_s", s.tokens_per_s}, {"elapsed_s", elapsed_s_}, {"eta_s", eta_s},
+    nlohmann::json j = {{"step", s.step},
+                        {"loss", s.loss},
+                        {"lr", s.lr},
+                        {"grad_norm", s.grad_norm},
+                        {"step_time_s", s.seconds},
+                        {"samples_per_s", s.samples_per_s},
+                        {"tokens_per_s", s.tokens_per_s},
+                        {"elapsed_s", elapsed_s_},
+                        {"eta_s", eta_s},
                         {"tensor_memory_peak_bytes", tensor_memory().peak},
                         {"resident_peak_bytes", peak_resident_bytes()}};
     if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale, j["skipped"] = s.skipped;
     if (!std::isfinite(s.grad_norm)) j["grad_norm"] = nullptr;  // JSON has no inf
     const std::string text = j.dump() + "\n";
     if (std::fwrite(text.data(), 1, text.size(), metrics_) != text.size() || std::fflush(metrics_) != 0)
-      throw SystemError("--metrics " + flags_.metrics + ": writing step " + std::to_string(s.step) + " failed (disk full?)");
+      throw SystemError("--metrics " + flags_.metrics + ": writing step " + std::to_string(s.step) +
+                        " failed (disk full?)");
   }
   return line;
 }

@@ -351,13 +351,18 @@ class Importer {
       if (!node.domain().empty() && node.domain() != "ai.onnx") continue;
       const std::string revision = newer_revision(node.op_type(), opset);
       if (!revision.empty())
-        throw Unsupported("node " + quote(node_label(node, i)) + " (" + printable(node.op_type()) + ") of " + result_.path +
-                          " is " + revision + " (the model imports opset " + std::to_string(opset) + "); " + known + fix);
+        throw Unsupported("node " + quote(node_label(node, i)) + " (" + printable(node.op_type()) + ") of " +
+                          result_.path + " is " + revision + " (the model imports opset " + std::to_string(opset) +
+                          "); " + known + fix);
     }
-    throw Unsupported(result_.path + " imports the default ONNX domain at opset " + std::to_string(opset) + "; " + known +
-                      (opset > newest_listed_opset() ? "" : ", and although none of this model's ops changed after " +
-                                                                std::to_string(kMaxOpset) + ", the graphs apart writes "
-                                                                "for it would declare opset " + std::to_string(opset)) +
+    throw Unsupported(result_.path + " imports the default ONNX domain at opset " + std::to_string(opset) + "; " +
+                      known +
+                      (opset > newest_listed_opset()
+                           ? ""
+                           : ", and although none of this model's ops changed after " + std::to_string(kMaxOpset) +
+                                 ", the graphs apart writes "
+                                 "for it would declare opset " +
+                                 std::to_string(opset)) +
                       fix);
   }
 
@@ -789,12 +794,16 @@ class Importer {
 
   // Unsupported for a node at opset > 17 whose op revision apart does not adapt (opset_adapter.h), or that uses a new
   // attribute in a way the adapted schema does not infer.
-  void refuse_unadapted(const OpsetSchema& found, const onnx::NodeProto& node, const std::string& label, int64_t opset) {
+  void refuse_unadapted(const OpsetSchema& found, const onnx::NodeProto& node, const std::string& label,
+                        int64_t opset) {
     std::string problem = found.refusal;
-    if (problem.empty() && found.schema != nullptr && node.domain().empty()) problem = adapted_node_problem(node, opset);
+    if (problem.empty() && found.schema != nullptr && node.domain().empty())
+      problem = adapted_node_problem(node, opset);
     if (!problem.empty())
-      throw Unsupported("node " + quote(label) + " (" + printable(node.op_type()) + "): " + problem + "; apart knows ONNX "
-                        "operators up to opset " + std::to_string(kMaxOpset) + ", with ONNX 1.12's schemas up to " +
+      throw Unsupported("node " + quote(label) + " (" + printable(node.op_type()) + "): " + problem +
+                        "; apart knows ONNX "
+                        "operators up to opset " +
+                        std::to_string(kMaxOpset) + ", with ONNX 1.12's schemas up to " +
                         std::to_string(kLibraryOpset) + "; export the model at opset " + std::to_string(kLibraryOpset) +
                         " or replace the node");
   }

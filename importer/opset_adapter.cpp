@@ -25,26 +25,34 @@ using onnx::OpSchema;
 
 // Every default-domain revision from opset 18 on, by opset: the op names of OpSet_Onnx_verN.
 constexpr std::pair<int, const char*> kRevisions[] = {
-    {18, "Pad CenterCropPad Resize Mish OptionalGetElement OptionalHasElement Split Col2Im ScatterND ScatterElements "
-         "ReduceSumSquare ReduceLogSum ReduceLogSumExp ReduceL1 ReduceL2 ReduceMax ReduceMin ReduceMean ReduceProd "
-         "BitwiseAnd BitwiseOr BitwiseXor BitwiseNot GroupNormalization LpPool"},
-    {19, "Equal AveragePool Cast CastLike Constant DeformConv DequantizeLinear Identity If Loop Pad QuantizeLinear "
-         "Resize Reshape Scan Shape Size"},
-    {20, "AffineGrid ConstantOfShape DFT Gelu GridSample ImageDecoder IsInf IsNaN ReduceMax ReduceMin RegexFullMatch "
-         "StringConcat StringSplit"},
-    {21, "Cast CastLike Constant ConstantOfShape DequantizeLinear Flatten GroupNormalization Identity If Loop Pad "
-         "QLinearMatMul QuantizeLinear Reshape Scan Shape Size Squeeze Transpose Unsqueeze"},
-    {22, "EyeLike RandomUniform RandomNormal RandomUniformLike RandomNormalLike Multinomial Bernoulli ThresholdedRelu "
-         "Selu Elu Mish HardSigmoid HardSwish Softsign Softplus Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh "
-         "Round Det NegativeLogLikelihoodLoss AveragePool MaxPool MaxUnpool LpPool MaxRoiPool Conv ConvTranspose "
-         "DeformConv GlobalAveragePool GlobalMaxPool GlobalLpPool InstanceNormalization LpNormalization Dropout RoiAlign "
-         "RNN GRU LSTM GridSample"},
-    {23, "Attention Cast CastLike Constant ConstantOfShape DequantizeLinear Flatten Identity If Loop Pad QuantizeLinear "
-         "Reshape RMSNormalization RotaryEmbedding Scan Shape Size Squeeze Transpose Unsqueeze"},
-    {24, "Attention Cast CastLike Constant ConstantOfShape DequantizeLinear Flatten Identity If Loop Pad QuantizeLinear "
-         "Reshape Scan Shape Size Swish SplitToSequence Squeeze TopK Transpose Unsqueeze TensorScatter"},
-    {25, "Attention Cast CastLike Constant ConstantOfShape DequantizeLinear Flatten Identity Reshape Shape Size If Loop "
-         "Scan Pad Squeeze Transpose Unsqueeze QuantizeLinear"},
+    {18,
+     "Pad CenterCropPad Resize Mish OptionalGetElement OptionalHasElement Split Col2Im ScatterND ScatterElements "
+     "ReduceSumSquare ReduceLogSum ReduceLogSumExp ReduceL1 ReduceL2 ReduceMax ReduceMin ReduceMean ReduceProd "
+     "BitwiseAnd BitwiseOr BitwiseXor BitwiseNot GroupNormalization LpPool"},
+    {19,
+     "Equal AveragePool Cast CastLike Constant DeformConv DequantizeLinear Identity If Loop Pad QuantizeLinear "
+     "Resize Reshape Scan Shape Size"},
+    {20,
+     "AffineGrid ConstantOfShape DFT Gelu GridSample ImageDecoder IsInf IsNaN ReduceMax ReduceMin RegexFullMatch "
+     "StringConcat StringSplit"},
+    {21,
+     "Cast CastLike Constant ConstantOfShape DequantizeLinear Flatten GroupNormalization Identity If Loop Pad "
+     "QLinearMatMul QuantizeLinear Reshape Scan Shape Size Squeeze Transpose Unsqueeze"},
+    {22,
+     "EyeLike RandomUniform RandomNormal RandomUniformLike RandomNormalLike Multinomial Bernoulli ThresholdedRelu "
+     "Selu Elu Mish HardSigmoid HardSwish Softsign Softplus Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh "
+     "Round Det NegativeLogLikelihoodLoss AveragePool MaxPool MaxUnpool LpPool MaxRoiPool Conv ConvTranspose "
+     "DeformConv GlobalAveragePool GlobalMaxPool GlobalLpPool InstanceNormalization LpNormalization Dropout RoiAlign "
+     "RNN GRU LSTM GridSample"},
+    {23,
+     "Attention Cast CastLike Constant ConstantOfShape DequantizeLinear Flatten Identity If Loop Pad QuantizeLinear "
+     "Reshape RMSNormalization RotaryEmbedding Scan Shape Size Squeeze Transpose Unsqueeze"},
+    {24,
+     "Attention Cast CastLike Constant ConstantOfShape DequantizeLinear Flatten Identity If Loop Pad QuantizeLinear "
+     "Reshape Scan Shape Size Swish SplitToSequence Squeeze TopK Transpose Unsqueeze TensorScatter"},
+    {25,
+     "Attention Cast CastLike Constant ConstantOfShape DequantizeLinear Flatten Identity Reshape Shape Size If Loop "
+     "Scan Pad Squeeze Transpose Unsqueeze QuantizeLinear"},
     {26, "BitCast CumProd"},
     {27, "CausalConvWithState LinearAttention Range"},
     {28, "Celu SwiGLU"},
@@ -75,8 +83,8 @@ int latest_revision(const std::string& op, int opset) {
 
 // --- Ops ONNX revised in 18–23 that apart does not adapt ------------------------------------------------------------
 
-constexpr const char* kNotAdapted[] = {"CenterCropPad", "Col2Im",        "DeformConv",    "AffineGrid",
-                                       "DFT",           "GridSample",    "ImageDecoder",  "RegexFullMatch",
+constexpr const char* kNotAdapted[] = {"CenterCropPad", "Col2Im",     "DeformConv",   "AffineGrid",
+                                       "DFT",           "GridSample", "ImageDecoder", "RegexFullMatch",
                                        "StringConcat",  "StringSplit"};
 
 bool not_adapted(const std::string& op) {
@@ -161,8 +169,10 @@ OpSchema revised_copy(const std::string& op, const std::string& name, int versio
   for (size_t i = 0; i < base->outputs().size(); ++i)
     formal(base->outputs()[i], [&](auto&&... a) { s.Output(static_cast<int>(i), a...); });
   for (const auto& [attr_name, attr] : base->attributes()) s.Attr(attr);
-  for (const auto& c : base->typeConstraintParams()) s.TypeConstraint(c.type_param_str, c.allowed_type_strs, c.description);
-  if (base->has_type_and_shape_inference_function()) s.TypeAndShapeInferenceFunction(base->GetTypeAndShapeInferenceFunction());
+  for (const auto& c : base->typeConstraintParams())
+    s.TypeConstraint(c.type_param_str, c.allowed_type_strs, c.description);
+  if (base->has_type_and_shape_inference_function())
+    s.TypeAndShapeInferenceFunction(base->GetTypeAndShapeInferenceFunction());
   if (base->has_data_propagation_function()) s.PartialDataPropagationFunction(base->GetDataPropagationFunction());
   return s;
 }
@@ -175,11 +185,9 @@ OpSchema new_op(const std::string& name, int version, const std::vector<std::pai
   OpSchema s;
   s.SetName(name).SetDomain("").SinceVersion(version);
   for (size_t i = 0; i < inputs.size(); ++i)
-    s.Input(static_cast<int>(i), inputs[i].first, "", "T",
-            inputs[i].second ? OpSchema::Optional : OpSchema::Single);
+    s.Input(static_cast<int>(i), inputs[i].first, "", "T", inputs[i].second ? OpSchema::Optional : OpSchema::Single);
   for (size_t i = 0; i < outputs.size(); ++i)
-    s.Output(static_cast<int>(i), outputs[i].first, "", "T",
-             outputs[i].second ? OpSchema::Optional : OpSchema::Single);
+    s.Output(static_cast<int>(i), outputs[i].first, "", "T", outputs[i].second ? OpSchema::Optional : OpSchema::Single);
   s.TypeConstraint("T", kFloatTypes, "");
   s.TypeAndShapeInferenceFunction(std::move(infer));
   return s;
@@ -209,7 +217,8 @@ OpSchema split_schema(int version) {
     const int64_t chunk = dim < 0 ? -1 : (dim + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
     for (size_t o = 0; o < n; ++o) {
       std::vector<int64_t> out = *dims;
-      out[static_cast<size_t>(axis)] = dim < 0 ? -1 : std::clamp<int64_t>(dim - chunk * static_cast<int64_t>(o), 0, chunk);
+      out[static_cast<size_t>(axis)] =
+          dim < 0 ? -1 : std::clamp<int64_t>(dim - chunk * static_cast<int64_t>(o), 0, chunk);
       set_output_dims(ctx, o, out);
     }
   });
@@ -228,7 +237,8 @@ OpSchema pad_schema(int version) {
     const auto pads = input_ints(ctx, 1), axes = input_ints(ctx, 3);
     if (!dims || !pads || !axes) return;
     const auto rank = static_cast<int64_t>(dims->size());
-    if (pads->size() != 2 * axes->size()) fail_shape_inference("Pad: pads holds ", pads->size(), " values for ", axes->size(), " axes");
+    if (pads->size() != 2 * axes->size())
+      fail_shape_inference("Pad: pads holds ", pads->size(), " values for ", axes->size(), " axes");
     for (size_t k = 0; k < axes->size(); ++k) {
       int64_t& d = (*dims)[static_cast<size_t>(normalized_axis((*axes)[k], rank))];
       if (d >= 0) d += (*pads)[k] + (*pads)[k + axes->size()];
@@ -260,7 +270,8 @@ OpSchema resize_schema(int version) {
     else
       for (int64_t a = 0; a < rank; ++a) axes.push_back(a);
     if (const auto sizes = input_ints(ctx, 3)) {
-      if (sizes->size() != axes.size()) fail_shape_inference("Resize: sizes holds ", sizes->size(), " values for ", axes.size(), " axes");
+      if (sizes->size() != axes.size())
+        fail_shape_inference("Resize: sizes holds ", sizes->size(), " values for ", axes.size(), " axes");
       if (policy == "stretch") {
         for (size_t k = 0; k < axes.size(); ++k) (*dims)[static_cast<size_t>(axes[k])] = (*sizes)[k];
       } else {
@@ -277,7 +288,8 @@ OpSchema resize_schema(int version) {
         }
       }
     } else if (const auto scales = input_floats(ctx, 2); scales && !scales->empty()) {
-      if (scales->size() != axes.size()) fail_shape_inference("Resize: scales holds ", scales->size(), " values for ", axes.size(), " axes");
+      if (scales->size() != axes.size())
+        fail_shape_inference("Resize: scales holds ", scales->size(), " values for ", axes.size(), " axes");
       for (size_t k = 0; k < axes.size(); ++k) {
         int64_t& d = (*dims)[static_cast<size_t>(axes[k])];
         if (d >= 0) d = static_cast<int64_t>(std::floor(static_cast<double>(d) * (*scales)[k]));
@@ -304,7 +316,8 @@ void attention_inference(InferenceContext& ctx) {
   for (size_t o = 0; o < ctx.getNumOutputs(); ++o) onnx::propagateElemTypeFromInputToOutput(ctx, 0, o);
   const auto q = input_dims(ctx, 0), k = input_dims(ctx, 1), v = input_dims(ctx, 2);
   if (!q || !k || !v || q->size() != k->size() || q->size() != v->size() || (q->size() != 3 && q->size() != 4)) return;
-  const int64_t q_heads_attr = onnx::getAttribute(ctx, "q_num_heads", 0), kv_heads_attr = onnx::getAttribute(ctx, "kv_num_heads", 0);
+  const int64_t q_heads_attr = onnx::getAttribute(ctx, "q_num_heads", 0),
+                kv_heads_attr = onnx::getAttribute(ctx, "kv_num_heads", 0);
   const bool four_d = q->size() == 4;
   if (!four_d && (q_heads_attr <= 0 || kv_heads_attr <= 0))
     fail_shape_inference("Attention with 3-D inputs needs q_num_heads and kv_num_heads");
@@ -319,18 +332,22 @@ void attention_inference(InferenceContext& ctx) {
     past = p && p->size() == 4 ? (*p)[2] : -1;
   }
   const int64_t total = past < 0 || kv_seq < 0 ? -1 : past + kv_seq;
-  set_output_dims(ctx, 0, four_d ? std::vector<int64_t>{batch, q_heads, q_seq, v_head}
-                                 : std::vector<int64_t>{batch, q_seq, v_head < 0 ? -1 : q_heads * v_head});
-  if (ctx.getNumOutputs() > 1 && ctx.getOutputType(1) != nullptr) set_output_dims(ctx, 1, {batch, kv_heads, total, k_head});
-  if (ctx.getNumOutputs() > 2 && ctx.getOutputType(2) != nullptr) set_output_dims(ctx, 2, {batch, kv_heads, total, v_head});
-  if (ctx.getNumOutputs() > 3 && ctx.getOutputType(3) != nullptr) set_output_dims(ctx, 3, {batch, q_heads, q_seq, total});
+  set_output_dims(ctx, 0,
+                  four_d ? std::vector<int64_t>{batch, q_heads, q_seq, v_head}
+                         : std::vector<int64_t>{batch, q_seq, v_head < 0 ? -1 : q_heads * v_head});
+  if (ctx.getNumOutputs() > 1 && ctx.getOutputType(1) != nullptr)
+    set_output_dims(ctx, 1, {batch, kv_heads, total, k_head});
+  if (ctx.getNumOutputs() > 2 && ctx.getOutputType(2) != nullptr)
+    set_output_dims(ctx, 2, {batch, kv_heads, total, v_head});
+  if (ctx.getNumOutputs() > 3 && ctx.getOutputType(3) != nullptr)
+    set_output_dims(ctx, 3, {batch, q_heads, q_seq, total});
 }
 
 OpSchema attention_schema(int version) {
-  OpSchema s = new_op("Attention", version,
-                      {{"Q", false}, {"K", false}, {"V", false}, {"attn_mask", true}, {"past_key", true}, {"past_value", true}},
-                      {{"Y", false}, {"present_key", true}, {"present_value", true}, {"qk_matmul_output", true}},
-                      attention_inference);
+  OpSchema s = new_op(
+      "Attention", version,
+      {{"Q", false}, {"K", false}, {"V", false}, {"attn_mask", true}, {"past_key", true}, {"past_value", true}},
+      {{"Y", false}, {"present_key", true}, {"present_value", true}, {"qk_matmul_output", true}}, attention_inference);
   // attn_mask may be bool; the type check is off in the importer's inference, so T stays the float types.
   s.Attr("is_causal", "", AttributeProto::INT, int64_t{0});
   s.Attr("kv_num_heads", "", AttributeProto::INT, false);
@@ -390,11 +407,16 @@ struct AddedAttribute {
   AttributeProto::AttributeType type;
 };
 constexpr AddedAttribute kAddedAttributes[] = {
-    {"Cast", 19, "saturate", AttributeProto::INT},            {"CastLike", 19, "saturate", AttributeProto::INT},
-    {"QuantizeLinear", 19, "saturate", AttributeProto::INT},  {"QuantizeLinear", 21, "block_size", AttributeProto::INT},
-    {"QuantizeLinear", 21, "output_dtype", AttributeProto::INT}, {"QuantizeLinear", 23, "precision", AttributeProto::INT},
-    {"DequantizeLinear", 21, "block_size", AttributeProto::INT}, {"DequantizeLinear", 23, "output_dtype", AttributeProto::INT},
-    {"AveragePool", 19, "dilations", AttributeProto::INTS},   {"LpPool", 18, "ceil_mode", AttributeProto::INT},
+    {"Cast", 19, "saturate", AttributeProto::INT},
+    {"CastLike", 19, "saturate", AttributeProto::INT},
+    {"QuantizeLinear", 19, "saturate", AttributeProto::INT},
+    {"QuantizeLinear", 21, "block_size", AttributeProto::INT},
+    {"QuantizeLinear", 21, "output_dtype", AttributeProto::INT},
+    {"QuantizeLinear", 23, "precision", AttributeProto::INT},
+    {"DequantizeLinear", 21, "block_size", AttributeProto::INT},
+    {"DequantizeLinear", 23, "output_dtype", AttributeProto::INT},
+    {"AveragePool", 19, "dilations", AttributeProto::INTS},
+    {"LpPool", 18, "ceil_mode", AttributeProto::INT},
 };
 
 OpSchema types_only_schema(const std::string& op, int version) {
@@ -415,11 +437,16 @@ BuiltSchema build_schema(const std::string& op, int version) {
     return {nullptr, op + "-" + std::to_string(version) + " (ONNX opset " + std::to_string(version) +
                          ") is not adapted onto ONNX 1.12's schemas: apart has no shape rule for this revision"};
   std::optional<OpSchema> s;
-  if (op.rfind("Reduce", 0) == 0) s = reduce_schema(op, version);
-  else if (op == "Split") s = split_schema(version);
-  else if (op == "Pad") s = pad_schema(version);
-  else if (op == "Resize") s = resize_schema(version);
-  else s = new_op_schema(op, version);
+  if (op.rfind("Reduce", 0) == 0)
+    s = reduce_schema(op, version);
+  else if (op == "Split")
+    s = split_schema(version);
+  else if (op == "Pad")
+    s = pad_schema(version);
+  else if (op == "Resize")
+    s = resize_schema(version);
+  else
+    s = new_op_schema(op, version);
   if (!s) s = types_only_schema(op, version);
   s->Finalize();
   return {std::make_unique<OpSchema>(std::move(*s)), ""};
@@ -429,7 +456,8 @@ BuiltSchema build_schema(const std::string& op, int version) {
 
 OpsetSchema opset_schema(const std::string& op, int opset, const std::string& domain) {
   const bool default_domain = domain.empty() || domain == "ai.onnx";
-  if (!default_domain || opset <= kLibraryOpset) return {onnx::OpSchemaRegistry::Instance()->GetSchema(op, opset, domain), ""};
+  if (!default_domain || opset <= kLibraryOpset)
+    return {onnx::OpSchemaRegistry::Instance()->GetSchema(op, opset, domain), ""};
   const int version = latest_revision(op, std::min<int>(opset, kMaxOpset));
   if (version == 0) return {library_schema(op, static_cast<int>(kLibraryOpset)), ""};
   static std::mutex mutex;

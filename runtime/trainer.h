@@ -57,7 +57,8 @@ struct StepRecord {
   double grad_norm = 0;     // global L2 norm before clipping
   double seconds = 0;       // wall time of the step: data, forward + backward, optimizer
   double samples_per_s = 0;
-  double tokens_per_s = 0;  // samples/s × tokens_per_sample of the step's batch (runtime/data.h); 0: not a sequence model
+  double tokens_per_s =
+      0;  // samples/s × tokens_per_sample of the step's batch (runtime/data.h); 0: not a sequence model
   double loss_scale = 0;    // the scale this step's backward ran at (0: no loss scaling)
   bool skipped = false;     // an inf/NaN gradient under loss scaling: no update, the scale backed off
 };

@@ -104,7 +104,10 @@ TEST(FlagErrorsFoundByTheParser, TakeTheDocumentedFormAndExitCode) {
   const CommandRun typo = run("partiton " + model);
   EXPECT_EQ(typo.code, 2) << typo.out;
   EXPECT_EQ(typo.out.rfind("apart: error [InvalidArgument]: unknown command 'partiton'; did you mean 'partition'? "
-                           "the commands are ", 0), 0u) << typo.out;
+                           "the commands are ",
+                           0),
+            0u)
+      << typo.out;
   const CommandRun strange = run("deploy");
   EXPECT_EQ(strange.code, 2) << strange.out;
   EXPECT_EQ(strange.out.find("did you mean"), std::string::npos) << strange.out;
@@ -130,7 +133,8 @@ std::string two_losses(const TempDir& dir) {
 TEST(ADeviceFlag, TakesTheShortNameOfAnSxmPresetAndSaysWhatATypoMeant) {
   TempDir dir;
   const std::string model = mlp(dir, "m.onnx", "matmul", "h");
-  const CommandRun h100 = run("partition " + model + " --device h100 --devices 8 --batch 8 -q -o " + (dir / "p").string());
+  const CommandRun h100 =
+      run("partition " + model + " --device h100 --devices 8 --batch 8 -q -o " + (dir / "p").string());
   ASSERT_EQ(h100.code, 0) << h100.out;
   EXPECT_NE(read_file(dir / "p" / "plan.json").find("\"device\": \"h100-80gb\""), std::string::npos);
   const CommandRun typo = run("costs " + model + " --device h10");

@@ -80,7 +80,8 @@ TEST_P(APlan, EqualsItsGoldenByteForByte) {
     // Every figure to 1e-9 relative (first_difference_beyond: libm's last bit may differ by CPU), the rest exactly.
     const std::string difference = first_difference_beyond(actual, read_file(golden / file), 1e-9);
     EXPECT_EQ(difference, "") << c.name() << "/" << file << " differs from its golden; diff it against "
-                              << (golden / file) << " and, if the change is intended, rerun with APART_UPDATE_GOLDENS=1";
+                              << (golden / file)
+                              << " and, if the change is intended, rerun with APART_UPDATE_GOLDENS=1";
   }
 }
 

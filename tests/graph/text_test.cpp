@@ -63,13 +63,14 @@ namespace apart {
 namespace {
 
 TEST(AClosestMatch, SuggestsTheNearestCandidateForATypoAndNothingForAStrangeWord) {
-  const std::vector<std::string> commands = {"inspect", "zoo", "costs", "partition", "simulate", "report", "train", "run"};
-  EXPECT_EQ(closest_match("partiton", commands), "partition");  // a deletion
+  const std::vector<std::string> commands = {"inspect",  "zoo",    "costs", "partition",
+                                             "simulate", "report", "train", "run"};
+  EXPECT_EQ(closest_match("partiton", commands), "partition");   // a deletion
   EXPECT_EQ(closest_match("partitoin", commands), "partition");  // a swap of neighbours is one edit
-  EXPECT_EQ(closest_match("Simulat", commands), "simulate");      // case is ignored
+  EXPECT_EQ(closest_match("Simulat", commands), "simulate");     // case is ignored
   EXPECT_EQ(closest_match("rnu", commands), "run");
   EXPECT_EQ(closest_match("trian", commands), "train");
-  EXPECT_EQ(closest_match("deploy", commands), std::nullopt);      // nothing near enough
+  EXPECT_EQ(closest_match("deploy", commands), std::nullopt);  // nothing near enough
   EXPECT_EQ(closest_match("x", commands), std::nullopt);
   EXPECT_EQ(closest_match("--stepz", {"--steps", "--batch", "--seed"}), "--steps");
   EXPECT_EQ(closest_match("h100", {"h100-80gb", "h200-141gb"}), std::nullopt);  // 5 edits: aliases are another table

@@ -135,8 +135,8 @@ TEST_P(AnOpsetAbove17, ResizesTheAxesItsAxesAttributeNamesKeepingTheAspectRatio)
   if (opset() >= 19) set_string(plain, "coordinate_transformation_mode", "half_pixel_symmetric");
   for (const char* out : {"fit", "cover", "stretch", "plain"}) b.output(out);
   const ImportedModel m = import(b);
-  EXPECT_EQ(shape_of(m, "fit"), (Shape{1, 3, 4, 3}));      // scale min(4/8, 4/6) = 0.5
-  EXPECT_EQ(shape_of(m, "cover"), (Shape{1, 3, 5, 4}));    // scale max = 2/3: 8·2/3 = 5.33 → 5
+  EXPECT_EQ(shape_of(m, "fit"), (Shape{1, 3, 4, 3}));    // scale min(4/8, 4/6) = 0.5
+  EXPECT_EQ(shape_of(m, "cover"), (Shape{1, 3, 5, 4}));  // scale max = 2/3: 8·2/3 = 5.33 → 5
   EXPECT_EQ(shape_of(m, "stretch"), (Shape{1, 3, 4, 4}));
   EXPECT_EQ(shape_of(m, "plain"), (Shape{1, 3, 16, 12}));
 }
@@ -205,7 +205,10 @@ TEST(AnOpset23Model, InfersRmsNormRotaryEmbeddingAndAttention) {
   b.weight("g", {16}).weight("cos", {5, 2}).weight("sin", {5, 2});
   b.node("RMSNormalization", {"x", "g"}, {"normed"});
   // 4-D: [batch, heads, seq, head]
-  b.input("q", {2, 4, 5, 8}).input("k", {2, 2, 5, 8}).input("v", {2, 2, 5, 6}).input("past_k", {2, 2, 3, 8})
+  b.input("q", {2, 4, 5, 8})
+      .input("k", {2, 2, 5, 8})
+      .input("v", {2, 2, 5, 6})
+      .input("past_k", {2, 2, 3, 8})
       .input("past_v", {2, 2, 3, 6});
   auto& rope = b.node("RotaryEmbedding", {"q", "cos", "sin"}, {"q_rot"});
   OnnxBuilder::set_int(rope, "rotary_embedding_dim", 4);

@@ -341,7 +341,8 @@ inline void run_under_mpirun_and_on_threads(int ranks, const fs::path& plan, con
   ASSERT_EQ(threads->losses.size(), 3u);
   const auto printed = testing::number_after(r.out, "step=3 loss=");
   ASSERT_TRUE(printed.has_value()) << r.out;
-  EXPECT_NEAR(*printed, threads->losses[2], testing::printed_loss_tolerance(threads->losses[2])) << what << "\n" << r.out;
+  EXPECT_NEAR(*printed, threads->losses[2], testing::printed_loss_tolerance(threads->losses[2])) << what << "\n"
+                                                                                                 << r.out;
 }
 
 // The same params with the same bytes.

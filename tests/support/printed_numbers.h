@@ -41,7 +41,8 @@ inline std::string first_difference_beyond(const std::string& actual, const std:
   auto starts_number = [](const std::string& s, size_t i) {
     auto digit = [&](size_t k) { return k < s.size() && s[k] >= '0' && s[k] <= '9'; };
     if (digit(i)) return i == 0 || !(std::isalpha(static_cast<unsigned char>(s[i - 1])) || s[i - 1] == '_');
-    if (i < s.size() && (s[i] == '-' || s[i] == '.')) return digit(i + 1) || (s[i] == '-' && s[i + 1] == '.' && digit(i + 2));
+    if (i < s.size() && (s[i] == '-' || s[i] == '.'))
+      return digit(i + 1) || (s[i] == '-' && s[i + 1] == '.' && digit(i + 2));
     return false;
   };
   size_t a = 0, e = 0;

@@ -204,7 +204,7 @@ double conv_transpose_flops(const Operands& o, OpWork& w) {
   return flops;
 }
 
-// Attention-23 as one fused (flash) kernel: Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv), halved when causal (the kernel
+// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv), halved when causal (the kernel
 // skips the masked half); softmax, scale and mask are in the noise. Its bytes are Q, K, V, the mask and Y: no
 // S × L tensor is ever written (the default byte count of its operands is exactly that).
 double attention_flops(const Operands& o, OpWork& w) {

@@ -9,7 +9,7 @@ namespace apart {
 
 // What kind of kernel an op is: selects the roofline efficiency and the backward rule.
 enum class OpClass : uint8_t {
-  kMatMul,        // MatMul, Gemm, Einsum, Conv, ConvTranspose, Attention (fused): tensor-core work, weight + input gradients
+  kMatMul,        // MatMul, Gemm, Einsum, Conv, ConvTranspose: tensor-core work, weight + input gradients
   kElementwise,   // one output element per input element (with broadcasting): Add, Relu, Erf, Cast…
   kNormalization, // BatchNormalization, LayerNormalization, InstanceNormalization, GroupNormalization…
   kSoftmax,       // Softmax, LogSoftmax, Hardmax

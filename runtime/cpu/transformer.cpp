@@ -205,8 +205,6 @@ std::array<int64_t, 3> head_strides(const Tensor& t, int64_t heads, int64_t head
 
 AttentionGeometry attention_geometry(const KernelContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor* mask) {
-  for (size_t i : {4, 5, 6})
-    if (ctx.has_input(i)) ctx.unsupported("Attention with past_key/past_value or nonpad_kv_seqlen (a KV cache)");
   if (q.rank() != k.rank() || q.rank() != v.rank() || (q.rank() != 3 && q.rank() != 4))
     ctx.invalid("Q, K and V must all be 3-D or all be 4-D");
   AttentionGeometry g;
@@ -302,13 +300,17 @@ void row_logits(const AttentionGeometry& g, const T* q, const T* k, int64_t b, i
   for (double& l : row.logits) l = sum > 0 ? l / sum : 0.0;
 }
 
-void refuse_extra_outputs(const KernelContext& ctx) {
+// The forms of Attention this kernel does not run: a KV cache (inputs past_key, past_value, nonpad_kv_seqlen; outputs
+// present_key, present_value) and the qk_matmul_output.
+void refuse_kv_cache(const KernelContext& ctx) {
+  for (size_t i : {4, 5, 6})
+    if (ctx.has_input(i)) ctx.unsupported("Attention with past_key/past_value or nonpad_kv_seqlen (a KV cache)");
   for (size_t i = 1; i < ctx.num_outputs(); ++i)
     if (ctx.wants_output(i)) ctx.unsupported("Attention's present_key, present_value or qk_matmul_output outputs");
 }
 
 void attention_k(KernelContext& ctx) {
-  refuse_extra_outputs(ctx);
+  refuse_kv_cache(ctx);
   const Tensor& q = ctx.input(0);
   const Tensor& k = ctx.input(1);
   const Tensor& v = ctx.input(2);

@@ -71,6 +71,39 @@ TEST(TheImporter, FoldsRangeSoThatLaterShapesBecomeKnown) {
   EXPECT_TRUE(m.unknown_shape_values.empty());
 }
 
+TEST(TheImporter, FoldsTorchsExpandThroughConstantOfShapeSoThatRepeatKvHasStaticShapes) {
+  // Hugging Face's repeat_kv as torch exports it: x[:, :, None].expand(B, Hkv, n_rep, S, D).reshape(B, Hkv·n_rep, S, D),
+  // the expand's shape through Where(Equal(shape, −1), ConstantOfShape(Shape(shape), 1), shape).
+  OnnxBuilder b(18);
+  b.input("x", {"batch", 2, "seq", 4}).output("y");
+  b.int_initializer("zero", {0}).int_initializer("one", {1}).int_initializer("two", {2}).int_initializer("four", {4});
+  b.int_initializer("minus_one", {-1}).int_initializer("axis2", {2});
+  b.node("Shape", {"x"}, {"shape_x"});
+  b.node("Slice", {"shape_x", "zero", "one"}, {"batch_1d"});
+  b.node("Slice", {"shape_x", "two", "four"}, {"seq_head"});
+  OnnxBuilder::set_int(b.node("Concat", {"batch_1d", "two", "two", "seq_head"}, {"target"}), "axis", 0);
+  b.node("Equal", {"target", "minus_one"}, {"is_free"});
+  b.node("Shape", {"target"}, {"target_rank"});
+  auto& ones = b.node("ConstantOfShape", {"target_rank"}, {"ones"}, "ones");
+  auto* fill = ones.add_attribute();
+  fill->set_name("value"), fill->set_type(onnx::AttributeProto::TENSOR);
+  fill->mutable_t()->set_data_type(onnx::TensorProto::INT64), fill->mutable_t()->add_dims(1);
+  fill->mutable_t()->add_int64_data(1);
+  b.node("Where", {"is_free", "ones", "target"}, {"expand_shape"});
+  b.node("Unsqueeze", {"x", "axis2"}, {"x5"});
+  b.node("Expand", {"x5", "expand_shape"}, {"expanded"}, "expand");
+  OnnxBuilder::set_int(b.node("Concat", {"batch_1d", "four", "seq_head"}, {"merged"}), "axis", 0);
+  b.node("Reshape", {"expanded", "merged"}, {"y"});
+  ImportOptions o;
+  o.dims = {{"batch", 3}, {"seq", 5}};
+  auto m = import_model_bytes(b.bytes(), ".", "m", o);
+  EXPECT_EQ(value(m, "ones").known_ints, (std::vector<int64_t>{1, 1, 1, 1, 1}));
+  EXPECT_EQ(value(m, "expand_shape").known_ints, (std::vector<int64_t>{3, 2, 2, 5, 4}));
+  EXPECT_EQ(value(m, "expanded").shape, (std::vector<int64_t>{3, 2, 2, 5, 4}));
+  EXPECT_EQ(value(m, "y").shape, (std::vector<int64_t>{3, 4, 5, 4}));
+  EXPECT_TRUE(m.unknown_shape_values.empty());
+}
+
 TEST(TheImporter, BindsADimEverywhereItAppears) {
   OnnxBuilder b;
   b.input("a", {"batch", 3}).input("b", {"batch", 3}).output("y");
@@ -185,6 +218,9 @@ TEST(TheImporter, ImportsUnknownOpsAsOpaqueTasksWithAWarning) {
   ASSERT_FALSE(m.warnings.empty());
   EXPECT_NE(m.warnings[0].find("com.example::FancyOp"), std::string::npos);
   EXPECT_EQ(m.unknown_shape_values, (std::vector<std::string>{"y"}));
+  // Said up front, naming the node: the training graph apart train and apart run build needs every shape.
+  EXPECT_NE(m.warnings.back().find("apart train and apart run will refuse the model"), std::string::npos) << m.warnings.back();
+  EXPECT_NE(m.warnings.back().find("node 'fancy' (FancyOp)"), std::string::npos) << m.warnings.back();
 }
 
 TEST(TheImporter, MakesValuesReadInsideSubgraphsExplicitInputs) {

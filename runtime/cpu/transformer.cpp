@@ -289,7 +289,7 @@ void row_logits(const AttentionGeometry& g, const T* q, const T* k, int64_t b, i
     row.logits[j] = logit;
     row.slope[j] = slope;
   }
-  // Softmax in place (a row with every key masked gets zero weights, not the reference's NaNs).
+  // Softmax in place (a row with every key masked gets zero weights: ONNX's fully-masked-row case expects zeros).
   double mx = kMasked;
   for (double l : row.logits) mx = std::max(mx, l);
   double sum = 0;

@@ -5,18 +5,23 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
 
 #include "codegen/autodiff.h"
 #include "runtime/executor.h"
+#include "runtime/trainer.h"
 #include "tests/codegen/finite_differences.h"
 #include "tests/support/onnx_builder.h"
+#include "tests/support/temp_dir.h"
 
 namespace apart {
 namespace {
 
 using namespace apart::testing;
+namespace fs = std::filesystem;
 
 constexpr int64_t kBatch = 2, kSeq = 5, kHidden = 16, kQHeads = 4, kKvHeads = 2, kHead = 4, kFfn = 24;
 
@@ -80,14 +85,19 @@ struct BlockWriter {
 
 using Part = std::function<std::string(BlockWriter&, const std::string&)>;
 
+// `data_inputs`: x and target are graph inputs [batch, S, hidden] (what apart train feeds), else initializers.
 onnx::ModelProto llama_block(int64_t opset, const Part& norm1, const Part& norm2,
                              const std::function<std::string(BlockWriter&, const std::string&)>& rope,
                              const std::function<std::string(BlockWriter&, const std::string&, const std::string&,
-                                                             const std::string&)>& attend) {
+                                                             const std::string&)>& attend,
+                             bool data_inputs = false) {
   OnnxBuilder b(opset);
   const Weights w = block_weights();
   for (const auto& [name, t] : w.params) b.initializer(t, name);
-  for (const auto& [name, t] : w.constants) b.initializer(t, name);
+  for (const auto& [name, t] : w.constants) {
+    if (data_inputs && (name == "x" || name == "target")) b.input(name, {"batch", kSeq, kHidden});
+    else b.initializer(t, name);
+  }
   BlockWriter bw{b};
   const std::string h = norm1(bw, "x");
   const std::string q = rope(bw, bw.heads(h, "wq", kQHeads)), k = rope(bw, bw.heads(h, "wk", kKvHeads));
@@ -109,7 +119,7 @@ onnx::ModelProto llama_block(int64_t opset, const Part& norm1, const Part& norm2
   return b.model();
 }
 
-onnx::ModelProto fused_block() {
+onnx::ModelProto fused_block(bool data_inputs = false) {
   auto norm = [](const std::string& scale) {
     return [scale](BlockWriter& bw, const std::string& x) {
       return bw.op("RMSNormalization", {x, scale}, [](onnx::NodeProto& n) {
@@ -123,7 +133,8 @@ onnx::ModelProto fused_block() {
       [](BlockWriter& bw, const std::string& x) { return bw.op("RotaryEmbedding", {x, "cos", "sin"}); },
       [](BlockWriter& bw, const std::string& q, const std::string& k, const std::string& v) {
         return bw.op("Attention", {q, k, v}, [](onnx::NodeProto& n) { OnnxBuilder::set_int(n, "is_causal", 1); });
-      });
+      },
+      data_inputs);
 }
 
 onnx::ModelProto primitive_block() {
@@ -207,6 +218,30 @@ TEST(ALlamaBlock, WithTheOpset23FusedOpsLosesWhatItsPrimitiveOpset18FormLosesSte
   ASSERT_EQ(fused.size(), primitive.size());
   for (size_t i = 0; i < fused.size(); ++i)
     EXPECT_NEAR(fused[i], primitive[i], 1e-5 * std::fabs(primitive[i])) << "step " << i;
+}
+
+TEST(ALlamaBlock, WithTheOpset23FusedOpsTrainsUnderApartTrainsTrainerToAFiniteDecreasingLoss) {
+  // apart train's own path (runtime/trainer.h): import with the batch bound, training graph, AdamW, synthetic data.
+  TempDir dir("llama_block");
+  const fs::path model = dir / "llama_block_23.onnx";
+  {
+    std::ofstream out(model, std::ios::binary);
+    fused_block(true).SerializeToOstream(&out);
+  }
+  TrainOptions o;
+  o.model = model.string();
+  o.batch = kBatch;
+  o.steps = 12;
+  o.optimizer.kind = Optimizer::kAdamW;
+  o.optimizer.lr = 1e-2;
+  o.seed = 3;
+  std::vector<double> losses;
+  for (const StepRecord& step : train(o).steps) losses.push_back(step.loss);
+  ASSERT_EQ(losses.size(), 12u);
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+  // Each step draws a fresh batch, so compare the first four steps' mean with the last four's.
+  const auto mean = [&](size_t from) { return (losses[from] + losses[from + 1] + losses[from + 2] + losses[from + 3]) / 4; };
+  EXPECT_LT(mean(8), mean(0));
 }
 
 TEST(ALlamaBlock, WithTheOpset23FusedOpsMatchesFiniteDifferences) {

@@ -15,6 +15,7 @@
 #include "runtime/trainer.h"
 #include "tests/codegen/finite_differences.h"
 #include "tests/support/onnx_builder.h"
+#include "tests/support/run_apart.h"
 #include "tests/support/temp_dir.h"
 
 namespace apart {
@@ -242,6 +243,23 @@ TEST(ALlamaBlock, WithTheOpset23FusedOpsTrainsUnderApartTrainsTrainerToAFiniteDe
   // Each step draws a fresh batch, so compare the first four steps' mean with the last four's.
   const auto mean = [&](size_t from) { return (losses[from] + losses[from + 1] + losses[from + 2] + losses[from + 3]) / 4; };
   EXPECT_LT(mean(8), mean(0));
+}
+
+TEST(ALlamaBlock, WithTheOpset23FusedOpsTrainsWithTheApartTrainCommand) {
+  TempDir dir("llama_block_cli");
+  const fs::path model = dir / "llama_block_23.onnx";
+  {
+    std::ofstream out(model, std::ios::binary);
+    fused_block(true).SerializeToOstream(&out);
+  }
+  const auto r = testing::run_apart("train " + model.string() + " --batch 2 --steps 12 --optimizer adamw --lr 1e-2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<double> losses;
+  for (size_t at = r.out.find("loss="); at != std::string::npos; at = r.out.find("loss=", at + 5))
+    losses.push_back(std::stod(r.out.substr(at + 5)));
+  ASSERT_GE(losses.size(), 12u) << r.out;
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l)) << r.out;
+  EXPECT_LT((losses[8] + losses[9] + losses[10] + losses[11]) / 4, (losses[0] + losses[1] + losses[2] + losses[3]) / 4) << r.out;
 }
 
 TEST(ALlamaBlock, WithTheOpset23FusedOpsMatchesFiniteDifferences) {

@@ -223,6 +223,7 @@ const std::map<std::string, GradRule, std::less<>>& registered_rules() {
     register_reduce_rules();
     register_shape_rules();
     register_conv_rules();
+    register_transformer_rules();
     register_tensor_parallel_rules();
     return true;
   }();

@@ -17,6 +17,7 @@
 #include "graph/sha256.h"
 #include "graph/text.h"
 #include "graph/units.h"
+#include "importer/fold.h"
 #include "importer/importer.h"
 #include "importer/model_proto.h"
 #include "plan/plan.h"
@@ -341,6 +342,12 @@ PlanCheck check_plan_folder(const fs::path& plan_path, const fs::path& model_arg
   check_stage_files(c, plan, dir);
   check_tp_shards(c, plan, dir);
   check_prediction(c, plan);
+  // apart run builds each stage's training graph, which needs every shape: a value without one is refused there.
+  if (imported && !imported->unknown_shape_values.empty()) {
+    c.pass("runtime", "a valid plan apart run does not execute: " +
+                          unknown_shapes_warning(imported->graph, imported->unknown_shape_values));
+    return c.result;
+  }
   try {
     check_executable(plan);
     c.pass("runtime", "apart run executes this plan (mpirun -np " + std::to_string(plan_devices(plan)) + ")");

@@ -9,6 +9,7 @@
 #include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "graph/text.h"
+#include "importer/fold.h"
 #include "plan/cluster_json.h"
 #include "partition/virtual_stages.h"
 #include "plan/costs_json.h"
@@ -177,6 +178,8 @@ PlanCosts plan_costs(const CompileOptions& options, const PartitionOptions& part
   at_4u1.microbatch_size = 4 * u1;
   costs.at_other_size = estimate_costs(model.graph, cluster.device, at_4u1);
   for (const auto& warning : costs.table.warnings) tell(options, CompileMessage::kWarning, warning);
+  if (!model.unknown_shape_values.empty())  // the plan is made, but train and run will refuse the model: say so now
+    tell(options, CompileMessage::kWarning, unknown_shapes_warning(model.graph, model.unknown_shape_values));
   return costs;
 }
 

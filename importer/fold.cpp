@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include "graph/text.h"
+
 namespace apart {
 
 namespace {
@@ -170,6 +172,44 @@ std::optional<Folded> fold_task(const TaskGraph& g, const Task& t) {
     out.dims = {static_cast<int64_t>(out.ints.size())};
     return out;
   }
+  if (op == "ConstantOfShape") {
+    // An integer fill (the importer keeps the value's one element in the attribute's ints; absent: float 0, not
+    // shape arithmetic) of a folded shape: torch's expand(-1 …) writes Where(Equal(shape, −1), ConstantOfShape(…)).
+    const auto* shape = ints_of(g, t, 0);
+    const Attribute* value = t.attr("value");
+    if (!shape || !value || value->ints.size() != 1) return std::nullopt;
+    Folded out;
+    out.dims = *shape;
+    const auto n = checked_element_count(out.dims);
+    if (!n || *n > static_cast<int64_t>(kMaxFoldElements)) return std::nullopt;
+    out.ints.assign(static_cast<size_t>(*n), value->ints[0]);
+    return out;
+  }
+  if (op == "Expand") {
+    // A known integer tensor broadcast to a folded shape (numpy rules, the output's shape from inference).
+    const auto* data = ints_of(g, t, 0);
+    const auto* data_dims = dims_of(g, t, 0);
+    if (!data || !data_dims || t.outputs.empty() || !t.outputs[0].valid()) return std::nullopt;
+    const Value& out_value = g.value(t.outputs[0]);
+    if (!out_value.shape_known || out_value.shape.size() < data_dims->size()) return std::nullopt;
+    Folded out;
+    out.dims = out_value.shape;
+    const auto n = checked_element_count(out.dims);
+    if (!n || *n > static_cast<int64_t>(kMaxFoldElements)) return std::nullopt;
+    const size_t rank = out.dims.size(), offset = rank - data_dims->size();
+    for (int64_t i = 0; i < *n; ++i) {
+      int64_t rest = i, source = 0, stride = 1;
+      for (size_t a = rank; a-- > offset;) {
+        const int64_t d = out.dims[a], sd = (*data_dims)[a - offset];
+        if (sd != 1 && sd != d) return std::nullopt;
+        source += (sd == 1 ? 0 : rest % d) * stride;
+        stride *= sd;
+        rest /= d;
+      }
+      out.ints.push_back((*data)[static_cast<size_t>(source)]);
+    }
+    return out;
+  }
   using R = std::optional<int64_t>;
   if (op == "Add") return binary(g, t, [](int64_t a, int64_t b) -> R { int64_t r; return __builtin_add_overflow(a, b, &r) ? R{} : r; });
   if (op == "Sub") return binary(g, t, [](int64_t a, int64_t b) -> R { int64_t r; return __builtin_sub_overflow(a, b, &r) ? R{} : r; });
@@ -223,6 +263,21 @@ size_t fold_shape_arithmetic(TaskGraph& g) {
     ++folded;
   }
   return folded;
+}
+
+std::string unknown_shapes_warning(const TaskGraph& graph, const std::vector<std::string>& unknown) {
+  if (unknown.empty()) return "";
+  std::string list;
+  for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + quote(unknown[i]);
+  if (unknown.size() > 8) list += ", … (" + std::to_string(unknown.size() - 8) + " more)";
+  // Training graphs are built for static shapes: say so when the model is read, naming the node, not at autodiff time.
+  const auto first = graph.find_value(unknown.front());
+  const Task* producer = first && graph.value(*first).producer.valid() ? &graph.task(graph.value(*first).producer) : nullptr;
+  return std::to_string(unknown.size()) + " value(s) have shapes that cannot be known statically: " + list +
+         "; apart train and apart run will refuse the model (autodiff needs every shape)" +
+         (producer ? ", first at node " + quote(producer->name) + " (" + producer->op_type + ")" : std::string()) +
+         " — bind the model's symbolic dims with --dim/--batch; if they are bound, that node's shape depends on data "
+         "or on an op apart does not fold";
 }
 
 }  // namespace apart

@@ -872,6 +872,16 @@ class Importer {
           }
         }
       }
+      // ConstantOfShape's integer fill value, kept on the task (Attribute::ints) for folding (fold.cpp).
+      if (t.op_type == "ConstantOfShape" && t.domain.empty()) {
+        for (const auto& a : node.attribute()) {
+          if (a.name() != "value" || !a.has_t()) continue;
+          const TensorInfo info = check_tensor(a.t(), "the value of ConstantOfShape node " + quote(t.name));
+          if (auto v = tensor_ints(a.t(), info.elements); v && v->size() == 1)
+            for (Attribute& attr : t.attributes)
+              if (attr.name == "value") attr.ints = *v;
+        }
+      }
       graph().add_task(std::move(t));
     }
     if (!opaque_ops.empty()) {
@@ -1009,11 +1019,7 @@ class Importer {
     for (const Value& v : graph().values())
       if (!v.shape_known && v.producer.valid()) unknown.push_back(v.name);
     result_.unknown_shape_values = unknown;
-    if (unknown.empty()) return;
-    std::string list;
-    for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + quote(unknown[i]);
-    if (unknown.size() > 8) list += ", … (" + std::to_string(unknown.size() - 8) + " more)";
-    result_.warnings.push_back(std::to_string(unknown.size()) + " value(s) have shapes that cannot be known statically: " + list);
+    if (!unknown.empty()) result_.warnings.push_back(unknown_shapes_warning(graph(), unknown));
   }
 
   onnx::ModelProto& model_;

@@ -84,6 +84,15 @@ BackwardWork matmul_backward(const TaskView& v, const OpWork& fw) {
     v.save_output(0, b);
     return b;
   }
+  if (op == "Attention") {
+    // Flash attention's backward: recomputes Q·Kᵀ, then dV, dP, dQ, dK: five products of the forward's two, 2.5×.
+    // Keeps Q, K, V and the mask (the weights are recomputed, so nothing S × L is saved).
+    b.flops = 2.5 * fw.flops;
+    b.bytes = 2 * (fw.bytes_read + fw.bytes_written);
+    b.kernels = 1;
+    for (size_t i = 0; i < std::min<size_t>(4, v.task.inputs.size()); ++i) v.save_input(i, b);
+    return b;
+  }
   if (op == "Einsum") {
     // One contraction of the same size per operand needing a gradient; each keeps the others.
     int n = 0;

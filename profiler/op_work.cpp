@@ -29,6 +29,7 @@ const std::unordered_map<std::string, double>& elementwise_flops() {
           "BitwiseNot", "Dropout", "Bernoulli", "RandomNormalLike", "RandomUniformLike", "RandomNormal",
           "RandomUniform", "Max", "Min", "Sum", "Mean", "DequantizeLinear", "QuantizeLinear"})
       m.emplace(op, 1.0);
+    m["RotaryEmbedding"] = 3;  // per output element: two products and a sum (the dims past rotary_embedding_dim copied)
     m["Cast"] = 0;  // conversion only: bytes, no arithmetic
     m["CastLike"] = 0;
     m["DequantizeLinear"] = 2;  // (x - zero_point) * scale
@@ -41,7 +42,8 @@ const std::unordered_map<std::string, double>& elementwise_flops() {
 const std::unordered_map<std::string, OpClass>& class_table() {
   static const std::unordered_map<std::string, OpClass> table = [] {
     std::unordered_map<std::string, OpClass> m;
-    for (const char* op : {"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN", "FusedMatMul"})
+    for (const char* op : {"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN", "FusedMatMul",
+                           "Attention"})
       m[op] = OpClass::kMatMul;
     for (const auto& [op, f] : elementwise_flops()) m[op] = OpClass::kElementwise;
     for (const char* op : {"BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization",
@@ -202,6 +204,35 @@ double conv_transpose_flops(const Operands& o, OpWork& w) {
   return flops;
 }
 
+// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv), halved when causal (the kernel
+// skips the masked half); softmax, scale and mask are in the noise. Its bytes are Q, K, V, the mask and Y: no
+// S × L tensor is ever written (the default byte count of its operands is exactly that).
+double attention_flops(const Operands& o, OpWork& w) {
+  const Value* q = o.in(0);
+  const Value* k = o.in(1);
+  const Value* v = o.in(2);
+  if (!Operands::shaped(q) || !Operands::shaped(k) || !Operands::shaped(v) || q->shape.size() != k->shape.size() ||
+      (q->shape.size() != 3 && q->shape.size() != 4)) {
+    w.known = false;
+    return 0;
+  }
+  // 4-D: [B, H, S, D]; 3-D: [B, S, H·D] with q_num_heads: either way B·S·Hq·D = the elements of Q.
+  const double batch = static_cast<double>(q->shape[0]);
+  const double q_seq = static_cast<double>(q->shape.size() == 4 ? q->shape[2] : q->shape[1]);
+  const double kv_seq = static_cast<double>(k->shape.size() == 4 ? k->shape[2] : k->shape[1]);
+  double q_width = static_cast<double>(q->shape.back()), v_width = static_cast<double>(v->shape.back());
+  if (q->shape.size() == 4) {
+    q_width *= static_cast<double>(q->shape[1]);
+    v_width *= static_cast<double>(q->shape[1]);  // every query head reads a V head of Dv
+  } else {
+    const double kv_heads = static_cast<double>(std::max<int64_t>(1, o.task.attr_int("kv_num_heads", 1)));
+    const double q_heads = static_cast<double>(std::max<int64_t>(1, o.task.attr_int("q_num_heads", 1)));
+    v_width = v_width / kv_heads * q_heads;
+  }
+  const double flops = 2.0 * batch * q_seq * kv_seq * (q_width + v_width);
+  return o.task.attr_int("is_causal", 0) != 0 ? flops / 2 : flops;
+}
+
 // Recurrent layers: per step and direction, gates · (input + hidden) multiply-adds plus gate math.
 double recurrent_flops(const Operands& o, OpWork& w, double gates) {
   const Value* x = o.in(0);
@@ -315,6 +346,7 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       else if (op == "Conv") w.flops = conv_flops(o, w);
       else if (op == "ConvTranspose") w.flops = conv_transpose_flops(o, w);
       else if (op == "Einsum") w.flops = einsum_flops(o, w);
+      else if (op == "Attention") w.flops = attention_flops(o, w);
       else if (op == "LSTM") w.flops = recurrent_flops(o, w, 4);
       else if (op == "GRU") w.flops = recurrent_flops(o, w, 3);
       else if (op == "RNN") w.flops = recurrent_flops(o, w, 1);

@@ -43,6 +43,7 @@ void register_cpu_kernels() {
   cpu::register_conv_kernels();
   cpu::register_loss_kernels();
   cpu::register_grad_kernels();
+  cpu::register_transformer_kernels();
   cpu::register_tensor_parallel_kernels();
 }
 

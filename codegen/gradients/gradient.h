@@ -122,6 +122,7 @@ void register_linalg_rules();       // linalg.cpp: MatMul, Gemm
 void register_reduce_rules();       // reduce.cpp: reductions, Softmax, LogSoftmax, LayerNorm, losses
 void register_shape_rules();        // shape.cpp: Reshape…Gather, Concat, Split, Slice, Pad, Resize, Expand, Trilu, ScatterND
 void register_conv_rules();         // conv.cpp: Conv, pools, BatchNormalization
+void register_transformer_rules();  // transformer.cpp: Gelu, RMSNormalization, RotaryEmbedding, Attention
 // tensor_parallel.cpp: ai.apart.TpCopy, TpAllReduce, TpAllGather, TpReduceScatter and TpScatter, keyed "ai.apart.<op>"
 // (the only other-domain rules)
 void register_tensor_parallel_rules();

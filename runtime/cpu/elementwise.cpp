@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <type_traits>
 
 #include "runtime/cpu/broadcast.h"
@@ -55,6 +56,20 @@ void exp_k(KernelContext& c) { unary_float(c, [](auto v) { return std::exp(v); }
 void log_k(KernelContext& c) { unary_float(c, [](auto v) { return std::log(v); }); }
 void erf_k(KernelContext& c) { unary_float(c, [](auto v) { return std::erf(v); }); }
 void tanh_k(KernelContext& c) { unary_float(c, [](auto v) { return std::tanh(v); }); }
+// Gelu-20: x·Φ(x) (approximate "none"), or its tanh form 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+void gelu_k(KernelContext& c) {
+  const std::string approximate = c.attr_string("approximate", "none");
+  if (approximate == "tanh") {
+    unary_float(c, [](auto v) {
+      const double x = v;
+      return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+    });
+  } else if (approximate == "none") {
+    unary_float(c, [](auto v) { return 0.5 * v * (1 + std::erf(v / std::numbers::sqrt2)); });
+  } else {
+    c.invalid("approximate '" + approximate + "' (expected none or tanh)");
+  }
+}
 void sigmoid_k(KernelContext& c) {
   unary_float(c, [](auto v) { return decltype(v)(1) / (decltype(v)(1) + std::exp(-v)); });
 }
@@ -358,6 +373,7 @@ void register_elementwise_kernels() {
   register_kernel("Log", log_k);
   register_kernel("Erf", erf_k);
   register_kernel("Tanh", tanh_k);
+  register_kernel("Gelu", gelu_k);
   register_kernel("Sigmoid", sigmoid_k);
   register_kernel("Reciprocal", reciprocal_k);
   register_kernel("Floor", floor_k);

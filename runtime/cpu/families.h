@@ -2,7 +2,7 @@
 #pragma once
 
 namespace apart::cpu {
-void register_elementwise_kernels();  // elementwise.cpp: unary, binary (broadcasting), Where, Clip, Cast, logic
+void register_elementwise_kernels();  // elementwise.cpp: unary (Gelu too), binary (broadcasting), Where, Clip, Cast, logic
 void register_matmul_kernels();       // matmul.cpp: MatMul, Gemm over cblas
 void register_reduce_kernels();       // reduce.cpp: Reduce*, ArgMax/ArgMin, Softmax, LogSoftmax, LayerNormalization
 void register_shape_kernels();        // shape.cpp: Reshape, Transpose, Concat, Split, Slice, Pad, Gather, Expand, …
@@ -10,5 +10,6 @@ void register_resize_kernels();       // resize.cpp: Resize, Upsample, ai.apart.
 void register_conv_kernels();         // conv.cpp: Conv, pools, BatchNormalization
 void register_loss_kernels();         // loss.cpp: SoftmaxCrossEntropyLoss
 void register_grad_kernels();        // grad.cpp: ScatterND, ai.apart.ConvGrad/MaxPoolGrad/AveragePoolGrad
+void register_transformer_kernels();  // transformer.cpp: RMSNormalization, RotaryEmbedding, Attention, their ai.apart grads
 void register_tensor_parallel_kernels();  // tensor_parallel.cpp: ai.apart.Tp* collectives over the TP group
 }  // namespace apart::cpu

@@ -426,6 +426,54 @@ TEST_F(AGradientRule, OfHardSigmoidHardSwishAndClipPassesTheGradientWhereTheyAre
   check_op({"Clip", {{"x", r({3, 4})}}, {{"hi", hi}}, {"x", "", "hi"}, {{3, 4}}});
 }
 
+std::function<void(onnx::NodeProto&)> attrs_of(std::vector<std::pair<std::string, int64_t>> ints_,
+                                                std::vector<std::pair<std::string, float>> floats_ = {}) {
+  return [ints_, floats_](onnx::NodeProto& n) {
+    for (const auto& [name, v] : ints_) OnnxBuilder::set_int(n, name, v);
+    for (const auto& [name, v] : floats_) {
+      auto* a = n.add_attribute();
+      a->set_name(name), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(v);
+    }
+  };
+}
+
+TEST_F(AGradientRule, OfGeluInBothApproximationsMatchesCentralDifferences) {
+  check_op({"Gelu", {{"x", r({3, 5}, -3, 3)}}, {}, {"x"}, {{3, 5}}, nullptr, DType::kFloat64, kDouble, 20});
+  check_op({"Gelu", {{"x", r({3, 5}, -3, 3)}}, {}, {"x"}, {{3, 5}}, string_attrs({{"approximate", "tanh"}}),
+            DType::kFloat64, kDouble, 20});
+}
+
+TEST_F(AGradientRule, OfRmsNormalizationReachesTheInputAndTheScale) {
+  check_op({"RMSNormalization", {{"x", r({2, 3, 4})}, {"s", r({4})}}, {}, {"x", "s"}, {{2, 3, 4}}, nullptr,
+            DType::kFloat64, kDouble, 23});
+  check_op({"RMSNormalization", {{"x", r({2, 3, 4})}, {"s", r({3, 4})}}, {}, {"x", "s"}, {{2, 3, 4}},
+            attrs_of({{"axis", 1}}, {{"epsilon", 1e-3f}}), DType::kFloat64, kDouble, 23});
+}
+
+TEST_F(AGradientRule, OfRotaryEmbeddingReachesTheInputAndBothCachesInEveryLayout) {
+  // 4-D [B, H, S, D] with [B, S, D/2] caches; 3-D with num_heads, interleaved, partial rotation, position_ids.
+  check_op({"RotaryEmbedding", {{"x", r({2, 2, 3, 4})}, {"c", r({2, 3, 2})}, {"s", r({2, 3, 2})}}, {}, {"x", "c", "s"},
+            {{2, 2, 3, 4}}, nullptr, DType::kFloat64, kDouble, 23});
+  check_op({"RotaryEmbedding", {{"x", r({2, 3, 12})}, {"c", r({5, 2})}, {"s", r({5, 2})}},
+            {{"pos", ints({2, 3}, {0, 1, 2, 4, 4, 1})}}, {"x", "c", "s", "pos"}, {{2, 3, 12}},
+            attrs_of({{"num_heads", 2}, {"interleaved", 1}, {"rotary_embedding_dim", 4}}), DType::kFloat64, kDouble, 23});
+}
+
+TEST_F(AGradientRule, OfAttentionReachesQueriesKeysAndValuesWithGqaCausalMasksAndSoftcap) {
+  // GQA (4 query heads on 2 KV heads), causal; then an additive float mask with softcap and a scale; then 3-D
+  // inputs with a boolean mask shorter than the keys.
+  check_op({"Attention", {{"q", r({2, 4, 3, 4})}, {"k", r({2, 2, 3, 4})}, {"v", r({2, 2, 3, 5})}}, {}, {"q", "k", "v"},
+            {{2, 4, 3, 5}}, attrs_of({{"is_causal", 1}}), DType::kFloat64, kDouble, 23});
+  check_op({"Attention", {{"q", r({1, 2, 3, 4}, -2, 2)}, {"k", r({1, 2, 5, 4}, -2, 2)}, {"v", r({1, 2, 5, 4})}},
+            {{"m", r({3, 5})}}, {"q", "k", "v", "m"}, {{1, 2, 3, 4}}, attrs_of({}, {{"softcap", 2.f}, {"scale", 0.7f}}),
+            DType::kFloat64, kDouble, 23});
+  Tensor mask(DType::kBool, {1, 3, 4});
+  for (int64_t i = 0; i < mask.elements(); ++i) mask.data<bool>()[i] = i % 3 != 1;
+  check_op({"Attention", {{"q", r({2, 3, 8})}, {"k", r({2, 5, 4})}, {"v", r({2, 5, 6})}}, {{"m", mask}},
+            {"q", "k", "v", "m"}, {{2, 3, 12}}, attrs_of({{"q_num_heads", 4}, {"kv_num_heads", 2}}), DType::kFloat64,
+            kDouble, 23});
+}
+
 TEST(ATrainingGraph, TreatsArgMaxAndArgMinAsIndicesWithoutAGradient) {
   // loss = Σ Gather(w, ArgMax(w, axis 0)) · R + Σ Gather(w, ArgMin(w, axis 0)) · R: w gets its gradient through
   // the Gathers only.

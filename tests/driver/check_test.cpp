@@ -10,6 +10,7 @@
 
 #include "driver/check.h"
 #include "plan/plan.h"
+#include "tests/support/onnx_builder.h"
 #include "tests/support/run_apart.h"
 #include "tests/support/temp_dir.h"
 
@@ -115,6 +116,31 @@ TEST(ApartCheck, FailsTheStageFileCheckForAMissingOrForeignStageFile) {
   check = check_plan_folder(dir);
   EXPECT_NE(finding(check, "stage files").detail.find("1 missing: 'stage_1.onnx'"), std::string::npos)
       << finding(check, "stage files").detail;
+}
+
+// A value whose shape depends on data (Reshape to the shape of NonZero's output) plans, but apart train and apart run
+// refuse the model: partition warns and check's runtime finding says so, both naming the node, before any run.
+TEST(ApartCheck, SaysUpFrontThatRunRefusesAModelWithAValueWithoutAStaticShapeNamingItsNode) {
+  testing::OnnxBuilder b;
+  b.input("x", {"batch", 4}).output("loss");
+  b.weight("w", {4, 4});
+  b.node("MatMul", {"x", "w"}, {"h"}, "mm");
+  b.node("NonZero", {"h"}, {"nz"}, "nonzero");
+  b.node("Shape", {"nz"}, {"s"}, "shape");
+  b.node("Reshape", {"h", "s"}, {"r"}, "reshape_by_data");
+  testing::OnnxBuilder::set_int(b.node("ReduceSum", {"r"}, {"loss"}, "sum"), "keepdims", 0);
+  const fs::path dir = plan_dir("unknown_shape"), model = plan_dir("unknown_shape_model.onnx");
+  b.save(model);
+  const auto r = testing::run_apart("partition " + model.string() + " --device cpu --devices 1 --batch 4 --no-baselines -o " +
+                                    dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("apart train and apart run will refuse the model"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first at node 'nonzero' (NonZero)"), std::string::npos) << r.out;
+  const PlanCheck check = check_plan_folder(dir, model);
+  const std::string& runtime = finding(check, "runtime").detail;
+  EXPECT_NE(runtime.find("apart train and apart run will refuse the model"), std::string::npos) << runtime;
+  EXPECT_NE(runtime.find("first at node 'nonzero' (NonZero)"), std::string::npos) << runtime;
+  EXPECT_EQ(runtime.find("apart run executes this plan"), std::string::npos) << runtime;
 }
 
 // An interleaved plan: its chunks' files are checked beside the stages'; one written before plan.json listed its

@@ -71,6 +71,84 @@ TEST(TheImporter, FoldsRangeSoThatLaterShapesBecomeKnown) {
   EXPECT_TRUE(m.unknown_shape_values.empty());
 }
 
+TEST(TheImporter, FoldsTorchsExpandThroughConstantOfShapeSoThatRepeatKvHasStaticShapes) {
+  // Hugging Face's repeat_kv as torch exports it: x[:, :, None].expand(B, Hkv, n_rep, S, D).reshape(B, Hkv·n_rep, S, D),
+  // the expand's shape through Where(Equal(shape, −1), ConstantOfShape(Shape(shape), 1), shape).
+  OnnxBuilder b(18);
+  b.input("x", {"batch", 2, "seq", 4}).output("y");
+  b.int_initializer("zero", {0}).int_initializer("one", {1}).int_initializer("two", {2}).int_initializer("four", {4});
+  b.int_initializer("minus_one", {-1}).int_initializer("axis2", {2});
+  b.node("Shape", {"x"}, {"shape_x"});
+  b.node("Slice", {"shape_x", "zero", "one"}, {"batch_1d"});
+  b.node("Slice", {"shape_x", "two", "four"}, {"seq_head"});
+  OnnxBuilder::set_int(b.node("Concat", {"batch_1d", "two", "two", "seq_head"}, {"target"}), "axis", 0);
+  b.node("Equal", {"target", "minus_one"}, {"is_free"});
+  b.node("Shape", {"target"}, {"target_rank"});
+  auto& ones = b.node("ConstantOfShape", {"target_rank"}, {"ones"}, "ones");
+  auto* fill = ones.add_attribute();
+  fill->set_name("value"), fill->set_type(onnx::AttributeProto::TENSOR);
+  fill->mutable_t()->set_data_type(onnx::TensorProto::INT64), fill->mutable_t()->add_dims(1);
+  fill->mutable_t()->add_int64_data(1);
+  b.node("Where", {"is_free", "ones", "target"}, {"expand_shape"});
+  b.node("Unsqueeze", {"x", "axis2"}, {"x5"});
+  b.node("Expand", {"x5", "expand_shape"}, {"expanded"}, "expand");
+  OnnxBuilder::set_int(b.node("Concat", {"batch_1d", "four", "seq_head"}, {"merged"}), "axis", 0);
+  b.node("Reshape", {"expanded", "merged"}, {"y"});
+  ImportOptions o;
+  o.dims = {{"batch", 3}, {"seq", 5}};
+  auto m = import_model_bytes(b.bytes(), ".", "m", o);
+  EXPECT_EQ(value(m, "ones").known_ints, (std::vector<int64_t>{1, 1, 1, 1, 1}));
+  EXPECT_EQ(value(m, "expand_shape").known_ints, (std::vector<int64_t>{3, 2, 2, 5, 4}));
+  EXPECT_EQ(value(m, "expanded").shape, (std::vector<int64_t>{3, 2, 2, 5, 4}));
+  EXPECT_EQ(value(m, "y").shape, (std::vector<int64_t>{3, 4, 5, 4}));
+  EXPECT_TRUE(m.unknown_shape_values.empty());
+}
+
+TEST(TheImporter, GivesACausalMaskBuiltFromShapesStaticShapes) {
+  // A causal mask as torch exports Hugging Face's: torch.full((S, S), min) through ConstantOfShape of a folded shape,
+  // Trilu above the diagonal, the same from arange(S) > arange(S)[:, None] (Range, Unsqueeze, Greater, Where), summed
+  // and expanded to [B, 1, S, S] by a folded Concat of Shape(x), then added to scores [B, H, S, S].
+  OnnxBuilder b(18);
+  b.input("x", {"batch", 2, "seq", "seq"}).output("y");
+  b.int_initializer("zero", {0}).int_initializer("one", {1}).int_initializer("three", {3});
+  b.int_initializer("axis0", {0}).int_initializer("axis1", {1});
+  b.int_initializer("start", {0}).int_initializer("step", {1});
+  for (int i : {5, 6}) b.graph().mutable_initializer(i)->clear_dims();  // scalar Range bounds
+  for (const auto& [name, v] : {std::pair{"lowest", -1e9f}, std::pair{"nothing", 0.f}}) {  // float scalars
+    auto* t = b.graph().add_initializer();
+    t->set_name(name), t->set_data_type(onnx::TensorProto::FLOAT), t->add_float_data(v);
+  }
+  b.node("Shape", {"x"}, {"shape_x"});
+  b.node("Slice", {"shape_x", "zero", "one"}, {"batch_1d"});
+  b.node("Slice", {"shape_x", "three", "seq_end"}, {"seq_1d"});
+  b.int_initializer("seq_end", {4});
+  OnnxBuilder::set_int(b.node("Concat", {"seq_1d", "seq_1d"}, {"square"}), "axis", 0);
+  auto& full = b.node("ConstantOfShape", {"square"}, {"full"});
+  auto* fill = full.add_attribute();
+  fill->set_name("value"), fill->set_type(onnx::AttributeProto::TENSOR);
+  fill->mutable_t()->set_data_type(onnx::TensorProto::FLOAT), fill->mutable_t()->add_dims(1);
+  fill->mutable_t()->add_float_data(-1e9f);
+  b.node("Trilu", {"full", "one"}, {"above"});  // upper, diagonal 1
+  b.node("Squeeze", {"seq_1d", "axis0"}, {"seq_len"});
+  b.node("Range", {"start", "seq_len", "step"}, {"positions"});
+  b.node("Unsqueeze", {"positions", "axis0"}, {"row"});
+  b.node("Unsqueeze", {"positions", "axis1"}, {"column"});
+  b.node("Greater", {"row", "column"}, {"future"});
+  b.node("Where", {"future", "lowest", "nothing"}, {"masked"});
+  b.node("Add", {"above", "masked"}, {"mask"});
+  OnnxBuilder::set_int(b.node("Concat", {"batch_1d", "one", "seq_1d", "seq_1d"}, {"mask_shape"}), "axis", 0);
+  b.node("Expand", {"mask", "mask_shape"}, {"mask4"}, "expand_mask");
+  b.node("Add", {"x", "mask4"}, {"y"});
+  ImportOptions o;
+  o.dims = {{"batch", 3}, {"seq", 6}};
+  auto m = import_model_bytes(b.bytes(), ".", "m", o);
+  EXPECT_EQ(value(m, "full").shape, (std::vector<int64_t>{6, 6}));
+  EXPECT_EQ(value(m, "positions").known_ints, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(value(m, "mask4").shape, (std::vector<int64_t>{3, 1, 6, 6}));
+  EXPECT_EQ(value(m, "y").shape, (std::vector<int64_t>{3, 2, 6, 6}));
+  EXPECT_TRUE(m.unknown_shape_values.empty()) << m.unknown_shape_values.front();
+}
+
 TEST(TheImporter, BindsADimEverywhereItAppears) {
   OnnxBuilder b;
   b.input("a", {"batch", 3}).input("b", {"batch", 3}).output("y");
@@ -185,6 +263,9 @@ TEST(TheImporter, ImportsUnknownOpsAsOpaqueTasksWithAWarning) {
   ASSERT_FALSE(m.warnings.empty());
   EXPECT_NE(m.warnings[0].find("com.example::FancyOp"), std::string::npos);
   EXPECT_EQ(m.unknown_shape_values, (std::vector<std::string>{"y"}));
+  // Said up front, naming the node: the training graph apart train and apart run build needs every shape.
+  EXPECT_NE(m.warnings.back().find("apart train and apart run will refuse the model"), std::string::npos) << m.warnings.back();
+  EXPECT_NE(m.warnings.back().find("node 'fancy' (FancyOp)"), std::string::npos) << m.warnings.back();
 }
 
 TEST(TheImporter, MakesValuesReadInsideSubgraphsExplicitInputs) {

@@ -28,6 +28,38 @@ TEST(ForwardWork, CountsBatchedMatMulWithBroadcastingAsTwoFlopsPerMultiplyAdd) {
   EXPECT_DOUBLE_EQ(work.bytes_written, 4.0 * (2 * 3 * 4 * 5));
 }
 
+TEST(ForwardWork, CountsAttentionAsOneFusedKernelWithoutTheScoresInItsBytes) {
+  // GQA, 4-D: Q [2, 8, 16, 32], K/V [2, 2, 16, 32]: 2·B·Hq·S·L·(D + Dv) = 4·B·H·S²·D; causal halves it.
+  GraphBuilder b;
+  auto q = b.input("q", {2, 8, 16, 32});
+  auto k = b.input("k", {2, 2, 16, 32});
+  auto v = b.input("v", {2, 2, 16, 32});
+  auto y = b.value("y", {2, 8, 16, 32}), yc = b.value("yc", {2, 8, 16, 32});
+  auto full = b.task("Attention", {q, k, v}, {y});
+  auto causal = b.task("Attention", {q, k, v}, {yc}, {int_attr("is_causal", 1)});
+  auto& g = b.finish();
+  const OpWork w = forward_work(g, full);
+  EXPECT_TRUE(w.known);
+  EXPECT_DOUBLE_EQ(w.flops, 4.0 * 2 * 8 * 16 * 16 * 32);
+  EXPECT_DOUBLE_EQ(forward_work(g, causal).flops, w.flops / 2);
+  // Q, K, V read and Y written once: nothing of size S × L.
+  EXPECT_DOUBLE_EQ(w.bytes_read, 4.0 * (2 * 8 * 16 * 32 + 2 * 2 * 2 * 16 * 32));
+  EXPECT_DOUBLE_EQ(w.bytes_written, 4.0 * 2 * 8 * 16 * 32);
+  EXPECT_EQ(op_class(g.task(full)), OpClass::kMatMul);
+}
+
+TEST(ForwardWork, CountsThreeDimensionalAttentionFromItsHeadAttributes) {
+  // [B, S, H·D] with 4 query heads on 2 KV heads, V head 16: 2·B·S·L·Hq·(D + Dv).
+  GraphBuilder b;
+  auto q = b.input("q", {2, 10, 4 * 8});
+  auto k = b.input("k", {2, 12, 2 * 8});
+  auto v = b.input("v", {2, 12, 2 * 16});
+  auto y = b.value("y", {2, 10, 4 * 16});
+  auto t = b.task("Attention", {q, k, v}, {y}, {int_attr("q_num_heads", 4), int_attr("kv_num_heads", 2)});
+  auto& g = b.finish();
+  EXPECT_DOUBLE_EQ(forward_work(g, t).flops, 2.0 * 2 * 10 * 12 * 4 * (8 + 16));
+}
+
 TEST(ForwardWork, PromotesRankOneMatMulOperands) {
   GraphBuilder b;
   auto a = b.input("a", {8});

@@ -248,8 +248,7 @@ void check_loss_and_weights(Checker& c, const ImportedModel& model) {
     c.pass("loss", quote(choose_loss(outputs, "", "the model")) + ", the scalar apart run minimises");
   } catch (const InvalidArgument& e) {
     c.fail("loss", std::string("apart run will refuse this plan: ") + e.what() +
-                       "; for a logits-only export, plan it again with --loss cross_entropy --labels NAME "
-                       "(cross_entropy_shifted for a causal LM's next-token loss), which appends one");
+                       " (apart partition --loss: the plan records it, and run appends it too)");
   }
   if (model.missing_external_files.empty()) {
     c.pass("weights", model.external_data_files.empty() ? "inline in the model"

@@ -40,15 +40,17 @@ int declared_rank(const onnx::ValueInfoProto& v) {
 // The graph output the loss reads: "logits" when the model outputs one, else the only float output of rank ≥ 2.
 int logits_output(const onnx::GraphProto& g, const std::string& flag) {
   std::vector<int> candidates;
+  int named = -1;
   for (int i = 0; i < g.output_size(); ++i) {
     const onnx::ValueInfoProto& out = g.output(i);
     if (!is_float_type(out.type().tensor_type().elem_type())) continue;
     if (declared_rank(out) == 0)
       throw InvalidArgument(flag + ": the model already outputs the scalar " + quote(out.name()) +
                             ", a loss; train on it as it is (leave --loss out, or name it: --loss " + out.name() + ")");
-    if (out.name() == "logits") return i;
+    if (out.name() == "logits") named = i;
     if (declared_rank(out) >= 2 || declared_rank(out) < 0) candidates.push_back(i);
   }
+  if (named >= 0) return named;
   if (candidates.size() == 1) return candidates.front();
   std::string names;
   for (int i : candidates) names += (names.empty() ? "" : ", ") + quote(g.output(i).name());

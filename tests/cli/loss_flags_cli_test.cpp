@@ -38,23 +38,25 @@ TEST(TheLossFlags, AppendALossThatTrainAndPartitionAccept) {
     EXPECT_NE(run(std::string(command) + " --help").out.find("--labels"), std::string::npos) << command;
 }
 
+// An InvalidArgument (exit 2) whose message holds `text`.
+void expect_refused(const CommandRun& r, const std::string& text) {
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(text), std::string::npos) << r.out;
+}
+
 TEST(TheLossFlags, RefuseWhatTheyCannotAppendNamingTheFlag) {
   TempDir dir;
   const std::string model = logits_only(dir);
-  const CommandRun not_a_form = run("partition " + model + " --loss mse --device cpu --batch 4 -o " + (dir / "p").string());
-  EXPECT_EQ(not_a_form.code, 2) << not_a_form.out;
-  EXPECT_NE(not_a_form.out.find("--loss: 'mse' is not a loss apart appends"), std::string::npos) << not_a_form.out;
+  expect_refused(run("partition " + model + " --loss mse --device cpu --batch 4 -o " + (dir / "p").string()),
+                 "--loss: 'mse' is not a loss apart appends");
   EXPECT_FALSE(fs::exists(dir / "p"));
-  const CommandRun labels_alone = run("train " + model + " --labels y --steps 1 --batch 2");
-  EXPECT_EQ(labels_alone.code, 2) << labels_alone.out;
-  EXPECT_NE(labels_alone.out.find("--loss cross_entropy --labels y"), std::string::npos) << labels_alone.out;
-  const CommandRun clash = run("train " + model + " --loss cross_entropy --labels input_ids --steps 1 --batch 2");
-  EXPECT_EQ(clash.code, 2) << clash.out;
-  EXPECT_NE(clash.out.find("--labels input_ids"), std::string::npos) << clash.out;
-  ASSERT_EQ(run("zoo gpt-tiny -q -o " + (dir / "with_loss.onnx").string()).code, 0);
-  const CommandRun twice = run("train " + (dir / "with_loss.onnx").string() + " --loss cross_entropy --steps 1 --batch 2");
-  EXPECT_EQ(twice.code, 2) << twice.out;
-  EXPECT_NE(twice.out.find("already outputs the scalar 'loss'"), std::string::npos) << twice.out;
+  expect_refused(run("train " + model + " --labels y --steps 1 --batch 2"), "--loss cross_entropy --labels y");
+  expect_refused(run("train " + model + " --loss cross_entropy --labels input_ids --steps 1 --batch 2"),
+                 "--labels input_ids");
+  const std::string with_loss = (dir / "with_loss.onnx").string();
+  ASSERT_EQ(run("zoo gpt-tiny -q -o " + with_loss).code, 0);
+  expect_refused(run("train " + with_loss + " --loss cross_entropy --steps 1 --batch 2"),
+                 "already outputs the scalar 'loss'");
 }
 
 }  // namespace

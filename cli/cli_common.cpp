@@ -62,6 +62,36 @@ ImportOptions import_options(const ModelFlags& flags) {
   return o;
 }
 
+void add_loss_flags(CLI::App& cmd, LossFlags& flags, LossFlagUse use) {
+  const std::string forms = "cross_entropy (F.cross_entropy(logits.view(-1, V), labels.view(-1))) or "
+                            "cross_entropy_shifted (the next-token form of causal LMs: logits[:, :-1] against "
+                            "labels[:, 1:]) appends that loss to a logits-only model (docs/cli.md)";
+  cmd.add_option("--loss", flags.loss,
+                 use == LossFlagUse::kFormOnly
+                     ? forms
+                     : forms + "; any other name is the graph output to minimise, a scalar float (default: the "
+                               "model's only scalar float output)");
+  flags.labels_option = cmd.add_option("--labels", flags.labels,
+                                       "The int64 labels input --loss cross_entropy adds to the model")
+                            ->capture_default_str();
+}
+
+std::string apply_loss_flags(const LossFlags& flags, LossFlagUse use, AddedLoss& loss) {
+  const auto form = parse_added_loss_form(flags.loss);
+  if (form) {
+    loss = AddedLoss{*form, flags.labels};
+    if (loss.labels.empty()) throw InvalidArgument("--labels: name the labels input (e.g. --labels labels)");
+    return "";
+  }
+  if (flags.labels_option && flags.labels_option->count() > 0)
+    throw InvalidArgument("--labels names the labels input of the loss apart appends; give the loss too: --loss "
+                          "cross_entropy --labels " + flags.labels);
+  if (use == LossFlagUse::kFormOnly && !flags.loss.empty())
+    throw InvalidArgument("--loss: '" + flags.loss + "' is not a loss apart appends (cross_entropy, "
+                          "cross_entropy_shifted)");
+  return flags.loss;
+}
+
 void note_constant_params(const ConstantParams& converted) {
   const std::string note = constant_params_note(converted);
   if (!note.empty()) std::fprintf(stderr, "apart: note: %s\n", note.c_str());

@@ -29,6 +29,20 @@ struct ModelFlags {
 void add_model_flags(CLI::App& cmd, ModelFlags& flags, int64_t default_batch = 0);
 // Parses the flags; throws InvalidArgument naming the bad flag.
 ImportOptions import_options(const ModelFlags& flags);
+// --loss and --labels of partition, train and run. --loss cross_entropy | cross_entropy_shifted appends that loss to
+// a logits-only model (ImportOptions::loss, importer/added_loss.h) with the int64 input --labels NAME; on train and
+// run any other --loss names the graph output to minimise (LossFlagUse::kFormOrOutput).
+enum class LossFlagUse { kFormOnly, kFormOrOutput };
+struct LossFlags {
+  std::string loss;
+  std::string labels = "labels";
+  const CLI::Option* labels_option = nullptr;
+};
+void add_loss_flags(CLI::App& cmd, LossFlags& flags, LossFlagUse use);
+// Sets import.loss from the flags and returns the graph output to minimise ("" = the model's only scalar float
+// output). Throws InvalidArgument for --labels without a loss to add, or (kFormOnly) a --loss that is no loss form.
+std::string apply_loss_flags(const LossFlags& flags, LossFlagUse use, AddedLoss& loss);
+
 // The one "apart: note:" line on stderr saying how many Constant nodes became params (importer/constant_params.h),
 // nothing when none did.
 void note_constant_params(const ConstantParams& converted);

@@ -22,6 +22,7 @@ namespace {
 struct PartitionArgs {
   std::string model;
   ModelFlags model_flags;
+  LossFlags loss;
   int64_t devices = 1;
   std::string device = "a100-80gb";
   std::string cluster;
@@ -97,6 +98,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
 
   c.model = a.model;
   c.import = import_options(a.model_flags);
+  apply_loss_flags(a.loss, LossFlagUse::kFormOnly, c.import.loss);
   c.cluster.device = a.device;
   c.cluster.devices = checked_int(a.devices, 1, limits::kMaxDevices, "--devices");
   c.cluster.devices_per_node = checked_int(a.devices_per_node, 1, limits::kMaxDevices, "--devices-per-node");
@@ -155,6 +157,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
       "Split a model into pipeline stages with data-parallel replicas (Tanaka et al., IPDPS 2021) and write a plan");
   cmd->add_option("model", a->model, "ONNX model file")->required();
   add_model_flags(*cmd, a->model_flags);
+  add_loss_flags(*cmd, a->loss, LossFlagUse::kFormOnly);
   cmd->add_option("--devices", a->devices, "Number of devices")->capture_default_str();
   cmd->add_option("--device", a->device, device_flag_help())->capture_default_str();
   cmd->add_option("--devices-per-node", a->devices_per_node, "Devices per node")->capture_default_str();

@@ -23,7 +23,7 @@ namespace {
 struct RunArgs {
   std::string plan;
   std::string model;
-  std::string loss;
+  LossFlags loss;
   int64_t steps = 100;  // as apart train
   TrainingFlags training;
   BackendFlags backend;
@@ -127,7 +127,7 @@ RunOptions run_options(const RunArgs& a) {
   RunOptions o;
   o.plan = a.plan;
   o.model = a.model;
-  o.loss = a.loss;
+  o.loss = apply_loss_flags(a.loss, LossFlagUse::kFormOrOutput, o.added_loss);
   o.steps = a.steps;
   o.optimizer = optimizer_options(a.training);
   o.optimizer_from_plan = !a.optimizer_given;
@@ -245,7 +245,7 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
       "run", "Carry out a plan: mpirun -np N apart run PLAN_DIR (pipeline stages, replicas, micro-batches; docs/runtime.md)");
   cmd->add_option("plan", args->plan, "The plan folder apart partition wrote")->required();
   cmd->add_option("--model", args->model, "The model the plan was made for (default: plan.json's model.path; its sha256 must match)");
-  cmd->add_option("--loss", args->loss, "The graph output to minimise (default: the model's only scalar float output)");
+  add_loss_flags(*cmd, args->loss, LossFlagUse::kFormOrOutput);
   cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
   add_training_flags(*cmd, args->training, "sgd, momentum, adam or adamw (default: the plan's training.optimizer)");
   add_backend_flags(*cmd, args->backend, /*precision_from_plan=*/true);

@@ -14,7 +14,7 @@ namespace {
 
 struct TrainArgs {
   std::string model;
-  std::string loss;
+  LossFlags loss;
   ModelFlags model_flags;
   int64_t steps = 100;
   int64_t batch = 8;
@@ -31,8 +31,8 @@ struct TrainArgs {
 void run_train(const TrainArgs& a) {
   TrainOptions o;
   o.model = a.model;
-  o.loss = a.loss;
   o.import = import_options(a.model_flags);
+  o.loss = apply_loss_flags(a.loss, LossFlagUse::kFormOrOutput, o.import.loss);
   o.steps = a.steps;
   o.batch = a.batch;
   o.optimizer = optimizer_options(a.training);
@@ -81,8 +81,7 @@ const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train an ONNX model with a scalar loss in one process (CPU or --backend cuda; docs/training.md)");
   cmd->add_option("model", args->model, "ONNX model with a scalar loss output")->required();
   add_model_flags(*cmd, args->model_flags);
-  cmd->add_option("--loss", args->loss,
-                  "The graph output to minimise: a scalar float (default: the model's only scalar float output)");
+  add_loss_flags(*cmd, args->loss, LossFlagUse::kFormOrOutput);
   cmd->add_option("--steps", args->steps, "Optimizer steps")->capture_default_str();
   cmd->add_option("--batch", args->batch, "Samples per step: binds the model's batch dim (a dim named batch, batch_size or N, else the first "
                   "input's leading dim; unnamed leading dims of other inputs too); a --dim/--shape of another size is an error")->capture_default_str();

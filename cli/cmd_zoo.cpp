@@ -21,7 +21,8 @@ struct ZooArgs {
   bool list = false;
   bool quiet = false;
   int64_t layers = 0, hidden = 0, heads = 0, head_dim = 0, ffn = 0, seq = 0, vocab = 0, max_positions = 0;
-  int64_t width = 0, classes = 0, image = 0, batch = 0;
+  int64_t width = 0, classes = 0, image = 0, batch = 0, kv_heads = 0;
+  double rope_theta = 0;
   uint64_t seed = 0;
   std::string loss, dtype, weights, layernorm;
   bool force = false;
@@ -65,7 +66,7 @@ void print_list() {
     std::printf("%-14s %-7s %9s  %s\n", p.name.c_str(), std::string(models::family_name(p.options.family)).c_str(),
                 models::format_count(models::closed_form_params(p.options)).c_str(), p.description.c_str());
   }
-  std::printf("\nFamilies (small defaults, set the size with flags): gpt, bert, t5, resnet, mlp.\n"
+  std::printf("\nFamilies (small defaults, set the size with flags): gpt, bert, t5, llama, resnet, mlp.\n"
               "Presets over 1B params default to --weights none (shapes only).\n");
 }
 
@@ -90,6 +91,8 @@ void run_zoo(const CLI::App& cmd, const ZooArgs& a) {
   set("--seq", a.seq, o.seq);
   set("--vocab", a.vocab, o.vocab);
   set("--max-positions", a.max_positions, o.max_positions);
+  set("--kv-heads", a.kv_heads, o.kv_heads);
+  if (cmd.count("--rope-theta") > 0) o.rope_theta = a.rope_theta;
   set("--width", a.width, o.width);
   set("--classes", a.classes, o.classes);
   set("--image", a.image, o.image);
@@ -154,17 +157,19 @@ void run_zoo(const CLI::App& cmd, const ZooArgs& a) {
 
 const bool kRegistered = register_command({"zoo", 20, [](CLI::App& app) {
   auto args = std::make_shared<ZooArgs>();
-  CLI::App* cmd = app.add_subcommand("zoo", "Write an ONNX model of a common architecture (GPT, BERT, T5, ResNet, "
-                                            "MLP) at any size, shaped like a PyTorch export");
-  cmd->add_option("model", args->model, "preset (gpt2-small, gpt3-175b, bert-large, resnet152x8, ...) or family "
-                                        "(gpt, bert, t5, resnet, mlp)");
+  CLI::App* cmd = app.add_subcommand("zoo", "Write an ONNX model of a common architecture (GPT, BERT, T5, Llama, "
+                                            "ResNet, MLP) at any size, shaped like a PyTorch export");
+  cmd->add_option("model", args->model, "preset (gpt2-small, gpt3-175b, bert-large, llama3-70b, resnet152x8, ...) or "
+                                        "family (gpt, bert, t5, llama, resnet, mlp)");
   cmd->add_flag("--list", args->list, "list the presets with their parameter counts");
   cmd->add_option("-o,--output", args->output, "the .onnx file to write (written via a temporary file + rename)");
   cmd->add_option("--layers", args->layers, "transformer blocks per stack / MLP layers / ResNet depth (50|101|152)");
   cmd->add_option("--hidden", args->hidden, "hidden size (d_model; MLP width)");
   cmd->add_option("--heads", args->heads, "attention heads");
   cmd->add_option("--head-dim", args->head_dim, "per-head width (default hidden / heads)");
-  cmd->add_option("--ffn", args->ffn, "feed-forward width (default 4 * hidden)");
+  cmd->add_option("--ffn", args->ffn, "feed-forward width (default 4 * hidden; llama: the SwiGLU width)");
+  cmd->add_option("--kv-heads", args->kv_heads, "llama: key/value heads for grouped-query attention (default heads)");
+  cmd->add_option("--rope-theta", args->rope_theta, "llama: rotary embedding base (default 500000)");
   cmd->add_option("--seq", args->seq, "sequence length (static)");
   cmd->add_option("--vocab", args->vocab, "vocabulary size");
   cmd->add_option("--max-positions", args->max_positions, "rows of the position table (default: seq; bert: 512)");

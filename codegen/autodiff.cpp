@@ -310,7 +310,8 @@ std::string choose_loss(const std::vector<LossCandidate>& outputs, const std::st
   if (loss.empty())
     throw InvalidArgument(model + " has no scalar float output to minimise (its outputs: " + names +
                           "): add a loss to the model as a graph output (e.g. a ReduceMean of the error), and name "
-                          "it with --loss NAME if it is not the only scalar float output");
+                          "it with --loss NAME if it is not the only scalar float output; for a logits-only export, "
+                          "--loss cross_entropy --labels NAME appends one (cross_entropy_shifted: next-token)");
   return loss;
 }
 

@@ -369,4 +369,22 @@ std::vector<std::string> fold_shape_only_inputs(onnx::ModelProto& stage, const s
   return {unsent.begin(), unsent.end()};
 }
 
+ImportOptions planned_import(const PlanDocument& plan) {
+  ImportOptions import;
+  import.constants_as_params = !plan.model || plan.model->constants_as_params.value_or(true);
+  if (plan.model && plan.model->added_loss) {
+    const auto form = parse_added_loss_form(plan.model->added_loss->form);
+    if (!form)
+      throw InvalidArgument("plan.json: model.added_loss.form " + quote(plan.model->added_loss->form) +
+                            " is not a loss apart adds (cross_entropy, cross_entropy_shifted)");
+    import.loss = AddedLoss{*form, plan.model->added_loss->labels};
+  }
+  return import;
+}
+
+std::optional<PlanModel::AddedLoss> added_loss_record(const AddedLoss& loss) {
+  if (!loss.enabled()) return std::nullopt;
+  return PlanModel::AddedLoss{std::string(added_loss_form_name(loss.form)), loss.labels};
+}
+
 }  // namespace apart

@@ -6,12 +6,15 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "codegen/autodiff.h"
+#include "importer/importer.h"
+#include "plan/plan.h"
 
 namespace apart {
 
@@ -83,5 +86,12 @@ StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraph
 // not its plan's).
 std::vector<std::string> fold_shape_only_inputs(onnx::ModelProto& stage, const std::set<std::string>& sent,
                                                 const ImportOptions& import);
+
+// How every reader of the plan's model imports it, so that node indices agree with the plan's task graph: Constant
+// weights as params as the plan was made (constants_as_params), and the loss it appended (added_loss). Throws
+// InvalidArgument for an added_loss form apart does not know.
+ImportOptions planned_import(const PlanDocument& plan);
+// The plan's record of ImportOptions::loss (absent when none was added).
+std::optional<PlanModel::AddedLoss> added_loss_record(const AddedLoss& loss);
 
 }  // namespace apart

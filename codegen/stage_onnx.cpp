@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "codegen/plan_writer.h"
+#include "codegen/stage_graphs.h"
 #include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "graph/threads.h"
@@ -69,9 +70,7 @@ bool place_external_data(const std::filesystem::path& model_dir, const std::stri
 void write_stage_models(const PlanDocument& plan, const TaskGraph& graph, const std::filesystem::path& model_path,
                         const std::filesystem::path& directory, const StageShapes& shapes, int threads) {
   // Read as the plan's task graph was imported, so that node indices agree (importer/constant_params.h).
-  ImportOptions as_planned;
-  as_planned.constants_as_params = !plan.model || plan.model->constants_as_params.value_or(true);
-  const onnx::ModelProto original = load_model_proto(model_path, as_planned);
+  const onnx::ModelProto original = load_model_proto(model_path, planned_import(plan));
   const auto& g = original.graph();
   std::map<std::string, int> initializer_index;
   for (int i = 0; i < g.initializer_size(); ++i) initializer_index[g.initializer(i).name()] = i;

@@ -237,6 +237,34 @@ void check_tp_shards(Checker& c, const PlanDocument& plan, const fs::path& dir) 
   }
 }
 
+// What apart run needs of the model beyond the plan: a loss to minimise (run refuses a model without one) and, for
+// --init model, the weights' external-data files.
+void check_loss_and_weights(Checker& c, const ImportedModel& model) {
+  std::vector<LossCandidate> outputs;
+  for (ValueId v : model.graph.graph_outputs()) {
+    const Value& value = model.graph.value(v);
+    outputs.push_back({value.name, is_floating(value.dtype) && value.shape_known && value.elements == 1});
+  }
+  try {
+    c.pass("loss", quote(choose_loss(outputs, "", "the model")) + ", the scalar apart run minimises");
+  } catch (const InvalidArgument& e) {
+    c.fail("loss", std::string("apart run will refuse this plan: ") + e.what() +
+                       " (apart partition --loss: the plan records it, and run appends it too)");
+  }
+  if (model.missing_external_files.empty()) {
+    c.pass("weights", model.external_data_files.empty() ? "inline in the model"
+                                                        : std::to_string(model.external_data_files.size()) +
+                                                              " external-data file(s), all present");
+  } else {
+    c.pass("weights", "apart run --init model will refuse: the external-data file " +
+                          quote(model.missing_external_files.front()) +
+                          (model.missing_external_files.size() > 1
+                               ? " (and " + std::to_string(model.missing_external_files.size() - 1) + " more)"
+                               : std::string()) +
+                          " is not beside the model; apart run --init random trains from fresh values");
+  }
+}
+
 void check_prediction(Checker& c, const PlanDocument& plan) {
   if (!plan.predicted || !plan.predicted->iteration_s) {
     c.pass("prediction", "plan.json predicts no iteration time to reproduce");
@@ -292,13 +320,12 @@ PlanCheck check_plan_folder(const fs::path& plan_path, const fs::path& model_arg
                           "…, the plan's " + plan.model->sha256.substr(0, 12) + "…)");
     } else {
       try {
-        ImportOptions options;
+        ImportOptions options = planned_import(plan);
         options.require_external_data = false;
         if (plan.training.global_batch) {
           options.batch = *plan.training.global_batch;
           options.batch_explicit = true;
         }
-        options.constants_as_params = !plan.model || plan.model->constants_as_params.value_or(true);
         imported = import_model(model.string(), options);
         c.pass("model", model.string() + (plan.model && !plan.model->sha256.empty() ? ", sha256 as the plan's" : ""));
       } catch (const Error& e) {
@@ -308,6 +335,7 @@ PlanCheck check_plan_folder(const fs::path& plan_path, const fs::path& model_arg
   }
   if (imported) {
     check_tasks(c, plan, imported->graph);
+    check_loss_and_weights(c, *imported);
   } else {
     c.fail("tasks", "not checked: no model to check the stages' tasks against");
     c.fail("order", "not checked: no model");

@@ -13,7 +13,7 @@ namespace apart {
 
 struct PlanFinding {
   bool ok = true;
-  std::string check;   // "schema", "model", "tasks", "order", "devices", "memory", "stage files", "tp shards",
+  std::string check;   // "schema", "model", "tasks", "order", "loss", "weights", "devices", "memory", "stage files", "tp shards",
                        // "prediction", "runtime"
   std::string detail;  // what was found, in words
 };
@@ -29,6 +29,10 @@ struct PlanCheck {
 //   tasks        every task a stage names is a task of the model, every batch task is in exactly one stage and
 //                constant tasks only repeat;
 //   order        no stage reads a batch value a later stage produces (the stages follow the data);
+//   loss         the model (with the loss plan.json says partition appended) has the scalar loss apart run
+//                minimises (choose_loss); failed, naming --loss cross_entropy, when it has none;
+//   weights      a note: whether the weights' external-data files are beside the model (apart run --init model
+//                refuses a plan whose weights are missing; --init random does not read them);
 //   devices      every device index is below cluster.devices and the stages use at most that many;
 //   memory       no stage's memory_bytes is above cluster.memory_bytes (what a device may fill);
 //   stage files  each stage_K.onnx is ONNX and takes the stage's inputs and produces its outputs (skipped, as a

@@ -6,6 +6,7 @@
 #include <ctime>
 #include <future>
 
+#include "codegen/stage_graphs.h"
 #include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "graph/text.h"
@@ -102,6 +103,7 @@ CompileResult compile(const CompileOptions& options) {
   wait_described();
   if (!options.import.constants_as_params) r.info.constants_as_params = false;
   else if (r.model.constant_params.count > 0) r.info.constants_as_params = true;
+  r.info.added_loss = added_loss_record(options.import.loss);
   r.document = plan_document(r.plan, r.model.graph, r.info);
   if (options.output) {
     tell(options, CompileMessage::kProgress, "writing the plan files");

@@ -8,6 +8,59 @@
 
 namespace apart {
 
+std::string module_path(const Task& task) {
+  if (task.scope.empty() || task.name.find('/') != std::string::npos) return task.name;
+  return task.scope + "/" + task.name;
+}
+
+namespace {
+
+// The quoted strings of a Python list's repr: "['', 'a.b', \"it's\"]" -> {"", "a.b", "it's"}.
+std::vector<std::string> python_strings(std::string_view list) {
+  std::vector<std::string> out;
+  for (size_t k = 0; k < list.size(); ++k) {
+    const char q = list[k];
+    if (q != '\'' && q != '"') continue;
+    std::string s;
+    for (++k; k < list.size() && list[k] != q; ++k) {
+      if (list[k] == '\\' && k + 1 < list.size()) ++k;
+      s += list[k];
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string scope_from_metadata(std::string_view name_scopes, std::string_view namespace_value) {
+  std::string path;
+  const std::vector<std::string> scopes = python_strings(name_scopes);
+  // Entries 1 .. n-2 are modules, each the previous one plus ".local_name"; the first is the root, the last the node.
+  for (size_t i = 1; i + 1 < scopes.size(); ++i) {
+    const std::string& prev = scopes[i - 1];
+    const std::string& cur = scopes[i];
+    const bool extends = !prev.empty() && cur.size() > prev.size() + 1 && cur.compare(0, prev.size(), prev) == 0 &&
+                         cur[prev.size()] == '.';
+    const std::string local = extends ? cur.substr(prev.size() + 1) : cur;
+    if (!local.empty()) path += "/" + local;
+  }
+  if (!path.empty() || namespace_value.empty()) return path;
+  // namespace: "name: Class/name: Class/…/op: target", the last segment the op.
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (start <= namespace_value.size()) {
+    size_t slash = namespace_value.find('/', start);
+    if (slash == std::string_view::npos) slash = namespace_value.size();
+    const std::string_view seg = namespace_value.substr(start, slash - start);
+    names.emplace_back(seg.substr(0, std::min(seg.find(':'), seg.size())));
+    start = slash + 1;
+  }
+  for (size_t i = 0; i + 1 < names.size(); ++i)
+    if (!names[i].empty()) path += "/" + names[i];
+  return path;
+}
+
 std::string_view value_kind_name(ValueKind k) {
   switch (k) {
     case ValueKind::kInput: return "input";

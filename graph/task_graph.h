@@ -60,6 +60,9 @@ struct Task {
   std::vector<Attribute> attributes;
   bool constant = false;  // depends on no batch data (paper: constant task)
   bool opaque = false;    // op or domain unknown to apart/ONNX: cost unknown
+  // The module path ("/model/layers.0/self_attn/q_proj") the dynamo exporter keeps in node metadata
+  // (pkg.torch.onnx.name_scopes, else namespace) when the node's name carries none ("node_MatMul_12"); "" otherwise.
+  std::string scope;
 
   const Attribute* attr(std::string_view attr_name) const;
   int64_t attr_int(std::string_view attr_name, int64_t fallback) const;
@@ -67,6 +70,16 @@ struct Task {
   std::string attr_string(std::string_view attr_name, std::string fallback) const;
   std::vector<int64_t> attr_ints(std::string_view attr_name, std::vector<int64_t> fallback = {}) const;
 };
+
+// The task's name with its module path, as torch.onnx.export (TorchScript) names nodes: the name when it carries a
+// path ("/model/layers.0/mlp/MatMul"), else scope + "/" + name ("/model/layers.0/mlp/node_MatMul_12"), else the
+// name. Layer names (report, TP regions) are read from it.
+std::string module_path(const Task& task);
+// The module path of a node from the dynamo exporter's metadata: pkg.torch.onnx.name_scopes (the cumulative dotted
+// module names, "['', 'model', 'model.layers.0', 'model.layers.0.mlp', 'linear_3']", the last the node's own) gives
+// "/model/layers.0/mlp"; else namespace ("model: LlamaModel/layers.0: LlamaDecoderLayer/…/aten.linear: …", the last
+// the op) gives the names before ':'. "" when neither holds a module.
+std::string scope_from_metadata(std::string_view name_scopes, std::string_view namespace_value);
 
 // Hashes std::string and std::string_view alike, so lookups by view allocate nothing.
 struct NameHash {

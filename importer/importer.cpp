@@ -3,6 +3,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/unknown_field_set.h>
 #include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
@@ -23,6 +24,7 @@
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/text.h"
+#include "importer/added_loss.h"
 #include "importer/external_data.h"
 #include "importer/constant_params.h"
 #include "importer/fold.h"
@@ -52,6 +54,26 @@ constexpr int kDiagnosticMessageNesting = 1024;
 
 std::string node_label(const onnx::NodeProto& node, int index) {
   return node.name().empty() ? node.op_type() + "_" + std::to_string(index) : node.name();
+}
+
+// NodeProto.metadata_props (field 9, IR 10) is newer than the ONNX 1.12 protos apart builds with: protobuf keeps it
+// as an unknown field, whose entries are StringStringEntryProto messages.
+constexpr int kNodeMetadataPropsField = 9;
+
+// The module path the dynamo exporter keeps in a node's metadata (graph/task_graph.h scope_from_metadata).
+std::string metadata_scope(const onnx::NodeProto& node) {
+  std::string name_scopes, namespace_value;
+  const google::protobuf::UnknownFieldSet& unknown = node.GetReflection()->GetUnknownFields(node);
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    const google::protobuf::UnknownField& f = unknown.field(i);
+    if (f.number() != kNodeMetadataPropsField || f.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED)
+      continue;
+    onnx::StringStringEntryProto entry;
+    if (!entry.ParseFromString(f.length_delimited())) continue;
+    if (entry.key() == "pkg.torch.onnx.name_scopes") name_scopes = entry.value();
+    if (entry.key() == "namespace") namespace_value = entry.value();
+  }
+  return scope_from_metadata(name_scopes, namespace_value);
 }
 
 // --- Tensor metadata --------------------------------------------------------------
@@ -287,6 +309,7 @@ class Importer {
     read_header();
     require_utf8_names(model_.graph(), "");
     if (options_.constants_as_params) result_.constant_params = constants_to_initializers(model_);
+    append_loss(model_, options_.loss);
     onnx::GraphProto& g = *model_.mutable_graph();
     result_.node_count = g.node_size();
     add_initializers(g);
@@ -815,6 +838,7 @@ class Importer {
       const auto& node = g.node(i);
       Task t;
       t.name = node_label(node, i);
+      if (t.name.find('/') == std::string::npos) t.scope = metadata_scope(node);
       t.op_type = node.op_type();
       t.domain = node.domain() == "ai.onnx" ? "" : node.domain();
       t.onnx_node_index = i;
@@ -1103,6 +1127,7 @@ onnx::ModelProto load_model_proto(const fs::path& path) {
 onnx::ModelProto load_model_proto(const fs::path& path, const ImportOptions& options) {
   onnx::ModelProto model = load_model_proto(path);
   if (options.constants_as_params) constants_to_initializers(model);
+  append_loss(model, options.loss);
   return model;
 }
 

@@ -4,13 +4,30 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "graph/task_graph.h"
 
 namespace apart {
+
+// A loss appended to a logits-only export (importer/added_loss.h): `--loss cross_entropy --labels NAME`.
+enum class AddedLossForm : uint8_t {
+  kNone,
+  kCrossEntropy,         // F.cross_entropy(logits.view(-1, V), labels.view(-1))
+  kCrossEntropyShifted,  // next-token: the same on logits[..., :-1, :] and labels[..., 1:] (HF causal LMs)
+};
+struct AddedLoss {
+  AddedLossForm form = AddedLossForm::kNone;
+  std::string labels = "labels";  // the int64 graph input the pass adds
+  bool enabled() const { return form != AddedLossForm::kNone; }
+};
+// "cross_entropy", "cross_entropy_shifted" ("none" for kNone); parse_added_loss_form gives nullopt for other text.
+std::string_view added_loss_form_name(AddedLossForm form);
+std::optional<AddedLossForm> parse_added_loss_form(std::string_view name);
 
 struct ImportOptions {
   // --shape name:8x3x224x224 (trtexec style): the full static shape of one graph input.
@@ -27,6 +44,9 @@ struct ImportOptions {
   // --constants-as-params on|off: Constant nodes that feed weight slots become initializers (trainable params)
   // before the rest of import (importer/constant_params.h); off imports them as constants.
   bool constants_as_params = true;
+  // --loss cross_entropy[_shifted] --labels NAME: appended to the model's logits before the rest of import, after
+  // constants_as_params (importer/added_loss.h); plan.json records it so that every later reader adds the same.
+  AddedLoss loss;
 };
 
 // The one rule for "which dim is the batch", used by every command: a dim_param named batch,

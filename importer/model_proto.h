@@ -17,7 +17,8 @@ namespace apart {
 // import_model does. External data is not read.
 onnx::ModelProto load_model_proto(const std::filesystem::path& path);
 // The same model as import_model(path, options) reads it: with options.constants_as_params, the Constant nodes
-// that feed weight slots are initializers (importer/constant_params.h), so node indices agree with its task graph.
+// that feed weight slots are initializers (importer/constant_params.h), and options.loss is appended
+// (importer/added_loss.h), so node indices agree with its task graph.
 onnx::ModelProto load_model_proto(const std::filesystem::path& path, const ImportOptions& options);
 
 // The names of `inputs` a model does not take as graph inputs and of `outputs` it does not output (a plan's stage

@@ -115,12 +115,18 @@ class GraphBuilder {
 // Converts a float to the raw little-endian bytes of `t` (fp32, fp16 round-to-nearest-even, bf16 RNE).
 void append_float_bytes(std::string* out, float v, FloatType t);
 
-// Family builders (families.cpp, resnet.cpp): fill the graph and its inputs/outputs, record the params.
+// Family builders (transformers.cpp, resnet.cpp, llama.cpp): fill the graph and its inputs/outputs, record the params.
 void build_gpt(GraphBuilder& b, const ZooOptions& o);
 void build_bert(GraphBuilder& b, const ZooOptions& o);
 void build_t5(GraphBuilder& b, const ZooOptions& o);
 void build_resnet(GraphBuilder& b, const ZooOptions& o);
 void build_mlp(GraphBuilder& b, const ZooOptions& o);
+void build_llama(GraphBuilder& b, const ZooOptions& o);  // llama.cpp
+
+// 0, 1, …, n-1 (position ids).
+std::vector<int64_t> arange(int64_t n);
+// [S, S] bool Constant, true above the diagonal: the positions a causal query must not see (torch: ~tril(ones)).
+std::string causal_mask(GraphBuilder& b, int64_t seq);
 
 // Appends --loss to `output` (shape `dims`, -1 = batch): adds the `labels`/`target` input and the scalar
 // `loss` output; with Loss::kNone, `output` is renamed to `output_name` and becomes the graph output.

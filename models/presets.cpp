@@ -15,6 +15,7 @@ std::string_view family_name(Family f) {
     case Family::kT5: return "t5";
     case Family::kResnet: return "resnet";
     case Family::kMlp: return "mlp";
+    case Family::kLlama: return "llama";
   }
   return "?";
 }
@@ -57,7 +58,9 @@ void require(bool ok, const std::string& flag, const std::string& what) {
   if (!ok) throw InvalidArgument(flag + ": " + what);
 }
 
-bool is_transformer(Family f) { return f == Family::kGpt || f == Family::kBert || f == Family::kT5; }
+bool is_transformer(Family f) {
+  return f == Family::kGpt || f == Family::kBert || f == Family::kT5 || f == Family::kLlama;
+}
 
 }  // namespace
 
@@ -89,9 +92,17 @@ void ZooOptions::validate() const {
     require(max_positions == 0 || max_positions >= seq, "--seq", "exceeds the position table (" +
                                                                      std::to_string(max_positions) + " rows)");
   }
-  if (family == Family::kT5)
+  if (family == Family::kT5 || family == Family::kLlama)
     require(layernorm == LayerNormStyle::kDecomposed, "--layernorm",
-            "t5 uses RMSNorm (T5LayerNorm), which has no fused op at opset 17; use decomposed");
+            fam + " uses RMSNorm, which has no fused op at opset 17; use decomposed");
+  if (family == Family::kLlama) {
+    const int64_t kv = resolved_kv_heads();
+    require(kv >= 1 && heads % kv == 0, "--kv-heads",
+            std::to_string(kv) + " key/value heads do not divide the " + std::to_string(heads) + " query heads");
+    require(resolved_head_dim() % 2 == 0, "--head-dim", "rotary embeddings need an even head width (got " +
+                                                            std::to_string(resolved_head_dim()) + ")");
+    require(rope_theta > 1 && rope_theta <= 1e12, "--rope-theta", "must be in (1, 1e12]");
+  }
   require(batch >= 0 && batch <= (1 << 24), "--batch", "must be in [1, 16777216], or omitted for a symbolic batch");
 }
 
@@ -120,6 +131,17 @@ ZooOptions t5(std::string name, int64_t layers, int64_t hidden, int64_t heads, i
   o.family = Family::kT5;
   o.head_dim = head_dim;
   o.ffn = ffn;
+  return o;
+}
+
+// Llama 3 (Meta's published config.json): untied head, vocab 128256, RoPE theta 500000, seq 8192.
+ZooOptions llama(std::string name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t ffn,
+                 int64_t seq, int64_t vocab) {
+  ZooOptions o = gpt(std::move(name), layers, hidden, heads, seq, vocab);
+  o.family = Family::kLlama;
+  o.kv_heads = kv_heads;
+  o.ffn = ffn;
+  o.rope_theta = 500000;
   return o;
 }
 
@@ -165,6 +187,13 @@ std::vector<Preset> make_presets() {
       {"t5-large", "T5 large (770M)", t5("t5-large", 24, 1024, 16, 64, 4096)},
       {"t5-3b", "T5 3B (d_kv 128, d_ff 16384)", t5("t5-3b", 24, 1024, 32, 128, 16384)},
       {"t5-11b", "T5 11B (128 heads, d_ff 65536)", t5("t5-11b", 24, 1024, 128, 128, 65536)},
+      {"llama-tiny", "2-layer Llama, hidden 64, 4 heads / 2 kv heads, seq 32, vocab 512: trains in seconds",
+       llama("llama-tiny", 2, 64, 4, 2, 176, 32, 512)},
+      {"llama3-8b", "Llama 3 8B (Meta's config: GQA 32/8 heads, SwiGLU 14336, untied head)",
+       llama("llama3-8b", 32, 4096, 32, 8, 14336, 8192, 128256)},
+      {"llama3-70b", "Llama 3 70B (GQA 64/8 heads, SwiGLU 28672)", llama("llama3-70b", 80, 8192, 64, 8, 28672, 8192, 128256)},
+      {"llama3-405b", "Llama 3.1 405B (GQA 128/8 heads, SwiGLU 53248)",
+       llama("llama3-405b", 126, 16384, 128, 8, 53248, 8192, 128256)},
       {"resnet50", "ResNet-50 (torchvision)", resnet("resnet50", 50, 1)},
       {"resnet101", "ResNet-101", resnet("resnet101", 101, 1)},
       {"resnet152", "ResNet-152", resnet("resnet152", 152, 1)},
@@ -205,8 +234,10 @@ ZooOptions options_for(std::string_view name) {
     o = resnet("resnet", 50, 1);
   } else if (name == "mlp") {
     o = mlp("mlp", 4, 64);
+  } else if (name == "llama") {
+    o = llama("llama", 2, 64, 4, 2, 176, 32, 512);
   } else {
-    std::string known = "gpt, bert, t5, resnet, mlp";
+    std::string known = "gpt, bert, t5, llama, resnet, mlp";
     for (const auto& p : zoo_presets()) known += ", " + p.name;
     throw InvalidArgument("unknown zoo model '" + std::string(name) + "'; known families and presets: " + known +
                           " (apart zoo --list shows them with sizes)");
@@ -252,6 +283,12 @@ int64_t closed_form_params(const ZooOptions& o) {
     }
     case Family::kMlp:
       return L * (H * H + H);
+    case Family::kLlama: {
+      // embed_tokens + L * (two RMSNorms, q/k/v/o without bias, SwiGLU gate/up/down) + norm + untied lm_head.
+      const int64_t kv_width = o.resolved_kv_heads() * o.resolved_head_dim();
+      const int64_t layer = 2 * H + H * I + 2 * H * kv_width + I * H + 3 * H * F;
+      return V * H + L * layer + H + H * V;
+    }
   }
   return 0;
 }

@@ -11,20 +11,6 @@ namespace {
 
 constexpr int64_t kBatch = -1;  // marks the batch dim in GraphBuilder::input/output
 
-std::vector<int64_t> arange(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
-  return v;
-}
-
-// [S, S] bool, true above the diagonal: the positions a causal query must not see (torch: ~tril(ones)).
-std::string causal_mask(GraphBuilder& b, int64_t seq) {
-  std::vector<uint8_t> masked(static_cast<size_t>(seq * seq), 0);
-  for (int64_t i = 0; i < seq; ++i)
-    for (int64_t j = i + 1; j < seq; ++j) masked[static_cast<size_t>(i * seq + j)] = 1;
-  return b.bool_tensor({seq, seq}, masked);
-}
-
 // [B, S, heads*hd] -> [B, heads, S, hd] (perm 0,2,1,3) or, for keys, [B, heads, hd, S] (perm 0,2,3,1).
 std::string split_heads(GraphBuilder& b, const std::string& x, int64_t heads, int64_t hd, bool key) {
   const std::string r = b.node("Reshape", {x, b.int64s({0, 0, heads, hd})}, {attr_int("allowzero", 0)});
@@ -63,6 +49,19 @@ std::string tied_head(GraphBuilder& b, const std::string& x, const std::string& 
 }
 
 }  // namespace
+
+std::vector<int64_t> arange(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+std::string causal_mask(GraphBuilder& b, int64_t seq) {
+  std::vector<uint8_t> masked(static_cast<size_t>(seq * seq), 0);
+  for (int64_t i = 0; i < seq; ++i)
+    for (int64_t j = i + 1; j < seq; ++j) masked[static_cast<size_t>(i * seq + j)] = 1;
+  return b.bool_tensor({seq, seq}, masked);
+}
 
 void finish_with_loss(GraphBuilder& b, const ZooOptions& o, const std::string& output, const std::string& output_name,
                       const std::vector<int64_t>& dims, int64_t classes) {

@@ -103,6 +103,10 @@ std::string options_json(const ZooOptions& o) {
       j["vocab"] = o.vocab;
       j["max_positions"] = o.resolved_max_positions();
     }
+    if (o.family == Family::kLlama) {
+      j["kv_heads"] = o.resolved_kv_heads();
+      j["rope_theta"] = o.rope_theta;
+    }
   }
   j["loss"] = loss_name(o.loss);
   j["batch"] = o.batch;
@@ -147,6 +151,7 @@ Built build_graph(const ZooOptions& o) {
     case Family::kT5: build_t5(b, o); break;
     case Family::kResnet: build_resnet(b, o); break;
     case Family::kMlp: build_mlp(b, o); break;
+    case Family::kLlama: build_llama(b, o); break;
   }
   out.params = b.params();
   const int32_t elem = onnx_float_type(o.dtype);

@@ -14,7 +14,7 @@ class ModelProto;
 
 namespace apart::models {
 
-enum class Family { kGpt, kBert, kT5, kResnet, kMlp };
+enum class Family { kGpt, kBert, kT5, kResnet, kMlp, kLlama };
 enum class Loss { kNone, kCrossEntropy, kMse };
 enum class WeightsMode { kNone, kRandom };
 enum class FloatType { kFp32, kFp16, kBf16 };
@@ -37,6 +37,8 @@ struct ZooOptions {
   int64_t heads = 2;
   int64_t head_dim = 0;   // 0: hidden / heads (t5-3b/11b use 128 with hidden 1024)
   int64_t ffn = 0;        // 0: 4 * hidden
+  int64_t kv_heads = 0;   // llama: key/value heads (grouped-query attention); 0: heads
+  double rope_theta = 500000;  // llama: RoPE base (Llama 3: 500000)
   int64_t seq = 32;       // sequence length (static; the causal mask is a constant)
   int64_t vocab = 512;
   int64_t max_positions = 0;  // position-table rows; 0: seq (gpt), max(512, seq) (bert)
@@ -58,6 +60,7 @@ struct ZooOptions {
 
   int64_t resolved_ffn() const { return ffn > 0 ? ffn : 4 * hidden; }
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
+  int64_t resolved_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t resolved_max_positions() const;
 
   // Throws InvalidArgument naming the offending flag (--layers, --heads, ...).

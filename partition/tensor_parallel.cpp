@@ -513,7 +513,8 @@ struct Pass {
 
 int64_t gcd_add(int64_t acc, int64_t v) { return acc == 0 ? v : std::gcd(acc, v); }
 
-// The common node-name scope of the region's linears and lookups ("/blocks.3/attn"), else the first one's name.
+// The common module path (module_path: the node name's, or the dynamo exporter's metadata) of the region's linears
+// and lookups ("/blocks.3/attn"), else the first one's name.
 std::string region_name(const TaskGraph& g, const std::vector<TaskId>& key_tasks) {
   auto segments = [](const std::string& name) {
     std::vector<std::string> out;
@@ -526,9 +527,9 @@ std::string region_name(const TaskGraph& g, const std::vector<TaskId>& key_tasks
     out.pop_back();  // the op's own part: "MatMul", "Gather_3"
     return out;
   };
-  std::vector<std::string> common = segments(g.task(key_tasks.front()).name);
+  std::vector<std::string> common = segments(module_path(g.task(key_tasks.front())));
   for (TaskId t : key_tasks) {
-    const std::vector<std::string> s = segments(g.task(t).name);
+    const std::vector<std::string> s = segments(module_path(g.task(t)));
     size_t k = 0;
     while (k < common.size() && k < s.size() && common[k] == s[k]) ++k;
     common.resize(k);

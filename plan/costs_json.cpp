@@ -33,6 +33,8 @@ nlohmann::json costs_to_json(const TaskGraph& g, const CostTable& table) {
                      {"backward_bytes", c.backward_bytes},
                      {"workspace_bytes", c.workspace_bytes},
                      {"known", c.known}});
+    // The module path of a task whose name carries none (the dynamo exporter's metadata): the report's layers.
+    if (!t.scope.empty() && t.name.find('/') == std::string::npos) tasks.back()["scope"] = t.scope;
   }
   return {{"schema", "apart.costs/1"},  {"device", table.device},     {"microbatch_size", table.microbatch_size},
           {"source", table.source},     {"precision", table.precision}, {"warnings", table.warnings},
@@ -67,6 +69,7 @@ CostsDocument costs_document_from_json(const nlohmann::json& j, const std::strin
     const std::string path = "tasks[" + std::to_string(i) + "] ('" + out.name + "').";
     out.op = r.optional_string(row, path, "op").value_or("");
     out.constant = r.boolean(row, path, "constant", false);
+    out.scope = r.optional_string(row, path, "scope").value_or("");
     TaskCost& c = out.cost;
     auto seconds = [&](const char* key) { return r.optional_seconds(row, path, key).value_or(0.0); };
     auto flops = [&](const char* key) { return r.optional_number(row, path, key, limits::kMaxFlops).value_or(0.0); };

@@ -23,6 +23,7 @@ struct CostsRow {
   std::string name;
   std::string op;
   bool constant = false;
+  std::string scope;  // the module path of a task whose name carries none (Task::scope), else ""
   TaskCost cost;
 };
 struct CostsDocument {

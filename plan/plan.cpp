@@ -195,6 +195,8 @@ ordered plan_to_json(const PlanDocument& plan) {
     j["model"] = {{"path", plan.model->path}, {"sha256", plan.model->sha256}, {"tasks", plan.model->tasks},
                   {"params", plan.model->params}, {"param_bytes", plan.model->param_bytes}};
   if (plan.model && plan.model->constants_as_params) j["model"]["constants_as_params"] = *plan.model->constants_as_params;
+  if (plan.model && plan.model->added_loss)
+    j["model"]["added_loss"] = {{"form", plan.model->added_loss->form}, {"labels", plan.model->added_loss->labels}};
   j["cluster"] = cluster_json(plan.cluster);
   j["training"] = training_json(plan.training);
   if (plan.options) j["options"] = options_json(*plan.options);
@@ -626,6 +628,11 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
     model.params = l.optional_integer(m, "model.", "params", 0, limits::kMaxByteCount).value_or(0);
     model.param_bytes = l.optional_integer(m, "model.", "param_bytes", 0, limits::kMaxByteCount).value_or(0);
     if (m.contains("constants_as_params")) model.constants_as_params = l.boolean(m, "model.", "constants_as_params", true);
+    if (m.contains("added_loss")) {
+      const json& a = l.object(m, "model.", "added_loss");
+      model.added_loss = PlanModel::AddedLoss{l.string(a, "model.added_loss.", "form"),
+                                              l.string(a, "model.added_loss.", "labels")};
+    }
     plan.model = model;
   }
   read_cluster(rs, j, plan.cluster);

@@ -25,6 +25,13 @@ struct PlanModel {
   // Whether Constant nodes that feed weight slots were imported as params (ImportOptions::constants_as_params):
   // written when the plan was made with --constants-as-params off, or when some did; absent: on.
   std::optional<bool> constants_as_params;
+  // The loss `--loss cross_entropy[_shifted] --labels NAME` appended to a logits-only model (importer/added_loss.h):
+  // its form's name and the labels input. Absent: the model's own loss. Every reader of the model adds the same.
+  struct AddedLoss {
+    std::string form;
+    std::string labels;
+  };
+  std::optional<AddedLoss> added_loss;
 };
 
 // The cluster as the plan records it: the names and figures the plan was made for. The simulator turns it into

@@ -129,7 +129,9 @@ std::vector<LayerRun> group_layers(const std::vector<std::string>& tasks, const 
     // nothing about where a layer went, so they are left out when costs.json tells which they are.
     const auto cost = costs.find(task);
     if (cost != costs.end() && cost->second.constant) continue;
-    const std::string layer = layer_of(task);
+    // A generic name (dynamo exporter: "node_MatMul_12") is read with the module path costs.json keeps for it.
+    const bool scoped = cost != costs.end() && !cost->second.scope.empty();
+    const std::string layer = layer_of(scoped ? cost->second.scope + "/" + task : task);
     if (runs.empty() || runs.back().layer != layer) runs.push_back(LayerRun{layer});
     LayerRun& run = runs.back();
     ++run.tasks;

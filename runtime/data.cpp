@@ -63,7 +63,7 @@ bool name_says_target(const std::string& name) {
 // Consumers of `v`, looking through ops that only move or retype data.
 void terminal_uses(const TaskGraph& g, ValueId v, std::vector<std::pair<TaskId, size_t>>& out, int depth = 0) {
   static const std::set<std::string> kPassThrough = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast",
-                                                     "Identity", "Transpose", "Expand"};
+                                                     "Identity", "Transpose", "Expand", "Slice"};
   if (depth > 8) return;
   for (TaskId t : g.consumers(v)) {
     const Task& task = g.task(t);

@@ -1948,10 +1948,18 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
   // Checks that need no messages: every rank reads the same files and fails the same way, with its own exit code.
   RunSetup setup = check_plan(options, world.rank(), world.size());
   {
-    ImportOptions whole;
+    ImportOptions whole = planned_import(setup.plan);  // with the loss the plan appended, if any
+    if (options.added_loss.enabled() && (options.added_loss.form != whole.loss.form ||
+                                         options.added_loss.labels != whole.loss.labels))
+      throw InvalidArgument("--loss " + std::string(added_loss_form_name(options.added_loss.form)) + " --labels " +
+                            options.added_loss.labels + ": the plan " + options.plan + " was made " +
+                            (whole.loss.enabled() ? "with --loss " + std::string(added_loss_form_name(whole.loss.form)) +
+                                                        " --labels " + whole.loss.labels
+                                                  : std::string("without a loss to append")) +
+                            ", and its stage files hold what it was made with: partition the model again with the "
+                            "--loss you mean, or leave --loss out");
     whole.batch = setup.global_batch;
     whole.batch_explicit = true;
-    whole.constants_as_params = !setup.plan.model || setup.plan.model->constants_as_params.value_or(true);
     setup.model = std::make_shared<const ImportedModel>(import_model(setup.model_path.string(), whole));
     setup.loss = model_loss(setup.model->graph, options.loss, setup.model_path.string());
     for (const PlanStageRecord& stage : setup.plan.stages)

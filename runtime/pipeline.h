@@ -18,6 +18,9 @@ struct RunOptions {
   std::string plan;   // the plan folder `apart partition` wrote (plan.json, stage_K.onnx, weights/)
   std::string model;  // the model the plan was made for; "" = plan.json's model.path (its sha256 must match)
   std::string loss;   // as `apart train --loss`; "" = the model's only scalar float output
+  // --loss cross_entropy --labels NAME: must be the loss the plan appended (plan.json model.added_loss), which the run
+  // appends anyway; given, it only checks that the plan has it.
+  AddedLoss added_loss;
   int64_t steps = 10;
   OptimizerOptions optimizer;     // kind: the plan's optimizer unless optimizer_from_plan is false
   bool optimizer_from_plan = true;

@@ -20,6 +20,7 @@
 #include "graph/error.h"
 #include "graph/text.h"
 #include "graph/output_path.h"
+#include "importer/added_loss.h"
 #include "importer/constant_params.h"
 #include "importer/model_proto.h"
 #include "profiler/memory_model.h"
@@ -184,10 +185,12 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     const std::string note = constant_params_note(result.constant_params);
     if (!note.empty() && options.on_note) options.on_note(note);
   }
+  append_loss(forward, options.import.loss);  // --loss cross_entropy: the same pass every command's reader runs
   check_outputs(options, forward);
   // --batch binds the batch dim by the importer's rule (importer.h kBatchDimNames); it was typed or is
   // train's documented default, so a --dim/--shape/static batch of another size is an error.
   ImportOptions import = options.import;
+  import.loss = {};  // appended to `forward` above
   import.batch = options.batch;
   import.batch_explicit = true;
   {

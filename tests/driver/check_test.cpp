@@ -59,8 +59,9 @@ TEST(ApartCheck, PassesEveryCheckOnAPlanPartitionWrote) {
   const fs::path dir = fresh_plan("valid");
   const PlanCheck check = check_plan_folder(dir);
   EXPECT_TRUE(check.ok());
-  EXPECT_EQ(check.findings.size(), 10u);
+  EXPECT_EQ(check.findings.size(), 12u);
   EXPECT_EQ(failed(check), std::vector<std::string>{});
+  EXPECT_NE(finding(check, "loss").detail.find("'loss'"), std::string::npos) << finding(check, "loss").detail;
   const auto r = testing::run_apart("check " + dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("the plan is valid"), std::string::npos) << r.out;
@@ -81,6 +82,51 @@ TEST(ApartCheck, FailsTheTaskCheckForATaskInTwoStagesOrNoneOrUnknown) {
   const auto r = testing::run_apart("check " + dir.string());
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("FAIL tasks"), std::string::npos) << r.out;
+}
+
+// A logits-only export plans; apart run refuses it for want of a loss, and so does check, naming --loss cross_entropy.
+// Planned with --loss cross_entropy, the plan records the loss and check reads the model with it.
+TEST(ApartCheck, FailsTheLossCheckOfALogitsOnlyPlanAsApartRunWouldAndPassesItWithAnAddedLoss) {
+  const fs::path dir = plan_dir("logits_only");
+  fs::create_directories(dir);
+  const std::string logits = (dir / "logits.onnx").string();
+  ASSERT_EQ(testing::run_apart("zoo gpt-tiny --loss none -q -o " + logits).code, 0);
+  auto plan_with = [&](const std::string& name, const std::string& flags) {
+    const fs::path out = dir / name;
+    const auto r = testing::run_apart("partition " + logits + " --device cpu --devices 2 --stages 2 --batch 8 " + flags +
+                                      " --no-baselines -q -o " + out.string());
+    EXPECT_EQ(r.code, 0) << r.out;
+    return out;
+  };
+  const fs::path bare = plan_with("bare", "");
+  const PlanCheck check = check_plan_folder(bare);
+  EXPECT_EQ(failed(check), std::vector<std::string>{"loss"});
+  EXPECT_NE(finding(check, "loss").detail.find("apart run will refuse"), std::string::npos) << finding(check, "loss").detail;
+  EXPECT_NE(finding(check, "loss").detail.find("--loss cross_entropy"), std::string::npos) << finding(check, "loss").detail;
+  const auto r = testing::run_apart("check " + bare.string());
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("FAIL loss"), std::string::npos) << r.out;
+
+  const fs::path with_loss = plan_with("with_loss", "--loss cross_entropy --labels labels");
+  ASSERT_TRUE(read_plan(with_loss).model->added_loss.has_value());
+  EXPECT_EQ(read_plan(with_loss).model->added_loss->form, "cross_entropy");
+  const PlanCheck good = check_plan_folder(with_loss);
+  EXPECT_EQ(failed(good), std::vector<std::string>{});
+}
+
+// Weights the model declares as external data that are not beside it: apart run --init model refuses, check says so.
+TEST(ApartCheck, NotesWeightsThatAreNotBesideTheModelAsWhatApartRunInitModelRefuses) {
+  const fs::path dir = plan_dir("weights_missing");
+  fs::create_directories(dir);
+  const std::string model = (dir / "m.onnx").string();
+  ASSERT_EQ(testing::run_apart("zoo gpt-tiny --weights none -q -o " + model).code, 0);
+  const auto r = testing::run_apart("partition " + model + " --device cpu --devices 2 --stages 2 --batch 8 --no-baselines -q -o " +
+                                    (dir / "plan").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const PlanCheck check = check_plan_folder(dir / "plan");
+  EXPECT_NE(finding(check, "weights").detail.find("--init model will refuse"), std::string::npos)
+      << finding(check, "weights").detail;
+  EXPECT_NE(finding(check, "weights").detail.find("m.weights"), std::string::npos) << finding(check, "weights").detail;
 }
 
 TEST(ApartCheck, FailsTheOrderCheckWhenAStageReadsWhatALaterOneComputes) {

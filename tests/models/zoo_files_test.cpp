@@ -97,7 +97,7 @@ TEST(APythonOnnxChecker, AcceptsEveryFamilyWithFullCheck) {
   if (!python_has_onnx()) GTEST_SKIP() << "/usr/bin/python3 has no onnx package (apt install python3-onnx)";
   TempDir dir("zoo_python");
   std::vector<std::pair<std::string, ZooOptions>> cases;
-  for (const char* name : {"gpt-tiny", "bert", "t5", "mlp-tiny"}) cases.emplace_back(name, options_for(name));
+  for (const char* name : {"gpt-tiny", "bert", "t5", "llama-tiny", "mlp-tiny"}) cases.emplace_back(name, options_for(name));
   ZooOptions resnet = options_for("resnet50");
   resnet.image = 64;
   resnet.dtype = FloatType::kFp16;

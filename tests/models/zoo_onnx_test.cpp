@@ -35,6 +35,8 @@ std::vector<Case> small_cases() {
       {"bert fused bf16", with("bert", [](ZooOptions& o) { o.layernorm = LayerNormStyle::kFused; o.dtype = FloatType::kBf16; })},
       {"t5", with("t5")},
       {"t5 fp16 head_dim", with("t5", [](ZooOptions& o) { o.dtype = FloatType::kFp16; o.head_dim = 48; })},
+      {"llama-tiny", with("llama-tiny")},
+      {"llama bf16 no loss no gqa", with("llama", [](ZooOptions& o) { o.dtype = FloatType::kBf16; o.loss = Loss::kNone; o.kv_heads = 4; })},
       {"mlp-tiny", with("mlp-tiny")},
       {"mlp cross_entropy", with("mlp", [](ZooOptions& o) { o.loss = Loss::kCrossEntropy; })},
       {"resnet50 small image", with("resnet50", [](ZooOptions& o) { o.image = 64; o.classes = 10; })},

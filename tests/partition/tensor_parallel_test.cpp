@@ -3,6 +3,7 @@
 #include "partition/tensor_parallel.h"
 
 #include <gtest/gtest.h>
+#include <google/protobuf/unknown_field_set.h>
 #include <onnx/onnx_pb.h>
 
 #include <filesystem>
@@ -62,6 +63,28 @@ std::string mlp_block(OnnxBuilder& b, const std::string& x, const std::string& p
   b.node("MatMul", {prefix + ".a", prefix + ".w2"}, {prefix + ".o"}, "/" + prefix + "/fc2/MatMul");
   b.node("Add", {prefix + ".o", prefix + ".b2"}, {prefix + ".y"}, "/" + prefix + "/fc2/Add");
   return prefix + ".y";
+}
+
+// The dynamo exporter's generic node names ("node_MatMul_0"), the module path in pkg.torch.onnx.name_scopes (field 9 of
+// NodeProto, newer than the ONNX 1.12 protos: written as that field's bytes): the region is named by the metadata.
+TEST(ADynamoExportedMlp, IsARegionNamedByTheModulePathOfItsNodesMetadata) {
+  OnnxBuilder b;
+  b.input("x", {"batch", 4, 8}).output("mlp.y");
+  mlp_block(b, "x", "mlp");
+  const std::vector<std::string> modules = {"fc1", "fc1", "act", "fc2", "fc2"};
+  for (int i = 0; i < b.graph().node_size(); ++i) {
+    onnx::NodeProto& n = *b.graph().mutable_node(i);
+    n.set_name("node_" + n.op_type() + "_" + std::to_string(i));
+    onnx::StringStringEntryProto meta;
+    meta.set_key("pkg.torch.onnx.name_scopes");
+    meta.set_value("['', 'model', 'model.layers.3', 'model.layers.3.mlp', 'model.layers.3.mlp." +
+                   modules[static_cast<size_t>(i)] + "', 'op_" + std::to_string(i) + "']");
+    n.GetReflection()->MutableUnknownFields(&n)->AddLengthDelimited(9, meta.SerializeAsString());
+  }
+  const ImportedModel m = import(b, 2);
+  const TensorParallelRegions r = find_tensor_parallel_regions(m.graph, 2);
+  ASSERT_EQ(r.regions.size(), 1u);
+  EXPECT_EQ(r.regions[0].name, "/model/layers.3/mlp");
 }
 
 TEST(AHandBuiltMlp, IsOneRegionColumnThenRowEndingAtTheSecondMatMul) {

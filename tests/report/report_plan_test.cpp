@@ -63,6 +63,36 @@ TEST_F(AReportPlan, ReadsStagesLayersAndPredictions) {
   EXPECT_EQ(p.sim.stages.size(), 3u);
 }
 
+// The dynamo exporter names nodes generically ("node_MatMul_3"); costs.json keeps the module path its metadata gave
+// (Task::scope), and the layers are read from it.
+TEST_F(AReportPlan, NamesTheLayersOfGenericallyNamedTasksByTheModulePathCostsJsonKeeps) {
+  json plan = apart::testing::three_stage_plan();
+  const std::vector<std::vector<std::string>> tasks = {{"node_Gather_0", "node_MatMul_1", "node_Add_2"},
+                                                       {"node_MatMul_3", "node_Add_4", "node_MatMul_5"},
+                                                       {"node_Add_6", "node_Add_7", "node_MatMul_8"}};
+  const std::vector<std::string> scopes = {"/model/embed_tokens", "/model/layers.0/self_attn", "/model/layers.0/mlp",
+                                           "/model/layers.1/self_attn", "/model/layers.1/mlp", "/model/layers.2/self_attn",
+                                           "/model/layers.2/mlp", "/model/norm", "/lm_head"};
+  json rows = json::array();
+  for (size_t s = 0; s < 3; ++s) {
+    plan["stages"][s]["tasks"] = tasks[s];
+    for (size_t k = 0; k < 3; ++k)
+      rows.push_back({{"name", tasks[s][k]}, {"op", "MatMul"}, {"constant", false}, {"forward_s", 0.001},
+                      {"scope", scopes[3 * s + k]}});
+  }
+  write(plan);
+  apart::testing::write_json(dir_ / "costs.json", {{"schema", "apart.costs/1"}, {"device", "a100-80gb"},
+                                                   {"microbatch_size", 1}, {"source", "analytic"}, {"tasks", rows}});
+  const auto p = load_report_plan(dir_);
+  ASSERT_TRUE(p.have_costs);
+  ASSERT_EQ(p.stages[0].layers.size(), 2u);
+  EXPECT_EQ(p.stages[0].layers[0].layer, "model");  // embed_tokens: the first scope, as for /model/embed_tokens/Gather
+  EXPECT_EQ(p.stages[0].layers[1].layer, "model/layers.0");
+  EXPECT_EQ(first_layer(p.stages[1]), "model/layers.1");
+  EXPECT_EQ(last_layer(p.stages[1]), "model/layers.2");
+  EXPECT_EQ(p.stages[2].layers.back().layer, "lm_head");
+}
+
 TEST_F(AReportPlan, AcceptsThePlanJsonFileItself) {
   write(apart::testing::three_stage_plan());
   EXPECT_EQ(load_report_plan(dir_ / "plan.json").stages.size(), 3u);

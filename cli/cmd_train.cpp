@@ -7,6 +7,7 @@
 #include "cli/command_registry.h"
 #include "cli/training_flags.h"
 #include "graph/error.h"
+#include "runtime/preemption.h"
 #include "runtime/trainer.h"
 
 namespace apart::cli {
@@ -45,11 +46,13 @@ void run_train(const TrainArgs& a) {
   o.save_model = a.save_model;
   o.loss_scale = loss_scale_options(a.backend);
   o.on_note = [](const std::string& note) { std::fprintf(stderr, "apart: note: %s\n", note.c_str()); };
+  o.on_warning = [](const std::string& warning) { std::fprintf(stderr, "apart: warning: %s\n", warning.c_str()); };
 
   apply_threads(a.training.threads);
   const std::unique_ptr<Backend> backend = make_backend(a.backend);
   o.backend = backend.get();
   if (!backend) note_blas_kernel();
+  const StopSignals stop_signals;  // SIGTERM/SIGINT/SIGUSR1: finish the step, checkpoint it, exit 75
   const TrainResult r = train(o, [&](const StepRecord& s) {
     if (!a.quiet)
       std::printf("step=%lld loss=%.6f samples/s=%s lr=%.3g grad_norm=%.4g%s\n", static_cast<long long>(s.step), s.loss,
@@ -57,6 +60,17 @@ void run_train(const TrainArgs& a) {
     std::fflush(stdout);
   });
   if (backend) note_backend(r.backend, r.fallback_ops);
+  if (r.stopped_by_signal) {
+    const long long at = static_cast<long long>(r.steps.empty() ? r.first_step : r.steps.back().step);
+    if (a.checkpoint_dir.empty())
+      std::fprintf(stderr, "apart train: stopped by %s after step %lld of %lld; no --checkpoint-dir was given, so "
+                   "nothing was saved\n", stop_signal_name(r.stopped_by_signal), at, static_cast<long long>(a.steps));
+    else
+      std::fprintf(stderr, "apart train: stopped by %s after step %lld of %lld; checkpoint of step %lld: %s\n"
+                   "resume with: %s\n", stop_signal_name(r.stopped_by_signal), at, static_cast<long long>(a.steps), at,
+                   a.checkpoint_dir.c_str(), resume_command(a.checkpoint_dir).c_str());
+    throw StoppedBySignal("stopped by a signal");
+  }
   if (r.steps.empty()) {
     std::printf("apart train: nothing to do (the checkpoint is at step %lld of %lld)\n",
                 static_cast<long long>(r.first_step), static_cast<long long>(a.steps));

@@ -26,6 +26,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
 #include "runtime/half_precision.h"
+#include "runtime/preemption.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -44,6 +45,7 @@ void TrainOptions::validate() const {
   if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
   checked_integer(schedule.warmup_steps, 0, limits::kMaxSteps, "--warmup-steps");
   checked_number(schedule.min_lr_ratio, 0, 1, "--min-lr-ratio");
+  checked_integer(schedule.total_steps, 0, limits::kMaxSteps, "--lr-schedule-steps (0: --steps)");
   if (schedule.kind == LrScheduleKind::kConstant && schedule.warmup_steps > 0)
     throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
   optimizer.validate();
@@ -173,6 +175,22 @@ void check_training_memory(const TaskGraph& graph, const TrainOptions& options, 
                    "or plan it for a cluster with `apart partition`");
 }
 
+int64_t resumed_lr_schedule_steps(const LrSchedule& schedule, int64_t steps, int64_t checkpoint_steps,
+                                  const std::function<void(const std::string&)>& on_note) {
+  const bool explicit_span = schedule.total_steps > 0;
+  const int64_t span = explicit_span ? schedule.total_steps : checkpoint_steps;
+  if (schedule.kind == LrScheduleKind::kConstant || !on_note) return span;
+  if (explicit_span && span != checkpoint_steps)
+    on_note("--lr-schedule-steps " + std::to_string(span) + " changes the learning-rate schedule of the resumed run: "
+            "it now decays over " + std::to_string(span) + " steps (the checkpoint's run: " +
+            std::to_string(checkpoint_steps) + "), so the rate jumps at the resumed step");
+  else if (!explicit_span && span != steps)
+    on_note("the resumed run keeps the checkpoint's learning-rate schedule, decaying over " + std::to_string(span) +
+            " steps (this run's --steps: " + std::to_string(steps) + "; steps past it run at the minimum rate); pass "
+            "--lr-schedule-steps " + std::to_string(steps) + " to stretch it instead");
+  return span;
+}
+
 TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   options.validate();
   const auto setup_start = Clock::now();
@@ -248,13 +266,14 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   ParamOptimizer optimizer(options.optimizer, names, backend);
   LossScaler scaler(options.loss_scale);
   LrSchedule schedule = options.schedule;
-  schedule.total_steps = options.steps;
+  if (schedule.total_steps == 0) schedule.total_steps = options.steps;  // or, resumed, the checkpoint's (below)
 
   // --- Resume ---
   int64_t step = 0;
   if (!options.resume.empty()) {
-    Checkpoint ck = read_checkpoint(options.resume);
+    Checkpoint ck = read_checkpoint(options.resume);  // every checksum verified before a byte is used
     const std::string where = "checkpoint " + options.resume;
+    if (!ck.warning.empty() && options.on_warning) options.on_warning(ck.warning);
     const std::string saved_kind = ck.meta.value("optimizer", "");
     if (saved_kind != optimizer_name(options.optimizer.kind))
       throw InvalidArgument(where + " was written with --optimizer " + saved_kind + "; resume with the same optimizer");
@@ -282,6 +301,9 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     optimizer.restore(ck.meta.value("optimizer_steps", ck.step), std::move(state));
     scaler.load(ck.meta);
     step = ck.step;
+    schedule.total_steps = resumed_lr_schedule_steps(options.schedule, options.steps,
+                                                     ck.meta.value("lr_schedule_steps", ck.meta.value("steps", options.steps)),
+                                                     options.on_note);
   }
   result.first_step = step;
   if (step > options.steps)
@@ -298,9 +320,17 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
                            {"seed", options.seed},
                            {"data", options.data.spec},
                            {"steps", options.steps},
+                           {"lr_schedule_steps", schedule.total_steps},
                            {"optimizer_steps", optimizer.steps_taken()}};
     scaler.save(meta);
     write_checkpoint(options.checkpoint_dir, at_step, meta, tensors, backend);
+    if (options.on_note) {
+      const fs::path file = fs::path(options.checkpoint_dir) / kCheckpointFile;
+      std::error_code ec;
+      const auto bytes = fs::file_size(file, ec);
+      options.on_note("checkpoint of step " + std::to_string(at_step) + " written: " + file.string() + " (" +
+                      (ec ? std::string("?") : std::to_string(bytes)) + " bytes; it replaces the previous one)");
+    }
   };
   result.setup_seconds = seconds_since(setup_start);
 
@@ -345,14 +375,20 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     record.samples_per_s = static_cast<double>(options.batch) / std::max(record.seconds, 1e-9);
     result.steps.push_back(record);
     if (on_step) on_step(record);
-    if (!options.checkpoint_dir.empty() && options.save_every > 0 && record.step % options.save_every == 0 &&
-        record.step < options.steps)
-      save_checkpoint(record.step);
+    const bool periodic = options.save_every > 0 && record.step % options.save_every == 0 && record.step < options.steps;
+    // A stop request (runtime/preemption.h) ends the run after the step it came in, with that step checkpointed.
+    const int stop = record.step < options.steps ? stop_requested() : 0;
+    if (!options.checkpoint_dir.empty() && (periodic || stop)) save_checkpoint(record.step);
+    if (stop) {
+      result.stopped_by_signal = stop;
+      break;
+    }
   }
   result.seconds = seconds_since(run_start);
   if (!result.steps.empty())
     result.samples_per_s = static_cast<double>(options.batch * static_cast<int64_t>(result.steps.size())) / result.seconds;
 
+  if (result.stopped_by_signal) return result;  // not trained to the end: no final checkpoint or model
   if (!options.checkpoint_dir.empty()) save_checkpoint(options.steps);
   if (!options.save_model.empty()) {
     std::map<std::string, Tensor> host;  // the weights on the host (shared, not copied, on the CPU backend)

@@ -108,7 +108,7 @@ TEST(ApartRunStoppedUnderMpirun, ExitsWith75AndItsPrintedCommandResumesToTheUnin
   const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
   const fs::path ck = dir / "ck", log = dir / "log";
   fs::remove_all(ck);
-  const std::string args = " run " + plan.string() + " --steps 40 --optimizer adamw --lr 0.01 --lr-schedule cosine --seed 3";
+  const std::string args = " run " + plan.string() + " --steps 20 --optimizer adamw --lr 0.01 --lr-schedule cosine --seed 3";
   {
     std::ofstream script(dir / "stop.sh");
     script << "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n"
@@ -143,9 +143,9 @@ TEST(ApartRunStoppedUnderMpirun, ExitsWith75AndItsPrintedCommandResumesToTheUnin
     return losses;
   };
   const auto all = printed(straight.out), before = printed(out), after = printed(rest.out);
-  ASSERT_EQ(all.size(), 40u) << straight.out;
+  ASSERT_EQ(all.size(), 20u) << straight.out;
   ASSERT_FALSE(before.empty());
-  ASSERT_EQ(before.size() + after.size(), 40u) << out << rest.out;
+  ASSERT_EQ(before.size() + after.size(), 20u) << out << rest.out;
   for (const auto& [k, line] : before) EXPECT_EQ(line, all.at(k));
   for (const auto& [k, line] : after) EXPECT_EQ(line, all.at(k));
 }

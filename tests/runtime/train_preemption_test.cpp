@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include "graph/crc32c.h"
 #include "graph/error.h"
 #include "models/zoo.h"
 #include "runtime/checkpoint.h"
@@ -56,6 +57,17 @@ int temporaries_in(const fs::path& dir) {
   for (const auto& e : fs::recursive_directory_iterator(dir))
     if (e.path().filename().string().find(".tmp.") != std::string::npos) ++n;
   return n;
+}
+
+TEST(Crc32c, GivesTheStandardCheckValueByTableAndByInstructionAndContinues) {
+  const std::string digits = "123456789";
+  EXPECT_EQ(crc32c(digits.data(), digits.size(), 0, false), 0xE3069283u);
+  EXPECT_EQ(crc32c(digits.data(), digits.size(), 0, true), 0xE3069283u);
+  std::string long_text(1000, 'x');
+  for (size_t i = 0; i < long_text.size(); ++i) long_text[i] = static_cast<char>(i * 31 + 7);
+  const uint32_t whole = crc32c(long_text.data(), long_text.size());
+  EXPECT_EQ(whole, crc32c(long_text.data(), long_text.size(), 0, false));
+  EXPECT_EQ(whole, crc32c(long_text.data() + 333, 667, crc32c(long_text.data(), 333)));
 }
 
 TEST(AStopRequest, EndsTrainAfterItsStepWithACheckpointThatResumesToTheUninterruptedLossesBitwise) {
@@ -284,10 +296,12 @@ TEST(ApartTrainCli, EndsAtOnceAtASecondSignalLeavingTheLatestCompleteCheckpointA
   const std::string log = dir.file("log").string();
   {
     std::ofstream script(dir.file("stop.sh"));
-    script << std::string(APART_BINARY) << " train " << APART_SOURCE_DIR << "/models/gpt-tiny.onnx --steps 1000 "
+    script << std::string(APART_BINARY) << " train " << APART_SOURCE_DIR << "/models/gpt-tiny.onnx --steps 1000 --batch 32 "
            << "--save-every 1 --checkpoint-dir " << ck << " >" << log << " 2>&1 </dev/null &\n"
            << "pid=$!\nfor i in $(seq 1200); do grep -q '^step=3 ' " << log << " && break; sleep 0.05; done\n"
-           << "kill -TERM $pid; sleep 0.01; kill -TERM $pid\nwait $pid\necho exit=$?\n";
+           // The second once the first is handled (the handler said so), while the step or its checkpoint runs.
+           << "kill -TERM $pid\nfor i in $(seq 20000); do grep -q 'SIGTERM received' " << log << " && break; done\n"
+           << "kill -TERM $pid\nwait $pid\necho exit=$?\n";
   }
   const auto r = testing::run_command("timeout 120 bash " + dir.file("stop.sh").string());
   EXPECT_NE(r.out.find("exit=143"), std::string::npos) << r.out << bytes_of(log);

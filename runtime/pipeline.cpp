@@ -1669,6 +1669,11 @@ size_t StageRunner::act(const Action& a, const std::map<std::string, Tensor>& ba
 
 // One rank's share of the plan: its stage, or in an interleaved plan its chunks d, d + P, … (each a StageRunner),
 // running the rank's actions, each on the stage it names, and one optimizer step over all of them.
+// A checkpoint that some rank could not write (RankRunner::save_checkpoint): every rank throws it together.
+struct CheckpointWriteFailed : SystemError {
+  using SystemError::SystemError;
+};
+
 // The run's learning-rate schedule: over --lr-schedule-steps, else --steps (a resume may keep its checkpoint's).
 LrSchedule schedule_of(const RunOptions& options) {
   LrSchedule schedule = options.schedule;
@@ -1835,11 +1840,33 @@ void RankRunner::save_checkpoint(int64_t step_done) {
   std::error_code ec;
   fs::create_directories(dir / folder, ec);
   if (ec) throw SystemError("cannot create " + (dir / folder).string() + ": " + ec.message());
-  for (auto& stage : stages_) stage->write_checkpoint_shard(dir / folder, step_done);
-  world_.barrier();  // every shard is on disk before the manifest names them
+  // A shard that cannot be written (a full disk, a quota, a file-size limit) fails the save on every rank alike: the
+  // flag rides one world all-reduce, so no rank waits at the barrier for it and none is killed mid-write.
+  std::string failed;
+  try {
+    for (auto& stage : stages_) stage->write_checkpoint_shard(dir / folder, step_done);
+  } catch (const SystemError& e) {
+    failed = e.what();
+  }
+  double failures = failed.empty() ? 0.0 : 1.0;
+  world_.allreduce_sum(std::span<double>(&failures, 1))->wait();  // also: every shard is on disk before the manifest
+  std::optional<Manifest> previous;
+  if (world_.rank() == 0 && fs::exists(dir / kManifestFile, ec)) previous = read_manifest(dir);
+  if (failures > 0) {
+    // The step's folder goes unless a manifest names it (a re-save of the latest): the previous stays the latest.
+    const bool named = previous && (previous->folder == folder ||
+                                     std::find(previous->kept.begin(), previous->kept.end(), folder) != previous->kept.end());
+    world_.barrier();
+    if (world_.rank() == 0 && !named) fs::remove_all(dir / folder, ec);
+    // The ranks whose shard was written report the failure as a consequence (CommError), so the in-process run
+    // reports the rank that names the folder and the bytes.
+    if (failed.empty())
+      throw CommError("the checkpoint of step " + std::to_string(step_done) + " into " + (dir / folder).string() +
+                      " failed on another rank (it names the folder and the bytes); the previous checkpoint is still "
+                      "the latest");
+    throw CheckpointWriteFailed(failed);
+  }
   if (world_.rank() == 0) {
-    std::optional<Manifest> previous;
-    if (fs::exists(dir / kManifestFile, ec)) previous = read_manifest(dir);
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < world_.size(); ++r) {
       const RankRole role = rank_role(setup_.full_plan, r);
@@ -2027,6 +2054,8 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
     throw;  // another rank failed (and aborted), or this one's peer vanished
   } catch (const Infeasible&) {
     throw;  // found by the world all-reduce: every rank throws it
+  } catch (const CheckpointWriteFailed&) {
+    throw;  // the same: every rank throws it
   } catch (const Error& e) {
     abort_world(options, world, rank_label(world.rank(), world.size(), setup.role) + ": " + e.what(), exit_code(e.kind()));
     throw;

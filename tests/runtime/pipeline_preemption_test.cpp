@@ -13,6 +13,7 @@
 #include "runtime/preemption.h"
 #include "runtime/run_checkpoint_files.h"
 #include "tests/runtime/pipeline_fixture.h"
+#include "tests/support/run_apart.h"
 
 namespace apart {
 namespace {
@@ -52,29 +53,41 @@ Outcome run_stopped(const fs::path& plan, int64_t steps, const fs::path& dir, co
   return out;
 }
 
-TEST(ApartRunStopped, StopsEveryRankAfterTheSameStepAndResumesToTheUninterruptedRunBitwise) {
-  const fs::path dir = scratch("stopped");
-  const fs::path plan = make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
+// Stopped by its last rank after step 2, every rank stops after step 3 and the resume continues bitwise; `what` names
+// the layout.
+void expect_stops_and_resumes_bitwise(const fs::path& plan, const fs::path& dir, const std::string& what) {
+  const int last = plan_world(plan) - 1;
   const Outcome straight = run_stopped(plan, 7, dir / "straight", "", "", 0, -1);
-  ASSERT_EQ(straight.losses.size(), 7u);
+  ASSERT_EQ(straight.losses.size(), 7u) << what;
   const fs::path ck = dir / "ck";
   fs::remove_all(ck);
-  // Rank 2 (the second stage) asks after its step 2; the others may be past reading the flag for step 3 already: the
-  // step's all-reduce makes all of them stop after step 3.
-  const Outcome first = run_stopped(plan, 7, dir / "first", ck.string(), "", 2, 2);
+  // The last rank asks after its step 2; the others may be past reading the flag for step 3 already: the step's
+  // all-reduce makes all of them stop after step 3.
+  const Outcome first = run_stopped(plan, 7, dir / "first", ck.string(), "", 2, last);
   for (const RunResult& r : first.ranks) {
-    EXPECT_NE(r.stopped_by_signal, 0) << "rank " << r.role.stage;
-    ASSERT_FALSE(r.steps.empty());
-    EXPECT_EQ(r.steps.back().step, 3) << "rank " << r.role.stage;
+    EXPECT_NE(r.stopped_by_signal, 0) << what << ": stage " << r.role.stage;
+    ASSERT_FALSE(r.steps.empty()) << what;
+    EXPECT_EQ(r.steps.back().step, 3) << what << ": stage " << r.role.stage;
   }
-  EXPECT_TRUE(fs::exists(ck / "step_3" / "rank_2.apart"));
-  EXPECT_FALSE(fs::exists(dir / "first" / "run.onnx"));  // not trained to the end: no model written
-  EXPECT_EQ(verify_checkpoint(ck).size(), 4u);            // the manifest and three shards, every checksum good
+  EXPECT_TRUE(fs::exists(ck / "step_3" / ("rank_" + std::to_string(last) + ".apart"))) << what;
+  EXPECT_FALSE(fs::exists(dir / "first" / "run.onnx")) << what;  // not trained to the end: no model written
+  EXPECT_EQ(verify_checkpoint(ck).size(), static_cast<size_t>(last + 2)) << what;  // the manifest and every shard
   const Outcome rest = run_stopped(plan, 7, dir / "rest", ck.string(), ck.string(), 0, -1);
-  ASSERT_EQ(rest.losses.size(), 4u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(first.losses[i], straight.losses[i]) << "step " << i + 1;
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], straight.losses[i + 3]) << "step " << i + 4;
-  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights));
+  ASSERT_EQ(rest.losses.size(), 4u) << what;
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(first.losses[i], straight.losses[i]) << what << ": step " << i + 1;
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], straight.losses[i + 3]) << what << ": step " << i + 4;
+  EXPECT_TRUE(bitwise_equal(rest.weights, straight.weights)) << what;
+}
+
+TEST(ApartRunStopped, StopsEveryRankAfterTheSameStepAndResumesToTheUninterruptedRunBitwise) {
+  const fs::path dir = scratch("stopped");
+  expect_stops_and_resumes_bitwise(make_plan(gpt_tiny(), {{2, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "pp_dp" / "plan"),
+                                   dir / "pp_dp", "2 stages, 2 + 1 replicas");
+  expect_stops_and_resumes_bitwise(make_plan(gpt_tiny(), {{2}, 2, Schedule::k1F1B, {}, 3}, 8, dir / "zero3" / "plan"),
+                                   dir / "zero3", "ZeRO-3 over 2 replicas");
+  TpShape tp;
+  tp.stages = 2;
+  expect_stops_and_resumes_bitwise(make_tp_plan(tp, 8, dir / "tp" / "plan"), dir / "tp", "TP 2 x PP 2");
 }
 
 TEST(ApartRunKeepLast, KeepsTheNewestStepFoldersEachResumableAndAnnouncesWhatItDeletes) {
@@ -148,6 +161,26 @@ TEST(ApartRunStoppedUnderMpirun, ExitsWith75AndItsPrintedCommandResumesToTheUnin
   ASSERT_EQ(before.size() + after.size(), 20u) << out << rest.out;
   for (const auto& [k, line] : before) EXPECT_EQ(line, all.at(k));
   for (const auto& [k, line] : after) EXPECT_EQ(line, all.at(k));
+}
+
+// A file-size limit (ulimit -f) fails every rank's save together: exit 6 naming the folder and the bytes, the manifest
+// still names the previous step, whose shards load, and neither the failed step's folder nor a temporary is left.
+TEST(ApartRunCheckpointWriteFailing, StopsEveryRankAndLeavesThePreviousCheckpointTheLatest) {
+  const fs::path dir = scratch("write_failing");
+  const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B, {}}, 8, dir / "plan");
+  const fs::path ck = dir / "ck";
+  fs::remove_all(ck);
+  const std::string args = "run " + plan.string() + " --in-process --seed 3 --checkpoint-dir " + ck.string();
+  const auto first = testing::run_apart_bounded(args + " --steps 2");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const auto r = testing::run_apart_bounded(args + " --steps 4 --resume " + ck.string(), "ulimit -f 64; ");
+  EXPECT_EQ(r.code, 6) << r.out;
+  EXPECT_NE(r.out.find("cannot write the checkpoint of step 4 ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" bytes) into " + (ck / "step_4").string()), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(ck / "step_4"));
+  EXPECT_EQ(verify_checkpoint(ck).size(), 3u);  // step_2: its manifest and both shards
+  for (const auto& e : fs::recursive_directory_iterator(ck))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ struct TrainArgs {
   BackendFlags backend;
   std::string checkpoint_dir;
   int64_t save_every = 0;
+  int64_t keep_last = 1;
   std::string resume;
   std::string save_model;
   bool quiet = false;
@@ -42,6 +43,7 @@ void run_train(const TrainArgs& a) {
   o.seed = a.training.seed;
   o.checkpoint_dir = a.checkpoint_dir;
   o.save_every = a.save_every;
+  o.keep_last = a.keep_last;
   o.resume = a.resume;
   o.save_model = a.save_model;
   o.loss_scale = loss_scale_options(a.backend);
@@ -103,6 +105,9 @@ const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
   add_backend_flags(*cmd, args->backend);
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir, "Write params + optimizer state + step here (at the end, and --save-every)");
   cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
+  cmd->add_option("--keep-last", args->keep_last,
+                  "Keep the latest N checkpoints: checkpoint.apart and the N - 1 before it as checkpoint.step_K.apart; "
+                  "older ones this run wrote are deleted, each announced")->capture_default_str();
   cmd->add_option("--resume", args->resume, "Continue from this checkpoint directory");
   cmd->add_option("--save-model", args->save_model, "Write the trained weights into a copy of the model (ONNX)");
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the summary");

@@ -42,6 +42,7 @@ void TrainOptions::validate() const {
   checked_integer(batch, 1, limits::kMaxBatch, "--batch");
   checked_integer(steps, 1, limits::kMaxSteps, "--steps");
   checked_integer(save_every, 0, limits::kMaxSteps, "--save-every (0: only at the end)");
+  checked_integer(keep_last, 1, limits::kMaxSteps, "--keep-last");
   if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
   checked_integer(schedule.warmup_steps, 0, limits::kMaxSteps, "--warmup-steps");
   checked_number(schedule.min_lr_ratio, 0, 1, "--min-lr-ratio");
@@ -90,6 +91,32 @@ void check_outputs(const TrainOptions& options, const onnx::ModelProto& forward)
   if (!options.save_model.empty()) {
     check_output_file(options.save_model, inputs, "--save-model");
     check_output_not_input(options.save_model + ".data", inputs, "--save-model (its external data)");
+  }
+}
+
+// --keep-last: before DIR/checkpoint.apart is replaced, the one there (this run's, of `last_step`) stays as
+// DIR/checkpoint.step_K.apart, a hard link (the replacement is still a rename over the old name); the oldest this run
+// kept go once more than keep_last - 1 are. Only files this run wrote are deleted, each announced.
+struct KeptCheckpoints {
+  std::vector<fs::path> files;  // oldest first
+  int64_t last_step = -1;       // of DIR/checkpoint.apart, when this run wrote it
+};
+void keep_previous_checkpoint(const TrainOptions& options, KeptCheckpoints& kept) {
+  if (options.keep_last <= 1 || kept.last_step < 0) return;
+  const fs::path dir(options.checkpoint_dir);
+  const fs::path older = dir / ("checkpoint.step_" + std::to_string(kept.last_step) + ".apart");
+  std::error_code ec;
+  fs::remove(older, ec);
+  fs::create_hard_link(dir / kCheckpointFile, older, ec);
+  if (ec) throw SystemError("cannot keep the checkpoint of step " + std::to_string(kept.last_step) + " as " + older.string() +
+                            ": " + ec.message() + " (--keep-last needs hard links in --checkpoint-dir)");
+  kept.files.push_back(older);
+  if (options.on_note) options.on_note("checkpoint of step " + std::to_string(kept.last_step) + " kept as " + older.string());
+  while (static_cast<int64_t>(kept.files.size()) > options.keep_last - 1) {
+    fs::remove(kept.files.front(), ec);
+    if (options.on_note) options.on_note("checkpoint " + kept.files.front().string() + " deleted (--keep-last " +
+                                         std::to_string(options.keep_last) + ")");
+    kept.files.erase(kept.files.begin());
   }
 }
 
@@ -310,6 +337,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     throw InvalidArgument("checkpoint " + options.resume + " is at step " + std::to_string(step) + ", past --steps " +
                           std::to_string(options.steps));
 
+  KeptCheckpoints kept;
   auto save_checkpoint = [&](int64_t at_step) {
     std::vector<std::pair<std::string, const Tensor*>> tensors;
     for (size_t i = 0; i < names.size(); ++i) tensors.emplace_back("param/" + names[i], params[i]);
@@ -323,14 +351,17 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
                            {"lr_schedule_steps", schedule.total_steps},
                            {"optimizer_steps", optimizer.steps_taken()}};
     scaler.save(meta);
+    keep_previous_checkpoint(options, kept);
     write_checkpoint(options.checkpoint_dir, at_step, meta, tensors, backend);
     if (options.on_note) {
       const fs::path file = fs::path(options.checkpoint_dir) / kCheckpointFile;
       std::error_code ec;
       const auto bytes = fs::file_size(file, ec);
       options.on_note("checkpoint of step " + std::to_string(at_step) + " written: " + file.string() + " (" +
-                      (ec ? std::string("?") : std::to_string(bytes)) + " bytes; it replaces the previous one)");
+                      (ec ? std::string("?") : std::to_string(bytes)) + " bytes" +
+                      (kept.last_step >= 0 && options.keep_last == 1 ? "; it replaces the previous one)" : ")"));
     }
+    kept.last_step = at_step;
   };
   result.setup_seconds = seconds_since(setup_start);
 

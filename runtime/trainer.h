@@ -39,6 +39,9 @@ struct TrainOptions {
   uint64_t seed = 0;
   std::string checkpoint_dir;     // "" = no checkpoints
   int64_t save_every = 0;         // also every N steps (0: only at the end)
+  // How many checkpoints stay: DIR/checkpoint.apart, the latest, and the keep_last - 1 before it this run wrote, each
+  // as DIR/checkpoint.step_K.apart (--resume takes the file); older ones this run wrote are deleted, announced.
+  int64_t keep_last = 1;
   std::string resume;             // a checkpoint directory to continue from
   std::string save_model;         // write the trained weights into a copy of the model here
   // Where tensors live and kernels run (not owned; nullptr: the CPU backend). On a device backend params, gradients

@@ -309,5 +309,32 @@ TEST(ApartTrainCli, EndsAtOnceAtASecondSignalLeavingTheLatestCompleteCheckpointA
   EXPECT_EQ(temporaries_in(ck), 0);
 }
 
+TEST(ATrainRunWithKeepLast, KeepsTheLatestCheckpointsEachResumableAndAnnouncesWhatItDeletes) {
+  TempDir dir;
+  const fs::path model = write_mlp(dir.file(""));
+  TrainOptions o = cosine_run(model, 5);
+  o.checkpoint_dir = dir.file("ck").string();
+  o.save_every = 1;
+  o.keep_last = 3;
+  std::vector<std::string> notes;
+  o.on_note = [&](const std::string& n) { notes.push_back(n); };
+  const TrainResult all = train(o);
+  const fs::path ck = dir.file("ck");
+  EXPECT_EQ(read_checkpoint(ck).step, 5);
+  EXPECT_EQ(read_checkpoint(ck / "checkpoint.step_4.apart").step, 4);
+  EXPECT_EQ(read_checkpoint(ck / "checkpoint.step_3.apart").step, 3);
+  EXPECT_FALSE(fs::exists(ck / "checkpoint.step_2.apart"));
+  EXPECT_FALSE(fs::exists(ck / "checkpoint.step_1.apart"));
+  int deleted = 0;
+  for (const std::string& n : notes) deleted += n.find(" deleted (--keep-last 3)") != std::string::npos;
+  EXPECT_EQ(deleted, 2);
+  TrainOptions again = cosine_run(model, 5);
+  again.resume = (ck / "checkpoint.step_3.apart").string();
+  const TrainResult rest = train(again);
+  ASSERT_EQ(rest.steps.size(), 2u);
+  EXPECT_EQ(rest.steps[0].loss, all.steps[3].loss);
+  EXPECT_EQ(rest.steps[1].loss, all.steps[4].loss);
+}
+
 }  // namespace
 }  // namespace apart

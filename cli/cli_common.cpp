@@ -158,3 +158,38 @@ void note_blas_kernel() {
 }
 
 }  // namespace apart::cli
+
+namespace apart::cli {
+namespace {
+std::vector<std::string>& command_line_words() {
+  static std::vector<std::string> words;
+  return words;
+}
+// A word as a POSIX shell reads it back: bare when it is only safe characters, else in single quotes.
+std::string shell_word(const std::string& word) {
+  const bool safe = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                            "0123456789-_./=:,+@%") == std::string::npos;
+  if (safe) return word;
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+}  // namespace
+
+void set_command_line(int argc, char** argv) { command_line_words().assign(argv, argv + argc); }
+
+std::string resume_command(const std::string& checkpoint_dir, const std::string& launcher) {
+  const std::vector<std::string>& words = command_line_words();
+  std::string command = launcher;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (words[i] == "--resume") {
+      ++i;  // and its value
+      continue;
+    }
+    if (words[i].rfind("--resume=", 0) == 0) continue;
+    command += (i == 0 ? "" : " ") + shell_word(words[i]);
+  }
+  return command + " --resume " + shell_word(checkpoint_dir);
+}
+
+}  // namespace apart::cli

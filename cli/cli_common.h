@@ -65,6 +65,11 @@ class Progress {
   double last_ = -1e300;
 };
 
+// The command line main was given (set_command_line), and the same with `--resume DIR` in place of any --resume:
+// the exact command that continues a run stopped by a signal, shell-quoted, after `launcher` ("mpirun -np 3 ").
+void set_command_line(int argc, char** argv);
+std::string resume_command(const std::string& checkpoint_dir, const std::string& launcher = "");
+
 // Counts, bytes and times: graph/units.h (format_count, format_bytes, format_seconds).
 
 // What a command that read this model must not overwrite: driver/compile.h model_files.

@@ -8,6 +8,7 @@
 #include "cli/command_registry.h"
 #include "driver/check.h"
 #include "graph/error.h"
+#include "runtime/run_checkpoint_files.h"
 
 namespace apart::cli {
 namespace {
@@ -16,10 +17,15 @@ struct CheckArgs {
   std::string plan;
   std::string model;
   std::string write_shards;
+  std::string checkpoint;
   bool quiet = false;
 };
 
 void run_check(const CheckArgs& a) {
+  if (!a.checkpoint.empty()) {  // every byte of the checkpoint, before the plan's own checks
+    for (const std::string& line : verify_checkpoint(a.checkpoint)) std::printf("ok   checkpoint  %s\n", line.c_str());
+    std::fflush(stdout);
+  }
   const PlanCheck check = check_plan_folder(a.plan, a.model);
   int failed = 0;
   for (const PlanFinding& f : check.findings) {
@@ -48,6 +54,9 @@ const bool kRegistered = register_command({"check", 62, [](CLI::App& app) {
                   "Also write each TP rank's shard of each tensor-parallel stage, as apart run cuts it, to DIR/"
                   "stage_K.tp_R.onnx (Netron-viewable; inline weights sliced, external ones as dims only)")
       ->type_name("DIR");
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "Also verify every checksum of this checkpoint folder (apart run's or apart train's) without training; "
+                  "a damaged one fails with exit code 7 naming the file and the tensor");
   cmd->add_flag("-q,--quiet", args->quiet, "Print only the failed checks");
   cmd->callback([args] { run_check(*args); });
 }});

@@ -16,6 +16,7 @@
 #include "plan/plan.h"
 #include "runtime/cuda/cuda_entry.h"
 #include "runtime/pipeline.h"
+#include "runtime/preemption.h"
 
 namespace apart::cli {
 namespace {
@@ -31,6 +32,7 @@ struct RunArgs {
   std::string save_model;
   std::string checkpoint_dir;
   int64_t save_every = 0;
+  int64_t keep_last = 1;
   std::string resume;
   std::string trace;
   bool trace_all_steps = false;
@@ -138,7 +140,10 @@ RunOptions run_options(const RunArgs& a) {
   o.save_model = a.save_model;
   o.checkpoint_dir = a.checkpoint_dir;
   o.save_every = a.save_every;
+  o.keep_last = a.keep_last;
   o.resume = a.resume;
+  o.on_note = [](const std::string& note) { std::fprintf(stderr, "apart: note: %s\n", note.c_str()); };
+  o.on_warning = [](const std::string& warning) { std::fprintf(stderr, "apart: warning: %s\n", warning.c_str()); };
   o.trace = a.trace;
   o.trace_all_steps = a.trace_all_steps;
   o.loss_scale = loss_scale_options(a.backend);
@@ -179,6 +184,22 @@ void run_rank(const RunOptions& options, Communicator& comm, const RunArgs& a, i
     std::fprintf(stderr, "%s note: stage %d computes %zu tensor-parallel region(s) whole on every TP rank (a stage "
                  "boundary cutting them, or the reason given): %s\n", prefix(r, comm.rank()).c_str(), r.role.stage, r.tp_whole_regions.size(),
                  join(r.tp_whole_regions).c_str());
+  if (r.stopped_by_signal) {
+    // Every rank stopped after the same step (the step's all-reduce); rank 0 says where and how to go on.
+    if (comm.rank() == 0) {
+      const long long at = static_cast<long long>(r.steps.empty() ? r.first_step : r.steps.back().step);
+      const std::string by = r.stopped_by_signal > 0 ? stop_signal_name(r.stopped_by_signal) : "another rank's stop signal";
+      if (a.checkpoint_dir.empty())
+        std::fprintf(stderr, "apart run: stopped by %s after step %lld of %lld on every rank; no --checkpoint-dir was "
+                     "given, so nothing was saved\n", by.c_str(), at, static_cast<long long>(a.steps));
+      else
+        std::fprintf(stderr, "apart run: stopped by %s after step %lld of %lld on every rank; checkpoint of step %lld: "
+                     "%s/step_%lld\nresume with: %s\n", by.c_str(), at, static_cast<long long>(a.steps), at,
+                     a.checkpoint_dir.c_str(), at,
+                     resume_command(a.checkpoint_dir, launched_by_mpi() ? "mpirun -np " + std::to_string(comm.size()) + " " : "").c_str());
+    }
+    throw StoppedBySignal("stopped by a signal");
+  }
   if (r.reports) summary(r, comm.rank(), a);
 }
 
@@ -192,6 +213,7 @@ void run_command(RunArgs a) {
                    a.backend.precision.c_str());
   }
   const RunOptions o = run_options(a);
+  const StopSignals stop_signals;  // SIGTERM/SIGINT/SIGUSR1: every rank finishes the step, checkpoints it, exits 75
   checked_number(a.comm_timeout_s, 1, 86400, "--comm-timeout");
   std::vector<InputFile> inputs = plan_inputs(a.plan);
   if (!a.model.empty()) inputs.push_back({"the model", a.model});
@@ -253,6 +275,9 @@ const bool kRegistered = register_command({"run", 65, [](CLI::App& app) {
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
                   "Every rank writes its shard here (params, optimizer state), then rank 0 the manifest: at the end and --save-every");
   cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
+  cmd->add_option("--keep-last", args->keep_last,
+                  "Keep the newest N checkpoint folders (DIR/step_K, each resumable alone); older ones are deleted, "
+                  "each announced")->capture_default_str();
   cmd->add_option("--resume", args->resume, "Continue from this checkpoint folder (same plan, same rank count)");
   cmd->add_option("--trace", args->trace,
                   "Write the measured timeline of the last step here (Chrome trace, as apart simulate --trace; rank 0 writes it)");

@@ -7,6 +7,7 @@
 #include "cli/command_registry.h"
 #include "cli/training_flags.h"
 #include "graph/error.h"
+#include "runtime/preemption.h"
 #include "runtime/trainer.h"
 
 namespace apart::cli {
@@ -22,6 +23,7 @@ struct TrainArgs {
   BackendFlags backend;
   std::string checkpoint_dir;
   int64_t save_every = 0;
+  int64_t keep_last = 1;
   std::string resume;
   std::string save_model;
   bool quiet = false;
@@ -42,22 +44,36 @@ void run_train(const TrainArgs& a) {
   o.seed = a.training.seed;
   o.checkpoint_dir = a.checkpoint_dir;
   o.save_every = a.save_every;
+  o.keep_last = a.keep_last;
   o.resume = a.resume;
   o.save_model = a.save_model;
   o.loss_scale = loss_scale_options(a.backend);
   o.on_note = [](const std::string& note) { std::fprintf(stderr, "apart: note: %s\n", note.c_str()); };
+  o.on_warning = [](const std::string& warning) { std::fprintf(stderr, "apart: warning: %s\n", warning.c_str()); };
 
   apply_threads(a.training.threads);
   const std::unique_ptr<Backend> backend = make_backend(a.backend);
   o.backend = backend.get();
   if (!backend) note_blas_kernel();
   StepLog log(a.log, {{"the model", a.model}}, a.steps);
+  const StopSignals stop_signals;  // SIGTERM/SIGINT/SIGUSR1: finish the step, checkpoint it, exit 75
   const TrainResult r = train(o, [&](const StepRecord& s) {
     const std::string line = log.step(s);
     if (!a.quiet) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   });
   if (backend) note_backend(r.backend, r.fallback_ops);
+  if (r.stopped_by_signal) {
+    const long long at = static_cast<long long>(r.steps.empty() ? r.first_step : r.steps.back().step);
+    if (a.checkpoint_dir.empty())
+      std::fprintf(stderr, "apart train: stopped by %s after step %lld of %lld; no --checkpoint-dir was given, so "
+                   "nothing was saved\n", stop_signal_name(r.stopped_by_signal), at, static_cast<long long>(a.steps));
+    else
+      std::fprintf(stderr, "apart train: stopped by %s after step %lld of %lld; checkpoint of step %lld: %s\n"
+                   "resume with: %s\n", stop_signal_name(r.stopped_by_signal), at, static_cast<long long>(a.steps), at,
+                   a.checkpoint_dir.c_str(), resume_command(a.checkpoint_dir).c_str());
+    throw StoppedBySignal("stopped by a signal");
+  }
   if (r.steps.empty()) {
     std::printf("apart train: nothing to do (the checkpoint is at step %lld of %lld)\n",
                 static_cast<long long>(r.first_step), static_cast<long long>(a.steps));
@@ -89,6 +105,9 @@ const bool kRegistered = register_command({"train", 60, [](CLI::App& app) {
   add_backend_flags(*cmd, args->backend);
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir, "Write params + optimizer state + step here (at the end, and --save-every)");
   cmd->add_option("--save-every", args->save_every, "Also checkpoint every N steps");
+  cmd->add_option("--keep-last", args->keep_last,
+                  "Keep the latest N checkpoints: checkpoint.apart and the N - 1 before it as checkpoint.step_K.apart; "
+                  "older ones this run wrote are deleted, each announced")->capture_default_str();
   cmd->add_option("--resume", args->resume, "Continue from this checkpoint directory");
   cmd->add_option("--save-model", args->save_model, "Write the trained weights into a copy of the model (ONNX)");
   add_step_log_flags(*cmd, args->log);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "apart_version.h"
+#include "cli/cli_common.h"
 #include "cli/command_registry.h"
 #include "graph/error.h"
 #include "graph/text.h"
@@ -122,7 +123,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();
   app.footer("Exit codes: 0 ok, 2 invalid argument, 3 invalid model, 4 unsupported, 5 infeasible, 6 system error,\n"
-             "70 internal error. Run `apart <command> --help` for a command's options.");
+             "7 corrupt data (a checkpoint failing its checksums), 70 internal error, 75 stopped by a signal after\n"
+             "checkpointing (resume it). Run `apart <command> --help` for a command's options.");
 
   auto& registry = apart::cli::command_registry();
   std::sort(registry.begin(), registry.end(), [](const auto& a, const auto& b) {
@@ -138,6 +140,7 @@ int main(int argc, char** argv) {
                  app.help().c_str());
     return apart::exit_code(apart::ErrorKind::kInvalidArgument);
   }
+  apart::cli::set_command_line(argc, argv);
   try {
     if (const auto unknown = unknown_command(app, argv[1])) {
       std::fprintf(stderr, "apart: error [InvalidArgument]: %s\n", unknown->c_str());
@@ -160,6 +163,9 @@ int main(int argc, char** argv) {
         apart::printable(flag_error_message(*command, e, std::vector<std::string>(argv + 1, argv + argc))).c_str(),
         command_line.c_str());
     return apart::exit_code(apart::ErrorKind::kInvalidArgument);
+  } catch (const apart::StoppedBySignal&) {
+    std::fflush(stdout);
+    return apart::kExitStoppedBySignal;  // what to do next is printed already
   } catch (const apart::Error& e) {
     // Messages quote model-controlled names already; escaping here too keeps any that slipped through
     // from reaching the terminal raw (an ANSI escape, a newline that fakes a line).

@@ -66,6 +66,9 @@ void add_training_flags(CLI::App& cmd, TrainingFlags& f, const std::string& opti
   cmd.add_option("--lr-schedule", f.lr_schedule, "constant, or cosine (linear warmup, cosine decay)")->capture_default_str();
   cmd.add_option("--warmup-steps", f.warmup_steps, "Linear warmup steps for --lr-schedule cosine")->capture_default_str();
   cmd.add_option("--min-lr-ratio", f.min_lr_ratio, "Cosine decays to this fraction of --lr")->capture_default_str();
+  cmd.add_option("--lr-schedule-steps", f.lr_schedule_steps,
+                 "The steps the schedule decays over (default: --steps; with --resume, the checkpoint's run's, so a "
+                 "longer --steps does not re-stretch it)");
   cmd.add_option("--data", f.data, "synthetic, TOKENS.bin, or NAME=FILE.npy,NAME=FILE.npy")->capture_default_str();
   cmd.add_option("--data-dtype", f.data_dtype, "Token width of a .bin file: uint16 or uint32")->capture_default_str();
   cmd.add_option("--init", f.init, "model (the file's weights) or random (seeded re-initialization)")->capture_default_str();
@@ -91,6 +94,7 @@ LrSchedule lr_schedule(const TrainingFlags& f) {
   s.kind = parse_lr_schedule(f.lr_schedule);
   s.warmup_steps = f.warmup_steps;
   s.min_lr_ratio = f.min_lr_ratio;
+  s.total_steps = f.lr_schedule_steps;
   return s;
 }
 

@@ -31,6 +31,7 @@ struct TrainingFlags {
   std::string lr_schedule = "constant";
   int64_t warmup_steps = 0;
   double min_lr_ratio = 0.1;
+  int64_t lr_schedule_steps = 0;  // 0: --steps (a resume: the checkpoint's run's span)
   std::string data = "synthetic";
   std::string data_dtype = "uint16";
   std::string init = "model";

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ext/stdio_filebuf.h>
@@ -34,19 +36,53 @@ int create_temporary(const fs::path& path, fs::path& temp) {
                     "N' already exist beside it; remove them");
 }
 
+// The temporaries alive now, for remove_temporaries_from_signal_handler: fixed slots (a handler may not allocate or
+// lock), each free (0), being filled (1) or naming a temporary (2). A file beyond the slots (64 written at once) is
+// not listed; it is still removed by its destructor.
+struct TemporarySlot {
+  std::atomic<int> state{0};
+  std::array<char, 4096> path{};
+};
+std::array<TemporarySlot, 64> g_temporaries;
+
+int list_temporary(const fs::path& temp) {
+  const std::string& name = temp.native();
+  if (name.size() >= std::tuple_size_v<decltype(TemporarySlot::path)>) return -1;
+  for (size_t i = 0; i < g_temporaries.size(); ++i) {
+    int expected = 0;
+    if (!g_temporaries[i].state.compare_exchange_strong(expected, 1)) continue;
+    std::memcpy(g_temporaries[i].path.data(), name.c_str(), name.size() + 1);
+    g_temporaries[i].state.store(2);
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void unlist_temporary(int slot) {
+  if (slot >= 0) g_temporaries[static_cast<size_t>(slot)].state.store(0);
+}
+
 }  // namespace
+
+void remove_temporaries_from_signal_handler() {
+  for (TemporarySlot& slot : g_temporaries)
+    if (slot.state.load() == 2) ::unlink(slot.path.data());
+}
 
 AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)) {
   fd_ = create_temporary(path_, temp_);
+  slot_ = list_temporary(temp_);
   buffer_ = std::make_unique<__gnu_cxx::stdio_filebuf<char>>(fd_, std::ios::out | std::ios::binary, size_t{1} << 16);
   out_.rdbuf(buffer_.get());
 }
 
 AtomicFile::~AtomicFile() {
-  if (committed_) return;
-  buffer_.reset();  // closes the descriptor
-  std::error_code ec;
-  fs::remove(temp_, ec);
+  if (!committed_) {
+    buffer_.reset();  // closes the descriptor
+    std::error_code ec;
+    fs::remove(temp_, ec);
+  }
+  unlist_temporary(slot_);  // after the removal: a signal in between finds it gone, never a live one unlisted
 }
 
 namespace {
@@ -82,6 +118,8 @@ void AtomicFile::commit() {
   fs::rename(temp_, path_, ec);
   if (ec) throw SystemError("cannot rename '" + temp_.string() + "' to '" + path_.string() + "': " + ec.message());
   committed_ = true;
+  unlist_temporary(slot_);
+  slot_ = -1;
   sync_path(path_.parent_path().empty() ? fs::path(".") : path_.parent_path());  // the rename itself
 }
 

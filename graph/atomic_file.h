@@ -40,7 +40,12 @@ class AtomicFile {
   std::unique_ptr<std::streambuf> buffer_;  // owns fd_ and closes it
   std::ostream out_{nullptr};
   bool committed_ = false;
+  int slot_ = -1;  // its entry in the list remove_temporaries_from_signal_handler reads; -1: none
 };
+
+// Removes the temporary of every AtomicFile neither committed nor destroyed yet. Async-signal-safe (unlink(2) only):
+// for a signal handler about to end the process (runtime/preemption.h), so that no temporary outlives it.
+void remove_temporaries_from_signal_handler();
 
 // Writes `contents` to `path` through an AtomicFile. Throws SystemError naming the file.
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents);

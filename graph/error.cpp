@@ -10,6 +10,7 @@ int exit_code(ErrorKind kind) {
     case ErrorKind::kUnsupported: return 4;
     case ErrorKind::kInfeasible: return 5;
     case ErrorKind::kSystemError: return 6;
+    case ErrorKind::kCorruptData: return 7;
     case ErrorKind::kInternal: return 70;
   }
   return 70;
@@ -22,6 +23,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::kUnsupported: return "Unsupported";
     case ErrorKind::kInfeasible: return "Infeasible";
     case ErrorKind::kSystemError: return "SystemError";
+    case ErrorKind::kCorruptData: return "CorruptData";
     case ErrorKind::kInternal: return "Internal";
   }
   return "Internal";
@@ -34,6 +36,7 @@ void throw_error(ErrorKind kind, const std::string& message) {
     case ErrorKind::kUnsupported: throw Unsupported(message);
     case ErrorKind::kInfeasible: throw Infeasible(message);
     case ErrorKind::kSystemError: throw SystemError(message);
+    case ErrorKind::kCorruptData: throw CorruptData(message);
     case ErrorKind::kInternal: break;
   }
   throw Error(ErrorKind::kInternal, message);

@@ -13,11 +13,16 @@ enum class ErrorKind {
   kUnsupported,      // valid input apart cannot handle (yet)
   kInfeasible,       // the request cannot be satisfied (memory, devices, batch)
   kSystemError,      // I/O and OS failures
+  kCorruptData,      // stored bytes that fail their checksum (a damaged checkpoint): never loaded
   kInternal,         // a broken invariant inside apart: a bug
 };
 
 // Process exit code for an error kind. 0 is success; 1 is left to crashes of the runtime.
 int exit_code(ErrorKind kind);
+// Not an error: a run stopped by SIGTERM, SIGINT or SIGUSR1 after finishing its step and writing its checkpoint
+// (runtime/preemption.h). 75 is sysexits.h's EX_TEMPFAIL, "try again later": a job script resubmits on it, and tells it
+// from 128 + signal (killed without a checkpoint) and from the errors above.
+inline constexpr int kExitStoppedBySignal = 75;
 const char* error_kind_name(ErrorKind kind);
 
 class Error : public std::runtime_error {
@@ -43,6 +48,15 @@ struct Infeasible : Error {
 };
 struct SystemError : Error {
   explicit SystemError(const std::string& m) : Error(ErrorKind::kSystemError, m) {}
+};
+struct CorruptData : Error {
+  explicit CorruptData(const std::string& m) : Error(ErrorKind::kCorruptData, m) {}
+};
+
+// Thrown by a command that stopped at a signal once its checkpoint is written and its resume command printed: main
+// exits with kExitStoppedBySignal, printing nothing more.
+struct StoppedBySignal : std::runtime_error {
+  explicit StoppedBySignal(const std::string& m) : std::runtime_error(m) {}
 };
 
 // Throws the Error subclass of `kind` (InvalidArgument for kInvalidArgument, …), so callers can catch it by type.

@@ -12,6 +12,7 @@
 
 #include "graph/atomic_file.h"
 #include "graph/checked.h"
+#include "graph/crc32c.h"
 #include "graph/error.h"
 #include "graph/json_reader.h"
 #include "graph/task_graph.h"
@@ -25,7 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kMagic[8] = {'A', 'P', 'A', 'R', 'T', 'C', 'K', 'P'};
-constexpr uint32_t kVersion = 1;
+// 2: the u32 after the version is the header's CRC-32C and each tensor has its "crc32c"; 1 (read, not written): no
+// checksums, a 0 there.
+constexpr uint32_t kVersion = 2;
 constexpr int64_t kAlign = 64;
 
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
@@ -53,6 +56,30 @@ void pad_to(AtomicFile& file, int64_t offset) {
   }
 }
 
+// Every byte of a checksummed file no tensor covers is padding, written as zeros: the bytes from the header's end to
+// the data, and from each tensor's end to the next 64-aligned offset (the last one's included). A byte flipped there,
+// or bytes past that end, are damage too, so nothing in the file goes unchecked.
+void check_padding(const std::string& bytes, int64_t header_end, int64_t data_start,
+                   std::vector<std::pair<int64_t, int64_t>> covered, const std::string& where) {
+  auto zeros = [&](int64_t from, int64_t to, const std::string& what) {
+    for (int64_t i = from; i < to && i < static_cast<int64_t>(bytes.size()); ++i)
+      if (bytes[static_cast<size_t>(i)] != 0)
+        throw CorruptData(where + " is damaged: byte " + std::to_string(i) + " (padding " + what +
+                          ") is not zero; nothing of it was loaded: resume from another checkpoint");
+  };
+  zeros(header_end, data_start, "after the header");
+  std::sort(covered.begin(), covered.end());
+  int64_t end = data_start;
+  for (const auto& [offset, nbytes] : covered) {
+    zeros(end, data_start + offset, "between tensors");
+    end = std::max(end, align_up(data_start + offset + nbytes, kAlign));
+    zeros(data_start + offset + nbytes, end, "after a tensor");
+  }
+  if (static_cast<int64_t>(bytes.size()) != end)
+    throw CorruptData(where + " is damaged: it is " + std::to_string(bytes.size()) + " bytes, its header describes " +
+                      std::to_string(end) + "; nothing of it was loaded: resume from another checkpoint");
+}
+
 std::string read_file_bytes(const fs::path& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InvalidArgument(std::string(what) + " " + path.string() + " cannot be opened: " + std::strerror(errno));
@@ -72,34 +99,54 @@ void write_checkpoint(const fs::path& dir, int64_t step, const nlohmann::json& m
 
 void write_checkpoint_file(const fs::path& path, int64_t step, const nlohmann::json& meta,
                            const std::vector<std::pair<std::string, const Tensor*>>& tensors, Backend& backend) {
+  // Each tensor's CRC-32C goes into the header, which comes first: one pass over the tensors for them (on the CPU
+  // backend to_host shares the memory), then one writing them.
   nlohmann::json header = {{"format", "apart.checkpoint/1"}, {"step", step}, {"meta", meta}};
   nlohmann::json list = nlohmann::json::array();
   int64_t offset = 0;
   for (const auto& [name, t] : tensors) {
+    const Tensor host = backend.to_host(*t);
     list.push_back({{"name", name}, {"dtype", static_cast<int>(t->dtype())}, {"shape", t->shape()},
-                    {"offset", offset}, {"bytes", t->bytes()}});
+                    {"offset", offset}, {"bytes", t->bytes()},
+                    {"crc32c", crc32c_hex(crc32c(host.raw(), static_cast<size_t>(host.bytes())))}});
     offset = align_up(offset + t->bytes(), kAlign);
   }
   header["tensors"] = std::move(list);
   const std::string json = header.dump();
   std::string prefix(kMagic, kMagic + 8);
   put_u32(prefix, kVersion);
-  put_u32(prefix, 0);
+  put_u32(prefix, crc32c(json.data(), json.size()));  // the header's own checksum
   put_u64(prefix, json.size());
   prefix += json;
   const int64_t data_start = align_up(static_cast<int64_t>(prefix.size()), kAlign);
-
-  AtomicFile file(path);
-  file.write(prefix.data(), static_cast<int64_t>(prefix.size()));
-  int64_t pos = data_start;
-  pad_to(file, pos);
-  for (const auto& [name, t] : tensors) {
-    const Tensor host = backend.to_host(*t);  // shares a host tensor; one device tensor's copy at a time
-    file.write(host.raw(), host.bytes());
-    pos = align_up(pos + t->bytes(), kAlign);
+  const int64_t needed = data_start + offset;
+  const fs::path folder = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  const std::string what = "checkpoint of step " + std::to_string(step) + " (" + std::to_string(needed) + " bytes) into " +
+                           folder.string();
+  // A folder that cannot hold it is refused before a byte is written (a quota or a racing writer can still fail the
+  // write itself: the same message then, and no temporary left).
+  std::error_code ec;
+  const fs::space_info space = fs::space(folder, ec);
+  if (!ec && space.available != static_cast<std::uintmax_t>(-1) && space.available < static_cast<std::uintmax_t>(needed))
+    throw SystemError("cannot write the " + what + ": only " + std::to_string(space.available) +
+                      " bytes are free there; free space or give another --checkpoint-dir (the previous checkpoint is "
+                      "still the latest)");
+  try {
+    AtomicFile file(path);
+    file.write(prefix.data(), static_cast<int64_t>(prefix.size()));
+    int64_t pos = data_start;
     pad_to(file, pos);
+    for (const auto& [name, t] : tensors) {
+      const Tensor host = backend.to_host(*t);  // shares a host tensor; one device tensor's copy at a time
+      file.write(host.raw(), host.bytes());
+      pos = align_up(pos + t->bytes(), kAlign);
+      pad_to(file, pos);
+    }
+    file.commit();
+  } catch (const SystemError& e) {
+    throw SystemError("cannot write the " + what + ": " + e.what() +
+                      "; free space or give another --checkpoint-dir (the previous checkpoint is still the latest)");
   }
-  file.commit();
 }
 
 bool is_checkpoint_file(const fs::path& file) {
@@ -118,10 +165,16 @@ Checkpoint read_checkpoint(const fs::path& dir_or_file) {
   if (size < 24 || std::memcmp(bytes.data(), kMagic, 8) != 0)
     throw InvalidArgument(where + " is not an apart checkpoint (bad magic)");
   const uint32_t version = static_cast<uint32_t>(get_le(u + 8, 4));
-  if (version != kVersion)
-    throw InvalidArgument(where + " has format version " + std::to_string(version) + "; this apart reads version 1");
+  if (version != 1 && version != kVersion)
+    throw InvalidArgument(where + " has format version " + std::to_string(version) + "; this apart reads versions 1 and 2");
+  const bool checksummed = version >= 2;
   const uint64_t header_len = get_le(u + 16, 8);
   if (header_len > static_cast<uint64_t>(size - 24)) throw InvalidArgument(where + " is truncated (header)");
+  const auto header_crc = static_cast<uint32_t>(get_le(u + 12, 4));
+  if (checksummed && crc32c(bytes.data() + 24, header_len) != header_crc)
+    throw CorruptData(where + " is damaged: its header fails its checksum (CRC-32C " + crc32c_hex(header_crc) +
+                      " stored, its bytes give " + crc32c_hex(crc32c(bytes.data() + 24, header_len)) +
+                      "); nothing of it was loaded: resume from another checkpoint");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes.substr(24, header_len));
@@ -137,6 +190,7 @@ Checkpoint read_checkpoint(const fs::path& dir_or_file) {
   ck.step = r.integer(header, "", "step", 0, limits::kMaxSteps);
   ck.meta = header.contains("meta") ? header["meta"] : nlohmann::json::object();  // the writer's own, any JSON
   const nlohmann::json& list = r.array(header, "", "tensors");
+  std::vector<std::pair<int64_t, int64_t>> covered;  // [offset, bytes) of each checksummed tensor
   for (size_t i = 0; i < list.size(); ++i) {
     const nlohmann::json& e = list[i];
     if (!e.is_object()) r.fail("tensors[" + std::to_string(i) + "]", "must be an object");
@@ -155,10 +209,24 @@ Checkpoint read_checkpoint(const fs::path& dir_or_file) {
       throw InvalidArgument(where + ": tensor '" + name + "' has an inconsistent dtype/shape/size");
     if (offset > size - data_start || nbytes > size - data_start - offset)
       throw InvalidArgument(where + " is truncated: tensor '" + name + "' lies past the end of the file");
+    const char* data = bytes.data() + data_start + offset;
+    if (checksummed) {
+      const std::string stored = r.string(e, path, "crc32c");
+      const std::string actual = crc32c_hex(crc32c(data, static_cast<size_t>(nbytes)));
+      if (stored != actual)
+        throw CorruptData(where + " is damaged: tensor '" + name + "' fails its checksum (CRC-32C " + stored +
+                          " stored, its bytes give " + actual + "); nothing of it was loaded: resume from another "
+                          "checkpoint");
+      covered.emplace_back(offset, nbytes);
+    }
     Tensor t(*dtype, shape);
-    std::memcpy(t.raw(), bytes.data() + data_start + offset, static_cast<size_t>(nbytes));
+    std::memcpy(t.raw(), data, static_cast<size_t>(nbytes));
     ck.tensors.emplace_back(name, std::move(t));
   }
+  if (checksummed) check_padding(bytes, 24 + static_cast<int64_t>(header_len), data_start, std::move(covered), where);
+  else
+    ck.warning = where + " was written before checkpoints carried checksums (format version 1): its bytes cannot be "
+                 "verified; it is loaded as it is (a checkpoint this apart writes is checked on every resume)";
   if (ck.step < 0) throw InvalidArgument(where + ": negative step");
   return ck;
 }

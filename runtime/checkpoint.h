@@ -16,21 +16,24 @@
 namespace apart {
 
 // The file inside a checkpoint directory. Format (docs/training.md, "Checkpoints"): the 8 bytes
-// "APARTCKP", u32 version (1), u32 0, u64 header length H, H bytes of JSON
-// {"format":"apart.checkpoint/1","step":N,"meta":{…},"tensors":[{"name","dtype","shape","offset","bytes"}]},
+// "APARTCKP", u32 version (2), u32 CRC-32C of the header JSON, u64 header length H, H bytes of JSON
+// {"format":"apart.checkpoint/1","step":N,"meta":{…},"tensors":[{"name","dtype","shape","offset","bytes","crc32c"}]},
 // zero padding to a multiple of 64, then the tensors' raw little-endian bytes, each at its offset
-// (relative to the data start, 64-aligned).
+// (relative to the data start, 64-aligned), zero padding after each to a multiple of 64. Version 1 (read, not
+// written) is the same without checksums (a 0 in their place).
 inline constexpr const char* kCheckpointFile = "checkpoint.apart";
 
 struct Checkpoint {
   int64_t step = 0;
   nlohmann::json meta = nlohmann::json::object();      // optimizer, options, model: what wrote it
   std::vector<std::pair<std::string, Tensor>> tensors;  // "param/<name>", "optim/<name>/<slot>"
+  std::string warning;  // non-empty: read without verifying (a version-1 file has no checksums); the caller says so
 };
 
 // Writes DIR/checkpoint.apart (creating DIR) through a temporary file and a rename, so a crash
 // leaves the previous checkpoint intact. Tensors may be host tensors or `backend`'s (copied to the host one at a
-// time as they are written). Throws SystemError for I/O.
+// time as they are written). Throws SystemError for I/O; a full disk, a quota or a file-size limit (SIGXFSZ ignored:
+// runtime/preemption.h) is a SystemError naming the folder and the bytes needed, and leaves no temporary file.
 void write_checkpoint(const std::filesystem::path& dir, int64_t step, const nlohmann::json& meta,
                       const std::vector<std::pair<std::string, const Tensor*>>& tensors, Backend& backend = cpu_backend());
 // The same format at any file path (apart run: one shard per rank, DIR/step_N/rank_R.apart).
@@ -40,8 +43,9 @@ void write_checkpoint_file(const std::filesystem::path& file, int64_t step, cons
 // Whether `file` starts with the checkpoint magic, i.e. apart wrote it (train replaces only such a file).
 bool is_checkpoint_file(const std::filesystem::path& file);
 // Reads DIR/checkpoint.apart (or a path to the file itself) into host tensors (Backend::copy puts them into device
-// params). Throws InvalidArgument naming the file
-// and what is wrong (missing, truncated, bad magic/version/header, tensors past the end).
+// params), every checksum verified first. Throws InvalidArgument naming the file and what is wrong (missing,
+// truncated, bad magic/version/header, tensors past the end), CorruptData naming the file and the tensor (or header,
+// padding, length) whose bytes fail their checksum. A version-1 file (no checksums) loads with Checkpoint::warning.
 Checkpoint read_checkpoint(const std::filesystem::path& dir_or_file);
 
 // --- apart run's shards at another layout of the same plan (docs/runtime.md "Checkpoints") -----------------------

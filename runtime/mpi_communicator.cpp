@@ -47,9 +47,10 @@ void check_mpi(int code, const std::string& what) {
 
 // MPI_Finalize at a clean exit only. Open MPI's MPI_Finalize waits for every rank to reach it, so a rank leaving
 // with a failure status (exit(3) mid-run) would sit there until its peers time out; without it, mpirun sees a rank
-// end non-zero and ends the job at once.
+// end non-zero and ends the job at once. A run stopped by a signal (kExitStoppedBySignal) stops every rank after the
+// same step, all past their last message: they finalize too.
 void finalize_at_exit(int status, void*) {
-  if (status != 0) return;
+  if (status != 0 && status != kExitStoppedBySignal) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

@@ -28,6 +28,8 @@
 #include "plan/plan.h"
 #include "profiler/collectives.h"
 #include "runtime/checkpoint.h"
+#include "runtime/preemption.h"
+#include "runtime/run_checkpoint_files.h"
 #include "runtime/device_messages.h"
 #include "runtime/half_precision.h"
 #include "runtime/executor.h"
@@ -46,6 +48,8 @@ void RunOptions::validate() const {
     throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
   checked_integer(save_every, 0, limits::kMaxSteps, "--save-every (0: only at the end)");
   if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
+  checked_integer(keep_last, 1, limits::kMaxSteps, "--keep-last");
+  checked_integer(schedule.total_steps, 0, limits::kMaxSteps, "--lr-schedule-steps (0: --steps)");
   if (trace_all_steps && trace.empty()) throw InvalidArgument("--trace-all-steps needs --trace FILE");
   optimizer.validate();
   if (loss_scale.enabled) loss_scale.validate();
@@ -321,7 +325,9 @@ struct Manifest {
   int world = 0;
   std::string plan_sha256, model_sha256, optimizer, data;
   uint64_t seed = 0;
-  std::string folder;  // "step_N", relative to the manifest
+  std::string folder;  // "step_N", relative to the manifest; "." in the copy inside step_N
+  int64_t lr_schedule_steps = 0;     // the span of the writing run's schedule (0: not recorded, an older manifest)
+  std::vector<std::string> kept;     // earlier complete step folders still kept (--keep-last), oldest first
   // For a resume at another layout of the same plan (absent in manifests before it): checkpoint_layout of the plan
   // and each rank's role.
   nlohmann::json layout;
@@ -366,13 +372,7 @@ Manifest read_manifest(const fs::path& dir) {
   if (!fs::is_regular_file(file, ec))
     throw InvalidArgument("--resume " + dir.string() + ": no " + kManifestFile + " (not a checkpoint folder apart run wrote, "
                           "or its first save did not finish)");
-  nlohmann::json j;
-  try {
-    std::ifstream in(file);
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(file.string() + " is not JSON (" + e.what() + ")");
-  }
+  const nlohmann::json j = read_sealed_manifest(file);  // its checksum verified
   const JsonReader r(file.string(), kManifestFormat, "docs/runtime.md", JsonReader::Null::kInvalid,
                      ErrorKind::kInvalidArgument, "resume from a checkpoint folder apart run wrote");
   if (!j.is_object() || r.string(j, "", "format") != kManifestFormat) r.fail("format", std::string("must be ") + kManifestFormat);
@@ -385,7 +385,12 @@ Manifest read_manifest(const fs::path& dir) {
   m.data = r.string(j, "", "data");
   m.seed = static_cast<uint64_t>(r.integer(j, "", "seed", 0, JsonReader::kMaxInteger));
   m.folder = r.string(j, "", "folder");
-  if (m.folder != "step_" + std::to_string(m.step)) r.fail("folder", "must be step_" + std::to_string(m.step));
+  if (m.folder != "step_" + std::to_string(m.step) && m.folder != ".") r.fail("folder", "must be step_" + std::to_string(m.step));
+  if (j.contains("lr_schedule_steps")) m.lr_schedule_steps = r.integer(j, "", "lr_schedule_steps", 1, limits::kMaxSteps);
+  if (j.contains("kept"))
+    for (const auto& k : r.array(j, "", "kept"))
+      if (k.is_string() && k.get<std::string>().rfind("step_", 0) == 0 && k.get<std::string>().find('/') == std::string::npos)
+        m.kept.push_back(k.get<std::string>());
   if (j.contains("layout") && j.contains("ranks")) {
     m.layout = j["layout"];
     if (!m.layout.is_object()) r.fail("layout", "must be an object");
@@ -550,7 +555,7 @@ class StageRunner {
   }
   void take_tied_gradients(const std::set<int>& stages, const std::vector<Tensor>& whole);
   void add_totals(std::vector<double>& totals);
-  StepRecord apply_step(int64_t step, const std::vector<double>& totals);
+  StepRecord apply_step(int64_t step, const std::vector<double>& totals, const LrSchedule& schedule);
   // --save-model: the params world rank 0 writes, gathered into shared_.saved (every stage of every rank calls it,
   // chunk by chunk); `write` (rank 0's last stage) writes the model.
   void save_model(bool write);
@@ -1496,10 +1501,8 @@ void StageRunner::add_totals(std::vector<double>& totals) {
   totals[2 + static_cast<size_t>(world_.rank())] += finite ? 0.0 : 1.0;
 }
 
-StepRecord StageRunner::apply_step(int64_t step, const std::vector<double>& totals) {
+StepRecord StageRunner::apply_step(int64_t step, const std::vector<double>& totals, const LrSchedule& schedule) {
   StepRecord record;
-  LrSchedule schedule = options_.schedule;
-  schedule.total_steps = options_.steps;
   record.lr = schedule.lr_at(step, options_.optimizer.lr);
   record.step = step + 1;
   record.loss = totals[1];
@@ -1596,7 +1599,8 @@ void StageRunner::write_checkpoint_shard(const fs::path& folder, int64_t step_do
 
 void StageRunner::restore(const fs::path& folder, const std::string& where) {
   const int chunk = is_virtual_stage_view(setup_.full_plan) ? stage_.id : -1;
-  Checkpoint ck = read_checkpoint(folder / shard_name(world_.rank(), chunk));
+  Checkpoint ck = read_checkpoint(folder / shard_name(world_.rank(), chunk));  // its checksums verified
+  if (!ck.warning.empty() && options_.on_warning && world_.rank() == 0) options_.on_warning(ck.warning);
   if (ck.meta.value("stage", -1) != stage_.id || ck.meta.value("replica", -1) != setup_.role.replica ||
       ck.meta.value("tp_rank", 0) != setup_.role.tp_rank)
     throw InvalidArgument(where + ": the shard of rank " + std::to_string(world_.rank()) + " holds another " +
@@ -1665,6 +1669,18 @@ size_t StageRunner::act(const Action& a, const std::map<std::string, Tensor>& ba
 
 // One rank's share of the plan: its stage, or in an interleaved plan its chunks d, d + P, … (each a StageRunner),
 // running the rank's actions, each on the stage it names, and one optimizer step over all of them.
+// A checkpoint that some rank could not write (RankRunner::save_checkpoint): every rank throws it together.
+struct CheckpointWriteFailed : SystemError {
+  using SystemError::SystemError;
+};
+
+// The run's learning-rate schedule: over --lr-schedule-steps, else --steps (a resume may keep its checkpoint's).
+LrSchedule schedule_of(const RunOptions& options) {
+  LrSchedule schedule = options.schedule;
+  if (schedule.total_steps == 0) schedule.total_steps = options.steps;
+  return schedule;
+}
+
 class RankRunner {
  public:
   RankRunner(const RunOptions& options, const RunSetup& setup, Communicator& world)
@@ -1782,6 +1798,7 @@ class RankRunner {
   const RunOptions& options_;
   const RunSetup& setup_;
   Communicator& world_;
+  LrSchedule schedule_ = schedule_of(options_);  // its span the checkpoint's when resumed (restore)
   RankShared shared_;
   std::vector<std::unique_ptr<StageRunner>> stages_;
 };
@@ -1823,11 +1840,33 @@ void RankRunner::save_checkpoint(int64_t step_done) {
   std::error_code ec;
   fs::create_directories(dir / folder, ec);
   if (ec) throw SystemError("cannot create " + (dir / folder).string() + ": " + ec.message());
-  for (auto& stage : stages_) stage->write_checkpoint_shard(dir / folder, step_done);
-  world_.barrier();  // every shard is on disk before the manifest names them
+  // A shard that cannot be written (a full disk, a quota, a file-size limit) fails the save on every rank alike: the
+  // flag rides one world all-reduce, so no rank waits at the barrier for it and none is killed mid-write.
+  std::string failed;
+  try {
+    for (auto& stage : stages_) stage->write_checkpoint_shard(dir / folder, step_done);
+  } catch (const SystemError& e) {
+    failed = e.what();
+  }
+  double failures = failed.empty() ? 0.0 : 1.0;
+  world_.allreduce_sum(std::span<double>(&failures, 1))->wait();  // also: every shard is on disk before the manifest
+  std::optional<Manifest> previous;
+  if (world_.rank() == 0 && fs::exists(dir / kManifestFile, ec)) previous = read_manifest(dir);
+  if (failures > 0) {
+    // The step's folder goes unless a manifest names it (a re-save of the latest): the previous stays the latest.
+    const bool named = previous && (previous->folder == folder ||
+                                     std::find(previous->kept.begin(), previous->kept.end(), folder) != previous->kept.end());
+    world_.barrier();
+    if (world_.rank() == 0 && !named) fs::remove_all(dir / folder, ec);
+    // The ranks whose shard was written report the failure as a consequence (CommError), so the in-process run
+    // reports the rank that names the folder and the bytes.
+    if (failed.empty())
+      throw CommError("the checkpoint of step " + std::to_string(step_done) + " into " + (dir / folder).string() +
+                      " failed on another rank (it names the folder and the bytes); the previous checkpoint is still "
+                      "the latest");
+    throw CheckpointWriteFailed(failed);
+  }
   if (world_.rank() == 0) {
-    std::optional<Manifest> previous;
-    if (fs::exists(dir / kManifestFile, ec)) previous = read_manifest(dir);
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < world_.size(); ++r) {
       const RankRole role = rank_role(setup_.full_plan, r);
@@ -1835,14 +1874,35 @@ void RankRunner::save_checkpoint(int64_t step_done) {
     }
     int shards = 0;  // one per rank, or per rank and chunk
     for (const PlanStageRecord& stage : setup_.full_plan.stages) shards += static_cast<int>(stage.devices.size());
-    const nlohmann::ordered_json manifest = {
+    // --keep-last N: the N - 1 newest earlier complete folders stay, the rest (only folders a manifest named) go.
+    std::vector<std::string> kept = previous ? previous->kept : std::vector<std::string>{};
+    if (previous && previous->folder != folder && previous->folder != ".") kept.push_back(previous->folder);
+    std::erase(kept, folder);
+    std::vector<std::string> dropped;
+    while (!kept.empty() && static_cast<int64_t>(kept.size()) >= options_.keep_last) {
+      dropped.push_back(kept.front());
+      kept.erase(kept.begin());
+    }
+    nlohmann::ordered_json manifest = {
         {"format", kManifestFormat}, {"step", step_done}, {"world", world_.size()}, {"folder", folder},
         {"plan_sha256", setup_.plan_sha256}, {"model_sha256", setup_.model_sha256},
         {"optimizer", stages_.front()->optimizer()}, {"seed", options_.seed},
-        {"data", options_.data.spec}, {"shards", shards}, {"layout", checkpoint_layout(setup_)}, {"ranks", ranks}};
-    write_file_atomically(dir / kManifestFile, manifest.dump(2) + "\n");
-    // The step it replaced was ours (the manifest named it): remove it now that it is no longer the checkpoint.
-    if (previous && previous->folder != folder) fs::remove_all(dir / previous->folder, ec);
+        {"data", options_.data.spec}, {"shards", shards}, {"layout", checkpoint_layout(setup_)}, {"ranks", ranks},
+        {"lr_schedule_steps", schedule_.total_steps}, {"kept", kept}};
+    // A copy inside the step's folder makes it resumable on its own (--resume DIR/step_N), once the latest moved on.
+    nlohmann::ordered_json own = manifest;
+    own["folder"] = ".";
+    own["kept"] = nlohmann::json::array();
+    write_file_atomically(dir / folder / kManifestFile, sealed_manifest_text(own));
+    write_file_atomically(dir / kManifestFile, sealed_manifest_text(manifest));
+    if (options_.on_note)
+      options_.on_note("checkpoint of step " + std::to_string(step_done) + " written: " + (dir / folder).string() + " (" +
+                       std::to_string(shards) + " shard" + (shards == 1 ? "" : "s") + "; resume with --resume " + dir.string() + ")");
+    // The steps it replaced were ours (a manifest named them): removed now that they are no longer kept.
+    for (const std::string& old : dropped) {
+      fs::remove_all(dir / old, ec);
+      if (options_.on_note) options_.on_note("checkpoint " + (dir / old).string() + " deleted (--keep-last " + std::to_string(options_.keep_last) + ")");
+    }
   }
   world_.barrier();
 }
@@ -1862,6 +1922,9 @@ int64_t RankRunner::restore() {
                           "; resume with the same seed and data, so that the batches continue where they stopped");
   if (m.step > options_.steps)
     throw InvalidArgument(where + " is at step " + std::to_string(m.step) + ", past --steps " + std::to_string(options_.steps));
+  schedule_.total_steps = resumed_lr_schedule_steps(options_.schedule, options_.steps,
+                                                    m.lr_schedule_steps > 0 ? m.lr_schedule_steps : options_.steps,
+                                                    world_.rank() == 0 ? options_.on_note : nullptr);
   for (auto& stage : stages_) {
     if (same_plan) stage->restore(dir / m.folder, where);
     else stage->restore_resharded(dir / m.folder, m, where);
@@ -1892,6 +1955,7 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
   for (int64_t step = first; step < options_.steps; ++step) {
     const bool traced = !options_.trace.empty() && (options_.trace_all_steps || step + 1 == options_.steps);
     const auto step_start = Clock::now();
+    bool stop = false;  // set by the step's world all-reduce
     const std::map<std::string, Tensor> batch = first_stage.batch(step);
     for (auto& stage : stages_) stage->begin_step();
     StepRecord record;
@@ -1902,10 +1966,14 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
         // One world all-reduce for all the rank's stages: the clip norm, the loss and the flags are global.
         for (auto& stage : stages_) stage->unscale_gradients();
         sum_tied_gradients();
-        std::vector<double> totals(2 + static_cast<size_t>(world_.size()), 0.0);
+        // [norm², loss, a not-finite flag per rank, stop requests]: a stop request (runtime/preemption.h) rides the
+        // same reduction, so every rank stops after the same step, whenever each saw the signal.
+        std::vector<double> totals(3 + static_cast<size_t>(world_.size()), 0.0);
         for (auto& stage : stages_) stage->add_totals(totals);
+        totals.back() = stop_requested() != 0 ? 1.0 : 0.0;
         reduce_totals(totals);
-        for (auto& stage : stages_) record = stage->apply_step(step, totals);
+        stop = totals.back() > 0;
+        for (auto& stage : stages_) record = stage->apply_step(step, totals, schedule_);
       } else {
         bytes = runner_of(a).act(a, batch, step);
       }
@@ -1918,17 +1986,22 @@ RunResult RankRunner::run(const RunStepCallback& on_step) {
     record.tokens_per_s = record.samples_per_s * static_cast<double>(tokens_per_sample(batch));
     result.steps.push_back(record);
     if (on_step) on_step(result, record);
-    if (!options_.checkpoint_dir.empty() && options_.save_every > 0 && record.step % options_.save_every == 0 &&
-        record.step < options_.steps)
-      save_checkpoint(record.step);
+    const bool periodic = options_.save_every > 0 && record.step % options_.save_every == 0 && record.step < options_.steps;
+    stop = stop && record.step < options_.steps;
+    if (!options_.checkpoint_dir.empty() && (periodic || stop)) save_checkpoint(record.step);
+    if (stop) {
+      const int signal = stop_requested();
+      result.stopped_by_signal = signal != 0 ? signal : -1;
+      break;
+    }
   }
-  if (!options_.checkpoint_dir.empty()) save_checkpoint(options_.steps);
+  if (!options_.checkpoint_dir.empty() && !result.stopped_by_signal) save_checkpoint(options_.steps);
   result.seconds = seconds_since(run_start);
   result.peak_tensor_bytes = tensor_memory().peak;
   result.planned_memory_bytes = first_stage.stage().memory_bytes.value_or(0);
   result.samples_per_s = static_cast<double>(setup_.global_batch * static_cast<int64_t>(result.steps.size())) /
                          std::max(result.seconds, 1e-9);
-  if (!options_.save_model.empty())
+  if (!options_.save_model.empty() && !result.stopped_by_signal)
     for (size_t k = 0; k < stages_.size(); ++k) stages_[k]->save_model(k + 1 == stages_.size());
   if (!options_.trace.empty()) gather_and_write_trace(world_, setup_.full_plan, options_.plan, trace, options_.trace);
   world_.barrier();
@@ -1990,6 +2063,8 @@ RunResult run_plan(const RunOptions& options, Communicator& world, const RunStep
     throw;  // another rank failed (and aborted), or this one's peer vanished
   } catch (const Infeasible&) {
     throw;  // found by the world all-reduce: every rank throws it
+  } catch (const CheckpointWriteFailed&) {
+    throw;  // the same: every rank throws it
   } catch (const Error& e) {
     abort_world(options, world, rank_label(world.rank(), world.size(), setup.role) + ": " + e.what(), exit_code(e.kind()));
     throw;

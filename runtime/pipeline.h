@@ -24,7 +24,7 @@ struct RunOptions {
   int64_t steps = 10;
   OptimizerOptions optimizer;     // kind: the plan's optimizer unless optimizer_from_plan is false
   bool optimizer_from_plan = true;
-  LrSchedule schedule;            // total_steps is taken from `steps`
+  LrSchedule schedule;            // total_steps: as TrainOptions::schedule's (0: `steps`, or resumed, the checkpoint's)
   DataOptions data;               // data.seed is taken from `seed`
   ParamInit init = ParamInit::kModel;
   uint64_t seed = 0;
@@ -32,8 +32,11 @@ struct RunOptions {
   // Checkpoints (docs/runtime.md, "Checkpoints"): every rank writes DIR/step_N/rank_R.apart (its params, optimizer
   // state, BatchNorm statistics; the data cursor and random state are the step and the seed), then rank 0 writes
   // DIR/manifest.json through a temporary, fsync and rename: a crash mid-save leaves the previous one usable.
-  std::string checkpoint_dir;     // at the end, and every save_every steps
+  std::string checkpoint_dir;     // at the end, every save_every steps, and at a stop request (runtime/preemption.h)
   int64_t save_every = 0;
+  // How many complete step folders stay: the newest keep_last (each resumable alone: DIR/step_N/manifest.json); the
+  // older ones a manifest named are deleted, each announced through on_note.
+  int64_t keep_last = 1;
   std::string resume;             // a checkpoint folder of this plan on as many ranks: continue from its step
   std::string trace;              // world rank 0 writes the measured timeline here (plan/trace.h's Chrome trace)
   bool trace_all_steps = false;   // every step in the trace, not only the last
@@ -51,6 +54,10 @@ struct RunOptions {
   // every rank unscales, and a step with an inf/NaN gradient on any rank is skipped on every rank (the flag rides
   // the step's world all-reduce), the scale backing off alike everywhere.
   LossScaleOptions loss_scale;
+  // World rank 0 is told each checkpoint written or deleted and a resume's schedule decision (on_note), and what the
+  // user should act on (on_warning: a checkpoint without checksums). Called from the rank's thread.
+  std::function<void(const std::string&)> on_note;
+  std::function<void(const std::string&)> on_warning;
   void validate() const;          // InvalidArgument naming the flag
 };
 
@@ -60,6 +67,9 @@ struct RunResult {
   bool reports = false;            // this rank is the loss stage's first replica (the one that prints)
   std::vector<StepRecord> steps;   // the steps this run did; every rank knows each step's loss and gradient norm
   int64_t first_step = 0;          // 0, or the checkpoint's step when resumed
+  // A stop request ended the run after steps.back() (runtime/preemption.h), that step checkpointed where there is a
+  // checkpoint_dir: the signal this process received, -1 when only another rank received one; 0: it ran to the end.
+  int stopped_by_signal = 0;
   int64_t params = 0;              // parameter elements this rank trains
   int64_t param_tensors = 0;
   double seconds = 0;              // all steps

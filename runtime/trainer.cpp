@@ -27,6 +27,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
 #include "runtime/half_precision.h"
+#include "runtime/preemption.h"
 
 namespace apart {
 namespace fs = std::filesystem;
@@ -42,9 +43,11 @@ void TrainOptions::validate() const {
   checked_integer(batch, 1, limits::kMaxBatch, "--batch");
   checked_integer(steps, 1, limits::kMaxSteps, "--steps");
   checked_integer(save_every, 0, limits::kMaxSteps, "--save-every (0: only at the end)");
+  checked_integer(keep_last, 1, limits::kMaxSteps, "--keep-last");
   if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
   checked_integer(schedule.warmup_steps, 0, limits::kMaxSteps, "--warmup-steps");
   checked_number(schedule.min_lr_ratio, 0, 1, "--min-lr-ratio");
+  checked_integer(schedule.total_steps, 0, limits::kMaxSteps, "--lr-schedule-steps (0: --steps)");
   if (schedule.kind == LrScheduleKind::kConstant && schedule.warmup_steps > 0)
     throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
   optimizer.validate();
@@ -89,6 +92,32 @@ void check_outputs(const TrainOptions& options, const onnx::ModelProto& forward)
   if (!options.save_model.empty()) {
     check_output_file(options.save_model, inputs, "--save-model");
     check_output_not_input(options.save_model + ".data", inputs, "--save-model (its external data)");
+  }
+}
+
+// --keep-last: before DIR/checkpoint.apart is replaced, the one there (this run's, of `last_step`) stays as
+// DIR/checkpoint.step_K.apart, a hard link (the replacement is still a rename over the old name); the oldest this run
+// kept go once more than keep_last - 1 are. Only files this run wrote are deleted, each announced.
+struct KeptCheckpoints {
+  std::vector<fs::path> files;  // oldest first
+  int64_t last_step = -1;       // of DIR/checkpoint.apart, when this run wrote it
+};
+void keep_previous_checkpoint(const TrainOptions& options, KeptCheckpoints& kept) {
+  if (options.keep_last <= 1 || kept.last_step < 0) return;
+  const fs::path dir(options.checkpoint_dir);
+  const fs::path older = dir / ("checkpoint.step_" + std::to_string(kept.last_step) + ".apart");
+  std::error_code ec;
+  fs::remove(older, ec);
+  fs::create_hard_link(dir / kCheckpointFile, older, ec);
+  if (ec) throw SystemError("cannot keep the checkpoint of step " + std::to_string(kept.last_step) + " as " + older.string() +
+                            ": " + ec.message() + " (--keep-last needs hard links in --checkpoint-dir)");
+  kept.files.push_back(older);
+  if (options.on_note) options.on_note("checkpoint of step " + std::to_string(kept.last_step) + " kept as " + older.string());
+  while (static_cast<int64_t>(kept.files.size()) > options.keep_last - 1) {
+    fs::remove(kept.files.front(), ec);
+    if (options.on_note) options.on_note("checkpoint " + kept.files.front().string() + " deleted (--keep-last " +
+                                         std::to_string(options.keep_last) + ")");
+    kept.files.erase(kept.files.begin());
   }
 }
 
@@ -174,6 +203,22 @@ void check_training_memory(const TaskGraph& graph, const TrainOptions& options, 
                    "or plan it for a cluster with `apart partition`");
 }
 
+int64_t resumed_lr_schedule_steps(const LrSchedule& schedule, int64_t steps, int64_t checkpoint_steps,
+                                  const std::function<void(const std::string&)>& on_note) {
+  const bool explicit_span = schedule.total_steps > 0;
+  const int64_t span = explicit_span ? schedule.total_steps : checkpoint_steps;
+  if (schedule.kind == LrScheduleKind::kConstant || !on_note) return span;
+  if (explicit_span && span != checkpoint_steps)
+    on_note("--lr-schedule-steps " + std::to_string(span) + " changes the learning-rate schedule of the resumed run: "
+            "it now decays over " + std::to_string(span) + " steps (the checkpoint's run: " +
+            std::to_string(checkpoint_steps) + "), so the rate jumps at the resumed step");
+  else if (!explicit_span && span != steps)
+    on_note("the resumed run keeps the checkpoint's learning-rate schedule, decaying over " + std::to_string(span) +
+            " steps (this run's --steps: " + std::to_string(steps) + "; steps past it run at the minimum rate); pass "
+            "--lr-schedule-steps " + std::to_string(steps) + " to stretch it instead");
+  return span;
+}
+
 TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   options.validate();
   const auto setup_start = Clock::now();
@@ -251,13 +296,14 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   ParamOptimizer optimizer(options.optimizer, names, backend);
   LossScaler scaler(options.loss_scale);
   LrSchedule schedule = options.schedule;
-  schedule.total_steps = options.steps;
+  if (schedule.total_steps == 0) schedule.total_steps = options.steps;  // or, resumed, the checkpoint's (below)
 
   // --- Resume ---
   int64_t step = 0;
   if (!options.resume.empty()) {
-    Checkpoint ck = read_checkpoint(options.resume);
+    Checkpoint ck = read_checkpoint(options.resume);  // every checksum verified before a byte is used
     const std::string where = "checkpoint " + options.resume;
+    if (!ck.warning.empty() && options.on_warning) options.on_warning(ck.warning);
     const std::string saved_kind = ck.meta.value("optimizer", "");
     if (saved_kind != optimizer_name(options.optimizer.kind))
       throw InvalidArgument(where + " was written with --optimizer " + saved_kind + "; resume with the same optimizer");
@@ -285,12 +331,16 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     optimizer.restore(ck.meta.value("optimizer_steps", ck.step), std::move(state));
     scaler.load(ck.meta);
     step = ck.step;
+    schedule.total_steps = resumed_lr_schedule_steps(options.schedule, options.steps,
+                                                     ck.meta.value("lr_schedule_steps", ck.meta.value("steps", options.steps)),
+                                                     options.on_note);
   }
   result.first_step = step;
   if (step > options.steps)
     throw InvalidArgument("checkpoint " + options.resume + " is at step " + std::to_string(step) + ", past --steps " +
                           std::to_string(options.steps));
 
+  KeptCheckpoints kept;
   auto save_checkpoint = [&](int64_t at_step) {
     std::vector<std::pair<std::string, const Tensor*>> tensors;
     for (size_t i = 0; i < names.size(); ++i) tensors.emplace_back("param/" + names[i], params[i]);
@@ -301,9 +351,20 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
                            {"seed", options.seed},
                            {"data", options.data.spec},
                            {"steps", options.steps},
+                           {"lr_schedule_steps", schedule.total_steps},
                            {"optimizer_steps", optimizer.steps_taken()}};
     scaler.save(meta);
+    keep_previous_checkpoint(options, kept);
     write_checkpoint(options.checkpoint_dir, at_step, meta, tensors, backend);
+    if (options.on_note) {
+      const fs::path file = fs::path(options.checkpoint_dir) / kCheckpointFile;
+      std::error_code ec;
+      const auto bytes = fs::file_size(file, ec);
+      options.on_note("checkpoint of step " + std::to_string(at_step) + " written: " + file.string() + " (" +
+                      (ec ? std::string("?") : std::to_string(bytes)) + " bytes" +
+                      (kept.last_step >= 0 && options.keep_last == 1 ? "; it replaces the previous one)" : ")"));
+    }
+    kept.last_step = at_step;
   };
   result.setup_seconds = seconds_since(setup_start);
 
@@ -349,14 +410,20 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
     record.tokens_per_s = record.samples_per_s * static_cast<double>(tokens_per_sample(batch));
     result.steps.push_back(record);
     if (on_step) on_step(record);
-    if (!options.checkpoint_dir.empty() && options.save_every > 0 && record.step % options.save_every == 0 &&
-        record.step < options.steps)
-      save_checkpoint(record.step);
+    const bool periodic = options.save_every > 0 && record.step % options.save_every == 0 && record.step < options.steps;
+    // A stop request (runtime/preemption.h) ends the run after the step it came in, with that step checkpointed.
+    const int stop = record.step < options.steps ? stop_requested() : 0;
+    if (!options.checkpoint_dir.empty() && (periodic || stop)) save_checkpoint(record.step);
+    if (stop) {
+      result.stopped_by_signal = stop;
+      break;
+    }
   }
   result.seconds = seconds_since(run_start);
   if (!result.steps.empty())
     result.samples_per_s = static_cast<double>(options.batch * static_cast<int64_t>(result.steps.size())) / result.seconds;
 
+  if (result.stopped_by_signal) return result;  // not trained to the end: no final checkpoint or model
   if (!options.checkpoint_dir.empty()) save_checkpoint(options.steps);
   if (!options.save_model.empty()) {
     std::map<std::string, Tensor> host;  // the weights on the host (shared, not copied, on the CPU backend)

@@ -31,12 +31,17 @@ struct TrainOptions {
   int64_t batch = 8;
   int64_t steps = 100;            // total steps (a resumed run continues to this count)
   OptimizerOptions optimizer;
-  LrSchedule schedule;            // total_steps is taken from `steps`
+  // total_steps (--lr-schedule-steps): the steps the schedule spans; 0: `steps`, or resumed, the checkpoint's run's
+  // (resumed_lr_schedule_steps), so that a longer --steps does not re-stretch a schedule already under way.
+  LrSchedule schedule;
   DataOptions data;               // data.seed is taken from `seed`
   ParamInit init = ParamInit::kModel;
   uint64_t seed = 0;
   std::string checkpoint_dir;     // "" = no checkpoints
   int64_t save_every = 0;         // also every N steps (0: only at the end)
+  // How many checkpoints stay: DIR/checkpoint.apart, the latest, and the keep_last - 1 before it this run wrote, each
+  // as DIR/checkpoint.step_K.apart (--resume takes the file); older ones this run wrote are deleted, announced.
+  int64_t keep_last = 1;
   std::string resume;             // a checkpoint directory to continue from
   std::string save_model;         // write the trained weights into a copy of the model here
   // Where tensors live and kernels run (not owned; nullptr: the CPU backend). On a device backend params, gradients
@@ -46,7 +51,10 @@ struct TrainOptions {
   // unscaled before the step, and a step with an inf/NaN gradient is skipped (runtime/loss_scale.h).
   LossScaleOptions loss_scale;
   // Told once, before the first step, what import learnt that the user should know (constant_params_note).
+  // Also told each checkpoint written (and a resume's schedule decision); on_warning: what the user should act on (a
+  // checkpoint without checksums).
   std::function<void(const std::string&)> on_note;
+  std::function<void(const std::string&)> on_warning;
   void validate() const;          // InvalidArgument naming the flag
 };
 
@@ -77,11 +85,21 @@ struct TrainResult {
   std::vector<std::string> fallback_ops;  // ops run on the CPU kernel for want of a backend kernel (Executor)
   ConstantParams constant_params;  // Constant nodes trained as params (ImportOptions::constants_as_params)
   HalfWidening half_widening;      // what a float16/bfloat16 model had widened to float32 (runtime/half_precision.h)
+  // The signal that stopped the run after steps.back() (runtime/preemption.h stop_requested), its checkpoint written
+  // when there is a checkpoint_dir; 0: it ran to options.steps.
+  int stopped_by_signal = 0;
 };
 
 using StepCallback = std::function<void(const StepRecord&)>;
 
-// Trains; calls `on_step` after every step. Throws InvalidArgument (flags, data, checkpoint mismatch),
+// The steps a resumed run's learning-rate schedule spans: `schedule.total_steps` when the user gave it
+// (--lr-schedule-steps), else `checkpoint_steps` (the span the checkpoint's run had). `on_note` is told when the two
+// differ, or when the kept span is not this run's `steps`, for a schedule whose rate depends on it (cosine).
+int64_t resumed_lr_schedule_steps(const LrSchedule& schedule, int64_t steps, int64_t checkpoint_steps,
+                                  const std::function<void(const std::string&)>& on_note);
+
+// Trains; calls `on_step` after every step. A stop request (runtime/preemption.h) ends it after the step it came in,
+// that step checkpointed (TrainResult::stopped_by_signal). Throws InvalidArgument (flags, data, checkpoint mismatch),
 // InvalidModel, Unsupported (ops without gradient rules or kernels), Infeasible (loss became NaN/inf).
 // Refuses (Infeasible, saying what it needs) before any weight is allocated when fp32 weights + gradients +
 // optimizer state of `graph`'s float params and its activations exceed `available_bytes` (0: unknown, no check).

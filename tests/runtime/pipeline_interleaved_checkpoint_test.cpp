@@ -15,6 +15,7 @@
 #include "graph/error.h"
 #include "runtime/checkpoint.h"
 #include "runtime/communicator.h"
+#include "runtime/run_checkpoint_files.h"
 #include "tests/runtime/pipeline_fixture.h"
 
 namespace apart {
@@ -136,13 +137,14 @@ TEST(ACheckpointManifest, WhoseLayoutIsNotAnObjectIsRefusedNamingTheField) {
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);
   run_threads(plan, 1, dir / "first", Optimizer::kSgd, 0.05, ck.string());
-  nlohmann::json manifest;
+  nlohmann::ordered_json manifest;
   {
     std::ifstream in(ck / "manifest.json");
-    manifest = nlohmann::json::parse(in);
+    manifest = nlohmann::ordered_json::parse(in);
   }
-  manifest["layout"] = nlohmann::json::array();
-  std::ofstream(ck / "manifest.json") << manifest.dump(2) << "\n";
+  manifest["layout"] = nlohmann::ordered_json::array();
+  // Sealed again: a manifest apart wrote wrong, not one damaged after (that is CorruptData, pipeline_preemption_test).
+  std::ofstream(ck / "manifest.json") << sealed_manifest_text(manifest);
   RunOptions o = run_options_like_reference(plan, 2);
   o.resume = ck.string();
   expect_every_rank_refuses(run_ranks(2, CommOptions{60}, [&](int, Communicator& comm) { run_plan(o, comm); }),

@@ -117,6 +117,16 @@ TEST_F(AGpt3Plan, CollapsesIdenticalConsecutiveStagesIntoOneTerminalRow) {
   EXPECT_NE(r.out.find("← bottleneck"), std::string::npos) << r.out;
 }
 
+TEST(ASimulation, SaysThePlanItReplaysInTheSummaryLine) {
+  TempDir dir;
+  ASSERT_EQ(run_apart("partition " + kGptTiny + " --devices 4 --devices-per-node 4 --batch 32 --stages 2 --dp 2 "
+                      "--no-stage-models -q -o " + (dir / "p").string()).code, 0);
+  const auto r = run_apart("simulate " + (dir / "p").string(), /*with_stderr=*/false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("plan: TP 1 · PP 2 · DP 2 · micro-batch ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("\napart simulate: "), std::string::npos) << r.out;
+}
+
 json plan_without_timing(const fs::path& dir) {
   json j = json::parse(read_file(dir / "plan.json"));
   j["search"].erase("seconds");

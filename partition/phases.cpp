@@ -52,22 +52,27 @@ std::string gb(double bytes) {
                      "; apart does not split a single operator: use devices with more memory, --precision mixed, or "
                      "a lighter --optimizer");
   // The fewest devices that could hold it: every parameter's state once (ZeRO and TP shard it, never shrink it)
-  // plus, unless recomputation may drop them, one sample's saved activations; never fewer than one more than now.
+  // plus, unless recomputation may drop them, one sample's saved activations. Past the devices given, no option but
+  // a lighter state per parameter helps; within them, the search found no split, and the options not in effect may.
   const double bound = o.stage.recompute == Recompute::kOff ? total : total - activations;
-  const int64_t needed = std::max<int64_t>(static_cast<int64_t>(std::ceil(bound / limit)), o.cluster.devices + 1);
-  // Only what is not in effect already: auto recomputes where memory needs it, and --microbatches auto tries every
-  // micro-batch size down to one sample.
-  std::vector<std::string> fixes = {"≥ " + std::to_string(needed) + " devices of " + device};
-  if (o.stage.recompute == Recompute::kOff || o.stage.recompute == Recompute::kSelective)
-    fixes.push_back("recomputation (--recompute auto)");
-  if (o.stage.microbatches && *o.stage.microbatches < o.training.global_batch)
-    fixes.push_back("a smaller micro-batch (more --microbatches, or auto)");
-  if (o.stage.zero)
-    fixes.push_back("ZeRO (--zero auto shards optimizer state, gradients and weights among replicas)");
-  if (o.stage.tp && o.cluster.devices_per_node > 1)
-    fixes.push_back("tensor parallelism (--tp auto splits a layer's weights across a node's devices)");
-  if (o.training.precision == Precision::kFp32 && o.cluster.device.peak_fp16_flops > 0)
-    fixes.push_back("--precision mixed");
+  const int64_t needed = static_cast<int64_t>(std::ceil(bound / limit));
+  const bool lighter_state = o.training.precision == Precision::kFp32 && o.cluster.device.peak_fp16_flops > 0;
+  std::vector<std::string> fixes;
+  if (needed > o.cluster.devices) {
+    fixes.push_back("≥ " + std::to_string(needed) + " devices of " + device);
+  } else {
+    // auto recomputes where memory needs it, and --microbatches auto tries every micro-batch size down to one sample.
+    fixes.push_back("more than " + std::to_string(o.cluster.devices) + " devices of " + device);
+    if (o.stage.recompute == Recompute::kOff || o.stage.recompute == Recompute::kSelective)
+      fixes.push_back("recomputation (--recompute auto)");
+    if (o.stage.microbatches && *o.stage.microbatches < o.training.global_batch)
+      fixes.push_back("a smaller micro-batch (more --microbatches, or auto)");
+    if (o.stage.zero)
+      fixes.push_back("ZeRO (--zero auto shards optimizer state, gradients and weights among replicas)");
+    if (o.stage.tp && o.cluster.devices_per_node > 1)
+      fixes.push_back("tensor parallelism (--tp auto splits a layer's weights across a node's devices)");
+  }
+  if (lighter_state) fixes.push_back("--precision mixed");
   std::string what;
   for (size_t i = 0; i < fixes.size(); ++i) what += (i == 0 ? "" : i + 1 == fixes.size() ? ", or " : ", ") + fixes[i];
   throw Infeasible("no split of the model fits " + std::to_string(o.cluster.devices) + " devices of " + device +

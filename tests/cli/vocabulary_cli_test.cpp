@@ -127,6 +127,18 @@ TEST(ASimulation, SaysThePlanItReplaysInTheSummaryLine) {
   EXPECT_NE(r.out.find("\napart simulate: "), std::string::npos) << r.out;
 }
 
+TEST_F(AGpt3Plan, IsRefusedOnTooFewDevicesNamingTheMemoryBoundAndNoOptionThatCannotHelp) {
+  // By hand: 174.6 B parameters × 16 bytes (mixed-precision Adam: bf16 weights and gradients, fp32 master weights
+  // and two moments) = 2.79 TB, over 74 GiB (79.5 GB) usable per device = 35.2: at least 36 devices, whatever ZeRO,
+  // TP or recomputation (which default to what would help or cannot shrink it) do.
+  const auto r = run_apart("partition " + (*dir_ / "gpt3.onnx").string() + " --devices 2 --batch 8 -q -o " +
+                           (*dir_ / "two").string());
+  EXPECT_EQ(r.code, 5) << r.out;
+  EXPECT_NE(r.out.find("it needs ≥ 36 devices of 79 GB\n"), std::string::npos) << r.out;
+  for (const char* not_a_fix : {"--recompute", "--microbatches", "--zero", "--tp", "--precision"})
+    EXPECT_EQ(r.out.find(not_a_fix), std::string::npos) << not_a_fix << ": " << r.out;
+}
+
 json plan_without_timing(const fs::path& dir) {
   json j = json::parse(read_file(dir / "plan.json"));
   j["search"].erase("seconds");

@@ -269,7 +269,7 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph, Report
     r << "MFU                  " << fixed(100 * *predicted.mfu, 1) << " %   (" << predicted.mfu_flops.value_or("")
       << (predicted.mfu_flops == kSixNPerToken ? " × " + format_rate(predicted.tokens_per_s.value_or(0)) + " tokens/s" : " × samples/s")
       << " over " << c.devices << " × the device's " << precision_name(t.precision) << " peak; "
-      << format_significant(predicted.tflops_per_device.value_or(0), 3) << " TFLOP/s per device)\n";
+      << format_tflops(predicted.tflops_per_device.value_or(0)) << " per device)\n";
   r << "devices used         " << used << " of " << c.devices << ", " << c.layout.value_or("") << "\n";
   r << "peak memory          " << format_bytes(static_cast<double>(predicted.peak_memory_bytes.value_or(0))) << " of " << limit
     << " usable (" << format_bytes(static_cast<double>(device_memory)) << " less "

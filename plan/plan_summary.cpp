@@ -64,6 +64,10 @@ std::string format_rate(double value) {
   return format_significant(value, 3) + units[u];
 }
 
+std::string format_tflops(double tflops) {
+  return tflops >= 1 ? format_significant(tflops, 3) + " TFLOP/s" : format_significant(tflops * 1e3, 3) + " GFLOP/s";
+}
+
 PlanLayout plan_layout(const PlanDocument& plan) {
   PlanLayout l;
   l.pp = static_cast<int>(plan.stages.size());
@@ -123,9 +127,7 @@ std::string plan_summary_line(const PlanDocument& plan) {
     if (p.mfu) parts.push_back(percent(*p.mfu, 1) + " MFU");
     if (p.tokens_per_s) parts.push_back(format_rate(*p.tokens_per_s) + " tokens/s");
     else if (p.samples_per_s) parts.push_back(format_rate(*p.samples_per_s) + " samples/s");
-    if (p.tflops_per_device)
-      parts.push_back(*p.tflops_per_device >= 1 ? format_significant(*p.tflops_per_device, 3) + " TFLOP/s" + per
-                                                : format_significant(*p.tflops_per_device * 1e3, 3) + " GFLOP/s" + per);
+    if (p.tflops_per_device) parts.push_back(format_tflops(*p.tflops_per_device) + per);
   }
   std::string line;
   for (const std::string& part : parts) line += (line.empty() ? "" : " · ") + part;

@@ -64,5 +64,7 @@ std::vector<std::string> plan_warnings(const PlanDocument& plan);
 
 // "158k", "1.2M", "950": three significant digits, decimal suffixes in lower-case k as rates are written.
 std::string format_rate(double value);
+// Model FLOP/s per device given in TFLOP/s: "162 TFLOP/s", or below one "504 GFLOP/s".
+std::string format_tflops(double tflops);
 
 }  // namespace apart

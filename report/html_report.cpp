@@ -240,7 +240,7 @@ void summary_section(std::ostringstream& out, const ReportPlan& p, const sim::Si
   const PlanPrediction predicted = p.document.predicted.value_or(PlanPrediction{});
   if (predicted.mfu)
     card(out, "MFU", num(100 * *predicted.mfu, 1) + " %",
-         predicted.mfu_flops.value_or("") + "; " + num(predicted.tflops_per_device.value_or(0), 0) + " TFLOP/s per device" +
+         predicted.mfu_flops.value_or("") + "; " + format_tflops(predicted.tflops_per_device.value_or(0)) + " per device" +
              (predicted.tokens_per_s ? "; " + format_rate(*predicted.tokens_per_s) + " tokens/s" : std::string()),
          "sum-mfu");
   else

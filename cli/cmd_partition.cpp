@@ -34,6 +34,7 @@ struct PartitionArgs {
   std::string schedule = "1f1b";
   int64_t virtual_stages = 0;  // 0: kDefaultVirtualStages under --schedule interleaved
   std::string microbatches = "auto";
+  int64_t micro_batch_size = 0;  // 0: not given (--microbatches decides)
   std::string stages = "auto";
   std::string replicas = "auto";
   std::string recompute = "auto";
@@ -66,6 +67,28 @@ std::optional<int64_t> auto_or_int(const std::string& flag, const std::string& t
   throw InvalidArgument(flag + " " + text + ": expected an integer in [1, " + std::to_string(max) + "] or auto");
 }
 
+// --micro-batch-size u (samples per GPU per micro-batch, Megatron-LM's) as the micro-batch count it means:
+// m = batch / (replicas × u), so it needs the replicas (--dp) and u must divide the per-replica batch.
+int microbatches_for(const PartitionArgs& a, std::optional<int> replicas) {
+  const int64_t u = checked_integer(a.micro_batch_size, 1, a.batch, "--micro-batch-size");
+  if (a.microbatches != "auto")
+    throw InvalidArgument("--micro-batch-size and --microbatches " + a.microbatches + " both set the micro-batch: give "
+                          "one (micro-batches = batch / (replicas × micro-batch size))");
+  if (!replicas)
+    throw InvalidArgument("--micro-batch-size " + std::to_string(u) + " needs --dp N: the samples per GPU are the "
+                          "per-replica batch (--batch / --dp) split into micro-batches; with --dp auto give "
+                          "--microbatches instead");
+  if (a.batch % *replicas != 0)
+    throw InvalidArgument("--batch " + std::to_string(a.batch) + " does not split evenly among --dp " +
+                          std::to_string(*replicas) + " replicas; pick a --dp that divides it");
+  const int64_t per_replica = a.batch / *replicas;
+  if (per_replica % u != 0)
+    throw InvalidArgument("--micro-batch-size " + std::to_string(u) + " does not divide the per-replica batch " +
+                          std::to_string(per_replica) + " (--batch " + std::to_string(a.batch) + " / --dp " +
+                          std::to_string(*replicas) + "); use a divisor of " + std::to_string(per_replica));
+  return static_cast<int>(per_replica / u);
+}
+
 // Flags → CompileOptions (every parse error names its flag, every number is range-checked).
 CompileOptions compile_options(const PartitionArgs& a) {
   checked_integer(a.batch, 1, limits::kMaxBatch, "--batch");
@@ -83,6 +106,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
   if (auto m = auto_or_int("--microbatches", a.microbatches, a.batch)) o.stage.microbatches = *m;
   if (auto s = auto_or_int("--stages", a.stages, limits::kMaxDevices)) o.stage.stages = static_cast<int>(*s);
   if (auto r = auto_or_int("--replicas", a.replicas, limits::kMaxDevices)) o.stage.replicas = static_cast<int>(*r);
+  if (a.micro_batch_size != 0) o.stage.microbatches = microbatches_for(a, o.stage.replicas);
   o.stage.recompute = parse_recompute(a.recompute);
   o.stage.zero = parse_zero(a.zero);
   o.stage.tp = parse_tp(a.tp);
@@ -134,7 +158,7 @@ void run_partition(const PartitionArgs& a) {
   progress.finish();
 
   const bool baselines = !r.baselines.empty();
-  std::cout << plan_report(r.document, r.model.graph) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/")
+  std::cout << plan_report(r.document, r.model.graph, ReportFor::kTerminal) << "wrote " << a.output << (a.output.ends_with('/') ? "" : "/")
             << " (plan.json, plan.dot, report.txt" << (options.output->stage_models ? ", stage_K.onnx" : "")
             << ", costs.json" << (baselines ? ", baselines.json" : "") << ")\n";
   if (baselines) {
@@ -179,7 +203,11 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "Chunks per device under --schedule interleaved, 2 to 64 (0: 2; under auto 0: 2 to 4); m must be a "
                   "multiple of the stages")
       ->capture_default_str();
-  cmd->add_option("--microbatches", a->microbatches, "Micro-batches per iteration, or auto")->capture_default_str();
+  cmd->add_option("--microbatches", a->microbatches,
+                  "Micro-batches per iteration (gradient-accumulation steps), or auto")->capture_default_str();
+  cmd->add_option("--micro-batch-size", a->micro_batch_size,
+                  "Samples per GPU per micro-batch (Megatron-LM's --micro-batch-size), instead of --microbatches: "
+                  "needs --dp N and must divide the per-replica batch --batch / --dp");
   cmd->add_option("--stages,--pp", a->stages, "Pipeline stages (pipeline-parallel degree), or auto")->capture_default_str();
   cmd->add_option("--replicas,--dp", a->replicas,
                   "Data-parallel replicas of every stage, or auto (per stage, any count)")->capture_default_str();

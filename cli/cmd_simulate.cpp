@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "cli/cli_common.h"
+#include "plan/plan_summary.h"
 #include "cli/command_registry.h"
 #include "graph/checked.h"
 #include "graph/error.h"
@@ -74,7 +75,8 @@ void run_simulate(const SimulateArgs& a) {
   } else if (a.json) {
     std::cout << sim::simulation_to_json(plan, result).dump(1) << "\n";
   } else {
-    std::cout << sim::simulation_report(plan, result);
+    // What was planned, in its launcher's words (plan/plan_summary.h), above what the replay found.
+    std::cout << "plan: " << plan_summary_line(read_plan(a.plan)) << "\n" << sim::simulation_report(plan, result);
   }
   std::cout.flush();
   if (!a.trace.empty())

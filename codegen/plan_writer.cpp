@@ -15,6 +15,7 @@
 #include "graph/units.h"
 #include "graph/text.h"
 #include "graph/threads.h"
+#include "plan/plan_summary.h"
 #include "plan/training.h"
 
 namespace apart {
@@ -120,9 +121,115 @@ std::string device_range(const std::vector<int>& d) {
     }
   return std::to_string(d.front()) + "-" + std::to_string(d.back()) + (step == 1 ? "" : "/" + std::to_string(step));
 }
+
+// Characters of UTF-8 `text` (a "–" is one).
+size_t chars_of(const std::string& text) {
+  size_t chars = 0;
+  for (unsigned char c : text) chars += (c & 0xC0) != 0x80 ? 1 : 0;
+  return chars;
+}
+
+// `text` padded with spaces to `width` characters, at the left or the right.
+std::string padded(const std::string& text, size_t width, bool right) {
+  const size_t chars = chars_of(text);
+  const std::string fill(width > chars ? width - chars : 0, ' ');
+  return right ? fill + text : text + fill;
+}
+
+// One row of the stage table: the columns that say what a stage does (not its id, memory or devices), as printed,
+// so that stages alike in them can share one. Memory differs between alike stages anyway (1F1B keeps fewer
+// micro-batches in flight further down the pipeline): a shared row shows its range.
+struct StageRow {
+  std::string work;   // tasks, params, compute, comm, allreduce
+  int replicas = 1;
+  std::string split;  // "  TP-8  ZeRO-1" after the devices
+  bool operator==(const StageRow&) const = default;
+};
+
+StageRow stage_row(const PlanStageRecord& s) {
+  char line[256];
+  // Compute is forward + backward (the backward includes a recomputed forward): partition/stage_cost.h.
+  std::snprintf(line, sizeof line, "%-32s %9s %10s %10s %10s",
+                format_task_counts(s.tasks.size(), static_cast<size_t>(s.batch_tasks.value_or(0))).c_str(),
+                human_params(static_cast<double>(s.param_bytes.value_or(0)) / kParamStorageBytes).c_str(),
+                format_seconds(s.forward_s + s.backward_s).c_str(), format_seconds(s.comm_s.value_or(0)).c_str(),
+                format_seconds(s.allreduce_s.value_or(0)).c_str());
+  // A stage whose replicas are tensor-parallel groups or shard with ZeRO says so after its devices; plans without
+  // either read as before.
+  return {line, s.replicas,
+          (s.tp > 1 ? "  TP-" + std::to_string(s.tp) : "") + (s.zero > 0 ? "  ZeRO-" + std::to_string(s.zero) : "")};
+}
+
+// "31.13 GiB", or "24.01–39.76 GiB" for stages [a, b) (the unit once when both share it).
+std::string memory_range(const std::vector<PlanStageRecord>& stages, size_t a, size_t b) {
+  int64_t lo = stages[a].memory_bytes.value_or(0), hi = lo;
+  for (size_t k = a; k < b; ++k) {
+    lo = std::min(lo, stages[k].memory_bytes.value_or(0));
+    hi = std::max(hi, stages[k].memory_bytes.value_or(0));
+  }
+  std::string low = format_bytes(static_cast<double>(lo));
+  const std::string high = format_bytes(static_cast<double>(hi));
+  if (lo == hi) return low;
+  const size_t unit = high.rfind(' ');
+  if (unit != std::string::npos && low.ends_with(high.substr(unit)))
+    low.resize(low.size() - (high.size() - unit));
+  return low + "–" + high;
+}
+
+// The stage table; under ReportFor::kTerminal a run of consecutive stages with identical rows is one row, its ids
+// and devices as ranges ("1–15", "8-127"), its memory as a range, the bottleneck named when it is inside.
+std::string stage_table(const PlanDocument& plan, int bottleneck, ReportFor reader) {
+  const std::string limit = format_bytes(static_cast<double>(plan.cluster.memory_bytes.value_or(0)));
+  std::vector<StageRow> rows;
+  for (const PlanStageRecord& s : plan.stages) rows.push_back(stage_row(s));
+  const bool collapse = reader == ReportFor::kTerminal;
+  auto run_end = [&](size_t a) {
+    size_t b = a + 1;
+    while (collapse && b < rows.size() && rows[b] == rows[a]) ++b;
+    return b;
+  };
+  size_t width = 5;  // "stage"
+  for (size_t a = 0, b = 0; a < rows.size(); a = b) {
+    b = run_end(a);
+    const std::string last = b - a > 1 ? "–" + std::to_string(plan.stages[b - 1].id) : "";
+    width = std::max(width, chars_of(std::to_string(plan.stages[a].id) + last));
+  }
+  std::vector<std::string> memory(rows.size());  // per run, at its first stage
+  size_t memory_width = 22;  // as report.txt has always had it; on a terminal as wide as a range needs
+  for (size_t a = 0, b = 0; a < rows.size(); a = b) {
+    b = run_end(a);
+    memory[a] = memory_range(plan.stages, a, b) + " / " + limit;
+    if (collapse) memory_width = std::max(memory_width, chars_of(memory[a]));
+  }
+  char line[320];
+  std::snprintf(line, sizeof line, "  %-32s %9s %10s %10s %10s  %s %8s %s\n", "tasks", "params", "compute", "comm",
+                "allreduce", padded("memory / usable", memory_width, false).c_str(), "replicas", "devices");
+  std::string out = padded("stage", width, true) + line;
+  for (size_t a = 0, b = 0; a < rows.size(); a = b) {
+    b = run_end(a);
+    const PlanStageRecord& first = plan.stages[a];
+    const PlanStageRecord& last = plan.stages[b - 1];
+    std::string id = std::to_string(first.id);
+    std::vector<int> devices = first.devices;
+    std::string mark = first.id == bottleneck ? "  ← bottleneck" : "";
+    if (b - a > 1) {
+      id += "–" + std::to_string(last.id);
+      devices.clear();
+      for (size_t k = a; k < b; ++k) devices.insert(devices.end(), plan.stages[k].devices.begin(), plan.stages[k].devices.end());
+      if (bottleneck >= first.id && bottleneck <= last.id) mark = "  ← bottleneck: stage " + std::to_string(bottleneck);
+    }
+    std::string where = device_range(devices);
+    if (b - a > 1 && where.find(',') != std::string::npos)  // not one progression: the first and last stage's
+      where = device_range(first.devices) + " … " + device_range(last.devices);
+    std::snprintf(line, sizeof line, "  %s  %s %8d ", rows[a].work.c_str(),
+                  padded(memory[a], memory_width, false).c_str(), rows[a].replicas);
+    out += padded(id, width, true) + line + where + rows[a].split + mark + "\n";
+  }
+  return out;
+}
 }  // namespace
 
-std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
+std::string plan_report(const PlanDocument& plan, const TaskGraph& graph, ReportFor reader) {
   const PlanCluster& c = plan.cluster;
   const PlanTraining& t = plan.training;
   const PlanModel model = plan.model.value_or(PlanModel{});
@@ -142,27 +249,10 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
     << ", batch " << t.global_batch.value_or(0) << " = " << t.microbatches << " micro-batch"
     << (t.microbatches == 1 ? "" : "es") << " of " << t.microbatch_size.value_or(0) << " (split among a stage's replicas), "
     << schedule_name(t.schedule) << ", " << optimizer_name(t.optimizer) << ", recompute "
-    << recompute_summary(plan) << ", method " << (plan.options ? plan.options->method : "") << "\n\n";
-  char line[320];
-  std::snprintf(line, sizeof line, "%5s  %-32s %9s %10s %10s %10s  %-22s %8s %s\n", "stage", "tasks", "params",
-                "compute", "comm", "allreduce", "memory / usable", "replicas", "devices");
-  r << line;
+    << recompute_summary(plan) << ", method " << (plan.options ? plan.options->method : "") << "\n";
+  r << plan_summary_line(plan) << "\n\n";
+  r << stage_table(plan, bottleneck, reader);
   const std::string limit = format_bytes(static_cast<double>(memory));
-  for (const PlanStageRecord& s : plan.stages) {
-    const std::string mem = format_bytes(static_cast<double>(s.memory_bytes.value_or(0))) + " / " + limit;
-    // A stage whose replicas are tensor-parallel groups or shard with ZeRO says so after its devices; plans without
-    // either read as before.
-    const std::string devices = device_range(s.devices) + (s.tp > 1 ? "  TP-" + std::to_string(s.tp) : "") +
-                                (s.zero > 0 ? "  ZeRO-" + std::to_string(s.zero) : "");
-    // Compute is forward + backward (the backward includes a recomputed forward): partition/stage_cost.h.
-    std::snprintf(line, sizeof line, "%5d  %-32s %9s %10s %10s %10s  %-22s %8d %s%s\n", s.id,
-                  format_task_counts(s.tasks.size(), static_cast<size_t>(s.batch_tasks.value_or(0))).c_str(),
-                  human_params(static_cast<double>(s.param_bytes.value_or(0)) / kParamStorageBytes).c_str(),
-                  format_seconds(s.forward_s + s.backward_s).c_str(), format_seconds(s.comm_s.value_or(0)).c_str(),
-                  format_seconds(s.allreduce_s.value_or(0)).c_str(), mem.c_str(), s.replicas, devices.c_str(),
-                  s.id == bottleneck ? "  ← bottleneck" : "");
-    r << line;
-  }
   const int used = plan_devices(plan);
   int split = 0;  // stages with tensor-parallel groups
   for (const PlanStageRecord& s : plan.stages) split += s.tp > 1 ? 1 : 0;
@@ -175,6 +265,11 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
   r << "compute lower bound  " << format_seconds(lower_bound_s)
     << "   (total forward+backward work / " << c.devices << " devices); plan is "
     << fixed(lower_bound_s > 0 ? iteration_s / lower_bound_s : 0, 2) << "× the bound\n";
+  if (predicted.mfu)
+    r << "MFU                  " << fixed(100 * *predicted.mfu, 1) << " %   (" << predicted.mfu_flops.value_or("")
+      << (predicted.mfu_flops == kSixNPerToken ? " × " + format_rate(predicted.tokens_per_s.value_or(0)) + " tokens/s" : " × samples/s")
+      << " over " << c.devices << " × the device's " << precision_name(t.precision) << " peak; "
+      << format_tflops(predicted.tflops_per_device.value_or(0)) << " per device)\n";
   r << "devices used         " << used << " of " << c.devices << ", " << c.layout.value_or("") << "\n";
   r << "peak memory          " << format_bytes(static_cast<double>(predicted.peak_memory_bytes.value_or(0))) << " of " << limit
     << " usable (" << format_bytes(static_cast<double>(device_memory)) << " less "
@@ -194,6 +289,8 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph) {
     else
       r << " (found; the search split no stage)\n";
   }
+  if (reader == ReportFor::kFile)
+    for (const std::string& warning : plan_warnings(plan)) r << "warning: " << warning << "\n";
   return r.str();
 }
 

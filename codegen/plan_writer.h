@@ -26,8 +26,12 @@ std::vector<TaskId> stage_task_ids(const PlanStageRecord& stage, const TaskGraph
 
 // One cluster per stage; `detail` draws tasks and values, otherwise one node per stage and its transfers.
 std::string plan_to_dot(const PlanDocument& plan, const TaskGraph& graph, bool detail);
-// The table a person reads first: per stage tasks, params, compute/comm/all-reduce ms, memory, replicas, devices.
-std::string plan_report(const PlanDocument& plan, const TaskGraph& graph);
+// Who reads the report: report.txt lists every stage and the plan's warnings (plan/plan_summary.h); a terminal gets
+// identical consecutive stages as one row ("1–15") and the warnings on stderr instead.
+enum class ReportFor : uint8_t { kFile, kTerminal };
+// The table a person reads first: the summary line in Megatron-LM's vocabulary, then per stage tasks, params,
+// compute/comm/all-reduce time, memory, replicas, devices.
+std::string plan_report(const PlanDocument& plan, const TaskGraph& graph, ReportFor reader = ReportFor::kFile);
 
 // Writes stage_K.onnx for every stage (and chunk_C.onnx for every virtual stage of an interleaved plan, C its id,
 // from virtual_stage_view): the stage's nodes, its boundary values as inputs/outputs, its

@@ -14,6 +14,7 @@
 #include "plan/cluster_json.h"
 #include "partition/virtual_stages.h"
 #include "plan/costs_json.h"
+#include "plan/plan_summary.h"
 
 namespace apart {
 namespace {
@@ -104,7 +105,9 @@ CompileResult compile(const CompileOptions& options) {
   if (!options.import.constants_as_params) r.info.constants_as_params = false;
   else if (r.model.constant_params.count > 0) r.info.constants_as_params = true;
   r.info.added_loss = added_loss_record(options.import.loss);
+  describe_work(r.model, r.costs.table, r.info);
   r.document = plan_document(r.plan, r.model.graph, r.info);
+  for (const std::string& warning : plan_warnings(r.document)) tell(options, CompileMessage::kWarning, warning);
   if (options.output) {
     tell(options, CompileMessage::kProgress, "writing the plan files");
     timed(r.times.files, [&] { write_plan_files(r, options, *options.output, shapes); });
@@ -183,6 +186,23 @@ PlanCosts plan_costs(const CompileOptions& options, const PartitionOptions& part
   if (!model.unknown_shape_values.empty())  // the plan is made, but train and run will refuse the model: say so now
     tell(options, CompileMessage::kWarning, unknown_shapes_warning(model.graph, model.unknown_shape_values));
   return costs;
+}
+
+void describe_work(const ImportedModel& model, const CostTable& costs, PlanModel& info) {
+  const int64_t samples = model.bound_samples();
+  for (ValueId v : model.graph.graph_inputs()) {
+    const Value& value = model.graph.value(v);
+    const bool integer = value.dtype == DType::kInt64 || value.dtype == DType::kInt32;
+    if (value.kind != ValueKind::kInput || !integer || !value.shape_known || value.shape.size() < 2) continue;
+    if (value.elements % samples != 0 || value.elements / samples < 2) continue;
+    info.tokens_per_sample = value.elements / samples;
+    break;
+  }
+  if (costs.microbatch_size < 1 || costs.tasks.size() != model.graph.num_tasks()) return;
+  double flops = 0;
+  for (uint32_t t = 0; t < model.graph.num_tasks(); ++t)
+    if (!model.graph.task(TaskId(t)).constant) flops += costs.tasks[t].flops + costs.tasks[t].backward_flops;
+  if (flops > 0) info.flops_per_sample = flops / static_cast<double>(costs.microbatch_size);
 }
 
 CostTable costs_at_plan_size(const CompileResult& result) {

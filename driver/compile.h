@@ -104,6 +104,10 @@ ImportedModel import_for_plan(const std::filesystem::path& model, const ImportOp
 // to), or the profile's, refused (or warned about) when measured on another device than the cluster's.
 PlanCosts plan_costs(const CompileOptions& options, const PartitionOptions& partition, const ImportedModel& model,
                      const Cluster& cluster);
+// What MFU counts of the model (PlanModel::tokens_per_sample, flops_per_sample): the sequence length of its token
+// input (its first integer graph input with more than one element per sample; none: not a sequence model) and the
+// forward + backward FLOPs of one sample by `costs` (batch tasks only: constant ones run once per iteration).
+void describe_work(const ImportedModel& model, const CostTable& costs, PlanModel& info);
 // Per-task costs at the plan's micro-batch size, as its stages see them (the plan folder's costs.json).
 CostTable costs_at_plan_size(const CompileResult& result);
 // stage_K.onnx keeps the batch dim symbolic when the plan bound it itself (the batch rule, not --dim/--shape).

@@ -34,13 +34,14 @@ std::string gb(double bytes) {
   const double limit = static_cast<double>(o.cluster.usable_memory_bytes());
   const double state_factor = state_bytes_per_param_byte(o.training.optimizer, o.training.precision);
   const double act = 1.0;  // saved bytes are at the run's precision already
-  double total = 0;
+  double total = 0, activations = 0;
   ComponentId worst(0);
   double worst_bytes = 0;
   for (uint32_t c = 0; c < atomic.size(); ++c) {
     const BlockCost& b = atomic.component(ComponentId(c)).cost;
     const double one = static_cast<double>(b.param_bytes) * state_factor + b.workspace_per_sample + b.workspace_fixed;
     total += static_cast<double>(b.param_bytes) * state_factor + b.saved_per_sample * act;
+    activations += b.saved_per_sample * act;
     if (one > worst_bytes) { worst_bytes = one; worst = ComponentId(c); }
   }
   const std::string device = std::to_string(o.cluster.usable_memory_bytes() / 1'000'000'000) + " GB";
@@ -50,11 +51,32 @@ std::string gb(double bytes) {
                      " state) but a device has " + device +
                      "; apart does not split a single operator: use devices with more memory, --precision mixed, or "
                      "a lighter --optimizer");
-  const int64_t needed = static_cast<int64_t>(std::ceil(total / limit));
+  // The fewest devices that could hold it: every parameter's state once (ZeRO and TP shard it, never shrink it)
+  // plus, unless recomputation may drop them, one sample's saved activations. Past the devices given, no option but
+  // a lighter state per parameter helps; within them, the search found no split, and the options not in effect may.
+  const double bound = o.stage.recompute == Recompute::kOff ? total : total - activations;
+  const int64_t needed = static_cast<int64_t>(std::ceil(bound / limit));
+  const bool lighter_state = o.training.precision == Precision::kFp32 && o.cluster.device.peak_fp16_flops > 0;
+  std::vector<std::string> fixes;
+  if (needed > o.cluster.devices) {
+    fixes.push_back("≥ " + std::to_string(needed) + " devices of " + device);
+  } else {
+    // auto recomputes where memory needs it, and --microbatches auto tries every micro-batch size down to one sample.
+    fixes.push_back("more than " + std::to_string(o.cluster.devices) + " devices of " + device);
+    if (o.stage.recompute == Recompute::kOff || o.stage.recompute == Recompute::kSelective)
+      fixes.push_back("recomputation (--recompute auto)");
+    if (o.stage.microbatches && *o.stage.microbatches < o.training.global_batch)
+      fixes.push_back("a smaller micro-batch (more --microbatches, or auto)");
+    if (o.stage.zero)
+      fixes.push_back("ZeRO (--zero auto shards optimizer state, gradients and weights among replicas)");
+    if (o.stage.tp && o.cluster.devices_per_node > 1)
+      fixes.push_back("tensor parallelism (--tp auto splits a layer's weights across a node's devices)");
+  }
+  if (lighter_state) fixes.push_back("--precision mixed");
+  std::string what;
+  for (size_t i = 0; i < fixes.size(); ++i) what += (i == 0 ? "" : i + 1 == fixes.size() ? ", or " : ", ") + fixes[i];
   throw Infeasible("no split of the model fits " + std::to_string(o.cluster.devices) + " devices of " + device +
-                   " at global batch " + std::to_string(o.training.global_batch) + " with these pins; it needs ≥ " +
-                   std::to_string(std::max<int64_t>(needed, o.cluster.devices + 1)) + " devices of " + device +
-                   ", or recomputation (--recompute on/auto), or a smaller micro-batch (more --microbatches)");
+                   " at global batch " + std::to_string(o.training.global_batch) + " with these pins; it needs " + what);
 }
 
 // The most stages a split into `parts` blocks offers on this cluster (--max-stages, else `otherwise`).

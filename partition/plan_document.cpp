@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "partition/tensor_parallel.h"
+#include "plan/plan_summary.h"
 
 namespace apart {
 
@@ -116,6 +117,14 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
   p.compute_lower_bound_s = plan.compute_lower_bound_s;
   p.source = "simulated";
   p.estimate_iteration_s = plan.estimate.iteration_s;
+  // MFU over the cluster's devices at their peak for the plan's precision (plan/plan_summary.h, its one home).
+  if (const auto u = utilization({model.params, model.tokens_per_sample, model.flops_per_sample, plan.samples_per_s,
+                                  o.cluster.devices, o.cluster.device.matmul_peak(o.training.precision)})) {
+    p.mfu = u->mfu;
+    p.mfu_flops = u->flops;
+    p.tokens_per_s = u->tokens_per_s;
+    p.tflops_per_device = u->tflops_per_device;
+  }
   d.predicted = p;
 
   const SearchStatistics& s = plan.search;

@@ -9,6 +9,7 @@
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/json_reader.h"
+#include "plan/plan_summary.h"
 
 namespace apart {
 
@@ -131,6 +132,10 @@ ordered predicted_json(const PlanPrediction& p) {
   put(j, "compute_lower_bound_s", p.compute_lower_bound_s);
   put(j, "source", p.source);
   put(j, "estimate_iteration_s", p.estimate_iteration_s);
+  put(j, "mfu", p.mfu);
+  put(j, "mfu_flops", p.mfu_flops);
+  put(j, "tokens_per_s", p.tokens_per_s);
+  put(j, "tflops_per_device", p.tflops_per_device);
   return j;
 }
 
@@ -197,6 +202,8 @@ ordered plan_to_json(const PlanDocument& plan) {
   if (plan.model && plan.model->constants_as_params) j["model"]["constants_as_params"] = *plan.model->constants_as_params;
   if (plan.model && plan.model->added_loss)
     j["model"]["added_loss"] = {{"form", plan.model->added_loss->form}, {"labels", plan.model->added_loss->labels}};
+  if (plan.model && plan.model->tokens_per_sample) j["model"]["tokens_per_sample"] = *plan.model->tokens_per_sample;
+  if (plan.model && plan.model->flops_per_sample) j["model"]["flops_per_sample"] = *plan.model->flops_per_sample;
   j["cluster"] = cluster_json(plan.cluster);
   j["training"] = training_json(plan.training);
   if (plan.options) j["options"] = options_json(*plan.options);
@@ -208,6 +215,8 @@ ordered plan_to_json(const PlanDocument& plan) {
     for (const PlanVirtualStage& c : plan.virtual_stages) chunks.push_back(virtual_stage_json(c));
     j["virtual_stages"] = chunks;
   }
+  // Derived from the stages (never read back), for readers who think in Megatron-LM's degrees.
+  if (!plan.stages.empty()) j["layout"] = layout_json(plan_layout(plan));
   if (plan.predicted) j["predicted"] = predicted_json(*plan.predicted);
   if (plan.search) j["search"] = search_json(*plan.search);
   if (plan.tensor_parallel) j["tensor_parallel"] = tensor_parallel_json(*plan.tensor_parallel);
@@ -489,6 +498,10 @@ void read_predicted(const Readers& rs, const json& j, PlanDocument& plan) {
   pr.compute_lower_bound_s = l.optional_seconds(pj, p, "compute_lower_bound_s");
   pr.source = l.optional_string(pj, p, "source");
   pr.estimate_iteration_s = l.optional_seconds(pj, p, "estimate_iteration_s");
+  pr.mfu = l.optional_number(pj, p, "mfu", limits::kMaxRate);
+  pr.mfu_flops = l.optional_string(pj, p, "mfu_flops");
+  pr.tokens_per_s = l.optional_number(pj, p, "tokens_per_s", limits::kMaxRate);
+  pr.tflops_per_device = l.optional_number(pj, p, "tflops_per_device", limits::kMaxRate);
   plan.predicted = pr;
 }
 
@@ -633,6 +646,8 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
       model.added_loss = PlanModel::AddedLoss{l.string(a, "model.added_loss.", "form"),
                                               l.string(a, "model.added_loss.", "labels")};
     }
+    model.tokens_per_sample = l.optional_integer(m, "model.", "tokens_per_sample", 1, limits::kMaxByteCount);
+    model.flops_per_sample = l.optional_number(m, "model.", "flops_per_sample", limits::kMaxFlops);
     plan.model = model;
   }
   read_cluster(rs, j, plan.cluster);

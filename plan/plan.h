@@ -32,6 +32,11 @@ struct PlanModel {
     std::string labels;
   };
   std::optional<AddedLoss> added_loss;
+  // What MFU counts (plan/plan_summary.h): the sequence length of the model's token input (its first integer input
+  // with more than one element per sample), absent for models without one; and the cost model's forward + backward
+  // FLOPs of one sample. Absent in plans before them.
+  std::optional<int64_t> tokens_per_sample;
+  std::optional<double> flops_per_sample;
 };
 
 // The cluster as the plan records it: the names and figures the plan was made for. The simulator turns it into
@@ -151,6 +156,11 @@ struct PlanPrediction {
   std::optional<double> compute_lower_bound_s;
   std::optional<std::string> source;  // "simulated"
   std::optional<double> estimate_iteration_s;
+  // In the vocabulary of Megatron-LM's users (plan/plan_summary.h utilization); absent in plans before them.
+  std::optional<double> mfu;                // model FLOP/s over every device's peak at the plan's precision
+  std::optional<std::string> mfu_flops;     // what it counts: "6N per token" or "model FLOPs"
+  std::optional<double> tokens_per_s;       // sequence models
+  std::optional<double> tflops_per_device;  // model TFLOP/s per device
 };
 
 struct PlanSearch {

@@ -10,6 +10,7 @@
 #include "apart_version.h"
 #include "graph/checked.h"
 #include "graph/error.h"
+#include "plan/plan_summary.h"
 #include "plan/training.h"
 #include "report/stage_graph.h"
 #include "simulator/sim_report.h"
@@ -222,7 +223,9 @@ void card(std::ostringstream& out, const std::string& key, const std::string& va
 }
 
 void summary_section(std::ostringstream& out, const ReportPlan& p, const sim::SimResult& r) {
-  out << "<section id=\"summary\"><h2>Summary</h2><div class=\"cards\">\n";
+  // The plan as its launcher would say it (plan/plan_summary.h), then the figures one card each.
+  out << "<section id=\"summary\"><h2>Summary</h2><p id=\"sum-line\">" << esc(plan_summary_line(p.document))
+      << "</p><div class=\"cards\">\n";
   int devices_used = 0;
   for (const ReportStage& s : p.stages) devices_used += static_cast<int>(s.devices.size());
   card(out, "predicted iteration", p.iteration_s > 0 ? format_seconds(p.iteration_s) : "not recorded",
@@ -234,6 +237,14 @@ void summary_section(std::ostringstream& out, const ReportPlan& p, const sim::Si
   const double sim_samples = p.global_batch > 0 && r.iteration_s > 0 ? static_cast<double>(p.global_batch) / r.iteration_s : 0;
   card(out, "samples / s", p.samples_per_s > 0 ? num(p.samples_per_s, 1) : "not recorded",
        sim_samples > 0 ? "simulated " + num(sim_samples, 1) : "", "sum-samples");
+  const PlanPrediction predicted = p.document.predicted.value_or(PlanPrediction{});
+  if (predicted.mfu)
+    card(out, "MFU", num(100 * *predicted.mfu, 1) + " %",
+         predicted.mfu_flops.value_or("") + "; " + format_tflops(predicted.tflops_per_device.value_or(0)) + " per device" +
+             (predicted.tokens_per_s ? "; " + format_rate(*predicted.tokens_per_s) + " tokens/s" : std::string()),
+         "sum-mfu");
+  else
+    card(out, "MFU", "not recorded", "plans before it, or no FLOPs to count", "sum-mfu");
   card(out, "bubble", percent(p.bubble_fraction),
        "bottleneck stage idle share; simulated " + percent(r.bubble_fraction) + " of all devices", "sum-bubble");
   if (p.compute_lower_bound_s && *p.compute_lower_bound_s > 0)

@@ -53,7 +53,7 @@ apart task cuts m=4 1f1b stages 6x4@0[1,1] 5x4@4[1,1] blocks=11 solved=14 placed
 uniform m=4 1f1b stages 6x4@0[1,1] 5x4@4[1,1] blocks=0 solved=2 placed=2 simulated=2 pruned=0 iteration=0.167615941991 estimate=0.168220332501 peak=2257272
 params m=4 1f1b stages 7x4@0[1,1] 4x4@4[1,1] blocks=0 solved=2 placed=2 simulated=2 pruned=0 iteration=0.174022218336 estimate=0.187436575696 peak=2303454
 gpipe-balance m=4 1f1b stages 6x4@0[1,1] 5x4@4[1,1] blocks=0 solved=2 placed=2 simulated=2 pruned=0 iteration=0.167615941991 estimate=0.168220332501 peak=2257272
-infeasible: no split of the model fits 8 devices of 1 GB at global batch 16 with these pins; it needs ≥ 9 devices of 1 GB, or recomputation (--recompute on/auto), or a smaller micro-batch (more --microbatches)
+infeasible: no split of the model fits 8 devices of 1 GB at global batch 16 with these pins; it needs more than 8 devices of 1 GB, a smaller micro-batch (more --microbatches, or auto), ZeRO (--zero auto shards optimizer state, gradients and weights among replicas), tensor parallelism (--tp auto splits a layer's weights across a node's devices), or --precision mixed
 metis m=4 1f1b stages 7x4@0[1,1] 4x4@4[1,1] blocks=4 solved=4 placed=4 simulated=2 pruned=2 iteration=0.174022218336 estimate=0.187436575696 peak=2303454
 infeasible: task n2 alone needs 0.0 GB (weights, gradients and adam state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
 infeasible: task n2 alone needs 0.0 GB (weights, gradients and adam state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
@@ -72,7 +72,7 @@ uniform m=6 1f1b stages 3x2@0[1,1] 3x4@2[1,1] 3x4@6[1,1] 3x2@10[1,1] blocks=0 so
 params m=6 1f1b stages 4x4@0[1,1] 3x4@4[1,1] 5x4@8[1,1] blocks=0 solved=192 placed=160 simulated=2 pruned=158 iteration=0.151099521814 estimate=0.151240079814 peak=1348142
 gpipe-balance m=6 1f1b stages 5x4@0[1,1] 3x4@4[1,1] 4x4@8[1,1] blocks=0 solved=192 placed=144 simulated=2 pruned=142 iteration=0.145621209477 estimate=0.156957838036 peak=1583376
 pipedream m=3 1f1b stages 4x3@0[1,1] 3x4@3[1,1] 5x5@7[1,1] blocks=0 solved=8 placed=8 simulated=2 pruned=6 iteration=0.196134067574 estimate=0.196291796214 peak=1352284
-infeasible: no split of the model fits 12 devices of 0 GB at global batch 24 with these pins; it needs ≥ 13 devices of 0 GB, or recomputation (--recompute on/auto), or a smaller micro-batch (more --microbatches)
+infeasible: no split of the model fits 12 devices of 0 GB at global batch 24 with these pins; it needs more than 12 devices of 0 GB, ZeRO (--zero auto shards optimizer state, gradients and weights among replicas), tensor parallelism (--tp auto splits a layer's weights across a node's devices), or --precision mixed
 )plans";
 
 std::string fingerprint_of(const testing::MethodCase& c, Method method) {

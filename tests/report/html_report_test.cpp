@@ -50,6 +50,24 @@ TEST_F(AnHtmlReport, ShowsEverySection) {
   EXPECT_NE(html.find("12.00 ms"), std::string::npos) << "the compute lower bound";
 }
 
+TEST_F(AnHtmlReport, HeadsItsCardsWithTheSummaryLineAndTheMfu) {
+  plan_["predicted"]["mfu"] = 0.534;
+  plan_["predicted"]["mfu_flops"] = "6N per token";
+  plan_["predicted"]["tokens_per_s"] = 158000.0;
+  plan_["predicted"]["tflops_per_device"] = 166.4;
+  const std::string html = render();
+  const size_t line = html.find("<p id=\"sum-line\">TP ");
+  ASSERT_NE(line, std::string::npos);
+  EXPECT_NE(html.find(" · PP 3 · ", line), std::string::npos);
+  EXPECT_NE(html.find("53.4 % MFU · 158k tokens/s · 166 TFLOP/s per GPU</p>", line), std::string::npos);
+  EXPECT_NE(html.find("id=\"sum-mfu\""), std::string::npos);
+  EXPECT_NE(html.find("6N per token; 166 TFLOP/s per device; 158k tokens/s"), std::string::npos);
+}
+
+TEST_F(AnHtmlReport, SaysMfuIsNotRecordedForAPlanWithoutIt) {
+  EXPECT_NE(render().find("plans before it, or no FLOPs to count"), std::string::npos);
+}
+
 TEST_F(AnHtmlReport, DrawsEveryForwardAndBackwardOfTheIteration) {
   const std::string html = render();
   // 3 stages × 4 micro-batches × (F + B), each a box with its micro-batch.

@@ -29,7 +29,7 @@ struct PartitionArgs {
   int64_t devices_per_node = 8;
   std::string memory_reserve;  // "" = the cluster file's, else default_memory_reserve()
   int64_t batch = 0;
-  std::string optimizer = "adam";
+  std::string optimizer = "adamw";  // as apart train; apart run takes the plan's
   std::string precision = "auto";
   std::string schedule = "1f1b";
   int64_t virtual_stages = 0;  // 0: kDefaultVirtualStages under --schedule interleaved
@@ -193,7 +193,9 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "Global batch size (samples per iteration); the model itself is read at batch 1 (its batch dim: "
                   "a dim named batch, batch_size or N, else the first input's leading dim) unless --dim/--shape bind it")
       ->required();
-  cmd->add_option("--optimizer", a->optimizer, "adam, momentum or sgd")->capture_default_str();
+  cmd->add_option("--optimizer", a->optimizer,
+                  "sgd, momentum, adam or adamw: sizes the optimizer state (apart run trains with it)")
+      ->capture_default_str();
   cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
   cmd->add_option("--schedule", a->schedule,
                   "1f1b, gpipe, interleaved, zb-h1 or auto (auto: the fastest of 1f1b, zb-h1 and interleaved "

@@ -34,7 +34,7 @@ std::string tp_option_name(std::optional<int> tp);  // "1".."8" or "auto"
 
 struct TrainingSpec {
   int64_t global_batch = 1;
-  Optimizer optimizer = Optimizer::kAdam;
+  Optimizer optimizer = Optimizer::kAdamW;  // as apart train (adamw plans as adam)
   Precision precision = Precision::kFp32;
   // Gradients all-reduce in buckets while the last micro-batch's backward still runs (PyTorch DDP, Megatron's
   // --overlap-grad-reduce): only the part that does not fit behind that backward, and at least the last bucket's

@@ -18,7 +18,8 @@ namespace {
 // method_cases() × kAllMethods, one line each, by plan_fingerprint. Issue 15 (task-granular cuts, every baseline's
 // candidates in apart's search) changed apart's lines in their candidate counts and chosen split only: every
 // iteration time is the same. Issue 13's optimizer step (docs/cost-model.md §4) then raised every iteration and
-// estimate by 0.001–0.006 % (these models' few params) and changed no split.
+// estimate by 0.001–0.006 % (these models' few params) and changed no split. The default optimizer became AdamW
+// (as apart train's; the same state), which renamed it in the infeasibility lines and changed no plan.
 constexpr const char* kPlansBeforeThePhaseScript = R"plans(apart m=1 1f1b stages 9x4@0[1,1] blocks=9 solved=226 placed=226 simulated=2 pruned=224 iteration=0.19316510839 estimate=0.19316510839 peak=2851420
 uniform m=1 1f1b stages 9x4@0[1,1] blocks=0 solved=40 placed=40 simulated=2 pruned=38 iteration=0.19316510839 estimate=0.19316510839 peak=2851420
 params m=1 1f1b stages 9x4@0[1,1] blocks=0 solved=40 placed=40 simulated=2 pruned=38 iteration=0.19316510839 estimate=0.19316510839 peak=2851420
@@ -55,12 +56,12 @@ params m=4 1f1b stages 7x4@0[1,1] 4x4@4[1,1] blocks=0 solved=2 placed=2 simulate
 gpipe-balance m=4 1f1b stages 6x4@0[1,1] 5x4@4[1,1] blocks=0 solved=2 placed=2 simulated=2 pruned=0 iteration=0.167615941991 estimate=0.168220332501 peak=2257272
 infeasible: no split of the model fits 8 devices of 1 GB at global batch 16 with these pins; it needs more than 8 devices of 1 GB, a smaller micro-batch (more --microbatches, or auto), ZeRO (--zero auto shards optimizer state, gradients and weights among replicas), tensor parallelism (--tp auto splits a layer's weights across a node's devices), or --precision mixed
 metis m=4 1f1b stages 7x4@0[1,1] 4x4@4[1,1] blocks=4 solved=4 placed=4 simulated=2 pruned=2 iteration=0.174022218336 estimate=0.187436575696 peak=2303454
-infeasible: task n2 alone needs 0.0 GB (weights, gradients and adam state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
-infeasible: task n2 alone needs 0.0 GB (weights, gradients and adam state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
-infeasible: task n2 alone needs 0.0 GB (weights, gradients and adam state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
-infeasible: task n2 alone needs 0.0 GB (weights, gradients and adam state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
-infeasible: task n2 alone needs 0.0 GB (weights, gradients and adam state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
-infeasible: task n2 alone needs 0.0 GB (weights, gradients and adam state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
+infeasible: task n2 alone needs 0.0 GB (weights, gradients and adamw state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
+infeasible: task n2 alone needs 0.0 GB (weights, gradients and adamw state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
+infeasible: task n2 alone needs 0.0 GB (weights, gradients and adamw state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
+infeasible: task n2 alone needs 0.0 GB (weights, gradients and adamw state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
+infeasible: task n2 alone needs 0.0 GB (weights, gradients and adamw state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
+infeasible: task n2 alone needs 0.0 GB (weights, gradients and adamw state) but a device has 0 GB; apart does not split a single operator: use devices with more memory, --precision mixed, or a lighter --optimizer
 metis m=1 1f1b stages 10x8@0[1,1] blocks=10 solved=474 placed=474 simulated=2 pruned=472 iteration=0.241656563644 estimate=0.241656563644 peak=1235548
 uniform m=1 1f1b stages 10x8@0[1,1] blocks=0 solved=96 placed=96 simulated=2 pruned=94 iteration=0.241656563644 estimate=0.241656563644 peak=1235548
 params m=1 1f1b stages 10x8@0[1,1] blocks=0 solved=96 placed=96 simulated=2 pruned=94 iteration=0.241656563644 estimate=0.241656563644 peak=1235548

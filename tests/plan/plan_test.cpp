@@ -49,7 +49,7 @@ TEST(APlanDocument, WritesARealPlanBackByteForByte) {
 
 TEST(APlanDocument, ReadsTheVocabularyAsEnums) {
   const PlanDocument plan = read_plan(golden_plans().front());
-  EXPECT_EQ(optimizer_name(plan.training.optimizer), "adam");
+  EXPECT_EQ(optimizer_name(plan.training.optimizer), "adamw");  // partition's default, as train's
   ASSERT_FALSE(plan.stages.empty());
   EXPECT_FALSE(plan.stages.front().tasks.empty());
   ASSERT_TRUE(plan.search.has_value());

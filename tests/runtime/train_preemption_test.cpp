@@ -309,6 +309,32 @@ TEST(ApartTrainCli, EndsAtOnceAtASecondSignalLeavingTheLatestCompleteCheckpointA
   EXPECT_EQ(temporaries_in(ck), 0);
 }
 
+// SIGKILL, which nothing can catch (a scheduler's grace period running out), at three points of a run that checkpoints
+// every step, so that the kill often lands in a write: the latest complete checkpoint always loads, every checksum
+// good, and the run resumes from it (a temporary the kill cut short may stay behind; it is never the latest).
+TEST(ApartTrainCli, KilledWhileCheckpointingEveryStepLeavesTheLatestCompleteCheckpointLoadable) {
+  for (const int at : {3, 5, 8}) {
+    TempDir dir;
+    const std::string ck = dir.file("ck").string();
+    const std::string log = dir.file("log").string();
+    const std::string args = " train " + std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx --batch 32";
+    {
+      std::ofstream script(dir.file("kill.sh"));
+      script << std::string(APART_BINARY) << args << " --steps 1000 --save-every 1 --checkpoint-dir " << ck << " >" << log
+             << " 2>&1 </dev/null &\npid=$!\nfor i in $(seq 1200); do grep -q '^step=" << at << " ' " << log
+             << " && break; sleep 0.01; done\nkill -KILL $pid\nwait $pid\necho exit=$?\n";
+    }
+    const auto r = testing::run_command("timeout 120 bash " + dir.file("kill.sh").string());
+    ASSERT_NE(r.out.find("exit=137"), std::string::npos) << r.out << bytes_of(log);
+    int64_t step = 0;
+    ASSERT_NO_THROW(step = read_checkpoint(ck).step) << "killed after step " << at;
+    EXPECT_GE(step, at - 1);
+    const auto resumed = testing::run_apart_bounded(args + " --steps " + std::to_string(step + 2) + " --resume " + ck +
+                                                    " --checkpoint-dir " + ck);
+    EXPECT_EQ(resumed.code, 0) << resumed.out;
+  }
+}
+
 TEST(ATrainRunWithKeepLast, KeepsTheLatestCheckpointsEachResumableAndAnnouncesWhatItDeletes) {
   TempDir dir;
   const fs::path model = write_mlp(dir.file(""));

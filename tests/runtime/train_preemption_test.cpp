@@ -16,6 +16,7 @@
 #include "runtime/preemption.h"
 #include "runtime/run_checkpoint_files.h"
 #include "runtime/trainer.h"
+#include "tests/runtime/train_fixture.h"
 #include "tests/support/run_apart.h"
 #include "tests/support/temp_dir.h"
 
@@ -24,24 +25,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-fs::path write_mlp(const fs::path& dir) {
-  models::write_zoo_model(models::options_for("mlp-tiny"), (dir / "mlp.onnx").string());
-  return dir / "mlp.onnx";
-}
-
-TrainOptions cosine_run(const fs::path& model, int64_t steps) {
-  TrainOptions o;
-  o.model = model.string();
-  o.batch = 2;
-  o.steps = steps;
-  o.optimizer.kind = Optimizer::kAdamW;
-  o.optimizer.weight_decay = 0.01;
-  o.optimizer.lr = 5e-3;
-  o.schedule.kind = LrScheduleKind::kCosine;
-  o.schedule.warmup_steps = 2;
-  o.init = ParamInit::kRandom;
-  return o;
-}
+using testing::cosine_run;
+using testing::write_mlp;
 
 std::string bytes_of(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);

@@ -16,6 +16,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
+#include "tests/runtime/train_fixture.h"
 #include "tests/support/run_apart.h"
 #include "tests/support/onnx_builder.h"
 
@@ -27,11 +28,8 @@ using testing::TempDir;
 
 std::string gpt_tiny() { return std::string(APART_SOURCE_DIR) + "/models/gpt-tiny.onnx"; }
 
-fs::path write_mlp(const fs::path& dir) {
-  auto o = models::options_for("mlp-tiny");
-  models::write_zoo_model(o, (dir / "mlp.onnx").string());  // symbolic batch
-  return dir / "mlp.onnx";
-}
+using testing::cosine_run;
+using testing::write_mlp;
 
 double mean(const std::vector<StepRecord>& steps, size_t from, size_t to) {
   double s = 0;
@@ -96,16 +94,7 @@ TEST(ATrainedMlp, SavedWithSaveModelReimportsWithTheTrainedLoss) {
 
 TEST(AResumedRun, EqualsAnUninterruptedOne) {
   TempDir dir;
-  TrainOptions o;
-  o.model = write_mlp(dir.file("")).string();
-  o.batch = 2;
-  o.steps = 6;
-  o.optimizer.kind = Optimizer::kAdamW;
-  o.optimizer.weight_decay = 0.01;
-  o.optimizer.lr = 5e-3;
-  o.schedule.kind = LrScheduleKind::kCosine;
-  o.schedule.warmup_steps = 2;
-  o.init = ParamInit::kRandom;
+  TrainOptions o = cosine_run(write_mlp(dir.file("")), 6);
   o.checkpoint_dir = dir.file("straight").string();
   const TrainResult straight = train(o);
 

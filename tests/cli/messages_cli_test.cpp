@@ -196,8 +196,9 @@ TEST(BackendFlags, NameTheKnownBackendsAndPrecisionsAndCudaWithoutAGpuIsUnsuppor
   // A build without CUDA (the dev preset), or a machine without a GPU: Unsupported, exit 4, saying which.
   const CommandRun cuda = run("train " + model + " --backend cuda");
   EXPECT_TRUE(cuda.code == 0 || cuda.code == 4) << cuda.out;
-  if (cuda.code == 4)
+  if (cuda.code == 4) {
     EXPECT_TRUE(cuda.out.find("[Unsupported]") != std::string::npos && cuda.out.find("CUDA") != std::string::npos) << cuda.out;
+  }
   for (const char* command : {"run", "profile"}) EXPECT_NE(run(std::string(command) + " --help").out.find("--backend"), std::string::npos);
 }
 

@@ -207,7 +207,9 @@ TEST(ApartPartition, ChoosesAmong1F1BZbH1AndInterleavedUnderScheduleAutoAndDefau
   auto three = run_apart("partition " + model + flags + " --schedule auto --virtual-stages 3 -o " + (dir / "v3").string());
   ASSERT_EQ(three.code, 0) << three.out;
   const auto p3 = nlohmann::json::parse(read_file(dir / "v3" / "plan.json"));
-  if (p3["training"]["schedule"] == "interleaved") EXPECT_EQ(p3["training"]["virtual_stages"], 3);
+  if (p3["training"]["schedule"] == "interleaved") {
+    EXPECT_EQ(p3["training"]["virtual_stages"], 3);
+  }
   auto refused = run_apart("partition " + model + flags + " --virtual-stages 3 -o " + (dir / "no").string());
   EXPECT_EQ(refused.code, 2) << refused.out;
   EXPECT_NE(refused.out.find("needs --schedule interleaved or auto"), std::string::npos) << refused.out;

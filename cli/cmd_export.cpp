@@ -41,9 +41,9 @@ void run_export(const ExportArgs& a) {
     names += (names.empty() ? "" : ", ") + name;
   }
   const auto& snap = files.summary["snapping"];
-  std::printf("apart export: wrote %s/ (%s) for %s: %d layers in %zu pipeline parts",
-              out.string().c_str(), names.c_str(), a.format.c_str(),
-              files.summary["layers"]["count"].get<int>(), files.summary["parts"].size());
+  std::printf("apart export: wrote %s/ (%s) for %s: %d layers in %zu pipeline parts", out.string().c_str(),
+              names.c_str(), a.format.c_str(), files.summary["layers"]["count"].get<int>(),
+              files.summary["parts"].size());
   if (snap["moved_tasks"].get<int>() > 0)
     std::printf("; cuts snapped to layers: %d tasks moved, simulated %.4g s against the plan's %.4g s (%+.2f %%)",
                 snap["moved_tasks"].get<int>(), snap["snapped_iteration_s"].get<double>(),
@@ -53,16 +53,19 @@ void run_export(const ExportArgs& a) {
   std::printf("\n");
 }
 
-const bool kRegistered = register_command({"export", 65, [](CLI::App& app) {
-  auto args = std::make_shared<ExportArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "export", "Write a plan as Megatron-LM flags, a torchtitan config, a torch.distributed.pipelining fragment or a "
-                "DeepSpeed config, with export.json (layer map, snapped cuts and their simulated cost)");
-  cmd->add_option("plan", args->plan, "Plan directory (written by `apart partition`) or its plan.json")->required();
-  cmd->add_option("--format", args->format, "megatron, torchtitan, torch-pipelining or deepspeed")->required();
-  cmd->add_option("-o,--output", args->out, "Folder to write the files to (created if missing)")->required();
-  cmd->callback([args] { run_export(*args); });
-}});
+const bool kRegistered = register_command(
+    {"export", 65, [](CLI::App& app) {
+       auto args = std::make_shared<ExportArgs>();
+       CLI::App* cmd = app.add_subcommand(
+           "export",
+           "Write a plan as Megatron-LM flags, a torchtitan config, a torch.distributed.pipelining fragment or a "
+           "DeepSpeed config, with export.json (layer map, snapped cuts and their simulated cost)");
+       cmd->add_option("plan", args->plan, "Plan directory (written by `apart partition`) or its plan.json")
+           ->required();
+       cmd->add_option("--format", args->format, "megatron, torchtitan, torch-pipelining or deepspeed")->required();
+       cmd->add_option("-o,--output", args->out, "Folder to write the files to (created if missing)")->required();
+       cmd->callback([args] { run_export(*args); });
+     }});
 
 }  // namespace
 }  // namespace apart::cli

@@ -122,9 +122,9 @@ CompileResult compile(const CompileOptions& options) {
   r.document = plan_document(r.plan, r.model.graph, r.info);
   if (unrestricted) {
     unrestricted->chunks = cut_virtual_stages(*unrestricted, r.model.graph, r.costs.table);
-    r.document.target = PlanTarget{std::string(engine_name(*partition.stage.target)),
-                                   unrestricted->simulated.iteration_s,
-                                   plan_summary_line(plan_document(*unrestricted, r.model.graph, r.info))};
+    r.document.target =
+        PlanTarget{std::string(engine_name(*partition.stage.target)), unrestricted->simulated.iteration_s,
+                   plan_summary_line(plan_document(*unrestricted, r.model.graph, r.info))};
   }
   for (const std::string& warning : plan_warnings(r.document)) tell(options, CompileMessage::kWarning, warning);
   if (options.output) {

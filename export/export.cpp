@@ -80,16 +80,18 @@ LayerCut layer_cut(const PlanDocument& plan, const fs::path& plan_dir) {
   }
   cut.stack = layer_stack(paths);
   if (cut.stack.empty())
-    throw Unsupported("the model's node names carry no module path with a list of layers (\"/h.3/attn/MatMul\", "
-                      "\"/model/layers.12/...\"): the engines cut pipelines between modules by name; export the model "
-                      "with torch.onnx.export, which names nodes by module");
+    throw Unsupported(
+        "the model's node names carry no module path with a list of layers (\"/h.3/attn/MatMul\", "
+        "\"/model/layers.12/...\"): the engines cut pipelines between modules by name; export the model "
+        "with torch.onnx.export, which names nodes by module");
   const int L = static_cast<int>(cut.stack.layers.size());
   std::vector<int> before(rows.size());
   std::vector<std::vector<double>> weight(L, std::vector<double>(parts, 0.0));
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto it = part_of.find(rows[i]->name);
     if (it == part_of.end())
-      throw InvalidModel("costs.json's task " + quote(rows[i]->name) + " is in no stage of plan.json: re-run apart partition");
+      throw InvalidModel("costs.json's task " + quote(rows[i]->name) +
+                         " is in no stage of plan.json: re-run apart partition");
     before[i] = it->second;
     const int layer = cut.stack.position[i];
     if (layer >= 0 && layer < L) weight[layer][before[i]] += rows[i]->cost.forward_s + rows[i]->cost.backward_s + 1e-30;
@@ -99,7 +101,8 @@ LayerCut layer_cut(const PlanDocument& plan, const fs::path& plan_dir) {
   for (int l = 0; l < L; ++l) {
     layer_part[l] = static_cast<int>(std::max_element(weight[l].begin(), weight[l].end()) - weight[l].begin());
     if (l > 0) layer_part[l] = std::max(layer_part[l], layer_part[l - 1]);
-    const int holding = static_cast<int>(std::count_if(weight[l].begin(), weight[l].end(), [](double w) { return w > 0; }));
+    const int holding =
+        static_cast<int>(std::count_if(weight[l].begin(), weight[l].end(), [](double w) { return w > 0; }));
     if (holding > 1) ++cut.moved_layers;
   }
   cut.layers.assign(parts, {0, 0});
@@ -141,10 +144,11 @@ ExportFiles export_plan(const fs::path& plan_path, Engine engine) {
   if (cut)
     for (size_t c = 1; c + 1 < cut->layers.size(); ++c)
       if (cut->layers[c].first == cut->layers[c].second)
-        refused.push_back({"stages[].tasks", "pipeline part " + std::to_string(c) +
-                                                 " holds no whole layer once the cuts are snapped to layers (the model has " +
-                                                 std::to_string(cut->stack.layers.size()) + " layers in " +
-                                                 std::to_string(cut->layers.size()) + " parts)"});
+        refused.push_back(
+            {"stages[].tasks", "pipeline part " + std::to_string(c) +
+                                   " holds no whole layer once the cuts are snapped to layers (the model has " +
+                                   std::to_string(cut->stack.layers.size()) + " layers in " +
+                                   std::to_string(cut->layers.size()) + " parts)"});
   if (!refused.empty()) {
     std::string why;
     for (const Inexpressible& r : refused) why += (why.empty() ? " " : "; ") + r.field + ": " + r.reason;
@@ -167,8 +171,10 @@ ExportFiles export_plan(const fs::path& plan_path, Engine engine) {
                  {"count", cut->stack.layers.size()},
                  {"before", nlohmann::ordered_json::array()},
                  {"after", nlohmann::ordered_json::array()}};
-  for (const std::string& m : cut->stack.before) s["layers"]["before"].push_back(m.empty() ? "(unscoped)" : module_fqn(m));
-  for (const std::string& m : cut->stack.after) s["layers"]["after"].push_back(m.empty() ? "(unscoped)" : module_fqn(m));
+  for (const std::string& m : cut->stack.before)
+    s["layers"]["before"].push_back(m.empty() ? "(unscoped)" : module_fqn(m));
+  for (const std::string& m : cut->stack.after)
+    s["layers"]["after"].push_back(m.empty() ? "(unscoped)" : module_fqn(m));
   nlohmann::ordered_json parts = nlohmann::ordered_json::array();
   for (size_t c = 0; c < cut->layers.size(); ++c)
     parts.push_back({{"part", c},
@@ -184,8 +190,9 @@ ExportFiles export_plan(const fs::path& plan_path, Engine engine) {
                    {"plan_iteration_s", cut->original_iteration_s},
                    {"snapped_iteration_s", cut->snapped_iteration_s},
                    {"cost_fraction", cost},
-                   {"how", "both simulated; the snapped stages' forward and backward times scaled by their tasks' "
-                           "costs.json times (boundary transfers and memory as the plan's)"}};
+                   {"how",
+                    "both simulated; the snapped stages' forward and backward times scaled by their tasks' "
+                    "costs.json times (boundary transfers and memory as the plan's)"}};
   s["not_expressed"] = notes;
   out.files.emplace_back("export.json", s.dump(2) + "\n");
   return out;

@@ -21,10 +21,10 @@ struct LayerCut {
   // Per part, in pipeline order: the half-open range of stack layers it holds after snapping; the modules before
   // the stack go with part 0, those after it with the last part.
   std::vector<std::pair<int, int>> layers;
-  int pipeline_stages = 1;  // P: part c runs on the devices of stage c mod P
-  int moved_layers = 0;     // layers whose tasks the plan had split between parts, each given to one part whole
-  int moved_tasks = 0;      // batch tasks that change part
-  double moved_seconds = 0; // their forward + backward seconds per micro-batch (costs.json)
+  int pipeline_stages = 1;          // P: part c runs on the devices of stage c mod P
+  int moved_layers = 0;             // layers whose tasks the plan had split between parts, each given to one part whole
+  int moved_tasks = 0;              // batch tasks that change part
+  double moved_seconds = 0;         // their forward + backward seconds per micro-batch (costs.json)
   double original_iteration_s = 0;  // the plan, simulated
   double snapped_iteration_s = 0;   // the plan with the snapped stages' times (costs.json's task times), simulated
   // The modules (torch FQNs, "blocks.3") of part c, in order.

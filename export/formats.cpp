@@ -35,8 +35,9 @@ Layout layout_of(const PlanDocument& plan, const LayerCut& cut) {
   l.microbatches = plan.training.microbatches;
   l.global_batch = plan.training.global_batch.value_or(s.microbatch_size.value_or(1) * l.dp * l.microbatches);
   l.microbatch_size = s.microbatch_size.value_or(l.global_batch / (l.dp * l.microbatches));
-  l.recompute = !s.recompute ? RecomputeScope::kNone
-                : s.recompute_scope == RecomputeScope::kNone ? RecomputeScope::kFull : s.recompute_scope;
+  l.recompute = !s.recompute                                 ? RecomputeScope::kNone
+                : s.recompute_scope == RecomputeScope::kNone ? RecomputeScope::kFull
+                                                             : s.recompute_scope;
   l.sequence_parallel = s.sequence_parallel && s.tp > 1;
   for (const auto& [first, end] : cut.layers) {
     l.layers.push_back(end - first);
@@ -51,9 +52,7 @@ bool all_equal(const std::vector<int>& v, size_t from, size_t to) {
   return true;
 }
 
-std::string predicted_line(const PlanDocument& plan) {
-  return "# apart's plan: " + plan_summary_line(plan) + "\n";
-}
+std::string predicted_line(const PlanDocument& plan) { return "# apart's plan: " + plan_summary_line(plan) + "\n"; }
 
 // Megatron-LM: a bash array of pretrain_gpt.py's flags.
 std::string megatron_args(const PlanDocument& plan, const LayerCut& cut, const Layout& l, ordered& notes) {
@@ -103,8 +102,8 @@ std::string megatron_args(const PlanDocument& plan, const LayerCut& cut, const L
   std::string out = "# Megatron-LM flags (apart export; names checked against " +
                     std::string(engine_capabilities(Engine::kMegatron).release) + ")\n" + predicted_line(plan) +
                     "# Add them to pretrain_gpt.py's other flags: torchrun --nproc-per-node ... pretrain_gpt.py "
-                    "\"${APART_MEGATRON_ARGS[@]}\" ...\n# World size: TP " + std::to_string(l.tp) + " x PP " +
-                    std::to_string(l.pp) + " x DP " + std::to_string(l.dp) + " = " +
+                    "\"${APART_MEGATRON_ARGS[@]}\" ...\n# World size: TP " +
+                    std::to_string(l.tp) + " x PP " + std::to_string(l.pp) + " x DP " + std::to_string(l.dp) + " = " +
                     std::to_string(l.tp * l.pp * l.dp) + " GPUs\nAPART_MEGATRON_ARGS=(\n";
   for (const std::string& a : args) out += "  " + a + "\n";
   return out + ")\n";
@@ -118,10 +117,14 @@ std::string toml_list(const std::vector<std::string>& names) {
 
 std::string_view torch_schedule(Schedule s) {
   switch (s) {
-    case Schedule::kGPipe: return "GPipe";
-    case Schedule::k1F1B: return "1F1B";
-    case Schedule::kInterleaved: return "Interleaved1F1B";
-    case Schedule::kZbH1: break;
+    case Schedule::kGPipe:
+      return "GPipe";
+    case Schedule::k1F1B:
+      return "1F1B";
+    case Schedule::kInterleaved:
+      return "Interleaved1F1B";
+    case Schedule::kZbH1:
+      break;
   }
   throw Unsupported("no torch.distributed.pipelining schedule runs ZB-H1 with one stage per rank");
 }
@@ -139,7 +142,8 @@ std::string torchtitan_toml(const PlanDocument& plan, const LayerCut& cut, const
   for (size_t c = 0; c < cut.layers.size(); ++c) t << "  " << toml_list(cut.modules(static_cast<int>(c))) << ",\n";
   t << "]\n"
     << "tensor_parallel_degree = " << l.tp << "\n";
-  if (l.zero == 0) t << "data_parallel_replicate_degree = " << l.dp << "\ndata_parallel_shard_degree = 1\n";
+  if (l.zero == 0)
+    t << "data_parallel_replicate_degree = " << l.dp << "\ndata_parallel_shard_degree = 1\n";
   else
     t << "data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = " << l.dp
       << "\nfsdp_reshard_after_forward = \"" << (l.zero == 3 ? "always" : "never") << "\"\n";
@@ -153,8 +157,9 @@ std::string torchtitan_toml(const PlanDocument& plan, const LayerCut& cut, const
   if (l.recompute == RecomputeScope::kFull) {
     t << "mode = \"full\"\n";
     notes.push_back({{"field", "stages[].recompute_scope"},
-                     {"reason", "torchtitan's full checkpointing keeps each layer's input, apart's full recomputation "
-                                "only the stage's: the same recomputed work, a little more memory per micro-batch"}});
+                     {"reason",
+                      "torchtitan's full checkpointing keeps each layer's input, apart's full recomputation "
+                      "only the stage's: the same recomputed work, a little more memory per micro-batch"}});
   }
   if (l.recompute == RecomputeScope::kSelective) t << "mode = \"selective\"\nselective_ac_option = \"op\"\n";
   if (l.tp > 1 && !l.sequence_parallel)
@@ -170,8 +175,8 @@ std::string pipelining_fragment(const PlanDocument& plan, const LayerCut& cut, c
     << engine_capabilities(Engine::kTorchPipelining).release << ")\n"
     << predicted_line(plan)
     << "# `model` is the torch module the ONNX file was exported from; `example_microbatch` one micro-batch of "
-    << l.microbatch_size << " samples;\n# `loss_fn` its loss. Run on " << l.pp * l.dp << " ranks: "
-    << l.pp << " pipeline stages";
+    << l.microbatch_size << " samples;\n# `loss_fn` its loss. Run on " << l.pp * l.dp << " ranks: " << l.pp
+    << " pipeline stages";
   if (l.dp > 1) p << " x " << l.dp << " data-parallel replicas (wrap each stage's module in DDP over its replicas)";
   p << ".\nfrom torch.distributed.pipelining import SplitPoint, pipeline, " << schedule << "\n\n"
     << "N_MICROBATCHES = " << l.microbatches << "\n"
@@ -219,8 +224,7 @@ std::string deepspeed_pipeline(const PlanDocument& plan, const LayerCut& cut, co
   std::ostringstream p;
   p << "# DeepSpeed pipeline partition (apart export; names checked against "
     << engine_capabilities(Engine::kDeepSpeed).release << ")\n"
-    << predicted_line(plan)
-    << "# Build `layers` as these specs, in this order (one LayerSpec per module):\n";
+    << predicted_line(plan) << "# Build `layers` as these specs, in this order (one LayerSpec per module):\n";
   for (size_t i = 0; i < specs.size(); ++i) p << "#   " << i << ": " << specs[i] << "\n";
   p << "from deepspeed.pipe import PipelineModule\n\n"
     << "# Stage k holds layers[APART_PARTS[k]:APART_PARTS[k + 1]], the plan's stage boundaries.\nAPART_PARTS = [";
@@ -243,11 +247,15 @@ std::vector<std::pair<std::string, std::string>> engine_files(const PlanDocument
                                                               Engine engine, ordered& notes) {
   const Layout l = layout_of(plan, cut);
   switch (engine) {
-    case Engine::kMegatron: return {{"megatron_args.sh", megatron_args(plan, cut, l, notes)}};
-    case Engine::kTorchtitan: return {{"torchtitan.toml", torchtitan_toml(plan, cut, l, notes)}};
-    case Engine::kTorchPipelining: return {{"pipeline.py", pipelining_fragment(plan, cut, l)}};
+    case Engine::kMegatron:
+      return {{"megatron_args.sh", megatron_args(plan, cut, l, notes)}};
+    case Engine::kTorchtitan:
+      return {{"torchtitan.toml", torchtitan_toml(plan, cut, l, notes)}};
+    case Engine::kTorchPipelining:
+      return {{"pipeline.py", pipelining_fragment(plan, cut, l)}};
     case Engine::kDeepSpeed:
-      return {{"ds_config.json", deepspeed_config(plan, l)}, {"deepspeed_pipeline.py", deepspeed_pipeline(plan, cut, l)}};
+      return {{"ds_config.json", deepspeed_config(plan, l)},
+              {"deepspeed_pipeline.py", deepspeed_pipeline(plan, cut, l)}};
   }
   return {};
 }

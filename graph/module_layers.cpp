@@ -71,7 +71,7 @@ LayerStack layer_stack(const std::vector<std::string>& paths) {
   LayerStack stack;
   std::vector<std::string> layer(paths.size());
   std::map<std::string, std::map<long, std::string>> children;  // container → index → layer
-  std::vector<std::string> containers;                           // in order first seen
+  std::vector<std::string> containers;                          // in order first seen
   for (size_t i = 0; i < paths.size(); ++i) {
     layer[i] = layer_of_path(paths[i]);
     const std::string last = layer[i].substr(layer[i].rfind('/') == std::string::npos ? 0 : layer[i].rfind('/') + 1);
@@ -106,8 +106,8 @@ LayerStack layer_stack(const std::vector<std::string>& paths) {
     if (it != index_of.end()) current = it->second;
     stack.position[i] = it != index_of.end() ? it->second : i > last_in_stack ? count : current;
     std::vector<std::string>* outside = stack.position[i] == kBeforeLayers ? &stack.before
-                                        : stack.position[i] == count     ? &stack.after
-                                                                         : nullptr;
+                                        : stack.position[i] == count       ? &stack.after
+                                                                           : nullptr;
     const std::string module = outside ? sibling_module(paths[i], parent) : "";
     if (outside && std::find(outside->begin(), outside->end(), module) == outside->end()) outside->push_back(module);
   }

@@ -24,9 +24,10 @@ ComponentLayers component_layers(const TaskGraph& graph, const AtomicGraph& atom
   for (const AtomicComponent& c : atomic.components) paths.push_back(module_path(graph.task(c.batch_task)));
   const LayerStack stack = layer_stack(paths);
   if (stack.empty())
-    throw Unsupported("--target: the model's node names carry no module path with a list of layers (\"/h.3/attn/"
-                      "MatMul\", \"/model/layers.12/...\"), which the engines cut pipelines between; plan without "
-                      "--target, or export the model with torch.onnx.export, which names nodes by module");
+    throw Unsupported(
+        "--target: the model's node names carry no module path with a list of layers (\"/h.3/attn/"
+        "MatMul\", \"/model/layers.12/...\"), which the engines cut pipelines between; plan without "
+        "--target, or export the model with torch.onnx.export, which names nodes by module");
   return {stack.position, static_cast<int>(stack.layers.size())};
 }
 
@@ -76,18 +77,21 @@ CandidateSet target_candidates(const TaskGraph& graph, const AtomicGraph& atomic
   for (int tp : tp_degrees(options.stage.tp, options.cluster))
     if (offers(can.tp_degrees, tp)) tps.push_back(tp);
   std::vector<Recompute> recomputes;
-  if (options.stage.recompute != Recompute::kAuto) recomputes.push_back(options.stage.recompute);
+  if (options.stage.recompute != Recompute::kAuto)
+    recomputes.push_back(options.stage.recompute);
   else
     for (RecomputeScope r : can.recompute)
-      recomputes.push_back(r == RecomputeScope::kNone ? Recompute::kOff
+      recomputes.push_back(r == RecomputeScope::kNone   ? Recompute::kOff
                            : r == RecomputeScope::kFull ? Recompute::kOn
                                                         : Recompute::kSelective);
   std::vector<std::optional<int>> zeros;
-  if (options.stage.zero) zeros.push_back(options.stage.zero);
+  if (options.stage.zero)
+    zeros.push_back(options.stage.zero);
   else
     for (int z : can.zero_stages) zeros.push_back(z);
   const int64_t batch = options.training.global_batch;
-  const int max_stages = std::min(layers.layers, options.stage.max_stages > 0 ? options.stage.max_stages : layers.layers);
+  const int max_stages =
+      std::min(layers.layers, options.stage.max_stages > 0 ? options.stage.max_stages : layers.layers);
   CandidateSet found;
   for (int tp : tps) {
     std::vector<int> replica_counts;  // every count dividing the batch that fits the devices beside TP
@@ -105,14 +109,14 @@ CandidateSet target_candidates(const TaskGraph& graph, const AtomicGraph& atomic
           if (pinned.stage.max_stages < 1 || (options.stage.stages && *options.stage.stages > pinned.stage.max_stages))
             continue;
           const SearchGrid grid = search_grid(pinned);
-          const Split split = make_split(atomic, blocks, pinned, "layers (--target " + std::string(engine_name(engine)) + ")");
+          const Split split =
+              make_split(atomic, blocks, pinned, "layers (--target " + std::string(engine_name(engine)) + ")");
           found.add(solve_stage_dp(*split.evaluator, grid, stage_candidates(pinned.stage.max_stages, pinned.stage),
                                    pinned.stage, clock.silent()),
                     split);
         }
   }
-  std::erase_if(found.candidates,
-                [&](const Candidate& c) { return !target_admits(c, engine, batch, &layers); });
+  std::erase_if(found.candidates, [&](const Candidate& c) { return !target_admits(c, engine, batch, &layers); });
   return found;
 }
 

@@ -28,7 +28,8 @@ void move_cuts_outside(const std::vector<bool>& inside, const std::vector<TaskId
     const size_t low = (c == 0 ? 0 : end[c - 1]) + 1, high = n - (end.size() - c - 1);
     size_t best = end[c];
     for (size_t e = low; e <= high; ++e)
-      if (!inside[e] && (best == end[c] || std::abs(before[e] - before[end[c]]) < std::abs(before[best] - before[end[c]])))
+      if (!inside[e] &&
+          (best == end[c] || std::abs(before[e] - before[end[c]]) < std::abs(before[best] - before[end[c]])))
         best = e;
     end[c] = best;
   }

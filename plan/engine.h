@@ -17,7 +17,7 @@ inline constexpr Engine kEngines[] = {Engine::kMegatron, Engine::kTorchtitan, En
                                       Engine::kDeepSpeed};
 std::string_view engine_name(Engine e);  // "megatron", "torchtitan", "torch-pipelining", "deepspeed"
 Engine parse_engine(std::string_view name, std::string_view flag);  // InvalidArgument naming the flag and the names
-std::string engine_names();                                          // "megatron, torchtitan, torch-pipelining or deepspeed"
+std::string engine_names();  // "megatron, torchtitan, torch-pipelining or deepspeed"
 
 // What an engine runs. Every engine runs one tensor-parallel degree and one data-parallel degree for all its
 // pipeline stages, and cuts the pipeline between whole layers (modules); these are the rest.

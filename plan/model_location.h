@@ -12,7 +12,7 @@ namespace apart {
 struct PlanModelLocation {
   std::filesystem::path path;  // the file that holds the plan's model
   std::string sha256;          // its hash (the plan's, when the plan records one)
-  std::string found_by;        // "--model", "the plan folder", "the absolute path" or "the path given to apart partition"
+  std::string found_by;  // "--model", "the plan folder", "the absolute path" or "the path given to apart partition"
 };
 
 // `model_arg` (a --model flag) when not empty: that file, whose hash must be the plan's. Otherwise, in order:

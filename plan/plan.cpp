@@ -673,9 +673,10 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
   if (j.contains("target")) {
     const JsonReader& l = rs.lenient;
     const json& t = l.object(j, "", "target");
-    plan.target = PlanTarget{l.string(t, "target.", "engine"),
-                             l.optional_number(t, "target.", "unrestricted_iteration_s", limits::kMaxSeconds).value_or(0),
-                             l.optional_string(t, "target.", "unrestricted_layout").value_or("")};
+    plan.target =
+        PlanTarget{l.string(t, "target.", "engine"),
+                   l.optional_number(t, "target.", "unrestricted_iteration_s", limits::kMaxSeconds).value_or(0),
+                   l.optional_string(t, "target.", "unrestricted_layout").value_or("")};
   }
   return plan;
 }

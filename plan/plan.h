@@ -229,7 +229,7 @@ struct PlanDocument {
   std::optional<PlanSearch> search;
   std::optional<PlanTensorParallel> tensor_parallel;  // absent in plans before it
   std::vector<PlanVirtualStage> virtual_stages;  // interleaved: the P·v chunks; empty under every other schedule
-  std::optional<PlanTarget> target;  // made with --target; absent otherwise
+  std::optional<PlanTarget> target;              // made with --target; absent otherwise
 };
 
 // Devices (processes) the plan runs on: Σ over stages of replicas × tp, the length of every stages[k].devices.

@@ -57,8 +57,9 @@ fs::path zoo_model(const fs::path& dir, const std::string& family, int layers) {
 }
 
 fs::path partition(const fs::path& model, const fs::path& plan, const std::string& flags) {
-  const auto run = run_apart("partition " + model.string() + " --device a100-80gb --devices 6 --batch 12 --no-stage-models -q " +
-                             flags + " -o " + plan.string());
+  const auto run =
+      run_apart("partition " + model.string() + " --device a100-80gb --devices 6 --batch 12 --no-stage-models -q " +
+                flags + " -o " + plan.string());
   EXPECT_EQ(run.code, 0) << run.out;
   return plan;
 }
@@ -81,7 +82,8 @@ std::vector<std::pair<int, int>> stage_layers(const fs::path& plan, const std::s
       std::smatch m;
       if (!constant.count(name) && std::regex_search(name, m, re)) layers.insert(std::stoi(m[1].str()));
     }
-    out.push_back(layers.empty() ? std::pair<int, int>{0, 0} : std::pair<int, int>{*layers.begin(), static_cast<int>(layers.size())});
+    out.push_back(layers.empty() ? std::pair<int, int>{0, 0}
+                                 : std::pair<int, int>{*layers.begin(), static_cast<int>(layers.size())});
   }
   return out;
 }
@@ -107,7 +109,8 @@ std::vector<int> megatron_parts(const std::string& args, int stages) {
     for (int k = 1; k + 1 < stages; ++k) parts.push_back((layers - first - last) / (stages - 2));
     parts.push_back(last);
   } else if (num("--num-layers-per-virtual-pipeline-stage") >= 0) {
-    parts.assign(layers / num("--num-layers-per-virtual-pipeline-stage"), num("--num-layers-per-virtual-pipeline-stage"));
+    parts.assign(layers / num("--num-layers-per-virtual-pipeline-stage"),
+                 num("--num-layers-per-virtual-pipeline-stage"));
   } else {
     parts.assign(stages, layers / stages);
   }
@@ -116,13 +119,15 @@ std::vector<int> megatron_parts(const std::string& args, int stages) {
 
 std::vector<int> torchtitan_parts(const std::string& toml, const std::string& layer_fqn) {
   std::vector<int> parts;
-  for (const std::string& line : matches(toml, "\\n  (\\[.*\\]),", 1)) parts.push_back(static_cast<int>(matches(line, layer_fqn, 0).size()));
+  for (const std::string& line : matches(toml, "\\n  (\\[.*\\]),", 1))
+    parts.push_back(static_cast<int>(matches(line, layer_fqn, 0).size()));
   return parts;
 }
 
 std::vector<int> first_layers_of_split_spec(const std::string& py, const std::string& layer_fqn) {
   std::vector<int> firsts{0};
-  for (const std::string& s : matches(py, "\"" + layer_fqn + "\": SplitPoint.BEGINNING", 1)) firsts.push_back(std::stoi(s));
+  for (const std::string& s : matches(py, "\"" + layer_fqn + "\": SplitPoint.BEGINNING", 1))
+    firsts.push_back(std::stoi(s));
   return firsts;
 }
 
@@ -195,12 +200,26 @@ TEST_P(AnExportOfATargetPlan, IsRefusedForNoFieldAndReproducesTheStageBoundaries
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryFormat, AnExportOfATargetPlan, ::testing::ValuesIn(kFormats),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(EveryFormat, AnExportOfATargetPlan, ::testing::ValuesIn(kFormats), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
+
+TEST(AnInterleavedTargetPlan, ReproducesItsVirtualStagesInEveryFormatThatInterleaves) {
+  TempDir dir("export_interleaved");
+  const fs::path model = zoo_model(dir.path(), "gpt", 6);
+  for (const std::string format : {"megatron", "torchtitan", "torch-pipelining"}) {
+    const fs::path plan = partition(model, dir.path() / ("plan_" + format),
+                                    "--stages 2 --schedule interleaved --virtual-stages 3 --target " + format);
+    ASSERT_TRUE(nlohmann::json::parse(read_file(plan / "plan.json")).contains("virtual_stages"));
+    const fs::path out = dir.path() / ("out_" + format);
+    const auto run = export_to(plan, format, out);
+    ASSERT_EQ(run.code, 0) << run.out;
+    EXPECT_EQ(nlohmann::json::parse(read_file(out / "export.json"))["parts"].size(), 6u);
+    expect_splits_reproduced(plan, out, format, kGpt);
+  }
+}
 
 TEST(AnExport, WritesOnlyNamesTheEnginesReleasesHave) {
   TempDir dir("export_names");
@@ -225,9 +244,11 @@ TEST(AnExport, WritesOnlyNamesTheEnginesReleasesHave) {
     std::string line;
     std::getline(in, line);
     std::smatch m;
-    if (std::regex_match(line, m, std::regex("\\[([a-z_]+)\\]"))) section = m[1];
+    if (std::regex_match(line, m, std::regex("\\[([a-z_]+)\\]")))
+      section = m[1];
     else if (std::regex_match(line, m, std::regex("([a-z_]+) = .*")))
-      EXPECT_TRUE(titan.count(section + "." + m[1].str())) << section << "." << m[1] << " is not a torchtitan v0.2.2 key";
+      EXPECT_TRUE(titan.count(section + "." + m[1].str()))
+          << section << "." << m[1] << " is not a torchtitan v0.2.2 key";
   }
 
   ASSERT_EQ(export_to(plan, "deepspeed", dir.path() / "d").code, 0);
@@ -236,13 +257,14 @@ TEST(AnExport, WritesOnlyNamesTheEnginesReleasesHave) {
   for (const auto& [key, value] : config.items()) {
     EXPECT_TRUE(deepspeed.count(key)) << key;
     if (value.is_object())
-      for (const auto& [inner, v] : value.items()) EXPECT_TRUE(deepspeed.count(key + "." + inner)) << key << "." << inner;
+      for (const auto& [inner, v] : value.items())
+        EXPECT_TRUE(deepspeed.count(key + "." + inner)) << key << "." << inner;
   }
-  EXPECT_EQ(config["train_batch_size"], config["train_micro_batch_size_per_gpu"].get<int>() * 2 *
-                                            config["gradient_accumulation_steps"].get<int>());
+  EXPECT_EQ(config["train_batch_size"],
+            config["train_micro_batch_size_per_gpu"].get<int>() * 2 * config["gradient_accumulation_steps"].get<int>());
   const std::string partition_py = read_file(dir.path() / "d" / "deepspeed_pipeline.py");
-  for (const std::string& name : {"PipelineModule", "_partition_layers", "_set_bounds", "activation_checkpoint_interval",
-                                  "partition_method", "num_stages"}) {
+  for (const std::string& name : {"PipelineModule", "_partition_layers", "_set_bounds",
+                                  "activation_checkpoint_interval", "partition_method", "num_stages"}) {
     EXPECT_TRUE(deepspeed.count(name)) << name;
     EXPECT_NE(partition_py.find(name), std::string::npos) << name;
   }
@@ -277,8 +299,9 @@ TEST(AnExport, IsRefusedNamingTheFieldAndTargetWhenTheEngineCannotExpressThePlan
 TEST(AnExport, IsRefusedForAModelWithoutModuleNames) {
   TempDir dir("export_unnamed");
   const std::string model = testing::write_tiny_mlp(dir.path() / "mlp.onnx");
-  const auto made = run_apart("partition " + model + " --device cpu --devices 2 --batch 4 --stages 2 --no-stage-models -q -o " +
-                              (dir.path() / "plan").string());
+  const auto made =
+      run_apart("partition " + model + " --device cpu --devices 2 --batch 4 --stages 2 --no-stage-models -q -o " +
+                (dir.path() / "plan").string());
   ASSERT_EQ(made.code, 0) << made.out;
   const auto run = export_to(dir.path() / "plan", "torchtitan", dir.path() / "out");
   EXPECT_EQ(run.code, 4) << run.out;
@@ -306,7 +329,8 @@ TEST(AnExportOfAnUnrestrictedPlan, SnapsEachLayerToTheStageHoldingMostOfItsTime)
     for (const auto& t : doc["stages"][k]["tasks"]) {
       std::smatch m;
       const std::string name = t.get<std::string>();
-      if (seconds.count(name) && std::regex_search(name, m, layer)) weight[std::stoi(m[1].str())][k] += seconds[name] + 1e-30;
+      if (seconds.count(name) && std::regex_search(name, m, layer))
+        weight[std::stoi(m[1].str())][k] += seconds[name] + 1e-30;
     }
   std::vector<int> expected_counts(doc["stages"].size(), 0);
   int previous = 0;

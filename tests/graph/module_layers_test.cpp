@@ -19,8 +19,8 @@ TEST(ALayerOfAPath, IsThePathUpToItsFirstIndexedModule) {
 
 TEST(ALayerStack, PlacesEveryTaskBeforeInOrAfterTheLayers) {
   const std::vector<std::string> paths = {
-      "/model/embed_tokens/Gather", "/model/layers.0/attn/MatMul", "/Constant_3", "/model/layers.0/mlp/MatMul",
-      "/model/layers.1/attn/MatMul", "/model/layers.1/mlp/MatMul", "/model/norm/Mul", "/lm_head/MatMul",
+      "/model/embed_tokens/Gather",  "/model/layers.0/attn/MatMul", "/Constant_3",     "/model/layers.0/mlp/MatMul",
+      "/model/layers.1/attn/MatMul", "/model/layers.1/mlp/MatMul",  "/model/norm/Mul", "/lm_head/MatMul",
       "/SoftmaxCrossEntropyLoss"};
   const LayerStack stack = layer_stack(paths);
   EXPECT_EQ(stack.container, "model/layers");

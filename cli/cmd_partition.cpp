@@ -39,6 +39,7 @@ struct PartitionArgs {
   std::string replicas = "auto";
   std::string recompute = "auto";
   std::string zero = "0";
+  std::string target;
   std::string tp = "1";
   std::string overlap_allreduce = "on";
   std::string sequence_parallel = "on";
@@ -110,6 +111,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
   o.stage.recompute = parse_recompute(a.recompute);
   o.stage.zero = parse_zero(a.zero);
   o.stage.tp = parse_tp(a.tp);
+  if (!a.target.empty()) o.stage.target = parse_engine(a.target, "--target");
   if (a.overlap_allreduce != "on" && a.overlap_allreduce != "off")
     throw InvalidArgument("--overlap-allreduce must be on or off, not '" + a.overlap_allreduce + "'");
   o.training.overlap_allreduce = a.overlap_allreduce == "on";
@@ -231,6 +233,10 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "ZeRO stage of every stage with replicas: 0 (none), 1 (optimizer state), 2 (+ gradients), "
                   "3 (+ weights), or auto (per stage)")
       ->capture_default_str();
+  cmd->add_option("--target", a->target,
+                  "megatron, torchtitan, torch-pipelining or deepspeed: only plans that engine runs exactly (one TP "
+                  "and DP degree on every stage, whole-layer cuts, its schedules, ZeRO stages and recomputation), for "
+                  "apart export; report.txt compares it with the unrestricted plan");
   cmd->add_option("--overlap-allreduce", a->overlap_allreduce,
                   "on: gradients all-reduce in 25 MB buckets during the last backward (as PyTorch DDP); off: after it")
       ->capture_default_str();

@@ -260,6 +260,13 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph, Report
   r << "predicted iteration  " << format_seconds(iteration_s) << "   (simulated: pipeline "
     << format_seconds(predicted.pipeline_s.value_or(0)) << ", then all-reduce and optimizer step; analytic estimate "
     << format_seconds(predicted.estimate_iteration_s.value_or(0)) << ")\n";
+  if (plan.target) {  // --target: the restricted plan beside the unrestricted one, both simulated
+    const double free_s = plan.target->unrestricted_iteration_s;
+    r << "target " << plan.target->engine << "      " << format_seconds(iteration_s) << " (this plan) against "
+      << format_seconds(free_s) << " unrestricted: the restriction costs "
+      << (free_s > 0 ? fixed(100 * (iteration_s / free_s - 1), 1) : std::string("?")) << " %\n"
+      << "  unrestricted plan  " << plan.target->unrestricted_layout << "\n";
+  }
   r << "samples/s            " << format_significant(predicted.samples_per_s.value_or(0), 4) << "\n";
   r << "bubble fraction      " << fixed(predicted.bubble_fraction.value_or(0), 3) << "\n";
   r << "compute lower bound  " << format_seconds(lower_bound_s)

@@ -14,12 +14,12 @@
 #include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "graph/output_path.h"
-#include "graph/sha256.h"
 #include "graph/text.h"
 #include "graph/units.h"
 #include "importer/fold.h"
 #include "importer/importer.h"
 #include "importer/model_proto.h"
+#include "plan/model_location.h"
 #include "plan/plan.h"
 #include "schedule/schedule.h"
 #include "simulator/sim_plan.h"
@@ -307,31 +307,25 @@ PlanCheck check_plan_folder(const fs::path& plan_path, const fs::path& model_arg
     return c.result;
   }
 
-  // model
-  const fs::path model = !model_arg.empty() ? model_arg : fs::path(plan.model ? plan.model->path : "");
+  // model: from the plan folder first (plan/model_location.h), so a copied plan folder checks from anywhere
   std::optional<ImportedModel> imported;
-  std::error_code ec;
-  if (model.empty() || !fs::is_regular_file(model, ec)) {
-    c.fail("model", "the model " + quote(model.string()) + " plan.json names is not there: pass it (apart check PLAN MODEL)");
-  } else {
-    const std::string sha = sha256_file_hex(model);
-    if (plan.model && !plan.model->sha256.empty() && sha != plan.model->sha256) {
-      c.fail("model", model.string() + " is not the model the plan was made for (sha256 " + sha.substr(0, 12) +
-                          "…, the plan's " + plan.model->sha256.substr(0, 12) + "…)");
-    } else {
-      try {
-        ImportOptions options = planned_import(plan);
-        options.require_external_data = false;
-        if (plan.training.global_batch) {
-          options.batch = *plan.training.global_batch;
-          options.batch_explicit = true;
-        }
-        imported = import_model(model.string(), options);
-        c.pass("model", model.string() + (plan.model && !plan.model->sha256.empty() ? ", sha256 as the plan's" : ""));
-      } catch (const Error& e) {
-        c.fail("model", std::string("the model does not import: ") + e.what());
+  try {
+    const PlanModelLocation model = locate_plan_model(plan, dir, model_arg);
+    try {
+      ImportOptions options = planned_import(plan);
+      options.require_external_data = false;
+      if (plan.training.global_batch) {
+        options.batch = *plan.training.global_batch;
+        options.batch_explicit = true;
       }
+      imported = import_model(model.path.string(), options);
+      c.pass("model", model.path.string() + " (" + model.found_by + ")" +
+                          (plan.model && !plan.model->sha256.empty() ? ", sha256 as the plan's" : ""));
+    } catch (const Error& e) {
+      c.fail("model", std::string("the model does not import: ") + e.what());
     }
+  } catch (const InvalidArgument& e) {
+    c.fail("model", std::string(e.what()) + " (apart check PLAN MODEL)");
   }
   if (imported) {
     check_tasks(c, plan, imported->graph);

@@ -14,6 +14,7 @@
 #include "plan/cluster_json.h"
 #include "partition/virtual_stages.h"
 #include "plan/costs_json.h"
+#include "plan/model_location.h"
 #include "plan/plan_summary.h"
 
 namespace apart {
@@ -82,7 +83,7 @@ CompileResult compile(const CompileOptions& options) {
   if (options.on_message) progress = [&](const std::string& line) { tell(options, CompileMessage::kProgress, line); };
   // ---- Baselines: every method on the same inputs, sharing the splits apart's search evaluates ----
   const CostTable* other = r.costs.at_other_size ? &*r.costs.at_other_size : nullptr;
-  if (partition.method == Method::kApart && options.baselines) {
+  if (partition.method == Method::kApart && options.baselines && !partition.stage.target) {
     PhaseTime both;
     PlanWithBaselines searched;
     timed(both, [&] { searched = partition_with_baselines(r.model.graph, r.costs.table, partition, other, progress); });
@@ -97,6 +98,17 @@ CompileResult compile(const CompileOptions& options) {
           [&] { r.plan = partition_by_method(r.model.graph, r.costs.table, partition, other, progress); });
   }
 
+  // ---- --target: the unrestricted search on the same inputs, for what the restriction costs ----
+  std::optional<Plan> unrestricted;
+  if (partition.stage.target) {
+    PartitionOptions free = partition;
+    free.stage.target.reset();
+    tell(options, CompileMessage::kProgress, "the unrestricted plan, to compare --target with");
+    PhaseTime free_time;
+    timed(free_time, [&] { unrestricted = partition_by_method(r.model.graph, r.costs.table, free, other, progress); });
+    r.times.baselines = free_time;
+  }
+
   // ---- Interleaved: the chunks each device runs (Megatron-LM's layout), cut by the tasks' costs ----
   r.plan.chunks = cut_virtual_stages(r.plan, r.model.graph, r.costs.table);
 
@@ -106,7 +118,14 @@ CompileResult compile(const CompileOptions& options) {
   else if (r.model.constant_params.count > 0) r.info.constants_as_params = true;
   r.info.added_loss = added_loss_record(options.import.loss);
   describe_work(r.model, r.costs.table, r.info);
+  if (options.output) record_model_location(r.info, options.model, options.output->directory);
   r.document = plan_document(r.plan, r.model.graph, r.info);
+  if (unrestricted) {
+    unrestricted->chunks = cut_virtual_stages(*unrestricted, r.model.graph, r.costs.table);
+    r.document.target =
+        PlanTarget{std::string(engine_name(*partition.stage.target)), unrestricted->simulated.iteration_s,
+                   plan_summary_line(plan_document(*unrestricted, r.model.graph, r.info))};
+  }
   for (const std::string& warning : plan_warnings(r.document)) tell(options, CompileMessage::kWarning, warning);
   if (options.output) {
     tell(options, CompileMessage::kProgress, "writing the plan files");

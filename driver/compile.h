@@ -68,7 +68,7 @@ struct PhaseTime {
   double cpu_s = 0;
 };
 struct CompileTimes {
-  PhaseTime import, costs, partition, baselines, files;
+  PhaseTime import, costs, partition, baselines, files;  // baselines: with --target, the unrestricted search
 };
 
 // The per-task costs the search runs on.

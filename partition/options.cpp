@@ -1,6 +1,8 @@
 // Names, parsers and validation of the partition options.
 #include "partition/options.h"
 
+#include <algorithm>
+
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/threads.h"
@@ -97,6 +99,26 @@ void PartitionOptions::validate() const {
                             std::to_string(*stage.tp) + " devices of one node, and the cluster has " +
                             std::to_string(cluster.devices) + " devices, " + std::to_string(cluster.devices_per_node) +
                             " per node; use a degree dividing the devices per node (or --tp auto)");
+  }
+  if (stage.target) {
+    const EngineCapabilities& can = engine_capabilities(*stage.target);
+    const std::string target = "--target " + std::string(engine_name(*stage.target));
+    auto offers = [](const auto& list, auto value) { return std::find(list.begin(), list.end(), value) != list.end(); };
+    if (method != Method::kApart) throw InvalidArgument(target + " restricts --method apart's search; drop --method");
+    if (stage.schedule && stage.stages != 1 && !offers(can.schedules, *stage.schedule))
+      throw InvalidArgument(target + ": the engine does not run --schedule " +
+                            std::string(schedule_name(*stage.schedule)) + "; use --schedule auto");
+    if (stage.zero && !offers(can.zero_stages, *stage.zero))
+      throw InvalidArgument(target + ": the engine does not run ZeRO-" + std::to_string(*stage.zero) +
+                            " with pipeline parallelism; use --zero auto");
+    if (stage.tp && !offers(can.tp_degrees, *stage.tp))
+      throw InvalidArgument(target + ": the engine has no tensor parallelism of its own; use --tp 1");
+    const RecomputeScope asked = stage.recompute == Recompute::kOn          ? RecomputeScope::kFull
+                                 : stage.recompute == Recompute::kSelective ? RecomputeScope::kSelective
+                                                                            : RecomputeScope::kNone;
+    if (stage.recompute != Recompute::kAuto && !offers(can.recompute, asked))
+      throw InvalidArgument(target + ": the engine does not offer --recompute " +
+                            std::string(recompute_name(stage.recompute)) + "; use --recompute auto");
   }
   checked_number(stage.time_limit_s, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
   checked_integer(block.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");

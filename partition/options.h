@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "plan/engine.h"
 #include "plan/training.h"
 #include "profiler/device.h"
 
@@ -86,6 +87,9 @@ struct StageOptions {
   bool include_baselines = true;  // --method apart also evaluates every baseline's candidates (uniform, params,
                                   // gpipe-balance, pipedream, metis), so none of them can plan faster
   int max_simulations = 1024;     // the final choice replays at most this many candidates (0 = all; select.h)
+  // --target ENGINE: only plans the engine expresses exactly (partition/target.h): one TP degree and replica count
+  // on every stage, whole-layer cuts, the engine's schedules, ZeRO stages and recomputation. nullopt: any plan.
+  std::optional<Engine> target;
 };
 
 // Chunks per device a schedule runs: interleaved, `virtual_stages` (0: kDefaultVirtualStages); the others, 1.

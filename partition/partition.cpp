@@ -6,6 +6,7 @@
 
 #include "graph/error.h"
 #include "partition/phases.h"
+#include "partition/target.h"
 
 namespace apart {
 
@@ -83,6 +84,10 @@ Plan partition_graph(const TaskGraph& graph, const CostTable& costs, const Parti
   const SearchClock clock{
       .time_limit_s = options.stage.time_limit_s, .progress = progress, .threads = options.search_threads()};
   check_request(options);
+  if (options.stage.target) {  // --target: the stage DP over whole layers, every stage alike (partition/target.h)
+    const AtomicGraph atomic = atomic_level(graph, costs, options, costs_at_other_size);
+    return choose_plan(graph, atomic, target_candidates(graph, atomic, options, clock), BlockLevel{}, options, clock);
+  }
   const SearchGrid grid = search_grid(options);
   ApartCandidates search = apart_candidates(graph, costs, options, grid, clock, costs_at_other_size);
 

@@ -18,6 +18,7 @@
 #include "graph/units.h"
 #include "partition/baselines.h"
 #include "partition/stage_refine.h"
+#include "partition/target.h"
 #include "profiler/memory_model.h"
 
 namespace apart {
@@ -746,7 +747,15 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
 
 Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, CandidateSet found, const BlockLevel& blocks,
                  const PartitionOptions& o, const SearchClock& clock) {
-  if (found.candidates.empty()) throw_infeasible(graph, atomic, o);
+  auto nothing_fits = [&] {
+    if (o.stage.target)
+      throw Infeasible("--target " + std::string(engine_name(*o.stage.target)) +
+                       ": no plan the engine runs (one TP degree and replica count on every stage, cuts between whole "
+                       "layers, its schedules, ZeRO stages and recomputation) fits these devices and this batch; "
+                       "plan without --target to see what does");
+    throw_infeasible(graph, atomic, o);
+  };
+  if (found.candidates.empty()) nothing_fits();
   // The found candidates, then their schedule variants (ties go to the found).
   std::vector<Candidate>& candidates = found.candidates;
   if (!o.stage.schedule) {
@@ -754,7 +763,14 @@ Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, CandidateSet
     std::vector<Candidate> variants = schedule_variants(atomic, candidates, o, clock);
     candidates.insert(candidates.end(), std::make_move_iterator(variants.begin()),
                       std::make_move_iterator(variants.end()));
+    if (o.stage.target) {  // only the variants the engine runs (partition/target.h)
+      const ComponentLayers layers = component_layers(graph, atomic);
+      std::erase_if(candidates, [&](const Candidate& c) {
+        return !target_admits(c, *o.stage.target, o.training.global_batch, &layers);
+      });
+    }
   }
+  if (candidates.empty()) nothing_fits();
   clock.report("simulating the best of " + std::to_string(candidates.size()) + " placed candidates");
   const Selection selection = select_by_simulation(candidates, o.stage.max_simulations, clock.deadline(), clock.threads);
   const Candidate& chosen = candidates[selection.index];

@@ -7,12 +7,33 @@
 #include <string>
 
 #include "graph/error.h"
+#include "graph/module_layers.h"
 #include "partition/phases.h"
 #include "partition/tensor_parallel.h"
 
 namespace apart {
 
 namespace {
+
+// Moves each cut between chunks (end[c]: one past chunk c's last position in `order`) that falls `inside` something
+// a cut may not split to the nearest position, by the tasks' time, that does not, keeping every chunk at least one
+// task. A cut with no such position in reach stays where it was.
+void move_cuts_outside(const std::vector<bool>& inside, const std::vector<TaskId>& order,
+                       const std::function<double(TaskId)>& weight, std::vector<size_t>& end) {
+  const size_t n = order.size();
+  std::vector<double> before(n + 1, 0.0);  // time of the tasks before position e
+  for (size_t e = 1; e <= n; ++e) before[e] = before[e - 1] + weight(order[e - 1]);
+  for (size_t c = 0; c + 1 < end.size(); ++c) {
+    if (!inside[end[c]]) continue;
+    const size_t low = (c == 0 ? 0 : end[c - 1]) + 1, high = n - (end.size() - c - 1);
+    size_t best = end[c];
+    for (size_t e = low; e <= high; ++e)
+      if (!inside[e] &&
+          (best == end[c] || std::abs(before[e] - before[end[c]]) < std::abs(before[best] - before[end[c]])))
+        best = e;
+    end[c] = best;
+  }
+}
 
 // In a plan of tensor-parallel stages, moves each cut between chunks (end[c]: one past chunk c's last position in
 // `order`) that falls inside a TP region to the nearest position, by the tasks' time, that falls inside none, keeping
@@ -39,21 +60,28 @@ void keep_tensor_parallel_regions_whole(const Plan& plan, const std::vector<Task
       --opened[last[r] + 1];
     }
   std::vector<bool> inside(n + 1, false);
-  std::vector<double> before(n + 1, 0.0);  // time of the tasks before position e
   for (size_t e = 1, depth = 0; e <= n; ++e) {
     depth += static_cast<size_t>(opened[e]);
     inside[e] = depth > 0;
-    before[e] = before[e - 1] + weight(order[e - 1]);
   }
-  for (size_t c = 0; c + 1 < end.size(); ++c) {
-    if (!inside[end[c]]) continue;
-    const size_t low = (c == 0 ? 0 : end[c - 1]) + 1, high = n - (end.size() - c - 1);
-    size_t best = end[c];
-    for (size_t e = low; e <= high; ++e)
-      if (!inside[e] && (best == end[c] || std::abs(before[e] - before[end[c]]) < std::abs(before[best] - before[end[c]])))
-        best = e;
-    end[c] = best;
-  }
+  move_cuts_outside(inside, order, weight, end);
+}
+
+// Under --target (partition/target.h), moves each cut that falls inside a layer to the nearest position, by time,
+// between two layers (the modules before the layers count as the first, those after as the last): the engines cut
+// their interleaved chunks between whole layers as they cut stages.
+void keep_layers_whole(const Plan& plan, const TaskGraph& graph, const std::vector<TaskId>& order,
+                       const std::function<double(TaskId)>& weight, std::vector<size_t>& end) {
+  if (!plan.options.stage.target) return;
+  std::vector<std::string> paths;
+  for (TaskId t : order) paths.push_back(module_path(graph.task(t)));
+  const LayerStack stack = layer_stack(paths);
+  if (stack.empty()) return;
+  const int last = static_cast<int>(stack.layers.size()) - 1;
+  std::vector<bool> inside(order.size() + 1, false);
+  for (size_t e = 1; e < order.size(); ++e)
+    inside[e] = std::clamp(stack.position[e - 1], 0, last) == std::clamp(stack.position[e], 0, last);
+  move_cuts_outside(inside, order, weight, end);
 }
 
 }  // namespace
@@ -105,6 +133,7 @@ std::vector<PlanStage> cut_virtual_stages(const Plan& plan, const TaskGraph& gra
   }
   APART_CHECK(at == order.size(), "the chunk cut left tasks out");
   keep_tensor_parallel_regions_whole(plan, order, weight, end);
+  keep_layers_whole(plan, graph, order, weight, end);
   for (size_t c = 0; c < chunks; ++c)
     for (size_t i = c == 0 ? 0 : end[c - 1]; i < end[c]; ++i) chunk_of_task[order[i].value()] = static_cast<int>(c);
 

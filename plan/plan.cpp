@@ -199,6 +199,12 @@ ordered plan_to_json(const PlanDocument& plan) {
   if (plan.model)
     j["model"] = {{"path", plan.model->path}, {"sha256", plan.model->sha256}, {"tasks", plan.model->tasks},
                   {"params", plan.model->params}, {"param_bytes", plan.model->param_bytes}};
+  if (plan.model && plan.model->relative_path) {  // beside path, before sha256
+    ordered m = {{"path", plan.model->path}, {"relative_path", *plan.model->relative_path}};
+    if (plan.model->absolute_path) m["absolute_path"] = *plan.model->absolute_path;
+    for (auto it = std::next(j["model"].begin()); it != j["model"].end(); ++it) m[it.key()] = it.value();
+    j["model"] = m;
+  }
   if (plan.model && plan.model->constants_as_params) j["model"]["constants_as_params"] = *plan.model->constants_as_params;
   if (plan.model && plan.model->added_loss)
     j["model"]["added_loss"] = {{"form", plan.model->added_loss->form}, {"labels", plan.model->added_loss->labels}};
@@ -220,6 +226,10 @@ ordered plan_to_json(const PlanDocument& plan) {
   if (plan.predicted) j["predicted"] = predicted_json(*plan.predicted);
   if (plan.search) j["search"] = search_json(*plan.search);
   if (plan.tensor_parallel) j["tensor_parallel"] = tensor_parallel_json(*plan.tensor_parallel);
+  if (plan.target)
+    j["target"] = {{"engine", plan.target->engine},
+                   {"unrestricted_iteration_s", plan.target->unrestricted_iteration_s},
+                   {"unrestricted_layout", plan.target->unrestricted_layout}};
   return j;
 }
 
@@ -636,6 +646,8 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
     const json& m = l.object(j, "", "model");
     PlanModel model;
     model.path = l.optional_string(m, "model.", "path").value_or("");
+    model.relative_path = l.optional_string(m, "model.", "relative_path");
+    model.absolute_path = l.optional_string(m, "model.", "absolute_path");
     model.sha256 = l.optional_string(m, "model.", "sha256").value_or("");
     model.tasks = l.optional_integer(m, "model.", "tasks", 0).value_or(0);
     model.params = l.optional_integer(m, "model.", "params", 0, limits::kMaxByteCount).value_or(0);
@@ -658,6 +670,14 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
   read_predicted(rs, j, plan);
   read_search(rs, j, plan);
   read_tensor_parallel(rs, j, plan);
+  if (j.contains("target")) {
+    const JsonReader& l = rs.lenient;
+    const json& t = l.object(j, "", "target");
+    plan.target =
+        PlanTarget{l.string(t, "target.", "engine"),
+                   l.optional_number(t, "target.", "unrestricted_iteration_s", limits::kMaxSeconds).value_or(0),
+                   l.optional_string(t, "target.", "unrestricted_layout").value_or("")};
+  }
   return plan;
 }
 

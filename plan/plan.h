@@ -17,7 +17,12 @@ namespace apart {
 inline constexpr const char* kPlanSchema = "apart.plan/1";
 
 struct PlanModel {
-  std::string path;
+  std::string path;  // as given to apart partition: relative to where it ran
+  // Where the model is seen from the plan folder (`../gpt.onnx`), and its absolute path when the plan was made: what
+  // locate_plan_model (plan/model_location.h) tries first, so that a plan folder copied with its model beside it
+  // runs from any working directory. Absent in plans before them, and in a plan written to no folder.
+  std::optional<std::string> relative_path;
+  std::optional<std::string> absolute_path;
   std::string sha256;
   int64_t tasks = 0;
   int64_t params = 0;  // parameter elements
@@ -206,6 +211,14 @@ struct PlanTensorParallel {
   std::vector<PlanTpRegion> regions;  // topological
 };
 
+// `apart partition --target ENGINE` (plan/engine.h): the engine the search was restricted to, and the plan the
+// unrestricted search finds on the same inputs, both simulated: what the restriction costs.
+struct PlanTarget {
+  std::string engine;                   // engine_name: "megatron", …
+  double unrestricted_iteration_s = 0;  // the unrestricted plan's simulated iteration
+  std::string unrestricted_layout;      // its plan_summary_line ("TP 8 · PP 16 · DP 8 · …")
+};
+
 struct PlanDocument {
   std::optional<PlanModel> model;
   PlanCluster cluster;
@@ -216,6 +229,7 @@ struct PlanDocument {
   std::optional<PlanSearch> search;
   std::optional<PlanTensorParallel> tensor_parallel;  // absent in plans before it
   std::vector<PlanVirtualStage> virtual_stages;  // interleaved: the P·v chunks; empty under every other schedule
+  std::optional<PlanTarget> target;              // made with --target; absent otherwise
 };
 
 // Devices (processes) the plan runs on: Σ over stages of replicas × tp, the length of every stages[k].devices.

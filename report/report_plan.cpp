@@ -9,6 +9,7 @@
 #include "graph/error.h"
 #include "graph/checked.h"
 #include "graph/json_reader.h"
+#include "graph/module_layers.h"
 #include "plan/costs_json.h"
 
 namespace apart::report {
@@ -30,14 +31,6 @@ json read_json(const fs::path& file, const std::string& what) {
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw InvalidModel(file.string() + ": not valid JSON (re-run `apart partition` to regenerate it)");
   return j;
-}
-
-bool is_indexed(const std::string& component) {
-  // "h.3", "layers.12", "3", "block_2": ends in digits after a separator, or is all digits.
-  size_t i = component.size();
-  while (i > 0 && std::isdigit(static_cast<unsigned char>(component[i - 1]))) --i;
-  if (i == component.size()) return false;
-  return i == 0 || component[i - 1] == '.' || component[i - 1] == '_';
 }
 
 // The report's view of the plan document: the figures it shows, absent ones as their documented defaults.
@@ -146,23 +139,8 @@ std::vector<LayerRun> group_layers(const std::vector<std::string>& tasks, const 
 }  // namespace
 
 std::string layer_of(const std::string& task_name) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (start <= task_name.size()) {
-    const size_t slash = task_name.find('/', start);
-    const size_t end = slash == std::string::npos ? task_name.size() : slash;
-    if (end > start) parts.push_back(task_name.substr(start, end - start));
-    if (slash == std::string::npos) break;
-    start = slash + 1;
-  }
-  if (parts.size() < 2) return "(top level)";  // the last component is the op itself
-  parts.pop_back();
-  std::string layer;
-  for (const std::string& part : parts) {
-    layer += (layer.empty() ? "" : "/") + part;
-    if (is_indexed(part)) return layer;
-  }
-  return parts.front();
+  const std::string layer = layer_of_path(task_name);
+  return layer.empty() ? "(top level)" : layer;
 }
 
 std::string first_layer(const ReportStage& stage) {

@@ -23,6 +23,7 @@
 #include "graph/json_reader.h"
 #include "graph/output_path.h"
 #include "graph/sha256.h"
+#include "plan/model_location.h"
 #include "graph/text.h"
 #include "importer/model_proto.h"
 #include "plan/plan.h"
@@ -169,20 +170,12 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
                          " replicas, more than the " + std::to_string(s.microbatch_samples) +
                          " samples of a micro-batch: some replica would get none; re-run apart partition");
 
-  // The model: the one the plan names unless --model says otherwise, and the same bytes (sha256).
-  s.model_path = options.model.empty() ? fs::path(plan.model ? plan.model->path : "") : fs::path(options.model);
-  std::error_code ec;
-  if (s.model_path.empty() || !fs::is_regular_file(s.model_path, ec))
-    throw InvalidArgument("the model " + quote(s.model_path.string()) + " the plan was made for is not there: pass it with --model FILE");
-  s.model_sha256 = sha256_file_hex(s.model_path);
+  // The model: --model, else the one the plan names, found from the plan folder first (plan/model_location.h), and
+  // the same bytes (sha256).
+  const PlanModelLocation model = locate_plan_model(plan, plan_json_path(options.plan).parent_path(), options.model);
+  s.model_path = model.path;
+  s.model_sha256 = model.sha256;
   s.plan_sha256 = sha256_file_hex(plan_json_path(options.plan));
-  if (plan.model && !plan.model->sha256.empty()) {
-    const std::string& sha = s.model_sha256;
-    if (sha != plan.model->sha256)
-      throw InvalidArgument("the model " + s.model_path.string() + " is not the one the plan was made for (sha256 " +
-                            sha.substr(0, 12) + "…, the plan's " + plan.model->sha256.substr(0, 12) +
-                            "…): re-run apart partition on it, or pass the original with --model");
-  }
   s.role = rank_role(plan, rank);
   s.tp = max_tp_degree(plan);
   if (s.tp > 1) {

@@ -301,7 +301,7 @@ TEST(ApartCheck, FailsTheModelCheckForOtherBytesAndSkipsWhatNeedsTheModel) {
   std::ofstream(other, std::ios::app) << '\0';  // a trailing byte: still ONNX, another sha256
   const PlanCheck check = check_plan_folder(dir, other);
   EXPECT_EQ(failed(check), (std::vector<std::string>{"model", "tasks", "order"}));
-  EXPECT_NE(finding(check, "model").detail.find("not the model the plan was made for"), std::string::npos);
+  EXPECT_NE(finding(check, "model").detail.find("not the one the plan was made for"), std::string::npos);
 }
 
 TEST(ApartCheck, ReportsAPlanJsonThatDoesNotParseAsTheOnlyCheckAndExits3) {

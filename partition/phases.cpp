@@ -819,8 +819,10 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
       return candidates[jobs[g.front()].from].evaluator == candidates[jobs[j].from].evaluator &&
              jobs[g.front()].microbatches == jobs[j].microbatches;
     });
-    if (same == groups.end()) groups.push_back({j});
-    else same->push_back(j);
+    if (same == groups.end())
+      groups.push_back({j});
+    else
+      same->push_back(j);
   }
   const SearchClock each = clock.silent().one_thread();
   run_indexed(groups.size(), clock.threads, [&](size_t g) {

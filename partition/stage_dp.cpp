@@ -372,7 +372,8 @@ bool StageDp::any_split_fits(const std::vector<EntryRule>& rules) const {
       int64_t fewest = kNone;
       for (size_t v = 0; v < variant_count; ++v) {
         const EntryRule& rule = rules[range_index(first, last) * variant_count + v];
-        if (!rule.refused && rule.lo < rule.placeable) fewest = std::min<int64_t>(fewest, devices_of(static_cast<int>(rule.lo), v));
+        if (!rule.refused && rule.lo < rule.placeable)
+          fewest = std::min<int64_t>(fewest, devices_of(static_cast<int>(rule.lo), v));
       }
       if (fewest != kNone) least[first] = std::min(least[first], fewest + least[last]);
     }

@@ -250,10 +250,9 @@ TEST(TheSharedScheduleDp, SolvesEachOrderAsItsOwnStageDpDoes) {
           at.schedules = {orders[j].schedule};
           at.virtual_stages = orders[j].chunks;
           const StageSolutions own = solve_stage_dp(*split.evaluator, at, {orders[j].stages}, o.stage, SearchClock{});
-          const std::string where = "seed " + std::to_string(seed) + " m=" + std::to_string(m) + " S=" +
-                                    std::to_string(orders[j].stages) + " " +
-                                    std::string(schedule_name(orders[j].schedule)) + " v=" +
-                                    std::to_string(orders[j].chunks);
+          const std::string where =
+              "seed " + std::to_string(seed) + " m=" + std::to_string(m) + " S=" + std::to_string(orders[j].stages) +
+              " " + std::string(schedule_name(orders[j].schedule)) + " v=" + std::to_string(orders[j].chunks);
           EXPECT_EQ(shared[j].solved, own.solved) << where;
           ASSERT_EQ(shared[j].solutions.size(), own.solutions.size()) << where;
           for (size_t i = 0; i < own.solutions.size(); ++i) {

@@ -376,17 +376,22 @@ TEST(AStageDp, RescheduledAnswersAsADpBuiltForThatSchedule) {
     for (int64_t m : {1, 2, 4, 6, 12})
       for (StageZero zero : {StageZero{}, StageZero{.stage = 0, .automatic = true}}) {
         StageDp shared(ev, {.microbatches = m, .recompute = StageRecompute::kWhereNeeded, .zero = zero});
-        for (auto [schedule, chunks] : std::vector<std::pair<Schedule, int>>{
-                 {Schedule::kZbH1, 1}, {Schedule::kInterleaved, 2}, {Schedule::kInterleaved, 3}, {Schedule::k1F1B, 1}}) {
+        for (auto [schedule, chunks] : std::vector<std::pair<Schedule, int>>{{Schedule::kZbH1, 1},
+                                                                             {Schedule::kInterleaved, 2},
+                                                                             {Schedule::kInterleaved, 3},
+                                                                             {Schedule::k1F1B, 1}}) {
           shared.reschedule(schedule, chunks);
-          const StageDp own(ev, {.microbatches = m, .schedule = schedule, .virtual_stages = chunks,
-                                 .recompute = StageRecompute::kWhereNeeded, .zero = zero});
+          const StageDp own(ev, {.microbatches = m,
+                                 .schedule = schedule,
+                                 .virtual_stages = chunks,
+                                 .recompute = StageRecompute::kWhereNeeded,
+                                 .zero = zero});
           for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages)
             for (StageRecompute part : {StageRecompute::kOff, StageRecompute::kWhereNeeded}) {
               auto expected = own.solve_many({stages}, part);
               auto got = shared.solve_many({stages}, part);
-              const std::string where = "trial " + std::to_string(trial) + " m=" + std::to_string(m) + " S=" +
-                                        std::to_string(stages) + " " + std::string(schedule_name(schedule));
+              const std::string where = "trial " + std::to_string(trial) + " m=" + std::to_string(m) +
+                                        " S=" + std::to_string(stages) + " " + std::string(schedule_name(schedule));
               ASSERT_EQ(got[0].has_value(), expected[0].has_value()) << where;
               ++compared;
               if (!got[0]) continue;

@@ -1,6 +1,7 @@
 // planning_phases: where `apart partition` spends its time, phase by phase (import, costs, the search's phases,
 // simulation, baselines, each plan file), as wall and CPU seconds of one run through the same calls compile() makes.
 // Usage: planning_phases MODEL.onnx DEVICES BATCH [--no-baselines] [--no-stage-models] [--threads N] [--out DIR]
+//        [--full] (--tp auto --schedule auto --zero auto)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,11 @@ int main(int argc, char** argv) {
     else if (a == "--no-stage-models") stage_models = false;
     else if (a == "--threads" && i + 1 < argc) o.partition.threads = std::atoi(argv[++i]);
     else if (a == "--out" && i + 1 < argc) out = argv[++i];
+    else if (a == "--full") {  // the full search: --tp auto --schedule auto --zero auto
+      o.partition.stage.tp.reset();
+      o.partition.stage.schedule.reset();
+      o.partition.stage.zero.reset();
+    }
   }
   std::filesystem::remove_all(out);
   o.output = PlanFiles{out, false, stage_models, false};

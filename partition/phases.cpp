@@ -299,22 +299,20 @@ std::optional<StageRecompute> host_recompute(const std::vector<StageRecompute>& 
 
 }  // namespace
 
-StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid& grid,
-                              const std::vector<int>& stage_counts, const StageOptions& o, const SearchClock& clock) {
-  const bool fixed_split = stage_counts.size() == 1 && static_cast<size_t>(stage_counts[0]) == evaluator.blocks();
-  std::vector<int> counts;
-  for (int s : stage_counts)
-    if (static_cast<size_t>(s) <= evaluator.blocks()) counts.push_back(s);
-  // One DP per (schedule, zero, m) answers every recomputation setting of the grid from one set of tables, where
-  // the where-needed setting's variants hold the others' (StageDp::solve_many); else one DP per grid point.
-  struct GridPoint {
-    Schedule schedule;
-    StageZero zero;
-    int64_t microbatches;
-    StageRecompute built;                    // the DP's own setting
-    std::vector<StageRecompute> recomputes;  // the settings it answers, in grid order
-  };
-  const std::vector<int> tp = tp_degrees(o.tp, evaluator.cluster());
+namespace {
+
+// One DP's grid point: the DP is built for `built` and answers every setting of `recomputes`.
+struct GridPoint {
+  Schedule schedule;
+  StageZero zero;
+  int64_t microbatches;
+  StageRecompute built;                    // the DP's own setting
+  std::vector<StageRecompute> recomputes;  // the settings it answers, in grid order
+};
+
+// One DP per (schedule, zero, m) answers every recomputation setting of the grid from one set of tables, where the
+// where-needed setting's variants hold the others' (StageDp::solve_many); else one DP per grid point.
+std::vector<GridPoint> grid_points(const SearchGrid& grid) {
   const std::optional<StageRecompute> host = host_recompute(grid.recomputes);
   std::vector<GridPoint> points;
   for (Schedule schedule : grid.schedules)
@@ -326,6 +324,67 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
         }
         for (StageRecompute recompute : grid.recomputes) points.push_back({schedule, zero, m, recompute, {recompute}});
       }
+  return points;
+}
+
+StageDpOptions dp_options(const GridPoint& p, int chunks, const std::vector<int>& tp, const StageOptions& o,
+                          bool fixed_split) {
+  return {.microbatches = p.microbatches,
+          .schedule = p.schedule,
+          .virtual_stages = chunks,
+          .recompute = p.built,
+          .zero = p.zero,
+          .tp_degrees = tp,
+          .pinned_replicas = o.replicas,
+          .fixed_split = fixed_split};
+}
+
+// A grid point's solutions per recomputation setting it answers (those `may_fit` allows), from its DP.
+std::vector<std::vector<StageSolution>> answer_point(const StageDp& dp, const GridPoint& p,
+                                                     const std::vector<char>& may_fit, const std::vector<int>& counts,
+                                                     const StageOptions& o) {
+  std::vector<std::vector<StageSolution>> answers(p.recomputes.size());
+  for (size_t r = 0; r < p.recomputes.size(); ++r) {
+    if (!may_fit[r]) continue;
+    for (auto& solution : dp.solve_many(counts, p.recomputes[r])) {
+      if (!solution) continue;
+      if (!o.replicas && o.spend_leftover_devices) dp.spend_leftover_devices(*solution, p.recomputes[r]);
+      answers[r].push_back(std::move(*solution));
+    }
+  }
+  return answers;
+}
+
+// The points' solutions gathered in grid order: schedule, recomputation, ZeRO, m (the order the selection breaks
+// ties in); `ran`: the points solved.
+StageSolutions gather_points(const SearchGrid& grid, const std::vector<GridPoint>& points,
+                             std::vector<std::vector<std::vector<StageSolution>>>& solutions,
+                             const std::vector<char>& ran, size_t counts) {
+  StageSolutions found;
+  for (Schedule schedule : grid.schedules)
+    for (size_t r = 0; r < grid.recomputes.size(); ++r)
+      for (size_t i = 0; i < points.size(); ++i) {
+        const GridPoint& p = points[i];
+        if (p.schedule != schedule || !ran[i]) continue;
+        const auto answers = std::find(p.recomputes.begin(), p.recomputes.end(), grid.recomputes[r]);
+        if (answers == p.recomputes.end()) continue;
+        found.solved += static_cast<int>(counts);
+        for (StageSolution& solution : solutions[i][static_cast<size_t>(answers - p.recomputes.begin())])
+          found.solutions.push_back(std::move(solution));
+      }
+  return found;
+}
+
+}  // namespace
+
+StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid& grid,
+                              const std::vector<int>& stage_counts, const StageOptions& o, const SearchClock& clock) {
+  const bool fixed_split = stage_counts.size() == 1 && static_cast<size_t>(stage_counts[0]) == evaluator.blocks();
+  std::vector<int> counts;
+  for (int s : stage_counts)
+    if (static_cast<size_t>(s) <= evaluator.blocks()) counts.push_back(s);
+  const std::vector<int> tp = tp_degrees(o.tp, evaluator.cluster());
+  const std::vector<GridPoint> points = grid_points(grid);
 
   // Grid points are independent DPs: run on clock.threads, gathered in grid order. A point that ends past the time
   // limit once something was found stops the ones not yet started.
@@ -348,24 +407,10 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
         may_fit[r] = fixed_split_may_fit(evaluator, p.microbatches, p.schedule, chunks, p.recomputes[r], p.zero, tp,
                                          o.replicas);
     if (std::none_of(may_fit.begin(), may_fit.end(), [](char f) { return f != 0; })) return;
-    const StageDp dp(evaluator, {.microbatches = p.microbatches,
-                                 .schedule = p.schedule,
-                                 .virtual_stages = chunks,
-                                 .recompute = p.built,
-                                 .zero = p.zero,
-                                 .tp_degrees = tp,
-                                 .pinned_replicas = o.replicas,
-                                 .fixed_split = fixed_split});
+    const StageDp dp(evaluator, dp_options(p, chunks, tp, o, fixed_split));
+    solutions[i] = answer_point(dp, p, may_fit, counts, o);
     size_t point_plans = 0;
-    for (size_t r = 0; r < p.recomputes.size(); ++r) {
-      if (!may_fit[r]) continue;
-      for (auto& solution : dp.solve_many(counts, p.recomputes[r])) {
-        if (!solution) continue;
-        if (!o.replicas && o.spend_leftover_devices) dp.spend_leftover_devices(*solution, p.recomputes[r]);
-        solutions[i][r].push_back(std::move(*solution));
-        ++point_plans;
-      }
-    }
+    for (const auto& answered : solutions[i]) point_plans += answered.size();
     size_t found = 0;
     {
       const std::lock_guard<std::mutex> lock(progress_lock);
@@ -385,20 +430,65 @@ StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid&
     }
     if (clock.limited() && clock.elapsed_s() > clock.time_limit_s && found > 0) stop.store(true);
   });
-  // Gathered in grid order: schedule, recomputation, ZeRO, m (the order the selection breaks ties in).
-  StageSolutions found;
-  for (Schedule schedule : grid.schedules)
-    for (size_t r = 0; r < grid.recomputes.size(); ++r)
-      for (size_t i = 0; i < points.size(); ++i) {
-        const GridPoint& p = points[i];
-        if (p.schedule != schedule || !ran[i]) continue;
-        const auto answers = std::find(p.recomputes.begin(), p.recomputes.end(), grid.recomputes[r]);
-        if (answers == p.recomputes.end()) continue;
-        found.solved += static_cast<int>(counts.size());
-        for (StageSolution& solution : solutions[i][static_cast<size_t>(answers - p.recomputes.begin())])
-          found.solutions.push_back(std::move(solution));
-      }
+  StageSolutions found = gather_points(grid, points, solutions, ran, counts.size());
   found.stopped_by_time_limit = stop.load();
+  return found;
+}
+
+std::vector<StageSolutions> solve_stage_dp_orders(const StageEvaluator& evaluator, const SearchGrid& grid,
+                                                  const std::vector<PipelineOrder>& orders, const StageOptions& o,
+                                                  const SearchClock& clock) {
+  APART_CHECK(grid.microbatches.size() == 1, "solve_stage_dp_orders: one micro-batch count");
+  std::vector<StageSolutions> found(orders.size());
+  const std::vector<int> tp = tp_degrees(o.tp, evaluator.cluster());
+  // A split of S blocks into S stages is the fixed-split DP, which builds no tables, and GPipe keeps another least
+  // in-flight count: those are solved as solve_stage_dp does.
+  const SearchClock each = clock.silent().one_thread();
+  std::vector<size_t> shared;
+  for (size_t j = 0; j < orders.size(); ++j) {
+    SearchGrid at = grid;
+    at.schedules = {orders[j].schedule};
+    at.virtual_stages = orders[j].chunks;
+    if (static_cast<size_t>(orders[j].stages) == evaluator.blocks() || orders[j].schedule == Schedule::kGPipe) {
+      found[j] = solve_stage_dp(evaluator, at, {orders[j].stages}, o, each);
+    } else if (static_cast<size_t>(orders[j].stages) < evaluator.blocks()) {
+      shared.push_back(j);
+    } else {
+      found[j].solved = 0;  // no count fits the blocks (solve_stage_dp solves none)
+    }
+  }
+  if (shared.empty()) return found;
+  SearchGrid first = grid;
+  first.schedules = {orders[shared.front()].schedule};
+  const std::vector<GridPoint> points = grid_points(first);
+  // Per order, per point, per recomputation setting the point answers.
+  std::vector<std::vector<std::vector<std::vector<StageSolution>>>> solutions(
+      orders.size(), std::vector<std::vector<std::vector<StageSolution>>>(points.size()));
+  // As solve_stage_dp's points on one thread: none starts once one ends past the time limit with something found.
+  std::vector<char> ran(points.size(), 0);
+  bool stopped = false, any = false;
+  for (size_t i = 0; i < points.size() && !stopped; ++i) {
+    const GridPoint& p = points[i];
+    const std::vector<char> may_fit(p.recomputes.size(), 1);
+    ran[i] = 1;
+    StageDp dp(evaluator, dp_options(p, orders[shared.front()].chunks, tp, o, false));
+    for (size_t j : shared) {
+      dp.reschedule(orders[j].schedule, orders[j].chunks);
+      GridPoint as = p;
+      as.schedule = orders[j].schedule;
+      solutions[j][i] = answer_point(dp, as, may_fit, {orders[j].stages}, o);
+      for (const auto& answered : solutions[j][i]) any |= !answered.empty();
+    }
+    stopped = clock.limited() && clock.elapsed_s() > clock.time_limit_s && any;
+  }
+  for (size_t j : shared) {
+    SearchGrid at = grid;
+    at.schedules = {orders[j].schedule};
+    std::vector<GridPoint> as = points;
+    for (GridPoint& p : as) p.schedule = orders[j].schedule;
+    found[j] = gather_points(at, as, solutions[j], ran, 1);
+    found[j].stopped_by_time_limit = stopped;
+  }
   return found;
 }
 
@@ -721,22 +811,40 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
     for (const auto& [at_stages, microbatches] : points)
       for (int chunks : interleaved_chunks(o.stage)) solve(Schedule::kInterleaved, chunks, at_stages, microbatches);
   }
-  // The re-solves are independent DPs: run on clock.threads, gathered in job order.
+  // The re-solves of one split at one micro-batch count share a DP's tables (solve_stage_dp_orders); the groups run
+  // on clock.threads, and the candidates are gathered in job order.
   std::vector<std::vector<Candidate>> found_by_job(jobs.size());
+  std::vector<std::vector<size_t>> groups;  // jobs by (split, m), in the order of their first job
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const std::vector<size_t>& g) {
+      return candidates[jobs[g.front()].from].evaluator == candidates[jobs[j].from].evaluator &&
+             jobs[g.front()].microbatches == jobs[j].microbatches;
+    });
+    if (same == groups.end())
+      groups.push_back({j});
+    else
+      same->push_back(j);
+  }
   const SearchClock each = clock.silent().one_thread();
-  run_indexed(jobs.size(), clock.threads, [&](size_t j) {
-    const Resolve& job = jobs[j];
-    const Candidate& c = candidates[job.from];
+  run_indexed(groups.size(), clock.threads, [&](size_t g) {
+    const std::vector<size_t>& group = groups[g];
     SearchGrid point = grid;
-    point.schedules = {job.schedule};
-    point.virtual_stages = job.chunks;
-    point.microbatches = {job.microbatches};
-    const std::string source = c.source + schedule_label(job.schedule, job.chunks) + " dp";
-    const StageSolutions solutions = solve_stage_dp(*c.evaluator, point, {job.stages}, o.stage, each);
-    CandidateSet found = refined_candidates(atomic, *c.assignment, solutions, o, source);
-    found.add(solutions, Split{c.assignment, c.sequence, c.evaluator, source});
-    for (Candidate& v : found.candidates)
-      if (static_cast<uint32_t>(job.chunks) <= fewest_components(v)) found_by_job[j].push_back(std::move(v));
+    point.microbatches = {jobs[group.front()].microbatches};
+    std::vector<PipelineOrder> orders;
+    for (size_t j : group) orders.push_back({jobs[j].schedule, jobs[j].chunks, jobs[j].stages});
+    const StageEvaluator& evaluator = *candidates[jobs[group.front()].from].evaluator;
+    std::vector<StageSolutions> solved_orders = solve_stage_dp_orders(evaluator, point, orders, o.stage, each);
+    for (size_t q = 0; q < group.size(); ++q) {
+      const size_t j = group[q];
+      const Resolve& job = jobs[j];
+      const Candidate& c = candidates[job.from];
+      const std::string source = c.source + schedule_label(job.schedule, job.chunks) + " dp";
+      const StageSolutions& solutions = solved_orders[q];
+      CandidateSet found = refined_candidates(atomic, *c.assignment, solutions, o, source);
+      found.add(solutions, Split{c.assignment, c.sequence, c.evaluator, source});
+      for (Candidate& v : found.candidates)
+        if (static_cast<uint32_t>(job.chunks) <= fewest_components(v)) found_by_job[j].push_back(std::move(v));
+    }
   });
   for (std::vector<Candidate>& found : found_by_job)
     variants.insert(variants.end(), std::make_move_iterator(found.begin()), std::make_move_iterator(found.end()));

@@ -104,6 +104,18 @@ struct StageSolutions {
 StageSolutions solve_stage_dp(const StageEvaluator& evaluator, const SearchGrid& grid,
                               const std::vector<int>& stage_counts, const StageOptions& options,
                               const SearchClock& clock);
+// solve_stage_dp at one micro-batch count (grid.microbatches holds one) for several (schedule, chunks, stage count)
+// orders, one result per order equal to solve_stage_dp(evaluator, grid under that schedule and chunk count, {stages}),
+// from one DP per ZeRO setting that every order but GPipe's shares (StageDp::reschedule): the tables are built once.
+struct PipelineOrder {
+  Schedule schedule = Schedule::k1F1B;
+  int chunks = 1;
+  int stages = 1;
+};
+// On one thread; as solve_stage_dp's, no grid point starts once one ended past the time limit with something found.
+std::vector<StageSolutions> solve_stage_dp_orders(const StageEvaluator& evaluator, const SearchGrid& grid,
+                                                  const std::vector<PipelineOrder>& orders, const StageOptions& options,
+                                                  const SearchClock& clock);
 // Pipeline-major (multi-node jobs): 2 ≤ S ≤ max_stages, every stage min(devices / S, B / m) replicas (or --replicas).
 StageSolutions solve_pipeline_major(const StageEvaluator& pipeline, const SearchGrid& grid, int max_stages,
                                     const PartitionOptions& options, const SearchClock& clock);

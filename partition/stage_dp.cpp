@@ -276,42 +276,60 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   APART_CHECK(!options.tp_degrees.empty() && std::is_sorted(options.tp_degrees.begin(), options.tp_degrees.end()),
               "tensor-parallel degrees");
   tp_degrees_ = options.tp_degrees;
-  for (const StageVariant& v : stage_variants(options.recompute, zero_, options.tp_degrees)) {
-    VariantTable& table = variants_.emplace_back();
-    table.variant = v;
-    if (fixed_split) continue;
-    table.h.assign(entries_, std::numeric_limits<double>::infinity());
-    table.mem_base.assign(entries_, 0);
-    table.mem_per_flight.assign(entries_, 0);
-  }
+  for (const StageVariant& v : stage_variants(options.recompute, zero_, options.tp_degrees))
+    variants_.emplace_back().variant = v;
   if (fixed_split) {
     // Each block's entries are evaluated on first use (solve_fixed_split): no tables.
     for (uint32_t b = 0; b < k_; ++b) block_ranges_.push_back(evaluator.range(b, b + 1));
     lazy_.resize(k_ * variants_.size());
     return;
   }
-  // The rest go into h_values_ (the candidates never evaluated have infinite h: never a bottleneck).
-  h_values_.reserve(entries_ * variants_.size());
-  least_compute_.assign((k_ + 1) * (k_ + 1), 0);
   std::vector<StageCost> costs(cands);
   // evaluated[c] == round: candidate c's cost is this range and variant's (no clearing per range).
   std::vector<uint32_t> evaluated(cands, 0);
   uint32_t round = 0;
-  // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
-  auto tabulate = [&](uint32_t first, uint32_t last, const StageRange& range, VariantTable& table) {
-    const StageVariant v = table.variant;
+  auto cost_of = [&](const StageRange& range, const StageVariant& v) {
     ++round;
-    auto cost = [&](size_t c) -> const StageCost& {
+    return [&, v](size_t c) -> const StageCost& {
       if (evaluated[c] != round)
         costs[c] = evaluator.evaluate(range, candidates_[c], microbatches, 0, v.recompute, v.zero, v.tp);
       evaluated[c] = round;
       return costs[c];
     };
-    EntryRule rule = entry_rule(range, v);
-    find_lo(rule, cost);
+  };
+  // Each range's rule per variant: which candidates are never evaluated (entry_rule, find_lo).
+  const size_t variant_count = variants_.size();
+  std::vector<EntryRule> rules(k_ * (k_ + 1) / 2 * variant_count);
+  for (uint32_t first = 0; first < k_ && cands > 0; ++first)
+    for (uint32_t last = first + 1; last <= k_; ++last) {
+      const StageRange range = evaluator.range(first, last);
+      for (size_t v = 0; v < variant_count; ++v) {
+        EntryRule& rule = rules[range_index(first, last) * variant_count + v];
+        rule = entry_rule(range, variants_[v].variant);
+        find_lo(rule, cost_of(range, variants_[v].variant));
+      }
+    }
+  // Whether any split fits at all: each stage needs at least the devices of its first candidate that fits at the
+  // least in-flight count (the rules' lo), whatever the limit and the stage count. When even the fewest such devices
+  // of the best split pass the cluster, every solve finds nothing (a grid point whose micro-batch is too large), so
+  // the tables, the larger part of a DP's work, are not built: the answers are the same.
+  if (cands > 0 && !any_split_fits(rules)) return;
+  for (VariantTable& table : variants_) {
+    table.h.assign(entries_, std::numeric_limits<double>::infinity());
+    table.mem_base.assign(entries_, 0);
+    table.mem_per_flight.assign(entries_, 0);
+  }
+  // The rest go into h_values_ (the candidates never evaluated have infinite h: never a bottleneck).
+  h_values_.reserve(entries_ * variants_.size());
+  least_compute_.assign((k_ + 1) * (k_ + 1), 0);
+  // Fills one variant's tables for one range: h, memory without and per in-flight micro-batch.
+  auto tabulate = [&](uint32_t first, uint32_t last, const StageRange& range, size_t v) {
+    VariantTable& table = variants_[v];
+    const EntryRule& rule = rules[range_index(first, last) * variant_count + v];
+    auto cost = cost_of(range, table.variant);
     for (size_t c = 0; c < cands; ++c) {
       const size_t at = index(first, last, c);
-      const Entry e = entry(rule, v, c, cost);
+      const Entry e = entry(rule, table.variant, c, cost);
       table.h[at] = e.h;
       table.mem_base[at] = e.mem_base;
       table.mem_per_flight[at] = e.mem_per_flight;
@@ -321,7 +339,7 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   for (uint32_t first = 0; first < k_ && cands > 0; ++first)
     for (uint32_t last = first + 1; last <= k_; ++last) {
       const StageRange range = evaluator.range(first, last);
-      for (VariantTable& table : variants_) tabulate(first, last, range, table);
+      for (size_t v = 0; v < variant_count; ++v) tabulate(first, last, range, v);
       // A lower bound on h for every candidate and variant: the compute at the most replicas under ZeRO 0 (ZeRO
       // only adds exposed collectives to forward and backward) and the first variant's recomputation, the least
       // over the tensor-parallel degrees the range allows.
@@ -340,6 +358,35 @@ StageDp::StageDp(const StageEvaluator& evaluator, const StageDpOptions& options)
   h_values_.erase(std::unique(h_values_.begin(), h_values_.end()), h_values_.end());
   // After variants_ is complete: each FirstAtMost points at its table's h.
   for (VariantTable& table : variants_) table.first_h = FirstAtMost(&table.h, cands);
+}
+
+bool StageDp::any_split_fits(const std::vector<EntryRule>& rules) const {
+  // fewest[first, last): the fewest devices any variant's first candidate fitting at the least in-flight count takes
+  // (kNone: none fits); least[i]: the fewest devices blocks [i, k) take in stages of such ranges.
+  const size_t variant_count = variants_.size();
+  std::vector<int64_t> least(k_ + 1, kNone);
+  least[k_] = 0;
+  for (uint32_t first = static_cast<uint32_t>(k_); first-- > 0;)
+    for (uint32_t last = first + 1; last <= k_; ++last) {
+      if (least[last] == kNone) continue;
+      int64_t fewest = kNone;
+      for (size_t v = 0; v < variant_count; ++v) {
+        const EntryRule& rule = rules[range_index(first, last) * variant_count + v];
+        if (!rule.refused && rule.lo < rule.placeable)
+          fewest = std::min<int64_t>(fewest, devices_of(static_cast<int>(rule.lo), v));
+      }
+      if (fewest != kNone) least[first] = std::min(least[first], fewest + least[last]);
+    }
+  return least[0] <= devices_;
+}
+
+void StageDp::reschedule(Schedule schedule, int virtual_stages) {
+  if (stage_in_flight_activations(schedule, 0, 1, microbatches_, virtual_stages) !=
+      stage_in_flight_activations(schedule_, 0, 1, microbatches_, chunks_))
+    throw InvalidArgument("StageDp::reschedule: " + std::string(schedule_name(schedule)) +
+                          " keeps another least in-flight count than the schedule the tables were built for");
+  schedule_ = schedule;
+  chunks_ = virtual_stages;
 }
 
 double StageDp::in_flight(int stage, int stages) const {

@@ -145,6 +145,11 @@ class StageDp {
   // is among this one's h values too. One DP answers a grid's recomputation points at a third less tabulation.
   std::vector<std::optional<StageSolution>> solve_many(const std::vector<int>& stage_counts,
                                                        StageRecompute recompute) const;
+  // The schedule and chunks per device the solves that follow plan for: the DP then answers what a StageDp built with
+  // them (the rest of the options the same) answers. The tables hold no in-flight count but the least one, a stage
+  // alone in its pipeline, which is one micro-batch under every schedule but GPipe (m): so GPipe never takes the
+  // place of another, nor another GPipe's (InvalidArgument). The schedule re-solves share one DP this way.
+  void reschedule(Schedule schedule, int virtual_stages);
   // Gives leftover devices to stages, one candidate step at a time, while the estimate improves; `recompute`: the
   // one the solution was solved under (solve_many's), by default the DP's own.
   void spend_leftover_devices(StageSolution& solution) const;
@@ -232,6 +237,10 @@ class StageDp {
   // `cost(c)`: candidate c's StageCost (the caller's cache evaluates each at most once).
   template <class Cost>
   void find_lo(EntryRule& rule, Cost&& cost) const;
+  // Whether some split of the blocks into stages fits the devices when each stage takes the fewest devices a variant
+  // fits in at the least in-flight count (`rules`: per stored range and variant): when not, no limit and no stage
+  // count has a solution.
+  bool any_split_fits(const std::vector<EntryRule>& rules) const;
   template <class Cost>
   Entry entry(const EntryRule& rule, const StageVariant& v, size_t c, Cost&& cost) const;
 

@@ -6,9 +6,12 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
-#include "partition/stage_cost.h"
+#include <gtest/gtest.h>
+
+#include "partition/stage_dp.h"
 
 namespace apart::testing {
 
@@ -75,6 +78,20 @@ inline double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64
   return brute_force_bottleneck(ev, stages, m, {1}, [&](int s, uint32_t first, uint32_t last, int replicas, int) {
     return stage_h(s, first, last, replicas);
   });
+}
+
+// Two DPs' solutions are the same plan: split, replicas, per-stage choices, schedule and figures, bit for bit.
+inline void expect_same_solution(const StageSolution& got, const StageSolution& expected, const std::string& where) {
+  EXPECT_EQ(got.schedule, expected.schedule) << where;
+  EXPECT_EQ(got.virtual_stages, expected.virtual_stages) << where;
+  EXPECT_EQ(got.boundaries, expected.boundaries) << where;
+  EXPECT_EQ(got.replicas, expected.replicas) << where;
+  EXPECT_EQ(got.stage_tp, expected.stage_tp) << where;
+  EXPECT_EQ(got.recompute, expected.recompute) << where;
+  EXPECT_EQ(got.stage_recompute, expected.stage_recompute) << where;
+  EXPECT_EQ(got.stage_zero, expected.stage_zero) << where;
+  EXPECT_EQ(got.bottleneck_h, expected.bottleneck_h) << where;
+  EXPECT_EQ(got.estimate.iteration_s, expected.estimate.iteration_s) << where;
 }
 
 }  // namespace apart::testing

@@ -7,6 +7,7 @@
 #include "graph/error.h"
 #include "partition/baselines.h"
 #include "partition/phases.h"
+#include "brute_force.h"
 #include "random_models.h"
 #include "test_cluster.h"
 
@@ -214,6 +215,57 @@ TEST(TheScheduleVariants, KeepTheirOriginalsSplitFitMemoryAndBeatTheirOriginalsE
   EXPECT_GT(rescheduled, 20);
   EXPECT_GT(resolved, 5);
   EXPECT_GT(recomputing, 0);
+}
+
+TEST(TheSharedScheduleDp, SolvesEachOrderAsItsOwnStageDpDoes) {
+  // solve_stage_dp_orders (the re-solves' one DP per split and m) against solve_stage_dp per order, the search
+  // before the tables were shared: the same solutions in the same order, figure for figure.
+  int compared = 0, solutions = 0;
+  for (uint32_t seed = 70; seed < 73; ++seed) {
+    const auto model = random_model(seed, 14, seed % 2 == 0);
+    for (int64_t memory : {int64_t{1'000'000'000}, int64_t{1'500'000}}) {
+      PartitionOptions o = options_for(8, 4, 24);
+      o.cluster.device.memory_bytes = memory;
+      o.stage.schedule.reset();
+      o.stage.zero.reset();
+      o.stage.tp.reset();
+      const AtomicGraph atomic = atomic_level(model.graph, model.costs, o);
+      const BlockLevel blocks = block_level(atomic, o, search_grid(o));
+      const Split split = make_split(atomic, blocks.assignment, o, "apart");
+      const int k = static_cast<int>(split.evaluator->blocks());
+      for (int64_t m : {2, 6, 12}) {
+        SearchGrid grid = search_grid(o);
+        grid.microbatches = {m};
+        std::vector<PipelineOrder> orders;
+        for (int stages = 2; stages <= k; ++stages) {
+          orders.push_back({Schedule::kZbH1, 1, stages});
+          for (int chunks : {2, 3}) orders.push_back({Schedule::kInterleaved, chunks, stages});
+        }
+        orders.push_back({Schedule::kGPipe, 1, 2});
+        const std::vector<StageSolutions> shared =
+            solve_stage_dp_orders(*split.evaluator, grid, orders, o.stage, SearchClock{});
+        ASSERT_EQ(shared.size(), orders.size());
+        for (size_t j = 0; j < orders.size(); ++j) {
+          SearchGrid at = grid;
+          at.schedules = {orders[j].schedule};
+          at.virtual_stages = orders[j].chunks;
+          const StageSolutions own = solve_stage_dp(*split.evaluator, at, {orders[j].stages}, o.stage, SearchClock{});
+          const std::string where =
+              "seed " + std::to_string(seed) + " m=" + std::to_string(m) + " S=" + std::to_string(orders[j].stages) +
+              " " + std::string(schedule_name(orders[j].schedule)) + " v=" + std::to_string(orders[j].chunks);
+          EXPECT_EQ(shared[j].solved, own.solved) << where;
+          ASSERT_EQ(shared[j].solutions.size(), own.solutions.size()) << where;
+          for (size_t i = 0; i < own.solutions.size(); ++i) {
+            testing::expect_same_solution(shared[j].solutions[i], own.solutions[i], where);
+            ++solutions;
+          }
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 100);
+  EXPECT_GT(solutions, 50);
 }
 
 TEST(TheScheduleVariants, AreNoneForAPinnedScheduleOrASingleStage) {

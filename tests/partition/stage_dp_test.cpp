@@ -6,6 +6,7 @@
 #include <random>
 
 #include "brute_force.h"
+#include "graph/error.h"
 #include "partition/stage_dp.h"
 #include "profiler/collectives.h"
 #include "random_models.h"
@@ -347,12 +348,7 @@ TEST(AStageDp, BuiltWhereNeededAnswersEachNarrowerRecomputationAsItsOwnDpWould) 
                   own.spend_leftover_devices(*expected[q]);
                   wide.spend_leftover_devices(*got[q], part);
                 }
-                EXPECT_EQ(got[q]->boundaries, expected[q]->boundaries) << where;
-                EXPECT_EQ(got[q]->replicas, expected[q]->replicas) << where;
-                EXPECT_EQ(got[q]->recompute, expected[q]->recompute) << where;
-                EXPECT_EQ(got[q]->stage_recompute, expected[q]->stage_recompute) << where;
-                EXPECT_EQ(got[q]->bottleneck_h, expected[q]->bottleneck_h) << where;
-                EXPECT_EQ(got[q]->estimate.iteration_s, expected[q]->estimate.iteration_s) << where;
+                testing::expect_same_solution(*got[q], *expected[q], where);
               }
               if (hosts[q] && hosts[q]->bottleneck_h != got[q]->bottleneck_h) ++differed_from_host;
               ++compared;
@@ -362,6 +358,100 @@ TEST(AStageDp, BuiltWhereNeededAnswersEachNarrowerRecomputationAsItsOwnDpWould) 
   }
   EXPECT_GT(compared, 1000);
   EXPECT_GT(differed_from_host, 0);  // the narrower answers are not just the host's own
+}
+
+TEST(AStageDp, RescheduledAnswersAsADpBuiltForThatSchedule) {
+  // The tables hold no in-flight count but the least (one micro-batch for every schedule but GPipe): a DP built for
+  // 1F1B and rescheduled must return exactly what a DP built for the other order returns, leftover devices included.
+  std::mt19937 rng(31);
+  int compared = 0, found = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    const int k = 2 + trial % 5;
+    const Cluster cluster = small_cluster(2 + trial % 3, rng, 2e9, 10e9);
+    TrainingSpec training;
+    training.global_batch = 24;
+    training.precision = trial % 2 ? Precision::kMixed : Precision::kFp32;
+    const BlockSequence seq = testing::random_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    for (int64_t m : {1, 2, 4, 6, 12})
+      for (StageZero zero : {StageZero{}, StageZero{.stage = 0, .automatic = true}}) {
+        StageDp shared(ev, {.microbatches = m, .recompute = StageRecompute::kWhereNeeded, .zero = zero});
+        for (auto [schedule, chunks] : std::vector<std::pair<Schedule, int>>{{Schedule::kZbH1, 1},
+                                                                             {Schedule::kInterleaved, 2},
+                                                                             {Schedule::kInterleaved, 3},
+                                                                             {Schedule::k1F1B, 1}}) {
+          shared.reschedule(schedule, chunks);
+          const StageDp own(ev, {.microbatches = m,
+                                 .schedule = schedule,
+                                 .virtual_stages = chunks,
+                                 .recompute = StageRecompute::kWhereNeeded,
+                                 .zero = zero});
+          for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages)
+            for (StageRecompute part : {StageRecompute::kOff, StageRecompute::kWhereNeeded}) {
+              auto expected = own.solve_many({stages}, part);
+              auto got = shared.solve_many({stages}, part);
+              const std::string where = "trial " + std::to_string(trial) + " m=" + std::to_string(m) +
+                                        " S=" + std::to_string(stages) + " " + std::string(schedule_name(schedule));
+              ASSERT_EQ(got[0].has_value(), expected[0].has_value()) << where;
+              ++compared;
+              if (!got[0]) continue;
+              own.spend_leftover_devices(*expected[0], part);
+              shared.spend_leftover_devices(*got[0], part);
+              EXPECT_EQ(got[0]->schedule, schedule) << where;
+              EXPECT_EQ(got[0]->virtual_stages, chunks) << where;
+              testing::expect_same_solution(*got[0], *expected[0], where);
+              ++found;
+            }
+        }
+      }
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GT(found, 300);
+}
+
+TEST(AStageDp, RefusesToRescheduleBetweenGPipeAndAnotherOrder) {
+  std::mt19937 rng(37);
+  const BlockSequence seq = testing::random_sequence(rng, 4);
+  TrainingSpec training;
+  training.global_batch = 8;
+  const StageEvaluator ev(seq, testing::test_cluster(4, 2), training);
+  StageDp dp(ev, {.microbatches = 4});
+  EXPECT_THROW(dp.reschedule(Schedule::kGPipe, 1), InvalidArgument);  // GPipe keeps all 4 in flight, not 1
+  StageDp gpipe(ev, {.microbatches = 4, .schedule = Schedule::kGPipe});
+  EXPECT_THROW(gpipe.reschedule(Schedule::kZbH1, 1), InvalidArgument);
+  EXPECT_NO_THROW(dp.reschedule(Schedule::kInterleaved, 2));
+}
+
+TEST(AStageDp, FindsNothingExactlyWhenNoSplitFitsEvenWhereItBuildsNoTables) {
+  // A grid point whose micro-batch is too large for any split builds no tables (any_split_fits, from each range's
+  // first fitting candidate): the answers must still be brute force's, feasible and not, at every stage count.
+  std::mt19937 rng(41);
+  int feasible = 0, infeasible = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int k = 2 + trial % 5;
+    const Cluster cluster = small_cluster(1 + trial % 4, rng, 2e9, 16e9);
+    TrainingSpec training;
+    training.global_batch = 24;
+    training.precision = trial % 2 ? Precision::kMixed : Precision::kFp32;
+    const BlockSequence seq = weight_heavy_sequence(rng, k);
+    const StageEvaluator ev(seq, cluster, training);
+    for (StageRecompute recompute : {StageRecompute::kOff, StageRecompute::kWhereNeeded})
+      for (int64_t m : {1, 2, 3, 8, 24}) {
+        const StageZero automatic{.stage = 0, .automatic = true};
+        const StageDp dp(ev, {.microbatches = m, .recompute = recompute, .zero = automatic});
+        std::vector<int> counts;
+        for (int stages = 1; stages <= std::min(k, cluster.devices); ++stages) counts.push_back(stages);
+        const auto got = dp.solve_many(counts);
+        for (size_t q = 0; q < counts.size(); ++q) {
+          const double expected = brute_force_variants(ev, counts[q], m, stage_variants(recompute, automatic));
+          ASSERT_EQ(got[q].has_value(), !std::isinf(expected)) << "trial " << trial << " S=" << counts[q] << " m=" << m;
+          if (got[q]) EXPECT_NEAR(got[q]->bottleneck_h, expected, 1e-12 * expected);
+          (got[q] ? feasible : infeasible) += 1;
+        }
+      }
+  }
+  EXPECT_GT(feasible, 100) << infeasible;
+  EXPECT_GT(infeasible, 100) << feasible;
 }
 
 TEST(AFirstAtMost, FindsTheFirstIndexFromLoAtOrBelowTheLimitAsAScanDoesOnShortAndLongRows) {

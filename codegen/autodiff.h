@@ -30,6 +30,9 @@ struct TrainingGraphOptions {
   // BatchNormalization runs in training mode (batch statistics; running stats of initializer-backed
   // mean/var come out as TrainingGraph::state_updates). false: inference-mode BN, gradients through it.
   bool batch_norm_training = true;
+  // Rewrite MatMul·scale·mask·Softmax·MatMul attentions into one Attention node first (codegen/attention_fusion.h),
+  // so that neither direction holds a seq × seq tensor. false: the graph is differentiated node for node as given.
+  bool fuse_attention = true;
 };
 
 // A standard ONNX model (domain ai.apart only where documented in docs/autodiff.md) that computes the

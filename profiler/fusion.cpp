@@ -148,13 +148,13 @@ bool folds_into_gemm(const TaskGraph& g, TaskId t, const std::vector<bool>& run_
   return true;
 }
 
-bool grouped(const FusionGroups& fusion, TaskId t) {
+bool in_fusion_group(const FusionGroups& fusion, TaskId t) {
   return !fusion.group_of.empty() && fusion.group_of[t.value()] != FusionGroups::kNone;
 }
 
 bool launches_kernel(const TaskGraph& g, const FusionGroups& fusion, const std::vector<bool>& run_each_step, TaskId t) {
   if (!run_each_step[t.value()] || op_class(g.task(t)) == OpClass::kView) return false;
-  if (grouped(fusion, t)) return fusion.group_of[t.value()] == t.value();
+  if (in_fusion_group(fusion, t)) return fusion.group_of[t.value()] == t.value();
   return !folds_into_gemm(g, t, run_each_step);
 }
 
@@ -163,7 +163,7 @@ std::vector<OpWork> step_work(const TaskGraph& g, const FusionGroups& fusion, co
   std::vector<OpWork> work(n);
   std::vector<BackwardWork> no_backward(n);
   for (uint32_t i = 0; i < n; ++i)
-    if (run_each_step[i] && (grouped(fusion, TaskId(i)) || !folds_into_gemm(g, TaskId(i), run_each_step)))
+    if (run_each_step[i] && (in_fusion_group(fusion, TaskId(i)) || !folds_into_gemm(g, TaskId(i), run_each_step)))
       work[i] = forward_work(g, TaskId(i));
   if (!fusion.groups.empty())
     remove_fused_traffic(g, fusion, std::vector<bool>(g.num_values(), false), work, no_backward);

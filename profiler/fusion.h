@@ -50,7 +50,7 @@ std::vector<bool> tasks_run_each_step(const TaskGraph& g);
 bool folds_into_gemm(const TaskGraph& g, TaskId t, const std::vector<bool>& run_each_step);
 
 // Whether task t is in one of `fusion`'s groups.
-bool grouped(const FusionGroups& fusion, TaskId t);
+bool in_fusion_group(const FusionGroups& fusion, TaskId t);
 
 // Whether task t is a kernel launch of its own in a step: it runs each step (`run_each_step`), it is no view (no
 // kernel: Reshape, Squeeze… alias their input; Shape, Size read metadata), no fused group's member but the first

@@ -453,6 +453,7 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
   TrainingGraph result;
   onnx::ModelProto& model = result.model;
   model = forward;
+  result.forward_nodes = forward.graph().node_size();
   onnx::GraphProto& g = *model.mutable_graph();
   g.clear_value_info();
   g.clear_output();

@@ -52,6 +52,9 @@ struct TrainingGraph {
   // output holding its new value), for the trainer to copy back after a step.
   std::vector<std::pair<std::string, std::string>> state_updates;
   std::string loss_seed_input;  // Options::loss_seed_input when the graph has a loss, else ""
+  // Nodes [0, forward_nodes) of `model` are the forward as differentiated: the given one's, fewer where attention was
+  // fused (Options::fuse_attention); the rest is the backward.
+  int forward_nodes = 0;
 };
 
 // Whether a default-domain op has a gradient rule; forward_only_ops() lists the ops the runtime runs that need

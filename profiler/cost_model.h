@@ -55,8 +55,8 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
 // What the cost model prices for one step of a training graph (autodiff's: the backward is tasks of its own, so no
 // backward rule applies): its kernel launches (launches_kernel over tasks_run_each_step, profiler/fusion.h), the
 // bytes its kernels read and write (forward_work, less what fused groups keep out of memory on a device that fuses;
-// times activation_bytes_factor(precision), as estimate_costs prices a kernel's traffic) and its FLOPs. The kernel program
-// (codegen/kernel_program.h) lists the same kernels: `apart kernels` prints both.
+// times activation_bytes_factor(precision), as estimate_costs prices a kernel's traffic) and its FLOPs. The kernel
+// program (codegen/kernel_program.h) lists the same kernels: `apart kernels` prints both.
 struct StepPrice {
   int64_t launches = 0;
   double bytes = 0;

@@ -140,7 +140,8 @@ bool folds_into_gemm(const TaskGraph& g, TaskId t, const std::vector<bool>& run_
   if (perm.size() != rank) return rank == 2 && perm.empty();  // no perm: reversed axes, a swap at rank 2
   for (size_t i = 0; i + 2 < rank; ++i)
     if (perm[i] != static_cast<int64_t>(i)) return false;
-  if (perm[rank - 2] != static_cast<int64_t>(rank - 1) || perm[rank - 1] != static_cast<int64_t>(rank - 2)) return false;
+  if (perm[rank - 2] != static_cast<int64_t>(rank - 1) || perm[rank - 1] != static_cast<int64_t>(rank - 2))
+    return false;
   for (TaskId c : g.consumers(out)) {
     const Task& reader = g.task(c);
     if (!reader.domain.empty() || reader.op_type != "MatMul") return false;

@@ -204,10 +204,10 @@ double conv_transpose_flops(const Operands& o, OpWork& w) {
   return flops;
 }
 
-// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv), halved when causal (the kernel
-// skips the masked half); softmax, scale and mask are in the noise. Its bytes are Q, K, V, the mask and Y: no
-// S × L tensor is ever written (the default byte count of its operands is exactly that).
-// `first`: the index of Q among the inputs (1 for ai.apart.AttentionGrad, whose input 0 is dY).
+// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv),
+// halved when causal (the kernel skips the masked half); softmax, scale and mask are in the noise. Its bytes are Q, K,
+// V, the mask and Y: no S × L tensor is ever written (the default byte count of its operands is exactly that). `first`:
+// the index of Q among the inputs (1 for ai.apart.AttentionGrad, whose input 0 is dY).
 double attention_flops(const Operands& o, OpWork& w, size_t first = 0) {
   const Value* q = o.in(first);
   const Value* k = o.in(first + 1);
@@ -313,7 +313,8 @@ std::string_view op_class_name(OpClass c) {
 
 OpClass op_class(const Task& task) {
   // apart's fused attention (codegen/attention_fusion.h) and its gradient op: GEMM work, no S × L tensor.
-  if (task.domain == "ai.apart" && (task.op_type == "Attention" || task.op_type == "AttentionGrad")) return OpClass::kMatMul;
+  if (task.domain == "ai.apart" && (task.op_type == "Attention" || task.op_type == "AttentionGrad"))
+    return OpClass::kMatMul;
   if (task.opaque || !is_onnx_domain(task.domain)) return OpClass::kOpaque;
   const auto& table = class_table();
   auto it = table.find(task.op_type);
@@ -352,7 +353,8 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       else if (op == "Attention") w.flops = attention_flops(o, w);
       // The CPU kernel's backward (runtime/cpu/attention.cpp): the forward again (2 products per tile) for the
       // softmax statistics and O, then 5 products per tile: 3.5× the forward's.
-      else if (op == "AttentionGrad") w.flops = 3.5 * attention_flops(o, w, 1);
+      else if (op == "AttentionGrad")
+        w.flops = 3.5 * attention_flops(o, w, 1);
       else if (op == "LSTM") w.flops = recurrent_flops(o, w, 4);
       else if (op == "GRU") w.flops = recurrent_flops(o, w, 3);
       else if (op == "RNN") w.flops = recurrent_flops(o, w, 1);

@@ -59,7 +59,9 @@ KernelRegistry& cpu_kernels() {
 }
 }  // namespace
 
-void register_kernel(std::string_view op_type, KernelFn fn, OutputWrites writes) { cpu_kernels().add(op_type, fn, writes); }
+void register_kernel(std::string_view op_type, KernelFn fn, OutputWrites writes) {
+  cpu_kernels().add(op_type, fn, writes);
+}
 
 bool cpu_kernel_writes_every_element(std::string_view op_type) { return cpu_kernels().writes_every_element(op_type); }
 

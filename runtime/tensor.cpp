@@ -97,8 +97,10 @@ std::shared_ptr<std::byte> allocate_bytes(int64_t bytes, bool zeroed = true) {
     });
   LargeBlockCache& cache = large_blocks();
   std::byte* p = cache.take(n);
-  if (p && zeroed) std::memset(p, 0, n);
-  else if (!p) p = zeroed ? new std::byte[n]() : new std::byte[n];
+  if (p && zeroed)
+    std::memset(p, 0, n);
+  else if (!p)
+    p = zeroed ? new std::byte[n]() : new std::byte[n];
   return std::shared_ptr<std::byte>(p, [n, bytes, &cache](std::byte* q) {
     track_tensor_bytes(-bytes);
     if (!cache.give(q, n)) delete[] q;
@@ -148,7 +150,8 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
 }
 
 Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> shape) {
-  if (dtype_size(dtype) == 0) throw Unsupported("tensors of dtype " + std::string(dtype_name(dtype)) + " are not supported");
+  if (dtype_size(dtype) == 0)
+    throw Unsupported("tensors of dtype " + std::string(dtype_name(dtype)) + " are not supported");
   std::vector<int64_t> dims = std::move(shape);
   const int64_t elements = count_of(dims);
   return over(dtype, std::move(dims), allocate_bytes(elements * dtype_size(dtype), false));

@@ -180,7 +180,8 @@ TEST(TheExecutor, FoldsATransposeIntoTheMatMulsThatReadItAsTheNaiveProductComput
         double want = 0;
         for (int64_t j = 0; j < 6; ++j) {
           double h = 0;
-          for (int64_t k = 0; k < 4; ++k) h += a.data<float>()[batch * 20 + k * 5 + i] * bt.data<float>()[batch * 24 + k * 6 + j];
+          for (int64_t k = 0; k < 4; ++k)
+            h += a.data<float>()[batch * 20 + k * 5 + i] * bt.data<float>()[batch * 24 + k * 6 + j];
           want += h * w.data<float>()[o * 6 + j];
         }
         EXPECT_NEAR(y.data<float>()[batch * 35 + i * 7 + o], want, 1e-5) << batch << " " << i << " " << o;

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "codegen/attention_fusion.h"
 #include "codegen/gradients/gradient.h"
 #include "graph/error.h"
 #include "graph/text.h"
@@ -322,6 +323,11 @@ int64_t default_opset(const onnx::ModelProto& model) {
     if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
   return opset;
 }
+bool has_softmax(const onnx::ModelProto& model) {
+  for (const auto& n : model.graph().node())
+    if (n.op_type() == "Softmax") return true;
+  return false;
+}
 }  // namespace
 
 std::optional<onnx::ModelProto> at_training_opset(const onnx::ModelProto& forward) {
@@ -350,6 +356,14 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
   const ImportedModel imported = import_model_bytes(
       forward.SerializeAsString(), {}, forward.graph().name().empty() ? "<forward model>" : forward.graph().name(), import);
   const TaskGraph& tg = imported.graph;
+  if (options.fuse_attention && has_softmax(forward)) {
+    onnx::ModelProto fused = forward;
+    if (fuse_attention(fused, tg).changed()) {
+      TrainingGraphOptions as_fused = options;
+      as_fused.fuse_attention = false;
+      return build_training_graph(fused, as_fused);
+    }
+  }
   std::unordered_map<std::string, ValueMeta> metas;
   for (const Value& v : tg.values()) metas[v.name] = ValueMeta{v.dtype, v.shape, v.shape_known, v.known_ints};
   const ValueMeta kUnknown;
@@ -439,6 +453,7 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
   TrainingGraph result;
   onnx::ModelProto& model = result.model;
   model = forward;
+  result.forward_nodes = forward.graph().node_size();
   onnx::GraphProto& g = *model.mutable_graph();
   g.clear_value_info();
   g.clear_output();

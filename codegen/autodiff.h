@@ -30,6 +30,9 @@ struct TrainingGraphOptions {
   // BatchNormalization runs in training mode (batch statistics; running stats of initializer-backed
   // mean/var come out as TrainingGraph::state_updates). false: inference-mode BN, gradients through it.
   bool batch_norm_training = true;
+  // Rewrite MatMul·scale·mask·Softmax·MatMul attentions into one Attention node first (codegen/attention_fusion.h),
+  // so that neither direction holds a seq × seq tensor. false: the graph is differentiated node for node as given.
+  bool fuse_attention = true;
 };
 
 // A standard ONNX model (domain ai.apart only where documented in docs/autodiff.md) that computes the
@@ -49,6 +52,9 @@ struct TrainingGraph {
   // output holding its new value), for the trainer to copy back after a step.
   std::vector<std::pair<std::string, std::string>> state_updates;
   std::string loss_seed_input;  // Options::loss_seed_input when the graph has a loss, else ""
+  // Nodes [0, forward_nodes) of `model` are the forward as differentiated: the given one's, fewer where attention was
+  // fused (Options::fuse_attention); the rest is the backward.
+  int forward_nodes = 0;
 };
 
 // Whether a default-domain op has a gradient rule; forward_only_ops() lists the ops the runtime runs that need

@@ -201,7 +201,7 @@ StageGraphs build_stage_graphs(const onnx::ModelProto& forward, const StageGraph
   import.constants_as_params = false;  // the fused graph as built: node indices are its own
   const ImportedModel imported = import_model_bytes(tg.model.SerializeAsString(), {}, "<training graph>", import);
   FusedGraph fused(tg.model.graph());
-  fused.forward_nodes = forward.graph().node_size();
+  fused.forward_nodes = tg.forward_nodes;  // attention fused first has fewer nodes than `forward`
   for (const Value& v : imported.graph.values()) fused.values[v.name] = &v;
   fused.node_names.resize(static_cast<size_t>(fused.graph.node_size()));
   for (const Task& t : imported.graph.tasks())

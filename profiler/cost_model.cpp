@@ -523,6 +523,22 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
   return table;
 }
 
+StepPrice price_training_step(const TaskGraph& g, const Device& device, Precision precision) {
+  const uint32_t n = static_cast<uint32_t>(g.num_tasks());
+  const std::vector<bool> run = tasks_run_each_step(g);
+  const FusionGroups fusion = device.fuses_elementwise ? find_fusion_groups(g) : FusionGroups{};
+  const std::vector<OpWork> work = step_work(g, fusion, run);
+  const double factor = activation_bytes_factor(precision);
+  StepPrice price;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!run[i]) continue;
+    price.launches += launches_kernel(g, fusion, run, TaskId(i)) ? 1 : 0;
+    price.bytes += factor * (work[i].bytes_read + work[i].bytes_written);
+    price.flops += work[i].flops;
+  }
+  return price;
+}
+
 CostTable rescale_costs(const CostTable& table, const TaskGraph& g, int64_t microbatch_size) {
   if (microbatch_size <= 0) throw InvalidArgument("micro-batch size must be positive");
   APART_CHECK(table.tasks.size() == g.num_tasks(), "cost table does not match the graph");

@@ -52,6 +52,18 @@ BackwardWork backward_work(const TaskGraph& g, TaskId t, const OpWork& forward, 
 // fallback and a warning in CostTable::warnings naming them.
 CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOptions& options = {});
 
+// What the cost model prices for one step of a training graph (autodiff's: the backward is tasks of its own, so no
+// backward rule applies): its kernel launches (launches_kernel over tasks_run_each_step, profiler/fusion.h), the
+// bytes its kernels read and write (forward_work, less what fused groups keep out of memory on a device that fuses;
+// times activation_bytes_factor(precision), as estimate_costs prices a kernel's traffic) and its FLOPs. The kernel
+// program (codegen/kernel_program.h) lists the same kernels: `apart kernels` prints both.
+struct StepPrice {
+  int64_t launches = 0;
+  double bytes = 0;
+  double flops = 0;
+};
+StepPrice price_training_step(const TaskGraph& training_graph, const Device& device, Precision precision);
+
 // Linear rescaling of a table (analytic or measured) to another micro-batch size: batch tasks'
 // times, FLOPs, bytes and saved/output/workspace bytes scale by new/old; constant tasks keep theirs.
 CostTable rescale_costs(const CostTable& table, const TaskGraph& g, int64_t microbatch_size);

@@ -112,6 +112,65 @@ FusionGroups find_fusion_groups(const TaskGraph& g) {
   return out;
 }
 
+std::vector<bool> tasks_run_each_step(const TaskGraph& g) {
+  std::vector<bool> from_params(g.num_values(), false), run(g.num_tasks(), false);
+  for (uint32_t v = 0; v < g.num_values(); ++v) from_params[v] = g.value(ValueId(v)).kind == ValueKind::kParam;
+  for (uint32_t i = 0; i < g.num_tasks(); ++i) {  // topological order
+    const Task& t = g.task(TaskId(i));
+    bool reads_params = false;
+    for (ValueId in : t.inputs) reads_params = reads_params || (in.valid() && from_params[in.value()]);
+    for (ValueId out : t.outputs)
+      if (out.valid()) from_params[out.value()] = reads_params;
+    run[i] = !t.constant || reads_params;
+  }
+  return run;
+}
+
+bool folds_into_gemm(const TaskGraph& g, TaskId t, const std::vector<bool>& run_each_step) {
+  const Task& task = g.task(t);
+  if (!run_each_step[t.value()] || !task.domain.empty() || task.op_type != "Transpose" || task.outputs.size() != 1 ||
+      task.inputs.empty() || !task.inputs[0].valid() || !task.outputs[0].valid())
+    return false;
+  const Value& in = g.value(task.inputs[0]);
+  const ValueId out = task.outputs[0];
+  if (!in.shape_known || in.shape.size() < 2 || g.value(out).kind == ValueKind::kOutput || g.consumers(out).empty())
+    return false;
+  const std::vector<int64_t> perm = task.attr_ints("perm");
+  const size_t rank = in.shape.size();
+  if (perm.size() != rank) return rank == 2 && perm.empty();  // no perm: reversed axes, a swap at rank 2
+  for (size_t i = 0; i + 2 < rank; ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  if (perm[rank - 2] != static_cast<int64_t>(rank - 1) || perm[rank - 1] != static_cast<int64_t>(rank - 2))
+    return false;
+  for (TaskId c : g.consumers(out)) {
+    const Task& reader = g.task(c);
+    if (!reader.domain.empty() || reader.op_type != "MatMul") return false;
+  }
+  return true;
+}
+
+bool in_fusion_group(const FusionGroups& fusion, TaskId t) {
+  return !fusion.group_of.empty() && fusion.group_of[t.value()] != FusionGroups::kNone;
+}
+
+bool launches_kernel(const TaskGraph& g, const FusionGroups& fusion, const std::vector<bool>& run_each_step, TaskId t) {
+  if (!run_each_step[t.value()] || op_class(g.task(t)) == OpClass::kView) return false;
+  if (in_fusion_group(fusion, t)) return fusion.group_of[t.value()] == t.value();
+  return !folds_into_gemm(g, t, run_each_step);
+}
+
+std::vector<OpWork> step_work(const TaskGraph& g, const FusionGroups& fusion, const std::vector<bool>& run_each_step) {
+  const uint32_t n = static_cast<uint32_t>(g.num_tasks());
+  std::vector<OpWork> work(n);
+  std::vector<BackwardWork> no_backward(n);
+  for (uint32_t i = 0; i < n; ++i)
+    if (run_each_step[i] && (in_fusion_group(fusion, TaskId(i)) || !folds_into_gemm(g, TaskId(i), run_each_step)))
+      work[i] = forward_work(g, TaskId(i));
+  if (!fusion.groups.empty())
+    remove_fused_traffic(g, fusion, std::vector<bool>(g.num_values(), false), work, no_backward);
+  return work;
+}
+
 void remove_fused_traffic(const TaskGraph& g, const FusionGroups& fusion, const std::vector<bool>& grad,
                           std::vector<OpWork>& forward, std::vector<BackwardWork>& backward) {
   auto internal = [&](ValueId v) { return v.valid() && fusion.internal[v.value()]; };

@@ -38,6 +38,31 @@ FusionGroups find_fusion_groups(const TaskGraph& g);
 // Internal values leave `saved`; a group that had saved one saves its external batch inputs instead (the fused
 // backward recomputes the rest from them, as Megatron-LM's bias-GeLU and LayerNorm kernels do), on its first task,
 // which also reads them in backward. Never makes a figure negative.
+// The tasks one step of a graph runs: batch tasks, and constant tasks that read a param directly or through other
+// constant tasks (the optimizer changes params between steps: a tied head's Transpose of the embedding table). The
+// other constant tasks are computed once, before the first step. The runtime's executor and the kernel program
+// (codegen/kernel_program.h) take this one rule.
+std::vector<bool> tasks_run_each_step(const TaskGraph& g);
+
+// Whether task t is a Transpose its GEMMs read through their operand flag (BLAS's and cuBLAS's transa/transb) instead
+// of a copy: it swaps the last two of two or more axes and keeps the others, runs each step, its output is no graph
+// output and every reader is a MatMul. It launches nothing and moves nothing; the MatMuls read its input.
+bool folds_into_gemm(const TaskGraph& g, TaskId t, const std::vector<bool>& run_each_step);
+
+// Whether task t is in one of `fusion`'s groups.
+bool in_fusion_group(const FusionGroups& fusion, TaskId t);
+
+// Whether task t is a kernel launch of its own in a step: it runs each step (`run_each_step`), it is no view (no
+// kernel: Reshape, Squeeze… alias their input; Shape, Size read metadata), no fused group's member but the first
+// (the group is one kernel) and, outside groups, no Transpose folded into its GEMMs (folds_into_gemm).
+bool launches_kernel(const TaskGraph& g, const FusionGroups& fusion, const std::vector<bool>& run_each_step, TaskId t);
+
+// Each task's work in one step of a graph whose backward is tasks of its own (a training graph): forward_work for the
+// tasks in `run_each_step` (zero for the others), less what `fusion`'s groups keep out of memory
+// (remove_fused_traffic's forward rule); a Transpose folded into its GEMMs (folds_into_gemm) does none. What
+// price_training_step prices and the kernel program lists.
+std::vector<OpWork> step_work(const TaskGraph& g, const FusionGroups& fusion, const std::vector<bool>& run_each_step);
+
 void remove_fused_traffic(const TaskGraph& g, const FusionGroups& fusion, const std::vector<bool>& grad,
                           std::vector<OpWork>& forward, std::vector<BackwardWork>& backward);
 

@@ -204,13 +204,14 @@ double conv_transpose_flops(const Operands& o, OpWork& w) {
   return flops;
 }
 
-// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv), halved when causal (the kernel
-// skips the masked half); softmax, scale and mask are in the noise. Its bytes are Q, K, V, the mask and Y: no
-// S × L tensor is ever written (the default byte count of its operands is exactly that).
-double attention_flops(const Operands& o, OpWork& w) {
-  const Value* q = o.in(0);
-  const Value* k = o.in(1);
-  const Value* v = o.in(2);
+// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv),
+// halved when causal (the kernel skips the masked half); softmax, scale and mask are in the noise. Its bytes are Q, K,
+// V, the mask and Y: no S × L tensor is ever written (the default byte count of its operands is exactly that). `first`:
+// the index of Q among the inputs (1 for ai.apart.AttentionGrad, whose input 0 is dY).
+double attention_flops(const Operands& o, OpWork& w, size_t first = 0) {
+  const Value* q = o.in(first);
+  const Value* k = o.in(first + 1);
+  const Value* v = o.in(first + 2);
   if (!Operands::shaped(q) || !Operands::shaped(k) || !Operands::shaped(v) || q->shape.size() != k->shape.size() ||
       (q->shape.size() != 3 && q->shape.size() != 4)) {
     w.known = false;
@@ -311,6 +312,9 @@ std::string_view op_class_name(OpClass c) {
 }
 
 OpClass op_class(const Task& task) {
+  // apart's fused attention (codegen/attention_fusion.h) and its gradient op: GEMM work, no S × L tensor.
+  if (task.domain == "ai.apart" && (task.op_type == "Attention" || task.op_type == "AttentionGrad"))
+    return OpClass::kMatMul;
   if (task.opaque || !is_onnx_domain(task.domain)) return OpClass::kOpaque;
   const auto& table = class_table();
   auto it = table.find(task.op_type);
@@ -347,6 +351,10 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       else if (op == "ConvTranspose") w.flops = conv_transpose_flops(o, w);
       else if (op == "Einsum") w.flops = einsum_flops(o, w);
       else if (op == "Attention") w.flops = attention_flops(o, w);
+      // The CPU kernel's backward (runtime/cpu/attention.cpp): the forward again (2 products per tile) for the
+      // softmax statistics and O, then 5 products per tile: 3.5× the forward's.
+      else if (op == "AttentionGrad")
+        w.flops = 3.5 * attention_flops(o, w, 1);
       else if (op == "LSTM") w.flops = recurrent_flops(o, w, 4);
       else if (op == "GRU") w.flops = recurrent_flops(o, w, 3);
       else if (op == "RNN") w.flops = recurrent_flops(o, w, 1);

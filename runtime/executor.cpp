@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "codegen/kernel_program.h"
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/constant_params.h"
@@ -71,6 +72,7 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
   device_ = !backend_->host_memory();
   kernels_.resize(g.num_tasks());
   cpu_kernels_.resize(g.num_tasks());
+  writes_every_.clear();
   on_backend_.assign(g.num_tasks(), true);
   for (size_t t = 0; t < g.num_tasks(); ++t) {
     const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
@@ -81,6 +83,7 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
       throw Unsupported("node " + quote(task.name) + ": op " + (task.domain.empty() ? "" : task.domain + ".") +
                         task.op_type + " has no CPU kernel in apart's runtime (docs/runtime.md lists the supported ops)");
     cpu_kernels_[t] = fn;
+    writes_every_.push_back(cpu_kernel_writes_every_element(op));
     if (backend_ != &cpu_backend()) {
       if (is_tensor_parallel_collective(op)) {  // backend-generic: on the backend where the group moves its memory
         if (device_ && options_.tensor_parallel && !options_.tensor_parallel_on_backend) on_backend_[t] = false;
@@ -113,19 +116,22 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
     }
   }
 
-  // --- Which tasks run each step; precompute the rest (constant and free of params) ---
+  // --- The kernel program: which tasks run each step (precompute the rest: constant and free of params), and which
+  // are views of their input (no kernel, no copy; on host memory, where a view is a Tensor over the same bytes) ---
+  const KernelProgram program = lower_to_kernels(g);
   run_each_step_.assign(g.num_tasks(), true);
-  std::vector<bool> param_derived(g.num_values(), false);
-  for (size_t v = 0; v < g.num_values(); ++v) param_derived[v] = g.value(ValueId(static_cast<uint32_t>(v))).kind == ValueKind::kParam;
+  alias_.assign(g.num_tasks(), false);
+  fold_.assign(g.num_tasks(), false);
+  holds_untransposed_.assign(g.num_values(), false);
   for (size_t t = 0; t < g.num_tasks(); ++t) {
     const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
-    bool reads_param = false;
-    for (ValueId in : task.inputs) reads_param = reads_param || (in.valid() && param_derived[in.value()]);
-    for (ValueId out : task.outputs)
-      if (out.valid()) param_derived[out.value()] = reads_param;
+    const ValueId out0 = task.outputs.empty() ? ValueId() : task.outputs[0];
+    alias_[t] = program.alias[t] && !device_ && out0.valid() && g.value(out0).shape_known &&
+                g.value(out0).kind != ValueKind::kOutput;
+    fold_[t] = program.folded[t] && !device_;
     bool small = true;
     for (ValueId out : task.outputs) small = small && (!out.valid() || g.value(out).bytes <= options_.precompute_max_bytes);
-    if (options_.precompute_constants && task.constant && !reads_param && small) {
+    if (options_.precompute_constants && program.kernel_of[t] == KernelProgram::kNone && small) {
       bool inputs_ready = true;
       for (ValueId in : task.inputs) inputs_ready = inputs_ready && (!in.valid() || persistent_[in.value()].defined());
       if (inputs_ready) {
@@ -167,6 +173,8 @@ void Executor::load(const onnx::ModelProto& proto, const fs::path& base_dir) {
 
   MemoryPlanOptions plan_options;
   plan_options.run_task = run_each_step_;
+  plan_options.alias_task = alias_;  // a folded Transpose's readers read its input: held as a view's root is
+  for (size_t t = 0; t < g.num_tasks(); ++t) plan_options.alias_task[t] = alias_[t] || fold_[t];
   // A graph output outlives the run (a stage's stash waits for its backward, gradients for the step): each run
   // allocates its own, so run() hands it over instead of copying it out of the arena.
   plan_options.outputs_in_arena = false;
@@ -219,6 +227,15 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
   const Task& task = g.task(TaskId(static_cast<uint32_t>(t)));
   // At load (planned false) every task runs its CPU kernel on the host; in a step, a task on a device backend runs
   // the backend's kernel on backend tensors, or the CPU kernel on host tensors, each input copied to its side.
+  if (planned && (alias_[t] || fold_[t]) && slots[task.inputs[0].value()].defined()) {
+    // A view: the same bytes in its shape. A folded Transpose: its input as it is, for its MatMuls' operand flags.
+    const Tensor& in = slots[task.inputs[0].value()];
+    slots[task.outputs[0].value()] = alias_[t] ? in.view(g.value(task.outputs[0]).shape) : in;
+    holds_untransposed_[task.outputs[0].value()] = fold_[t];
+    return;
+  }
+  for (ValueId out : task.outputs)
+    if (out.valid() && planned) holds_untransposed_[out.value()] = false;
   const bool moves = device_ && planned;
   const bool on_device = moves && on_backend_[t];
   std::vector<const Tensor*> inputs;
@@ -261,7 +278,7 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
       if (bytes >= 0 && bytes <= planned_bytes) {
         std::byte* p = arena_base_ + plan_.offset_of[id.value()];
         if (!on_device) {
-          std::memset(p, 0, static_cast<size_t>(bytes));
+          if (!writes_every_[t]) std::memset(p, 0, static_cast<size_t>(bytes));
           return Tensor::over(dtype, shape, std::shared_ptr<std::byte>(arena_, p));
         }
         Tensor slice = Tensor::over(dtype, shape, std::shared_ptr<std::byte>(arena_, p), false);
@@ -270,10 +287,18 @@ void Executor::execute(size_t t, std::vector<Tensor>& slots, bool planned, const
       }
     }
     // Unplanned (unknown shape, or a shape inference disagreed with), or no arena.
-    return on_device ? backend_->empty(dtype, shape) : Tensor(dtype, shape);
+    if (on_device) return backend_->empty(dtype, shape);
+    return planned && writes_every_[t] ? Tensor::uninitialized(dtype, shape) : Tensor(dtype, shape);
   };
   KernelContext ctx(task, opset_, std::move(inputs), tensor_attrs_[t], outputs, allocate, random_stream(random, node_random_id(task.name.data(), task.name.size())));
   ctx.set_tensor_parallel_group(on_device ? options_.tensor_parallel_on_backend : options_.tensor_parallel);
+  if (planned && !device_) {
+    std::vector<bool> transposed(task.inputs.size(), false);
+    bool any = false;
+    for (size_t i = 0; i < task.inputs.size(); ++i)
+      any = any || (transposed[i] = task.inputs[i].valid() && holds_untransposed_[task.inputs[i].value()]);
+    if (any) ctx.set_transposed_inputs(std::move(transposed));
+  }
   std::vector<Tensor> host_copies;  // host_input's copies of device inputs: kept until the task ends
   if (on_device) {
     host_copies.resize(task.inputs.size());

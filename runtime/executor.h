@@ -150,6 +150,14 @@ class Executor {
   std::vector<std::vector<std::pair<std::string, Tensor>>> tensor_attrs_;  // by task
   std::vector<Tensor> persistent_;  // by value: params and precomputed constants
   std::vector<bool> run_each_step_;  // by task
+  // By task: its output is a view of its input (the kernel program's views, codegen/kernel_program.h): no kernel runs.
+  std::vector<bool> alias_;
+  // By task: a Transpose folded into its MatMuls (the program's `folded`, on host memory): no kernel runs; its output
+  // slot holds its input, and holds_untransposed_ (by value, set each run) tells the MatMuls to set their flag.
+  std::vector<bool> fold_;
+  std::vector<bool> holds_untransposed_;
+  // By task: its CPU kernel writes every element of its outputs (OutputWrites::kEvery): they are not zero-filled first.
+  std::vector<bool> writes_every_;
   std::vector<size_t> run_order_;    // the tasks a step runs, in the order it runs them
   std::vector<int64_t> last_use_;    // by value: last step reading it
   std::vector<bool> is_graph_output_;  // by value

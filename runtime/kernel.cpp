@@ -27,6 +27,11 @@ KernelFn KernelRegistry::find(std::string_view op_type) const {
   return it == k.end() ? nullptr : it->second;
 }
 
+bool KernelRegistry::writes_every_element(std::string_view op_type) const {
+  kernels();  // registered first
+  return writes_every_.find(op_type) != writes_every_.end();
+}
+
 std::vector<std::string> KernelRegistry::ops() const {
   std::vector<std::string> ops;
   for (const auto& [name, fn] : kernels()) ops.push_back(name);
@@ -44,6 +49,7 @@ void register_cpu_kernels() {
   cpu::register_loss_kernels();
   cpu::register_grad_kernels();
   cpu::register_transformer_kernels();
+  cpu::register_attention_kernels();
   cpu::register_tensor_parallel_kernels();
 }
 
@@ -53,7 +59,11 @@ KernelRegistry& cpu_kernels() {
 }
 }  // namespace
 
-void register_kernel(std::string_view op_type, KernelFn fn) { cpu_kernels().add(op_type, fn); }
+void register_kernel(std::string_view op_type, KernelFn fn, OutputWrites writes) {
+  cpu_kernels().add(op_type, fn, writes);
+}
+
+bool cpu_kernel_writes_every_element(std::string_view op_type) { return cpu_kernels().writes_every_element(op_type); }
 
 KernelFn find_kernel(std::string_view op_type) { return cpu_kernels().find(op_type); }
 

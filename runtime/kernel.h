@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -65,6 +66,11 @@ class KernelContext {
     host_input_ = std::move(host_input);
   }
 
+  // Whether input i is given as the tensor a folded Transpose reads (codegen/kernel_program.h): the operand is that
+  // tensor with its last two axes swapped, which a GEMM reads through its operand flag. Only MatMul's inputs are.
+  bool input_transposed(size_t i) const { return i < transposed_.size() && transposed_[i]; }
+  void set_transposed_inputs(std::vector<bool> transposed) { transposed_ = std::move(transposed); }
+
   // The tensor-parallel group the executor runs a shard in (ExecutorOptions::tensor_parallel), or nullptr.
   Communicator* tensor_parallel_group() const { return tensor_parallel_; }
   void set_tensor_parallel_group(Communicator* group) { tensor_parallel_ = group; }
@@ -84,9 +90,14 @@ class KernelContext {
   Backend* backend_ = nullptr;
   HostInputFn host_input_;
   Communicator* tensor_parallel_ = nullptr;
+  std::vector<bool> transposed_;
 };
 
 using KernelFn = void (*)(KernelContext&);
+
+// What a kernel writes of the outputs it makes: kEvery, every element of every output (the executor then hands it
+// storage that is not zero-filled first); kSome, possibly fewer (it may rely on zeros: scatters, accumulations).
+enum class OutputWrites : uint8_t { kSome, kEvery };
 
 // Op type → kernel, for one backend (the CPU's below, CUDA's in runtime/cuda/cuda_backend.cpp). Kernels are
 // registered explicitly by `register_all` on the first lookup, not by static initialisers: objects of a static
@@ -94,8 +105,12 @@ using KernelFn = void (*)(KernelContext&);
 class KernelRegistry {
  public:
   explicit KernelRegistry(void (*register_all)()) : register_all_(register_all) {}
-  void add(std::string_view op_type, KernelFn fn) { kernels_.emplace(std::string(op_type), fn); }  // register_all's
+  void add(std::string_view op_type, KernelFn fn, OutputWrites writes = OutputWrites::kSome) {  // register_all's
+    kernels_.emplace(std::string(op_type), fn);
+    if (writes == OutputWrites::kEvery) writes_every_.emplace(op_type);
+  }
   KernelFn find(std::string_view op_type) const;  // nullptr when none
+  bool writes_every_element(std::string_view op_type) const;  // registered with OutputWrites::kEvery
   std::vector<std::string> ops() const;           // every registered op type, sorted
   KernelRegistry(const KernelRegistry&) = delete;
   KernelRegistry& operator=(const KernelRegistry&) = delete;
@@ -105,6 +120,7 @@ class KernelRegistry {
   void (*register_all_)();
   mutable std::once_flag registered_;
   std::map<std::string, KernelFn, std::less<>> kernels_;
+  std::set<std::string, std::less<>> writes_every_;
 };
 
 // The kernel for an op of the default ONNX domain ("Conv"), or of another domain as
@@ -112,7 +128,9 @@ class KernelRegistry {
 KernelFn find_kernel(std::string_view op_type);
 std::vector<std::string> supported_ops();
 // Adds a kernel; the cpu/*.cpp families call it from their register_*_kernels() (cpu/families.h).
-void register_kernel(std::string_view op_type, KernelFn fn);
+void register_kernel(std::string_view op_type, KernelFn fn, OutputWrites writes = OutputWrites::kSome);
+// Whether the CPU kernel of `op_type` writes every element of its outputs (registered with OutputWrites::kEvery).
+bool cpu_kernel_writes_every_element(std::string_view op_type);
 
 // Whether `op` (as find_kernel names it) is one of the tensor-parallel collectives (ai.apart.TpCopy, TpAllReduce,
 // TpScatter, TpAllGather, TpReduceScatter): backend-generic kernels that move bytes only through their backend's

@@ -19,12 +19,31 @@ MemoryPlan plan_memory(const TaskGraph& graph, const MemoryPlanOptions& options)
   std::vector<bool> is_output(graph.num_values(), false);
   for (ValueId v : graph.graph_outputs()) is_output[v.value()] = true;
 
+  // --- Views: each aliased value's reads keep the value it views (its root) alive ---
+  auto aliases = [&](size_t t) { return !options.alias_task.empty() && options.alias_task[t] && runs(t); };
+  std::vector<int64_t> held_until(graph.num_values(), -1);  // by root value: the last step a view of it is read
+  {
+    std::vector<uint32_t> root(graph.num_values());
+    for (uint32_t v = 0; v < graph.num_values(); ++v) root[v] = v;
+    for (size_t t = 0; t < graph.num_tasks(); ++t) {
+      if (!aliases(t)) continue;
+      const Task& task = graph.task(TaskId(static_cast<uint32_t>(t)));
+      const ValueId view = task.outputs[0];
+      root[view.value()] = root[task.inputs[0].value()];
+      int64_t& until = held_until[root[view.value()]];
+      until = std::max<int64_t>(until, static_cast<int64_t>(t));
+      for (TaskId c : graph.consumers(view)) until = std::max<int64_t>(until, c.value());
+      if (is_output[view.value()]) until = steps;
+    }
+  }
+
   // --- Liveness ---------------------------------------------------------------------
   std::vector<BufferAssignment> buffers;
   for (size_t t = 0; t < graph.num_tasks(); ++t) {
     if (!runs(t)) continue;
+    const bool view = aliases(t);
     for (ValueId out : graph.task(TaskId(static_cast<uint32_t>(t))).outputs) {
-      if (!out.valid()) continue;
+      if (!out.valid() || (view && out == graph.task(TaskId(static_cast<uint32_t>(t))).outputs[0])) continue;
       const Value& v = graph.value(out);
       if (!v.shape_known || v.bytes <= 0) continue;
       if (is_output[out.value()] && !options.outputs_in_arena) continue;
@@ -34,6 +53,7 @@ MemoryPlan plan_memory(const TaskGraph& graph, const MemoryPlanOptions& options)
       b.first_step = b.last_step = static_cast<int64_t>(t);
       for (TaskId c : graph.consumers(out)) b.last_step = std::max<int64_t>(b.last_step, c.value());
       if (is_output[out.value()]) b.last_step = steps;
+      b.last_step = std::max(b.last_step, held_until[out.value()]);
       buffers.push_back(b);
     }
   }

@@ -17,6 +17,10 @@ struct MemoryPlanOptions {
   // false: graph outputs get no arena buffer (the executor allocates each run's outputs apart and hands them over
   // as they are, instead of copying them out of an arena the next run overwrites).
   bool outputs_in_arena = true;
+  // Per task (empty = none): its output 0 is a view of its input 0 (the executor aliases Reshape and its kin,
+  // codegen/kernel_program.h). Such an output gets no buffer; the buffer it views stays intact until the view's last
+  // reader (through chains of views).
+  std::vector<bool> alias_task;
 };
 
 // A value's slice of the arena and the steps (task positions) during which it must stay intact:

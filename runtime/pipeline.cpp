@@ -764,6 +764,7 @@ void StageRunner::build() {
   zero_bubble_ = plan_.training.schedule == Schedule::kZbH1;
   g.split_weight_pass = zero_bubble_;
   if (scaler_.enabled()) g.training.loss_seed_input = kLossScaleInput;  // used on the loss's stage only
+  g.training.fuse_attention = backend_.find_kernel("ai.apart.AttentionGrad") != nullptr;  // as apart train decides
   auto floating = [&](const std::string& v) {
     const auto id = model_->graph.find_value(v);
     return id && is_floating(model_->graph.value(*id).dtype);

@@ -239,6 +239,8 @@ ProfileResult profile_model(const ImportedModel& model, const ImportOptions& imp
     TrainingGraphOptions tg_options;
     tg_options.loss = options.loss;
     tg_options.import = import;
+    // Node for node: each measured kernel is a forward task's, or its backward's (the planner's graph is unfused).
+    tg_options.fuse_attention = false;
     if (options.on_progress) options.on_progress("building the training graph");
     try {
       training = build_training_graph(forward, tg_options);

@@ -84,21 +84,23 @@ LargeBlockCache& large_blocks() {
 std::atomic<int64_t> live_tensor_bytes{0};
 std::atomic<int64_t> peak_tensor_bytes{0};
 
-std::shared_ptr<std::byte> allocate_bytes(int64_t bytes) {
+std::shared_ptr<std::byte> allocate_bytes(int64_t bytes, bool zeroed = true) {
   static const bool kTuned = keep_freed_memory_for_reuse();
   (void)kTuned;
-  // One extra element keeps zero-size tensors at a valid address; value-initialised (zeroed).
+  // One extra element keeps zero-size tensors at a valid address; value-initialised (zeroed) unless told not to.
   const size_t n = static_cast<size_t>(bytes) + 8;
   track_tensor_bytes(bytes);
   if (n < LargeBlockCache::kLargeBytes)
-    return std::shared_ptr<std::byte>(new std::byte[n](), [bytes](std::byte* q) {
+    return std::shared_ptr<std::byte>(zeroed ? new std::byte[n]() : new std::byte[n], [bytes](std::byte* q) {
       track_tensor_bytes(-bytes);
       delete[] q;
     });
   LargeBlockCache& cache = large_blocks();
   std::byte* p = cache.take(n);
-  if (p) std::memset(p, 0, n);
-  else p = new std::byte[n]();
+  if (p && zeroed)
+    std::memset(p, 0, n);
+  else if (!p)
+    p = zeroed ? new std::byte[n]() : new std::byte[n];
   return std::shared_ptr<std::byte>(p, [n, bytes, &cache](std::byte* q) {
     track_tensor_bytes(-bytes);
     if (!cache.give(q, n)) delete[] q;
@@ -145,6 +147,14 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
     : dtype_(dtype), shape_(std::move(shape)), elements_(count_of(shape_)) {
   if (dtype_size(dtype_) == 0) throw Unsupported("tensors of dtype " + std::string(dtype_name(dtype_)) + " are not supported");
   data_ = allocate_bytes(bytes());
+}
+
+Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> shape) {
+  if (dtype_size(dtype) == 0)
+    throw Unsupported("tensors of dtype " + std::string(dtype_name(dtype)) + " are not supported");
+  std::vector<int64_t> dims = std::move(shape);
+  const int64_t elements = count_of(dims);
+  return over(dtype, std::move(dims), allocate_bytes(elements * dtype_size(dtype), false));
 }
 
 void track_tensor_bytes(int64_t delta) {

@@ -22,6 +22,8 @@ class Tensor {
   Tensor() = default;
   // Fresh zero-filled heap storage.
   Tensor(DType dtype, std::vector<int64_t> shape);
+  // Fresh heap storage that is not zero-filled: for a kernel that writes every element (OutputWrites::kEvery).
+  static Tensor uninitialized(DType dtype, std::vector<int64_t> shape);
   // A tensor over storage someone else owns (an arena slice); `owner` keeps it alive. `host` false: the bytes are a
   // device's memory (runtime/backend.h), which only that backend's kernels and copies may touch.
   static Tensor over(DType dtype, std::vector<int64_t> shape, std::shared_ptr<std::byte> data, bool host = true);

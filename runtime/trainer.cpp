@@ -260,11 +260,14 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   tg_options.loss = options.loss;
   tg_options.import = import;
   if (options.loss_scale.enabled) tg_options.loss_seed_input = kLossScaleInput;
+  // Attention fused only where the backend runs the fused op (the CUDA backend has no kernel for it yet: it would fall
+  // back to the CPU every step).
+  Backend& backend = options.backend ? *options.backend : cpu_backend();
+  tg_options.fuse_attention = backend.find_kernel("ai.apart.AttentionGrad") != nullptr;
   const TrainingGraph tg = build_training_graph(forward, tg_options);
   forward.Clear();
   ImportOptions exec_import;
   exec_import.require_external_data = true;
-  Backend& backend = options.backend ? *options.backend : cpu_backend();
   ExecutorOptions exec_options;
   exec_options.backend = &backend;
   exec_options.outputs_on_backend = true;  // gradients stay where the optimizer runs

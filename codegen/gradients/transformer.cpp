@@ -101,6 +101,7 @@ void register_transformer_rules() {
   r["RMSNormalization"] = rms_norm_rule;
   r["RotaryEmbedding"] = rotary_embedding_rule;
   r["Attention"] = attention_rule;
+  r["ai.apart.Attention"] = attention_rule;  // the same op below opset 23 (codegen/attention_fusion.h)
 }
 
 }  // namespace apart::autodiff

@@ -368,14 +368,15 @@ void dropout_k(KernelContext& ctx) {
 }  // namespace
 
 void register_elementwise_kernels() {
-  register_kernel("Sqrt", sqrt_k);
-  register_kernel("Exp", exp_k);
-  register_kernel("Log", log_k);
-  register_kernel("Erf", erf_k);
-  register_kernel("Tanh", tanh_k);
-  register_kernel("Gelu", gelu_k);
-  register_kernel("Sigmoid", sigmoid_k);
-  register_kernel("Reciprocal", reciprocal_k);
+  // kEvery: unary_float and binary_arith write every output element.
+  register_kernel("Sqrt", sqrt_k, OutputWrites::kEvery);
+  register_kernel("Exp", exp_k, OutputWrites::kEvery);
+  register_kernel("Log", log_k, OutputWrites::kEvery);
+  register_kernel("Erf", erf_k, OutputWrites::kEvery);
+  register_kernel("Tanh", tanh_k, OutputWrites::kEvery);
+  register_kernel("Gelu", gelu_k, OutputWrites::kEvery);
+  register_kernel("Sigmoid", sigmoid_k, OutputWrites::kEvery);
+  register_kernel("Reciprocal", reciprocal_k, OutputWrites::kEvery);
   register_kernel("Floor", floor_k);
   register_kernel("Ceil", ceil_k);
   register_kernel("Softplus", softplus_k);
@@ -385,10 +386,10 @@ void register_elementwise_kernels() {
   register_kernel("Relu", relu_k);
   register_kernel("Neg", neg_k);
   register_kernel("Abs", abs_k);
-  register_kernel("Add", add_k);
-  register_kernel("Sub", sub_k);
-  register_kernel("Mul", mul_k);
-  register_kernel("Div", div_k);
+  register_kernel("Add", add_k, OutputWrites::kEvery);
+  register_kernel("Sub", sub_k, OutputWrites::kEvery);
+  register_kernel("Mul", mul_k, OutputWrites::kEvery);
+  register_kernel("Div", div_k, OutputWrites::kEvery);
   register_kernel("Pow", pow_k);
   register_kernel("Equal", equal_k);
   register_kernel("Less", less_k);

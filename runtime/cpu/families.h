@@ -10,6 +10,7 @@ void register_resize_kernels();       // resize.cpp: Resize, Upsample, ai.apart.
 void register_conv_kernels();         // conv.cpp: Conv, pools, BatchNormalization
 void register_loss_kernels();         // loss.cpp: SoftmaxCrossEntropyLoss
 void register_grad_kernels();        // grad.cpp: ScatterND, ai.apart.ConvGrad/MaxPoolGrad/AveragePoolGrad
-void register_transformer_kernels();  // transformer.cpp: RMSNormalization, RotaryEmbedding, Attention, their ai.apart grads
+void register_transformer_kernels();      // transformer.cpp: RMSNormalization, RotaryEmbedding, RotaryEmbeddingGrad
+void register_attention_kernels();        // attention.cpp: Attention (and ai.apart.Attention), ai.apart.AttentionGrad
 void register_tensor_parallel_kernels();  // tensor_parallel.cpp: ai.apart.Tp* collectives over the TP group
 }  // namespace apart::cpu

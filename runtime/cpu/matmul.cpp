@@ -25,7 +25,12 @@ void matmul_k(KernelContext& ctx) {
   const Tensor& b = gemm_operand(ctx, 1, b_rounded);
   if (a.dtype() != b.dtype()) ctx.invalid("operand dtypes differ");
   if (a.rank() == 0 || b.rank() == 0) ctx.invalid("MatMul operands must have rank >= 1");
+  // A folded Transpose's input (KernelContext::input_transposed): the operand is it with the last two axes swapped.
+  const bool ta = ctx.input_transposed(0), tb = ctx.input_transposed(1);
+  if ((ta && a.rank() < 2) || (tb && b.rank() < 2)) ctx.invalid("a transposed operand of rank < 2");
   std::vector<int64_t> as = a.shape(), bs = b.shape();
+  if (ta) std::swap(as[as.size() - 2], as.back());
+  if (tb) std::swap(bs[bs.size() - 2], bs.back());
   const bool a_vec = as.size() == 1, b_vec = bs.size() == 1;
   if (a_vec) as.insert(as.begin(), 1);
   if (b_vec) bs.push_back(1);
@@ -44,9 +49,10 @@ void matmul_k(KernelContext& ctx) {
     const T* pb = b.data<T>();
     T* py = y.data<T>();
     const int64_t batches = product(batch);
-    if (product(b_batch) == 1 && product(a_batch) == batches) {
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    if (!ta && product(b_batch) == 1 && product(a_batch) == batches) {
       // Weights shared by every batch: one GEMM over the stacked rows of A.
-      gemm<T>(false, false, batches * m, n, k, T(1), pa, k, pb, n, T(0), py, n);
+      gemm<T>(false, tb, batches * m, n, k, T(1), pa, k, pb, ldb, T(0), py, n);
       return;
     }
     const auto sa = broadcast_strides(a_batch, batch), sb = broadcast_strides(b_batch, batch);
@@ -58,7 +64,7 @@ void matmul_k(KernelContext& ctx) {
         oa += idx * sa[d];
         ob += idx * sb[d];
       }
-      gemm<T>(false, false, m, n, k, T(1), pa + oa * m * k, k, pb + ob * k * n, n, T(0), py + i * m * n, n);
+      gemm<T>(ta, tb, m, n, k, T(1), pa + oa * m * k, lda, pb + ob * k * n, ldb, T(0), py + i * m * n, n);
     }
   });
 }
@@ -91,8 +97,9 @@ void gemm_k(KernelContext& ctx) {
 }  // namespace
 
 void register_matmul_kernels() {
-  register_kernel("MatMul", matmul_k);
-  register_kernel("Gemm", gemm_k);
+  // Every element: a GEMM with beta 0 (or over the broadcast C) writes all of Y.
+  register_kernel("MatMul", matmul_k, OutputWrites::kEvery);
+  register_kernel("Gemm", gemm_k, OutputWrites::kEvery);
 }
 
 }  // namespace apart::cpu

@@ -12,6 +12,7 @@
 
 #include "codegen/stage_graphs.h"
 #include "graph/error.h"
+#include "importer/importer.h"
 #include "runtime/executor.h"
 #include "tests/support/onnx_builder.h"
 #include "tests/support/read_model.h"
@@ -151,6 +152,31 @@ TEST(StageGraphsOfGptTiny, ComputeTheFusedGraphsLossAndEveryGradientBitwise) {
   // keeping a table-sized copy per micro-batch.
   EXPECT_EQ(std::count(r.stash.begin(), r.stash.end(), "/head/Transpose_output_0"), 0);
   EXPECT_TRUE(node_names(build_stage_graphs(forward, gpt_options(2, false)).backward.graph()).count("/head/Transpose"));
+}
+
+// A first stage (its attention fused: fewer forward nodes than the stage file's) whose output's gradient comes in from
+// the next stage: the cut finds the backward where the fused training graph's forward ends.
+TEST(StageGraphsOfGptTiny, OfAFirstStageWithFusedAttentionTakeTheGradientOfItsOutput) {
+  auto forward = testing::read_proto(kModels / "gpt-tiny.onnx");
+  const std::string boundary = "/blocks.0/Add_1_output_0";
+  StageGraphOptions o = gpt_options(2, false);
+  const ImportedModel imported = import_model_bytes(forward.SerializeAsString(), {}, "gpt-tiny", o.training.import);
+  const Value& v = imported.graph.value(*imported.graph.find_value(boundary));
+  forward.mutable_graph()->clear_output();
+  auto* out = forward.mutable_graph()->add_output();
+  out->set_name(boundary);
+  out->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : v.shape) out->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+  o.training.output_gradients = {boundary};
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  Tensor grad(DType::kFloat32, v.shape);
+  for (int64_t i = 0; i < grad.elements(); ++i) grad.data<float>()[i] = u(rng);
+  const StageGraphs sg = build_stage_graphs(forward, o);
+  bool fused = false;
+  for (const auto& n : sg.forward.graph().node()) fused = fused || n.op_type() == "Attention";
+  EXPECT_TRUE(fused);
+  expect_staged_equals_fused(forward, o, gpt_inputs(2), {{boundary, grad}});
 }
 
 TEST(StageGraphsOfGptTiny, WithRecomputeComputeTheSameBitsFromTheInputsAlone) {

@@ -110,6 +110,9 @@ struct TensorParallelRegions {
   // Replicated batch tasks fed (through replicated tasks) by a region's end and feeding a region's input: the
   // norms, residual adds and dropouts that sequence parallelism would shard along the sequence. Topological.
   std::vector<TaskId> between_regions;
+  // The sequence length sequence parallelism cuts (0 when unknown): the first axis before the last of the attention
+  // and MLP regions' end values longer than 1 at batch 1, as the shard pass reads it (the largest over regions).
+  int64_t sequence = 0;
 
   size_t count(TpRegionKind kind) const;
   // "12 attention, 12 MLP, embedding, LM head (tied)"; "none" when no region was found.

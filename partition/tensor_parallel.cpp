@@ -548,8 +548,8 @@ struct Pass {
     return true;
   }
 
-  // Split/Slice: along another axis the split passes through; along the split axis only for a free value read by
-  // one Split or by disjoint Slices alone (the header's rule), each piece then free again.
+  // Split/Slice: along another axis the split passes through; along the split axis only a Split, the one reader of a
+  // free value (the header's rule), each piece then free again.
   bool piece(const Task& t, int group) {
     const ValueId x = t.inputs[0];
     if (split_input_count(t) != 1 || !split(x)) return false;
@@ -569,22 +569,10 @@ struct Pass {
       }
     }
     if (along) {
-      if (!s.free) return false;
-      const auto readers = g.consumers(x);
-      if (t.op_type == "Split" && readers.size() != 1) return false;
-      if (t.op_type == "Slice") {
-        std::vector<std::pair<int64_t, int64_t>> ranges;
-        for (TaskId r : readers) {
-          const Task& rt = g.task(r);
-          if (rt.op_type != "Slice" || !rt.domain.empty()) return false;
-          const auto range = slice_range(g, rt, s.axis, rank, dim);
-          if (!range) return false;
-          ranges.push_back(*range);
-        }
-        std::sort(ranges.begin(), ranges.end());
-        for (size_t k = 1; k < ranges.size(); ++k)
-          if (ranges[k].first < ranges[k - 1].second) return false;  // overlapping pieces
-      }
+      // The shard pass cuts a Split's sizes, not a Slice's ranges (codegen/tensor_parallel_shard.h): Slices along the
+      // split axis stay replicated, so the planner never chooses a layout apart run refuses.
+      if (!s.free || t.op_type == "Slice") return false;
+      if (g.consumers(x).size() != 1) return false;  // one Split reads it
     }
     for (ValueId out : t.outputs)
       if (out.valid()) set_split(out, s.axis, along, group);

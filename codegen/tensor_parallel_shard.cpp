@@ -936,6 +936,12 @@ class Sharder {
           const std::string x = n.input(i);
           if (x.empty() || part_of_.count(x)) continue;
           const int aligned = out->axis - (out->rank - rank_or(x, n));
+          // Read at batch 1, a batch dim is 1 too: broadcasting it would give every rank the whole operand against
+          // its part (a silently wrong loss, e.g. a [batch, S, H] target beside a part cut along a batch the stage
+          // baked into its reshapes). Only a static 1 broadcasts.
+          if (aligned >= 0 && dim_of(x, aligned, n) == 1 && symbolic_dim(x, aligned))
+            unsupported(n, "sequence parallelism over an operand whose axis " + std::to_string(aligned) + " (" +
+                               quote(x) + ") grows with the batch while its parts are cut along a static axis");
           if (aligned >= 0 && dim_of(x, aligned, n) != 1) {
             const Part cut{aligned, rank_or(x, n), out->length};
             if (dim_of(x, aligned, n) != cut.length)
@@ -1027,6 +1033,14 @@ class Sharder {
       return Part{static_cast<int>(a), static_cast<int>(shape->second.size()), length};
     }
     unsupported(n, "sequence parallelism over a value with no sequence axis (" + quote(end) + ")");
+  }
+  // Whether the stage's own shape inference (the batch symbolic) leaves `value`'s `axis` symbolic (a dim_param or
+  // unknown length, as the batch is).
+  bool symbolic_dim(const std::string& value, int axis) const {
+    const auto it = types_.find(value);
+    if (it == types_.end() || !it->second.type().tensor_type().has_shape()) return false;
+    const auto& shape = it->second.type().tensor_type().shape();
+    return axis < shape.dim_size() && !shape.dim(axis).has_dim_value();
   }
   // Whether the stage's own shape inference (the batch symbolic) gives `value` the length `length` along `axis`.
   bool static_dim(const std::string& value, int axis, int64_t length) const {

@@ -990,7 +990,7 @@ class Sharder {
 
   // The value x + suffix, which `make` defines the first time it is asked for.
   std::string once(const std::string& x, const std::string& suffix, const std::function<void(const std::string&)>& make) {
-    const std::string y = x + suffix;
+    std::string y = x + suffix;
     if (collectives_made_.insert(y).second) make(y);
     return y;
   }

@@ -121,7 +121,8 @@ std::pair<int64_t, int64_t> tp_sequence_part(int64_t length, int degree, int ran
 double tp_sequence_share(int64_t length, int degree) {
   if (degree < 1) return 1;
   if (length < degree) return 1.0 / degree;  // unknown (0): priced as equal parts
-  return static_cast<double>((length + degree - 1) / degree) / static_cast<double>(length);
+  const int64_t largest = length / degree + (length % degree != 0 ? 1 : 0);  // ⌈length/degree⌉
+  return static_cast<double>(largest) / static_cast<double>(length);
 }
 
 }  // namespace apart

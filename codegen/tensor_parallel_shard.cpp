@@ -8,6 +8,7 @@
 #include <functional>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 
@@ -419,15 +420,44 @@ class Sharder {
               a.clear_ints();
               for (int64_t s : sizes) a.add_ints(s);
             }
+      } else if (n.op_type() == "Expand" && split.count(n.output(0))) {
+        // repeat_kv's expand over split kv heads: the target's entry on the split axis (the kv heads) divides.
+        std::optional<std::vector<int64_t>> target = known_ints(n.input(1));
+        if (!target) unsupported(n, "an Expand target computed at run time");
+        const int j = split.at(n.output(0)) - (rank_or(n.output(0), n) - static_cast<int>(target->size()));
+        if (j >= 0 && (*target)[static_cast<size_t>(j)] > 1) {
+          if ((*target)[static_cast<size_t>(j)] % degree_ != 0)
+            unsupported(n, "a split dim that the degree does not divide");
+          (*target)[static_cast<size_t>(j)] /= degree_;
+          set_ints_input(n, 1, *target);
+        }
       } else if (n.op_type() == "Slice" && split.count(n.input(0)) && split.count(n.output(0))) {
-        unsupported(n, "a Slice of a split value");
+        // Along another axis (rotate_half's halves of the head dim) each rank slices its own heads alike.
+        const int along = split.at(n.input(0));
+        std::optional<std::vector<int64_t>> axes;
+        size_t starts = 0;
+        if (n.input_size() > 3 && !n.input(3).empty())
+          axes = known_ints(n.input(3));
+        else if (n.input_size() > 1)
+          starts = known_ints(n.input(1)).value_or(std::vector<int64_t>{}).size();
+        for (const auto& a : n.attribute()) {
+          if (a.name() == "axes") axes = std::vector<int64_t>(a.ints().begin(), a.ints().end());
+          if (a.name() == "starts") starts = static_cast<size_t>(a.ints_size());
+        }
+        if (!axes && starts > 0) {  // absent: the first len(starts) axes
+          axes.emplace(starts);
+          std::iota(axes->begin(), axes->end(), 0);
+        }
+        bool touches = !axes.has_value();
+        for (int64_t a : axes.value_or(std::vector<int64_t>{})) touches = touches || normalized(a, n.input(0)) == along;
+        if (touches) unsupported(n, "a Slice of a split value along its split axis");
       }
     }
     // Row linears: their rows, and the forward all-reduce of their partial output.
     for (const std::string& row : r.row_tasks) {
       NodeProto& n = node(row);
       const bool trans_b = n.op_type() == "Gemm" && attr_int(n, "transB", 0) != 0;
-      slice_initializer(n, 1, trans_b ? 1 : 0, 1, "row linear " + quote(row) + "'s weight");
+      slice_weight(n, trans_b ? 1 : 0, 1, "row linear " + quote(row) + "'s weight", false);
       const std::string end = n.output(0);
       const std::string partial = end + "/tp_partial";
       n.set_output(0, partial);
@@ -836,6 +866,7 @@ class Sharder {
   struct Part {
     int axis = 0;  // the sequence axis of the value
     int rank = 0;
+    int64_t length = 0;  // the whole value's length along it (parts uneven when the degree does not divide it)
   };
 
   // Rewrites the graph (nodes in order, collectives in place) so that the values between regions are held in
@@ -860,13 +891,13 @@ class Sharder {
         held = whole + "/sp_part";
         n.set_output(i, held);
         renamed[whole] = held;
-        after.push_back(collective(kTpAllGatherOp, held, whole, part.axis, kTpBackwardScatter));
+        after.push_back(collective(kTpAllGatherOp, held, whole, part, kTpBackwardScatter));
       }
       part_of_[held] = part;
       if (type) whole_of_[held] = *type;
       if (held != whole || added_type_index(whole) >= 0) {
         if (!type) unsupported(n, "sequence parallelism over a value of unknown type (" + quote(whole) + ")");
-        set_type(held, part_type(*type, part.axis));
+        set_type(held, part_type(*type, part));
       }
       shard_.sequence_sharded = true;
     };
@@ -878,9 +909,9 @@ class Sharder {
       if (const auto end = region_reduces_.find(n.name()); end != region_reduces_.end()) {
         // The region's partial sums: each rank keeps its part of the sum.
         rename_op(n, kTpReduceScatterOp);
-        const int axis = sequence_axis(end->second, n);
-        autodiff::set_attr(n, "axis", static_cast<int64_t>(axis));
-        hold_parts(n, 0, {axis, rank_or(end->second, n)}, after);
+        const Part part = sequence_part(end->second, n);
+        set_cut(n, part);
+        hold_parts(n, 0, part, after);
         emit(n);
         for (const NodeProto& a : after) emit(a);
         continue;
@@ -895,7 +926,7 @@ class Sharder {
       if (region_copies_.count(n.name())) {  // a region input: all-gathered for the column linears
         const Part part = part_of_.at(n.input(0));
         rename_op(n, kTpAllGatherOp);
-        autodiff::set_attr(n, "axis", static_cast<int64_t>(part.axis));
+        set_cut(n, part);
         autodiff::set_attr(n, kTpBackwardAttr, std::string(kTpBackwardReduceScatter));
         emit(n);
         continue;
@@ -905,16 +936,26 @@ class Sharder {
           const std::string x = n.input(i);
           if (x.empty() || part_of_.count(x)) continue;
           const int aligned = out->axis - (out->rank - rank_or(x, n));
+          // Read at batch 1, a batch dim is 1 too: broadcasting it would give every rank the whole operand against
+          // its part (a silently wrong loss, e.g. a [batch, S, H] target beside a part cut along a batch the stage
+          // baked into its reshapes). Only a static 1 broadcasts.
+          if (aligned >= 0 && dim_of(x, aligned, n) == 1 && symbolic_dim(x, aligned))
+            unsupported(n, "sequence parallelism over an operand whose axis " + std::to_string(aligned) + " (" +
+                               quote(x) + ") grows with the batch while its parts are cut along a static axis");
           if (aligned >= 0 && dim_of(x, aligned, n) != 1) {
+            const Part cut{aligned, rank_or(x, n), out->length};
+            if (dim_of(x, aligned, n) != cut.length)
+              unsupported(n, "sequence parallelism over an operand whose axis " + std::to_string(aligned) + " (" +
+                                 quote(x) + ") is not the sequence of " + std::to_string(cut.length));
             n.set_input(i, once(x, "/sp_scatter_" + std::to_string(aligned), [&](const std::string& y) {
               const onnx::ValueInfoProto type = whole_type(x, n);
-              emit(collective(kTpScatterOp, x, y, aligned));
-              set_type(y, part_type(type, aligned));
+              emit(collective(kTpScatterOp, x, y, cut));
+              set_type(y, part_type(type, cut));
             }));
           } else if (carries_gradient(x)) {
             n.set_input(i, once(x, "/sp_copy", [&](const std::string& y) {
               const onnx::ValueInfoProto type = whole_type(x, n);
-              emit(collective(kTpCopyOp, x, y, -1));
+              emit(collective(kTpCopyOp, x, y, std::nullopt));
               set_type(y, type);
             }));
           }
@@ -928,7 +969,7 @@ class Sharder {
           n.set_input(i, once(x, "/sp_gather", [&](const std::string& y) {
             const auto type = whole_of_.find(x);
             if (type == whole_of_.end()) unsupported(n, "sequence parallelism over a value of unknown type (" + quote(x) + ")");
-            emit(collective(kTpAllGatherOp, x, y, part_of_.at(x).axis, kTpBackwardScatter));
+            emit(collective(kTpAllGatherOp, x, y, part_of_.at(x), kTpBackwardScatter));
             set_type(y, type->second);
           }));
         }
@@ -949,12 +990,13 @@ class Sharder {
 
   // The value x + suffix, which `make` defines the first time it is asked for.
   std::string once(const std::string& x, const std::string& suffix, const std::function<void(const std::string&)>& make) {
-    const std::string y = x + suffix;
+    std::string y = x + suffix;
     if (collectives_made_.insert(y).second) make(y);
     return y;
   }
 
-  NodeProto collective(const char* op, const std::string& x, const std::string& y, int axis,
+  // A collective node: `cut`, when given, its axis (and the whole length where the parts are uneven).
+  NodeProto collective(const char* op, const std::string& x, const std::string& y, std::optional<Part> cut,
                        const char* backward = nullptr) const {
     NodeProto c;
     c.set_name(y);
@@ -962,25 +1004,50 @@ class Sharder {
     c.set_domain(autodiff::kApartDomain);
     c.add_input(x);
     c.add_output(y);
-    if (axis >= 0) autodiff::set_attr(c, "axis", static_cast<int64_t>(axis));
+    if (cut) set_cut(c, *cut);
     if (backward != nullptr) autodiff::set_attr(c, kTpBackwardAttr, std::string(backward));
     return c;
   }
+  void set_cut(NodeProto& c, const Part& cut) const {
+    autodiff::set_attr(c, "axis", static_cast<int64_t>(cut.axis));
+    if (cut.length % degree_ != 0) autodiff::set_attr(c, kTpLengthAttr, cut.length);
+  }
 
-  // The sequence axis of a region's output: its first axis before the last longer than 1 at batch 1.
-  int sequence_axis(const std::string& end, const NodeProto& n) const {
+  // The sequence axis of a region's output: its first axis before the last longer than 1 at batch 1. A length the
+  // degree does not divide is cut into uneven parts (tp_sequence_part) when it is static (the stage's own shapes
+  // say so: a [B·S, H] token axis grows with the batch, which a part's length cannot follow).
+  Part sequence_part(const std::string& end, const NodeProto& n) const {
     const auto shape = shape_of_.find(end);
     if (shape == shape_of_.end()) unsupported(n, "sequence parallelism over a value of unknown shape (" + quote(end) + ")");
     for (size_t a = 0; a + 1 < shape->second.size(); ++a) {
       const int64_t length = shape->second[a];
       if (length <= 1) continue;
-      if (length % degree_ != 0)
+      const auto refuse = [&](const std::string& why) {
         throw Unsupported("sequence parallelism: region output " + quote(end) + " has " + std::to_string(length) +
-                          " positions along axis " + std::to_string(a) + ", which do not cut into " +
-                          std::to_string(degree_) + " equal parts; plan with --sequence-parallel off");
-      return static_cast<int>(a);
+                          " positions along axis " + std::to_string(a) + ", " + why +
+                          "; plan with --sequence-parallel off");
+      };
+      if (length < degree_) refuse("fewer than the " + std::to_string(degree_) + " TP ranks");
+      if (length % degree_ != 0 && !static_dim(end, static_cast<int>(a), length))
+        refuse("which do not cut into " + std::to_string(degree_) + " equal parts and grow with the batch");
+      return Part{static_cast<int>(a), static_cast<int>(shape->second.size()), length};
     }
     unsupported(n, "sequence parallelism over a value with no sequence axis (" + quote(end) + ")");
+  }
+  // Whether the stage's own shape inference (the batch symbolic) leaves `value`'s `axis` symbolic (a dim_param or
+  // unknown length, as the batch is).
+  bool symbolic_dim(const std::string& value, int axis) const {
+    const auto it = types_.find(value);
+    if (it == types_.end() || !it->second.type().tensor_type().has_shape()) return false;
+    const auto& shape = it->second.type().tensor_type().shape();
+    return axis < shape.dim_size() && !shape.dim(axis).has_dim_value();
+  }
+  // Whether the stage's own shape inference (the batch symbolic) gives `value` the length `length` along `axis`.
+  bool static_dim(const std::string& value, int axis, int64_t length) const {
+    const auto it = types_.find(value);
+    if (it == types_.end() || !it->second.type().tensor_type().has_shape()) return false;
+    const auto& shape = it->second.type().tensor_type().shape();
+    return axis < shape.dim_size() && shape.dim(axis).has_dim_value() && shape.dim(axis).dim_value() == length;
   }
 
   // The inputs of n that line up with its output position by position (the others: Dropout's ratio, Clip's bounds).
@@ -997,16 +1064,54 @@ class Sharder {
   // Where n's outputs hold their parts if n works position by position along its inputs' sequence axis; nullopt
   // when it mixes positions (or is not known to keep them apart), so its reader of a part needs it whole.
   std::optional<Part> position_wise(const NodeProto& n) const {
-    static const std::set<std::string> elementwise = {
-        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Tanh", "Erf", "Relu", "Gelu", "Sigmoid", "Exp",
-        "Log", "Neg", "Abs", "Cast", "Identity", "Where", "Max", "Min", "Sum", "Mean", "Softplus", "LeakyRelu",
-        "Elu", "Selu", "HardSigmoid", "HardSwish", "Clip", "Dropout", "LayerNormalization", "Softmax", "LogSoftmax",
-        "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceProd"};
+    static const std::set<std::string> elementwise = {"Add",
+                                                      "Sub",
+                                                      "Mul",
+                                                      "Div",
+                                                      "Pow",
+                                                      "Sqrt",
+                                                      "Reciprocal",
+                                                      "Tanh",
+                                                      "Erf",
+                                                      "Relu",
+                                                      "Gelu",
+                                                      "Sigmoid",
+                                                      "Exp",
+                                                      "Log",
+                                                      "Neg",
+                                                      "Abs",
+                                                      "Cast",
+                                                      "Identity",
+                                                      "Where",
+                                                      "Max",
+                                                      "Min",
+                                                      "Sum",
+                                                      "Mean",
+                                                      "Softplus",
+                                                      "LeakyRelu",
+                                                      "Elu",
+                                                      "Selu",
+                                                      "HardSigmoid",
+                                                      "HardSwish",
+                                                      "Clip",
+                                                      "Dropout",
+                                                      "LayerNormalization",
+                                                      "RMSNormalization",
+                                                      "Softmax",
+                                                      "LogSoftmax",
+                                                      "ReduceMean",
+                                                      "ReduceSum",
+                                                      "ReduceMax",
+                                                      "ReduceMin",
+                                                      "ReduceSumSquare",
+                                                      "ReduceL2",
+                                                      "ReduceProd"};
     if (!n.domain().empty() || !elementwise.count(n.op_type())) return std::nullopt;
     const std::vector<int> data = data_inputs(n);
     for (int i = 0; i < n.input_size(); ++i)
       if (part_of_.count(n.input(i)) && std::find(data.begin(), data.end(), i) == data.end()) return std::nullopt;
-    const bool broadcasts = data.size() > 1 && n.op_type() != "LayerNormalization";
+    const bool norm = n.op_type() == "LayerNormalization" || n.op_type() == "RMSNormalization";
+    const bool broadcasts = data.size() > 1 && !norm;
     int out_rank = 0;
     for (int i : data) {
       const std::string& x = n.input(i);
@@ -1025,7 +1130,7 @@ class Sharder {
     }
     if (!axis || (!broadcasts && !part_of_.count(n.input(0)))) return std::nullopt;
     const std::string& op = n.op_type();
-    if (op == "LayerNormalization" && *axis >= normalized(attr_int(n, "axis", -1), out_rank)) return std::nullopt;
+    if (norm && *axis >= normalized(attr_int(n, "axis", -1), out_rank)) return std::nullopt;
     if (op == "Softmax" || op == "LogSoftmax") {
       // Opset 13 on: along `axis` (default −1); before: over the flattened axes from `axis` (default 1) on.
       const int over = normalized(attr_int(n, "axis", opset_ >= 13 ? -1 : 1), out_rank);
@@ -1045,7 +1150,10 @@ class Sharder {
       for (int64_t a : axes)
         if (normalized(a, out_rank) == *axis) return std::nullopt;
     }
-    return Part{*axis, out_rank};
+    int64_t length = 0;  // every part read has the same sequence
+    for (int i : data)
+      if (const auto part = part_of_.find(n.input(i)); part != part_of_.end()) length = part->second.length;
+    return Part{*axis, out_rank, length};
   }
   int normalized(int64_t axis, int rank) const { return static_cast<int>(axis < 0 ? axis + rank : axis); }
 
@@ -1079,13 +1187,17 @@ class Sharder {
     }
     return std::nullopt;
   }
-  // `whole` with its `axis` cut into degree parts (a symbolic length becomes unknown).
-  onnx::ValueInfoProto part_type(onnx::ValueInfoProto whole, int axis) const {
+  // `whole` with this rank's part of `cut`'s axis (a symbolic length becomes unknown).
+  onnx::ValueInfoProto part_type(onnx::ValueInfoProto whole, const Part& cut) const {
     auto* shape = whole.mutable_type()->mutable_tensor_type()->mutable_shape();
-    if (axis < shape->dim_size()) {
-      auto* d = shape->mutable_dim(axis);
-      if (d->has_dim_value()) d->set_dim_value(d->dim_value() / degree_);
-      else d->clear_dim_param();
+    if (cut.axis < shape->dim_size()) {
+      auto* d = shape->mutable_dim(cut.axis);
+      if (d->has_dim_value()) {
+        const auto [begin, end] = tp_sequence_part(d->dim_value(), degree_, rank_);
+        d->set_dim_value(end - begin);
+      } else {
+        d->clear_dim_param();
+      }
     }
     return whole;
   }

@@ -66,6 +66,9 @@ inline constexpr const char* kTpAllReduceOp = "TpAllReduce";  // ai.apart: g (al
 inline constexpr const char* kTpAllGatherOp = "TpAllGather";          // parts concatenated; backward per kTpBackwardAttr
 inline constexpr const char* kTpReduceScatterOp = "TpReduceScatter";  // part r of the sum; backward all-gather
 inline constexpr const char* kTpScatterOp = "TpScatter";              // part r of a replicated x; backward all-gather
+// The whole length along `axis` of a value held in sequence parts that the degree does not divide (absent when it
+// does): parts are uneven then (tp_sequence_part), so an all-gather cannot read the whole length off its part.
+inline constexpr const char* kTpLengthAttr = "length";
 // TpAllGather's backward: "reduce_scatter" (its output feeds a TP region: each rank's gradient is a partial sum) or
 // "scatter" (replicated computation: each rank's gradient is the whole one).
 inline constexpr const char* kTpBackwardAttr = "backward";
@@ -119,6 +122,7 @@ std::vector<std::pair<int64_t, int64_t>> tp_shard_ranges(int64_t length, int64_t
 // The rows [begin, end) of a vocabulary of `rows` that rank `rank` of `degree` holds: ⌈rows/degree⌉ each, the last
 // rank what is left (Megatron-LM pads the table to a multiple instead). InvalidModel when a rank would hold none.
 std::pair<int64_t, int64_t> tp_vocabulary_rows(int64_t rows, int degree, int rank);
+// The sequence parts each rank holds: tp_sequence_part (plan/training.h, which the runtime's kernels read too).
 // What rank `rank` holds of `param` along its axis: tp_vocabulary_rows or tp_shard_ranges (cutting and gathering).
 std::vector<std::pair<int64_t, int64_t>> tp_param_ranges(const TpShardedParam& param, int degree, int rank);
 

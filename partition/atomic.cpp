@@ -56,6 +56,7 @@ void add_tensor_parallel_work(const TaskGraph& graph, const std::vector<uint32_t
       c->cost.tp.sp_backward = c->cost.backward;
       c->cost.tp.sp_saved_per_sample = c->cost.saved_per_sample;
     }
+  for (AtomicComponent& c : atomic.components) c.cost.tp.sequence = found.sequence;
   const std::vector<bool> grad = values_requiring_grad(graph);
   const double batch = static_cast<double>(atomic.graph_batch);
   for (const TpRegion& region : found.regions) {

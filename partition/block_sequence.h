@@ -1,6 +1,7 @@
 // The stage DP's input: blocks in topological order with affine costs, and the values crossing them.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <iterator>
@@ -44,6 +45,9 @@ struct TpWork {
   // adds, dropouts; TensorParallelRegions::between_regions), which it shards along the sequence.
   WorkCurve sp_forward, sp_backward;
   double sp_saved_per_sample = 0;
+  // The regions' sequence length (TensorParallelRegions::sequence; 0 unknown): a degree that does not divide it
+  // leaves the busiest rank ⌈L/t⌉ of L positions (tp_sequence_share). The same for every element: kept, not summed.
+  int64_t sequence = 0;
   // Selective recomputation (§4.2.3): the attention cores (TpRegion::core_tasks), part of the split share above —
   // their forward, which a selective stage runs again before backward, and the saved bytes it then does not keep.
   WorkCurve core_forward;
@@ -52,6 +56,7 @@ struct TpWork {
   bool splits_work() const { return forward.at(1) > 0 || backward.at(1) > 0 || param_bytes > 0; }
   TpWork& operator+=(const TpWork& o) {
     refused |= o.refused;
+    sequence = std::max(sequence, o.sequence);
     return each(o, [](auto& a, const auto& b) { a += b; });
   }
   // The difference of two prefix sums: a range's shares. `refused` is left alone (it is no sum).

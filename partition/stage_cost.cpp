@@ -185,7 +185,8 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   // Sequence parallelism shards the replicated work between the regions (and the boundaries) across the TP group,
   // where the stage has regions to split.
   const bool split = tp > 1 && range.tp.splits_work();
-  const bool sp = training.sequence_parallel && split;
+  // Not on a sequence shorter than the degree (a rank would hold no position: the shard pass refuses it).
+  const bool sp = training.sequence_parallel && split && (range.tp.sequence == 0 || range.tp.sequence >= tp);
   c.sequence_parallel = sp;
   c.boundary_parts = split ? tp : 1;
   const int64_t u = microbatch_size(training.global_batch, microbatches, replicas);
@@ -196,6 +197,10 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   c.forward_s = tp_device_time(range.forward.at(ud), range.tp.forward.at(ud) + (sp ? range.tp.sp_forward.at(ud) : 0.0), tp);
   c.backward_s =
       tp_device_time(range.backward.at(ud), range.tp.backward.at(ud) + (sp ? range.tp.sp_backward.at(ud) : 0.0), tp);
+  // A sequence the degree does not divide: the busiest rank holds ⌈L/t⌉ of its L positions, not L/t.
+  const double sp_excess = sp ? tp_sequence_share(range.tp.sequence, tp) - 1.0 / tp : 0.0;
+  c.forward_s += sp_excess * range.tp.sp_forward.at(ud);
+  c.backward_s += sp_excess * range.tp.sp_backward.at(ud);
   // The weight gradients keep their share of what each device of a TP group runs.
   const double whole_backward = range.backward.at(ud);
   c.backward_weight_s = whole_backward > 0 ? range.backward_weight.at(ud) * (c.backward_s / whole_backward) : 0.0;
@@ -302,7 +307,9 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   // Memory (DESIGN.md "Cost model"): state + in-flight activations + the largest working set.
   // The cost table's saved bytes are already at the run's precision; boundary values are stored fp32.
   const double saved =
-      (range.saved_per_sample - kept * (range.tp.saved_per_sample + (sp ? range.tp.sp_saved_per_sample : 0.0))) * ud;
+      (range.saved_per_sample - kept * (range.tp.saved_per_sample + (sp ? range.tp.sp_saved_per_sample : 0.0)) +
+       sp_excess * range.tp.sp_saved_per_sample) *
+      ud;
   const double workspace = range.workspace_fixed + range.workspace_per_sample * static_cast<double>(u);
   const double state = static_cast<double>(c.param_bytes) *
                        state_bytes_per_param_byte(training.optimizer, training.precision, c.zero, replicas);

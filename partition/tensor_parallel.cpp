@@ -254,12 +254,21 @@ struct Pass {
   std::vector<bool> failed_seed;
   std::vector<std::vector<ValueId>> sliced;  // per task
   std::vector<int64_t> heads_of_task;        // per task: a score MatMul's heads
+  std::vector<int64_t> kv_heads_of_task;     // per task: the kv heads a repeat_kv Expand (or a fused Attention) reads
   std::vector<bool> loss_task;
 
   Pass(const TaskGraph& graph, const std::vector<bool>& b, const std::vector<bool>& gr)
-      : g(graph), banned(b), grad(gr), values(graph.num_values()), parent(graph.num_tasks()),
-        group_of_task(graph.num_tasks(), -1), role(graph.num_tasks(), TpRole::kReplicated),
-        failed_seed(graph.num_tasks(), false), sliced(graph.num_tasks()), heads_of_task(graph.num_tasks(), 0),
+      : g(graph),
+        banned(b),
+        grad(gr),
+        values(graph.num_values()),
+        parent(graph.num_tasks()),
+        group_of_task(graph.num_tasks(), -1),
+        role(graph.num_tasks(), TpRole::kReplicated),
+        failed_seed(graph.num_tasks(), false),
+        sliced(graph.num_tasks()),
+        heads_of_task(graph.num_tasks(), 0),
+        kv_heads_of_task(graph.num_tasks(), 0),
         loss_task(graph.num_tasks(), false) {
     std::iota(parent.begin(), parent.end(), 0);
   }
@@ -379,6 +388,10 @@ struct Pass {
     if (op.rfind("Reduce", 0) == 0) return reduce(t, group);
     if (op == "MatMul") return score_matmul(i, t, group);
     if (op == "Split" || op == "Slice") return piece(t, group);
+    if (op == "Concat") return concat(t, group);
+    if (op == "RotaryEmbedding") return rotary(t, group);
+    if (op == "Attention") return fused_attention(i, t, group);
+    if (op == "Expand") return expand(i, t, group);
     if (op == "SoftmaxCrossEntropyLoss") {
       const ValueSplit& scores = state(t.inputs[0]);
       if (scores.axis != 1 || split_input_count(t) != 1) return false;
@@ -434,6 +447,74 @@ struct Pass {
     return true;
   }
 
+  // Concat along another axis of operands all split alike (rotate_half's cat(-x2, x1) over split heads): each rank
+  // concatenates its own heads. A replicated operand (or one split elsewhere) would mix ranks: refused.
+  bool concat(const Task& t, int group) {
+    const ValueId y = t.outputs[0];
+    const size_t rank = shape(y).size();
+    const int along = normalized_axis(t.attr_int("axis", 0), rank);
+    int axis = -1;
+    for (ValueId in : t.inputs) {
+      if (!split(in) || shape(in).size() != rank) return false;
+      const int a = state(in).axis;
+      if ((axis >= 0 && a != axis) || a == along ||
+          shape(in)[static_cast<size_t>(a)] != shape(y)[static_cast<size_t>(a)])
+        return false;
+      axis = a;
+    }
+    if (axis < 0) return false;
+    set_split(y, axis, false, group);
+    return true;
+  }
+
+  // Expand of a split value whose split axis is not broadcast (repeat_kv's expand of [B, kv, 1, S, d] to
+  // [B, kv, n_rep, S, d] over split kv heads): each rank expands its own part; the shape operand's entry there is
+  // divided by the degree (codegen/tensor_parallel_shard.h). A split shape operand is refused.
+  bool expand(size_t i, const Task& t, int group) {
+    if (split_input_count(t) != 1 || !split(t.inputs[0])) return false;
+    const ValueId x = t.inputs[0], y = t.outputs[0];
+    const int a = state(x).axis + static_cast<int>(shape(y).size()) - static_cast<int>(shape(x).size());
+    if (a < 0 || shape(x)[static_cast<size_t>(state(x).axis)] != shape(y)[static_cast<size_t>(a)]) return false;
+    if (t.inputs.size() < 2 || !g.value(t.inputs[1]).known_ints) return false;  // its target is cut at run time
+    set_split(y, a, false, group);
+    kv_heads_of_task[i] = shape(x)[static_cast<size_t>(state(x).axis)];
+    return true;
+  }
+
+  // Opset 23's RotaryEmbedding of [B, heads, S, d] split along the heads: each head rotates alone (its caches and
+  // position ids are per position, read whole). The 3-D form (heads folded into the hidden axis by num_heads) is
+  // refused: its attribute would need the rank's head count.
+  bool rotary(const Task& t, int group) {
+    const ValueId x = t.inputs[0];
+    if (split_input_count(t) != 1 || !split(x) || shape(x).size() != 4 || state(x).axis != 1) return false;
+    for (size_t k = 1; k < t.inputs.size(); ++k)
+      if (t.inputs[k].valid() && grad[t.inputs[k].value()]) return false;
+    set_split(t.outputs[0], 1, false, group);
+    return t.outputs.size() == 1;
+  }
+
+  // Opset 23's Attention over q, k, v [B, heads, S, d] all split along the heads (grouped-query: q's heads and the
+  // kv heads each cut in contiguous parts, so rank r's q heads read rank r's kv heads): each rank attends over its
+  // own heads, like the score MatMul. A mask is read whole when it broadcasts over the heads and needs no gradient;
+  // the 3-D form (q_num_heads attributes), the KV-cache inputs and outputs are refused.
+  bool fused_attention(size_t i, const Task& t, int group) {
+    if (t.inputs.size() < 3) return false;
+    for (size_t k = 0; k < 3; ++k)
+      if (!split(t.inputs[k]) || shape(t.inputs[k]).size() != 4 || state(t.inputs[k]).axis != 1) return false;
+    for (size_t k = 3; k < t.inputs.size(); ++k) {
+      if (!t.inputs[k].valid()) continue;
+      if (k > 3 || split(t.inputs[k]) || grad[t.inputs[k].value()]) return false;
+      const auto& m = shape(t.inputs[k]);
+      if (m.size() == 4 && m[1] != 1) return false;  // a per-head mask
+    }
+    for (size_t k = 1; k < t.outputs.size(); ++k)
+      if (t.outputs[k].valid() && !g.consumers(t.outputs[k]).empty()) return false;
+    set_split(t.outputs[0], 1, false, group);
+    heads_of_task[i] = shape(t.inputs[0])[1];
+    if (shape(t.inputs[1])[1] != heads_of_task[i]) kv_heads_of_task[i] = shape(t.inputs[1])[1];
+    return true;
+  }
+
   bool reduce(const Task& t, int group) {
     const ValueSplit& x = state(t.inputs[0]);
     if (split_input_count(t) != 1 || !split(t.inputs[0])) return false;
@@ -467,8 +548,8 @@ struct Pass {
     return true;
   }
 
-  // Split/Slice: along another axis the split passes through; along the split axis only for a free value read by
-  // one Split or by disjoint Slices alone (the header's rule), each piece then free again.
+  // Split/Slice: along another axis the split passes through; along the split axis only a Split, the one reader of a
+  // free value (the header's rule), each piece then free again.
   bool piece(const Task& t, int group) {
     const ValueId x = t.inputs[0];
     if (split_input_count(t) != 1 || !split(x)) return false;
@@ -488,22 +569,10 @@ struct Pass {
       }
     }
     if (along) {
-      if (!s.free) return false;
-      const auto readers = g.consumers(x);
-      if (t.op_type == "Split" && readers.size() != 1) return false;
-      if (t.op_type == "Slice") {
-        std::vector<std::pair<int64_t, int64_t>> ranges;
-        for (TaskId r : readers) {
-          const Task& rt = g.task(r);
-          if (rt.op_type != "Slice" || !rt.domain.empty()) return false;
-          const auto range = slice_range(g, rt, s.axis, rank, dim);
-          if (!range) return false;
-          ranges.push_back(*range);
-        }
-        std::sort(ranges.begin(), ranges.end());
-        for (size_t k = 1; k < ranges.size(); ++k)
-          if (ranges[k].first < ranges[k - 1].second) return false;  // overlapping pieces
-      }
+      // The shard pass cuts a Split's sizes, not a Slice's ranges (codegen/tensor_parallel_shard.h): Slices along the
+      // split axis stay replicated, so the planner never chooses a layout apart run refuses.
+      if (!s.free || t.op_type == "Slice") return false;
+      if (g.consumers(x).size() != 1) return false;  // one Split reads it
     }
     for (ValueId out : t.outputs)
       if (out.valid()) set_split(out, s.axis, along, group);
@@ -559,7 +628,7 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
       std::vector<ValueId> gathered, sliced, loss_scores;
       std::vector<std::pair<ValueId, int>> split_values;
       bool embedding = false, failed = false;
-      int64_t heads = 0, units = 0;
+      int64_t heads = 0, kv_heads = 0, units = 0;
       ValueId partial;
     };
     std::vector<Group> groups(n);
@@ -576,6 +645,7 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
       if (pass.role[i] == TpRole::kVocab && !pass.loss_task[i]) gr.embedding = true;
       if (pass.loss_task[i]) gr.loss_scores.push_back(graph.task(id).inputs[0]);
       gr.heads = std::max(gr.heads, pass.heads_of_task[i]);
+      gr.kv_heads = std::max(gr.kv_heads, pass.kv_heads_of_task[i]);
       for (ValueId v : pass.sliced[i]) gr.sliced.push_back(v);
     }
     for (size_t i = 0; i < n; ++i)
@@ -696,12 +766,18 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
         case TpRegionKind::kMlp: {
           region.end_value = gr.partial;
           region.split_units = gr.units;
+          int64_t bound = as_linear(graph, graph.task(gr.columns[0]))->out;
           if (region.kind == TpRegionKind::kAttention) {
             region.bounded_by = std::to_string(gr.heads) + " heads";
+            bound = gr.heads;
+            if (gr.kv_heads > 0 && gr.kv_heads != gr.heads) {  // grouped-query: the kv heads are cut too
+              region.bounded_by += ", " + std::to_string(gr.kv_heads) + (gr.kv_heads == 1 ? " kv head" : " kv heads");
+              bound = std::gcd(bound, gr.kv_heads);
+            }
             region.core_tasks = attention_core(graph, gr.tasks, pass.heads_of_task);
           } else
-            region.bounded_by = std::to_string(as_linear(graph, graph.task(gr.columns[0]))->out) + " ffn features";
-          if (region.split_units != (region.kind == TpRegionKind::kAttention ? gr.heads : as_linear(graph, graph.task(gr.columns[0]))->out))
+            region.bounded_by = std::to_string(bound) + " ffn features";
+          if (region.split_units != bound)
             region.bounded_by += " (gcd of the split widths " + std::to_string(region.split_units) + ")";
           break;
         }
@@ -736,6 +812,17 @@ TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64
         if (a != b && weight_of_region[a] == weight_of_region[b] &&
             (result.regions[a].kind == TpRegionKind::kLmHead || result.regions[b].kind == TpRegionKind::kLmHead))
           result.regions[a].shares_weight_with.push_back(b);
+
+    // ---- The sequence sequence parallelism cuts: each attention or MLP end value's, read at batch 1 ----
+    for (const TpRegion& r : result.regions) {
+      if (r.kind != TpRegionKind::kAttention && r.kind != TpRegionKind::kMlp) continue;
+      const std::vector<int64_t>& s = graph.value(r.end_value).shape;
+      for (size_t a = graph_batch > 1 ? 1 : 0; a + 1 < s.size(); ++a)
+        if (s[a] > 1) {
+          result.sequence = std::max(result.sequence, s[a]);
+          break;
+        }
+    }
 
     // ---- Replicated tasks between a region's end and a region's input (what sequence parallelism shards) ----
     std::vector<bool> after(graph.num_values(), false), before(graph.num_values(), false);

@@ -27,18 +27,23 @@
 //     with heads split is safe; ReduceMean over the hidden axis with hidden split is not.
 //   - MatMul of two split operands along the same batch (leading, not the last two) axis: each rank multiplies its
 //     own heads. With the split on a contraction axis it would be a partial sum of activations: refused.
-//   - Split/Slice along a of a value still *free* — fresh out of a column linear through pointwise ops only, each
-//     with one consumer, read by one Split or by disjoint Slices only. Such a value's column order is ours to
-//     choose (the weight's columns can be permuted), so each piece is split evenly: a fused [h, 3h] QKV weight
-//     gives every rank its heads of q, of k and of v, as Megatron lays it out. A value out of a reshape is not
-//     free: splitting it would give the pieces to different ranks unevenly.
+//   - Split along a of a value still *free* — fresh out of a column linear through pointwise ops only, each with
+//     one consumer, read by one Split. Such a value's column order is ours to choose (the weight's columns can be
+//     permuted), so each piece is split evenly: a fused [h, 3h] QKV weight gives every rank its heads of q, of k
+//     and of v, as Megatron lays it out. A value out of a reshape is not free: splitting it would give the pieces to
+//     different ranks unevenly. Slices along a are refused (the shard pass cuts Split sizes, not Slice ranges);
+//     Split/Slice along another axis pass the split through (rotate_half's halves of the head dim).
+//   - Concat along another axis of operands all split alike along a (rotate_half); Expand that keeps a's size
+//     (repeat_kv over split kv heads; its folded target's entry is divided by the degree); opset 23's
+//     RotaryEmbedding and Attention over [B, heads, S, d] split along the heads (Attention: q, k, v all split, a
+//     mask broadcast over the heads, no KV cache).
 //   - a linear whose x is split along its last (contraction) axis: a *row* split (each rank holds W[its rows, :]);
 //     the output is partial and ends the region with one all-reduce. A Gemm's C is added after the all-reduce
 //     (Megatron's RowParallelLinear).
 //   - SoftmaxCrossEntropyLoss of scores split along the class axis: Megatron's vocabulary-parallel cross-entropy
 //     (per-token max, sum of exponentials and target logit all-reduced; its log_prob output must be unused).
-// Anything else reading a split value (LayerNorm, a reduction over a, Concat, Gather, a graph output that is not an
-// LM head's logits, …) fails the whole region: its seeds become replicated and the pass reruns until no region
+// Anything else reading a split value (LayerNorm, a reduction over a, a Concat along a, Gather, a graph output that is
+// not an LM head's logits, …) fails the whole region: its seeds become replicated and the pass reruns until no region
 // fails. So a pattern that does not match exactly is left replicated, never split wrongly.
 //
 // A region is the union of the seeds whose split values meet (q, k and v at the score MatMul). It is kept as:
@@ -110,6 +115,9 @@ struct TensorParallelRegions {
   // Replicated batch tasks fed (through replicated tasks) by a region's end and feeding a region's input: the
   // norms, residual adds and dropouts that sequence parallelism would shard along the sequence. Topological.
   std::vector<TaskId> between_regions;
+  // The sequence length sequence parallelism cuts (0 when unknown): the first axis before the last of the attention
+  // and MLP regions' end values longer than 1 at batch 1, as the shard pass reads it (the largest over regions).
+  int64_t sequence = 0;
 
   size_t count(TpRegionKind kind) const;
   // "12 attention, 12 MLP, embedding, LM head (tied)"; "none" when no region was found.

@@ -1,6 +1,7 @@
 // The name tables of the training vocabulary: the first row of a value is its canonical name, later rows aliases.
 #include "plan/training.h"
 
+#include <algorithm>
 #include <span>
 #include <string>
 #include <utility>
@@ -106,5 +107,22 @@ std::string tp_region_kind_names() { return accepted<TpRegionKind>(kTpRegionKind
 std::string schedule_names() { return accepted<Schedule>(kScheduleNames); }
 std::string optimizer_names() { return accepted<Optimizer>(kOptimizerNames); }
 std::string precision_names() { return accepted<Precision>(kPrecisionNames); }
+
+std::pair<int64_t, int64_t> tp_sequence_part(int64_t length, int degree, int rank) {
+  if (degree < 1 || rank < 0 || rank >= degree || length < degree)
+    throw InvalidModel("sequence parallelism: " + std::to_string(length) + " positions leave rank " +
+                       std::to_string(rank) + " of " + std::to_string(degree) +
+                       " none; plan with --sequence-parallel off");
+  const int64_t each = length / degree, extra = length % degree;
+  const int64_t begin = rank * each + std::min<int64_t>(rank, extra);
+  return {begin, begin + each + (rank < extra ? 1 : 0)};
+}
+
+double tp_sequence_share(int64_t length, int degree) {
+  if (degree < 1) return 1;
+  if (length < degree) return 1.0 / degree;  // unknown (0): priced as equal parts
+  const int64_t largest = length / degree + (length % degree != 0 ? 1 : 0);  // ⌈length/degree⌉
+  return static_cast<double>(largest) / static_cast<double>(length);
+}
 
 }  // namespace apart

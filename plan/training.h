@@ -7,6 +7,7 @@
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace apart {
 
@@ -68,6 +69,15 @@ enum class TpRole : uint8_t {
 // The TP degrees the planner considers: a TP group stays inside one node of at most 8 devices.
 inline constexpr int kTpDegrees[] = {1, 2, 4, 8};
 inline constexpr int kMaxTpDegree = kTpDegrees[std::size(kTpDegrees) - 1];
+// The positions [begin, end) along a sequence axis of `length` that rank `rank` of `degree` holds under sequence
+// parallelism (codegen/tensor_parallel_shard.h cuts by it, the runtime's collectives move by it): ⌊length/degree⌋
+// each, the first length mod degree ranks one more, so equal parts when the degree divides the length.
+// InvalidModel when a rank would hold none (a length below the degree).
+std::pair<int64_t, int64_t> tp_sequence_part(int64_t length, int degree, int rank);
+// Of a sequence of `length` cut by tp_sequence_part, the share the largest part holds: 1/degree when the degree
+// divides the length (or it is unknown: 0), ⌈length/degree⌉/length otherwise (what the planner prices a
+// sequence-parallel rank's share of the work between regions at).
+double tp_sequence_share(int64_t length, int degree);
 // Where `tp` stands in kTpDegrees, or -1 for a degree the planner does not consider.
 constexpr int tp_degree_index(int tp) {
   for (size_t i = 0; i < std::size(kTpDegrees); ++i)

@@ -17,9 +17,9 @@ void tp_allreduce_rule(GradNode& n) { n.give(0, n.gy()); }
 
 // A collective along the node's sequence axis applied to the output gradient.
 std::string along_axis(GradNode& n, const char* op, const char* backward = nullptr) {
-  const std::string dx = n.e.fresh(op);
+  std::string dx = n.e.fresh(op);
   onnx::NodeProto& b = n.e.node(op, {n.gy()}, {dx}, kApartDomain);
-  n.copy_attrs(b, {"axis"});
+  n.copy_attrs(b, {"axis", kTpLengthAttr});  // uneven parts: the whole length travels with the axis
   if (backward != nullptr) set_attr(b, kTpBackwardAttr, std::string(backward));
   return dx;
 }

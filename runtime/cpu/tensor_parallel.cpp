@@ -9,9 +9,13 @@
 #include "runtime/communicator.h"
 #include "runtime/cpu/families.h"
 #include "runtime/kernel.h"
+#include "plan/training.h"  // tp_sequence_part
 
 namespace apart::cpu {
 namespace {
+
+// The shard pass's attribute (codegen/tensor_parallel_shard.h kTpLengthAttr): the whole length of uneven parts.
+constexpr const char* kTpLengthAttr = "length";
 
 // The five collectives below are backend-generic: they move bytes only through their backend's copies
 // (KernelContext::backend(): the CPU's memcpy, or a device's copies) and the group's collectives, never reading an
@@ -41,12 +45,22 @@ void tp_allreduce_k(KernelContext& ctx) {
   else ctx.unsupported("an all-reduce of " + std::string(dtype_name(x.dtype())));
 }
 
-// --- Sequence parallelism: a tensor cut along `axis` into one equal part per TP rank ------------------------------
+// --- Sequence parallelism: a tensor cut along `axis` into one part per TP rank ------------------------------------
+// Rank r holds tp_sequence_part(length, degree, r): equal parts when the degree divides the length, else the first
+// length mod degree ranks one position more; the shard pass then writes the whole length as the `length` attribute
+// (kTpLengthAttr), which an all-gather cannot read off its own part. The communicator's reduce_scatter_sum and
+// allgather cut a buffer into size() equal shards: each rank's part goes into a chunk of the largest part's length,
+// rank after rank (rank r's [outer, chunk, inner] at r·outer·chunk·inner), its padding zeroed and dropped after.
 
-// A tensor of `shape` seen as [outer, length, inner] around `axis`; rank r's part is [r·part, (r+1)·part) along it.
+// A tensor of `whole` shape seen as [outer, length, inner] around `axis`, cut into `degree` parts.
 struct AxisCut {
   int64_t outer = 1, length = 1, inner = 1;
-  int64_t part = 1;  // length / degree
+  int degree = 1;
+  int64_t chunk = 1;  // the largest part's length: each rank's part in the communicator's buffer
+  bool even() const { return length % degree == 0; }
+  std::pair<int64_t, int64_t> part(int rank) const { return tp_sequence_part(length, degree, rank); }
+  int64_t part_length(int rank) const { return part(rank).second - part(rank).first; }
+  int64_t chunk_elements() const { return outer * chunk * inner; }
 };
 
 int64_t cut_axis(const KernelContext& ctx, size_t rank) {
@@ -54,16 +68,20 @@ int64_t cut_axis(const KernelContext& ctx, size_t rank) {
   return normalize_axis(ctx, ctx.attr_int("axis", 0), static_cast<int64_t>(rank));
 }
 
-AxisCut axis_cut(const KernelContext& ctx, const std::vector<int64_t>& shape, int degree) {
-  const size_t axis = static_cast<size_t>(cut_axis(ctx, shape.size()));
+AxisCut axis_cut(const KernelContext& ctx, const std::vector<int64_t>& whole, int degree) {
+  const size_t axis = static_cast<size_t>(cut_axis(ctx, whole.size()));
   AxisCut c;
-  c.outer = product(shape, 0, axis);
-  c.length = shape[axis];
-  c.inner = product(shape, axis + 1);
-  if (c.length % degree != 0)
-    ctx.invalid("axis " + std::to_string(axis) + " of length " + std::to_string(c.length) + " does not cut into " +
-                std::to_string(degree) + " equal parts (the sequence length must divide by the TP degree)");
-  c.part = c.length / degree;
+  c.outer = product(whole, 0, axis);
+  c.length = whole[axis];
+  c.inner = product(whole, axis + 1);
+  c.degree = degree;
+  if (c.length < degree)
+    ctx.invalid("axis " + std::to_string(axis) + " of length " + std::to_string(c.length) + " leaves some of " +
+                std::to_string(degree) + " TP ranks no position (the sequence must be at least the TP degree)");
+  if (ctx.has_attr(kTpLengthAttr) && ctx.attr_int(kTpLengthAttr, 0) != c.length)
+    ctx.invalid("axis " + std::to_string(axis) + " of length " + std::to_string(c.length) +
+                " where the shard pass cut " + std::to_string(ctx.attr_int(kTpLengthAttr, 0)));
+  c.chunk = (c.length + degree - 1) / degree;
   return c;
 }
 
@@ -72,19 +90,26 @@ int degree_of(const KernelContext& ctx) {
   return group == nullptr ? 1 : group->size();
 }
 
-// The communicator's reduce_scatter_sum and allgather cut a buffer into size() consecutive shards: the TP group's
-// parts laid out rank after rank (rank r's [outer, part, inner] at r·outer·part·inner).
-int64_t part_elements(const AxisCut& c) { return c.outer * c.part * c.inner; }
-
-// Part `rank` of `whole` ([outer, length, inner]) to `part` ([outer, c.part, inner]) (`to_part`), or back; byte
-// offsets into tensors of `element` bytes, one backend copy per outer block.
-void move_part(const KernelContext& ctx, const AxisCut& c, int rank, int64_t element, const std::byte* from, std::byte* to,
-               bool to_part) {
-  const int64_t block = c.part * c.inner * element;
+// Part `rank` of `whole` ([outer, length, inner]) to a buffer holding it as [outer, stride, inner] (`to_part`), or
+// back; byte offsets into tensors of `element` bytes, one backend copy per outer block.
+void move_part(const KernelContext& ctx, const AxisCut& c, int rank, int64_t stride, int64_t element,
+               const std::byte* from, std::byte* to, bool to_part) {
+  const auto [begin, end] = c.part(rank);
+  const int64_t block = (end - begin) * c.inner * element;
+  if (block == 0) return;
   for (int64_t o = 0; o < c.outer; ++o) {
-    const int64_t in_whole = (o * c.length + rank * c.part) * c.inner * element, in_part = o * block;
+    const int64_t in_whole = (o * c.length + begin) * c.inner * element, in_part = o * stride * c.inner * element;
     copy_on_backend(ctx, from + (to_part ? in_whole : in_part), to + (to_part ? in_part : in_whole), block);
   }
+}
+
+// `rows` positions of each outer block from a [outer, from_stride, inner] buffer to a [outer, to_stride, inner] one.
+void copy_blocks(const KernelContext& ctx, const AxisCut& c, int64_t rows, int64_t element, const std::byte* from,
+                 int64_t from_stride, std::byte* to, int64_t to_stride) {
+  const int64_t block = rows * c.inner * element;
+  if (block == 0) return;
+  for (int64_t o = 0; o < c.outer; ++o)
+    copy_on_backend(ctx, from + o * from_stride * c.inner * element, to + o * to_stride * c.inner * element, block);
 }
 
 std::vector<int64_t> with_axis_length(const KernelContext& ctx, std::vector<int64_t> shape, int64_t length) {
@@ -92,40 +117,56 @@ std::vector<int64_t> with_axis_length(const KernelContext& ctx, std::vector<int6
   return shape;
 }
 
+int rank_in(const KernelContext& ctx) {
+  const Communicator* group = ctx.tensor_parallel_group();
+  return group == nullptr ? 0 : group->rank();
+}
+
 // ai.apart.TpScatter (x replicated, any dtype): this rank's part along `axis`, no message. Gradient: TpAllGather.
 void tp_scatter_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const AxisCut c = axis_cut(ctx, x.shape(), degree_of(ctx));
-  Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
+  const int rank = rank_in(ctx);
+  Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part_length(rank)));
   if (y.elements() == 0) return;
-  const Communicator* group = ctx.tensor_parallel_group();
-  move_part(ctx, c, group == nullptr ? 0 : group->rank(), dtype_size(x.dtype()), x.raw(), y.raw(), true);
+  move_part(ctx, c, rank, c.part_length(rank), dtype_size(x.dtype()), x.raw(), y.raw(), true);
 }
 
-// ai.apart.TpAllGather: every rank's part concatenated along `axis` in rank order, the same on each rank. Gradient:
-// TpReduceScatter (attribute backward = "reduce_scatter", the output feeds a TP region) or TpScatter ("scatter",
-// the output feeds replicated computation).
+// ai.apart.TpAllGather: every rank's part concatenated along `axis` in rank order, the same on each rank (the whole
+// length is `length` when the parts are uneven). Gradient: TpReduceScatter (attribute backward = "reduce_scatter",
+// the output feeds a TP region) or TpScatter ("scatter", the output feeds replicated computation).
 void tp_allgather_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const int degree = degree_of(ctx);
-  const std::vector<int64_t> shape =
-      with_axis_length(ctx, x.shape(), x.shape()[static_cast<size_t>(cut_axis(ctx, x.shape().size()))] * degree);
-  Tensor& y = ctx.output(0, x.dtype(), shape);
-  if (degree == 1 || y.elements() == 0) return ctx.backend().copy(x, y);
+  const int64_t mine = x.shape()[static_cast<size_t>(cut_axis(ctx, x.shape().size()))];
+  const std::vector<int64_t> shape = with_axis_length(ctx, x.shape(), ctx.attr_int(kTpLengthAttr, mine * degree));
+  if (degree == 1) {
+    if (shape != x.shape()) ctx.invalid("an all-gather of one rank whose part is not the whole");
+    return ctx.backend().copy(x, ctx.output(0, x.dtype(), shape));
+  }
   const AxisCut c = axis_cut(ctx, shape, degree);
+  const int rank = rank_in(ctx);
+  if (c.part_length(rank) != mine)
+    ctx.invalid("rank " + std::to_string(rank) + "'s part holds " + std::to_string(mine) + " positions of " +
+                std::to_string(c.length) + ", not " + std::to_string(c.part_length(rank)));
+  Tensor& y = ctx.output(0, x.dtype(), shape);
+  if (y.elements() == 0) return;
   Communicator& group = *ctx.tensor_parallel_group();
-  const int rank = group.rank();
   const int64_t element = dtype_size(x.dtype());
   if (x.dtype() == DType::kFloat32) {
-    // With one outer block the output is the parts in rank order: gathered in place; else through a buffer of the
-    // backend's, rearranged after.
-    Tensor ranks = c.outer == 1 ? y : ctx.backend().empty(DType::kFloat32, {y.elements()});
-    copy_on_backend(ctx, x.raw(), ranks.raw() + rank * x.bytes(), x.bytes());
+    // With one outer block and equal parts the output is the parts in rank order: gathered in place; else through a
+    // buffer of the backend's, rearranged after.
+    const bool in_place = c.outer == 1 && c.even();
+    Tensor ranks = in_place ? y : ctx.backend().empty(DType::kFloat32, {degree * c.chunk_elements()});
+    if (!in_place && !c.even()) ctx.backend().fill_zero_bytes(ranks);
+    copy_blocks(ctx, c, mine, element, x.raw(), mine, ranks.raw() + rank * c.chunk_elements() * element, c.chunk);
     group.allgather(ranks.span<float>())->wait();
-    if (c.outer == 1) return;
-    for (int r = 0; r < degree; ++r) move_part(ctx, c, r, element, ranks.raw() + r * part_elements(c) * element, y.raw(), false);
+    if (in_place) return;
+    for (int r = 0; r < degree; ++r)
+      move_part(ctx, c, r, c.chunk, element, ranks.raw() + r * c.chunk_elements() * element, y.raw(), false);
   } else if (x.dtype() == DType::kFloat64) {  // no float64 all-gather: the sum over zeroed other parts, exact
-    move_part(ctx, c, rank, element, x.raw(), y.raw(), false);
+    ctx.backend().fill_zero_bytes(y);
+    move_part(ctx, c, rank, mine, element, x.raw(), y.raw(), false);
     group.allreduce_sum(y.span<double>())->wait();
   } else {
     ctx.unsupported("an all-gather of " + std::string(dtype_name(x.dtype())));
@@ -137,20 +178,25 @@ void tp_reduce_scatter_k(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const int degree = degree_of(ctx);
   const AxisCut c = axis_cut(ctx, x.shape(), degree);
-  Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), c.part));
+  const int rank = rank_in(ctx);
+  const int64_t mine = c.part_length(rank);
+  Tensor& y = ctx.output(0, x.dtype(), with_axis_length(ctx, x.shape(), mine));
   if (degree == 1 || y.elements() == 0) return ctx.backend().copy(x, y);
   Communicator& group = *ctx.tensor_parallel_group();
-  const int rank = group.rank();
   const int64_t element = dtype_size(x.dtype());
-  Tensor buffer = ctx.backend().empty(x.dtype(), {x.elements()});  // x's parts in rank order, reduced in place
   if (x.dtype() == DType::kFloat32) {
-    for (int r = 0; r < degree; ++r) move_part(ctx, c, r, element, x.raw(), buffer.raw() + r * part_elements(c) * element, true);
+    Tensor buffer = ctx.backend().empty(x.dtype(), {degree * c.chunk_elements()});  // x's parts in rank order
+    if (!c.even()) ctx.backend().fill_zero_bytes(buffer);
+    for (int r = 0; r < degree; ++r)
+      move_part(ctx, c, r, c.chunk, element, x.raw(), buffer.raw() + r * c.chunk_elements() * element, true);
     group.reduce_scatter_sum(buffer.span<float>())->wait();
-    copy_on_backend(ctx, buffer.raw() + rank * y.bytes(), y.raw(), y.bytes());
+    // This rank's chunk, [outer, chunk, inner], without its padding.
+    copy_blocks(ctx, c, mine, element, buffer.raw() + rank * c.chunk_elements() * element, c.chunk, y.raw(), mine);
   } else if (x.dtype() == DType::kFloat64) {  // no float64 reduce-scatter: the whole sum, then this rank's part
+    Tensor buffer = ctx.backend().empty(x.dtype(), {x.elements()});
     ctx.backend().copy(x, buffer);
     group.allreduce_sum(buffer.span<double>())->wait();
-    move_part(ctx, c, rank, element, buffer.raw(), y.raw(), true);
+    move_part(ctx, c, rank, mine, element, buffer.raw(), y.raw(), true);
   } else {
     ctx.unsupported("a reduce-scatter of " + std::string(dtype_name(x.dtype())));
   }

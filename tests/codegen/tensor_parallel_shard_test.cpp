@@ -364,28 +364,50 @@ TEST(ASequenceParallelShard, GivesADropoutOnAPartItsRanksOwnStream) {
   }
 }
 
-// A sequence the degree does not cut into equal parts is refused, naming the region's output: apart zoo's GPT at 6
-// positions under TP 4 (its 4 heads and 64 features cut into 4, its sequence not).
-TEST(ASequenceParallelShard, RefusesASequenceTheDegreeDoesNotDivideNamingTheValue) {
+// A sequence the degree does not cut into equal parts is cut into uneven ones (apart zoo's GPT at 6 positions under
+// TP 4: 2, 2, 1 and 1, tp_sequence_part; each reduce-scatter carries the whole length as its `length` attribute),
+// and one shorter than the degree (3 positions) is planned without sequence parallelism and refused by the shard
+// pass, naming the region's output and the fix.
+TEST(ASequenceParallelShard, CutsAnUnevenSequenceAndRefusesOneShorterThanTheDegreeNamingTheValue) {
   const testing::TempDir scratch("tp_shard_sp");
   const fs::path& dir = scratch.path();
-  const auto z = testing::run_apart("zoo gpt --layers 1 --hidden 64 --heads 4 --seq 6 --vocab 64 -q -o " +
-                                    (dir / "gpt.onnx").string());
-  ASSERT_EQ(z.code, 0) << z.out;
-  const auto p = testing::run_apart("partition " + (dir / "gpt.onnx").string() + " --device cpu --devices 4 --tp 4 "
-                                    "--pp 1 --dp 1 --sequence-parallel on --batch 4 --no-baselines -q -o " +
-                                    (dir / "plan").string());
-  ASSERT_EQ(p.code, 0) << p.out;
-  const onnx::ModelProto stage = testing::read_proto(dir / "plan" / "stage_0.onnx");
-  const std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(dir / "plan"));
-  EXPECT_NO_THROW(shard_stage_for_tensor_parallel(stage, regions, 4, 0));  // without sequence parallelism: fine
-  try {
-    shard_stage_for_tensor_parallel(stage, regions, 4, 0, TpWeights::kCut, TpSequence::kSharded);
-    ADD_FAILURE() << "no error";
-  } catch (const Unsupported& e) {
-    EXPECT_NE(std::string(e.what()).find("'/blocks.0/attn/proj/MatMul_output_0' has 6 positions along axis 1"),
-              std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--sequence-parallel off"), std::string::npos) << e.what();
+  for (const int seq : {6, 3}) {
+    const fs::path model = dir / ("gpt" + std::to_string(seq) + ".onnx"), plan = dir / ("plan" + std::to_string(seq));
+    const auto z = testing::run_apart("zoo gpt --layers 1 --hidden 64 --heads 4 --seq " + std::to_string(seq) +
+                                      " --vocab 64 -q -o " + model.string());
+    ASSERT_EQ(z.code, 0) << z.out;
+    const auto p = testing::run_apart("partition " + model.string() +
+                                      " --device cpu --devices 4 --tp 4 "
+                                      "--pp 1 --dp 1 --sequence-parallel on --batch 4 --no-baselines -q -o " +
+                                      plan.string());
+    ASSERT_EQ(p.code, 0) << p.out;
+    const onnx::ModelProto stage = testing::read_proto(plan / "stage_0.onnx");
+    const std::vector<TpShardRegion> regions = tp_shard_regions(read_plan(plan));
+    EXPECT_NO_THROW(shard_stage_for_tensor_parallel(stage, regions, 4, 0));  // without sequence parallelism: fine
+    if (seq == 6) {
+      for (int r = 0; r < 4; ++r) {
+        const TpShard shard =
+            shard_stage_for_tensor_parallel(stage, regions, 4, r, TpWeights::kCut, TpSequence::kSharded);
+        int lengths = 0;
+        for (const auto& n : shard.model.graph().node())
+          if (n.op_type() == "TpReduceScatter")
+            for (const auto& a : n.attribute()) lengths += a.name() == "length" && a.i() == 6 ? 1 : 0;
+        EXPECT_EQ(lengths, 2) << "rank " << r;  // the attention's and the MLP's
+      }
+      continue;
+    }
+    // The planner does not choose sequence parallelism for it (partition/stage_cost.cpp), even when asked.
+    EXPECT_FALSE(read_plan(plan).stages.at(0).sequence_parallel);
+    try {
+      shard_stage_for_tensor_parallel(stage, regions, 4, 0, TpWeights::kCut, TpSequence::kSharded);
+      ADD_FAILURE() << "no error";
+    } catch (const Unsupported& e) {
+      EXPECT_NE(std::string(e.what()).find("'/blocks.0/attn/proj/MatMul_output_0' has 3 positions along axis 1, fewer "
+                                           "than the 4 TP ranks"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("--sequence-parallel off"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -242,7 +242,9 @@ TEST(ASeparateQkvAttention, JoinsItsThreeColumnLinearsIntoOneRegion) {
     EXPECT_EQ(role_of(m.graph, r, t), TpRole::kColumn) << t;
 }
 
-TEST(AFusedQkvAttention, ReadThroughThreeSlicesIsFoundToo) {
+// A fused QKV read through three Slices along the split axis: the shard pass cuts Split sizes but not Slice ranges, so
+// the detection leaves it replicated (it found it before, and apart run then refused the plan --tp chose).
+TEST(AFusedQkvAttention, ReadThroughThreeSlicesStaysReplicatedAsTheShardPassCannotCutIt) {
   OnnxBuilder b;
   b.input("x", {"batch", 4, 8}).input("mask", {"batch", 1, 1, 4}).output("y");
   b.weight("wqkv", {8, 24});
@@ -257,7 +259,9 @@ TEST(AFusedQkvAttention, ReadThroughThreeSlicesIsFoundToo) {
   }
   attention_tail(b, "q", "k", "v");
   const ImportedModel m = import(b);
-  expect_attention(m, find_tensor_parallel_regions(m.graph), 1);
+  const TensorParallelRegions r = find_tensor_parallel_regions(m.graph);
+  EXPECT_EQ(r.count(TpRegionKind::kAttention), 0u) << r.summary();
+  EXPECT_EQ(role_of(m.graph, r, "/attn/qkv/MatMul"), TpRole::kReplicated);
 }
 
 // ---- Near-misses: each breaks one rule and must leave every task replicated ----
@@ -501,6 +505,64 @@ TEST(TheZoosT5, HasSelfAndCrossAttentionInTheDecoder) {
     if (region.name == "/encoder/block.0/layer.0/SelfAttention") self0 = &region;
   ASSERT_NE(self0, nullptr);
   EXPECT_FALSE(self0->sliced_inputs.empty());
+}
+
+// apart zoo's Llama at `layers` layers with `kv_heads` kv heads, imported, and its regions.
+struct LlamaRegions {
+  ImportedModel m;
+  TensorParallelRegions r;
+};
+LlamaRegions llama_regions(int64_t layers, int64_t kv_heads) {
+  models::ZooOptions o = zoo(models::Family::kLlama, layers);
+  o.kv_heads = kv_heads;
+  LlamaRegions out{import_zoo(o), {}};
+  out.r = find_tensor_parallel_regions(out.m.graph);
+  return out;
+}
+
+// Llama (RMSNorm, rotary embeddings through rotate_half's Slice/Neg/Concat, grouped-query attention through
+// repeat_kv's Unsqueeze/Expand/Reshape, SwiGLU, untied head): every attention is found, its degrees bounded by the
+// kv heads as well as the query heads (gcd of every split width: 4 heads and 2 kv heads allow 1 and 2), and the
+// SwiGLU's gate and up projections are the column linears of one MLP region with down its row.
+TEST(TheZoosLlama, HasOneAttentionWithRotaryAndGroupedKvHeadsAndOneSwigluMlpPerLayer) {
+  const LlamaRegions found = llama_regions(2, 2);
+  const ImportedModel& m = found.m;
+  const TensorParallelRegions& r = found.r;
+  EXPECT_EQ(r.summary(), "2 attention, 2 MLP, embedding, LM head");
+  ASSERT_EQ(r.regions.size(), 6u);
+  const TpRegion& attn = r.regions[1];
+  EXPECT_EQ(attn.kind, TpRegionKind::kAttention);
+  EXPECT_EQ(attn.name, "/model/layers.0/self_attn");
+  EXPECT_EQ(attn.heads, 4);
+  EXPECT_EQ(attn.split_units, 2);  // the kv heads
+  EXPECT_EQ(attn.degrees, (std::vector<int>{1, 2}));
+  EXPECT_EQ(names(m.graph, attn.column_tasks), (std::vector<std::string>{"/model/layers.0/self_attn/q_proj/MatMul",
+                                                                         "/model/layers.0/self_attn/k_proj/MatMul",
+                                                                         "/model/layers.0/self_attn/v_proj/MatMul"}));
+  EXPECT_EQ(names(m.graph, attn.row_tasks), (std::vector<std::string>{"/model/layers.0/self_attn/o_proj/MatMul"}));
+  EXPECT_EQ(role_of(m.graph, r, "/model/layers.0/self_attn/Concat"), TpRole::kFollowsSplit);
+  EXPECT_EQ(role_of(m.graph, r, "/model/layers.0/self_attn/Expand"), TpRole::kFollowsSplit);
+  const TpRegion& mlp = r.regions[2];
+  EXPECT_EQ(mlp.kind, TpRegionKind::kMlp);
+  EXPECT_EQ(names(m.graph, mlp.column_tasks),
+            (std::vector<std::string>{"/model/layers.0/mlp/gate_proj/MatMul", "/model/layers.0/mlp/up_proj/MatMul"}));
+  EXPECT_EQ(names(m.graph, mlp.row_tasks), (std::vector<std::string>{"/model/layers.0/mlp/down_proj/MatMul"}));
+  EXPECT_FALSE(r.regions.back().tied());
+  EXPECT_EQ(r.sequence, 16);
+  // The RMS norms sit between regions: what sequence parallelism cuts.
+  bool norm = false;
+  for (TaskId t : r.between_regions)
+    norm = norm || m.graph.task(t).name == "/model/layers.0/post_attention_layernorm/ReduceMean";
+  EXPECT_TRUE(norm);
+}
+
+// One kv head (multi-query attention): its k and v projections are one head wide, which a degree cannot cut by
+// heads (the reshape puts the split inside the head, which rotate_half then slices), so the attention stays whole
+// (replicated on every TP rank: no split region is ever wrong) while the MLP, embedding and head still split.
+TEST(TheZoosLlamaWithOneKvHead, KeepsItsAttentionWhole) {
+  const LlamaRegions found = llama_regions(1, 1);
+  EXPECT_EQ(found.r.summary(), "1 MLP, embedding, LM head");
+  EXPECT_EQ(role_of(found.m.graph, found.r, "/model/layers.0/self_attn/q_proj/MatMul"), TpRole::kReplicated);
 }
 
 TEST(TheZoosResnet, HasNoRegion) {

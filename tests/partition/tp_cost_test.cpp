@@ -192,6 +192,34 @@ TEST(AStageCostAtATensorParallelDegree, ShardsTheWorkBetweenRegionsAndTheBoundar
   EXPECT_DOUBLE_EQ(full_on.memory_per_in_flight, 4096.0 * u / 4);
 }
 
+// A sequence of 5 positions at degree 4: the busiest rank holds 2 of them (tp_sequence_share 2/5), so the work and
+// saved bytes between regions cost 2/5 of themselves, not 1/4; one of 3 positions gets no sequence parallelism (a rank
+// would hold none) and costs as SP off; 8 positions (or an unknown length) cost 1/4 as before.
+TEST(AStageCostAtATensorParallelDegree, PricesAnUnevenSequenceAtItsLargestPartAndNoneShorterThanTheDegree) {
+  const Cluster cluster = testing::test_cluster(8);
+  const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 4);
+  StageRange r = range_with_tp();
+  r.tp.sp_forward = {0.0, 0.002};
+  r.tp.sp_backward = {0.0, 0.003};
+  r.tp.sp_saved_per_sample = 0.2e6;
+  const TrainingSpec t = training(8);
+  const double u = 8;
+  auto at = [&](int64_t sequence) {
+    r.tp.sequence = sequence;
+    return stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, t, 0, 4);
+  };
+  const StageCost even = at(8), unknown = at(0), uneven = at(5), short_one = at(3);
+  EXPECT_EQ(even.h, unknown.h);
+  ASSERT_TRUE(uneven.sequence_parallel);
+  EXPECT_NEAR(uneven.forward_s - even.forward_s, (0.4 - 0.25) * 0.002 * u, 1e-12);
+  EXPECT_NEAR(uneven.backward_s - even.backward_s, (0.4 - 0.25) * 0.003 * u, 1e-12);
+  EXPECT_NEAR(uneven.memory_per_in_flight - even.memory_per_in_flight, (0.4 - 0.25) * 0.2e6 * u, 1e-6);
+  EXPECT_FALSE(short_one.sequence_parallel);
+  TrainingSpec off = t;
+  off.sequence_parallel = false;
+  EXPECT_EQ(short_one.h, stage_cost(r, 1, 1, 1, RecomputeScope::kNone, links, off, 0, 4).h);
+}
+
 TEST(AStageCostAtATensorParallelDegree, KeepsTheBoundariesWholeWhereTheGroupSplitsNoWork) {
   const Cluster cluster = testing::test_cluster(8);
   const StageLinks links = assumed_links(cluster, Layout::kStageMajor, 4);

@@ -12,6 +12,7 @@
 
 #include "graph/error.h"
 #include "runtime/communicator.h"
+#include "plan/training.h"  // tp_sequence_part
 #include "runtime/executor.h"
 #include "tests/support/onnx_builder.h"
 
@@ -66,8 +67,9 @@ double at(const Tensor& t, int64_t i) {
   return t.dtype() == DType::kFloat32 ? static_cast<double>(t.data<float>()[i]) : t.data<double>()[i];
 }
 
-// Runs `model` on kDegree threads, rank r's input made by input(r); returns each rank's y.
-std::vector<Tensor> run_on_group(const onnx::ModelProto& model, const std::function<Tensor(int)>& input) {
+// Runs model_of(r) on kDegree threads, rank r's input made by input(r); returns each rank's y.
+std::vector<Tensor> run_on_group(const std::function<onnx::ModelProto(int)>& model_of,
+                                 const std::function<Tensor(int)>& input) {
   auto comms = make_in_process_communicators(kDegree, CommOptions{30});
   std::vector<Tensor> out(kDegree);
   std::vector<std::exception_ptr> errors(kDegree);
@@ -77,7 +79,7 @@ std::vector<Tensor> run_on_group(const onnx::ModelProto& model, const std::funct
       try {
         ExecutorOptions options;
         options.tensor_parallel = comms[static_cast<size_t>(r)].get();
-        Executor exec(model, {}, options);
+        Executor exec(model_of(r), {}, options);
         out[static_cast<size_t>(r)] = exec.run({{"x", input(r)}})[0].second;
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
@@ -87,6 +89,9 @@ std::vector<Tensor> run_on_group(const onnx::ModelProto& model, const std::funct
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
   return out;
+}
+std::vector<Tensor> run_on_group(const onnx::ModelProto& model, const std::function<Tensor(int)>& input) {
+  return run_on_group([&](int) { return model; }, input);
 }
 
 struct Axis {
@@ -173,16 +178,79 @@ TEST(TensorParallelKernelsWithoutAGroup, AreIdentities) {
   }
 }
 
-// An axis the group does not cut into equal parts: InvalidModel naming the node, on every rank.
-TEST(ATensorParallelKernel, RefusesAnAxisTheGroupDoesNotDivideNamingTheNode) {
+// An axis the group does not cut into equal parts (7 positions on 3 ranks): rank r holds tp_sequence_part's
+// [0, 3), [3, 5), [5, 7); the all-gather reads the whole length from its `length` attribute. Each kernel is checked
+// position by position against the whole tensor.
+TEST(TensorParallelKernelsOnUnevenParts, ScatterReduceScatterAndAllGatherMoveEachRanksPositions) {
+  const std::vector<int64_t> whole = {3, 7, 2};
+  const int axis = 1;
+  auto part_of = [&](int r) {
+    std::vector<int64_t> s = whole;
+    const auto [begin, end] = tp_sequence_part(7, kDegree, r);
+    s[1] = end - begin;
+    return s;
+  };
+  auto owner = [&](int64_t i) {  // the rank holding flat position i of the whole, and the index in its part
+    const int64_t at_axis = index_along(whole, axis, i);
+    for (int r = 0; r < kDegree; ++r) {
+      const auto [begin, end] = tp_sequence_part(7, kDegree, r);
+      if (at_axis >= begin && at_axis < end) {
+        const int64_t outer = i / (7 * 2), inner = i % 2;
+        return std::make_pair(r, (outer * (end - begin) + (at_axis - begin)) * 2 + inner);
+      }
+    }
+    return std::make_pair(-1, int64_t{-1});
+  };
+  // Rank r's one-node model, its part side of rank r's length.
+  auto model = [&](const char* op, DType dtype, bool part_in) {
+    return [=](int r) {
+      return part_in ? collective(op, axis, dtype, part_of(r), whole) : collective(op, axis, dtype, whole, part_of(r));
+    };
+  };
+  EXPECT_EQ(part_of(0)[1], 3);
+  EXPECT_EQ(part_of(2)[1], 2);
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    const auto scattered = run_on_group(model("TpScatter", dtype, false), [&](int) {
+      return filled(dtype, whole, [&](int64_t i) { return value(0, i); });
+    });
+    const auto reduced = run_on_group(model("TpReduceScatter", dtype, false), [&](int r) {
+      return filled(dtype, whole, [&](int64_t i) { return value(r, i); });
+    });
+    auto gather = [&](int r) {
+      onnx::ModelProto m = model("TpAllGather", dtype, true)(r);
+      OnnxBuilder::set_int(*m.mutable_graph()->mutable_node(0), "length", 7);
+      return m;
+    };
+    const auto gathered =
+        run_on_group(gather, [&](int r) { return filled(dtype, part_of(r), [&](int64_t k) { return value(r, k); }); });
+    for (int r = 0; r < kDegree; ++r) {
+      ASSERT_EQ(scattered[static_cast<size_t>(r)].shape(), part_of(r));
+      ASSERT_EQ(reduced[static_cast<size_t>(r)].shape(), part_of(r));
+      ASSERT_EQ(gathered[static_cast<size_t>(r)].shape(), whole);
+    }
+    for (int64_t i = 0; i < 3 * 7 * 2; ++i) {
+      const auto [r, k] = owner(i);
+      double sum = 0;
+      for (int s = 0; s < kDegree; ++s) sum += value(s, i);
+      ASSERT_EQ(at(scattered[static_cast<size_t>(r)], k), value(0, i)) << "index " << i;
+      ASSERT_EQ(at(reduced[static_cast<size_t>(r)], k), sum) << "index " << i;
+      for (int g = 0; g < kDegree; ++g)
+        ASSERT_EQ(at(gathered[static_cast<size_t>(g)], i), value(r, k)) << "index " << i;
+    }
+  }
+}
+
+// An axis shorter than the group (2 positions on 3 ranks) leaves a rank none: InvalidModel naming the node.
+TEST(ATensorParallelKernel, RefusesAnAxisShorterThanTheGroupNamingTheNode) {
   try {
-    run_on_group(collective("TpReduceScatter", 2, DType::kFloat32, {2, 6, 4}, {2, 6, 1}), [](int) {
-      return filled(DType::kFloat32, {2, 6, 4}, [](int64_t i) { return value(0, i); });
+    run_on_group(collective("TpReduceScatter", 2, DType::kFloat32, {2, 6, 2}, {2, 6, 1}), [](int) {
+      return filled(DType::kFloat32, {2, 6, 2}, [](int64_t i) { return value(0, i); });
     });
     ADD_FAILURE() << "no error";
   } catch (const InvalidModel& e) {
     EXPECT_NE(std::string(e.what()).find("'collective'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("length 4 does not cut into 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("length 2 leaves some of 3 TP ranks no position"), std::string::npos)
+        << e.what();
   }
 }
 

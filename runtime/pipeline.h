@@ -46,7 +46,7 @@ struct RunOptions {
   Backend* backend = nullptr;
   // A communicator over the same world that moves `backend`'s memory (NCCL, made with make_nccl_communicator; not
   // owned; nullptr: none). With it the stage boundaries' messages are packed on the backend and sent over it (each
-  // send grouped with the next receive: runtime/device_messages.h), and without ZeRO the buckets' all-reduce runs
+  // send grouped with the next receive: runtime/message_transport.h), and without ZeRO the buckets' all-reduce runs
   // over its split of the replicas on device buffers; everything else (ZeRO's collectives, tied params, the step's
   // world all-reduce, checkpoints, --save-model, TP) stays on `world`. Not used for interleaved plans' messages.
   Communicator* device_world = nullptr;

@@ -122,7 +122,7 @@ TEST(ApartRunWithADeviceCommunicator, RunsATensorParallelZeroTwoPlanOnDeviceTens
 }
 
 // Stages of TP degrees 2 and 1 share the tied embedding: its gradient is summed in whole-size buffers over every
-// holder (RankRunner::split_ties), here in device tensors over the device world's tie communicator.
+// holder (RankTies::split), here in device tensors over the device world's tie communicator.
 TEST(ApartRunWithADeviceCommunicator, SumsATieAcrossStagesOfDifferentTpDegreesOnDeviceTensorsBitwiseAsTheHostPath) {
   const fs::path dir = scratch("device_messages", "tp2_then_tp1");
   TpShape shape;

@@ -396,7 +396,7 @@ TEST(AnUnevenVocabulary, IsCutIntoCeilingPartsAndTrainsAsApartTrain) {
 // gpt-tiny with its logits also a model output, over TP 2 × PP 2: the last stage computes its LM head whole (the
 // planner lays out no vocabulary region for logits read by more than the loss) while the first cuts the embedding's
 // rows, so the tied table is cut in one stage and whole in the other; its gradient is summed whole-size over every
-// holder (RankRunner::split_ties), and the run trains as apart train. (Summed per TP rank as before, the stages'
+// holder (RankTies::split), and the run trains as apart train. (Summed per TP rank as before, the stages'
 // gradients differ in size, 16384 and 32768 floats, and the in-process all-reduce refused the run.)
 TEST(ATiedTableCutInOneStageAndWholeInAnother, TrainsAsApartTrain) {
   const fs::path dir = scratch("tied_cut_and_whole");

@@ -15,8 +15,8 @@
 #include "graph/units.h"
 #include "plan/plan.h"
 #include "runtime/cuda/cuda_entry.h"
-#include "runtime/pipeline.h"
-#include "runtime/preemption.h"
+#include "train/pipeline.h"
+#include "train/preemption.h"
 
 namespace apart::cli {
 namespace {

@@ -7,8 +7,8 @@
 #include "cli/command_registry.h"
 #include "cli/training_flags.h"
 #include "graph/error.h"
-#include "runtime/preemption.h"
-#include "runtime/trainer.h"
+#include "train/preemption.h"
+#include "train/trainer.h"
 
 namespace apart::cli {
 namespace {

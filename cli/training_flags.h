@@ -11,7 +11,7 @@
 
 #include "graph/output_path.h"
 #include "runtime/backend.h"
-#include "runtime/trainer.h"
+#include "train/trainer.h"
 
 namespace CLI {
 class App;

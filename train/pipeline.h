@@ -14,50 +14,30 @@
 
 namespace apart {
 
-struct RunOptions {
+// The training loop's options (train/trainer.h TrainingLoopOptions), read as apart run reads them: `model` is the
+// model the plan was made for ("" = plan.json's model.path; its sha256 must match); `optimizer.kind` is the plan's
+// unless optimizer_from_plan is false; checkpoints: every rank writes DIR/step_N/rank_R.apart (its params, optimizer
+// state, BatchNorm statistics; the data cursor and random state are the step and the seed), then rank 0 writes
+// DIR/manifest.json through a temporary, fsync and rename (docs/runtime.md, "Checkpoints"): a crash mid-save leaves
+// the previous one usable; each complete step folder is resumable alone. `backend`: this rank's backend, its
+// executors, accumulated gradients and optimizer run there; without device_world messages and all-reduces stay on
+// the host. `loss_scale` (--precision fp16): the loss stage seeds its backward with the scale, every rank unscales,
+// and a step with an inf/NaN gradient on any rank is skipped on every rank (the flag rides the step's world
+// all-reduce). on_note / on_warning: told on world rank 0, from the rank's thread.
+struct RunOptions : TrainingLoopOptions {
   std::string plan;   // the plan folder `apart partition` wrote (plan.json, stage_K.onnx, weights/)
-  std::string model;  // the model the plan was made for; "" = plan.json's model.path (its sha256 must match)
-  std::string loss;   // as `apart train --loss`; "" = the model's only scalar float output
   // --loss cross_entropy --labels NAME: must be the loss the plan appended (plan.json model.added_loss), which the run
   // appends anyway; given, it only checks that the plan has it.
   AddedLoss added_loss;
-  int64_t steps = 10;
-  OptimizerOptions optimizer;     // kind: the plan's optimizer unless optimizer_from_plan is false
-  bool optimizer_from_plan = true;
-  LrSchedule schedule;            // total_steps: as TrainOptions::schedule's (0: `steps`, or resumed, the checkpoint's)
-  DataOptions data;               // data.seed is taken from `seed`
-  ParamInit init = ParamInit::kModel;
-  uint64_t seed = 0;
-  std::string save_model;         // world rank 0 writes every stage's trained weights into a copy of the model
-  // Checkpoints (docs/runtime.md, "Checkpoints"): every rank writes DIR/step_N/rank_R.apart (its params, optimizer
-  // state, BatchNorm statistics; the data cursor and random state are the step and the seed), then rank 0 writes
-  // DIR/manifest.json through a temporary, fsync and rename: a crash mid-save leaves the previous one usable.
-  std::string checkpoint_dir;     // at the end, every save_every steps, and at a stop request (train/preemption.h)
-  int64_t save_every = 0;
-  // How many complete step folders stay: the newest keep_last (each resumable alone: DIR/step_N/manifest.json); the
-  // older ones a manifest named are deleted, each announced through on_note.
-  int64_t keep_last = 1;
-  std::string resume;             // a checkpoint folder of this plan on as many ranks: continue from its step
+  bool optimizer_from_plan = true;  // else the flags' optimizer.kind
   std::string trace;              // world rank 0 writes the measured timeline here (plan/trace.h's Chrome trace)
   bool trace_all_steps = false;   // every step in the trace, not only the last
-  // This rank's backend (not owned; nullptr: the CPU backend): its executors, accumulated gradients and optimizer
-  // run there. Without device_world messages and all-reduces stay on the host: boundary values and gradient buckets
-  // are copied to the host around each MPI call when the backend's memory is not the host's.
-  Backend* backend = nullptr;
   // A communicator over the same world that moves `backend`'s memory (NCCL, made with make_nccl_communicator; not
   // owned; nullptr: none). With it the stage boundaries' messages are packed on the backend and sent over it (each
   // send grouped with the next receive: train/message_transport.h), and without ZeRO the buckets' all-reduce runs
   // over its split of the replicas on device buffers; everything else (ZeRO's collectives, tied params, the step's
   // world all-reduce, checkpoints, --save-model, TP) stays on `world`. Not used for interleaved plans' messages.
   Communicator* device_world = nullptr;
-  // Dynamic loss scaling (--precision fp16; train/loss_scale.h): the loss stage seeds its backward with the scale,
-  // every rank unscales, and a step with an inf/NaN gradient on any rank is skipped on every rank (the flag rides
-  // the step's world all-reduce), the scale backing off alike everywhere.
-  LossScaleOptions loss_scale;
-  // World rank 0 is told each checkpoint written or deleted and a resume's schedule decision (on_note), and what the
-  // user should act on (on_warning: a checkpoint without checksums). Called from the rank's thread.
-  std::function<void(const std::string&)> on_note;
-  std::function<void(const std::string&)> on_warning;
   void validate() const;          // InvalidArgument naming the flag
 };
 

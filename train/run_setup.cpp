@@ -21,18 +21,8 @@ namespace fs = std::filesystem;
 
 void RunOptions::validate() const {
   if (plan.empty()) throw InvalidArgument("no plan given: apart run PLAN_DIR (what apart partition wrote)");
-  checked_integer(steps, 1, limits::kMaxSteps, "--steps");
-  checked_integer(schedule.warmup_steps, 0, limits::kMaxSteps, "--warmup-steps");
-  checked_number(schedule.min_lr_ratio, 0, 1, "--min-lr-ratio");
-  if (schedule.kind == LrScheduleKind::kConstant && schedule.warmup_steps > 0)
-    throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
-  checked_integer(save_every, 0, limits::kMaxSteps, "--save-every (0: only at the end)");
-  if (save_every > 0 && checkpoint_dir.empty()) throw InvalidArgument("--save-every needs --checkpoint-dir");
-  checked_integer(keep_last, 1, limits::kMaxSteps, "--keep-last");
-  checked_integer(schedule.total_steps, 0, limits::kMaxSteps, "--lr-schedule-steps (0: --steps)");
+  TrainingLoopOptions::validate();
   if (trace_all_steps && trace.empty()) throw InvalidArgument("--trace-all-steps needs --trace FILE");
-  optimizer.validate();
-  if (loss_scale.enabled) loss_scale.validate();
 }
 
 std::string rank_label(int rank, int world, const RankRole& role) {

@@ -38,9 +38,7 @@ ParamInit parse_param_init(std::string_view text) {
   throw InvalidArgument("--init: unknown value '" + std::string(text) + "' (use random or model)");
 }
 
-void TrainOptions::validate() const {
-  if (model.empty()) throw InvalidArgument("no model given");
-  checked_integer(batch, 1, limits::kMaxBatch, "--batch");
+void TrainingLoopOptions::validate() const {
   checked_integer(steps, 1, limits::kMaxSteps, "--steps");
   checked_integer(save_every, 0, limits::kMaxSteps, "--save-every (0: only at the end)");
   checked_integer(keep_last, 1, limits::kMaxSteps, "--keep-last");
@@ -52,6 +50,12 @@ void TrainOptions::validate() const {
     throw InvalidArgument("--warmup-steps needs --lr-schedule cosine");
   optimizer.validate();
   if (loss_scale.enabled) loss_scale.validate();
+}
+
+void TrainOptions::validate() const {
+  if (model.empty()) throw InvalidArgument("no model given");
+  checked_integer(batch, 1, limits::kMaxBatch, "--batch");
+  TrainingLoopOptions::validate();
 }
 
 namespace {

@@ -24,11 +24,11 @@ namespace apart {
 enum class ParamInit { kModel, kRandom };
 ParamInit parse_param_init(std::string_view text);  // "model" | "random"
 
-struct TrainOptions {
-  std::string model;              // forward ONNX file with a scalar loss output
+// The training loop's options, one struct for `apart train` (TrainOptions) and `apart run` (RunOptions,
+// train/pipeline.h): the steps, the optimizer and its schedule, the data, checkpoints and what is written at the end.
+struct TrainingLoopOptions {
+  std::string model;              // train: the forward ONNX file; run: the plan's model ("" = plan.json's model.path)
   std::string loss;               // --loss: the graph output to minimise; "" = the only scalar float output
-  ImportOptions import;           // --dim/--shape; the batch dim of every input is bound to `batch`
-  int64_t batch = 8;
   int64_t steps = 100;            // total steps (a resumed run continues to this count)
   OptimizerOptions optimizer;
   // total_steps (--lr-schedule-steps): the steps the schedule spans; 0: `steps`, or resumed, the checkpoint's run's
@@ -37,12 +37,13 @@ struct TrainOptions {
   DataOptions data;               // data.seed is taken from `seed`
   ParamInit init = ParamInit::kModel;
   uint64_t seed = 0;
-  std::string checkpoint_dir;     // "" = no checkpoints
+  // "" = no checkpoints; else written at the end, every save_every steps and at a stop request (train/preemption.h).
+  std::string checkpoint_dir;
   int64_t save_every = 0;         // also every N steps (0: only at the end)
-  // How many checkpoints stay: DIR/checkpoint.apart, the latest, and the keep_last - 1 before it this run wrote, each
-  // as DIR/checkpoint.step_K.apart (--resume takes the file); older ones this run wrote are deleted, announced.
+  // How many checkpoints stay: the latest and the keep_last - 1 before it this run wrote (train: DIR/checkpoint.apart
+  // and DIR/checkpoint.step_K.apart; run: DIR/step_N folders); older ones this run wrote are deleted, announced.
   int64_t keep_last = 1;
-  std::string resume;             // a checkpoint directory to continue from
+  std::string resume;             // a checkpoint (folder) to continue from
   std::string save_model;         // write the trained weights into a copy of the model here
   // Where tensors live and kernels run (not owned; nullptr: the CPU backend). On a device backend params, gradients
   // and optimizer state stay there; the loss comes back each step, the weights only for checkpoints and --save-model.
@@ -50,11 +51,17 @@ struct TrainOptions {
   // Dynamic loss scaling (on under --precision fp16): the backward runs on the loss times the scale, gradients are
   // unscaled before the step, and a step with an inf/NaN gradient is skipped (train/loss_scale.h).
   LossScaleOptions loss_scale;
-  // Told once, before the first step, what import learnt that the user should know (constant_params_note).
-  // Also told each checkpoint written (and a resume's schedule decision); on_warning: what the user should act on (a
-  // checkpoint without checksums).
+  // Told what the user should know: what import learnt (constant_params_note), each checkpoint written or deleted,
+  // a resume's schedule decision (run: on world rank 0); on_warning: what the user should act on (a checkpoint
+  // without checksums).
   std::function<void(const std::string&)> on_note;
   std::function<void(const std::string&)> on_warning;
+  void validate() const;          // InvalidArgument naming the flag: the checks both commands share
+};
+
+struct TrainOptions : TrainingLoopOptions {
+  ImportOptions import;           // --dim/--shape; the batch dim of every input is bound to `batch`
+  int64_t batch = 8;
   void validate() const;          // InvalidArgument naming the flag
 };
 

@@ -25,7 +25,7 @@ namespace apart {
 // and a step with an inf/NaN gradient on any rank is skipped on every rank (the flag rides the step's world
 // all-reduce). on_note / on_warning: told on world rank 0, from the rank's thread.
 struct RunOptions : TrainingLoopOptions {
-  std::string plan;   // the plan folder `apart partition` wrote (plan.json, stage_K.onnx, weights/)
+  std::string plan;  // the plan folder `apart partition` wrote (plan.json, stage_K.onnx, weights/)
   // --loss cross_entropy --labels NAME: must be the loss the plan appended (plan.json model.added_loss), which the run
   // appends anyway; given, it only checks that the plan has it.
   AddedLoss added_loss;

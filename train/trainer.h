@@ -56,11 +56,11 @@ struct TrainingLoopOptions {
   // without checksums).
   std::function<void(const std::string&)> on_note;
   std::function<void(const std::string&)> on_warning;
-  void validate() const;          // InvalidArgument naming the flag: the checks both commands share
+  void validate() const;  // InvalidArgument naming the flag: the checks both commands share
 };
 
 struct TrainOptions : TrainingLoopOptions {
-  ImportOptions import;           // --dim/--shape; the batch dim of every input is bound to `batch`
+  ImportOptions import;  // --dim/--shape; the batch dim of every input is bound to `batch`
   int64_t batch = 8;
   void validate() const;          // InvalidArgument naming the flag
 };

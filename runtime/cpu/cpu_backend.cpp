@@ -31,7 +31,9 @@ class CpuBackend final : public Backend {
   std::string describe() const override {
     const std::string core = blas_core_name();
     return "cpu" + (core.empty() ? std::string() : " (OpenBLAS " + core + ")") +
-           (gemm_operands_ == DType::kFloat32 ? "" : ", GEMM operands rounded to " + std::string(dtype_name(gemm_operands_)));
+           (gemm_operands_ == DType::kFloat32
+                ? ""
+                : ", GEMM operands rounded to " + std::string(dtype_name(gemm_operands_)));
   }
   DType gemm_operands() const override { return gemm_operands_; }
   bool host_memory() const override { return true; }
@@ -39,7 +41,8 @@ class CpuBackend final : public Backend {
   std::shared_ptr<std::byte> allocate(int64_t bytes) override {
     constexpr size_t kAlign = 256;
     APART_CHECK(bytes >= 0, "allocate of a negative size");
-    auto* block = static_cast<std::byte*>(std::aligned_alloc(kAlign, (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign + kAlign));
+    auto* block = static_cast<std::byte*>(
+        std::aligned_alloc(kAlign, (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign + kAlign));
     if (!block) throw Infeasible("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
     track_tensor_bytes(bytes);
     return std::shared_ptr<std::byte>(block, [bytes](std::byte* p) {
@@ -125,8 +128,10 @@ void CpuBackend::optimizer_step(const OptimizerUpdate& u, std::span<Tensor* cons
         const float decay = c.decay;
         for (size_t j = 0; j < n; ++j) {
           float d = g[j];
-          if (decoupled) p[j] *= decay;
-          else d += wd * p[j];
+          if (decoupled)
+            p[j] *= decay;
+          else
+            d += wd * p[j];
           m[j] += (d - m[j]) * one_minus_b1;  // torch's lerp_
           v[j] = v[j] * b2 + one_minus_b2 * d * d;
           const float denom = std::sqrt(v[j]) / bias2_sqrt + eps;

@@ -17,7 +17,7 @@
 #include "models/zoo.h"
 #include "profiler/cost_model.h"
 #include "profiler/device.h"
-#include "runtime/profile.h"
+#include "train/profile.h"
 
 namespace fs = std::filesystem;
 

@@ -38,7 +38,7 @@ trap 'rm -rf "$dir"' EXIT
 batch=8
 
 # plan MODEL STAGES REPLICAS MICROBATCHES OUT [INIT]: apart partition, then the plan given exactly that shape
-# (the planner picks its own; the runtime runs what plan.json says), as tests/runtime/pipeline_test.cpp does.
+# (the planner picks its own; the runtime runs what plan.json says), as tests/train/pipeline_test.cpp does.
 plan() {
   local model=$1 stages=$2 replicas=$3 m=$4 out=$5
   "$apart" partition "$model" --device cpu --devices $((stages * replicas)) --stages "$stages" --replicas "$replicas" \

@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "graph/error.h"
+#include "plan/plan_file.h"
 #include "profiler/device.h"
 #include "runtime/blas_info.h"
 
@@ -131,7 +132,7 @@ std::string scaled(double v, const char* const* units, int n, double step, const
 std::vector<InputFile> plan_inputs(const std::string& plan) {
   std::error_code ec;
   const std::filesystem::path file =
-      std::filesystem::is_directory(plan, ec) ? std::filesystem::path(plan) / "plan.json" : std::filesystem::path(plan);
+      std::filesystem::is_directory(plan, ec) ? std::filesystem::path(plan) / kPlanFile : std::filesystem::path(plan);
   const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
   return {{"the plan", file}, {"the plan's costs", dir / "costs.json"}, {"the plan's baselines", dir / "baselines.json"}};
 }

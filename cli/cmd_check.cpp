@@ -8,7 +8,7 @@
 #include "cli/command_registry.h"
 #include "driver/check.h"
 #include "graph/error.h"
-#include "runtime/run_checkpoint_files.h"
+#include "train/run_checkpoint_files.h"
 
 namespace apart::cli {
 namespace {

@@ -14,7 +14,7 @@
 #include "graph/text.h"
 #include "importer/importer.h"
 #include "profiler/device.h"
-#include "runtime/profile.h"
+#include "train/profile.h"
 
 namespace apart::cli {
 namespace {

@@ -15,32 +15,20 @@
 #include "graph/units.h"
 #include "plan/plan.h"
 #include "runtime/cuda/cuda_entry.h"
-#include "runtime/pipeline.h"
-#include "runtime/preemption.h"
+#include "train/pipeline.h"
+#include "train/preemption.h"
 
 namespace apart::cli {
 namespace {
 
-struct RunArgs {
+struct RunArgs : LoopFlags {
   std::string plan;
-  std::string model;
-  LossFlags loss;
-  int64_t steps = 100;  // as apart train
-  TrainingFlags training;
-  BackendFlags backend;
   bool optimizer_given = false;
-  std::string save_model;
-  std::string checkpoint_dir;
-  int64_t save_every = 0;
-  int64_t keep_last = 1;
-  std::string resume;
   std::string trace;
   bool trace_all_steps = false;
   bool in_process = false;
   double comm_timeout_s = 300;
   std::string device_comm = "auto";  // --device-comm: auto (nccl on a GPU), nccl, host
-  bool quiet = false;
-  StepLogFlags log;
   bool precision_given = false;  // else the plan's training.precision
 };
 
@@ -127,26 +115,12 @@ void summary(const RunResult& r, int rank, const RunArgs& a) {
 
 RunOptions run_options(const RunArgs& a) {
   RunOptions o;
+  fill_loop_options(a, o);
   o.plan = a.plan;
-  o.model = a.model;
   o.loss = apply_loss_flags(a.loss, LossFlagUse::kFormOrOutput, o.added_loss);
-  o.steps = a.steps;
-  o.optimizer = optimizer_options(a.training);
   o.optimizer_from_plan = !a.optimizer_given;
-  o.schedule = lr_schedule(a.training);
-  o.data = data_options(a.training);
-  o.init = parse_param_init(a.training.init);
-  o.seed = a.training.seed;
-  o.save_model = a.save_model;
-  o.checkpoint_dir = a.checkpoint_dir;
-  o.save_every = a.save_every;
-  o.keep_last = a.keep_last;
-  o.resume = a.resume;
-  o.on_note = [](const std::string& note) { std::fprintf(stderr, "apart: note: %s\n", note.c_str()); };
-  o.on_warning = [](const std::string& warning) { std::fprintf(stderr, "apart: warning: %s\n", warning.c_str()); };
   o.trace = a.trace;
   o.trace_all_steps = a.trace_all_steps;
-  o.loss_scale = loss_scale_options(a.backend);
   return o;
 }
 

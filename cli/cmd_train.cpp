@@ -7,49 +7,23 @@
 #include "cli/command_registry.h"
 #include "cli/training_flags.h"
 #include "graph/error.h"
-#include "runtime/preemption.h"
-#include "runtime/trainer.h"
+#include "train/preemption.h"
+#include "train/trainer.h"
 
 namespace apart::cli {
 namespace {
 
-struct TrainArgs {
-  std::string model;
-  LossFlags loss;
+struct TrainArgs : LoopFlags {
   ModelFlags model_flags;
-  int64_t steps = 100;
   int64_t batch = 8;
-  TrainingFlags training;
-  BackendFlags backend;
-  std::string checkpoint_dir;
-  int64_t save_every = 0;
-  int64_t keep_last = 1;
-  std::string resume;
-  std::string save_model;
-  bool quiet = false;
-  StepLogFlags log;
 };
 
 void run_train(const TrainArgs& a) {
   TrainOptions o;
-  o.model = a.model;
+  fill_loop_options(a, o);
   o.import = import_options(a.model_flags);
   o.loss = apply_loss_flags(a.loss, LossFlagUse::kFormOrOutput, o.import.loss);
-  o.steps = a.steps;
   o.batch = a.batch;
-  o.optimizer = optimizer_options(a.training);
-  o.schedule = lr_schedule(a.training);
-  o.data = data_options(a.training);
-  o.init = parse_param_init(a.training.init);
-  o.seed = a.training.seed;
-  o.checkpoint_dir = a.checkpoint_dir;
-  o.save_every = a.save_every;
-  o.keep_last = a.keep_last;
-  o.resume = a.resume;
-  o.save_model = a.save_model;
-  o.loss_scale = loss_scale_options(a.backend);
-  o.on_note = [](const std::string& note) { std::fprintf(stderr, "apart: note: %s\n", note.c_str()); };
-  o.on_warning = [](const std::string& warning) { std::fprintf(stderr, "apart: warning: %s\n", warning.c_str()); };
 
   apply_threads(a.training.threads);
   const std::unique_ptr<Backend> backend = make_backend(a.backend);

@@ -236,6 +236,24 @@ std::string StepLog::step(const StepRecord& s) {
   return line;
 }
 
+void fill_loop_options(const LoopFlags& a, TrainingLoopOptions& o) {
+  o.model = a.model;
+  o.steps = a.steps;
+  o.optimizer = optimizer_options(a.training);
+  o.schedule = lr_schedule(a.training);
+  o.data = data_options(a.training);
+  o.init = parse_param_init(a.training.init);
+  o.seed = a.training.seed;
+  o.checkpoint_dir = a.checkpoint_dir;
+  o.save_every = a.save_every;
+  o.keep_last = a.keep_last;
+  o.resume = a.resume;
+  o.save_model = a.save_model;
+  o.loss_scale = loss_scale_options(a.backend);
+  o.on_note = [](const std::string& note) { std::fprintf(stderr, "apart: note: %s\n", note.c_str()); };
+  o.on_warning = [](const std::string& warning) { std::fprintf(stderr, "apart: warning: %s\n", warning.c_str()); };
+}
+
 std::string loss_scale_note(const StepRecord& step) {
   if (step.loss_scale <= 0) return "";
   char text[64];

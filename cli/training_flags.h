@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_common.h"
 #include "graph/output_path.h"
 #include "runtime/backend.h"
-#include "runtime/trainer.h"
+#include "train/trainer.h"
 
 namespace CLI {
 class App;
@@ -99,6 +100,25 @@ class StepLog {
   int64_t steps_seen_ = 0;
   std::FILE* metrics_ = nullptr;
 };
+
+// What `apart train` and `apart run` both take for their training loop (each registers them with its own help).
+struct LoopFlags {
+  std::string model;
+  LossFlags loss;
+  int64_t steps = 100;
+  TrainingFlags training;
+  BackendFlags backend;
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  int64_t keep_last = 1;
+  std::string resume;
+  std::string save_model;
+  bool quiet = false;
+  StepLogFlags log;
+};
+// The training loop's options from those flags (all but the loss, whose added loss each command puts elsewhere),
+// notes and warnings to stderr.
+void fill_loop_options(const LoopFlags& flags, TrainingLoopOptions& options);
 
 // " loss_scale=S" (and " skipped" for a step an inf/NaN gradient skipped) for a step line under loss scaling, else "".
 std::string loss_scale_note(const StepRecord& step);

@@ -25,7 +25,7 @@ struct TrainingGraphOptions {
   // valid for these static shapes only: reshape targets and reduction axes are computed from them.
   ImportOptions import;
   // Not empty: the loss's gradient seed is a graph input of this name (the loss's dtype and shape), which the
-  // trainer feeds with the loss scale (runtime/loss_scale.h), instead of the constant 1.
+  // trainer feeds with the loss scale (train/loss_scale.h), instead of the constant 1.
   std::string loss_seed_input;
   // BatchNormalization runs in training mode (batch statistics; running stats of initializer-backed
   // mean/var come out as TrainingGraph::state_updates). false: inference-mode BN, gradients through it.

@@ -15,6 +15,7 @@
 #include "graph/units.h"
 #include "graph/text.h"
 #include "graph/threads.h"
+#include "plan/plan_file.h"
 #include "plan/plan_summary.h"
 #include "plan/training.h"
 
@@ -316,16 +317,6 @@ fs::path parent_of(const fs::path& target) { return target.has_parent_path() ? t
 
 std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
 
-// A plan.json that apart wrote: a JSON object whose schema is apart.plan/….
-bool is_our_plan_json(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return false;
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return false;
-  const auto schema = j.find("schema");
-  return schema != j.end() && schema->is_string() && schema->get<std::string>().starts_with("apart.plan/");
-}
-
 // "'a', 'b/', 'c' and 4 more".
 std::string name_list(const std::vector<std::string>& names) {
   constexpr size_t kShown = 5;
@@ -404,7 +395,7 @@ void check_plan_directory(const fs::path& directory, const std::vector<InputFile
   if (ec) throw SystemError(where + ": cannot list it: " + ec.message());
   if (empty) return;
   std::sort(foreign.begin(), foreign.end());
-  if (foreign.empty() && !is_our_plan_json(target / "plan.json")) foreign.push_back("plan.json (not an apart plan)");
+  if (foreign.empty() && !is_apart_plan_json(target / kPlanFile)) foreign.push_back("plan.json (not an apart plan)");
   if (foreign.empty()) return;  // a plan apart wrote: replaced
   if (!force)
     throw InvalidArgument(where + " is a folder apart did not write (it holds " + name_list(foreign) +

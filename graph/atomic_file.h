@@ -44,7 +44,7 @@ class AtomicFile {
 };
 
 // Removes the temporary of every AtomicFile neither committed nor destroyed yet. Async-signal-safe (unlink(2) only):
-// for a signal handler about to end the process (runtime/preemption.h), so that no temporary outlives it.
+// for a signal handler about to end the process (train/preemption.h), so that no temporary outlives it.
 void remove_temporaries_from_signal_handler();
 
 // Writes `contents` to `path` through an AtomicFile. Throws SystemError naming the file.

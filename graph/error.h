@@ -20,7 +20,7 @@ enum class ErrorKind {
 // Process exit code for an error kind. 0 is success; 1 is left to crashes of the runtime.
 int exit_code(ErrorKind kind);
 // Not an error: a run stopped by SIGTERM, SIGINT or SIGUSR1 after finishing its step and writing its checkpoint
-// (runtime/preemption.h). 75 is sysexits.h's EX_TEMPFAIL, "try again later": a job script resubmits on it, and tells it
+// (train/preemption.h). 75 is sysexits.h's EX_TEMPFAIL, "try again later": a job script resubmits on it, and tells it
 // from 128 + signal (killed without a checkpoint) and from the errors above.
 inline constexpr int kExitStoppedBySignal = 75;
 const char* error_kind_name(ErrorKind kind);

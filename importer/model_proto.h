@@ -22,7 +22,7 @@ onnx::ModelProto load_model_proto(const std::filesystem::path& path);
 onnx::ModelProto load_model_proto(const std::filesystem::path& path, const ImportOptions& options);
 
 // The names of `inputs` a model does not take as graph inputs and of `outputs` it does not output (a plan's stage
-// file against its plan record: runtime/pipeline.cpp before a run, `apart check`).
+// file against its plan record: train/pipeline.cpp before a run, `apart check`).
 struct MissingInterface {
   std::vector<std::string> inputs;
   std::vector<std::string> outputs;

@@ -1,6 +1,7 @@
 // PlanDocument ↔ plan.json: the one writer (the field order `apart partition` has always written) and the one
 // reader (every field checked, every error naming the file and the field).
 #include "plan/plan.h"
+#include "plan/plan_file.h"
 
 #include <algorithm>
 #include <fstream>
@@ -681,11 +682,20 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
   return plan;
 }
 
+bool is_apart_plan_json(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return false;
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  const auto schema = j.find("schema");
+  return schema != j.end() && schema->is_string() && schema->get<std::string>().starts_with("apart.plan/");
+}
+
 std::filesystem::path plan_json_path(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
-    const fs::path file = path / "plan.json";
+    const fs::path file = path / kPlanFile;
     if (!fs::exists(file, ec))
       throw InvalidArgument("'" + path.string() + "' holds no plan.json: give a plan directory written by "
                             "`apart partition MODEL ... -o DIR`, or its plan.json");

@@ -20,12 +20,12 @@ enum class Schedule : uint8_t { kGPipe, k1F1B, kInterleaved, kZbH1 };
 // Chunks per device of the interleaved schedule when neither --virtual-stages nor the plan says (Megatron-LM's
 // smallest interleaving); at most limits::kMaxVirtualStages.
 inline constexpr int kDefaultVirtualStages = 2;
-// PyTorch semantics (runtime/optimizer.h). For memory, adamw is adam: two state slots per parameter.
+// PyTorch semantics (train/optimizer.h). For memory, adamw is adam: two state slots per parameter.
 enum class Optimizer : uint8_t { kSgd, kMomentum, kAdam, kAdamW };
 // kMixed: fp16/bf16 math and activations, fp32 master weights.
 enum class Precision : uint8_t { kFp32, kTf32, kMixed };
 // The 16-bit format of kMixed: bfloat16 ("mixed", "bf16", "amp") or float16 ("fp16"). The planner costs both alike;
-// the runtime rounds GEMM operands to it, and trains float16 with dynamic loss scaling (runtime/loss_scale.h), since
+// the runtime rounds GEMM operands to it, and trains float16 with dynamic loss scaling (train/loss_scale.h), since
 // float16's range (6e-8 … 65504) would lose small gradients and overflow on large ones.
 enum class HalfFormat : uint8_t { kBf16, kFp16 };
 

@@ -22,7 +22,7 @@ enum class BackendKind : uint8_t { kCpu, kCuda };
 std::string_view backend_name(BackendKind kind);  // "cpu", "cuda"
 BackendKind parse_backend(std::string_view text);  // InvalidArgument listing "cpu, cuda"
 
-// One optimizer update of a list of params, as ParamOptimizer computes it (runtime/optimizer.h owns the state and
+// One optimizer update of a list of params, as ParamOptimizer computes it (train/optimizer.h owns the state and
 // the schedule; the backend owns the arithmetic, so that the GPU runs it as one multi-tensor kernel on device
 // tensors). `states[i]` holds ParamOptimizer::slots(kind) tensors of params[i]'s shape, zero on the first step.
 struct OptimizerUpdate {

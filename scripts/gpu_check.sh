@@ -175,7 +175,7 @@ fi
 
 # --- 2. gpt-tiny on cuda vs cpu, 5 steps, same seed: apart train (fp32; fp16 with loss scaling) and apart run
 # over NCCL (a one-rank plan: NCCL's init and the device path; one GPU cannot hold two NCCL ranks, so the multi-rank
-# grouping and all-reduce stay covered by the CPU tests: runtime_comm_tests, runtime_pipeline_device_tests) ---
+# grouping and all-reduce stay covered by the CPU tests: runtime_comm_tests, train_pipeline_device_tests) ---
 # compare_losses NAME LIMIT_S -- COMMAND...: runs COMMAND with --backend cpu and with --backend cuda (plus any
 # cuda-only flags in $cuda_extra), appends both logs to train.log, and notes the largest relative loss difference.
 compare_losses() {

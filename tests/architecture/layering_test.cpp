@@ -245,7 +245,14 @@ TEST(TheLayeringTable, KeepsTheRuntimeAwayFromThePlanner) {
   ASSERT_NE(runtime, nullptr);
   EXPECT_EQ(runtime->may_use.count("partition"), 0u);
   EXPECT_EQ(runtime->may_use.count("codegen"), 0u);
-  EXPECT_EQ(runtime->may_use.count("autodiff"), 1u);
+  EXPECT_EQ(runtime->may_use.count("autodiff"), 0u);  // tensors and kernels: no training graphs
+  const Part* train = table.find("train");  // apart train, apart run: training graphs from autodiff, never codegen
+  ASSERT_NE(train, nullptr);
+  EXPECT_EQ(train->may_use.count("partition"), 0u);
+  EXPECT_EQ(train->may_use.count("codegen"), 0u);
+  EXPECT_EQ(train->may_use.count("autodiff"), 1u);
+  EXPECT_EQ(train->may_use.count("runtime"), 1u);
+  EXPECT_EQ(runtime->may_use.count("train"), 0u);
   EXPECT_EQ(table.part_of("codegen/autodiff.h")->name, "autodiff");
   EXPECT_EQ(table.part_of("codegen/gradients/gradient.h")->name, "autodiff");
   EXPECT_EQ(table.part_of("codegen/plan_writer.h")->name, "codegen");

@@ -7,7 +7,7 @@
 #include "plan/plan.h"
 #include "report/report_plan.h"
 #include "runtime/executor.h"
-#include "runtime/optimizer.h"
+#include "train/optimizer.h"
 #include "schedule/schedule.h"
 #include "simulator/sim_plan.h"
 

@@ -12,7 +12,7 @@
 
 #include "codegen/autodiff.h"
 #include "runtime/executor.h"
-#include "runtime/trainer.h"
+#include "train/trainer.h"
 #include "tests/codegen/finite_differences.h"
 #include "tests/support/onnx_builder.h"
 #include "tests/support/printed_numbers.h"

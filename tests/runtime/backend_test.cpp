@@ -15,8 +15,8 @@
 #include "runtime/backend.h"
 #include "runtime/device_pool.h"
 #include "runtime/executor.h"
-#include "runtime/optimizer.h"
-#include "runtime/trainer.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
 #include "tests/runtime/host_device_backend.h"
 #include "tests/support/onnx_builder.h"
 

@@ -128,7 +128,7 @@ RankStreams streams_of(const PlanDocument& plan, int zero) {
 }
 
 // The stream items of streams_of's ranks: the step's ops grouped, the sends deferred to its end posted in one last
-// group (DeviceMessages::finish), then the world's all-reduce alone.
+// group (MessageTransport::finish), then the world's all-reduce alone.
 std::vector<std::vector<StreamItem>> stream_items(const std::vector<std::vector<StreamOp>>& ops) {
   std::vector<std::vector<StreamItem>> items;
   for (const auto& rank : ops) {

@@ -86,7 +86,7 @@ TEST_F(ANcclCommunicator, DeliversSendsToSelfMatchedByTag) {
   EXPECT_EQ(std::memcmp(got_second.data(), second_host.raw(), got_second.size()), 0);
 }
 
-// apart run's grouped posting (DeviceMessages): a group of sends and a receive, here all to self on one GPU.
+// apart run's grouped posting (MessageTransport): a group of sends and a receive, here all to self on one GPU.
 TEST_F(ANcclCommunicator, DeliversAGroupOfSendsAndAReceive) {
   auto [first, first_host] = random_floats(1025, 3);
   Tensor into = backend_->empty(DType::kFloat32, {1025});

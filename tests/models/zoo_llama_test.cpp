@@ -132,15 +132,5 @@ TEST(ALlamaTinyModel, TrainsWithAFallingLoss) {
   EXPECT_LT(std::stod(m[2]), std::stod(m[1]) * 0.9) << r.out;
 }
 
-TEST(ALlamaModel, PlansLlama3_70bOn1024H100sWithTensorParallelism) {
-  TempDir dir("zoo_llama_plan");
-  const std::string path = dir.file("llama.onnx");
-  ASSERT_EQ(run_command(kApart + " zoo llama3-70b --layers 8 -q -o " + path + " >/dev/null").code, 0);
-  const auto r = run_command(kApart + " partition " + path + " --device h100 --devices 1024 --tp auto --batch 1024 -o " +
-                             dir.file("plan").string() + " 2>&1");
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(std::filesystem::exists(dir.file("plan") / "plan.json"));
-}
-
 }  // namespace
 }  // namespace apart::models

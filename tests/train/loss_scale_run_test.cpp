@@ -187,7 +187,10 @@ TEST(AnFp16Pipeline, ComputesApartTrainsFp16LossesAndScales) {
     const StepRecord& s = ranks[0].steps[i];
     EXPECT_EQ(s.skipped, reference.steps[i].skipped) << "step " << i + 1;
     EXPECT_EQ(s.loss_scale, reference.steps[i].loss_scale) << "step " << i + 1;
-    EXPECT_NEAR(s.loss, reference.steps[i].loss, 2e-5 * reference.steps[i].loss) << "step " << i + 1;
+    // Within 1e-4 relative, a fifth of fp16's unit roundoff (2^-11 ≈ 4.9e-4): fp16 storage rounds every activation,
+    // and the run's micro-batches sum the weight gradients in another order than apart train's whole batch, which
+    // five AdamW steps carry into the loss (measured: 2.4e-5 at step 5 with attention fused, runtime/cpu/attention).
+    EXPECT_NEAR(s.loss, reference.steps[i].loss, 1e-4 * reference.steps[i].loss) << "step " << i + 1;
     skipped_some = skipped_some || s.skipped;
   }
   EXPECT_TRUE(skipped_some) << "2^24 no longer overflows gpt-tiny: the test checks less than it says";

@@ -5,6 +5,7 @@
 #include <onnx/version_converter/convert.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -345,161 +346,200 @@ std::optional<onnx::ModelProto> at_training_opset(const onnx::ModelProto& forwar
   }
 }
 
-TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options) {
-  if (auto converted = at_training_opset(forward)) return build_training_graph(*converted, options);
-  const int64_t opset = default_opset(forward);
+namespace {
 
-  // --- Static shapes and known integers of every value, from the importer ---
-  ImportOptions import = options.import;
-  import.require_external_data = false;
-  import.constants_as_params = false;  // the forward as given (callers convert first): node indices are fg's
-  const ImportedModel imported = import_model_bytes(
-      forward.SerializeAsString(), {}, forward.graph().name().empty() ? "<forward model>" : forward.graph().name(), import);
-  const TaskGraph& tg = imported.graph;
-  if (options.fuse_attention && has_softmax(forward)) {
-    onnx::ModelProto fused = forward;
-    if (fuse_attention(fused, tg).changed()) {
-      TrainingGraphOptions as_fused = options;
-      as_fused.fuse_attention = false;
-      return build_training_graph(fused, as_fused);
-    }
+// One build of a training graph, as named phases over the state they share: the forward's value metadata (from the
+// importer), what is differentiated (loss, params, inputs), then the emitted model. build_training_graph runs them in
+// order; each phase reads what the ones before it set.
+class TrainingGraphBuild {
+ public:
+  TrainingGraphBuild(const onnx::ModelProto& forward, const TrainingGraphOptions& options, const TaskGraph& tg)
+      : forward_(forward), fg_(forward.graph()), options_(options), tg_(tg) {
+    for (const Value& v : tg.values()) metas_[v.name] = ValueMeta{v.dtype, v.shape, v.shape_known, v.known_ints};
+    for (const auto& init : fg_.initializer()) initializer_names_.insert(init.name());
   }
-  std::unordered_map<std::string, ValueMeta> metas;
-  for (const Value& v : tg.values()) metas[v.name] = ValueMeta{v.dtype, v.shape, v.shape_known, v.known_ints};
-  const ValueMeta kUnknown;
-  auto meta = [&](const std::string& name) -> const ValueMeta& {
-    auto it = metas.find(name);
-    return it == metas.end() ? kUnknown : it->second;
-  };
 
-  const onnx::GraphProto& fg = forward.graph();
-  std::set<std::string> initializer_names;
-  for (const auto& init : fg.initializer()) initializer_names.insert(init.name());
+  // Phase 1: the loss, the params and the inputs to differentiate, each checked against the forward.
+  void choose_targets();
+  // Phase 2: the forward nodes in the importer's topological order, and the float values that depend on a param or
+  // a requested input (only those get gradients).
+  void find_active_values();
+  // Phase 3: the training model starts as the forward, with saved outputs and value types added.
+  void emit_forward();
+  // Phase 4: the backward: seeds at the loss (or the fed loss scale / output gradients), then each forward node's
+  // rule in reverse order, its input gradients accumulated with Sum.
+  void emit_backward();
+  // Phase 5: the graph outputs: loss, params' and inputs' gradients (zeros where none flows), state updates.
+  void emit_outputs();
+  // Phase 6: value_info for the gradient values, and the ai.apart opset where its ops appear.
+  void finish();
 
-  // --- Loss, params, inputs to differentiate ---
-  const auto output_names = [&] {
+  TrainingGraph take() { return std::move(result_); }
+
+ private:
+  const ValueMeta& meta(const std::string& name) const {
+    auto it = metas_.find(name);
+    return it == metas_.end() ? unknown_ : it->second;
+  }
+  bool is_output(const std::string& name) const {
+    return std::any_of(fg_.output().begin(), fg_.output().end(), [&](const auto& o) { return o.name() == name; });
+  }
+  std::string output_names() const {
     std::string names;
-    for (const auto& o : fg.output()) names += (names.empty() ? "" : ", ") + quote(o.name());
+    for (const auto& o : fg_.output()) names += (names.empty() ? "" : ", ") + quote(o.name());
     return names;
-  };
-  std::string loss = options.loss;
-  if (loss.empty() && options.output_gradients.empty()) {
+  }
+  // Resize's roi and scales, Upsample's scales: a param used only there sets a geometry; its gradient is zero by
+  // definition, and an optimizer's weight decay would change the output's shape.
+  bool sets_geometry_only(const std::string& name) const;
+  // The accumulated gradient of v (one Sum over its contributions), "" when none flows to it.
+  std::string gradient_of(const std::string& v);
+  // Names the graph output carrying `grad` as "<of>_grad" (renaming its producer's output where that is safe).
+  std::string name_output(const std::string& of, const std::string& grad);
+  std::string gradient_or_zeros(const std::string& v);
+
+  const onnx::ModelProto& forward_;
+  const onnx::GraphProto& fg_;
+  const TrainingGraphOptions& options_;
+  const TaskGraph& tg_;
+  std::unordered_map<std::string, ValueMeta> metas_;
+  const ValueMeta unknown_;
+  std::set<std::string> initializer_names_;
+
+  std::string loss_;
+  std::vector<std::string> params_;
+  std::vector<int> order_;
+  std::unordered_set<std::string> active_;
+
+  TrainingGraph result_;
+  onnx::GraphProto* g_ = nullptr;
+  std::optional<Emitter> e_;
+  std::unordered_map<std::string, std::vector<std::string>> contributions_;
+  std::map<std::string, ValueMeta> grad_infos_;  // value_info for gradient values (helps ai.apart outputs)
+
+  // emit_outputs' naming state
+  std::unordered_set<std::string> backward_inputs_, taken_, claimed_;
+  std::unordered_map<std::string, std::string> renamed_;  // a gradient value → the output name its producer now has
+};
+
+void TrainingGraphBuild::choose_targets() {
+  loss_ = options_.loss;
+  if (loss_.empty() && options_.output_gradients.empty()) {
     std::vector<LossCandidate> outputs;
-    for (const auto& o : fg.output()) {
+    for (const auto& o : fg_.output()) {
       const ValueMeta& m = meta(o.name());
       outputs.push_back({o.name(), is_float(m.dtype) && m.shape_known && product_of(m.shape) == 1});
     }
-    loss = choose_loss(outputs, "");
+    loss_ = choose_loss(outputs, "");
   }
-  auto is_output = [&](const std::string& name) {
-    return std::any_of(fg.output().begin(), fg.output().end(), [&](const auto& o) { return o.name() == name; });
-  };
-  if (!loss.empty()) {
-    const ValueMeta& m = meta(loss);
-    if (!is_output(loss))
-      throw InvalidArgument("--loss " + quote(loss) + " is not a graph output; the model's outputs are: " + output_names());
+  if (!loss_.empty()) {
+    const ValueMeta& m = meta(loss_);
+    if (!is_output(loss_))
+      throw InvalidArgument("--loss " + quote(loss_) + " is not a graph output; the model's outputs are: " + output_names());
     if (!is_float(m.dtype) || !m.shape_known || product_of(m.shape) != 1)
-      throw InvalidArgument("the loss " + quote(loss) + " is " + std::string(dtype_name(m.dtype)) + " [" +
+      throw InvalidArgument("the loss " + quote(loss_) + " is " + std::string(dtype_name(m.dtype)) + " [" +
                             (m.shape_known ? shape_string(m.shape) : "?") + "], not a scalar float value: reduce it to "
                             "one in the model (e.g. ReduceMean) or name a scalar float output with --loss NAME");
   }
-  for (const auto& o : options.output_gradients)
+  for (const auto& o : options_.output_gradients)
     if (!is_output(o) || !is_float(meta(o).dtype) || !meta(o).shape_known)
       throw InvalidArgument("autodiff: output_gradients names " + quote(o) + ", which is not a float graph output with a static shape");
 
-  // Default params: every float initializer but those that only set a geometry (Resize's roi and scales, Upsample's
-  // scales): their gradient is zero by definition, and an optimizer's weight decay would change the output's shape.
-  auto sets_geometry_only = [&](const std::string& name) {
-    bool used = false;
-    for (const auto& n : fg.node())
-      for (int i = 0; i < n.input_size(); ++i) {
-        if (n.input(i) != name) continue;
-        used = true;
-        const bool geometry = (n.op_type() == "Resize" && (i == 1 || i == 2)) || (n.op_type() == "Upsample" && i == 1);
-        if (!geometry) return false;
-      }
-    return used;
-  };
-  std::vector<std::string> params = options.params;
-  if (params.empty()) {
-    for (const auto& init : fg.initializer())
-      if (is_float(static_cast<DType>(init.data_type())) && !sets_geometry_only(init.name())) params.push_back(init.name());
+  // Default params: every float initializer but those that only set a geometry.
+  params_ = options_.params;
+  if (params_.empty()) {
+    for (const auto& init : fg_.initializer())
+      if (is_float(static_cast<DType>(init.data_type())) && !sets_geometry_only(init.name())) params_.push_back(init.name());
   }
-  for (const auto& p : params)
-    if (!initializer_names.count(p) || !is_float(meta(p).dtype))
+  for (const auto& p : params_)
+    if (!initializer_names_.count(p) || !is_float(meta(p).dtype))
       throw InvalidArgument("autodiff: param " + quote(p) + " is not a floating-point initializer of the model");
-  for (const auto& x : options.input_gradients)
-    if (!metas.count(x) || !is_float(meta(x).dtype) || !meta(x).shape_known)
+  for (const auto& x : options_.input_gradients)
+    if (!metas_.count(x) || !is_float(meta(x).dtype) || !meta(x).shape_known)
       throw InvalidArgument("autodiff: input_gradients names " + quote(x) + ", which is not a float value with a static shape");
+}
 
-  // --- Forward nodes in the importer's topological order ---
-  std::vector<int> order;
-  for (const Task& t : tg.tasks())
-    if (t.onnx_node_index >= 0) order.push_back(t.onnx_node_index);
+bool TrainingGraphBuild::sets_geometry_only(const std::string& name) const {
+  bool used = false;
+  for (const auto& n : fg_.node())
+    for (int i = 0; i < n.input_size(); ++i) {
+      if (n.input(i) != name) continue;
+      used = true;
+      const bool geometry = (n.op_type() == "Resize" && (i == 1 || i == 2)) || (n.op_type() == "Upsample" && i == 1);
+      if (!geometry) return false;
+    }
+  return used;
+}
 
-  // Active values: float values that depend on a param or a requested input.
-  std::unordered_set<std::string> active(params.begin(), params.end());
-  active.insert(options.input_gradients.begin(), options.input_gradients.end());
-  for (int idx : order) {
-    const auto& n = fg.node(idx);
+void TrainingGraphBuild::find_active_values() {
+  for (const Task& t : tg_.tasks())
+    if (t.onnx_node_index >= 0) order_.push_back(t.onnx_node_index);
+  active_.insert(params_.begin(), params_.end());
+  active_.insert(options_.input_gradients.begin(), options_.input_gradients.end());
+  for (int idx : order_) {
+    const auto& n = fg_.node(idx);
     bool any = false;
-    for (const auto& i : n.input()) any = any || (!i.empty() && active.count(i));
+    for (const auto& i : n.input()) any = any || (!i.empty() && active_.count(i));
     if (!any) continue;
     for (const auto& o : n.output())
-      if (!o.empty() && is_float(meta(o).dtype)) active.insert(o);
+      if (!o.empty() && is_float(meta(o).dtype)) active_.insert(o);
   }
+}
 
-  // --- The training model: the forward (with saved outputs added), then the backward ---
-  TrainingGraph result;
-  onnx::ModelProto& model = result.model;
-  model = forward;
-  result.forward_nodes = forward.graph().node_size();
-  onnx::GraphProto& g = *model.mutable_graph();
+void TrainingGraphBuild::emit_forward() {
+  onnx::ModelProto& model = result_.model;
+  model = forward_;
+  result_.forward_nodes = forward_.graph().node_size();
+  g_ = model.mutable_graph();
+  onnx::GraphProto& g = *g_;
   g.clear_value_info();
   g.clear_output();
   for (auto& in : *g.mutable_input()) {
     const ValueMeta& m = meta(in.name());
     if (m.shape_known) set_value_info(in, in.name(), m);
   }
-  for (int i = 0; i < g.node_size(); ++i) prepare_forward_node(*g.mutable_node(i), i, options, fg, result.state_updates);
+  for (int i = 0; i < g.node_size(); ++i) prepare_forward_node(*g.mutable_node(i), i, options_, fg_, result_.state_updates);
   // Outputs of ai.apart forward nodes (the tensor-parallel collectives) keep their types: ONNX infers none for them.
   for (const auto& n : g.node()) {
     if (n.domain() != autodiff::kApartDomain) continue;
     for (const auto& o : n.output())
       if (!o.empty() && meta(o).shape_known) set_value_info(*g.add_value_info(), o, meta(o));
   }
+  e_.emplace(g, default_opset(forward_));
+}
 
-  Emitter e(g, opset);
-  std::unordered_map<std::string, std::vector<std::string>> contributions;
-  std::map<std::string, ValueMeta> grad_infos;  // value_info for gradient values (helps ai.apart outputs)
-  auto gradient_of = [&](const std::string& v) -> std::string {
-    auto it = contributions.find(v);
-    if (it == contributions.end() || it->second.empty()) return "";
-    if (it->second.size() > 1) {
-      const std::string sum = e.op("Sum", it->second);
-      grad_infos[sum] = meta(v);
-      it->second = {sum};
-    }
-    return it->second.front();
-  };
-
-  if (!loss.empty() && !options.loss_seed_input.empty()) {  // the loss scale, fed each step
-    set_value_info(*g.add_input(), options.loss_seed_input, meta(loss));
-    contributions[loss].push_back(options.loss_seed_input);
-    result.loss_seed_input = options.loss_seed_input;
-  } else if (!loss.empty()) {
-    e.set_scope("seed");
-    contributions[loss].push_back(e.filled(1.0, meta(loss).dtype, meta(loss).shape));
+std::string TrainingGraphBuild::gradient_of(const std::string& v) {
+  auto it = contributions_.find(v);
+  if (it == contributions_.end() || it->second.empty()) return "";
+  if (it->second.size() > 1) {
+    const std::string sum = e_->op("Sum", it->second);
+    grad_infos_[sum] = meta(v);
+    it->second = {sum};
   }
-  for (const auto& o : options.output_gradients) {
+  return it->second.front();
+}
+
+void TrainingGraphBuild::emit_backward() {
+  onnx::GraphProto& g = *g_;
+  Emitter& e = *e_;
+  if (!loss_.empty() && !options_.loss_seed_input.empty()) {  // the loss scale, fed each step
+    set_value_info(*g.add_input(), options_.loss_seed_input, meta(loss_));
+    contributions_[loss_].push_back(options_.loss_seed_input);
+    result_.loss_seed_input = options_.loss_seed_input;
+  } else if (!loss_.empty()) {
+    e.set_scope("seed");
+    contributions_[loss_].push_back(e.filled(1.0, meta(loss_).dtype, meta(loss_).shape));
+  }
+  for (const auto& o : options_.output_gradients) {
     const std::string name = o + "_grad";
     set_value_info(*g.add_input(), name, meta(o));
-    contributions[o].push_back(name);
-    result.output_gradient_inputs.emplace_back(o, name);
+    contributions_[o].push_back(name);
+    result_.output_gradient_inputs.emplace_back(o, name);
   }
 
   const auto& rule_table = autodiff::registered_rules();
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+  auto meta_of = [this](const std::string& name) -> const ValueMeta& { return meta(name); };
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
     const onnx::NodeProto& n = g.node(*it);
     std::vector<std::string> gys;
     bool any_gy = false;
@@ -511,7 +551,7 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
     std::vector<bool> wants;
     bool any_want = false;
     for (const auto& i : n.input()) {
-      wants.push_back(!i.empty() && active.count(i) > 0);
+      wants.push_back(!i.empty() && active_.count(i) > 0);
       any_want = any_want || wants.back();
     }
     if (!any_want) continue;
@@ -524,81 +564,85 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
                         " has no gradient rule (docs/autodiff.md lists the ops with one)");
     e.set_scope(node_name);
     const onnx::NodeProto node_copy = n;  // the emitter appends to the same repeated field
-    GradNode gn(node_copy, e, meta, gys, wants);
+    GradNode gn(node_copy, e, meta_of, gys, wants);
     rule->second(gn);
     for (size_t i = 0; i < gn.given().size(); ++i) {
       if (gn.given()[i].empty()) continue;
-      contributions[node_copy.input(static_cast<int>(i))].push_back(gn.given()[i]);
-      grad_infos.emplace(gn.given()[i], meta(node_copy.input(static_cast<int>(i))));
+      contributions_[node_copy.input(static_cast<int>(i))].push_back(gn.given()[i]);
+      grad_infos_.emplace(gn.given()[i], meta(node_copy.input(static_cast<int>(i))));
     }
   }
+}
 
-  // --- Outputs ---
-  std::unordered_set<std::string> backward_inputs;
-  for (const auto& n : g.node())
-    for (const auto& i : n.input()) backward_inputs.insert(i);
-  std::unordered_set<std::string> taken;
-  for (const auto& n : g.node())
-    for (const auto& o : n.output()) taken.insert(o);
-  for (const auto& i : g.input()) taken.insert(i.name());
-  for (const auto& i : g.initializer()) taken.insert(i.name());
-  std::unordered_set<std::string> claimed;
-  std::unordered_map<std::string, std::string> renamed;  // a gradient value → the output name its producer now has
-  auto name_output = [&](const std::string& of, const std::string& grad) -> std::string {
-    std::string want = of + "_grad";
-    for (int k = 2; taken.count(want); ++k) want = of + "_grad#" + std::to_string(k);
-    taken.insert(want);
-    const bool renamable = grad.rfind("grad/", 0) == 0 && !backward_inputs.count(grad) && !claimed.count(grad);
-    if (renamable) {
-      for (int k = g.node_size() - 1; k >= 0; --k) {
-        auto* node = g.mutable_node(k);
-        for (int o = 0; o < node->output_size(); ++o)
-          if (node->output(o) == grad) node->set_output(o, want);
-      }
-      grad_infos[want] = meta(of);
-      renamed[grad] = want;
-    } else {
-      // A second output of the same gradient (both inputs of an Add, say) copies it from wherever it now is.
-      auto it = renamed.find(grad);
-      e.set_scope("outputs");
-      e.node("Identity", {it != renamed.end() ? it->second : grad}, {want});
+std::string TrainingGraphBuild::name_output(const std::string& of, const std::string& grad) {
+  onnx::GraphProto& g = *g_;
+  std::string want = of + "_grad";
+  for (int k = 2; taken_.count(want); ++k) want = of + "_grad#" + std::to_string(k);
+  taken_.insert(want);
+  const bool renamable = grad.rfind("grad/", 0) == 0 && !backward_inputs_.count(grad) && !claimed_.count(grad);
+  if (renamable) {
+    for (int k = g.node_size() - 1; k >= 0; --k) {
+      auto* node = g.mutable_node(k);
+      for (int o = 0; o < node->output_size(); ++o)
+        if (node->output(o) == grad) node->set_output(o, want);
     }
-    claimed.insert(grad);
-    set_value_info(*g.add_output(), want, meta(of));
-    return want;
-  };
-  if (!loss.empty()) {
-    set_value_info(*g.add_output(), loss, meta(loss));
-    result.loss_output = loss;
+    grad_infos_[want] = meta(of);
+    renamed_[grad] = want;
+  } else {
+    // A second output of the same gradient (both inputs of an Add, say) copies it from wherever it now is.
+    auto it = renamed_.find(grad);
+    e_->set_scope("outputs");
+    e_->node("Identity", {it != renamed_.end() ? it->second : grad}, {want});
   }
-  for (const auto& o : options.output_gradients) set_value_info(*g.add_output(), o, meta(o));
-  for (const auto& p : params) {
-    std::string grad = gradient_of(p);
-    if (grad.empty()) {
-      e.set_scope("zeros");
-      grad = e.filled(0.0, meta(p).dtype, meta(p).shape);
-    }
-    result.gradients.emplace_back(p, name_output(p, grad));
-  }
-  for (const auto& x : options.input_gradients) {
-    std::string grad = gradient_of(x);
-    if (grad.empty()) {
-      e.set_scope("zeros");
-      grad = e.filled(0.0, meta(x).dtype, meta(x).shape);
-    }
-    result.input_gradients.emplace_back(x, name_output(x, grad));
-  }
-  for (const auto& [stat, out] : result.state_updates) set_value_info(*g.add_output(), out, meta(stat));
+  claimed_.insert(grad);
+  set_value_info(*g.add_output(), want, meta(of));
+  return want;
+}
 
-  // --- value_info for gradient values (their shapes are the forward values'); the ai.apart domain ---
+std::string TrainingGraphBuild::gradient_or_zeros(const std::string& v) {
+  std::string grad = gradient_of(v);
+  if (grad.empty()) {
+    e_->set_scope("zeros");
+    grad = e_->filled(0.0, meta(v).dtype, meta(v).shape);
+  }
+  return grad;
+}
+
+void TrainingGraphBuild::emit_outputs() {
+  onnx::GraphProto& g = *g_;
+  for (const auto& n : g.node())
+    for (const auto& i : n.input()) backward_inputs_.insert(i);
+  for (const auto& n : g.node())
+    for (const auto& o : n.output()) taken_.insert(o);
+  for (const auto& i : g.input()) taken_.insert(i.name());
+  for (const auto& i : g.initializer()) taken_.insert(i.name());
+  if (!loss_.empty()) {
+    set_value_info(*g.add_output(), loss_, meta(loss_));
+    result_.loss_output = loss_;
+  }
+  for (const auto& o : options_.output_gradients) set_value_info(*g.add_output(), o, meta(o));
+  for (const auto& p : params_) {
+    const std::string grad = gradient_or_zeros(p);
+    result_.gradients.emplace_back(p, name_output(p, grad));
+  }
+  for (const auto& x : options_.input_gradients) {
+    const std::string grad = gradient_or_zeros(x);
+    result_.input_gradients.emplace_back(x, name_output(x, grad));
+  }
+  for (const auto& [stat, out] : result_.state_updates) set_value_info(*g.add_output(), out, meta(stat));
+}
+
+void TrainingGraphBuild::finish() {
+  onnx::GraphProto& g = *g_;
   std::set<std::string> outputs;
   for (const auto& o : g.output()) outputs.insert(o.name());
   std::unordered_set<std::string> produced;
   for (const auto& n : g.node())
     for (const auto& o : n.output()) produced.insert(o);
-  for (const auto& [name, m] : grad_infos)
+  for (const auto& [name, m] : grad_infos_)
     if (m.shape_known && name.rfind("grad/", 0) == 0 && produced.count(name) && !outputs.count(name))
       set_value_info(*g.add_value_info(), name, m);
+  onnx::ModelProto& model = result_.model;
   bool uses_apart = false;
   for (const auto& n : g.node()) uses_apart = uses_apart || n.domain() == autodiff::kApartDomain;
   bool has_apart_opset = false;
@@ -608,7 +652,36 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
     o->set_domain(autodiff::kApartDomain);
     o->set_version(1);
   }
-  return result;
+}
+
+}  // namespace
+
+TrainingGraph build_training_graph(const onnx::ModelProto& forward, const TrainingGraphOptions& options) {
+  if (auto converted = at_training_opset(forward)) return build_training_graph(*converted, options);
+
+  // Static shapes and known integers of every value, from the importer.
+  ImportOptions import = options.import;
+  import.require_external_data = false;
+  import.constants_as_params = false;  // the forward as given (callers convert first): node indices are fg's
+  const ImportedModel imported = import_model_bytes(
+      forward.SerializeAsString(), {}, forward.graph().name().empty() ? "<forward model>" : forward.graph().name(), import);
+  // Attention fused first (codegen/attention_fusion.h): the fused op has a gradient rule of its own.
+  if (options.fuse_attention && has_softmax(forward)) {
+    onnx::ModelProto fused = forward;
+    if (fuse_attention(fused, imported.graph).changed()) {
+      TrainingGraphOptions as_fused = options;
+      as_fused.fuse_attention = false;
+      return build_training_graph(fused, as_fused);
+    }
+  }
+  TrainingGraphBuild build(forward, options, imported.graph);
+  build.choose_targets();
+  build.find_active_values();
+  build.emit_forward();
+  build.emit_backward();
+  build.emit_outputs();
+  build.finish();
+  return build.take();
 }
 
 }  // namespace apart

@@ -223,10 +223,12 @@ int64_t resumed_lr_schedule_steps(const LrSchedule& schedule, int64_t steps, int
   return span;
 }
 
-TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
-  options.validate();
-  const auto setup_start = Clock::now();
-  TrainResult result;
+namespace {
+
+// The forward model as training runs it: loaded, constants made params, the loss appended, checked early (weights
+// present, memory enough) before autodiff and before a byte of weights is drawn, initialised, half widened. `import`
+// is what the rest of the run imports with.
+onnx::ModelProto prepare_forward(const TrainOptions& options, TrainResult& result, ImportOptions& import) {
   const fs::path model_path(options.model);
   onnx::ModelProto forward = load_model_proto(model_path);
   if (options.import.constants_as_params) {
@@ -238,7 +240,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   check_outputs(options, forward);
   // --batch binds the batch dim by the importer's rule (importer.h kBatchDimNames); it was typed or is
   // train's documented default, so a --dim/--shape/static batch of another size is an error.
-  ImportOptions import = options.import;
+  import = options.import;
   import.loss = {};  // appended to `forward` above
   import.batch = options.batch;
   import.batch_explicit = true;
@@ -259,6 +261,71 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   // the executor see the float32 model the run computes (runtime/half_precision.h).
   result.half_widening = widen_half_precision(forward, model_path.parent_path());
   if (const std::string note = half_widening_note(result.half_widening); !note.empty() && options.on_note) options.on_note(note);
+  return forward;
+}
+
+// --resume: the params, the optimizer's state and the loss scaler from the checkpoint (every checksum verified before
+// a byte is used), the learning-rate schedule's span; returns the step it was written at.
+int64_t resume_training(const TrainOptions& options, const std::vector<std::string>& names,
+                        const std::vector<Tensor*>& params, Backend& backend, ParamOptimizer& optimizer,
+                        LossScaler& scaler, LrSchedule& schedule) {
+  Checkpoint ck = read_checkpoint(options.resume);
+  const std::string where = "checkpoint " + options.resume;
+  if (!ck.warning.empty() && options.on_warning) options.on_warning(ck.warning);
+  const std::string saved_kind = ck.meta.value("optimizer", "");
+  if (saved_kind != optimizer_name(options.optimizer.kind))
+    throw InvalidArgument(where + " was written with --optimizer " + saved_kind + "; resume with the same optimizer");
+  std::map<std::string, Tensor> by_name;
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (auto& [name, t] : ck.tensors) {
+    if (name.rfind("param/", 0) == 0) by_name[name.substr(6)] = std::move(t);
+    else if (name.rfind("optim/", 0) == 0) state.emplace_back(name.substr(6), std::move(t));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto it = by_name.find(names[i]);
+    if (it == by_name.end()) throw InvalidArgument(where + " has no values for param '" + names[i] + "' (another model?)");
+    if (it->second.shape() != params[i]->shape() || it->second.dtype() != params[i]->dtype())
+      throw InvalidArgument(where + ": param '" + names[i] + "' is " + shape_string(it->second.shape()) + ", the model's is " +
+                            shape_string(params[i]->shape()));
+    backend.copy(it->second, *params[i]);
+  }
+  for (const auto& [name, t] : state) {
+    const std::string param = name.substr(0, name.rfind('/'));
+    const auto at = std::find(names.begin(), names.end(), param);
+    if (at == names.end() || t.shape() != params[static_cast<size_t>(at - names.begin())]->shape())
+      throw InvalidArgument(where + ": optimizer state '" + name + "' does not fit the model");
+  }
+  // Skipped steps (loss scaling) do not count as the optimizer's: Adam's t is its own count.
+  optimizer.restore(ck.meta.value("optimizer_steps", ck.step), std::move(state));
+  scaler.load(ck.meta);
+  schedule.total_steps = resumed_lr_schedule_steps(options.schedule, options.steps,
+                                                   ck.meta.value("lr_schedule_steps", ck.meta.value("steps", options.steps)),
+                                                   options.on_note);
+  return ck.step;
+}
+
+// --save-model: the trained weights (and BatchNorm's running statistics) written into a copy of the model.
+void save_trained_model(const TrainOptions& options, const fs::path& model_path, const TrainingGraph& tg,
+                        const std::vector<std::string>& names, const std::vector<Tensor*>& params, Executor& executor,
+                        Backend& backend) {
+  std::map<std::string, Tensor> host;  // the weights on the host (shared, not copied, on the CPU backend)
+  for (size_t i = 0; i < names.size(); ++i) host[names[i]] = backend.to_host(*params[i]);
+  for (const auto& [init, out] : tg.state_updates)
+    if (const Tensor* t = executor.param(init)) host[init] = backend.to_host(*t);
+  std::map<std::string, const Tensor*> values;
+  for (const auto& [name, t] : host) values[name] = &t;
+  write_trained_model(model_path, options.save_model, values);
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
+  options.validate();
+  const auto setup_start = Clock::now();
+  TrainResult result;
+  const fs::path model_path(options.model);
+  ImportOptions import;
+  onnx::ModelProto forward = prepare_forward(options, result, import);
 
   TrainingGraphOptions tg_options;
   tg_options.loss = options.loss;
@@ -305,43 +372,8 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
   LrSchedule schedule = options.schedule;
   if (schedule.total_steps == 0) schedule.total_steps = options.steps;  // or, resumed, the checkpoint's (below)
 
-  // --- Resume ---
   int64_t step = 0;
-  if (!options.resume.empty()) {
-    Checkpoint ck = read_checkpoint(options.resume);  // every checksum verified before a byte is used
-    const std::string where = "checkpoint " + options.resume;
-    if (!ck.warning.empty() && options.on_warning) options.on_warning(ck.warning);
-    const std::string saved_kind = ck.meta.value("optimizer", "");
-    if (saved_kind != optimizer_name(options.optimizer.kind))
-      throw InvalidArgument(where + " was written with --optimizer " + saved_kind + "; resume with the same optimizer");
-    std::map<std::string, Tensor> by_name;
-    std::vector<std::pair<std::string, Tensor>> state;
-    for (auto& [name, t] : ck.tensors) {
-      if (name.rfind("param/", 0) == 0) by_name[name.substr(6)] = std::move(t);
-      else if (name.rfind("optim/", 0) == 0) state.emplace_back(name.substr(6), std::move(t));
-    }
-    for (size_t i = 0; i < names.size(); ++i) {
-      auto it = by_name.find(names[i]);
-      if (it == by_name.end()) throw InvalidArgument(where + " has no values for param '" + names[i] + "' (another model?)");
-      if (it->second.shape() != params[i]->shape() || it->second.dtype() != params[i]->dtype())
-        throw InvalidArgument(where + ": param '" + names[i] + "' is " + shape_string(it->second.shape()) + ", the model's is " +
-                              shape_string(params[i]->shape()));
-      backend.copy(it->second, *params[i]);
-    }
-    for (const auto& [name, t] : state) {
-      const std::string param = name.substr(0, name.rfind('/'));
-      const auto at = std::find(names.begin(), names.end(), param);
-      if (at == names.end() || t.shape() != params[static_cast<size_t>(at - names.begin())]->shape())
-        throw InvalidArgument(where + ": optimizer state '" + name + "' does not fit the model");
-    }
-    // Skipped steps (loss scaling) do not count as the optimizer's: Adam's t is its own count.
-    optimizer.restore(ck.meta.value("optimizer_steps", ck.step), std::move(state));
-    scaler.load(ck.meta);
-    step = ck.step;
-    schedule.total_steps = resumed_lr_schedule_steps(options.schedule, options.steps,
-                                                     ck.meta.value("lr_schedule_steps", ck.meta.value("steps", options.steps)),
-                                                     options.on_note);
-  }
+  if (!options.resume.empty()) step = resume_training(options, names, params, backend, optimizer, scaler, schedule);
   result.first_step = step;
   if (step > options.steps)
     throw InvalidArgument("checkpoint " + options.resume + " is at step " + std::to_string(step) + ", past --steps " +
@@ -432,15 +464,7 @@ TrainResult train(const TrainOptions& options, const StepCallback& on_step) {
 
   if (result.stopped_by_signal) return result;  // not trained to the end: no final checkpoint or model
   if (!options.checkpoint_dir.empty()) save_checkpoint(options.steps);
-  if (!options.save_model.empty()) {
-    std::map<std::string, Tensor> host;  // the weights on the host (shared, not copied, on the CPU backend)
-    for (size_t i = 0; i < names.size(); ++i) host[names[i]] = backend.to_host(*params[i]);
-    for (const auto& [init, out] : tg.state_updates)
-      if (const Tensor* t = executor.param(init)) host[init] = backend.to_host(*t);
-    std::map<std::string, const Tensor*> values;
-    for (const auto& [name, t] : host) values[name] = &t;
-    write_trained_model(model_path, options.save_model, values);
-  }
+  if (!options.save_model.empty()) save_trained_model(options, model_path, tg, names, params, executor, backend);
   return result;
 }
 

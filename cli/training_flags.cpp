@@ -20,6 +20,7 @@
 #include "graph/text.h"
 #include "graph/threads.h"
 #include "graph/units.h"
+#include "runtime/cpu/threads.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 

@@ -43,7 +43,7 @@ struct TrainingFlags {
 // Adds --optimizer … --seed to `cmd`. `optimizer_help` says what the default is (train: adamw; run: the plan's).
 void add_training_flags(CLI::App& cmd, TrainingFlags& flags, const std::string& optimizer_help);
 
-// Sets the kernels' thread count (runtime/kernel.h set_compute_threads): `threads` when given (> 0), else
+// Sets the kernels' thread count (runtime/cpu/threads.h set_compute_threads): `threads` when given (> 0), else
 // APART_NUM_THREADS or OMP_NUM_THREADS when set, else the cores divided among `ranks_sharing_cores` (the ranks of
 // this node; at least 1 thread each). Returns the count set. InvalidArgument naming --threads or the variable.
 int apply_threads(int threads, int ranks_sharing_cores = 1);

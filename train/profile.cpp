@@ -31,6 +31,7 @@
 #include "profiler/cost_model.h"
 #include "plan/costs_json.h"
 #include "profiler/device.h"
+#include "runtime/cpu/threads.h"
 #include "train/data.h"
 #include "runtime/executor.h"
 #include "runtime/half_precision.h"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/threads.h"
 #include "runtime/kernel.h"
 
 namespace apart::cpu {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/cpu/threads.h"
 #include "runtime/kernel.h"
 
 namespace apart::cpu {

@@ -8,6 +8,7 @@
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/conv_gemm.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/threads.h"
 
 namespace apart::cpu {
 namespace {

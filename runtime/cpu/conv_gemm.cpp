@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/threads.h"
 
 namespace apart::cpu {
 

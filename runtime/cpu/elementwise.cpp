@@ -9,6 +9,7 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/threads.h"
 #include "runtime/half_precision.h"
 #include "runtime/op_args.h"
 

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/threads.h"
 #include "runtime/kernel.h"
 
 namespace apart::cpu {

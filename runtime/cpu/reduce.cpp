@@ -6,6 +6,7 @@
 
 #include "runtime/cpu/broadcast.h"
 #include "runtime/cpu/families.h"
+#include "runtime/cpu/threads.h"
 #include "runtime/op_args.h"
 
 namespace apart::cpu {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/cpu/broadcast.h"
+#include "runtime/cpu/threads.h"
 #include "runtime/kernel.h"
 
 namespace apart::cpu {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "graph/error.h"
+#include "runtime/cpu/threads.h"
 #include "runtime/kernel.h"
 
 namespace apart {

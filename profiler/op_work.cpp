@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "graph/dtype.h"
+#include "graph/flash_tiles.h"
 
 namespace apart {
 namespace {
@@ -204,10 +205,9 @@ double conv_transpose_flops(const Operands& o, OpWork& w) {
   return flops;
 }
 
-// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv),
-// halved when causal (the kernel skips the masked half); softmax, scale and mask are in the noise. Its bytes are Q, K,
-// V, the mask and Y: no S × L tensor is ever written (the default byte count of its operands is exactly that). `first`:
-// the index of Q among the inputs (1 for ai.apart.AttentionGrad, whose input 0 is dY).
+// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): attention_forward_flops; its
+// bytes are Q, K, V, the mask and Y: no S × L tensor is ever written (the default byte count of its operands is
+// exactly that). `first`: the index of Q among the inputs (1 for ai.apart.AttentionGrad, whose input 0 is dY).
 double attention_flops(const Operands& o, OpWork& w, size_t first = 0) {
   const Value* q = o.in(first);
   const Value* k = o.in(first + 1);
@@ -217,21 +217,15 @@ double attention_flops(const Operands& o, OpWork& w, size_t first = 0) {
     w.known = false;
     return 0;
   }
-  // 4-D: [B, H, S, D]; 3-D: [B, S, H·D] with q_num_heads: either way B·S·Hq·D = the elements of Q.
-  const double batch = static_cast<double>(q->shape[0]);
-  const double q_seq = static_cast<double>(q->shape.size() == 4 ? q->shape[2] : q->shape[1]);
-  const double kv_seq = static_cast<double>(k->shape.size() == 4 ? k->shape[2] : k->shape[1]);
-  double q_width = static_cast<double>(q->shape.back()), v_width = static_cast<double>(v->shape.back());
-  if (q->shape.size() == 4) {
-    q_width *= static_cast<double>(q->shape[1]);
-    v_width *= static_cast<double>(q->shape[1]);  // every query head reads a V head of Dv
-  } else {
-    const double kv_heads = static_cast<double>(std::max<int64_t>(1, o.task.attr_int("kv_num_heads", 1)));
-    const double q_heads = static_cast<double>(std::max<int64_t>(1, o.task.attr_int("q_num_heads", 1)));
-    v_width = v_width / kv_heads * q_heads;
-  }
-  const double flops = 2.0 * batch * q_seq * kv_seq * (q_width + v_width);
-  return o.task.attr_int("is_causal", 0) != 0 ? flops / 2 : flops;
+  // 4-D: [B, H, S, D]; 3-D: [B, S, H·D] with q_num_heads and kv_num_heads.
+  const bool four = q->shape.size() == 4;
+  const int64_t q_heads = four ? q->shape[1] : std::max<int64_t>(1, o.task.attr_int("q_num_heads", 1));
+  const int64_t kv_heads = four ? k->shape[1] : std::max<int64_t>(1, o.task.attr_int("kv_num_heads", 1));
+  const int64_t q_seq = four ? q->shape[2] : q->shape[1], kv_seq = four ? k->shape[2] : k->shape[1];
+  const int64_t head = four ? q->shape[3] : q->shape[2] / q_heads;
+  const int64_t v_head = four ? v->shape[3] : v->shape[2] / kv_heads;
+  return attention_forward_flops(q->shape[0], q_heads, q_seq, kv_seq, head, v_head,
+                                 o.task.attr_int("is_causal", 0) != 0);
 }
 
 // Recurrent layers: per step and direction, gates · (input + hidden) multiply-adds plus gate math.
@@ -323,6 +317,12 @@ OpClass op_class(const Task& task) {
 
 bool has_cost_rule(std::string_view op_type) { return class_table().count(std::string(op_type)) > 0; }
 
+double attention_forward_flops(int64_t batch, int64_t q_heads, int64_t q_seq, int64_t kv_seq, int64_t head,
+                               int64_t v_head, bool causal) {
+  const double pairs = flash_pairs(q_seq, kv_seq, std::max(head, v_head), causal);
+  return 2.0 * static_cast<double>(batch) * static_cast<double>(q_heads) * pairs * static_cast<double>(head + v_head);
+}
+
 OpWork forward_work(const TaskGraph& g, TaskId t) {
   const Task& task = g.task(t);
   const Operands o{g, task};
@@ -351,10 +351,8 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       else if (op == "ConvTranspose") w.flops = conv_transpose_flops(o, w);
       else if (op == "Einsum") w.flops = einsum_flops(o, w);
       else if (op == "Attention") w.flops = attention_flops(o, w);
-      // The CPU kernel's backward (runtime/cpu/attention.cpp): the forward again (2 products per tile) for the
-      // softmax statistics and O, then 5 products per tile: 3.5× the forward's.
       else if (op == "AttentionGrad")
-        w.flops = 3.5 * attention_flops(o, w, 1);
+        w.flops = kAttentionGradFlopsFactor * attention_flops(o, w, 1);
       else if (op == "LSTM") w.flops = recurrent_flops(o, w, 4);
       else if (op == "GRU") w.flops = recurrent_flops(o, w, 3);
       else if (op == "RNN") w.flops = recurrent_flops(o, w, 1);

@@ -212,6 +212,18 @@ BackwardWork other_backward(const TaskView& v, const OpWork& fw, OpClass cls) {
   const Value* y = v.out(0);
   switch (cls) {
     case OpClass::kNormalization:
+      if (op == "LayerNormalization" || op == "RMSNormalization") {
+        // One kernel, ai.apart.<op>Grad (runtime/cpu/norm_grad.cpp): reads dY, X, the scale (and LayerNorm's saved
+        // per-row Mean and InvStdDev), writes dX and the scale's (and bias's) gradients. Keeps X.
+        v.save_input(0, b);
+        const double rows = op == "LayerNormalization" && velems(v.in(1)) > 0 ? velems(x) / velems(v.in(1)) : 0.0;
+        b.flops = kNormGradientFlopsFactor * fw.flops;
+        b.bytes = vbytes(y) + vbytes(x) + vbytes(v.in(1)) + 2 * rows * dtype_size(x ? x->dtype : DType::kFloat32);
+        for (size_t i = 0; i < 3; ++i)
+          if (v.needs_grad(i)) b.bytes += vbytes(v.in(i));
+        b.kernels = 1;
+        return b;
+      }
       // dX from x (or x̂), the statistics and dY; scale/bias gradients reduce over the batch.
       // Per-row statistics (mean, 1/σ) are a few bytes per row and not counted.
       v.save_input(0, b);

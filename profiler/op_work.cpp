@@ -309,6 +309,9 @@ OpClass op_class(const Task& task) {
   // apart's fused attention (codegen/attention_fusion.h) and its gradient op: GEMM work, no S × L tensor.
   if (task.domain == "ai.apart" && (task.op_type == "Attention" || task.op_type == "AttentionGrad"))
     return OpClass::kMatMul;
+  // The normalisations' gradient ops (runtime/cpu/norm_grad.cpp): one kernel each.
+  if (task.domain == "ai.apart" && (task.op_type == "LayerNormalizationGrad" || task.op_type == "RMSNormalizationGrad"))
+    return OpClass::kNormalization;
   if (task.opaque || !is_onnx_domain(task.domain)) return OpClass::kOpaque;
   const auto& table = class_table();
   auto it = table.find(task.op_type);
@@ -375,10 +378,13 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       count_all_bytes(o, w);
       const double n = Operands::shaped(o.in(0)) ? Operands::elems(o.in(0)) : output_elems(o, w);
       if (!Operands::shaped(o.in(0))) w.known = false;
-      // Training-mode statistics: mean (1), variance (3: sub, mul, add), normalise (2), affine (2).
+      // Training-mode statistics: mean (1), variance (3: sub, mul, add), normalise (2), affine (2). A gradient op
+      // (whose input 0, dY, has X's shape): kNormGradientFlopsFactor × its forward's.
       double per = 8;
       if (op == "MeanVarianceNormalization") per = 6;
       else if (op == "SimplifiedLayerNormalization" || op == "RMSNormalization") per = 5;
+      else if (op == "LayerNormalizationGrad") per = kNormGradientFlopsFactor * 8;
+      else if (op == "RMSNormalizationGrad") per = kNormGradientFlopsFactor * 5;
       else if (op == "SkipLayerNormalization") per = 9;  // the residual add, then LayerNorm
       else if (op == "LpNormalization") per = 3;
       else if (op == "LRN") per = 2.0 * static_cast<double>(task.attr_int("size", 1)) + 3;

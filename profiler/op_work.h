@@ -46,6 +46,11 @@ double attention_forward_flops(int64_t batch, int64_t q_heads, int64_t q_seq, in
 // and logsumexp instead, does the last 5 only: 2.5×.)
 inline constexpr double kAttentionGradFlopsFactor = 3.5;
 
+// A normalisation's backward over its forward, in FLOPs: x̂ again, dx̂ = dY·scale, two row means, dX, and the
+// scale and bias gradients' sums: 2×. The planner's backward rule and the gradient ops' forward_work
+// (ai.apart.LayerNormalizationGrad, RMSNormalizationGrad) both take it.
+inline constexpr double kNormGradientFlopsFactor = 2;
+
 // Forward FLOPs and bytes of task `t` at the shapes bound in `g`. Never throws on unknown shapes:
 // it counts what it can and sets known=false. Constant tasks get their work computed too; the
 // caller decides whether they cost anything per step.

@@ -161,6 +161,7 @@ Match in_onnx_terms(const GraphIndex& ix, const TaskGraph& g, const AttentionMat
   m.q = name(a.q), m.k_transposed = name(a.k_transposed), m.v = name(a.v), m.y = name(a.y), m.mask = name(a.mask);
   m.scale = a.scale, m.mask_hides = a.mask_hides, m.causal = a.causal;
   m.k_transpose = a.k_transpose.valid() ? node_of(ix, g, a.k_transpose) : -1;
+  if (m.k_transpose >= 0) m.nodes.insert(m.k_transpose);  // replaced by the Transpose that gives K
   return m;
 }
 

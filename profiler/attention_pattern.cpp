@@ -199,8 +199,8 @@ FusedAttentionWork fused_attention_work(const TaskGraph& g, const AttentionMatch
   const Value &q = g.value(m.q), &kt = g.value(m.k_transposed), &v = g.value(m.v), &y = g.value(m.y);
   auto bytes = [](const Value& x) { return static_cast<double>(x.bytes); };
   auto batch = [](const Value& x) { return x.kind != ValueKind::kParam && x.kind != ValueKind::kConstant; };
-  w.forward.flops = attention_forward_flops(q.shape[0], q.shape[1], q.shape[2], kt.shape[3], q.shape[3], v.shape[3],
-                                            m.causal);
+  w.forward.flops =
+      attention_forward_flops(q.shape[0], q.shape[1], q.shape[2], kt.shape[3], q.shape[3], v.shape[3], m.causal);
   w.forward.bytes_read = bytes(q) + bytes(kt) + bytes(v);
   w.forward.bytes_written = bytes(y);
   for (const Value* x : {&q, &kt, &v})

@@ -50,12 +50,12 @@ struct AttentionMatch {
   // The tasks the fused kernel replaces, in topological order: the MatMuls, scalings, Where and Softmax (Kᵀ's own
   // Transpose is no member: the fused form keeps a copy in its place).
   std::vector<TaskId> tasks;
-  TaskId last;                // MatMul(P, V): the fused kernel takes its place
+  TaskId last;  // MatMul(P, V): the fused kernel takes its place
   ValueId q, k_transposed, v, y;
-  double scale = 1;            // the product of the scalings' factors (NaN when a factor is unknown)
-  ValueId mask;                // the Where's condition; invalid when none (or when `causal` replaces it)
-  bool mask_hides = true;      // true where it hides a key (Where(mask, −∞, s)); false where it keeps one
-  bool causal = false;         // the mask is the causal triangle of a square S × S: is_causal instead of a mask
+  double scale = 1;        // the product of the scalings' factors (NaN when a factor is unknown)
+  ValueId mask;            // the Where's condition; invalid when none (or when `causal` replaces it)
+  bool mask_hides = true;  // true where it hides a key (Where(mask, −∞, s)); false where it keeps one
+  bool causal = false;     // the mask is the causal triangle of a square S × S: is_causal instead of a mask
   // Kᵀ's own Transpose (when Kᵀ is one, read only here): the fused kernel's K is a Transpose of its input instead
   // (the same copy); invalid: Kᵀ comes from elsewhere and the fused form adds a Transpose of it.
   TaskId k_transpose;
@@ -63,7 +63,9 @@ struct AttentionMatch {
 
 // Every attention of `g` (finalized, shapes bound), in topological order; no task is in two of them.
 std::vector<AttentionMatch> find_attention(const TaskGraph& g, const AttentionLiterals& literals);
-inline std::vector<AttentionMatch> find_attention(const TaskGraph& g) { return find_attention(g, AttentionLiterals(g)); }
+inline std::vector<AttentionMatch> find_attention(const TaskGraph& g) {
+  return find_attention(g, AttentionLiterals(g));
+}
 
 // Per task of `g`: whether a match replaces it (in AttentionMatch::tasks; all false when there is none).
 std::vector<bool> attention_tasks(const TaskGraph& g, const std::vector<AttentionMatch>& matches);

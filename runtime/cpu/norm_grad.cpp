@@ -117,7 +117,9 @@ void rms_norm_grad_k(KernelContext& ctx) {
         inv[static_cast<size_t>(i)] = 1.0 / std::sqrt(squares / static_cast<double>(r.n) + eps);
       }
     });
-    auto xhat = [&](int64_t i, int64_t j) { return static_cast<double>(px[i * r.n + j]) * inv[static_cast<size_t>(i)]; };
+    auto xhat = [&](int64_t i, int64_t j) {
+      return static_cast<double>(px[i * r.n + j]) * inv[static_cast<size_t>(i)];
+    };
     if (ctx.wants_output(0)) {
       T* dx = ctx.output(0, x.dtype(), x.shape()).template data<T>();
       parallel_for(r.rows, r.n * 6, [&](int64_t s, int64_t e) {

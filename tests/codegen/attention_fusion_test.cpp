@@ -79,6 +79,12 @@ TEST(AFusedAttention, ReplacesEachGptAttentionWithOneNodeSoThatNoSeqBySeqTensorI
   }
   EXPECT_EQ(softmaxes, 0);
   EXPECT_EQ(attentions, 2);
+  // Each Kᵀ's own Transpose became the one that gives K: as many Transposes as before, none left unread.
+  auto transposes = [](const onnx::ModelProto& m) {
+    return std::count_if(m.graph().node().begin(), m.graph().node().end(),
+                         [](const onnx::NodeProto& n) { return n.op_type() == "Transpose"; });
+  };
+  EXPECT_EQ(transposes(fused), transposes(forward));
   EXPECT_GT(seq_by_seq_values(training_graph(forward, false).model, 16), 0);  // the oracle sees them unfused
   EXPECT_EQ(seq_by_seq_values(training_graph(forward, true).model, 16), 0);
 }

@@ -48,14 +48,16 @@ onnx::ModelProto norm_model(Norm norm, bool fused, int axes, bool batch = false)
   std::sort(axis_list.begin(), axis_list.end());
   if (norm == Norm::kRms) b.int_initializer("axes", axis_list);  // opset 18+: an input
   auto mean = [&](const std::string& in, const std::string& out) {
-    if (norm == Norm::kRms) b.node("ReduceMean", {in, "axes"}, {out});
-    else OnnxBuilder::set_ints(b.node("ReduceMean", {in}, {out}), "axes", axis_list);
+    if (norm == Norm::kRms)
+      b.node("ReduceMean", {in, "axes"}, {out});
+    else
+      OnnxBuilder::set_ints(b.node("ReduceMean", {in}, {out}), "axes", axis_list);
   };
   if (fused) {
-    auto& n = b.node(norm == Norm::kLayer ? "LayerNormalization" : "RMSNormalization",
-                     norm == Norm::kLayer ? std::vector<std::string>{"x", "scale", "bias"}
-                                          : std::vector<std::string>{"x", "scale"},
-                     {"y"});
+    auto& n = b.node(
+        norm == Norm::kLayer ? "LayerNormalization" : "RMSNormalization",
+        norm == Norm::kLayer ? std::vector<std::string>{"x", "scale", "bias"} : std::vector<std::string>{"x", "scale"},
+        {"y"});
     OnnxBuilder::set_int(n, "axis", -axes);
     auto* eps = n.add_attribute();
     eps->set_name("epsilon"), eps->set_type(onnx::AttributeProto::FLOAT), eps->set_f(1e-3f);
@@ -137,7 +139,8 @@ TEST(AFusedNorm, IsOneKernelEachWayInTheProgramPricedAsThePlannerPricesIt) {
     as_given.constants_as_params = false;
     const ImportedModel step = import_model_bytes(tg.model.SerializeAsString(), {}, "step", as_given);
     const KernelProgram p = lower_to_kernels(step.graph, {});
-    const std::string grad_op = norm == Norm::kLayer ? "ai.apart.LayerNormalizationGrad" : "ai.apart.RMSNormalizationGrad";
+    const std::string grad_op =
+        norm == Norm::kLayer ? "ai.apart.LayerNormalizationGrad" : "ai.apart.RMSNormalizationGrad";
     int kernels = 0;
     double flops = 0, bytes = 0;
     for (const ProgramKernel& k : p.kernels)

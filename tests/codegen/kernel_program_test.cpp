@@ -147,7 +147,7 @@ TEST(AKernelProgram, ListsForEachAttentionTheKernelsThePlannerPrices) {
 // training graph. FLOPs agree within 3 %; launches and bytes within 35 %: the planner prices a backward per forward
 // op by its rule (one pass for a Mul, a Div, a ReduceMean's gradient), while autodiff writes the gradients of the
 // zoo's primitive LayerNorm, GELU and loss as several ops each. Measured: cpu 190 launches and 21.2 MB planned
-// against 281 and 27.2 MB listed; h100-80gb (fused groups) 62 and 8.6 MB against 90 and 12.6 MB; FLOPs 70.3 M
+// against 279 and 27.0 MB listed; h100-80gb (fused groups) 62 and 8.6 MB against 90 and 12.5 MB; FLOPs 70.3 M
 // against 71.7 M. (Before attention was priced fused, the planner priced seq × seq scores it never runs.)
 TEST(AKernelProgram, AndThePlannersWholeStepAgreeWithinAStatedToleranceOnAGpt) {
   for (const char* name : {"cpu", "h100-80gb"}) {

@@ -22,7 +22,8 @@ constexpr double kScoreBytes = 4.0 * kHeads * kSeq * kSeq;  // one [1, H, S, S] 
 constexpr double kHeadBytes = 4.0 * kHeads * kSeq * kHead;  // one [1, H, S, D] float32 tensor
 
 // x → Q, K, V projections (params), Kᵀ by a Transpose, then MatMul · Div(√D) · [Where(mask, −∞, ·)] · Softmax ·
-// MatMul. `mask`: none, a causal [S, S] bool literal, or a bool input; `softmax_read_elsewhere`: P is also a graph output.
+// MatMul. `mask`: none, a causal [S, S] bool literal, or a bool input; `softmax_read_elsewhere`: P is also a graph
+// output.
 struct Attention {
   enum class Mask { kNone, kCausalLiteral, kInput };
   GraphBuilder b;

@@ -353,7 +353,8 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       else if (op == "Conv") w.flops = conv_flops(o, w);
       else if (op == "ConvTranspose") w.flops = conv_transpose_flops(o, w);
       else if (op == "Einsum") w.flops = einsum_flops(o, w);
-      else if (op == "Attention") w.flops = attention_flops(o, w);
+      else if (op == "Attention")
+        w.flops = attention_flops(o, w);
       else if (op == "AttentionGrad")
         w.flops = kAttentionGradFlopsFactor * attention_flops(o, w, 1);
       else if (op == "LSTM") w.flops = recurrent_flops(o, w, 4);
@@ -383,8 +384,10 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       double per = 8;
       if (op == "MeanVarianceNormalization") per = 6;
       else if (op == "SimplifiedLayerNormalization" || op == "RMSNormalization") per = 5;
-      else if (op == "LayerNormalizationGrad") per = kNormGradientFlopsFactor * 8;
-      else if (op == "RMSNormalizationGrad") per = kNormGradientFlopsFactor * 5;
+      else if (op == "LayerNormalizationGrad")
+        per = kNormGradientFlopsFactor * 8;
+      else if (op == "RMSNormalizationGrad")
+        per = kNormGradientFlopsFactor * 5;
       else if (op == "SkipLayerNormalization") per = 9;  // the residual add, then LayerNorm
       else if (op == "LpNormalization") per = 3;
       else if (op == "LRN") per = 2.0 * static_cast<double>(task.attr_int("size", 1)) + 3;

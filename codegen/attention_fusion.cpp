@@ -1,4 +1,4 @@
-// The attention pattern matched on the ONNX graph and rewritten into one Attention node (see attention_fusion.h).
+// The attention pattern (profiler/attention_pattern.h) rewritten into one Attention node (see attention_fusion.h).
 #include "codegen/attention_fusion.h"
 
 #include <cmath>
@@ -7,6 +7,8 @@
 #include <map>
 #include <optional>
 #include <set>
+
+#include "profiler/attention_pattern.h"
 
 namespace apart {
 namespace {
@@ -19,22 +21,16 @@ const onnx::AttributeProto* find_attr(const onnx::NodeProto& n, const std::strin
   return nullptr;
 }
 
-// Who writes and reads each value of the graph, and the literal tensors (initializers, Constant nodes' values).
+// Who writes each value of the graph, and the literal tensors (initializers, Constant nodes' values).
 struct GraphIndex {
   const onnx::GraphProto& g;
   std::map<std::string, int> producer;
-  std::map<std::string, int> readers;  // reads, counted per input slot
-  std::set<std::string> outputs;
   std::map<std::string, const onnx::TensorProto*> initializers;
 
   explicit GraphIndex(const onnx::GraphProto& graph) : g(graph) {
-    for (int i = 0; i < g.node_size(); ++i) {
+    for (int i = 0; i < g.node_size(); ++i)
       for (const auto& o : g.node(i).output())
         if (!o.empty()) producer[o] = i;
-      for (const auto& in : g.node(i).input())
-        if (!in.empty()) ++readers[in];
-    }
-    for (const auto& o : g.output()) outputs.insert(o.name());
     for (const auto& t : g.initializer()) initializers[t.name()] = &t;
   }
   const onnx::NodeProto* producer_of(const std::string& v) const {
@@ -42,11 +38,6 @@ struct GraphIndex {
     return it == producer.end() ? nullptr : &g.node(it->second);
   }
   int index_of(const std::string& v) const { return producer.at(v); }
-  // Read by one node slot only and not a graph output: the pattern may take it over.
-  bool private_value(const std::string& v) const {
-    auto it = readers.find(v);
-    return it != readers.end() && it->second == 1 && !outputs.count(v);
-  }
   // A Constant node's value (never an initializer: a float initializer is a trained param by default).
   const onnx::TensorProto* constant(const std::string& v) const {
     const onnx::NodeProto* p = producer_of(v);
@@ -113,114 +104,6 @@ bool is_causal_triangle(const onnx::TensorProto* t, bool hides_when_true) {
   return true;
 }
 
-// One matched attention: the nodes it replaces and what the Attention node reads.
-struct Match {
-  std::set<int> nodes;
-  int last = -1;  // the MatMul(P, V): the Attention node takes its place
-  std::string q, k_transposed, v, y;
-  double scale = 1;
-  std::string mask;        // the Where's condition
-  bool mask_hides = true;  // true where it hides a key (Where(mask, −∞, s)); false where it keeps one
-  int k_transpose = -1;    // Kᵀ's own Transpose, when the pattern takes it over
-};
-
-// A Mul or Div of `v` by a scalar Constant: the other operand and the factor it applies.
-std::optional<std::pair<std::string, double>> scaling(const GraphIndex& ix, const onnx::NodeProto& n) {
-  if (!n.domain().empty() || n.input_size() != 2 || (n.op_type() != "Mul" && n.op_type() != "Div")) return std::nullopt;
-  for (int side = 0; side < 2; ++side) {
-    const auto c = scalar_value(ix.constant(n.input(side)));
-    if (!c || *c == 0 || !std::isfinite(*c)) continue;
-    if (n.op_type() == "Div" && side == 0) return std::nullopt;  // c / s is not a scaling
-    return std::make_pair(n.input(1 - side), n.op_type() == "Div" ? 1 / *c : *c);
-  }
-  return std::nullopt;
-}
-
-std::optional<Match> match_at(const GraphIndex& ix, int softmax_index, const TaskGraph& graph) {
-  const onnx::NodeProto& sm = ix.g.node(softmax_index);
-  if (!sm.domain().empty() || sm.op_type() != "Softmax" || sm.output_size() != 1) return std::nullopt;
-  if (const auto* axis = find_attr(sm, "axis"); axis && axis->i() != -1 && axis->i() != 3) return std::nullopt;
-  Match m;
-  m.nodes.insert(softmax_index);
-  const std::string& p = sm.output(0);
-  if (!ix.private_value(p)) return std::nullopt;
-  int pv_index = -1;
-  for (int i = softmax_index + 1; i < ix.g.node_size() && pv_index < 0; ++i) {
-    const auto& n = ix.g.node(i);
-    if (n.input_size() > 0 && n.input(0) == p) pv_index = i;
-  }
-  if (pv_index < 0) return std::nullopt;
-  const onnx::NodeProto& pv = ix.g.node(pv_index);
-  if (!pv.domain().empty() || pv.op_type() != "MatMul" || pv.input(0) != p) return std::nullopt;
-  m.nodes.insert(pv_index);
-  m.last = pv_index;
-  m.v = pv.input(1);
-  m.y = pv.output(0);
-
-  // Back from the softmax: the mask (at most one Where), then scalings, then MatMul(Q, Kᵀ).
-  std::string x = sm.input(0);
-  bool scaled = false;
-  for (;;) {
-    if (!ix.private_value(x)) return std::nullopt;
-    const onnx::NodeProto* n = ix.producer_of(x);
-    if (!n || !n->domain().empty()) return std::nullopt;
-    m.nodes.insert(ix.index_of(x));
-    if (n->op_type() == "MatMul") {
-      m.q = n->input(0);
-      m.k_transposed = n->input(1);
-      break;
-    }
-    if (n->op_type() == "Where" && m.mask.empty() && !scaled && n->input_size() == 3) {
-      const bool hides = masks_out(scalar_value(ix.constant(n->input(1))));
-      const bool keeps = masks_out(scalar_value(ix.constant(n->input(2))));
-      if (hides == keeps) return std::nullopt;
-      m.mask = n->input(0);
-      m.mask_hides = hides;
-      x = n->input(hides ? 2 : 1);
-      continue;
-    }
-    const auto s = scaling(ix, *n);
-    if (!s) return std::nullopt;
-    m.scale *= s->second;
-    scaled = true;
-    x = s->first;
-  }
-  // √scale on Q and on Kᵀ (torch's scaled_dot_product_attention export).
-  for (std::string* operand : {&m.q, &m.k_transposed}) {
-    const onnx::NodeProto* n = ix.producer_of(*operand);
-    if (!n || !ix.private_value(*operand)) continue;
-    if (const auto s = scaling(ix, *n)) {
-      m.nodes.insert(ix.index_of(*operand));
-      m.scale *= s->second;
-      *operand = s->first;
-    }
-  }
-
-  // Shapes: [B, H, S, D] · [B, H, D, L] and [B, H, L, Dv]; a mask whose last dim is L and broadcasts to [B, H, S, L].
-  auto shape = [&](const std::string& v) -> std::optional<std::vector<int64_t>> {
-    auto id = graph.find_value(v);
-    if (!id || !graph.value(*id).shape_known) return std::nullopt;
-    return graph.value(*id).shape;
-  };
-  const auto qs = shape(m.q), ks = shape(m.k_transposed), vs = shape(m.v);
-  if (!qs || !ks || !vs || qs->size() != 4 || ks->size() != 4 || vs->size() != 4) return std::nullopt;
-  const auto &q = *qs, &k = *ks, &v = *vs;
-  if (q[0] != k[0] || q[0] != v[0] || q[1] != k[1] || q[1] != v[1] || q[3] != k[2] || k[3] != v[2]) return std::nullopt;
-  if (!m.mask.empty()) {
-    const auto ms = shape(m.mask);
-    if (!ms || ms->size() < 2 || ms->size() > 4 || ms->back() != k[3]) return std::nullopt;
-    const std::vector<int64_t> full{q[0], q[1], q[2], k[3]};
-    for (size_t i = 0; i < ms->size(); ++i) {
-      const int64_t d = (*ms)[ms->size() - 1 - i], want = full[3 - i];
-      if (d != 1 && d != want) return std::nullopt;
-    }
-  }
-  if (const onnx::NodeProto* t = ix.producer_of(m.k_transposed);
-      t && t->domain().empty() && t->op_type() == "Transpose" && ix.private_value(m.k_transposed))
-    m.k_transpose = ix.index_of(m.k_transposed);
-  return m;
-}
-
 onnx::NodeProto transpose(const std::string& in, const std::string& out, const std::vector<int64_t>& perm,
                           const std::string& name) {
   onnx::NodeProto n;
@@ -236,6 +119,52 @@ onnx::NodeProto transpose(const std::string& in, const std::string& out, const s
 }
 
 // The nodes that replace a match: K's Transpose, the mask's Not (when needed), the Attention node.
+// A match in the ONNX graph's terms: node indices and value names.
+struct Match {
+  std::set<int> nodes;
+  int last = -1;  // the MatMul(P, V): the Attention node takes its place
+  std::string q, k_transposed, v, y, mask;
+  double scale = 1;
+  bool mask_hides = true, causal = false;
+  int k_transpose = -1;
+};
+
+// The literals' contents, read from the ONNX tensors (exact, unlike the task graph's guesses).
+class OnnxLiterals : public AttentionLiterals {
+ public:
+  OnnxLiterals(const TaskGraph& g, const GraphIndex& ix) : AttentionLiterals(g), ix_(ix) {}
+  std::optional<double> scale_factor(ValueId v) const override {
+    const auto c = scalar_value(ix_.constant(g_.value(v).name));
+    if (!c || *c == 0 || !std::isfinite(*c)) return std::nullopt;
+    return c;
+  }
+  bool masks_out(ValueId v) const override { return apart::masks_out(scalar_value(ix_.constant(g_.value(v).name))); }
+  bool causal_triangle(ValueId mask, bool hides_when_true) const override {
+    return is_causal_triangle(ix_.literal(g_.value(mask).name), hides_when_true);
+  }
+
+ private:
+  const GraphIndex& ix_;
+};
+
+// The node of the ONNX graph that writes a task's first output (node indices and task ids differ: the task graph is
+// topologically sorted, and may have been imported with Constant nodes turned into params).
+int node_of(const GraphIndex& ix, const TaskGraph& g, TaskId t) {
+  return ix.index_of(g.value(g.task(t).outputs[0]).name);
+}
+
+Match in_onnx_terms(const GraphIndex& ix, const TaskGraph& g, const AttentionMatch& a) {
+  Match m;
+  for (TaskId t : a.tasks) m.nodes.insert(node_of(ix, g, t));
+  m.last = node_of(ix, g, a.last);
+  auto name = [&](ValueId v) { return v.valid() ? g.value(v).name : std::string(); };
+  m.q = name(a.q), m.k_transposed = name(a.k_transposed), m.v = name(a.v), m.y = name(a.y), m.mask = name(a.mask);
+  m.scale = a.scale, m.mask_hides = a.mask_hides, m.causal = a.causal;
+  m.k_transpose = a.k_transpose.valid() ? node_of(ix, g, a.k_transpose) : -1;
+  if (m.k_transpose >= 0) m.nodes.insert(m.k_transpose);  // replaced by the Transpose that gives K
+  return m;
+}
+
 std::vector<onnx::NodeProto> replacement(const GraphIndex& ix, const Match& m, bool default_domain, int serial) {
   const std::string base = "attention_fusion/" + std::to_string(serial);
   std::vector<onnx::NodeProto> out;
@@ -252,7 +181,7 @@ std::vector<onnx::NodeProto> replacement(const GraphIndex& ix, const Match& m, b
   } else {
     out.push_back(transpose(m.k_transposed, k, {0, 1, 3, 2}, base + "/K_transpose"));
   }
-  const bool causal = !m.mask.empty() && is_causal_triangle(ix.literal(m.mask), m.mask_hides);
+  const bool causal = m.causal;
   std::string mask;
   if (!m.mask.empty() && !causal) {
     mask = m.mask;
@@ -302,15 +231,9 @@ AttentionFusion fuse_attention(onnx::ModelProto& model, const TaskGraph& graph) 
   const GraphIndex ix(g);
   std::vector<Match> matches;
   std::set<int> taken;
-  for (int i = 0; i < g.node_size(); ++i) {
-    auto m = match_at(ix, i, graph);
-    if (!m) continue;
-    if (m->k_transpose >= 0) m->nodes.insert(m->k_transpose);
-    bool overlaps = false;
-    for (int n : m->nodes) overlaps = overlaps || taken.count(n);
-    if (overlaps) continue;
-    taken.insert(m->nodes.begin(), m->nodes.end());
-    matches.push_back(std::move(*m));
+  for (const AttentionMatch& a : find_attention(graph, OnnxLiterals(graph, ix))) {
+    matches.push_back(in_onnx_terms(ix, graph, a));
+    taken.insert(matches.back().nodes.begin(), matches.back().nodes.end());
   }
   if (matches.empty()) return result;
 

@@ -8,6 +8,7 @@
 
 #include "graph/dtype.h"
 #include "graph/error.h"
+#include "profiler/attention_pattern.h"
 #include "profiler/fusion.h"
 #include "profiler/memory_model.h"
 
@@ -85,10 +86,13 @@ BackwardWork matmul_backward(const TaskView& v, const OpWork& fw) {
     return b;
   }
   if (op == "Attention") {
-    // Flash attention's backward: recomputes Q·Kᵀ, then dV, dP, dQ, dK: five products of the forward's two, 2.5×.
-    // Keeps Q, K, V and the mask (the weights are recomputed, so nothing S × L is saved).
-    b.flops = 2.5 * fw.flops;
-    b.bytes = 2 * (fw.bytes_read + fw.bytes_written);
+    // ai.apart.AttentionGrad, as for a matched attention (fused_attention_work, profiler/attention_pattern.h):
+    // kAttentionGradFlopsFactor × the forward; reads dY, Q, K, V and the mask, writes the gradients needed. Keeps Q,
+    // K, V and the mask (the weights are recomputed, so nothing S × L is saved).
+    b.flops = kAttentionGradFlopsFactor * fw.flops;
+    b.bytes = fw.bytes_read + fw.bytes_written;
+    for (size_t i = 0; i < 3; ++i)
+      if (v.needs_grad(i)) b.bytes += vbytes(v.in(i));
     b.kernels = 1;
     for (size_t i = 0; i < std::min<size_t>(4, v.task.inputs.size()); ++i) v.save_input(i, b);
     return b;
@@ -208,6 +212,18 @@ BackwardWork other_backward(const TaskView& v, const OpWork& fw, OpClass cls) {
   const Value* y = v.out(0);
   switch (cls) {
     case OpClass::kNormalization:
+      if (op == "LayerNormalization" || op == "RMSNormalization") {
+        // One kernel, ai.apart.<op>Grad (runtime/cpu/norm_grad.cpp): reads dY, X, the scale (and LayerNorm's saved
+        // per-row Mean and InvStdDev), writes dX and the scale's (and bias's) gradients. Keeps X.
+        v.save_input(0, b);
+        const double rows = op == "LayerNormalization" && velems(v.in(1)) > 0 ? velems(x) / velems(v.in(1)) : 0.0;
+        b.flops = kNormGradientFlopsFactor * fw.flops;
+        b.bytes = vbytes(y) + vbytes(x) + vbytes(v.in(1)) + 2 * rows * dtype_size(x ? x->dtype : DType::kFloat32);
+        for (size_t i = 0; i < 3; ++i)
+          if (v.needs_grad(i)) b.bytes += vbytes(v.in(i));
+        b.kernels = 1;
+        return b;
+      }
       // dX from x (or x̂), the statistics and dY; scale/bias gradients reduce over the batch.
       // Per-row statistics (mean, 1/σ) are a few bytes per row and not counted.
       v.save_input(0, b);
@@ -341,9 +357,14 @@ void time_fused_kernel(const std::vector<TaskId>& members, const TaskGraph& g, c
     c.forward_s = alone_forward > 0 ? forward_s * (forward_share[k] / alone_forward) : 0.0;
     c.backward_s = alone_backward > 0 ? backward_s * (backward_share[k] / alone_backward) : 0.0;
   }
+  for (TaskId t : members) table.tasks[t.value()].launches = 0;
   TaskCost& first = table.tasks[members.front().value()];
   first.forward_s += device.kernel_overhead_s;
-  if (backward_flops > 0 || backward_bytes > 0) first.backward_s += device.kernel_overhead_s * std::max(1, backward_kernels);
+  first.launches = 1;
+  if (backward_flops > 0 || backward_bytes > 0) {
+    first.backward_s += device.kernel_overhead_s * std::max(1, backward_kernels);
+    first.launches += std::max(1, backward_kernels);
+  }
 }
 
 }  // namespace
@@ -445,6 +466,24 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
     forward[i] = forward_work(g, TaskId(i));
     if (!g.task(TaskId(i)).constant) backward[i] = backward_work(g, TaskId(i), forward[i], grad);
   }
+  // Each attention as the one flash kernel the runtime runs (profiler/attention_pattern.h): its work on the task it
+  // replaces last (MatMul(P, V)), none on the others, whose seq × seq outputs never exist.
+  const std::vector<AttentionMatch> attention = find_attention(g);
+  const std::vector<bool> in_attention = attention_tasks(g, attention);
+  std::vector<int> forward_launches(n, 1);
+  std::vector<bool> attention_last(n, false);
+  std::vector<double> attention_gradient_bytes(n, 0.0);  // per last task: the gradients of Q, K, V it writes
+  for (const AttentionMatch& m : attention) {
+    for (TaskId t : m.tasks) forward[t.value()] = {}, backward[t.value()] = {};
+    FusedAttentionWork w = fused_attention_work(g, m, grad);
+    const uint32_t last = m.last.value();
+    forward[last] = w.forward;
+    backward[last] = std::move(w.backward);
+    forward_launches[last] = w.forward_launches;
+    attention_last[last] = true;
+    for (ValueId x : {m.q, m.k_transposed, m.v})
+      if (grad[x.value()] && is_batch_value(g.value(x))) attention_gradient_bytes[last] += act_bytes(g.value(x));
+  }
   const FusionGroups fusion = device.fuses_elementwise ? find_fusion_groups(g) : FusionGroups{};
   if (device.fuses_elementwise) remove_fused_traffic(g, fusion, grad, forward, backward);
 
@@ -466,6 +505,8 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
       const Value& v = g.value(in);
       if (v.kind == ValueKind::kParam && v.shape_known) c.param_bytes += v.bytes;
     }
+    const bool fused_last = attention_last[i];
+    if (in_attention[i] && !fused_last) continue;  // inside a flash kernel: its output never exists
     double out_bytes = 0;
     for (ValueId out : task.outputs)
       if (out.valid()) out_bytes += act_bytes(g.value(out));
@@ -480,8 +521,9 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
     c.bytes_accessed = fwd_bytes;
     const OpEfficiency eff = default_efficiency(cls, device);
     const double peak = cls == OpClass::kMatMul ? device.matmul_peak(options.precision) : device.peak_fp32_flops;
-    const double overhead = cls == OpClass::kView ? 0.0 : device.kernel_overhead_s;
+    const double overhead = cls == OpClass::kView ? 0.0 : device.kernel_overhead_s * forward_launches[i];
     c.forward_s = roofline_time(fwd_flops, fwd_bytes, peak, device.memory_bandwidth, eff, overhead);
+    c.launches = cls == OpClass::kView ? 0 : forward_launches[i];
 
     // Backward.
     const BackwardWork& bw = backward[i];
@@ -491,6 +533,7 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
     if (bw.flops > 0 || bw.bytes > 0) {
       const double t = roofline_time(c.backward_flops, c.backward_bytes, peak, device.memory_bandwidth, eff, 0.0);
       c.backward_s = t + device.kernel_overhead_s * std::max(1, bw.kernels);
+      c.launches += std::max(1, bw.kernels);
     }
 
     // Saved for backward: each value once, at the first task that saves it.
@@ -503,9 +546,9 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
     c.saved_bytes = std::llround(saved * scale);
 
     // Working set: forward outputs, or backward's output gradients plus its input gradients.
-    double grads = out_bytes;
+    double grads = out_bytes + attention_gradient_bytes[i];
     for (ValueId in : task.inputs)
-      if (in.valid() && grad[in.value()] && is_batch_value(g.value(in))) grads += act_bytes(g.value(in));
+      if (!fused_last && in.valid() && grad[in.value()] && is_batch_value(g.value(in))) grads += act_bytes(g.value(in));
     c.workspace_bytes = std::llround(std::max(out_bytes, bw.flops > 0 || bw.bytes > 0 ? grads : 0.0) * scale);
   }
   for (const auto& members : fusion.groups) time_fused_kernel(members, g, device, backward, table);
@@ -535,6 +578,18 @@ StepPrice price_training_step(const TaskGraph& g, const Device& device, Precisio
     price.launches += launches_kernel(g, fusion, run, TaskId(i)) ? 1 : 0;
     price.bytes += factor * (work[i].bytes_read + work[i].bytes_written);
     price.flops += work[i].flops;
+  }
+  return price;
+}
+
+StepPrice price_planned_step(const TaskGraph& g, const CostTable& table) {
+  APART_CHECK(table.tasks.size() == g.num_tasks(), "cost table does not match the graph");
+  StepPrice price;
+  for (uint32_t i = 0; i < g.num_tasks(); ++i) {
+    const TaskCost& c = table.tasks[i];
+    price.launches += c.launches;
+    price.bytes += c.bytes_accessed + c.backward_bytes;
+    price.flops += c.flops + c.backward_flops;
   }
   return price;
 }

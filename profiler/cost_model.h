@@ -63,6 +63,10 @@ struct StepPrice {
   double flops = 0;
 };
 StepPrice price_training_step(const TaskGraph& training_graph, const Device& device, Precision precision);
+// What the planner prices for one step of a forward graph (`table`: estimate_costs of `forward`, forward and backward
+// per task): its launches (TaskCost::launches), bytes and FLOPs forward plus backward. Its training graph's kernel
+// program prices the same step task by task (tests/profiler/planned_step_test.cpp holds them together).
+StepPrice price_planned_step(const TaskGraph& forward, const CostTable& table);
 
 // Linear rescaling of a table (analytic or measured) to another micro-batch size: batch tasks'
 // times, FLOPs, bytes and saved/output/workspace bytes scale by new/old; constant tasks keep theirs.

@@ -22,6 +22,7 @@ struct TaskCost {
   double backward_flops = 0;
   double backward_bytes = 0;  // backward bytes read + written
   bool known = true;          // false: the op's cost came from the opaque fallback
+  int64_t launches = 0;       // kernel launches forward + backward (analytic model; not in apart.costs/1)
 };
 
 // One row per task, indexed by TaskId (topological order), in the apart.costs/1 schema's terms.

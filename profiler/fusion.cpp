@@ -5,6 +5,8 @@
 #include <numeric>
 #include <unordered_set>
 
+#include "profiler/attention_pattern.h"
+
 namespace apart {
 namespace {
 
@@ -47,9 +49,10 @@ FusionGroups find_fusion_groups(const TaskGraph& g) {
   const uint32_t n = static_cast<uint32_t>(g.num_tasks());
   std::vector<bool> fusible(n), view(n);
   std::vector<int> level(n, 0);
+  const std::vector<bool> attention = attention_tasks(g, find_attention(g));  // one flash kernel each: no member fuses
   for (uint32_t i = 0; i < n; ++i) {  // topological order: producers first
     const Task& t = g.task(TaskId(i));
-    fusible[i] = !t.constant && is_fusible(op_class(t));
+    fusible[i] = !t.constant && !attention[i] && is_fusible(op_class(t));
     view[i] = op_class(t) == OpClass::kView;
     for (ValueId in : t.inputs) {
       if (!in.valid()) continue;

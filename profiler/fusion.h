@@ -21,7 +21,8 @@ bool is_fusible(OpClass c);
 // output, it has consumers and all of them are fusible batch tasks at its producer's fusion level (level: the most
 // non-fusible tasks on any path from the graph's inputs, so no GEMM lies between producer and consumer); a view's
 // output is internal only if the value it aliases is. An internal value is never written, read or saved. A group is
-// a connected set of tasks joined by internal values: one kernel forward, one backward.
+// a connected set of tasks joined by internal values: one kernel forward, one backward. The tasks of an attention
+// (find_attention, profiler/attention_pattern.h) are no members: they run as one flash kernel of their own.
 struct FusionGroups {
   static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
   std::vector<uint32_t> group_of;   // per task: the index of its group's first task (topological), kNone outside any

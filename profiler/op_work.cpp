@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "graph/dtype.h"
+#include "graph/flash_tiles.h"
 
 namespace apart {
 namespace {
@@ -204,10 +205,9 @@ double conv_transpose_flops(const Operands& o, OpWork& w) {
   return flops;
 }
 
-// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): Q·Kᵀ and P·V, 2·B·Hq·S·L·(D + Dv),
-// halved when causal (the kernel skips the masked half); softmax, scale and mask are in the noise. Its bytes are Q, K,
-// V, the mask and Y: no S × L tensor is ever written (the default byte count of its operands is exactly that). `first`:
-// the index of Q among the inputs (1 for ai.apart.AttentionGrad, whose input 0 is dY).
+// Attention-23 as one fused (flash) kernel, of OpClass::kMatMul (tensor-core work): attention_forward_flops; its
+// bytes are Q, K, V, the mask and Y: no S × L tensor is ever written (the default byte count of its operands is
+// exactly that). `first`: the index of Q among the inputs (1 for ai.apart.AttentionGrad, whose input 0 is dY).
 double attention_flops(const Operands& o, OpWork& w, size_t first = 0) {
   const Value* q = o.in(first);
   const Value* k = o.in(first + 1);
@@ -217,21 +217,15 @@ double attention_flops(const Operands& o, OpWork& w, size_t first = 0) {
     w.known = false;
     return 0;
   }
-  // 4-D: [B, H, S, D]; 3-D: [B, S, H·D] with q_num_heads: either way B·S·Hq·D = the elements of Q.
-  const double batch = static_cast<double>(q->shape[0]);
-  const double q_seq = static_cast<double>(q->shape.size() == 4 ? q->shape[2] : q->shape[1]);
-  const double kv_seq = static_cast<double>(k->shape.size() == 4 ? k->shape[2] : k->shape[1]);
-  double q_width = static_cast<double>(q->shape.back()), v_width = static_cast<double>(v->shape.back());
-  if (q->shape.size() == 4) {
-    q_width *= static_cast<double>(q->shape[1]);
-    v_width *= static_cast<double>(q->shape[1]);  // every query head reads a V head of Dv
-  } else {
-    const double kv_heads = static_cast<double>(std::max<int64_t>(1, o.task.attr_int("kv_num_heads", 1)));
-    const double q_heads = static_cast<double>(std::max<int64_t>(1, o.task.attr_int("q_num_heads", 1)));
-    v_width = v_width / kv_heads * q_heads;
-  }
-  const double flops = 2.0 * batch * q_seq * kv_seq * (q_width + v_width);
-  return o.task.attr_int("is_causal", 0) != 0 ? flops / 2 : flops;
+  // 4-D: [B, H, S, D]; 3-D: [B, S, H·D] with q_num_heads and kv_num_heads.
+  const bool four = q->shape.size() == 4;
+  const int64_t q_heads = four ? q->shape[1] : std::max<int64_t>(1, o.task.attr_int("q_num_heads", 1));
+  const int64_t kv_heads = four ? k->shape[1] : std::max<int64_t>(1, o.task.attr_int("kv_num_heads", 1));
+  const int64_t q_seq = four ? q->shape[2] : q->shape[1], kv_seq = four ? k->shape[2] : k->shape[1];
+  const int64_t head = four ? q->shape[3] : q->shape[2] / q_heads;
+  const int64_t v_head = four ? v->shape[3] : v->shape[2] / kv_heads;
+  return attention_forward_flops(q->shape[0], q_heads, q_seq, kv_seq, head, v_head,
+                                 o.task.attr_int("is_causal", 0) != 0);
 }
 
 // Recurrent layers: per step and direction, gates · (input + hidden) multiply-adds plus gate math.
@@ -315,6 +309,9 @@ OpClass op_class(const Task& task) {
   // apart's fused attention (codegen/attention_fusion.h) and its gradient op: GEMM work, no S × L tensor.
   if (task.domain == "ai.apart" && (task.op_type == "Attention" || task.op_type == "AttentionGrad"))
     return OpClass::kMatMul;
+  // The normalisations' gradient ops (runtime/cpu/norm_grad.cpp): one kernel each.
+  if (task.domain == "ai.apart" && (task.op_type == "LayerNormalizationGrad" || task.op_type == "RMSNormalizationGrad"))
+    return OpClass::kNormalization;
   if (task.opaque || !is_onnx_domain(task.domain)) return OpClass::kOpaque;
   const auto& table = class_table();
   auto it = table.find(task.op_type);
@@ -322,6 +319,12 @@ OpClass op_class(const Task& task) {
 }
 
 bool has_cost_rule(std::string_view op_type) { return class_table().count(std::string(op_type)) > 0; }
+
+double attention_forward_flops(int64_t batch, int64_t q_heads, int64_t q_seq, int64_t kv_seq, int64_t head,
+                               int64_t v_head, bool causal) {
+  const double pairs = flash_pairs(q_seq, kv_seq, std::max(head, v_head), causal);
+  return 2.0 * static_cast<double>(batch) * static_cast<double>(q_heads) * pairs * static_cast<double>(head + v_head);
+}
 
 OpWork forward_work(const TaskGraph& g, TaskId t) {
   const Task& task = g.task(t);
@@ -350,11 +353,10 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       else if (op == "Conv") w.flops = conv_flops(o, w);
       else if (op == "ConvTranspose") w.flops = conv_transpose_flops(o, w);
       else if (op == "Einsum") w.flops = einsum_flops(o, w);
-      else if (op == "Attention") w.flops = attention_flops(o, w);
-      // The CPU kernel's backward (runtime/cpu/attention.cpp): the forward again (2 products per tile) for the
-      // softmax statistics and O, then 5 products per tile: 3.5× the forward's.
+      else if (op == "Attention")
+        w.flops = attention_flops(o, w);
       else if (op == "AttentionGrad")
-        w.flops = 3.5 * attention_flops(o, w, 1);
+        w.flops = kAttentionGradFlopsFactor * attention_flops(o, w, 1);
       else if (op == "LSTM") w.flops = recurrent_flops(o, w, 4);
       else if (op == "GRU") w.flops = recurrent_flops(o, w, 3);
       else if (op == "RNN") w.flops = recurrent_flops(o, w, 1);
@@ -377,10 +379,15 @@ OpWork forward_work(const TaskGraph& g, TaskId t) {
       count_all_bytes(o, w);
       const double n = Operands::shaped(o.in(0)) ? Operands::elems(o.in(0)) : output_elems(o, w);
       if (!Operands::shaped(o.in(0))) w.known = false;
-      // Training-mode statistics: mean (1), variance (3: sub, mul, add), normalise (2), affine (2).
+      // Training-mode statistics: mean (1), variance (3: sub, mul, add), normalise (2), affine (2). A gradient op
+      // (whose input 0, dY, has X's shape): kNormGradientFlopsFactor × its forward's.
       double per = 8;
       if (op == "MeanVarianceNormalization") per = 6;
       else if (op == "SimplifiedLayerNormalization" || op == "RMSNormalization") per = 5;
+      else if (op == "LayerNormalizationGrad")
+        per = kNormGradientFlopsFactor * 8;
+      else if (op == "RMSNormalizationGrad")
+        per = kNormGradientFlopsFactor * 5;
       else if (op == "SkipLayerNormalization") per = 9;  // the residual add, then LayerNorm
       else if (op == "LpNormalization") per = 3;
       else if (op == "LRN") per = 2.0 * static_cast<double>(task.attr_int("size", 1)) + 3;

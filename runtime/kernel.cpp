@@ -50,6 +50,7 @@ void register_cpu_kernels() {
   cpu::register_grad_kernels();
   cpu::register_transformer_kernels();
   cpu::register_attention_kernels();
+  cpu::register_norm_grad_kernels();
   cpu::register_tensor_parallel_kernels();
 }
 

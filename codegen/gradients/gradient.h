@@ -133,6 +133,15 @@ void register_tensor_parallel_rules();
 std::string extreme_reduction_grad(GradNode& n, const std::string& x, const std::string& y_kept,
                                    const std::string& g_kept, const std::vector<int64_t>& axes);
 
+// Whether a normalisation (LayerNormalization, RMSNormalization) over the axes from `axis` gets its gradient as one
+// kernel (ai.apart.<op>Grad, runtime/cpu/norm_grad.cpp): X float32 or float64, the scale (input 1) and the inputs
+// up to `last_param` (the bias) with as many elements as the normalised axes and one shape. Otherwise the rules write
+// the decomposed gradient. reduce.cpp.
+bool fuses_norm_gradient(const GradNode& n, int64_t axis, size_t last_param);
+// Writes ai.apart.`op`(`inputs`) with the forward's attributes → the gradients of inputs 0 … outputs − 1 that are
+// wanted (the others left as empty outputs), and gives them. reduce.cpp.
+void fused_norm_gradient(GradNode& n, const std::string& op, const std::vector<std::string>& inputs, size_t outputs);
+
 // Normalizes a possibly negative axis.
 inline int64_t norm_axis(int64_t axis, size_t rank) { return axis < 0 ? axis + static_cast<int64_t>(rank) : axis; }
 

@@ -118,6 +118,33 @@ void log_softmax_rule(GradNode& n) {  // g − exp(y) · Σ g
   n.give(0, e.sub(n.gy(), e.mul(e.op("Exp", {n.y(0)}), total)));
 }
 
+}  // namespace
+
+bool fuses_norm_gradient(const GradNode& n, int64_t axis, size_t last_param) {
+  const auto& xs = n.in(0).shape;
+  if (n.in(0).dtype != DType::kFloat32 && n.in(0).dtype != DType::kFloat64) return false;
+  if (axis < 0 || axis > static_cast<int64_t>(xs.size())) return false;
+  const int64_t count = prod(xs, static_cast<size_t>(axis));
+  const auto& scale = n.in(1).shape;
+  for (size_t i = 1; i <= last_param; ++i) {
+    if (!n.has_input(i)) continue;
+    if (n.in(i).dtype != n.in(0).dtype || n.in(i).shape != scale || prod(n.in(i).shape, 0) != count) return false;
+  }
+  return true;
+}
+
+void fused_norm_gradient(GradNode& n, const std::string& op, const std::vector<std::string>& inputs, size_t outputs) {
+  auto& e = n.e;
+  std::vector<std::string> outs(outputs);
+  for (size_t i = 0; i < outputs; ++i)
+    if (n.has_input(i) && n.wants(i)) outs[i] = e.fresh(op + "_d" + std::to_string(i));
+  n.copy_attrs(e.node(op, inputs, outs, kApartDomain));
+  for (size_t i = 0; i < outputs; ++i)
+    if (!outs[i].empty()) n.give(i, outs[i]);
+}
+
+namespace {
+
 // LayerNormalization from its saved Mean and InvStdDev (the training graph adds those outputs):
 // x̂ = (x − μ)·σ⁻¹, dx = σ⁻¹ · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ · x̂)) with dx̂ = g · scale.
 void layer_norm_rule(GradNode& n) {
@@ -133,6 +160,10 @@ void layer_norm_rule(GradNode& n) {
     return c;
   };
   const std::string mu = as_x_type(n.y(1)), inv_std = as_x_type(n.y(2));
+  if (fuses_norm_gradient(n, axis, 2)) {  // one kernel: ai.apart.LayerNormalizationGrad
+    fused_norm_gradient(n, "LayerNormalizationGrad", {n.gy(), n.x(0), n.x(1), mu, inv_std}, 3);
+    return;
+  }
   const std::string xhat = e.mul(e.sub(n.x(0), mu), inv_std);
   const std::string& g = n.gy();
   if (n.wants(1)) n.give(1, e.unbroadcast(e.mul(g, xhat), xs, n.in(1).shape));

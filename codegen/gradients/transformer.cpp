@@ -42,6 +42,10 @@ void rms_norm_rule(GradNode& n) {
   const auto& xs = n.in(0).shape;
   const DType dt = n.in(0).dtype;
   const int64_t axis = norm_axis(n.attr_int("axis", -1), xs.size());
+  if (fuses_norm_gradient(n, axis, 1)) {  // one kernel: ai.apart.RMSNormalizationGrad
+    fused_norm_gradient(n, "RMSNormalizationGrad", {n.gy(), n.x(0), n.x(1)}, 2);
+    return;
+  }
   std::vector<int64_t> norm;
   int64_t count = 1;
   for (int64_t a = axis; a < static_cast<int64_t>(xs.size()); ++a) norm.push_back(a), count *= xs[static_cast<size_t>(a)];

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "graph/flash_tiles.h"
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/threads.h"
 #include "runtime/kernel.h"
@@ -100,17 +101,9 @@ AttentionGeometry attention_geometry(const KernelContext& ctx, const Tensor& q, 
 
 // --- Tiles -----------------------------------------------------------------------------------------------
 
-// A tile is `rows` query rows against `cols` keys. Each GEMM of a tile has M·N·K ≤ 2^18, OpenBLAS's bound for running
-// a GEMM on the calling thread alone, so the tiles of parallel_for's threads do not start BLAS threads of their own.
-struct Tiles {
-  int64_t rows = 64, cols = 64;
-};
-Tiles tiles_for(const AttentionGeometry& g) {
-  Tiles t;
-  const int64_t width = std::max<int64_t>({g.head, g.v_head, 1});
-  t.rows = std::clamp<int64_t>((int64_t{1} << 18) / (t.cols * width), 8, 64);
-  return t;
-}
+// A tile is `rows` query rows against `cols` keys (graph/flash_tiles.h: the sizes the cost model prices too).
+using Tiles = FlashTiles;
+Tiles tiles_for(const AttentionGeometry& g) { return flash_tiles(std::max(g.head, g.v_head)); }
 
 // The logits of query rows [i0, i0 + br) against keys [j0, j0 + bc), in place over s = scale·Q·Kᵀ (row stride
 // `cols`): softcapped, then masked as the reference orders it (a −∞ mask stays −∞); −∞ where causal hides a key,

@@ -12,5 +12,6 @@ void register_loss_kernels();         // loss.cpp: SoftmaxCrossEntropyLoss
 void register_grad_kernels();        // grad.cpp: ScatterND, ai.apart.ConvGrad/MaxPoolGrad/AveragePoolGrad
 void register_transformer_kernels();      // transformer.cpp: RMSNormalization, RotaryEmbedding, RotaryEmbeddingGrad
 void register_attention_kernels();        // attention.cpp: Attention (and ai.apart.Attention), ai.apart.AttentionGrad
+void register_norm_grad_kernels();        // norm_grad.cpp: ai.apart.LayerNormalizationGrad, RMSNormalizationGrad
 void register_tensor_parallel_kernels();  // tensor_parallel.cpp: ai.apart.Tp* collectives over the TP group
 }  // namespace apart::cpu

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -44,6 +45,23 @@ struct Tolerance {
 };
 constexpr Tolerance kDouble{1e-6, 1e-6, 1e-4};
 constexpr Tolerance kFloat{1e-2, 2e-3, 5e-2};  // float32 kernels: eps 1e-2, loose
+
+// Each gradient `a` holds (`gradients`: param → output name) within `relative` × the largest entry of the one `b`
+// holds (a normalised error: a fused kernel against the graph it replaces, same params and inputs).
+inline void expect_same_gradients(const std::vector<std::pair<std::string, std::string>>& gradients,
+                                  const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b,
+                                  double relative) {
+  for (const auto& [param, grad] : gradients) {
+    const Tensor &ga = a.at(grad), &gb = b.at(grad);
+    ASSERT_EQ(ga.shape(), gb.shape()) << param;
+    double largest = 0, worst = 0;
+    for (int64_t i = 0; i < gb.elements(); ++i) {
+      largest = std::max(largest, std::abs(get(gb, i)));
+      worst = std::max(worst, std::abs(get(ga, i) - get(gb, i)));
+    }
+    EXPECT_LE(worst, relative * std::max(largest, 1e-12)) << param;
+  }
+}
 
 // Runs the training graph; for up to `samples` entries of every param compares the gradient with
 // (L(p + eps) − L(p − eps)) / 2 eps computed by the same executor.

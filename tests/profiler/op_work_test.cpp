@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "tests/profiler/graph_builder.h"
 
 namespace apart {
@@ -29,7 +31,8 @@ TEST(ForwardWork, CountsBatchedMatMulWithBroadcastingAsTwoFlopsPerMultiplyAdd) {
 }
 
 TEST(ForwardWork, CountsAttentionAsOneFusedKernelWithoutTheScoresInItsBytes) {
-  // GQA, 4-D: Q [2, 8, 16, 32], K/V [2, 2, 16, 32]: 2·B·Hq·S·L·(D + Dv) = 4·B·H·S²·D; causal halves it.
+  // GQA, 4-D: Q [2, 8, 16, 32], K/V [2, 2, 16, 32]: 2·B·Hq·S·L·(D + Dv) = 4·B·H·S²·D; causal skips nothing at 16
+  // queries, all in one block of rows whose diagonal square the kernel computes whole.
   GraphBuilder b;
   auto q = b.input("q", {2, 8, 16, 32});
   auto k = b.input("k", {2, 2, 16, 32});
@@ -41,11 +44,27 @@ TEST(ForwardWork, CountsAttentionAsOneFusedKernelWithoutTheScoresInItsBytes) {
   const OpWork w = forward_work(g, full);
   EXPECT_TRUE(w.known);
   EXPECT_DOUBLE_EQ(w.flops, 4.0 * 2 * 8 * 16 * 16 * 32);
-  EXPECT_DOUBLE_EQ(forward_work(g, causal).flops, w.flops / 2);
+  EXPECT_DOUBLE_EQ(forward_work(g, causal).flops, w.flops);
   // Q, K, V read and Y written once: nothing of size S × L.
   EXPECT_DOUBLE_EQ(w.bytes_read, 4.0 * (2 * 8 * 16 * 32 + 2 * 2 * 2 * 16 * 32));
   EXPECT_DOUBLE_EQ(w.bytes_written, 4.0 * 2 * 8 * 16 * 32);
   EXPECT_EQ(op_class(g.task(full)), OpClass::kMatMul);
+}
+
+TEST(ForwardWork, CountsCausalAttentionAsThePairsTheBlockedKernelComputes) {
+  // 200 queries and keys, head 32: blocks of 64 rows (graph/flash_tiles.h); row i reads the keys up to its block's
+  // last row. The oracle counts row by row.
+  const int64_t seq = 200, head = 32, rows = 64;
+  GraphBuilder b;
+  auto q = b.input("q", {1, 2, seq, head});
+  auto y = b.value("y", {1, 2, seq, head});
+  auto t = b.task("Attention", {q, q, q}, {y}, {int_attr("is_causal", 1)});
+  auto& g = b.finish();
+  double pairs = 0;
+  for (int64_t i = 0; i < seq; ++i) pairs += static_cast<double>(std::min(seq, (i / rows + 1) * rows));
+  EXPECT_DOUBLE_EQ(forward_work(g, t).flops, 2.0 * 2 * pairs * (head + head));
+  EXPECT_GT(pairs, seq * seq / 2.0);  // more than half: the diagonal blocks are computed whole
+  EXPECT_LT(pairs, 0.7 * seq * seq);
 }
 
 TEST(ForwardWork, CountsThreeDimensionalAttentionFromItsHeadAttributes) {

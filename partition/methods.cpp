@@ -95,7 +95,10 @@ PlanWithBaselines partition_with_baselines(const TaskGraph& graph, const CostTab
   const SearchGrid grid = search_grid(options);
   const ApartCandidates search = apart_candidates(graph, costs, options, grid, clock, other);
   PlanWithBaselines r;
-  r.plan = choose_plan(graph, search.atomic, search.all(), search.blocks, options, clock);
+  // The rows re-solve the best (split, S, m) of their own candidates under --schedule auto; apart's are over the same
+  // splits, and the options differ only in --method: each re-solve runs once.
+  ScheduleResolveCache resolves;
+  r.plan = choose_plan(graph, search.atomic, search.all(), search.blocks, options, clock, &resolves);
 
   const auto baselines_start = std::chrono::steady_clock::now();
   clock.report("the baselines for baselines.json (--no-baselines skips)");
@@ -114,7 +117,7 @@ PlanWithBaselines partition_with_baselines(const TaskGraph& graph, const CostTab
       // The split's own choice, as partition_by_method makes it: no blocks, a clock of its own for the time limit.
       SearchClock own = clock.silent();
       own.start = method_start;
-      const Plan plan = reused ? choose_plan(graph, search.atomic, reused->found, reused->blocks, o, own)
+      const Plan plan = reused ? choose_plan(graph, search.atomic, reused->found, reused->blocks, o, own, &resolves)
                                : partition_by_method(graph, costs, o, other);
       r.baselines.push_back(method_result(plan, method, since(method_start) + (reused ? reused->seconds : 0.0)));
     } catch (const Infeasible& e) {

@@ -744,8 +744,21 @@ std::optional<Candidate> rescheduled(const Candidate& c, std::span<const StageLi
 
 }  // namespace
 
+const std::vector<Candidate>* ScheduleResolveCache::find(const Key& key) const {
+  const auto it = entries_.find(key);
+  if (it == entries_.end()) return nullptr;
+  ++hits_;
+  return &it->second.found;
+}
+
+void ScheduleResolveCache::add(const Key& key, std::shared_ptr<const StageEvaluator> split,
+                               std::vector<Candidate> found) {
+  entries_.insert_or_assign(key, Entry{std::move(split), std::move(found)});
+}
+
 std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::vector<Candidate>& candidates,
-                                         const PartitionOptions& o, const SearchClock& clock) {
+                                         const PartitionOptions& o, const SearchClock& clock,
+                                         ScheduleResolveCache* cache) {
   std::vector<Candidate> variants;
   std::vector<size_t> pipelined;  // 1F1B candidates of ≥ 2 stages
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -812,10 +825,28 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
       for (int chunks : interleaved_chunks(o.stage)) solve(Schedule::kInterleaved, chunks, at_stages, microbatches);
   }
   // The re-solves of one split at one micro-batch count share a DP's tables (solve_stage_dp_orders); the groups run
-  // on clock.threads, and the candidates are gathered in job order.
+  // on clock.threads, and the candidates are gathered in job order. Those an earlier call of the same search solved
+  // come from `cache`.
   std::vector<std::vector<Candidate>> found_by_job(jobs.size());
+  auto key_of = [&](const Resolve& job) {
+    const Candidate& c = candidates[job.from];
+    return ScheduleResolveCache::Key{.split = c.evaluator.get(),
+                                     .source = c.source,
+                                     .schedule = job.schedule,
+                                     .chunks = job.chunks,
+                                     .stages = job.stages,
+                                     .microbatches = job.microbatches};
+  };
+  std::vector<char> cached(jobs.size(), 0);
+  if (cache)
+    for (size_t j = 0; j < jobs.size(); ++j)
+      if (const std::vector<Candidate>* found = cache->find(key_of(jobs[j]))) {
+        found_by_job[j] = *found;
+        cached[j] = 1;
+      }
   std::vector<std::vector<size_t>> groups;  // jobs by (split, m), in the order of their first job
   for (size_t j = 0; j < jobs.size(); ++j) {
+    if (cached[j]) continue;
     auto same = std::find_if(groups.begin(), groups.end(), [&](const std::vector<size_t>& g) {
       return candidates[jobs[g.front()].from].evaluator == candidates[jobs[j].from].evaluator &&
              jobs[g.front()].microbatches == jobs[j].microbatches;
@@ -846,6 +877,9 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
         if (static_cast<uint32_t>(job.chunks) <= fewest_components(v)) found_by_job[j].push_back(std::move(v));
     }
   });
+  if (cache)
+    for (size_t j = 0; j < jobs.size(); ++j)
+      if (!cached[j]) cache->add(key_of(jobs[j]), candidates[jobs[j].from].evaluator, found_by_job[j]);
   for (std::vector<Candidate>& found : found_by_job)
     variants.insert(variants.end(), std::make_move_iterator(found.begin()), std::make_move_iterator(found.end()));
   return variants;
@@ -854,7 +888,7 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
 // ---------------- Simulated selection → the Plan ----------------
 
 Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, CandidateSet found, const BlockLevel& blocks,
-                 const PartitionOptions& o, const SearchClock& clock) {
+                 const PartitionOptions& o, const SearchClock& clock, ScheduleResolveCache* resolves) {
   auto nothing_fits = [&] {
     if (o.stage.target)
       throw Infeasible("--target " + std::string(engine_name(*o.stage.target)) +
@@ -868,7 +902,7 @@ Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, CandidateSet
   std::vector<Candidate>& candidates = found.candidates;
   if (!o.stage.schedule) {
     clock.report("the pipelined candidates under ZB-H1 and the interleaved order (--schedule auto)");
-    std::vector<Candidate> variants = schedule_variants(atomic, candidates, o, clock);
+    std::vector<Candidate> variants = schedule_variants(atomic, candidates, o, clock, resolves);
     candidates.insert(candidates.end(), std::make_move_iterator(variants.begin()),
                       std::make_move_iterator(variants.end()));
     if (o.stage.target) {  // only the variants the engine runs (partition/target.h)

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -203,8 +204,37 @@ ApartCandidates apart_candidates(const TaskGraph& graph, const CostTable& costs,
 //   each DP's solution also with its cuts refined at component granularity (refined_candidates).
 inline constexpr size_t kScheduleResolves = 8;
 inline constexpr size_t kScheduleResolveBlocks = 128;
+// The re-solves' candidates by (split, source, schedule, chunks, S, m), kept across the choose_plan calls of one
+// search (partition_with_baselines: apart's row and each baseline's re-solve the best (split, S, m) of their own
+// candidates, and a split's best are often the same in several rows). A re-solve is a function of its split, that
+// key and the options, so a search whose options differ only in --method (the rows) gets from the cache exactly what
+// it would solve. Not for options that differ otherwise; filled on the caller's thread.
+class ScheduleResolveCache {
+ public:
+  struct Key {
+    const StageEvaluator* split;
+    std::string source;
+    Schedule schedule;
+    int chunks, stages;
+    int64_t microbatches;
+    auto operator<=>(const Key&) const = default;
+  };
+  const std::vector<Candidate>* find(const Key& key) const;
+  void add(const Key& key, std::shared_ptr<const StageEvaluator> split, std::vector<Candidate> found);
+  size_t hits() const { return hits_; }
+
+ private:
+  struct Entry {
+    std::shared_ptr<const StageEvaluator> split;  // keeps the key's address from being reused
+    std::vector<Candidate> found;
+  };
+  std::map<Key, Entry> entries_;
+  mutable size_t hits_ = 0;
+};
+// `cache` (may be null): re-solves found there are not solved again, and the ones solved are added.
 std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::vector<Candidate>& candidates,
-                                         const PartitionOptions& options, const SearchClock& clock);
+                                         const PartitionOptions& options, const SearchClock& clock,
+                                         ScheduleResolveCache* cache = nullptr);
 
 // ---------------- Simulated selection → the Plan ----------------
 // With --schedule auto the candidates and their schedule_variants.
@@ -212,7 +242,7 @@ std::vector<Candidate> schedule_variants(const AtomicGraph& atomic, const std::v
 // under --time-limit and the simulation cap) and assembles the plan of the fastest, with the search statistics.
 // `found` by value: a caller done with its candidates moves them in (they are many, each with its stage costs).
 Plan choose_plan(const TaskGraph& graph, const AtomicGraph& atomic, CandidateSet found, const BlockLevel& blocks,
-                 const PartitionOptions& options, const SearchClock& clock);
+                 const PartitionOptions& options, const SearchClock& clock, ScheduleResolveCache* resolves = nullptr);
 // The Plan of one candidate and its replay: chosen options, stages with their tasks and boundary values.
 // Leaves Plan::search to the caller.
 Plan assemble_plan(const TaskGraph& graph, const AtomicGraph& atomic, const Candidate& chosen,

@@ -268,6 +268,46 @@ TEST(TheSharedScheduleDp, SolvesEachOrderAsItsOwnStageDpDoes) {
   EXPECT_GT(solutions, 50);
 }
 
+// The re-solve cache of partition_with_baselines: a search's second choose_plan (another row of baselines.json) gets
+// from it exactly what it would solve again, whether the first call saw all of its candidates or only some.
+TEST(TheScheduleVariants, AreTheSameFromTheResolveCacheAsSolvedAgain) {
+  size_t hits = 0, compared = 0;
+  for (uint32_t seed = 80; seed < 84; ++seed) {
+    const auto model = random_model(seed, 12, seed % 2 == 0);
+    for (int64_t memory : {int64_t{1'000'000'000}, int64_t{1'500'000}}) {
+      PartitionOptions o = options_for(8, 4, 24);
+      o.cluster.device.memory_bytes = memory;
+      o.stage.schedule.reset();
+      o.stage.zero.reset();
+      const AtomicGraph atomic = atomic_level(model.graph, model.costs, o);
+      const BlockLevel blocks = block_level(atomic, o, search_grid(o));
+      CandidateSet found =
+          block_candidates(atomic, blocks.assignment, o, search_grid(o), SearchClock{}, CutRefinement::kOn);
+      found.add(fixed_split_candidates(atomic, Method::kParams, o, search_grid(o), SearchClock{}));
+      const std::vector<Candidate> solved = schedule_variants(atomic, found.candidates, o, SearchClock{});
+      // First the params split's candidates alone (the params row), then all of them (apart's), as two rows would.
+      std::vector<Candidate> params;
+      for (const Candidate& c : found.candidates)
+        if (c.source == "params") params.push_back(c);
+      ScheduleResolveCache cache;
+      const std::vector<Candidate> first = schedule_variants(atomic, params, o, SearchClock{}, &cache);
+      EXPECT_EQ(first.size(), schedule_variants(atomic, params, o, SearchClock{}).size());
+      const std::vector<Candidate> cached = schedule_variants(atomic, found.candidates, o, SearchClock{}, &cache);
+      hits += cache.hits();
+      ASSERT_EQ(cached.size(), solved.size()) << "seed " << seed;
+      for (size_t i = 0; i < solved.size(); ++i) {
+        const std::string where = "seed " + std::to_string(seed) + " " + solved[i].source;
+        EXPECT_EQ(cached[i].source, solved[i].source) << where;
+        EXPECT_EQ(cached[i].assignment->block_of, solved[i].assignment->block_of) << where;  // the same split
+        testing::expect_same_solution(cached[i].solution, solved[i].solution, where);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(hits, 0u);
+  EXPECT_GT(compared, 20u);
+}
+
 TEST(TheScheduleVariants, AreNoneForAPinnedScheduleOrASingleStage) {
   const auto model = random_model(61, 8, true);
   PartitionOptions o = options_for(1, 1, 8);

@@ -28,13 +28,13 @@ using apart::testing::OnnxBuilder;
 using apart::testing::TempDir;
 using json = nlohmann::json;
 
-constexpr const char* kPlanFlags = " --devices 2 --batch 4 --device a100-80gb";
+constexpr const char* kHostilePlanFlags = " --devices 2 --batch 4 --device a100-80gb";
 
 std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
 
 // `apart partition MODEL … -o DIR/out` on a small cluster.
-std::string partition(const TempDir& dir, const fs::path& model) {
-  return "partition " + quoted(model) + kPlanFlags + " -o " + quoted(dir / "out");
+std::string partition_hostile(const TempDir& dir, const fs::path& model) {
+  return "partition " + quoted(model) + kHostilePlanFlags + " -o " + quoted(dir / "out");
 }
 
 // x[batch, 3] · w[3, 4] → Relu → y, w given by `weight` (inline zeros unless it declares it otherwise).
@@ -90,7 +90,7 @@ fs::path relu_of(const TempDir& dir, std::initializer_list<apart::testing::Dim> 
 // A plan folder of the tiny MLP planned by apart itself, to damage.
 fs::path planned(const TempDir& dir) {
   const fs::path model = save(dir, mlp(), "planned.onnx");
-  const CommandRun r = apart::testing::run_apart("partition " + quoted(model) + kPlanFlags + " -o " + quoted(dir / "plan"));
+  const CommandRun r = apart::testing::run_apart("partition " + quoted(model) + kHostilePlanFlags + " -o " + quoted(dir / "plan"));
   if (r.code != 0) ADD_FAILURE() << "planning the tiny MLP failed: " << r.out;
   return dir / "plan";
 }
@@ -106,34 +106,34 @@ struct Hostile {
 const std::vector<Hostile>& cases() {
   static const std::vector<Hostile> all = {
       // The file itself.
-      {"AnEmptyModel", [](const TempDir& d) { write(d / "m.onnx", ""); return partition(d, d / "m.onnx"); }, 3, "empty"},
-      {"ADirectoryAsTheModel", [](const TempDir& d) { fs::create_directory(d / "m.onnx"); return partition(d, d / "m.onnx"); },
+      {"AnEmptyModel", [](const TempDir& d) { write(d / "m.onnx", ""); return partition_hostile(d, d / "m.onnx"); }, 3, "empty"},
+      {"ADirectoryAsTheModel", [](const TempDir& d) { fs::create_directory(d / "m.onnx"); return partition_hostile(d, d / "m.onnx"); },
        2, "is a directory"},
       {"AFifoAsTheModel",
-       [](const TempDir& d) { ::mkfifo((d / "m.onnx").c_str(), 0600); return partition(d, d / "m.onnx"); }, 2,
+       [](const TempDir& d) { ::mkfifo((d / "m.onnx").c_str(), 0600); return partition_hostile(d, d / "m.onnx"); }, 2,
        "not a regular file"},
-      {"DevZeroAsTheModel", [](const TempDir& d) { return partition(d, "/dev/zero"); }, 2, "not a regular file"},
+      {"DevZeroAsTheModel", [](const TempDir& d) { return partition_hostile(d, "/dev/zero"); }, 2, "not a regular file"},
       {"RandomBytes",
        [](const TempDir& d) {
          std::string bytes(4096, '\0');
          uint32_t x = 12345;
          for (char& c : bytes) c = static_cast<char>((x = x * 1664525u + 1013904223u) >> 24);
          write(d / "m.onnx", bytes);
-         return partition(d, d / "m.onnx");
+         return partition_hostile(d, d / "m.onnx");
        },
        3, "m.onnx"},
       {"ALengthFieldClaimingMoreThanRemains",
        [](const TempDir& d) {
          // ModelProto field 7 (graph), length-delimited, claiming 2^31 − 1 bytes where 3 follow.
          write(d / "m.onnx", mlp().bytes() + std::string("\x3a\xff\xff\xff\xff\x07xyz", 9));
-         return partition(d, d / "m.onnx");
+         return partition_hostile(d, d / "m.onnx");
        },
        3, "m.onnx"},
       {"ATruncatedModel",
        [](const TempDir& d) {
          const std::string bytes = mlp().bytes();
          write(d / "m.onnx", bytes.substr(0, bytes.size() / 2));
-         return partition(d, d / "m.onnx");
+         return partition_hostile(d, d / "m.onnx");
        },
        3, "m.onnx"},
       // The graph.
@@ -144,7 +144,7 @@ const std::vector<Hostile>& cases() {
          b.node("Add", {"x", "b"}, {"a"}, "first");
          b.node("Relu", {"a"}, {"b"}, "second");
          b.node("Identity", {"b"}, {"y"}, "out");
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        3, "cycle"},
       {"AnUndefinedInput",
@@ -152,7 +152,7 @@ const std::vector<Hostile>& cases() {
          OnnxBuilder b;
          b.input("x", {"batch", 3}).output("y");
          b.node("Add", {"x", "nowhere"}, {"y"}, "add");
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        3, "nowhere"},
       {"TwoNodesWritingOneValue",
@@ -161,21 +161,21 @@ const std::vector<Hostile>& cases() {
          b.input("x", {"batch", 3}).output("y");
          b.node("Relu", {"x"}, {"y"}, "one");
          b.node("Neg", {"x"}, {"y"}, "two");
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        3, "'y'"},
       {"AGraphOutputListedTwice",
        [](const TempDir& d) {
          OnnxBuilder b = mlp();
          b.output("y");
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        3, "'y'"},
       {"AnInitializerShadowingAnInputWithAnotherShape",
        [](const TempDir& d) {
          OnnxBuilder b = mlp();
          b.weight("x", {5});
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        3, "'x'"},
       {"AnUnknownOp",
@@ -183,7 +183,7 @@ const std::vector<Hostile>& cases() {
          OnnxBuilder b;
          b.input("x", {"batch", 3}).output("y");
          b.node("Frobnicate", {"x"}, {"y"}, "frob");
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        3, "has no operator 'Frobnicate'"},
       {"ANodeInADomainTheModelDoesNotImport",
@@ -191,7 +191,7 @@ const std::vector<Hostile>& cases() {
          OnnxBuilder b;
          b.input("x", {"batch", 3}).output("y");
          b.node("Relu", {"x"}, {"y"}, "relu").set_domain("com.example.secret");
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        3, "'com.example.secret', which the model does not import"},
       {"AnOpsetNewerThanApartKnows",
@@ -199,11 +199,11 @@ const std::vector<Hostile>& cases() {
          OnnxBuilder b(99);
          b.input("x", {"batch", 3}).output("y");
          b.node("Relu", {"x"}, {"y"}, "relu");
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        4, "99"},
       // Dims.
-      {"AnUnboundDimParam", [](const TempDir& d) { return partition(d, relu_of(d, {"batch", "seq"})); }, 2, "seq"},
+      {"AnUnboundDimParam", [](const TempDir& d) { return partition_hostile(d, relu_of(d, {"batch", "seq"})); }, 2, "seq"},
       {"AnInputWithoutAShape",
        [](const TempDir& d) {
          OnnxBuilder b;
@@ -212,32 +212,32 @@ const std::vector<Hostile>& cases() {
          in->set_name("x");
          in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
          b.node("Relu", {"x"}, {"y"}, "relu");
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        2, "'x'"},
       // -1 is how some exporters write a dynamic dim: it must be given a size, like a named one.
-      {"ANegativeDim", [](const TempDir& d) { return partition(d, relu_of(d, {"batch", -1})); }, 2,
+      {"ANegativeDim", [](const TempDir& d) { return partition_hostile(d, relu_of(d, {"batch", -1})); }, 2,
        "unnamed dynamic dim at axis 1"},
-      {"AZeroDim", [](const TempDir& d) { return partition(d, relu_of(d, {"batch", int64_t{0}})); }, 3, "0-sized dim"},
+      {"AZeroDim", [](const TempDir& d) { return partition_hostile(d, relu_of(d, {"batch", int64_t{0}})); }, 3, "0-sized dim"},
       {"DimsWhoseProductOverflows",
-       [](const TempDir& d) { return partition(d, relu_of(d, {"batch", int64_t{1} << 40, int64_t{1} << 40})); }, 3,
+       [](const TempDir& d) { return partition_hostile(d, relu_of(d, {"batch", int64_t{1} << 40, int64_t{1} << 40})); }, 3,
        "'x'"},
       {"RawDataOfTheWrongLength",
        [](const TempDir& d) {
          OnnxBuilder b = mlp();
          b.graph().mutable_initializer(0)->mutable_raw_data()->resize(47);
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        3, "'w'"},
       // External data.
-      {"AnAbsoluteExternalDataPath", [](const TempDir& d) { return partition(d, external(d, {{"location", "/etc/passwd"}})); },
+      {"AnAbsoluteExternalDataPath", [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "/etc/passwd"}})); },
        3, "absolute"},
       {"AnExternalDataPathWithDotDot",
-       [](const TempDir& d) { return partition(d, external(d, {{"location", "../w.bin"}})); }, 3, ".."},
+       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "../w.bin"}})); }, 3, ".."},
       {"ANestedExternalDataPathThatClimbsOut",
        [](const TempDir& d) {
          fs::create_directory(d / "a");
-         return partition(d, external(d, {{"location", "a/../../w.bin"}}));
+         return partition_hostile(d, external(d, {{"location", "a/../../w.bin"}}));
        },
        3, ".."},
       {"AnExternalDataFileThatIsASymlinkOutOfTheFolder",
@@ -247,7 +247,7 @@ const std::vector<Hostile>& cases() {
          const fs::path model = external(d, {{"location", "w.bin"}}, "sub");
          fs::remove(d / "sub" / "w.bin");
          fs::create_symlink(d / "elsewhere" / "secret.bin", d / "sub" / "w.bin");
-         return partition(d, model);
+         return partition_hostile(d, model);
        },
        3, "outside"},
       {"AnExternalDataPathThroughASymlinkedFolder",
@@ -256,30 +256,30 @@ const std::vector<Hostile>& cases() {
          write(d / "elsewhere" / "w.bin", std::string(48, '\0'));
          const fs::path model = external(d, {{"location", "link/w.bin"}}, "sub");
          fs::create_directory_symlink(d / "elsewhere", d / "sub" / "link");
-         return partition(d, model);
+         return partition_hostile(d, model);
        },
        3, "outside"},
       {"ANegativeExternalDataOffset",
-       [](const TempDir& d) { return partition(d, external(d, {{"location", "w.bin"}, {"offset", "-8"}})); }, 3,
+       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "-8"}})); }, 3,
        "offset"},
       {"ANonNumericExternalDataOffset",
-       [](const TempDir& d) { return partition(d, external(d, {{"location", "w.bin"}, {"offset", "12abc"}})); }, 3,
+       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "12abc"}})); }, 3,
        "offset"},
       {"AHugeExternalDataOffset",
        [](const TempDir& d) {
-         return partition(d, external(d, {{"location", "w.bin"}, {"offset", "99999999999999999999999"}}));
+         return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "99999999999999999999999"}}));
        },
        3, "offset"},
       {"AnExternalDataLengthThatDisagreesWithTheShape",
-       [](const TempDir& d) { return partition(d, external(d, {{"location", "w.bin"}, {"length", "40"}})); }, 3,
+       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "w.bin"}, {"length", "40"}})); }, 3,
        "length"},
       {"ExternalDataPastTheEndOfItsFile",
        [](const TempDir& d) {
-         return partition(d, external(d, {{"location", "w.bin"}, {"offset", "16"}, {"length", "48"}}));
+         return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "16"}, {"length", "48"}}));
        },
        3, "w.bin"},
       {"AnUnknownExternalDataKey",
-       [](const TempDir& d) { return partition(d, external(d, {{"location", "w.bin"}, {"compression", "zstd"}})); },
+       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "w.bin"}, {"compression", "zstd"}})); },
        3, "compression"},
       // The other files apart reads.
       {"ATruncatedPlan",
@@ -302,7 +302,7 @@ const std::vector<Hostile>& cases() {
       {"ACostsFileThatIsNotJson",
        [](const TempDir& d) {
          write(d / "costs.json", "{\"schema\": \"apart.costs/1\", \"tasks\": [");
-         return partition(d, save(d, mlp())) + " --profile " + quoted(d / "costs.json");
+         return partition_hostile(d, save(d, mlp())) + " --profile " + quoted(d / "costs.json");
        },
        2, "costs.json"},
       {"AClusterFileOfTheWrongSchema",
@@ -324,19 +324,19 @@ const std::vector<Hostile>& cases() {
        },
        2, "has format version 4294967295"},
       // Where the output cannot be written: a disk that fills up (a file-size limit: writes fail with EFBIG).
-      {"AnOutputFolderThatFillsUp", [](const TempDir& d) { return partition(d, save(d, mlp())); }, 6, "failed writing",
+      {"AnOutputFolderThatFillsUp", [](const TempDir& d) { return partition_hostile(d, save(d, mlp())); }, 6, "failed writing",
        "trap '' XFSZ; ulimit -f 4; "},
       // Requests that cannot be met.
       {"AModelTooLargeForTheDevices",
        [](const TempDir& d) {
          OnnxBuilder b = mlp([](OnnxBuilder& m) { m.external_weight("w", {3, int64_t{1} << 36}, "w.bin"); });
-         return partition(d, save(d, b));
+         return partition_hostile(d, save(d, b));
        },
        5, "memory"},
       {"MoreStagesThanTheModelHasTasks",
-       [](const TempDir& d) { return partition(d, save(d, mlp())) + " --stages 3"; }, 5, "--stages 3"},
+       [](const TempDir& d) { return partition_hostile(d, save(d, mlp())) + " --stages 3"; }, 5, "--stages 3"},
       {"MoreMicroBatchesThanSamples",
-       [](const TempDir& d) { return partition(d, save(d, mlp())) + " --microbatches 8"; }, 2, "--microbatches"},
+       [](const TempDir& d) { return partition_hostile(d, save(d, mlp())) + " --microbatches 8"; }, 2, "--microbatches"},
   };
   return all;
 }
@@ -389,7 +389,7 @@ TEST(HostileNames, ArePlannedAndEscapedInJsonDotAndHtml) {
   const fs::path model = save(dir, b);
   const fs::path plan = dir / "plan";
   const CommandRun partitioned =
-      apart::testing::run_apart("partition " + quoted(model) + kPlanFlags + " --dot-detail -o " + quoted(plan));
+      apart::testing::run_apart("partition " + quoted(model) + kHostilePlanFlags + " --dot-detail -o " + quoted(plan));
   ASSERT_EQ(partitioned.code, 0) << partitioned.out;
   const CommandRun report = apart::testing::run_apart("report " + quoted(plan) + " -o " + quoted(plan / "report.html"));
   ASSERT_EQ(report.code, 0) << report.out;

@@ -20,7 +20,7 @@ using apart::testing::run_apart;
 using apart::testing::run_command;
 using apart::testing::TempDir;
 
-const std::string kPlanFlags = " --devices 2 --batch 4 --no-baselines --no-stage-models";
+const std::string kSafePlanFlags = " --devices 2 --batch 4 --no-baselines --no-stage-models";
 
 // A tiny model with a symbolic batch (partition binds it; the other commands get --dim batch=2).
 fs::path write_model(const fs::path& file) {
@@ -28,14 +28,14 @@ fs::path write_model(const fs::path& file) {
   return apart::testing::write_tiny_mlp(file);
 }
 
-CommandRun partition(const fs::path& model, const std::string& out, const std::string& extra = "") {
-  return run_apart("partition " + model.string() + kPlanFlags + extra + " -o " + out);
+CommandRun partition_into(const fs::path& model, const std::string& out, const std::string& extra = "") {
+  return run_apart("partition " + model.string() + kSafePlanFlags + extra + " -o " + out);
 }
 
 // A plan folder written by apart, for the commands that read one.
 fs::path write_plan(const TempDir& dir) {
   const fs::path model = write_model(dir / "m.onnx");
-  const CommandRun r = partition(model, (dir / "plan").string());
+  const CommandRun r = partition_into(model, (dir / "plan").string());
   EXPECT_EQ(r.code, 0) << r.out;
   return dir / "plan";
 }
@@ -57,7 +57,7 @@ TEST(PartitionOutput, RefusesTheFolderThatHoldsTheModelAndKeepsIt) {
   const fs::path model = write_model(dir / "proj" / "m.onnx");
   std::ofstream(dir / "proj" / "notes.txt") << "mine";
   for (const char* force : {"", " --force"}) {
-    const CommandRun r = partition(model, (dir / "proj").string(), force);
+    const CommandRun r = partition_into(model, (dir / "proj").string(), force);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_TRUE(contains(r.out, "the model")) << r.out;
     EXPECT_TRUE(fs::exists(model));
@@ -73,7 +73,7 @@ TEST(PartitionOutput, RefusesTheWorkingFolderByAnotherNameEvenWithForce) {
   std::ofstream(dir / "cwd" / "work.txt") << "mine";
   for (const char* out : {"../cwd", ".", "..", "./"}) {
     const CommandRun r = run_command("cd " + (dir / "cwd").string() + " && " + APART_BINARY + " partition " +
-                                     model.string() + kPlanFlags + " --force -o " + out + " 2>&1");
+                                     model.string() + kSafePlanFlags + " --force -o " + out + " 2>&1");
     EXPECT_EQ(r.code, 2) << out << ": " << r.out;
     EXPECT_TRUE(contains(r.out, "working folder")) << r.out;
   }
@@ -91,14 +91,14 @@ TEST(PartitionOutput, RefusesAFolderHoldingTheModelsExternalDataOrTheProfile) {
   b.node("MatMul", {"x", "w"}, {"y"});
   b.save(dir / "proj" / "m.onnx");
   std::ofstream(dir / "proj" / "w" / "m.data", std::ios::binary) << std::string(48, '\0');
-  CommandRun r = partition(dir / "proj" / "m.onnx", (dir / "proj" / "w").string(), " --force");
+  CommandRun r = partition_into(dir / "proj" / "m.onnx", (dir / "proj" / "w").string(), " --force");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(contains(r.out, "external-data")) << r.out;
   EXPECT_TRUE(fs::exists(dir / "proj" / "w" / "m.data"));
 
   // An old plan's costs.json given as --profile: replacing that plan would delete the input.
   const fs::path plan = write_plan(dir);
-  r = partition(dir / "m.onnx", plan.string(), " --profile " + (plan / "costs.json").string());
+  r = partition_into(dir / "m.onnx", plan.string(), " --profile " + (plan / "costs.json").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(contains(r.out, "--profile")) << r.out;
   EXPECT_TRUE(fs::exists(plan / "costs.json"));
@@ -109,7 +109,7 @@ TEST(PartitionOutput, RefusesAReadOnlyFolderAndLeavesNoHiddenCopy) {
   const fs::path plan = write_plan(dir);
   const std::string before = read_file(plan / "plan.json");
   fs::permissions(plan, fs::perms(0555));
-  const CommandRun r = partition(dir / "m.onnx", plan.string(), " --force");
+  const CommandRun r = partition_into(dir / "m.onnx", plan.string(), " --force");
   EXPECT_EQ(r.code, 6) << r.out;
   EXPECT_TRUE(contains(r.out, "read-only")) << r.out;
   EXPECT_EQ(fs::status(plan).permissions() & fs::perms::all, fs::perms(0555));
@@ -123,7 +123,7 @@ TEST(PartitionOutput, RefusesASymlinkNamingItsTargetAndLeavesBoth) {
   const fs::path plan = write_plan(dir);
   fs::create_directory_symlink(plan, dir / "link");
   for (const char* force : {"", " --force"}) {
-    const CommandRun r = partition(dir / "m.onnx", (dir / "link").string(), force);
+    const CommandRun r = partition_into(dir / "m.onnx", (dir / "link").string(), force);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_TRUE(contains(r.out, "symlink")) << r.out;
     EXPECT_TRUE(contains(r.out, plan.string())) << r.out;
@@ -138,7 +138,7 @@ TEST(PartitionOutput, RefusesAFolderWithForeignFilesNamingThemAndTheForceFlag) {
   fs::create_directories(dir / "data" / "raw");
   std::ofstream(dir / "data" / "thesis.tex") << "years of work";
   std::ofstream(dir / "data" / "plan.json") << R"({"schema": "apart.plan/1"})";  // a plan.json alone is not enough
-  const CommandRun r = partition(model, (dir / "data").string());
+  const CommandRun r = partition_into(model, (dir / "data").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(contains(r.out, "thesis.tex")) << r.out;
   EXPECT_TRUE(contains(r.out, "raw/")) << r.out;
@@ -152,7 +152,7 @@ TEST(PartitionOutput, RefusesAFolderWhosePlanJsonIsNotAnApartPlan) {
   const fs::path model = write_model(dir / "m.onnx");
   fs::create_directories(dir / "p");
   std::ofstream(dir / "p" / "plan.json") << R"({"schema": "someone.else/1"})";
-  const CommandRun r = partition(model, (dir / "p").string());
+  const CommandRun r = partition_into(model, (dir / "p").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(contains(r.out, "plan.json")) << r.out;
 }
@@ -162,7 +162,7 @@ TEST(PartitionOutput, ReplacesAForeignFolderWithForce) {
   const fs::path model = write_model(dir / "m.onnx");
   fs::create_directories(dir / "data" / "raw");
   std::ofstream(dir / "data" / "old.txt") << "scratch";
-  const CommandRun r = partition(model, (dir / "data").string(), " --force");
+  const CommandRun r = partition_into(model, (dir / "data").string(), " --force");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(dir / "data" / "plan.json"));
   EXPECT_FALSE(fs::exists(dir / "data" / "old.txt"));
@@ -175,10 +175,10 @@ TEST(PartitionOutput, ReplacesItsOwnOlderPlanWithReportAndTraceAndAnEmptyFolder)
   ASSERT_EQ(run_apart("report " + plan.string()).code, 0);
   ASSERT_EQ(run_apart("simulate " + plan.string() + " --trace " + (plan / "trace.json").string()).code, 0);
   ASSERT_TRUE(fs::exists(plan / "report.html"));
-  CommandRun r = partition(dir / "m.onnx", plan.string(), " --stages 1");
+  CommandRun r = partition_into(dir / "m.onnx", plan.string(), " --stages 1");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(plan / "report.html"));  // the new plan replaced the whole folder
-  r = partition(dir / "m.onnx", plan.string());
+  r = partition_into(dir / "m.onnx", plan.string());
   EXPECT_EQ(r.code, 0) << r.out;
   // With stage files too.
   r = run_apart("partition " + (dir / "m.onnx").string() + " --devices 2 --batch 4 --no-baselines -o " + plan.string());
@@ -187,7 +187,7 @@ TEST(PartitionOutput, ReplacesItsOwnOlderPlanWithReportAndTraceAndAnEmptyFolder)
   r = run_apart("partition " + (dir / "m.onnx").string() + " --devices 2 --batch 4 -o " + plan.string() + "/");
   EXPECT_EQ(r.code, 0) << r.out;
   fs::create_directories(dir / "empty");
-  r = partition(dir / "m.onnx", (dir / "empty").string());
+  r = partition_into(dir / "m.onnx", (dir / "empty").string());
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(dir / "empty" / "plan.json"));
   EXPECT_TRUE(hidden_entries(dir.path()).empty());

@@ -20,11 +20,11 @@ using testing::initializer_elements;
 using testing::run_command;
 using testing::TempDir;
 
-const std::string kApart = APART_BINARY;
+const std::string kLlamaApart = APART_BINARY;
 
-int64_t preset_params(const std::string& name) { return closed_form_params(options_for(name)); }
+int64_t llama_preset_params(const std::string& name) { return closed_form_params(options_for(name)); }
 
-int64_t generated_params(const std::string& name) {
+int64_t llama_generated_params(const std::string& name) {
   ZooOptions o = options_for(name);
   o.weights = WeightsMode::kNone;
   return initializer_elements(build_zoo_model(o));
@@ -32,11 +32,11 @@ int64_t generated_params(const std::string& name) {
 
 // Meta's config.json: hidden, intermediate, layers, heads, kv heads; vocab 128256, untied head.
 TEST(ALlamaPreset, CountsMetasPublishedParametersExactly) {
-  EXPECT_EQ(preset_params("llama3-8b"), 8'030'261'248);
-  EXPECT_EQ(preset_params("llama3-70b"), 70'553'706'496);
-  EXPECT_EQ(preset_params("llama3-405b"), 405'853'388'800);
-  EXPECT_EQ(generated_params("llama3-8b"), 8'030'261'248);
-  EXPECT_EQ(generated_params("llama3-70b"), 70'553'706'496);
+  EXPECT_EQ(llama_preset_params("llama3-8b"), 8'030'261'248);
+  EXPECT_EQ(llama_preset_params("llama3-70b"), 70'553'706'496);
+  EXPECT_EQ(llama_preset_params("llama3-405b"), 405'853'388'800);
+  EXPECT_EQ(llama_generated_params("llama3-8b"), 8'030'261'248);
+  EXPECT_EQ(llama_generated_params("llama3-70b"), 70'553'706'496);
 }
 
 TEST(ALlamaPreset, KeepsTheConfigsGroupedQueryAttentionAndRopeBase) {
@@ -106,25 +106,25 @@ TEST(ALlamaModel, RejectsKvHeadsThatDoNotDivideTheHeads) {
 // `apart zoo llama-tiny` into dir; returns the model's path.
 std::string write_llama_tiny(const TempDir& dir) {
   const std::string path = dir.file("llama.onnx");
-  EXPECT_EQ(run_command(kApart + " zoo llama-tiny -q -o " + path + " >/dev/null").code, 0);
+  EXPECT_EQ(run_command(kLlamaApart + " zoo llama-tiny -q -o " + path + " >/dev/null").code, 0);
   return path;
 }
 
 TEST(ALlamaTinyModel, ImportsWithEveryValuesShapeStaticOnceTheBatchIsBound) {
   TempDir dir("zoo_llama_inspect");
   const std::string path = write_llama_tiny(dir);
-  const auto r = run_command(kApart + " inspect " + path + " --json --dim batch=4");
+  const auto r = run_command(kLlamaApart + " inspect " + path + " --json --dim batch=4");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out.substr(0, 300);
-  EXPECT_EQ(j["params"].get<int64_t>(), preset_params("llama-tiny"));
+  EXPECT_EQ(j["params"].get<int64_t>(), llama_preset_params("llama-tiny"));
   EXPECT_TRUE(j["unknown_shape_values"].empty()) << j["unknown_shape_values"].dump();
 }
 
 TEST(ALlamaTinyModel, TrainsWithAFallingLoss) {
   TempDir dir("zoo_llama_train");
   const std::string path = write_llama_tiny(dir);
-  const auto r = run_command(kApart + " train " + path + " --steps 30 --batch 4 --lr 0.01 --quiet 2>&1");
+  const auto r = run_command(kLlamaApart + " train " + path + " --steps 30 --batch 4 --lr 0.01 --quiet 2>&1");
   ASSERT_EQ(r.code, 0) << r.out;
   const std::regex summary(R"(loss ([0-9.]+) -> ([0-9.]+))");
   std::smatch m;

@@ -227,7 +227,7 @@ TEST(AStageEvaluator, CountsHalfTheBackwardOfWeightReadingBlocksAsWeightGradient
 }
 
 // Least bottleneck over every split and replica vector, each stage's memory at the schedule's in-flight rule.
-double brute_force_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, int chunks,
+double brute_force_schedule_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, int chunks,
                               bool recompute) {
   return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
     const double flight = stage_in_flight_activations(schedule, s, stages, m, chunks);
@@ -268,7 +268,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckUnderTheInterleavedSchedule) {
               ++refused;
               continue;
             }
-            const double expected = brute_force_bottleneck(ev, stages, m, Schedule::kInterleaved, v, recompute);
+            const double expected = brute_force_schedule_bottleneck(ev, stages, m, Schedule::kInterleaved, v, recompute);
             if (std::isinf(expected)) {
               EXPECT_FALSE(got.has_value()) << "trial " << trial << " S=" << stages << " m=" << m;
               ++infeasible;
@@ -315,7 +315,7 @@ TEST(AStageDp, FindsTheBruteForceBottleneckUnderZbH1sInFlightRule) {
       for (int stages = 1; stages <= std::min(k, ev.cluster().devices); ++stages) counts.push_back(stages);
       const std::vector<std::optional<StageSolution>> many = dp.solve_many(counts);
       for (int stages : counts) {
-        const double expected = brute_force_bottleneck(ev, stages, m, Schedule::kZbH1, 1, false);
+        const double expected = brute_force_schedule_bottleneck(ev, stages, m, Schedule::kZbH1, 1, false);
         const std::optional<StageSolution>& got = many[static_cast<size_t>(stages - 1)];
         if (std::isinf(expected)) {
           EXPECT_FALSE(got.has_value());

@@ -257,7 +257,7 @@ TEST(ATensorParallelKernel, RefusesAnAxisShorterThanTheGroupNamingTheNode) {
 // --- The vocabulary-parallel loss ---------------------------------------------------------------------------------
 
 // 6 rows of scores over a vocabulary of 9 (3 columns per rank), labels spread over every rank's columns, one ignored.
-constexpr int64_t kRows = 6, kVocab = 9;
+constexpr int64_t kLossRows = 6, kVocab = 9;
 const std::vector<int64_t> kLabels = {0, 4, 8, 3, -100, 7};
 double score(int64_t row, int64_t column) { return std::sin(0.7 * static_cast<double>(row * kVocab + column)) * 3.0; }
 
@@ -265,10 +265,10 @@ double score(int64_t row, int64_t column) { return std::sin(0.7 * static_cast<do
 // model: outputs loss, lse and dscores.
 onnx::ModelProto vocab_parallel_loss(int rank) {
   OnnxBuilder b;
-  b.input({"scores", DType::kFloat64, {kRows, kVocab / kDegree}}).input({"labels", DType::kInt64, {kRows}});
+  b.input({"scores", DType::kFloat64, {kLossRows, kVocab / kDegree}}).input({"labels", DType::kInt64, {kLossRows}});
   b.input({"dloss", DType::kFloat64, {}});
-  b.output({"loss", DType::kFloat64, {}}).output({"lse", DType::kFloat64, {kRows}});
-  b.output({"dscores", DType::kFloat64, {kRows, kVocab / kDegree}});
+  b.output({"loss", DType::kFloat64, {}}).output({"lse", DType::kFloat64, {kLossRows}});
+  b.output({"dscores", DType::kFloat64, {kLossRows, kVocab / kDegree}});
   for (auto* n : {&b.node("VocabParallelCrossEntropy", {"scores", "labels"}, {"loss", "lse"}, "loss"),
                   &b.node("VocabParallelCrossEntropyGrad", {"dloss", "scores", "labels", "lse"}, {"dscores"}, "grad")}) {
     n->set_domain("ai.apart");
@@ -295,11 +295,11 @@ TEST(TheVocabularyParallelLoss, GivesEveryRankTheWholeLossAndItsColumnsOfTheGrad
         ExecutorOptions options;
         options.tensor_parallel = comms[static_cast<size_t>(r)].get();
         Executor exec(vocab_parallel_loss(r), {}, options);
-        Tensor scores(DType::kFloat64, {kRows, kVocab / kDegree});
-        for (int64_t i = 0; i < kRows; ++i)
+        Tensor scores(DType::kFloat64, {kLossRows, kVocab / kDegree});
+        for (int64_t i = 0; i < kLossRows; ++i)
           for (int64_t c = 0; c < kVocab / kDegree; ++c) scores.data<double>()[i * 3 + c] = score(i, r * 3 + c);
-        Tensor labels(DType::kInt64, {kRows});
-        for (int64_t i = 0; i < kRows; ++i) labels.data<int64_t>()[i] = kLabels[static_cast<size_t>(i)];
+        Tensor labels(DType::kInt64, {kLossRows});
+        for (int64_t i = 0; i < kLossRows; ++i) labels.data<int64_t>()[i] = kLabels[static_cast<size_t>(i)];
         Tensor dloss(DType::kFloat64, {});
         dloss.data<double>()[0] = 1.0;
         for (auto& [name, t] : exec.run({{"scores", scores}, {"labels", labels}, {"dloss", dloss}}))
@@ -312,8 +312,8 @@ TEST(TheVocabularyParallelLoss, GivesEveryRankTheWholeLossAndItsColumnsOfTheGrad
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
   double total = 0;
-  std::vector<double> lse(kRows);
-  for (int64_t i = 0; i < kRows; ++i) {
+  std::vector<double> lse(kLossRows);
+  for (int64_t i = 0; i < kLossRows; ++i) {
     double sum = 0;
     for (int64_t c = 0; c < kVocab; ++c) sum += std::exp(score(i, c));
     lse[static_cast<size_t>(i)] = std::log(sum);
@@ -323,7 +323,7 @@ TEST(TheVocabularyParallelLoss, GivesEveryRankTheWholeLossAndItsColumnsOfTheGrad
     const std::vector<Tensor>& o = out[static_cast<size_t>(r)];
     ASSERT_EQ(o.size(), 3u);
     EXPECT_NEAR(o[0].data<double>()[0], total / 5, 1e-12) << "rank " << r;
-    for (int64_t i = 0; i < kRows; ++i) {
+    for (int64_t i = 0; i < kLossRows; ++i) {
       EXPECT_NEAR(o[1].data<double>()[i], lse[static_cast<size_t>(i)], 1e-12) << "rank " << r;
       for (int64_t c = 0; c < 3; ++c) {
         const int64_t column = r * 3 + c;

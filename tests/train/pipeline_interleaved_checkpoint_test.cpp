@@ -24,9 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace apart::testing;
 
-fs::path scratch(const std::string& name) { return testing::scratch("pipeline_interleaved_checkpoint_test", name); }
+fs::path checkpoint_scratch(const std::string& name) { return testing::scratch("pipeline_interleaved_checkpoint_test", name); }
 
-struct Case {
+struct CheckpointCase {
   const char* name;
   Shape shape;
 };
@@ -35,10 +35,10 @@ struct Case {
 // steps straight, and 2 steps checkpointed then resumed for 2 more, give the same losses and the same weights, bit
 // for bit (the random state and the data are functions of the step; every chunk's params and optimizer state come
 // back).
-class InterleavedCheckpoints : public ::testing::TestWithParam<Case> {};
+class InterleavedCheckpoints : public ::testing::TestWithParam<CheckpointCase> {};
 
 TEST_P(InterleavedCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) {
-  const fs::path dir = scratch(GetParam().name);
+  const fs::path dir = checkpoint_scratch(GetParam().name);
   const fs::path plan = make_plan(gpt_tiny(), GetParam().shape, 8, dir / "plan");
   ASSERT_NO_FATAL_FAILURE(expect_resumes_bitwise(plan, plan, dir, Optimizer::kAdam, 1e-3, GetParam().name));
   const fs::path ck = dir / "ck";
@@ -64,17 +64,17 @@ TEST_P(InterleavedCheckpoints, FourStepsStraightEqualTwoPlusAResumedTwoBitwise) 
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, InterleavedCheckpoints,
-    ::testing::Values(Case{"one_replica_per_stage", {{1, 1}, 2, Schedule::kInterleaved}},
+    ::testing::Values(CheckpointCase{"one_replica_per_stage", {{1, 1}, 2, Schedule::kInterleaved}},
                       // Each chunk's optimizer state in halves over its stage's pair.
-                      Case{"zero1_over_two_replicas_per_stage", {{2, 2}, 2, Schedule::kInterleaved, {}, 1}},
+                      CheckpointCase{"zero1_over_two_replicas_per_stage", {{2, 2}, 2, Schedule::kInterleaved, {}, 1}},
                       // And of the params: each chunk's files hold its pieces ("param/<name>[begin:end]").
-                      Case{"zero3_over_two_replicas_per_stage", {{2, 2}, 2, Schedule::kInterleaved, {}, 3}}),
-    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+                      CheckpointCase{"zero3_over_two_replicas_per_stage", {{2, 2}, 2, Schedule::kInterleaved, {}, 3}}),
+    [](const ::testing::TestParamInfo<CheckpointCase>& info) { return std::string(info.param.name); });
 
 // Tensor-parallel stages in the interleaved plan (TP 2 × PP 2, v = 2, as apart partition writes it): each TP rank's
 // chunk files hold its slices, and 2 + resumed 2 Adam steps equal 4 straight, bit for bit.
 TEST(AnInterleavedCheckpointWithTensorParallelStages, ResumesBitwiseFromEachTpRanksSlices) {
-  const fs::path dir = scratch("tp2_pp2_v2");
+  const fs::path dir = checkpoint_scratch("tp2_pp2_v2");
   const fs::path plan = dir / "plan";
   const auto partitioned = testing::run_apart("partition " + gpt_tiny() + " --device cpu --devices 4 --stages 2 --tp 2 "
                                               "--replicas 1 --microbatches 2 --batch 8 --schedule interleaved "
@@ -94,7 +94,7 @@ TEST(AnInterleavedCheckpointWithTensorParallelStages, ResumesBitwiseFromEachTpRa
 // so through the resharding path: each chunk's pieces put together from both replicas' files of that chunk) continues
 // bitwise as the uninterrupted ZeRO-1 run, which trains bitwise as the unsharded one.
 TEST(AnInterleavedZeroCheckpoint, ResumesWithoutZeroOnTheSameChunksBitwise) {
-  const fs::path dir = scratch("zero1_resumed_without_zero");
+  const fs::path dir = checkpoint_scratch("zero1_resumed_without_zero");
   const fs::path from = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::kInterleaved, {}, 1}, 8, dir / "from");
   const fs::path to = make_plan(gpt_tiny(), {{2, 2}, 2, Schedule::kInterleaved, {}, 0}, 8, dir / "to");
   expect_resumes_bitwise(from, to, dir, Optimizer::kAdamW, 1e-3, "ZeRO-1 resumed without ZeRO");
@@ -104,7 +104,7 @@ TEST(AnInterleavedZeroCheckpoint, ResumesWithoutZeroOnTheSameChunksBitwise) {
 // checkpoint's layout and this plan's: the interleaved 2 × 2 checkpoint on the 1F1B plan of the same 2 stages and on
 // 2 stages × 3 chunks, and the 1F1B checkpoint on the interleaved plan.
 TEST(AnInterleavedCheckpoint, OnAPlanOfOtherChunksOrStagesIsRefusedNamingBothLayouts) {
-  const fs::path dir = scratch("refused");
+  const fs::path dir = checkpoint_scratch("refused");
   const fs::path interleaved = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::kInterleaved}, 8, dir / "interleaved");
   const fs::path three_chunks = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::kInterleaved, {}, 0, 3}, 8, dir / "v3");
   const fs::path one_f_one_b = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::k1F1B}, 8, dir / "1f1b");
@@ -132,7 +132,7 @@ TEST(AnInterleavedCheckpoint, OnAPlanOfOtherChunksOrStagesIsRefusedNamingBothLay
 // A manifest whose layout is not an object (hand-edited, or not apart's) is refused on every rank as InvalidArgument
 // naming the field, not read as an empty layout or left to throw from the JSON library.
 TEST(ACheckpointManifest, WhoseLayoutIsNotAnObjectIsRefusedNamingTheField) {
-  const fs::path dir = scratch("bad_layout");
+  const fs::path dir = checkpoint_scratch("bad_layout");
   const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::kInterleaved}, 8, dir / "plan");
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);
@@ -155,7 +155,7 @@ TEST(ACheckpointManifest, WhoseLayoutIsNotAnObjectIsRefusedNamingTheField) {
 // step-4 loss (to MPI's summation order).
 TEST(AnInterleavedCheckpointUnderMpirun, ResumesAsOnThreads) {
   if (testing::run_command("command -v mpirun >/dev/null 2>&1").code != 0 || !mpi_available()) GTEST_SKIP() << "no mpirun";
-  const fs::path dir = scratch("mpirun");
+  const fs::path dir = checkpoint_scratch("mpirun");
   const fs::path plan = make_plan(gpt_tiny(), {{1, 1}, 2, Schedule::kInterleaved}, 8, dir / "plan");
   const fs::path ck = dir / "ck";
   fs::create_directories(ck);

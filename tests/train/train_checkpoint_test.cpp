@@ -32,7 +32,7 @@ Tensor ramp(DType dtype, std::vector<int64_t> shape, float start) {
   return t;
 }
 
-std::string error_of(const std::function<void()>& f) {
+std::string checkpoint_error_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const InvalidArgument& e) {
@@ -113,12 +113,12 @@ TEST(ACheckpoint, RefusesDamagedFilesNamingThem) {
   std::string json = bytes;
   json[24] = '#';
   const auto bad_json = write_variant("json", resealed(json));
-  EXPECT_NE(error_of([&] { read_checkpoint(truncated); }).find("truncated"), std::string::npos);
-  EXPECT_NE(error_of([&] { read_checkpoint(bad_magic); }).find("bad magic"), std::string::npos);
-  EXPECT_NE(error_of([&] { read_checkpoint(bad_version); }).find("version 9"), std::string::npos);
-  EXPECT_NE(error_of([&] { read_checkpoint(bad_json); }).find("JSON"), std::string::npos);
-  EXPECT_NE(error_of([&] { read_checkpoint(dir.path() / "nothing"); }).find("does not exist"), std::string::npos);
-  EXPECT_NE(error_of([&] { read_checkpoint(truncated); }).find(truncated.string()), std::string::npos);
+  EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(truncated); }).find("truncated"), std::string::npos);
+  EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(bad_magic); }).find("bad magic"), std::string::npos);
+  EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(bad_version); }).find("version 9"), std::string::npos);
+  EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(bad_json); }).find("JSON"), std::string::npos);
+  EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(dir.path() / "nothing"); }).find("does not exist"), std::string::npos);
+  EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(truncated); }).find(truncated.string()), std::string::npos);
 }
 
 // Issue 11: a header field of the wrong type gave nlohmann's "[json.exception.type_error.302]" without its name.
@@ -135,7 +135,7 @@ TEST(ACheckpoint, NamesAHeaderFieldOfTheWrongType) {
   ASSERT_NE(at, std::string::npos);
   bytes.replace(at, 9, "\"step\":\"\"");  // same length: the header stays in place
   std::ofstream(dir.path() / "ck" / kCheckpointFile, std::ios::binary | std::ios::trunc) << resealed(bytes);
-  const std::string message = error_of([&] { read_checkpoint(dir.path() / "ck"); });
+  const std::string message = checkpoint_error_of([&] { read_checkpoint(dir.path() / "ck"); });
   EXPECT_NE(message.find("step must be an integer in [0, 1099511627776] (got a string)"), std::string::npos) << message;
 }
 

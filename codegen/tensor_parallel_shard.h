@@ -59,6 +59,7 @@
 namespace apart {
 
 struct PlanDocument;  // plan/plan.h
+struct PlanTpRegion;  // plan/plan.h
 
 inline constexpr const char* kTpCopyOp = "TpCopy";            // ai.apart: f (identity; backward all-reduce)
 inline constexpr const char* kTpAllReduceOp = "TpAllReduce";  // ai.apart: g (all-reduce; backward identity)
@@ -130,6 +131,7 @@ std::vector<std::pair<int64_t, int64_t>> tp_param_ranges(const TpShardedParam& p
 // the vocabulary regions by the embedding's Gather output and the LM head's logits), as the shard pass reads them:
 // what apart run cuts each TP stage by, and what `apart check` cuts them by to see that every rank's shard holds.
 std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan);
+TpShardRegion tp_shard_region(const PlanTpRegion& region);  // one of them
 
 // Rank `rank` of `degree`'s shard of `stage` (a stage's forward, as stage_K.onnx holds it). Regions none of whose
 // linears are in the stage are skipped; one cut by a stage boundary stays whole (TpShard::replicated). The sliced
@@ -147,5 +149,18 @@ enum class TpSequence : uint8_t { kWhole, kSharded };
 TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std::vector<TpShardRegion>& regions,
                                         int degree, int rank, TpWeights weights = TpWeights::kCut,
                                         TpSequence sequence = TpSequence::kWhole);
+
+// A region the shard pass refuses to cut, and why (the Unsupported's text, naming the node).
+struct TpRefusal {
+  std::string region;
+  int degree = 0;  // the first of the degrees asked that refuses it
+  std::string why;
+};
+// The regions of `model` (the whole model as apart partition imports it) that the shard pass refuses at one of
+// `degrees` under `sequence`, shapes only (weights are never read or copied). The one home of what a TP layout
+// needs: apart run and apart check refuse a stage for these same reasons, and apart partition never splits a region
+// listed here (driver/compile.cpp bans its seeds), so no --tp plan needs a layout apart run refuses.
+std::vector<TpRefusal> tp_refused_regions(const onnx::ModelProto& model, const std::vector<TpShardRegion>& regions,
+                                          const std::vector<int>& degrees, TpSequence sequence);
 
 }  // namespace apart

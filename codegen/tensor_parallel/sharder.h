@@ -33,6 +33,12 @@ bool shape_like(const std::string& op);
 class Sharder {
  public:
   Sharder(const onnx::ModelProto& stage, int degree, int rank, TpWeights weights, TpSequence sequence);
+  // This pass before any region is cut, at another degree (the stage read once).
+  Sharder at_degree(int degree) const {
+    Sharder s = *this;
+    s.degree_ = degree;
+    return s;
+  }
   // Whether the stage holds the whole region; one cut by a stage boundary is noted and left whole, and so is a
   // vocabulary region the degree does not divide, laid out otherwise than this pass cuts, or whose table another
   // vocabulary region leaves whole (noted with why).

@@ -17,7 +17,9 @@ namespace apart {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CommandRun;
 using testing::read_file;
+using testing::run_apart;
 using testing::TempDir;
 
 const fs::path kGptTiny = fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx";
@@ -103,6 +105,26 @@ TEST(ACompile, ListsTheTensorParallelRegionsOfATransformer) {
   EXPECT_EQ(attention.bounded_by, "2 heads");
   EXPECT_EQ(attention.degrees, (std::vector<int>{1, 2}));
   EXPECT_DOUBLE_EQ(attention.end_bytes_per_sample, 32.0 * 64 * 4);  // [seq, hidden] fp32, per sample
+}
+
+// The planner asks apart run's shard pass (tp_refused_regions) before it splits a region, so a --tp plan never needs
+// a layout apart run refuses: the shifted next-token loss slices the LM head's logits along the sequence, which the
+// shard pass does not cut, so that region stays whole (and is named) while the others split, and apart check passes.
+TEST(ACompile, NeverSplitsATensorParallelRegionApartRunRefuses) {
+  TempDir dir("tp_refused");
+  const std::string model = (dir / "llama.onnx").string(), plan = (dir / "plan").string();
+  ASSERT_EQ(run_apart("zoo llama --layers 2 --hidden 64 --heads 4 --ffn 128 --seq 16 --vocab 128 --loss none -q -o " +
+                      model).code, 0);
+  const CommandRun planned = run_apart("partition " + model + " --loss cross_entropy_shifted --labels labels "
+                                       "--devices 2 --device h100 --tp 2 --batch 4 -o " + plan);
+  ASSERT_EQ(planned.code, 0) << planned.out;
+  EXPECT_NE(planned.out.find("tensor-parallel region '/lm_head' stays whole on every TP rank (at --tp 2: "),
+            std::string::npos) << planned.out;
+  EXPECT_NE(planned.out.find("regions: 2 attention, 2 MLP, embedding; split in 1 of 1 stages"), std::string::npos)
+      << planned.out;
+  const CommandRun checked = run_apart("check " + plan);
+  EXPECT_EQ(checked.code, 0) << checked.out;
+  EXPECT_NE(checked.out.find("ok   tp shards"), std::string::npos) << checked.out;
 }
 
 TEST(ACompile, PlansTheSameTwiceApartFromSearchTime) {

@@ -77,23 +77,26 @@ TpShardRegion tp_shard_region(const PlanTpRegion& r) {
 namespace {
 
 // `model` without its float weights' bytes: each becomes external data of its own length that is never read, so
-// the shard pass (shapes only) cuts its dims and a copy per region costs the graph, not the weights. Integer
-// initializers (shape operands the pass reads and rewrites) keep their data.
+// the shard pass (shapes only) cuts its dims and a copy per region costs the graph, not the weights. Other
+// initializers (integer shape operands the pass reads and rewrites, masks) and small ones keep their data.
 onnx::ModelProto without_weight_data(const onnx::ModelProto& model) {
   onnx::ModelProto m = model;
   for (onnx::TensorProto& t : *m.mutable_graph()->mutable_initializer()) {
-    if (t.data_type() == onnx::TensorProto::INT64 || t.data_type() == onnx::TensorProto::INT32 ||
-        t.data_location() == onnx::TensorProto::EXTERNAL)
-      continue;
+    const int32_t type = t.data_type();
+    const int64_t size = type == onnx::TensorProto::FLOAT    ? 4
+                         : type == onnx::TensorProto::DOUBLE ? 8
+                         : type == onnx::TensorProto::FLOAT16 || type == onnx::TensorProto::BFLOAT16 ? 2
+                                                                                                    : 0;
     int64_t elements = 1;
     for (int64_t d : t.dims()) elements *= d;
+    if (size == 0 || elements < 64 || t.data_location() == onnx::TensorProto::EXTERNAL) continue;
     t.clear_raw_data();
     t.clear_float_data();
     t.clear_int32_data();
     t.clear_double_data();
     t.set_data_location(onnx::TensorProto::EXTERNAL);
     for (const auto& [key, value] : {std::pair<std::string, std::string>{"location", "apart-tp-check (never read)"},
-                                     {"length", std::to_string(elements * 4)}}) {
+                                     {"length", std::to_string(elements * size)}}) {
       auto* entry = t.add_external_data();
       entry->set_key(key);
       entry->set_value(value);
@@ -147,15 +150,15 @@ std::vector<TpRefusal> refused_at(const tp_shard::Sharder& base, const std::vect
 }  // namespace
 
 std::vector<TpRefusal> tp_refused_regions(const onnx::ModelProto& model, const std::vector<TpShardRegion>& regions,
-                                          const std::vector<int>& degrees, TpSequence sequence) {
+                                          const std::vector<std::pair<int, TpSequence>>& degrees) {
   std::vector<TpRefusal> refused;
   std::optional<tp_shard::Sharder> read;  // the model read once (its shapes inferred), cut at each degree
   std::vector<size_t> left(regions.size());
   std::iota(left.begin(), left.end(), size_t{0});
-  for (int degree : degrees) {
+  for (const auto& [degree, sequence] : degrees) {
     if (degree < 2 || left.empty()) continue;
     if (!read) read.emplace(without_weight_data(model), degree, 0, TpWeights::kShapesOnly, sequence);
-    for (TpRefusal& r : refused_at(read->at_degree(degree), regions, left, degree)) {
+    for (TpRefusal& r : refused_at(read->at(degree, sequence), regions, left, degree)) {
       left.erase(std::find_if(left.begin(), left.end(), [&](size_t i) { return regions[i].name == r.region; }));
       refused.push_back(std::move(r));
     }

@@ -48,13 +48,15 @@ std::vector<std::string> tp_banned_seeds(const CompileOptions& options, const Pa
   std::vector<TpShardRegion> regions;
   for (const TpRegion& r : found.regions) regions.push_back(tp_shard_region(plan_tp_region(r, model.graph, true)));
   const onnx::ModelProto proto = load_model_proto(options.model, options.import);
-  const TpSequence sequence = partition.training.sequence_parallel ? TpSequence::kSharded : TpSequence::kWhole;
-  std::vector<int> degrees;
+  // Each degree under sequence parallelism where the search would use it there (stage_cost.cpp).
+  std::vector<std::pair<int, TpSequence>> degrees;
   for (int degree : kTpDegrees)
     if (degree > 1 && (partition.stage.tp ? *partition.stage.tp == degree : degree <= partition.cluster.devices_per_node))
-      degrees.push_back(degree);
+      degrees.emplace_back(degree, partition.training.sequence_parallel && tp_sequence_fits(found.sequence, degree)
+                                       ? TpSequence::kSharded
+                                       : TpSequence::kWhole);
   std::map<std::string, std::string> refused;  // region → why
-  for (const TpRefusal& r : tp_refused_regions(proto, regions, degrees, sequence))
+  for (const TpRefusal& r : tp_refused_regions(proto, regions, degrees))
     refused.emplace(r.region, "at --tp " + std::to_string(r.degree) + ": " + r.why);
   std::vector<std::string> banned;
   for (const TpRegion& r : found.regions) {

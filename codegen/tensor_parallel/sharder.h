@@ -33,10 +33,11 @@ bool shape_like(const std::string& op);
 class Sharder {
  public:
   Sharder(const onnx::ModelProto& stage, int degree, int rank, TpWeights weights, TpSequence sequence);
-  // This pass before any region is cut, at another degree (the stage read once).
-  Sharder at_degree(int degree) const {
+  // This pass before any region is cut, at another degree and sequence mode (the stage read once).
+  Sharder at(int degree, TpSequence sequence) const {
     Sharder s = *this;
     s.degree_ = degree;
+    s.sequence_ = sequence;
     return s;
   }
   // Whether the stage holds the whole region; one cut by a stage boundary is noted and left whole, and so is a
@@ -62,6 +63,10 @@ class Sharder {
   };
 
   // --- sharder_core.cpp ---
+  // Dims ONNX 1.12's inference leaves unknown (a Reshape target computed from Shape over a symbolic batch): read off
+  // apart's importer at batch 1 and 2, static where equal, the batch symbol ("K*batch") where doubled, so the
+  // collectives' outputs have static shapes once the batch is bound. Imports the stage again only when needed.
+  void fill_unknown_dims(const onnx::ModelProto& stage);
   // A region left whole, and why ("" for a stage boundary cutting it).
   bool whole(const TpShardRegion& r, const std::string& why);
   // Where a linear's weight (input 1) is held: the initializer it reads (node: the linear, input 1) or the one a

@@ -2,6 +2,7 @@
 // and the shard assembled with its collectives in place.
 #include <onnx/shape_inference/implementation.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 
@@ -81,6 +82,28 @@ void slice_tensor(TensorProto& t, int axis, const std::vector<std::pair<int64_t,
   t.set_dims(axis, kept);
 }
 
+// The stage as apart's importer reads it with its batch bound to `batch` (weights not needed).
+ImportedModel import_at_batch(const onnx::ModelProto& stage, int64_t batch) {
+  ImportOptions import;
+  import.batch = batch;
+  import.batch_explicit = true;
+  import.require_external_data = false;
+  import.constants_as_params = false;
+  return import_model_bytes(stage.SerializeAsString(), {}, "stage", import);
+}
+
+// A dim ONNX's inference does not know: no value and no symbol, or a symbol it made up ("unk__10").
+bool unknown_dim(const onnx::TensorShapeProto::Dimension& d) {
+  return !d.has_dim_value() && (!d.has_dim_param() || d.dim_param().rfind("unk__", 0) == 0);
+}
+
+bool has_unknown_dim(const onnx::ValueInfoProto& vi) {
+  if (!vi.type().has_tensor_type()) return false;
+  if (!vi.type().tensor_type().has_shape()) return true;  // not even its rank
+  const auto& dims = vi.type().tensor_type().shape().dim();
+  return std::any_of(dims.begin(), dims.end(), unknown_dim);
+}
+
 }  // namespace
 
 TensorProto int64_tensor(const std::string& name, const std::vector<int64_t>& values) {
@@ -134,12 +157,7 @@ Sharder::Sharder(const onnx::ModelProto& stage, int degree, int rank, TpWeights 
   // Ranks and the sizes of split axes from apart's importer too, which folds what ONNX's inference leaves unknown
   // (a Reshape target computed at run time). Read at batch 1: the split axis never scales with the batch.
   try {
-    ImportOptions import;
-    import.batch = 1;
-    import.batch_explicit = true;
-    import.require_external_data = false;
-    import.constants_as_params = false;
-    const ImportedModel m = import_model_bytes(stage.SerializeAsString(), {}, "stage", import);
+    const ImportedModel m = import_at_batch(stage, 1);
     batch_symbol_ = m.batch_dim.find('[') == std::string::npos ? m.batch_dim : std::string();
     for (const Value& v : m.graph.values())
       if (v.shape_known) {
@@ -148,6 +166,38 @@ Sharder::Sharder(const onnx::ModelProto& stage, int degree, int rank, TpWeights 
       }
   } catch (const Error&) {
     // What ONNX's inference found is used; a missing rank is reported where it is needed.
+  }
+  fill_unknown_dims(stage);
+}
+
+void Sharder::fill_unknown_dims(const onnx::ModelProto& stage) {
+  std::vector<std::string> unknown;
+  for (const auto& [name, vi] : types_)
+    if (has_unknown_dim(vi) && shape_of_.count(name)) unknown.push_back(name);
+  if (unknown.empty() || batch_symbol_.empty()) return;
+  std::map<std::string, std::vector<int64_t>> at_two;
+  try {
+    const ImportedModel m = import_at_batch(stage, 2);
+    for (const Value& v : m.graph.values())
+      if (v.shape_known) at_two[v.name] = v.shape;
+  } catch (const Error&) {
+    return;  // a missing dim is reported where it is needed
+  }
+  for (const std::string& name : unknown) {
+    const std::vector<int64_t>& one = shape_of_.at(name);
+    const auto two = at_two.find(name);
+    auto* shape = types_.at(name).mutable_type()->mutable_tensor_type()->mutable_shape();
+    if (two == at_two.end() || two->second.size() != one.size()) continue;
+    if (shape->dim_size() == 0)
+      for (size_t a = 0; a < one.size(); ++a) shape->add_dim();
+    if (shape->dim_size() != static_cast<int>(one.size())) continue;
+    for (size_t a = 0; a < one.size(); ++a) {
+      auto* d = shape->mutable_dim(static_cast<int>(a));
+      if (!unknown_dim(*d)) continue;
+      if (two->second[a] == one[a]) d->set_dim_value(one[a]);
+      else if (two->second[a] == 2 * one[a])
+        d->set_dim_param(one[a] == 1 ? batch_symbol_ : std::to_string(one[a]) + "*" + batch_symbol_);
+    }
   }
 }
 

@@ -11,7 +11,9 @@
 //   - a Reshape whose output is split along axis j takes the target shape's entry j divided by t (the folded head
 //     count: [0, 0, 12, 64] → [0, 0, 6, 64] at t = 2; a target computed at run time, Shape → Gather → Concat as
 //     torch exports write it, is divided by [1, …, t, …, 1] by an inserted Div, its entry j being the positive
-//     count); a Split along the split axis takes its sizes divided by t;
+//     count); so does an Expand's target (repeat_kv over split kv heads, folded or computed); a Split along the
+//     split axis takes its sizes divided by t; a Slice along another axis (the shifted loss's logits[:, :-1],
+//     rotate_half's halves) slices each rank's part alike;
 //   - ai.apart.TpCopy(x) before the column linears of each region input x: identity forward, all-reduce of the
 //     gradient backward (Megatron's f);
 //   - ai.apart.TpAllReduce after the row linear: the partial sums all-reduced forward, identity backward (g).
@@ -138,7 +140,7 @@ TpShardRegion tp_shard_region(const PlanTpRegion& region);  // one of them
 // initializers must hold
 // their data inline (raw_data or float_data; the runtime loads external data first): InvalidModel otherwise.
 // Unsupported, naming the node, for a layout this pass does not rewrite (a Slice along the split axis, a weight
-// behind a Transpose, a shape operand computed at run time).
+// behind anything but a Transpose of an initializer, Split sizes computed at run time).
 // `weights`: kCut slices the initializers' data; kShapesOnly gives the sliced initializers their shard's dims and no
 // data (a graph-only model's plan, checked for whether every stage shards and its shapes infer).
 // `sequence`: kSharded cuts the values between regions along the sequence (sequence parallelism, above); the axis

@@ -115,10 +115,14 @@ class Sharder {
   // Node k (a Reshape of a split value along axis j): its target's entry j divided by the degree (an LM head's: this
   // rank's vocabulary rows); a target computed at run time divided by an inserted Div.
   void divide_reshape_target(const TpShardRegion& r, int k, int j);
+  // Node k's shape operand (input 1, `length` entries) computed at run time: divided by [1, …, t, …, 1] (t at j)
+  // through an inserted Div.
+  void divide_computed_target(int k, int64_t length, int j);
   // A Split along the split axis: its sizes divided by the degree.
   void divide_split_sizes(NodeProto& n);
-  // An Expand whose output is split along `axis`: the target's entry there divided (repeat_kv over split kv heads).
-  void divide_expand_target(NodeProto& n, int axis);
+  // Node k (an Expand whose output is split along `axis`): the target's entry there divided (repeat_kv over split kv
+  // heads); a target computed at run time divided by an inserted Div.
+  void divide_expand_target(int k, int axis);
   // A Slice of a split value along another axis is cut alike on each rank; along the split axis it is refused.
   void refuse_slice_along(const NodeProto& n, int along) const;
   // Row linears' rows cut, and the TpAllReduce of their partial sums (a Gemm's bias added after it).

@@ -41,7 +41,7 @@ void Sharder::shard(const TpShardRegion& r, size_t index) {
                normalized(attr_int(n, "axis", 0), n.input(0)) == split.at(n.input(0))) {
       divide_split_sizes(n);
     } else if (n.op_type() == "Expand" && split.count(n.output(0))) {
-      divide_expand_target(n, split.at(n.output(0)));
+      divide_expand_target(k, split.at(n.output(0)));
     } else if (n.op_type() == "Slice" && split.count(n.input(0)) && split.count(n.output(0))) {
       refuse_slice_along(n, split.at(n.input(0)));
     }
@@ -93,7 +93,8 @@ std::map<int, int64_t> Sharder::cut_column_linears(const TpShardRegion& r, const
         if (normalized(attr_int(next, "axis", 0), v) == axis->second) pieces = next.output_size();
         break;
       }
-      if (next.op_type() == "Slice") unsupported(next, "a Slice of a column linear's output (use Split)");
+      // A Slice (along another axis: one along the split axis is refused below) ends the chain like a Split would
+      // not: the output is cut in one piece (the shifted loss's logits[:, :-1]).
       if (shape_like(next.op_type()) || next.output_size() != 1 || split.count(next.output(0)) == 0 ||
           split.at(next.output(0)) != axis->second)
         break;
@@ -157,20 +158,9 @@ void Sharder::divide_reshape_target(const TpShardRegion& r, int k, int j) {
   APART_CHECK(target || r.role != TpRegionRole::kLmHead || vocabulary_ % degree_ == 0,
               "vocabulary_left_whole keeps an uneven LM head with a run-time logits target whole");
   if (!target) {
-    // A target computed at run time (Shape → Gather → Concat, as torch exports write it): divided by a constant
-    // [1, …, t, …, 1] there. Its entry j is the split dim's count (the heads), positive, as exporters write it.
-    std::vector<int64_t> divisor(static_cast<size_t>(target_length(n)), 1);
-    divisor[static_cast<size_t>(j)] = degree_;
-    const std::string name = n.name() + "/tp_divisor";
-    *g.add_initializer() = int64_tensor(name, divisor);
-    NodeProto div;
-    div.set_name(n.name() + "/tp_target");
-    div.set_op_type("Div");
-    div.add_input(n.input(1));
-    div.add_input(name);
-    div.add_output(n.name() + "/tp_target_output");
-    n.set_input(1, div.output(0));
-    before_[k].push_back(div);
+    // A target computed at run time (Shape → Gather → Concat, as torch exports write it). Its entry j is the split
+    // dim's count (the heads), positive, as exporters write it.
+    divide_computed_target(k, target_length(n), j);
     return;
   }
   if (j >= static_cast<int>(target->size())) unsupported(n, "a target shape shorter than its split axis");
@@ -185,6 +175,23 @@ void Sharder::divide_reshape_target(const TpShardRegion& r, int k, int j) {
     (*target)[static_cast<size_t>(j)] /= degree_;
     set_ints_input(n, 1, *target);
   }
+}
+
+void Sharder::divide_computed_target(int k, int64_t length, int j) {
+  onnx::GraphProto& g = *shard_.model.mutable_graph();
+  NodeProto& n = *g.mutable_node(k);
+  std::vector<int64_t> divisor(static_cast<size_t>(length), 1);
+  divisor[static_cast<size_t>(j)] = degree_;
+  const std::string name = n.name() + "/tp_divisor";
+  *g.add_initializer() = int64_tensor(name, divisor);
+  NodeProto div;
+  div.set_name(n.name() + "/tp_target");
+  div.set_op_type("Div");
+  div.add_input(n.input(1));
+  div.add_input(name);
+  div.add_output(n.name() + "/tp_target_output");
+  n.set_input(1, div.output(0));
+  before_[k].push_back(div);
 }
 
 void Sharder::divide_split_sizes(NodeProto& n) {
@@ -210,10 +217,19 @@ void Sharder::divide_split_sizes(NodeProto& n) {
       }
 }
 
-void Sharder::divide_expand_target(NodeProto& n, int axis) {
+void Sharder::divide_expand_target(int k, int axis) {
   // repeat_kv's expand over split kv heads: the target's entry on the split axis (the kv heads) divides.
+  onnx::GraphProto& g = *shard_.model.mutable_graph();
+  NodeProto& n = *g.mutable_node(k);
   std::optional<std::vector<int64_t>> target = known_ints(n.input(1));
-  if (!target) unsupported(n, "an Expand target computed at run time");
+  if (!target) {
+    // Computed at run time (torch's expand(batch, kv, n_rep, S, d) from Shape): divided by [1, …, t, …, 1] there,
+    // its kv-head entry being the positive count (the planner splits only kv heads the degree divides).
+    const int64_t length = target_length(n);
+    const int64_t j = axis - (rank_or(n.output(0), n) - length);
+    if (j >= 0) divide_computed_target(k, length, static_cast<int>(j));  // j < 0: nothing broadcast there
+    return;
+  }
   const int j = axis - (rank_or(n.output(0), n) - static_cast<int>(target->size()));
   if (j >= 0 && (*target)[static_cast<size_t>(j)] > 1) {
     if ((*target)[static_cast<size_t>(j)] % degree_ != 0) unsupported(n, "a split dim that the degree does not divide");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <ctime>
 #include <future>
+#include <map>
 
 #include "codegen/stage_graphs.h"
 #include "codegen/tensor_parallel_shard.h"
@@ -38,6 +39,13 @@ void tell(const CompileOptions& options, CompileMessage kind, const std::string&
   if (options.on_message) options.on_message(kind, text);
 }
 
+// The --dim bindings plan.json keeps for its later readers: all but the batch's, which each binds at its micro-batch.
+std::map<std::string, int64_t> planned_dims(const ImportOptions& import, const ImportedModel& model) {
+  std::map<std::string, int64_t> dims = import.dims;
+  dims.erase(model.batch_dim);
+  return dims;
+}
+
 // The regions --tp may split that apart run's shard pass refuses to cut (codegen's tp_refused_regions, the one test
 // both share), at each degree the search may give them: their seeds banned from the search, each named in a note.
 std::vector<std::string> tp_banned_seeds(const CompileOptions& options, const PartitionOptions& partition,
@@ -47,7 +55,13 @@ std::vector<std::string> tp_banned_seeds(const CompileOptions& options, const Pa
   if (found.regions.empty()) return {};
   std::vector<TpShardRegion> regions;
   for (const TpRegion& r : found.regions) regions.push_back(tp_shard_region(plan_tp_region(r, model.graph, true)));
-  const onnx::ModelProto proto = load_model_proto(options.model, options.import);
+  onnx::ModelProto proto = load_model_proto(options.model, options.import);
+  // The --dim bindings but the batch's written into the graph inputs, as stage files hold them (the pass reads the
+  // model at batch 1 and knows no flags).
+  const std::map<std::string, int64_t> dims = planned_dims(options.import, model);
+  for (onnx::ValueInfoProto& in : *proto.mutable_graph()->mutable_input())
+    for (auto& d : *in.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim())
+      if (const auto it = dims.find(d.dim_param()); d.has_dim_param() && it != dims.end()) d.set_dim_value(it->second);
   // Each degree under sequence parallelism where the search would use it there (stage_cost.cpp).
   std::vector<std::pair<int, TpSequence>> degrees;
   for (int degree : kTpDegrees)
@@ -153,6 +167,7 @@ CompileResult compile(const CompileOptions& options) {
   if (!options.import.constants_as_params) r.info.constants_as_params = false;
   else if (r.model.constant_params.count > 0) r.info.constants_as_params = true;
   r.info.added_loss = added_loss_record(options.import.loss);
+  r.info.dims = planned_dims(options.import, r.model);
   describe_work(r.model, r.costs.table, r.info);
   if (options.output) record_model_location(r.info, options.model, options.output->directory);
   r.document = plan_document(r.plan, r.model.graph, r.info);

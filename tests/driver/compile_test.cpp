@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
 #include "driver/compile.h"
 #include "graph/error.h"
+#include "plan/plan.h"
 #include "tests/support/onnx_builder.h"
 #include "tests/support/run_apart.h"
 
@@ -18,6 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::CommandRun;
+using testing::OnnxBuilder;
 using testing::read_file;
 using testing::run_apart;
 using testing::TempDir;
@@ -125,6 +128,32 @@ TEST(ACompile, PlansOnlyTensorParallelRegionsApartRunCuts) {
   const CommandRun checked = run_apart("check " + plan);
   EXPECT_EQ(checked.code, 0) << checked.out;
   EXPECT_NE(checked.out.find("ok   tp shards"), std::string::npos) << checked.out;
+}
+
+// `--dim seq=5` binds a symbolic dim for the planner, and plan.json keeps it (model.dims, the batch's left out) so
+// apart check and apart run bind the same (they refused the model: "dynamic dim 'seq' … is not bound").
+TEST(ACompile, KeepsItsDimBindingsForCheckAndRun) {
+  TempDir dir("dim_kept");
+  OnnxBuilder b;
+  b.input("x", {"batch", "seq", 8}).input("target", {"batch", "seq", 8}).output("loss");
+  b.weight("w", {8, 8});
+  b.node("MatMul", {"x", "w"}, {"y"});
+  b.node("Sub", {"y", "target"}, {"d"});
+  b.node("Mul", {"d", "d"}, {"sq"});
+  OnnxBuilder::set_int(b.node("ReduceMean", {"sq"}, {"loss"}), "keepdims", 0);
+  const std::string model = (dir / "m.onnx").string(), plan = (dir / "plan").string();
+  b.save(model);
+  const CommandRun planned =
+      run_apart("partition " + model + " --dim seq=5 --device cpu --devices 1 --batch 2 --no-baselines -o " + plan);
+  ASSERT_EQ(planned.code, 0) << planned.out;
+  const auto json = nlohmann::json::parse(read_file(fs::path(plan) / "plan.json"));
+  EXPECT_EQ(json["model"]["dims"], nlohmann::json({{"seq", 5}})) << json["model"].dump();
+  EXPECT_EQ(read_plan(plan).model->dims, (std::map<std::string, int64_t>{{"seq", 5}}));
+  const CommandRun checked = run_apart("check " + plan);
+  EXPECT_EQ(checked.code, 0) << checked.out;
+  const CommandRun ran = run_apart("run " + plan + " --in-process --steps 2");
+  EXPECT_EQ(ran.code, 0) << ran.out;
+  EXPECT_NE(ran.out.find("step=2 loss="), std::string::npos) << ran.out;
 }
 
 TEST(ACompile, PlansTheSameTwiceApartFromSearchTime) {

@@ -372,6 +372,7 @@ std::vector<std::string> fold_shape_only_inputs(onnx::ModelProto& stage, const s
 ImportOptions planned_import(const PlanDocument& plan) {
   ImportOptions import;
   import.constants_as_params = !plan.model || plan.model->constants_as_params.value_or(true);
+  if (plan.model) import.dims = plan.model->dims;
   if (plan.model && plan.model->added_loss) {
     const auto form = parse_added_loss_form(plan.model->added_loss->form);
     if (!form)

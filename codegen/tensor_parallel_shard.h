@@ -11,7 +11,9 @@
 //   - a Reshape whose output is split along axis j takes the target shape's entry j divided by t (the folded head
 //     count: [0, 0, 12, 64] → [0, 0, 6, 64] at t = 2; a target computed at run time, Shape → Gather → Concat as
 //     torch exports write it, is divided by [1, …, t, …, 1] by an inserted Div, its entry j being the positive
-//     count); a Split along the split axis takes its sizes divided by t;
+//     count); so does an Expand's target (repeat_kv over split kv heads, folded or computed); a Split along the
+//     split axis takes its sizes divided by t; a Slice along another axis (the shifted loss's logits[:, :-1],
+//     rotate_half's halves) slices each rank's part alike;
 //   - ai.apart.TpCopy(x) before the column linears of each region input x: identity forward, all-reduce of the
 //     gradient backward (Megatron's f);
 //   - ai.apart.TpAllReduce after the row linear: the partial sums all-reduced forward, identity backward (g).
@@ -59,6 +61,7 @@
 namespace apart {
 
 struct PlanDocument;  // plan/plan.h
+struct PlanTpRegion;  // plan/plan.h
 
 inline constexpr const char* kTpCopyOp = "TpCopy";            // ai.apart: f (identity; backward all-reduce)
 inline constexpr const char* kTpAllReduceOp = "TpAllReduce";  // ai.apart: g (all-reduce; backward identity)
@@ -130,13 +133,14 @@ std::vector<std::pair<int64_t, int64_t>> tp_param_ranges(const TpShardedParam& p
 // the vocabulary regions by the embedding's Gather output and the LM head's logits), as the shard pass reads them:
 // what apart run cuts each TP stage by, and what `apart check` cuts them by to see that every rank's shard holds.
 std::vector<TpShardRegion> tp_shard_regions(const PlanDocument& plan);
+TpShardRegion tp_shard_region(const PlanTpRegion& region);  // one of them
 
 // Rank `rank` of `degree`'s shard of `stage` (a stage's forward, as stage_K.onnx holds it). Regions none of whose
 // linears are in the stage are skipped; one cut by a stage boundary stays whole (TpShard::replicated). The sliced
 // initializers must hold
 // their data inline (raw_data or float_data; the runtime loads external data first): InvalidModel otherwise.
 // Unsupported, naming the node, for a layout this pass does not rewrite (a Slice along the split axis, a weight
-// behind a Transpose, a shape operand computed at run time).
+// behind anything but a Transpose of an initializer, Split sizes computed at run time).
 // `weights`: kCut slices the initializers' data; kShapesOnly gives the sliced initializers their shard's dims and no
 // data (a graph-only model's plan, checked for whether every stage shards and its shapes infer).
 // `sequence`: kSharded cuts the values between regions along the sequence (sequence parallelism, above); the axis
@@ -147,5 +151,18 @@ enum class TpSequence : uint8_t { kWhole, kSharded };
 TpShard shard_stage_for_tensor_parallel(const onnx::ModelProto& stage, const std::vector<TpShardRegion>& regions,
                                         int degree, int rank, TpWeights weights = TpWeights::kCut,
                                         TpSequence sequence = TpSequence::kWhole);
+
+// A region the shard pass refuses to cut, and why (the Unsupported's text, naming the node).
+struct TpRefusal {
+  std::string region;
+  int degree = 0;  // the first of the degrees asked that refuses it
+  std::string why;
+};
+// The regions of `model` (the whole model as apart partition imports it) that the shard pass refuses at one of
+// `degrees`, each under its sequence mode, shapes only (weights are never read or copied). The one home of what a TP layout
+// needs: apart run and apart check refuse a stage for these same reasons, and apart partition never splits a region
+// listed here (driver/compile.cpp bans its seeds), so no --tp plan needs a layout apart run refuses.
+std::vector<TpRefusal> tp_refused_regions(const onnx::ModelProto& model, const std::vector<TpShardRegion>& regions,
+                                          const std::vector<std::pair<int, TpSequence>>& degrees);
 
 }  // namespace apart

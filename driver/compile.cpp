@@ -5,12 +5,17 @@
 #include <chrono>
 #include <ctime>
 #include <future>
+#include <map>
 
 #include "codegen/stage_graphs.h"
+#include "codegen/tensor_parallel_shard.h"
 #include "graph/atomic_file.h"
 #include "graph/error.h"
 #include "graph/text.h"
 #include "importer/fold.h"
+#include "importer/model_proto.h"
+#include "partition/plan_document.h"
+#include "partition/tensor_parallel.h"
 #include "plan/cluster_json.h"
 #include "partition/virtual_stages.h"
 #include "plan/costs_json.h"
@@ -32,6 +37,50 @@ void timed(PhaseTime& time, Phase&& phase) {
 
 void tell(const CompileOptions& options, CompileMessage kind, const std::string& text) {
   if (options.on_message) options.on_message(kind, text);
+}
+
+// The --dim bindings plan.json keeps for its later readers: all but the batch's, which each binds at its micro-batch.
+std::map<std::string, int64_t> planned_dims(const ImportOptions& import, const ImportedModel& model) {
+  std::map<std::string, int64_t> dims = import.dims;
+  dims.erase(model.batch_dim);
+  return dims;
+}
+
+// The regions --tp may split that apart run's shard pass refuses to cut (codegen's tp_refused_regions, the one test
+// both share), at each degree the search may give them: their seeds banned from the search, each named in a note.
+std::vector<std::string> tp_banned_seeds(const CompileOptions& options, const PartitionOptions& partition,
+                                         const ImportedModel& model) {
+  if (partition.stage.tp && *partition.stage.tp <= 1) return {};
+  const TensorParallelRegions found = find_tensor_parallel_regions(model.graph);
+  if (found.regions.empty()) return {};
+  std::vector<TpShardRegion> regions;
+  for (const TpRegion& r : found.regions) regions.push_back(tp_shard_region(plan_tp_region(r, model.graph, true)));
+  onnx::ModelProto proto = load_model_proto(options.model, options.import);
+  // The --dim bindings but the batch's written into the graph inputs, as stage files hold them (the pass reads the
+  // model at batch 1 and knows no flags).
+  const std::map<std::string, int64_t> dims = planned_dims(options.import, model);
+  for (onnx::ValueInfoProto& in : *proto.mutable_graph()->mutable_input())
+    for (auto& d : *in.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim())
+      if (const auto it = dims.find(d.dim_param()); d.has_dim_param() && it != dims.end()) d.set_dim_value(it->second);
+  // Each degree under sequence parallelism where the search would use it there (stage_cost.cpp).
+  std::vector<std::pair<int, TpSequence>> degrees;
+  for (int degree : kTpDegrees)
+    if (degree > 1 && (partition.stage.tp ? *partition.stage.tp == degree : degree <= partition.cluster.devices_per_node))
+      degrees.emplace_back(degree, partition.training.sequence_parallel && tp_sequence_fits(found.sequence, degree)
+                                       ? TpSequence::kSharded
+                                       : TpSequence::kWhole);
+  std::map<std::string, std::string> refused;  // region → why
+  for (const TpRefusal& r : tp_refused_regions(proto, regions, degrees))
+    refused.emplace(r.region, "at --tp " + std::to_string(r.degree) + ": " + r.why);
+  std::vector<std::string> banned;
+  for (const TpRegion& r : found.regions) {
+    const auto why = refused.find(r.name);
+    if (why == refused.end()) continue;
+    tell(options, CompileMessage::kNote, "tensor-parallel region " + quote(r.name) + " stays whole on every TP rank (" +
+                                             why->second + ")");
+    for (TaskId t : tp_region_seeds(r)) banned.push_back(model.graph.task(t).name);
+  }
+  return banned;
 }
 
 }  // namespace
@@ -76,6 +125,7 @@ CompileResult compile(const CompileOptions& options) {
   tell(options, CompileMessage::kProgress, "costs of " + std::to_string(r.model.graph.num_tasks()) + " tasks");
   timed(r.times.costs, [&] { r.costs = plan_costs(options, partition, r.model, r.cluster); });
   partition.atomic.graph_batch = r.costs.options.reference_batch;
+  timed(r.times.partition, [&] { partition.atomic.tp_banned_seeds = tp_banned_seeds(options, partition, r.model); });
 
   // ---- Partition: atomic → blocks → stage DP → the candidate the simulator finds fastest (partition/) ----
   // With baselines.json, the baseline rows too (apart's search evaluates their splits already).
@@ -117,6 +167,7 @@ CompileResult compile(const CompileOptions& options) {
   if (!options.import.constants_as_params) r.info.constants_as_params = false;
   else if (r.model.constant_params.count > 0) r.info.constants_as_params = true;
   r.info.added_loss = added_loss_record(options.import.loss);
+  r.info.dims = planned_dims(options.import, r.model);
   describe_work(r.model, r.costs.table, r.info);
   if (options.output) record_model_location(r.info, options.model, options.output->directory);
   r.document = plan_document(r.plan, r.model.graph, r.info);

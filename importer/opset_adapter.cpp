@@ -5,6 +5,7 @@
 #include <onnx/defs/tensor_proto_util.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -139,6 +140,20 @@ void set_output_dims(InferenceContext& ctx, size_t o, const std::vector<int64_t>
   for (int64_t d : dims) {
     auto* dim = shape->add_dim();
     if (d >= 0) dim->set_dim_value(d);
+  }
+}
+
+// Output `o`'s dims the rule left unknown take the symbol (dim_param, "batch") of the input dim each comes from:
+// {output axis, input, input axis}. set_output_dims writes numbers only.
+void keep_dim_symbols(InferenceContext& ctx, size_t o, const std::vector<std::array<size_t, 3>>& from) {
+  auto* shape = ctx.getOutputType(o)->mutable_tensor_type()->mutable_shape();
+  for (const auto& [axis, input, input_axis] : from) {
+    if (static_cast<int>(axis) >= shape->dim_size() || shape->dim(static_cast<int>(axis)).has_dim_value() ||
+        !onnx::hasInputShape(ctx, input))
+      continue;
+    const auto& in = onnx::getInputShape(ctx, input);
+    if (static_cast<int>(input_axis) < in.dim_size() && in.dim(static_cast<int>(input_axis)).has_dim_param())
+      shape->mutable_dim(static_cast<int>(axis))->set_dim_param(in.dim(static_cast<int>(input_axis)).dim_param());
   }
 }
 
@@ -332,15 +347,26 @@ void attention_inference(InferenceContext& ctx) {
     past = p && p->size() == 4 ? (*p)[2] : -1;
   }
   const int64_t total = past < 0 || kv_seq < 0 ? -1 : past + kv_seq;
+  // A symbolic batch (or sequence) stays the symbol it is in Q, K and V.
   set_output_dims(ctx, 0,
                   four_d ? std::vector<int64_t>{batch, q_heads, q_seq, v_head}
                          : std::vector<int64_t>{batch, q_seq, v_head < 0 ? -1 : q_heads * v_head});
-  if (ctx.getNumOutputs() > 1 && ctx.getOutputType(1) != nullptr)
+  keep_dim_symbols(ctx, 0, four_d ? std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}, {2, 0, 2}, {3, 2, 3}}
+                                  : std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}});
+  const size_t kv_axis = four_d ? 1 : 0;  // a kv-head count only 4-D inputs hold as a dim
+  if (ctx.getNumOutputs() > 1 && ctx.getOutputType(1) != nullptr) {
     set_output_dims(ctx, 1, {batch, kv_heads, total, k_head});
-  if (ctx.getNumOutputs() > 2 && ctx.getOutputType(2) != nullptr)
+    keep_dim_symbols(ctx, 1, {{0, 0, 0}, {1, 1, kv_axis}});
+  }
+  if (ctx.getNumOutputs() > 2 && ctx.getOutputType(2) != nullptr) {
     set_output_dims(ctx, 2, {batch, kv_heads, total, v_head});
-  if (ctx.getNumOutputs() > 3 && ctx.getOutputType(3) != nullptr)
+    keep_dim_symbols(ctx, 2, {{0, 0, 0}, {1, 1, kv_axis}});
+  }
+  if (ctx.getNumOutputs() > 3 && ctx.getOutputType(3) != nullptr) {
     set_output_dims(ctx, 3, {batch, q_heads, q_seq, total});
+    keep_dim_symbols(ctx, 3, four_d ? std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}, {2, 0, 2}}
+                                    : std::vector<std::array<size_t, 3>>{{0, 0, 0}, {2, 0, 1}});
+  }
 }
 
 OpSchema attention_schema(int version) {

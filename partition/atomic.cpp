@@ -34,9 +34,13 @@ WorkCurve fit(double t0, int64_t u0, const TaskCost* other, double t1, int64_t u
 // whole work, saved bytes and weights there; the component producing a region's end value pays its closing
 // all-reduce forward, the one of its first column linear the all-reduces of its inputs' gradients backward. An LM
 // head's all-gather of its logits moves half an all-reduce's ring volume: counted as half the bytes.
-void add_tensor_parallel_work(const TaskGraph& graph, const std::vector<uint32_t>& component_of, AtomicGraph& atomic) {
+void add_tensor_parallel_work(const TaskGraph& graph, const std::vector<uint32_t>& component_of,
+                              const std::vector<std::string>& banned_seeds, AtomicGraph& atomic) {
+  std::vector<TaskId> banned;
+  for (const std::string& name : banned_seeds)
+    if (const std::optional<TaskId> t = graph.find_task(name)) banned.push_back(*t);
   atomic.tensor_parallel =
-      std::make_shared<const TensorParallelRegions>(find_tensor_parallel_regions(graph, atomic.graph_batch));
+      std::make_shared<const TensorParallelRegions>(find_tensor_parallel_regions(graph, atomic.graph_batch, banned));
   const TensorParallelRegions& found = *atomic.tensor_parallel;
   auto component = [&](TaskId t) -> AtomicComponent* {
     const uint32_t c = t.valid() ? component_of[t.value()] : kNoComponent;
@@ -181,7 +185,7 @@ AtomicGraph build_atomic_graph(const TaskGraph& graph, const CostTable& costs, c
     c.cost.largest_task_param_bytes = c.cost.param_bytes;
     if (c.cost.param_bytes == 0) c.cost.backward_weight = {};
   }
-  add_tensor_parallel_work(graph, component_of, atomic);
+  add_tensor_parallel_work(graph, component_of, options.tp_banned_seeds, atomic);
 
   // Transfers: values produced by a batch task and read by batch tasks of other components.
   for (uint32_t v = 0; v < graph.num_values(); ++v) {

@@ -50,6 +50,9 @@ struct TrainingSpec {
 struct AtomicOptions {
   // Batch size the graph's value shapes were bound at (bytes of a value ∝ this); 0 = the cost table's.
   int64_t graph_batch = 0;
+  // Tasks that never seed a tensor-parallel region (column linears, embedding Gathers), by name: the regions apart
+  // run's shard pass refuses to cut (codegen's tp_refused_regions, asked by driver/compile.cpp before the search).
+  std::vector<std::string> tp_banned_seeds;
 };
 
 // Block level (paper §IV-B): multilevel coarsening to about `blocks` blocks.

@@ -138,32 +138,34 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
     const TensorParallelRegions& found = *plan.tensor_parallel;
     PlanTensorParallel& tp = d.tensor_parallel.emplace();
     tp.summary = found.summary();
-    auto task_names = [&](const std::vector<TaskId>& tasks) {
-      std::vector<std::string> names;
-      for (TaskId t : tasks) names.push_back(graph.task(t).name);
-      return names;
-    };
-    auto value_names = [&](const std::vector<ValueId>& values) {
-      std::vector<std::string> names;
-      for (ValueId v : values) names.push_back(graph.value(v).name);
-      return names;
-    };
     // The shard layout `apart run` splits a stage by (codegen/tensor_parallel_shard.h): written when a stage is
     // tensor-parallel, so that plans without one stay as they were.
     const bool split = std::any_of(d.stages.begin(), d.stages.end(), [](const PlanStageRecord& st) { return st.tp > 1; });
-    for (const TpRegion& r : found.regions) {
-      PlanTpRegion& region = tp.regions.emplace_back();
-      region = {r.kind, r.name, static_cast<int64_t>(r.tasks.size()), r.degrees, r.bounded_by,
-                graph.value(r.end_value).name, r.end_bytes_per_sample};
-      if (!split) continue;
-      region.column_tasks = task_names(r.column_tasks);
-      region.row_tasks = task_names(r.row_tasks);
-      region.inputs = value_names(r.inputs);
-      region.sliced_inputs = value_names(r.sliced_inputs);
-      for (const auto& [value, axis] : r.split_values) region.split_values.push_back({graph.value(value).name, axis});
-    }
+    for (const TpRegion& r : found.regions) tp.regions.push_back(plan_tp_region(r, graph, split));
   }
   return d;
+}
+
+PlanTpRegion plan_tp_region(const TpRegion& r, const TaskGraph& graph, bool layout) {
+  PlanTpRegion region{r.kind, r.name, static_cast<int64_t>(r.tasks.size()), r.degrees, r.bounded_by,
+                      graph.value(r.end_value).name, r.end_bytes_per_sample};
+  if (!layout) return region;
+  auto task_names = [&](const std::vector<TaskId>& tasks) {
+    std::vector<std::string> names;
+    for (TaskId t : tasks) names.push_back(graph.task(t).name);
+    return names;
+  };
+  auto value_names = [&](const std::vector<ValueId>& values) {
+    std::vector<std::string> names;
+    for (ValueId v : values) names.push_back(graph.value(v).name);
+    return names;
+  };
+  region.column_tasks = task_names(r.column_tasks);
+  region.row_tasks = task_names(r.row_tasks);
+  region.inputs = value_names(r.inputs);
+  region.sliced_inputs = value_names(r.sliced_inputs);
+  for (const auto& [value, axis] : r.split_values) region.split_values.push_back({graph.value(value).name, axis});
+  return region;
 }
 
 }  // namespace apart

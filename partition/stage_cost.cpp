@@ -186,7 +186,7 @@ StageCost stage_cost(const StageRange& range, int replicas, int64_t microbatches
   // where the stage has regions to split.
   const bool split = tp > 1 && range.tp.splits_work();
   // Not on a sequence shorter than the degree (a rank would hold no position: the shard pass refuses it).
-  const bool sp = training.sequence_parallel && split && (range.tp.sequence == 0 || range.tp.sequence >= tp);
+  const bool sp = training.sequence_parallel && split && tp_sequence_fits(range.tp.sequence, tp);
   c.sequence_parallel = sp;
   c.boundary_parts = split ? tp : 1;
   const int64_t u = microbatch_size(training.global_batch, microbatches, replicas);

@@ -610,12 +610,22 @@ std::string region_name(const TaskGraph& g, const std::vector<TaskId>& key_tasks
 
 }  // namespace
 
-TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64_t graph_batch) {
+std::vector<TaskId> tp_region_seeds(const TpRegion& region) {
+  std::vector<TaskId> seeds = region.column_tasks;
+  if (region.kind == TpRegionKind::kEmbedding)
+    for (TaskId t : region.tasks) seeds.push_back(t);  // its Gather (the only seed among its tasks)
+  return seeds;
+}
+
+TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64_t graph_batch,
+                                                   const std::vector<TaskId>& banned_seeds) {
   if (!graph.finalized()) throw InvalidArgument("find_tensor_parallel_regions: finalize the task graph first");
   if (graph_batch < 1) throw InvalidArgument("find_tensor_parallel_regions: graph_batch is " + std::to_string(graph_batch) + ", expected >= 1");
   const size_t n = graph.num_tasks();
   const std::vector<bool> grad = needs_gradient(graph);
   std::vector<bool> banned(n, false);
+  for (TaskId t : banned_seeds)
+    if (t.valid() && t.value() < n) banned[t.value()] = true;
   TensorParallelRegions result;
 
   // Each pass either keeps every region or bans at least one more seed, so this ends within n passes.

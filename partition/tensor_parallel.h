@@ -126,6 +126,11 @@ struct TensorParallelRegions {
 
 // Finds the regions. `graph_batch`: the samples the graph's shapes are bound at (bytes per sample divide by it);
 // the graph must be finalized with constants classified (as the importer leaves it). Deterministic.
-TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64_t graph_batch = 1);
+// `banned_seeds`: tasks that start no region (their region's other tasks stay replicated too), as for regions apart
+// run cannot cut (AtomicOptions::tp_banned_seeds).
+TensorParallelRegions find_tensor_parallel_regions(const TaskGraph& graph, int64_t graph_batch = 1,
+                                                   const std::vector<TaskId>& banned_seeds = {});
+// The seeds of `region` (its column linears, an embedding's Gather): what banning it bans.
+std::vector<TaskId> tp_region_seeds(const TpRegion& region);
 
 }  // namespace apart

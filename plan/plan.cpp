@@ -209,6 +209,7 @@ ordered plan_to_json(const PlanDocument& plan) {
   if (plan.model && plan.model->constants_as_params) j["model"]["constants_as_params"] = *plan.model->constants_as_params;
   if (plan.model && plan.model->added_loss)
     j["model"]["added_loss"] = {{"form", plan.model->added_loss->form}, {"labels", plan.model->added_loss->labels}};
+  if (plan.model && !plan.model->dims.empty()) j["model"]["dims"] = plan.model->dims;
   if (plan.model && plan.model->tokens_per_sample) j["model"]["tokens_per_sample"] = *plan.model->tokens_per_sample;
   if (plan.model && plan.model->flops_per_sample) j["model"]["flops_per_sample"] = *plan.model->flops_per_sample;
   j["cluster"] = cluster_json(plan.cluster);
@@ -658,6 +659,11 @@ PlanDocument plan_from_json(const json& j, const std::string& source) {
       const json& a = l.object(m, "model.", "added_loss");
       model.added_loss = PlanModel::AddedLoss{l.string(a, "model.added_loss.", "form"),
                                               l.string(a, "model.added_loss.", "labels")};
+    }
+    if (m.contains("dims")) {
+      const json& dims = l.object(m, "model.", "dims");
+      for (auto it = dims.begin(); it != dims.end(); ++it)
+        model.dims[it.key()] = l.integer(dims, "model.dims.", it.key().c_str(), 1, limits::kMaxByteCount);
     }
     model.tokens_per_sample = l.optional_integer(m, "model.", "tokens_per_sample", 1, limits::kMaxByteCount);
     model.flops_per_sample = l.optional_number(m, "model.", "flops_per_sample", limits::kMaxFlops);

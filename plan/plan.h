@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct PlanModel {
     std::string labels;
   };
   std::optional<AddedLoss> added_loss;
+  // The symbolic dims `--dim NAME=N` bound when the plan was made, but the batch (each reader binds its own
+  // micro-batch): every later reader of the model (apart check, apart run) binds the same. Empty: none.
+  std::map<std::string, int64_t> dims;
   // What MFU counts (plan/plan_summary.h): the sequence length of the model's token input (its first integer input
   // with more than one element per sample), absent for models without one; and the cost model's forward + backward
   // FLOPs of one sample. Absent in plans before them.

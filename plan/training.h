@@ -74,6 +74,9 @@ inline constexpr int kMaxTpDegree = kTpDegrees[std::size(kTpDegrees) - 1];
 // each, the first length mod degree ranks one more, so equal parts when the degree divides the length.
 // InvalidModel when a rank would hold none (a length below the degree).
 std::pair<int64_t, int64_t> tp_sequence_part(int64_t length, int degree, int rank);
+// Whether sequence parallelism cuts a stage's sequence of `length` (0: unknown) at `degree`: not one shorter than the
+// degree, where a rank would hold no position (the planner's rule, stage_cost.cpp, and the TP check before it).
+inline bool tp_sequence_fits(int64_t length, int degree) { return length == 0 || length >= degree; }
 // Of a sequence of `length` cut by tp_sequence_part, the share the largest part holds: 1/degree when the degree
 // divides the length (or it is unknown: 0), ⌈length/degree⌉/length otherwise (what the planner prices a
 // sequence-parallel rank's share of the work between regions at).

@@ -127,9 +127,11 @@ RunSetup check_plan(const RunOptions& options, int rank, int world) {
   s.role = rank_role(plan, rank);
   s.tp = max_tp_degree(plan);
   if (s.tp > 1) {
-    // Every region a TP stage splits needs its shard layout (plans before apart run executed TP stages lack it).
+    // Every region a TP stage splits needs its shard layout (plans before apart run executed TP stages lack it). A
+    // plan with no region (none found, or every one left whole: apart run's shard pass refuses it) runs each TP
+    // stage whole on every rank of its group.
     const bool laid_out =
-        plan.tensor_parallel.has_value() &&
+        !plan.tensor_parallel.has_value() ||
         std::all_of(
             plan.tensor_parallel->regions.begin(), plan.tensor_parallel->regions.end(), [](const PlanTpRegion& r) {
               return (r.kind != TpRegionKind::kAttention && r.kind != TpRegionKind::kMlp) || r.has_shard_layout();

@@ -32,6 +32,19 @@ inline double printed_loss_tolerance(double reference) {
   return kPrintedLossAbsolute + kPrintedLossRelative * std::fabs(reference);
 }
 
+// "" when `out` prints "step=S loss=L" for S = 1..steps, each L within printed_loss_tolerance of what `reference`
+// prints for that step (apart run against apart train); else the first step that is missing or differs.
+inline std::string printed_losses_differ(const std::string& out, const std::string& reference, int steps) {
+  for (int step = 1; step <= steps; ++step) {
+    const std::string key = "step=" + std::to_string(step) + " loss=";
+    const std::optional<double> want = number_after(reference, key), got = number_after(out, key);
+    if (!want || !got) return "no " + key + " printed";
+    if (std::fabs(*got - *want) > printed_loss_tolerance(*want))
+      return key + std::to_string(*got) + " against " + std::to_string(*want);
+  }
+  return "";
+}
+
 // Texts that are the same but for the last digits of their numbers: `actual` equals `expected` character for character
 // outside numbers, and each number (a run strtod reads, starting at a digit, or at a sign or point before one) within
 // `relative` of the expected one (|a − e| ≤ relative·max(|e|, 1e-300)). Returns "" when they match, otherwise where

@@ -467,8 +467,10 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
     if (!g.task(TaskId(i)).constant) backward[i] = backward_work(g, TaskId(i), forward[i], grad);
   }
   // Each attention as the one flash kernel the runtime runs (profiler/attention_pattern.h): its work on the task it
-  // replaces last (MatMul(P, V)), none on the others, whose seq × seq outputs never exist.
-  const std::vector<AttentionMatch> attention = find_attention(g);
+  // replaces last (MatMul(P, V)), none on the others, whose seq × seq outputs never exist. Materialised attention
+  // (AttentionKernel::kMaterialized) keeps the chain op by op, as the backward rules price it.
+  const std::vector<AttentionMatch> attention =
+      options.attention == AttentionKernel::kFused ? find_attention(g) : std::vector<AttentionMatch>{};
   const std::vector<bool> in_attention = attention_tasks(g, attention);
   std::vector<int> forward_launches(n, 1);
   std::vector<bool> attention_last(n, false);
@@ -484,7 +486,7 @@ CostTable estimate_costs(const TaskGraph& g, const Device& device, const CostOpt
     for (ValueId x : {m.q, m.k_transposed, m.v})
       if (grad[x.value()] && is_batch_value(g.value(x))) attention_gradient_bytes[last] += act_bytes(g.value(x));
   }
-  const FusionGroups fusion = device.fuses_elementwise ? find_fusion_groups(g) : FusionGroups{};
+  const FusionGroups fusion = device.fuses_elementwise ? find_fusion_groups(g, options.attention) : FusionGroups{};
   if (device.fuses_elementwise) remove_fused_traffic(g, fusion, grad, forward, backward);
 
   for (uint32_t i = 0; i < n; ++i) {

@@ -296,7 +296,8 @@ void read_training(const Readers& rs, const json& j, PlanTraining& t) {
   if (auto v = r.optional_integer(tj, p, "virtual_stages", 1, limits::kMaxVirtualStages)) t.virtual_stages = static_cast<int>(*v);
   t.optimizer = read_name(r, tj, p, "optimizer", Optimizer::kAdam, parse_optimizer, optimizer_names);
   t.precision = read_name(r, tj, p, "precision", Precision::kFp32, parse_precision, precision_names);
-  t.attention = read_name(r, tj, p, "attention", AttentionKernel::kFused, parse_attention_kernel, attention_kernel_names);
+  t.attention =
+      read_name(r, tj, p, "attention", AttentionKernel::kFused, parse_attention_kernel, attention_kernel_names);
   t.recompute = r.boolean(tj, p, "recompute", false);
   if (tj.contains("overlap_allreduce")) t.overlap_allreduce = r.boolean(tj, p, "overlap_allreduce", true);
 }

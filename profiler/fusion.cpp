@@ -50,9 +50,8 @@ FusionGroups find_fusion_groups(const TaskGraph& g, AttentionKernel attention_ke
   std::vector<bool> fusible(n), view(n);
   std::vector<int> level(n, 0);
   // One flash kernel each: no member fuses. Materialised: no attention is matched, its tasks fuse as any others.
-  const std::vector<bool> attention = attention_kernel == AttentionKernel::kFused
-                                          ? attention_tasks(g, find_attention(g))
-                                          : std::vector<bool>(n, false);
+  const std::vector<bool> attention =
+      attention_kernel == AttentionKernel::kFused ? attention_tasks(g, find_attention(g)) : std::vector<bool>(n, false);
   for (uint32_t i = 0; i < n; ++i) {  // topological order: producers first
     const Task& t = g.task(TaskId(i));
     fusible[i] = !t.constant && !attention[i] && is_fusible(op_class(t));

@@ -4,7 +4,8 @@
 # recomputation and with sequence parallelism + selective recomputation. Each row's configuration pinned (--tp 8
 # --pp P --dp 1 --microbatches B and the paper's schedule), once as --sequence-parallel off --recompute on and once as
 # --sequence-parallel on --recompute selective; apart's simulated iteration printed beside the paper's, with the
-# error, and the mean and largest absolute error of each column at the end.
+# error, and the mean and largest absolute error of each column at the end. Attention is priced materialised
+# (--attention materialized): the paper's Megatron-LM wrote the seq x seq scores (no FlashAttention yet).
 # Usage: bench/korthikanti_table.sh [path/to/apart] [extra partition flags]   (default: build/release/cli/apart)
 set -euo pipefail
 apart=${1:-build/release/cli/apart}
@@ -28,7 +29,7 @@ plan() {  # model gpus pp batch out extra-flags… → iteration seconds, or "fa
   local model=$1 gpus=$2 pp=$3 batch=$4 out=$5
   shift 5
   if "$apart" partition "$model" --device a100-80gb --devices "$gpus" --devices-per-node 8 --batch "$batch" \
-      --precision mixed --tp 8 --pp "$pp" --dp 1 --microbatches "$batch" --no-baselines --no-stage-models -q \
+      --precision mixed --attention materialized --tp 8 --pp "$pp" --dp 1 --microbatches "$batch" --no-baselines --no-stage-models -q \
       -o "$out" "$@" > "$out.log" 2>&1; then
     python3 -c "import json; print('%.2f' % json.load(open('$out/plan.json'))['predicted']['iteration_s'])"
   else

@@ -6,7 +6,9 @@
 # other option automatic), printing apart's predicted
 # TFLOP/s per GPU beside the paper's, by the paper's own formula (its eq. 3, which counts full recomputation):
 #   96 · B · s · l · h² · (1 + s/(6h) + V/(16·l·h)) / (iteration · GPUs)
-# and the planning wall time of each run. Models are zoo GPTs with --weights none (shapes only).
+# and the planning wall time of each run. Models are zoo GPTs with --weights none (shapes only). Both runs price
+# attention materialised (--attention materialized): the paper's Megatron-LM predates its FlashAttention support and
+# wrote the seq x seq scores (the calibration, docs/cost-model.md §3, is fit so).
 # Usage: bench/megatron_table.sh [path/to/apart] [first-row] [last-row] [extra partition flags for both runs]
 #        (default: build/release/cli/apart, rows 1..10)
 set -euo pipefail
@@ -58,7 +60,7 @@ for row in "${rows[@]}"; do
   "$apart" zoo gpt --layers "$layers" --hidden "$hidden" --heads "$heads" --seq 2048 --vocab 51200 --weights none \
     -q -o "$model" >/dev/null
   common=(--device a100-80gb --devices "$gpus" --devices-per-node 8 --batch "$batch" --precision mixed
-          --no-baselines --no-stage-models -q "$@")
+          --attention materialized --no-baselines --no-stage-models -q "$@")
   dp=$((gpus / (tp * pp)))
   # The paper ran the interleaved schedule where it pipelined (its v per row is not in the table: 2 here).
   # Micro-batch 1 per replica where it pipelines (as the fit); without a pipeline the micro-batch count is searched.

@@ -25,6 +25,7 @@ struct CostsArgs {
   std::string device = "a100-80gb";
   std::string cluster;
   std::string precision = "auto";
+  std::string attention = "flash";
   int64_t microbatch = 0;
   std::string output;
 };
@@ -33,6 +34,7 @@ void run_costs(const CostsArgs& a) {
   const Device device = a.cluster.empty() ? device_preset(a.device) : load_cluster_json(a.cluster).device;
   CostOptions options;
   options.precision = resolve_precision(a.precision, device);
+  options.attention = parse_attention_kernel(a.attention);
   options.microbatch_size = checked_integer(a.microbatch, 0, limits::kMaxBatch, "--microbatch-size (0: the bound batch)");
   const ImportedModel m = import_model(a.model, import_options(a.model_flags));
   note_constant_params(m.constant_params);
@@ -59,6 +61,7 @@ const bool kRegistered = register_command({"costs", 40, [](CLI::App& app) {
   add_model_flags(*cmd, args->model_flags, /*default_batch=*/1);
   cmd->add_option("--device", args->device, device_flag_help())->capture_default_str();
   cmd->add_option("--cluster", args->cluster, "Cluster JSON (apart.cluster/1, docs/cost-model.md); its device wins over --device");
+  cmd->add_option("--attention", args->attention, kAttentionHelp)->capture_default_str();
   cmd->add_option("--precision", args->precision, kPrecisionHelp)
       ->capture_default_str();
   cmd->add_option("--microbatch-size", args->microbatch, "Costs at this micro-batch size (default: the bound batch)");

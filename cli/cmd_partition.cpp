@@ -31,6 +31,7 @@ struct PartitionArgs {
   int64_t batch = 0;
   std::string optimizer = "adamw";  // as apart train; apart run takes the plan's
   std::string precision = "auto";
+  std::string attention = "flash";
   std::string schedule = "1f1b";
   int64_t virtual_stages = 0;  // 0: kDefaultVirtualStages under --schedule interleaved
   std::string microbatches = "auto";
@@ -118,6 +119,7 @@ CompileOptions compile_options(const PartitionArgs& a) {
   if (a.sequence_parallel != "on" && a.sequence_parallel != "off")
     throw InvalidArgument("--sequence-parallel must be on or off, not '" + a.sequence_parallel + "'");
   o.training.sequence_parallel = a.sequence_parallel == "on";
+  o.training.attention = parse_attention_kernel(a.attention);
   o.stage.time_limit_s = checked_number(a.time_limit, 0, limits::kMaxSeconds, "--time-limit (seconds; 0: none)");
   o.block.blocks = checked_int(a.blocks, 0, limits::kMaxBatch, "--blocks (0: automatic)");
   o.threads = checked_int(a.threads, 0, kMaxThreads, "--threads (0: APART_NUM_THREADS, OMP_NUM_THREADS or the cores)");
@@ -199,6 +201,7 @@ const bool kRegistered = register_command({"partition", 50, [](CLI::App& app) {
                   "sgd, momentum, adam or adamw: sizes the optimizer state (apart run trains with it)")
       ->capture_default_str();
   cmd->add_option("--precision", a->precision, kPrecisionHelp)->capture_default_str();
+  cmd->add_option("--attention", a->attention, kAttentionHelp)->capture_default_str();
   cmd->add_option("--schedule", a->schedule,
                   "1f1b, gpipe, interleaved, zb-h1 or auto (auto: the fastest of 1f1b, zb-h1 and interleaved "
                   "at 2-4 chunks; apart run executes each of them)")

@@ -247,6 +247,7 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph, Report
   r << c.devices << " × " << c.device.value_or("") << " (" << c.devices_per_node.value_or(c.devices) << " per node, "
     << format_bytes(static_cast<double>(device_memory)) << " each, " << format_bytes(static_cast<double>(memory))
     << " usable: --memory-reserve " << c.memory_reserve.value_or("0") << "), precision " << precision_name(t.precision)
+    << (t.attention == AttentionKernel::kFused ? "" : ", attention " + std::string(attention_kernel_name(t.attention)))
     << ", batch " << t.global_batch.value_or(0) << " = " << t.microbatches << " micro-batch"
     << (t.microbatches == 1 ? "" : "es") << " of " << t.microbatch_size.value_or(0) << " (split among a stage's replicas), "
     << schedule_name(t.schedule) << ", " << optimizer_name(t.optimizer) << ", recompute "

@@ -226,6 +226,7 @@ PlanCosts plan_costs(const CompileOptions& options, const PartitionOptions& part
                      const Cluster& cluster) {
   PlanCosts costs;
   costs.options.precision = partition.training.precision;
+  costs.options.attention = partition.training.attention;
   // The importer's batch rule says what batch the shapes are bound at; a model without a batch dim is one sample.
   costs.options.reference_batch = model.bound_samples();
   if (!options.profile.empty()) {

@@ -44,6 +44,8 @@ struct TrainingSpec {
   // --sequence-parallel on|off: stages with a tensor-parallel degree > 1 run the replicated work between the regions
   // and their boundaries sharded along the sequence (Korthikanti et al., MLSys'23 §4.2.2; stage_cost.cpp).
   bool sequence_parallel = true;
+  // --attention flash|materialized: the attention kernel the costs price (plan/training.h); plan.json records it.
+  AttentionKernel attention = AttentionKernel::kFused;
 };
 
 // Atomic level (paper §IV-A).

@@ -34,6 +34,7 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
   if (plan.schedule == Schedule::kInterleaved) t.virtual_stages = plan.virtual_stages;
   t.optimizer = o.training.optimizer;
   t.precision = o.training.precision;
+  t.attention = o.training.attention;
   t.recompute = plan.recompute;
   t.overlap_allreduce = o.training.overlap_allreduce;
 

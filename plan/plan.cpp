@@ -48,6 +48,7 @@ ordered training_json(const PlanTraining& t) {
   put(j, "virtual_stages", t.virtual_stages);
   j["optimizer"] = optimizer_name(t.optimizer);
   j["precision"] = precision_name(t.precision);
+  if (t.attention != AttentionKernel::kFused) j["attention"] = attention_kernel_name(t.attention);  // absent = flash
   j["recompute"] = t.recompute;
   put(j, "overlap_allreduce", t.overlap_allreduce);
   return j;
@@ -296,6 +297,8 @@ void read_training(const Readers& rs, const json& j, PlanTraining& t) {
   if (auto v = r.optional_integer(tj, p, "virtual_stages", 1, limits::kMaxVirtualStages)) t.virtual_stages = static_cast<int>(*v);
   t.optimizer = read_name(r, tj, p, "optimizer", Optimizer::kAdam, parse_optimizer, optimizer_names);
   t.precision = read_name(r, tj, p, "precision", Precision::kFp32, parse_precision, precision_names);
+  t.attention =
+      read_name(r, tj, p, "attention", AttentionKernel::kFused, parse_attention_kernel, attention_kernel_names);
   t.recompute = r.boolean(tj, p, "recompute", false);
   if (tj.contains("overlap_allreduce")) t.overlap_allreduce = r.boolean(tj, p, "overlap_allreduce", true);
 }

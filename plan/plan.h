@@ -71,6 +71,7 @@ struct PlanTraining {
   std::optional<int> virtual_stages;  // interleaved: chunks per device
   Optimizer optimizer = Optimizer::kAdam;
   Precision precision = Precision::kFp32;
+  AttentionKernel attention = AttentionKernel::kFused;  // the kernel the costs priced; absent in plan.json: flash
   bool recompute = false;
   std::optional<bool> overlap_allreduce;
 };

@@ -37,6 +37,10 @@ constexpr std::pair<std::string_view, Precision> kPrecisionNames[] = {
     {"bf16", Precision::kMixed},
     {"amp", Precision::kMixed},
 };
+constexpr std::pair<std::string_view, AttentionKernel> kAttentionKernelNames[] = {
+    {"flash", AttentionKernel::kFused},
+    {"materialized", AttentionKernel::kMaterialized},
+};
 constexpr std::pair<std::string_view, RecomputeScope> kRecomputeScopeNames[] = {
     {"none", RecomputeScope::kNone}, {"selective", RecomputeScope::kSelective}, {"full", RecomputeScope::kFull}};
 constexpr std::pair<std::string_view, TpRegionKind> kTpRegionKindNames[] = {
@@ -85,10 +89,14 @@ Enum parse(NameTable<Enum> table, std::string_view flag, std::string_view text) 
 std::string_view schedule_name(Schedule s) { return name_of<Schedule>(kScheduleNames, s); }
 std::string_view optimizer_name(Optimizer o) { return name_of<Optimizer>(kOptimizerNames, o); }
 std::string_view precision_name(Precision p) { return name_of<Precision>(kPrecisionNames, p); }
+std::string_view attention_kernel_name(AttentionKernel k) { return name_of<AttentionKernel>(kAttentionKernelNames, k); }
 
 Schedule parse_schedule(std::string_view name) { return parse<Schedule>(kScheduleNames, "--schedule", name); }
 Optimizer parse_optimizer(std::string_view name) { return parse<Optimizer>(kOptimizerNames, "--optimizer", name); }
 Precision parse_precision(std::string_view name) { return parse<Precision>(kPrecisionNames, "--precision", name); }
+AttentionKernel parse_attention_kernel(std::string_view name) {
+  return parse<AttentionKernel>(kAttentionKernelNames, "--attention", name);
+}
 HalfFormat parse_half_format(std::string_view precision) {
   return precision == "fp16" ? HalfFormat::kFp16 : HalfFormat::kBf16;
 }
@@ -107,6 +115,7 @@ std::string tp_region_kind_names() { return accepted<TpRegionKind>(kTpRegionKind
 std::string schedule_names() { return accepted<Schedule>(kScheduleNames); }
 std::string optimizer_names() { return accepted<Optimizer>(kOptimizerNames); }
 std::string precision_names() { return accepted<Precision>(kPrecisionNames); }
+std::string attention_kernel_names() { return accepted<AttentionKernel>(kAttentionKernelNames); }
 
 std::pair<int64_t, int64_t> tp_sequence_part(int64_t length, int degree, int rank) {
   if (degree < 1 || rank < 0 || rank >= degree || length < degree)

@@ -28,6 +28,17 @@ enum class Precision : uint8_t { kFp32, kTf32, kMixed };
 // the runtime rounds GEMM operands to it, and trains float16 with dynamic loss scaling (train/loss_scale.h), since
 // float16's range (6e-8 … 65504) would lose small gradients and overflow on large ones.
 enum class HalfFormat : uint8_t { kBf16, kFp16 };
+// Which attention kernel the priced engine runs for each MatMul·scale·mask·Softmax·MatMul chain the cost model's
+// find_attention matches (profiler/attention_pattern.h; docs/cost-model.md §2, "Fused attention"):
+// - kFused ("flash"): one flash kernel, no S × L tensor written or saved: what apart's runtime launches (the default);
+// - kMaterialized ("materialized"): the chain op by op, its scores and probabilities written and saved
+//   (scale-mask-softmax one kernel on a fusing device), as Megatron-LM ran it before FlashAttention (Narayanan et al.
+//   2021, Korthikanti et al. 2022): for comparing with such measurements, not for plans apart runs.
+enum class AttentionKernel : uint8_t { kFused, kMaterialized };
+inline constexpr const char* kAttentionHelp =
+    "flash or materialized: the attention kernel the costs price. flash: one fused kernel, no seq x seq tensor, as "
+    "apart run launches it; materialized: the scores and probabilities written and saved, as Megatron-LM ran "
+    "attention before FlashAttention (to compare with such measurements)";
 
 // A stage's parameters are counted as bytes the way the model stores them (the cost table's param_bytes, plan.json's
 // stages[].param_bytes) and turned into elements as fp32, 4 bytes each: how training models are exported. A model
@@ -43,18 +54,21 @@ inline constexpr int kMaxZeroStage = 3;
 std::string_view schedule_name(Schedule s);
 std::string_view optimizer_name(Optimizer o);
 std::string_view precision_name(Precision p);
+std::string_view attention_kernel_name(AttentionKernel k);  // "flash", "materialized"
 
 // A canonical name or an alias ("interleaved-1f1b", "interleaved1f1b", "zbh1"; "fp16", "bf16", "amp" for mixed). Throws
 // InvalidArgument naming the flag (--schedule, --optimizer, --precision), the text and every accepted name.
 Schedule parse_schedule(std::string_view name);
 Optimizer parse_optimizer(std::string_view name);
 Precision parse_precision(std::string_view name);
+AttentionKernel parse_attention_kernel(std::string_view name);  // flag --attention
 // The half format a --precision text names: kFp16 for "fp16", kBf16 for everything else (fp32 and tf32 use none).
 HalfFormat parse_half_format(std::string_view precision);
 // What the parsers accept, for messages: "gpipe, 1f1b or interleaved (also interleaved-1f1b, interleaved1f1b)".
 std::string schedule_names();
 std::string optimizer_names();
 std::string precision_names();
+std::string attention_kernel_names();
 
 // Tensor parallelism (partition/tensor_parallel.h finds the regions): the kinds of Megatron-style region, and the
 // part a task plays in one.

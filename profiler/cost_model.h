@@ -22,6 +22,7 @@ OpEfficiency default_efficiency(OpClass c, const Device& device);
 
 struct CostOptions {
   Precision precision = Precision::kFp32;
+  AttentionKernel attention = AttentionKernel::kFused;  // plan/training.h: what the priced engine runs
   // Micro-batch size u the costs are for; 0 = the graph's bound batch (no scaling).
   int64_t microbatch_size = 0;
   // Batch the graph's shapes were bound at: the importer's ImportedModel::batch (its one batch rule), 1 when that is 0.

@@ -45,11 +45,13 @@ bool is_fusible(OpClass c) {
   return false;
 }
 
-FusionGroups find_fusion_groups(const TaskGraph& g) {
+FusionGroups find_fusion_groups(const TaskGraph& g, AttentionKernel attention_kernel) {
   const uint32_t n = static_cast<uint32_t>(g.num_tasks());
   std::vector<bool> fusible(n), view(n);
   std::vector<int> level(n, 0);
-  const std::vector<bool> attention = attention_tasks(g, find_attention(g));  // one flash kernel each: no member fuses
+  // One flash kernel each: no member fuses. Materialised: no attention is matched, its tasks fuse as any others.
+  const std::vector<bool> attention =
+      attention_kernel == AttentionKernel::kFused ? attention_tasks(g, find_attention(g)) : std::vector<bool>(n, false);
   for (uint32_t i = 0; i < n; ++i) {  // topological order: producers first
     const Task& t = g.task(TaskId(i));
     fusible[i] = !t.constant && !attention[i] && is_fusible(op_class(t));

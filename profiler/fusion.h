@@ -22,7 +22,8 @@ bool is_fusible(OpClass c);
 // non-fusible tasks on any path from the graph's inputs, so no GEMM lies between producer and consumer); a view's
 // output is internal only if the value it aliases is. An internal value is never written, read or saved. A group is
 // a connected set of tasks joined by internal values: one kernel forward, one backward. The tasks of an attention
-// (find_attention, profiler/attention_pattern.h) are no members: they run as one flash kernel of their own.
+// (find_attention, profiler/attention_pattern.h) are no members under AttentionKernel::kFused: they run as one flash
+// kernel of their own; kMaterialized groups them as any other tasks (scale-mask-softmax one kernel, as Megatron-LM's).
 struct FusionGroups {
   static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
   std::vector<uint32_t> group_of;   // per task: the index of its group's first task (topological), kNone outside any
@@ -30,7 +31,7 @@ struct FusionGroups {
   // Tasks of each group of two or more, in topological order (a task alone keeps its own costs).
   std::vector<std::vector<TaskId>> groups;
 };
-FusionGroups find_fusion_groups(const TaskGraph& g);
+FusionGroups find_fusion_groups(const TaskGraph& g, AttentionKernel attention = AttentionKernel::kFused);
 
 // Sets each grouped task's traffic to what its fused kernel moves, at the graph's bound shapes. Forward: its reads
 // less those of internal values and the second read of an external value (`bytes_read`, with its fixed part), its

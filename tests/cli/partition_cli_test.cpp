@@ -98,6 +98,28 @@ TEST(ApartPartition, WritesTheSamePlanOnOneThreadAndOnTwoAndChecksTheThreadCount
   EXPECT_NE(bad.out.find("--threads"), std::string::npos) << bad.out;
 }
 
+TEST(ApartPartition, PricesMaterializedAttentionWhenAskedAndSaysSoInThePlan) {
+  TempDir dir;
+  const std::string model = (fs::path(APART_SOURCE_DIR) / "models" / "gpt-tiny.onnx").string();
+  const std::string flags = " --devices 4 --device a100-80gb --batch 32 --stages 1 --no-stage-models --no-baselines -q";
+  auto flash = run_apart("partition " + model + flags + " -o " + (dir / "flash").string());
+  auto kept = run_apart("partition " + model + flags + " --attention materialized -o " + (dir / "kept").string());
+  ASSERT_EQ(flash.code, 0) << flash.out;
+  ASSERT_EQ(kept.code, 0) << kept.out;
+  const auto f = nlohmann::json::parse(read_file(dir / "flash" / "plan.json"));
+  const auto k = nlohmann::json::parse(read_file(dir / "kept" / "plan.json"));
+  EXPECT_FALSE(f["training"].contains("attention"));
+  EXPECT_EQ(k["training"]["attention"], "materialized");
+  // The scores and probabilities cost time and memory the flash kernel does not spend.
+  EXPECT_GT(k["predicted"]["iteration_s"].get<double>(), f["predicted"]["iteration_s"].get<double>());
+  EXPECT_GT(k["stages"][0]["memory_bytes"].get<double>(), f["stages"][0]["memory_bytes"].get<double>());
+  EXPECT_NE(read_file(dir / "kept" / "report.txt").find("attention materialized"), std::string::npos);
+  auto bad = run_apart("partition " + model + flags + " --attention fused -o " + (dir / "bad").string());
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--attention fused: expected flash or materialized"), std::string::npos) << bad.out;
+  EXPECT_FALSE(fs::exists(dir / "bad"));
+}
+
 TEST(ApartPartition, ExitsInfeasibleWithAHintAndWritesNothingWhenTheModelCannotFit) {
   TempDir dir;
   const std::string model = (dir / "gpt3.onnx").string();

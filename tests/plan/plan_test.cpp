@@ -74,6 +74,7 @@ TEST(APlanReader, NamesTheFieldOfACorruptRealPlan) {
       {[](json& j) { j["training"]["optimizer"] = "lamb"; }, "training.optimizer is \"lamb\", expected sgd, momentum, adam or adamw"},
       {[](json& j) { j["training"]["precision"] = "int8"; }, "training.precision is \"int8\""},
       {[](json& j) { j["training"]["schedule"] = "zb"; }, "training.schedule is \"zb\", expected gpipe, 1f1b, interleaved or zb-h1"},
+      {[](json& j) { j["training"]["attention"] = "fused"; }, "training.attention is \"fused\", expected flash or materialized"},
       {[](json& j) { j["stages"][0]["tasks"][0] = 7; }, "stages[0].tasks[0] must be a string"},
       {[](json& j) { j["stages"][0]["forward_s"] = -1; }, "stages[0].forward_s must be a finite number in [0, 32000000]"},
       {[](json& j) { j["cluster"]["memory_bytes"] = "lots"; }, "cluster.memory_bytes"},
@@ -186,6 +187,16 @@ TEST(AnInterleavedPlanWithoutChunks, IsRefusedWhenViewedAskingToReplan) {
   json j = interleaved_plan();
   j.erase("virtual_stages");
   EXPECT_THROW(virtual_stage_view(plan_from_json(j)), InvalidModel);
+}
+
+TEST(APlanReader, ReadsTheAttentionKernelPricedAndWritesOnlyMaterializedBack) {
+  json j = one_stage_plan(4);
+  EXPECT_EQ(plan_from_json(j).training.attention, AttentionKernel::kFused) << "absent: flash";
+  EXPECT_FALSE(plan_to_json(plan_from_json(j))["training"].contains("attention")) << "flash is not written";
+  j["training"]["attention"] = "materialized";
+  const PlanDocument plan = plan_from_json(j);
+  EXPECT_EQ(plan.training.attention, AttentionKernel::kMaterialized);
+  EXPECT_EQ(plan_to_json(plan)["training"]["attention"], "materialized");
 }
 
 TEST(APlanReader, ReadsAStagesZeroStageAndWritesItBack) {

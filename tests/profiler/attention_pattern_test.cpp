@@ -176,5 +176,56 @@ TEST(EstimateCosts, SavesAndReadsABatchMaskBesideQKV) {
   EXPECT_EQ(s.launches, 3);
 }
 
+CostTable priced(const TaskGraph& g, const char* device, AttentionKernel attention) {
+  CostOptions o;
+  o.attention = attention;
+  return estimate_costs(g, device_preset(device), o);
+}
+
+TEST(EstimateCosts, PricesOnlyTheAttentionsTasksDifferentlyWhenAttentionIsMaterialized) {
+  for (auto mask : {Attention::Mask::kNone, Attention::Mask::kCausalLiteral, Attention::Mask::kInput}) {
+    const Attention a(mask);
+    const std::vector<bool> inside = attention_tasks(a.g(), find_attention(a.g()));
+    for (const char* device : {"cpu", "a100-80gb"}) {
+      const CostTable flash = priced(a.g(), device, AttentionKernel::kFused);
+      const CostTable materialized = priced(a.g(), device, AttentionKernel::kMaterialized);
+      ASSERT_EQ(flash.tasks.size(), materialized.tasks.size());
+      for (uint32_t t = 0; t < a.g().num_tasks(); ++t) {
+        if (inside[t]) continue;
+        const TaskCost &f = flash.tasks[t], &m = materialized.tasks[t];
+        EXPECT_EQ(f.forward_s, m.forward_s) << device << " task " << t;
+        EXPECT_EQ(f.backward_s, m.backward_s) << device << " task " << t;
+        EXPECT_EQ(f.flops, m.flops) << device << " task " << t;
+        EXPECT_EQ(f.bytes_accessed, m.bytes_accessed) << device << " task " << t;
+        EXPECT_EQ(f.backward_bytes, m.backward_bytes) << device << " task " << t;
+        EXPECT_EQ(f.saved_bytes, m.saved_bytes) << device << " task " << t;
+        EXPECT_EQ(f.workspace_bytes, m.workspace_bytes) << device << " task " << t;
+      }
+      const TaskCost f = summed(flash, find_attention(a.g())[0]), m = summed(materialized, find_attention(a.g())[0]);
+      EXPECT_GT(m.saved_bytes, f.saved_bytes) << device;  // the probabilities, kept for P·V's backward
+      EXPECT_GT(m.bytes_accessed, f.bytes_accessed) << device;
+    }
+  }
+}
+
+TEST(EstimateCosts, PricesAMaterializedAttentionOpByOpWithItsScoresInMemory) {
+  const Attention a;
+  const CostTable table = priced(a.g(), "cpu", AttentionKernel::kMaterialized);
+  const TaskCost s = summed(table, find_attention(a.g())[0]);
+  // Q·Kᵀ and P·V, every (query, key) pair; the Div and Softmax's per-element FLOPs on top.
+  const double products = 2.0 * kHeads * kSeq * kSeq * (kHead + kHead);
+  EXPECT_GT(s.flops, products);
+  EXPECT_LT(s.flops, products + 10 * kScoreBytes / 4);
+  // Softmax's output P is written, then saved for P·V's backward (as MatMul's rule: A when B needs a gradient).
+  EXPECT_GE(table.tasks[a.softmax.value()].output_bytes, kScoreBytes);
+  EXPECT_GE(s.saved_bytes, kScoreBytes + 3 * kHeadBytes);
+  EXPECT_GT(table.tasks[a.softmax.value()].forward_s, 0);
+  // The cpu device fuses nothing: four kernels forward.
+  EXPECT_EQ(table.tasks[a.scores.value()].launches + table.tasks[a.div.value()].launches +
+                table.tasks[a.softmax.value()].launches + table.tasks[a.pv.value()].launches,
+            s.launches);
+  EXPECT_GE(s.launches, 4 + 4);
+}
+
 }  // namespace
 }  // namespace apart

@@ -118,6 +118,27 @@ TEST_F(ZooModels, Gpt2SmallFromTheZooMatchesTheClosedForm) {
   EXPECT_NEAR(flops / expected, 1.0, 0.02) << flops;
 }
 
+TEST_F(ZooModels, Gpt2SmallWithMaterializedAttentionHasEveryPairsFlopsAndKeepsItsScores) {
+  const fs::path p = generate("gpt2-small");
+  if (p.empty()) GTEST_SKIP() << "apart zoo unavailable";
+  const auto m = load(p);
+  CostOptions materialized;
+  materialized.attention = AttentionKernel::kMaterialized;
+  const Device a100 = device_preset("a100-80gb");
+  // Every (query, key) pair multiplied, the masked half too: the closed form, as before the planner priced flash.
+  EXPECT_NEAR(total_flops(estimate_costs(m.graph, a100, materialized)) / gpt_closed_form(12, 768, 50257, 1024), 1.0,
+              0.02);
+  // Korthikanti et al.'s s·h·L·(34 + 5·a·s/h) bytes (fp16, dropout); fp32 without dropout within a factor of two
+  // of twice that, the scores and probabilities included.
+  const double s_ = 1024, h = 768, L = 12, a = 12;
+  const double reference = 2 * s_ * h * L * (34 + 5 * a * s_ / h);
+  const CostSummary kept = cost_summary(m.graph, a100, materialized), flash = cost_summary(m.graph, a100);
+  EXPECT_GT(static_cast<double>(kept.saved_bytes), 0.5 * reference);
+  EXPECT_LT(static_cast<double>(kept.saved_bytes), 1.5 * reference);
+  // Exactly the probabilities P ([1, 12, s, s] fp32 per layer, kept by Softmax and P·V) beyond what flash keeps.
+  EXPECT_EQ(kept.saved_bytes, flash.saved_bytes + static_cast<int64_t>(L * a * s_ * s_ * 4));
+}
+
 TEST_F(ZooModels, ResNet50FromTheZooIsAbout4Point1GigaMultiplyAdds) {
   const fs::path p = generate("resnet50");
   if (p.empty()) GTEST_SKIP() << "apart zoo unavailable";

@@ -476,6 +476,21 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
   std::map<std::string, std::pair<int, int64_t>> split;  // value → (axis, whole size there)
   std::set<std::string> reduced;
   int regions_split = 0, parts = 0, vocabulary_cuts = 0;
+  // A region the stage boundary cuts (its linears in both stages) is left whole by the shard pass, on both sides
+  // (TpShard::replicated). The planner may place the cut there (the search prices the region as split: a known gap,
+  // docs/partitioning.md); such a region is checked for being named whole, not for half widths.
+  std::map<std::string, size_t> stage_of;
+  for (size_t k = 0; k < plan.stages.size(); ++k)
+    for (const std::string& t : plan.stages[k].tasks) stage_of.emplace(t, k);
+  std::set<std::string> cut;
+  for (const TpShardRegion& region : regions) {
+    std::set<size_t> stages;
+    for (const auto* list : {&region.column_tasks, &region.row_tasks})
+      for (const std::string& t : *list)
+        if (auto it = stage_of.find(t); it != stage_of.end()) stages.insert(it->second);
+    if (stages.size() > 1) cut.insert(region.name);
+  }
+  EXPECT_LE(cut.size(), plan.stages.size() - 1) << "one boundary cuts at most one region";
   for (size_t k = 0; k < plan.stages.size(); ++k) {
     const onnx::ModelProto stage = testing::read_proto(dir / ("stage_" + std::to_string(k) + ".onnx"));
     ImportOptions import;
@@ -486,6 +501,7 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
     const ImportedModel whole = import_model_bytes(stage.SerializeAsString(), dir, "stage", import);
     for (const TpShardRegion& region : regions) {
       if (region.role != TpRegionRole::kLinears) continue;  // 50257 vocabulary rows: 25129 and 25128, not halves
+      if (cut.count(region.name)) continue;
       for (const auto& [value, axis] : region.split_values)
         if (const auto id = whole.graph.find_value(value))
           split[value] = {axis, whole.graph.value(*id).shape[static_cast<size_t>(axis)]};
@@ -496,7 +512,7 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
       // Only the LM head is left whole, saying why: the export's logits are its output (it has no loss). The
       // embedding's 50257 rows are cut into 25129 and 25128.
       for (const std::string& whole_region : shard.replicated)
-        EXPECT_EQ(whole_region, "/head (its logits are a stage output)");
+        if (!cut.count(whole_region)) EXPECT_EQ(whole_region, "/head (its logits are a stage output)");
       for (const TpShardedParam& p : shard.params)
         if (p.vocabulary) {
           ++vocabulary_cuts;
@@ -522,9 +538,10 @@ void expect_gpt2_small_shards_import(TpSequence sequence) {
       }
     }
   }
-  EXPECT_EQ(regions_split, 25);  // 12 attention + 12 MLP, each in one stage, and the embedding
+  const int whole_cut = static_cast<int>(cut.size());
+  EXPECT_EQ(regions_split, 25 - whole_cut);  // 12 attention + 12 MLP, each in one stage, and the embedding
   EXPECT_EQ(vocabulary_cuts, 2);  // the embedding's table, on each rank
-  if (sequence == TpSequence::kSharded) EXPECT_EQ(parts, 48);  // each region's output, on both ranks
+  if (sequence == TpSequence::kSharded) EXPECT_EQ(parts, 2 * (24 - whole_cut));  // each region's output, both ranks
 }
 
 TEST(AShardOfGpt2Small, ImportsWithHalfOfEverySplitValueAndTheReducedOnesWhole) {

@@ -666,12 +666,12 @@ TEST(RankActions, RunToTheEndOnThePlannedGoldensWithThousandsOfRanksAndSkipEdges
 }
 
 TEST(RankActions, RunAGoldenPlanWhoseReplicasDoNotDivideItsMicrobatch) {
-  // gpt_tiny_1024dev: stage 0 takes 8192 samples over 27 replicas (the plan costs each at 304): 11 slices of 304
-  // and 16 of 303.
+  // gpt_tiny_1024dev: stage 0 takes 8192 samples over 25 replicas (the plan costs each at 328): 17 slices of 328
+  // and 8 of 327. (A regenerated golden may change the count: the test needs one that does not divide 8192.)
   const PlanDocument plan = read_plan(std::string(APART_TEST_DATA_DIR) + "/golden/plans/gpt_tiny_1024dev");
-  ASSERT_EQ(plan.stages[0].replicas, 27);
-  EXPECT_EQ(plan.stages[0].microbatch_size, 304);
-  EXPECT_NE(8192 % 27, 0);
+  ASSERT_EQ(plan.stages[0].replicas, 25);
+  EXPECT_EQ(plan.stages[0].microbatch_size, 328);
+  EXPECT_NE(8192 % 25, 0);
   expect_sound(plan, "gpt_tiny_1024dev");
 }
 

@@ -435,10 +435,12 @@ void TrainingGraphBuild::choose_targets() {
   if (!loss_.empty()) {
     const ValueMeta& m = meta(loss_);
     if (!is_output(loss_))
-      throw InvalidArgument("--loss " + quote(loss_) + " is not a graph output; the model's outputs are: " + output_names());
+      throw InvalidArgument("--loss " + quote(loss_) +
+                            " is not a graph output; the model's outputs are: " + output_names());
     if (!is_float(m.dtype) || !m.shape_known || product_of(m.shape) != 1)
       throw InvalidArgument("the loss " + quote(loss_) + " is " + std::string(dtype_name(m.dtype)) + " [" +
-                            (m.shape_known ? shape_string(m.shape) : "?") + "], not a scalar float value: reduce it to "
+                            (m.shape_known ? shape_string(m.shape) : "?") +
+                            "], not a scalar float value: reduce it to "
                             "one in the model (e.g. ReduceMean) or name a scalar float output with --loss NAME");
   }
   for (const auto& o : options_.output_gradients)
@@ -449,7 +451,8 @@ void TrainingGraphBuild::choose_targets() {
   params_ = options_.params;
   if (params_.empty()) {
     for (const auto& init : fg_.initializer())
-      if (is_float(static_cast<DType>(init.data_type())) && !sets_geometry_only(init.name())) params_.push_back(init.name());
+      if (is_float(static_cast<DType>(init.data_type())) && !sets_geometry_only(init.name()))
+        params_.push_back(init.name());
   }
   for (const auto& p : params_)
     if (!initializer_names_.count(p) || !is_float(meta(p).dtype))
@@ -498,7 +501,8 @@ void TrainingGraphBuild::emit_forward() {
     const ValueMeta& m = meta(in.name());
     if (m.shape_known) set_value_info(in, in.name(), m);
   }
-  for (int i = 0; i < g.node_size(); ++i) prepare_forward_node(*g.mutable_node(i), i, options_, fg_, result_.state_updates);
+  for (int i = 0; i < g.node_size(); ++i)
+    prepare_forward_node(*g.mutable_node(i), i, options_, fg_, result_.state_updates);
   // Outputs of ai.apart forward nodes (the tensor-parallel collectives) keep their types: ONNX infers none for them.
   for (const auto& n : g.node()) {
     if (n.domain() != autodiff::kApartDomain) continue;
@@ -663,8 +667,9 @@ TrainingGraph build_training_graph(const onnx::ModelProto& forward, const Traini
   ImportOptions import = options.import;
   import.require_external_data = false;
   import.constants_as_params = false;  // the forward as given (callers convert first): node indices are fg's
-  const ImportedModel imported = import_model_bytes(
-      forward.SerializeAsString(), {}, forward.graph().name().empty() ? "<forward model>" : forward.graph().name(), import);
+  const ImportedModel imported =
+      import_model_bytes(forward.SerializeAsString(), {},
+                         forward.graph().name().empty() ? "<forward model>" : forward.graph().name(), import);
   // Attention fused first (codegen/attention_fusion.h): the fused op has a gradient rule of its own.
   if (options.fuse_attention && has_softmax(forward)) {
     onnx::ModelProto fused = forward;

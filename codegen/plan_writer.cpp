@@ -249,9 +249,9 @@ std::string plan_report(const PlanDocument& plan, const TaskGraph& graph, Report
     << " usable: --memory-reserve " << c.memory_reserve.value_or("0") << "), precision " << precision_name(t.precision)
     << (t.attention == AttentionKernel::kFused ? "" : ", attention " + std::string(attention_kernel_name(t.attention)))
     << ", batch " << t.global_batch.value_or(0) << " = " << t.microbatches << " micro-batch"
-    << (t.microbatches == 1 ? "" : "es") << " of " << t.microbatch_size.value_or(0) << " (split among a stage's replicas), "
-    << schedule_name(t.schedule) << ", " << optimizer_name(t.optimizer) << ", recompute "
-    << recompute_summary(plan) << ", method " << (plan.options ? plan.options->method : "") << "\n";
+    << (t.microbatches == 1 ? "" : "es") << " of " << t.microbatch_size.value_or(0)
+    << " (split among a stage's replicas), " << schedule_name(t.schedule) << ", " << optimizer_name(t.optimizer)
+    << ", recompute " << recompute_summary(plan) << ", method " << (plan.options ? plan.options->method : "") << "\n";
   r << plan_summary_line(plan) << "\n\n";
   r << stage_table(plan, bottleneck, reader);
   const std::string limit = format_bytes(static_cast<double>(memory));

@@ -83,10 +83,10 @@ onnx::ModelProto without_weight_data(const onnx::ModelProto& model) {
   onnx::ModelProto m = model;
   for (onnx::TensorProto& t : *m.mutable_graph()->mutable_initializer()) {
     const int32_t type = t.data_type();
-    const int64_t size = type == onnx::TensorProto::FLOAT    ? 4
-                         : type == onnx::TensorProto::DOUBLE ? 8
+    const int64_t size = type == onnx::TensorProto::FLOAT                                            ? 4
+                         : type == onnx::TensorProto::DOUBLE                                         ? 8
                          : type == onnx::TensorProto::FLOAT16 || type == onnx::TensorProto::BFLOAT16 ? 2
-                                                                                                    : 0;
+                                                                                                     : 0;
     int64_t elements = 1;
     for (int64_t d : t.dims()) elements *= d;
     if (size == 0 || elements < 64 || t.data_location() == onnx::TensorProto::EXTERNAL) continue;

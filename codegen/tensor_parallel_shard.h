@@ -159,9 +159,9 @@ struct TpRefusal {
   std::string why;
 };
 // The regions of `model` (the whole model as apart partition imports it) that the shard pass refuses at one of
-// `degrees`, each under its sequence mode, shapes only (weights are never read or copied). The one home of what a TP layout
-// needs: apart run and apart check refuse a stage for these same reasons, and apart partition never splits a region
-// listed here (driver/compile.cpp bans its seeds), so no --tp plan needs a layout apart run refuses.
+// `degrees`, each under its sequence mode, shapes only (weights are never read or copied). The one home of what a TP
+// layout needs: apart run and apart check refuse a stage for these same reasons, and apart partition never splits a
+// region listed here (driver/compile.cpp bans its seeds), so no --tp plan needs a layout apart run refuses.
 std::vector<TpRefusal> tp_refused_regions(const onnx::ModelProto& model, const std::vector<TpShardRegion>& regions,
                                           const std::vector<std::pair<int, TpSequence>>& degrees);
 

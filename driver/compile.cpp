@@ -65,7 +65,8 @@ std::vector<std::string> tp_banned_seeds(const CompileOptions& options, const Pa
   // Each degree under sequence parallelism where the search would use it there (stage_cost.cpp).
   std::vector<std::pair<int, TpSequence>> degrees;
   for (int degree : kTpDegrees)
-    if (degree > 1 && (partition.stage.tp ? *partition.stage.tp == degree : degree <= partition.cluster.devices_per_node))
+    if (degree > 1 &&
+        (partition.stage.tp ? *partition.stage.tp == degree : degree <= partition.cluster.devices_per_node))
       degrees.emplace_back(degree, partition.training.sequence_parallel && tp_sequence_fits(found.sequence, degree)
                                        ? TpSequence::kSharded
                                        : TpSequence::kWhole);
@@ -76,8 +77,8 @@ std::vector<std::string> tp_banned_seeds(const CompileOptions& options, const Pa
   for (const TpRegion& r : found.regions) {
     const auto why = refused.find(r.name);
     if (why == refused.end()) continue;
-    tell(options, CompileMessage::kNote, "tensor-parallel region " + quote(r.name) + " stays whole on every TP rank (" +
-                                             why->second + ")");
+    tell(options, CompileMessage::kNote,
+         "tensor-parallel region " + quote(r.name) + " stays whole on every TP rank (" + why->second + ")");
     for (TaskId t : tp_region_seeds(r)) banned.push_back(model.graph.task(t).name);
   }
   return banned;

@@ -200,9 +200,6 @@ class Importer {
     }
   }
 
-
-
-
   // "'', 'com.microsoft'": the domains opset_import declares, for messages.
   std::string imported_domains() const {
     std::string out;
@@ -484,7 +481,6 @@ class Importer {
   ImportedModel result_;
 };
 
-
 }  // namespace
 
 ImportedModel import_model_bytes(const std::string& bytes, const fs::path& base_dir, const std::string& display_name,
@@ -524,6 +520,5 @@ MissingInterface missing_interface(const onnx::ModelProto& model, const std::vec
     if (!has_out.count(v)) missing.outputs.push_back(v);
   return missing;
 }
-
 
 }  // namespace apart

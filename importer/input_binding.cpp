@@ -43,18 +43,20 @@ class InputBinder {
           if (declared.dims[i] >= 0 && declared.dims[i] != v.shape[i]) same_shape = false;
         if (!same_type || !same_shape)
           throw InvalidModel("initializer " + quote(in.name()) + " (" + std::string(dtype_name(v.dtype)) + " [" +
-                             shape_string(v.shape) + "]) shadows the graph input of the same name, declared with a different " +
+                             shape_string(v.shape) +
+                             "]) shadows the graph input of the same name, declared with a different " +
                              (same_type ? "shape" : "type") + "; rename one of them or make them agree");
         continue;
       }
       if (in.type().value_case() == onnx::TypeProto::VALUE_NOT_SET)
-        throw InvalidModel("graph input " + quote(in.name()) + " declares no type (ONNX requires every graph input to " +
-                           "have one); re-export the model");
+        throw InvalidModel("graph input " + quote(in.name()) +
+                           " declares no type (ONNX requires every graph input to " + "have one); re-export the model");
       Value v;
       v.name = in.name();
       v.kind = ValueKind::kInput;
       if (!declared.is_tensor) {
-        result_.warnings.push_back("graph input " + quote(in.name()) + " is not a tensor (sequence/map/optional); its size is unknown");
+        result_.warnings.push_back("graph input " + quote(in.name()) +
+                                   " is not a tensor (sequence/map/optional); its size is unknown");
         graph().mark_graph_input(graph().add_value(std::move(v)));
         continue;
       }
@@ -75,7 +77,8 @@ class InputBinder {
           auto* dim = shape->mutable_dim(i);
           if (dim->has_dim_value() && dim->dim_value() != dims[i])
             throw InvalidArgument(flag + " sets dim " + std::to_string(i) + " of " + quote(in.name()) + " to " +
-                                  std::to_string(dims[i]) + ", but the model fixes it at " + std::to_string(dim->dim_value()));
+                                  std::to_string(dims[i]) + ", but the model fixes it at " +
+                                  std::to_string(dim->dim_value()));
           if (dim->has_dim_param()) {
             bind(dim->dim_param(), dims[i], flag);
           } else if (!dim->has_dim_value()) {
@@ -88,7 +91,8 @@ class InputBinder {
           auto* dim = shape->mutable_dim(i);
           if (dim->has_dim_value()) {
             if (dim->dim_value() < 0)
-              throw InvalidModel("graph input " + quote(in.name()) + " has a negative dim " + std::to_string(dim->dim_value()));
+              throw InvalidModel("graph input " + quote(in.name()) + " has a negative dim " +
+                                 std::to_string(dim->dim_value()));
             continue;
           }
           if (dim->has_dim_param()) {
@@ -98,9 +102,10 @@ class InputBinder {
             const std::string& name = scaled ? scaled->second : dim->dim_param();
             auto bound = dims_.find(name);
             if (bound == dims_.end())
-              throw InvalidArgument("dynamic dim " + quote(dim->dim_param()) + " of input " + quote(in.name()) + " (axis " +
-                                    std::to_string(i) + ") is not bound: pass " + dim_flags_needed(*shape) +
-                                    ", or the input's whole shape, --shape " + printable(in.name()) + ":" + example_shape(*shape));
+              throw InvalidArgument("dynamic dim " + quote(dim->dim_param()) + " of input " + quote(in.name()) +
+                                    " (axis " + std::to_string(i) + ") is not bound: pass " + dim_flags_needed(*shape) +
+                                    ", or the input's whole shape, --shape " + printable(in.name()) + ":" +
+                                    example_shape(*shape));
             used_dims.insert(name);
             const std::string source = name == batch_flag_dim_ ? "--batch " + std::to_string(bound->second)
                                                                : "--dim " + name + "=" + std::to_string(bound->second);
@@ -113,8 +118,9 @@ class InputBinder {
             result_.bindings.push_back({in.name() + "[0]", options_.batch, source});
             dim->set_dim_value(options_.batch);
           } else {
-            throw InvalidArgument("input " + quote(in.name()) + " has an unnamed dynamic dim at axis " + std::to_string(i) +
-                                  ": pass its whole shape, --shape " + printable(in.name()) + ":" + example_shape(*shape));
+            throw InvalidArgument("input " + quote(in.name()) + " has an unnamed dynamic dim at axis " +
+                                  std::to_string(i) + ": pass its whole shape, --shape " + printable(in.name()) + ":" +
+                                  example_shape(*shape));
           }
         }
       } else {
@@ -132,12 +138,15 @@ class InputBinder {
       for (const auto& in : g.input())
         if (!graph().find_value(in.name()) || graph().value(*graph().find_value(in.name())).kind == ValueKind::kInput)
           names += (names.empty() ? "" : ", ") + in.name();
-      throw InvalidArgument("--shape names " + quote(name) + ", which is not an input of the model; its inputs are: " + names);
+      throw InvalidArgument("--shape names " + quote(name) +
+                            ", which is not an input of the model; its inputs are: " + names);
     }
     if (!rule.input.empty()) {
       const Value& first = graph().value(*graph().find_value(rule.input));
-      if (!rule.symbol.empty()) result_.batch = bound_.count(rule.symbol) ? bound_.at(rule.symbol) : 0;
-      else if (first.shape_known && !first.shape.empty()) result_.batch = first.shape[0];
+      if (!rule.symbol.empty())
+        result_.batch = bound_.count(rule.symbol) ? bound_.at(rule.symbol) : 0;
+      else if (first.shape_known && !first.shape.empty())
+        result_.batch = first.shape[0];
       result_.batch_dim = !rule.symbol.empty() ? rule.symbol : rule.fixed < 0 ? rule.input + "[0]" : "";
       result_.batch_from_flag = !batch_flag_dim_.empty() || unnamed_batch_;
     }
@@ -159,14 +168,15 @@ class InputBinder {
     for (auto& o : *g.mutable_output()) substitute(o);
     for (auto& vi : *g.mutable_value_info()) substitute(vi);
   }
+
  private:
   TaskGraph& graph() { return result_.graph; }
 
   // The batch dim by the kBatchDimNames rule (importer.h), among the graph inputs that are not initializers.
   struct BatchRule {
-    std::string input;         // "" = no input with a leading dim
-    std::string symbol;        // its dim_param; "" when unnamed or static
-    int64_t fixed = -1;        // the model's own size, -1 when dynamic
+    std::string input;   // "" = no input with a leading dim
+    std::string symbol;  // its dim_param; "" when unnamed or static
+    int64_t fixed = -1;  // the model's own size, -1 when dynamic
   };
   BatchRule find_batch_dim(const onnx::GraphProto& g) {
     std::vector<const onnx::ValueInfoProto*> inputs;
@@ -200,7 +210,8 @@ class InputBinder {
     if (rule.fixed >= 0) {
       if (rule.fixed != batch && options_.batch_explicit)
         throw InvalidArgument("input " + quote(rule.input) + " has a static batch of " + std::to_string(rule.fixed) +
-                              "; run with --batch " + std::to_string(rule.fixed) + " (or export the model with a dynamic batch)");
+                              "; run with --batch " + std::to_string(rule.fixed) +
+                              " (or export the model with a dynamic batch)");
       return;
     }
     if (!rule.symbol.empty()) {
@@ -231,8 +242,6 @@ class InputBinder {
     unnamed_batch_ = true;  // add_graph_inputs binds the unnamed leading dims
   }
 
-
-
   // "<k>*<name>" with k a positive integer → {k, name}; anything else → nullopt.
   static std::optional<std::pair<int64_t, std::string>> parse_scaled_dim(const std::string& param) {
     const size_t star = param.find('*');
@@ -248,8 +257,8 @@ class InputBinder {
   }
 
   static int64_t checked_scaled_dim(int64_t k, int64_t value, const std::string& source) {
-    if (value > 0 && k > INT64_MAX / value) throw InvalidArgument(source + ": " + std::to_string(k) + "×" +
-                                                                  std::to_string(value) + " overflows 64 bits");
+    if (value > 0 && k > INT64_MAX / value)
+      throw InvalidArgument(source + ": " + std::to_string(k) + "×" + std::to_string(value) + " overflows 64 bits");
     return k * value;
   }
 
@@ -286,9 +295,10 @@ class InputBinder {
       if (names.count(name)) continue;
       std::string list;
       for (const auto& p : names) list += (list.empty() ? "" : ", ") + printable(p);
-      throw InvalidArgument("--dim " + printable(name) + "=" + std::to_string(value) + ": the model has no dim " + quote(name) +
-                            (list.empty() ? std::string(" (its inputs have no named dynamic dims; use --shape NAME:D0xD1x…)")
-                                          : "; its dims are: " + list));
+      throw InvalidArgument(
+          "--dim " + printable(name) + "=" + std::to_string(value) + ": the model has no dim " + quote(name) +
+          (list.empty() ? std::string(" (its inputs have no named dynamic dims; use --shape NAME:D0xD1x…)")
+                        : "; its dims are: " + list));
     }
   }
 
@@ -311,10 +321,14 @@ class InputBinder {
     for (int i = 0; i < shape.dim_size(); ++i) {
       if (i) s += 'x';
       const auto& d = shape.dim(i);
-      if (d.has_dim_value()) s += std::to_string(d.dim_value());
-      else if (!d.has_dim_param()) s += "<axis" + std::to_string(i) + ">";
-      else if (const auto v = dim_flag_value(d.dim_param())) s += std::to_string(*v);
-      else s += "<" + printable(d.dim_param()) + ">";
+      if (d.has_dim_value())
+        s += std::to_string(d.dim_value());
+      else if (!d.has_dim_param())
+        s += "<axis" + std::to_string(i) + ">";
+      else if (const auto v = dim_flag_value(d.dim_param()))
+        s += std::to_string(*v);
+      else
+        s += "<" + printable(d.dim_param()) + ">";
     }
     return s;
   }

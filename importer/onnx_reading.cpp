@@ -29,15 +29,23 @@ constexpr int kNodeMetadataPropsField = 9;
 
 int64_t typed_field_count(const onnx::TensorProto& t) {
   switch (t.data_type()) {
-    case onnx::TensorProto::FLOAT: return t.float_data_size();
-    case onnx::TensorProto::COMPLEX64: return t.float_data_size() / 2;
-    case onnx::TensorProto::DOUBLE: return t.double_data_size();
-    case onnx::TensorProto::COMPLEX128: return t.double_data_size() / 2;
-    case onnx::TensorProto::INT64: return t.int64_data_size();
+    case onnx::TensorProto::FLOAT:
+      return t.float_data_size();
+    case onnx::TensorProto::COMPLEX64:
+      return t.float_data_size() / 2;
+    case onnx::TensorProto::DOUBLE:
+      return t.double_data_size();
+    case onnx::TensorProto::COMPLEX128:
+      return t.double_data_size() / 2;
+    case onnx::TensorProto::INT64:
+      return t.int64_data_size();
     case onnx::TensorProto::UINT32:
-    case onnx::TensorProto::UINT64: return t.uint64_data_size();
-    case onnx::TensorProto::STRING: return t.string_data_size();
-    default: return t.int32_data_size();  // int8/16/32, uint8/16, bool, float16, bfloat16
+    case onnx::TensorProto::UINT64:
+      return t.uint64_data_size();
+    case onnx::TensorProto::STRING:
+      return t.string_data_size();
+    default:
+      return t.int32_data_size();  // int8/16/32, uint8/16, bool, float16, bfloat16
   }
 }
 
@@ -48,8 +56,9 @@ int64_t typed_field_count(const onnx::TensorProto& t) {
 void parse_model_bytes(const std::string& bytes, const std::string& display_name, onnx::ModelProto& model) {
   if (bytes.empty()) throw InvalidModel(display_name + " is empty (0 bytes); expected an ONNX model");
   if (bytes.size() > static_cast<size_t>(INT_MAX))
-    throw Unsupported(display_name + " is over 2 GiB: a protobuf message cannot be that large; save the model with "
-                                     "its weights as external data (onnx.save(..., save_as_external_data=True))");
+    throw Unsupported(display_name +
+                      " is over 2 GiB: a protobuf message cannot be that large; save the model with "
+                      "its weights as external data (onnx.save(..., save_as_external_data=True))");
   const auto parse = [&](onnx::ModelProto& into, int recursion_limit) {
     google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
     google::protobuf::io::CodedInputStream coded(&raw);
@@ -64,7 +73,8 @@ void parse_model_bytes(const std::string& bytes, const std::string& display_name
   if (parse(probe, kDiagnosticMessageNesting))
     throw Unsupported(display_name + " nests messages deeper than the " + std::to_string(kMaxMessageNesting) +
                       " levels apart reads (protobuf's recursion limit): every If/Loop/Scan body inside another "
-                      "takes 3 levels, so about " + std::to_string((kMaxMessageNesting - 4) / 3) +
+                      "takes 3 levels, so about " +
+                      std::to_string((kMaxMessageNesting - 4) / 3) +
                       " nested bodies fit; flatten the nested control flow (e.g. fold constant If conditions with "
                       "onnxsim) and export again");
   throw InvalidModel(display_name + " is not a valid ONNX protobuf (truncated or not an .onnx file)");
@@ -84,8 +94,9 @@ std::string read_model_file(const fs::path& path) {
   const auto size = fs::file_size(path, ec);
   if (!ec) {
     if (size > static_cast<uintmax_t>(INT_MAX))
-      throw Unsupported(quote(path.string()) + " is over 2 GiB: a protobuf message cannot be that large; save the model with "
-                                               "its weights as external data (onnx.save(..., save_as_external_data=True))");
+      throw Unsupported(quote(path.string()) +
+                        " is over 2 GiB: a protobuf message cannot be that large; save the model with "
+                        "its weights as external data (onnx.save(..., save_as_external_data=True))");
     bytes.resize(size);
     in.read(bytes.data(), static_cast<std::streamsize>(size));
     if (static_cast<uintmax_t>(in.gcount()) != size) throw SystemError("could not read all of " + quote(path.string()));
@@ -98,7 +109,6 @@ std::string read_model_file(const fs::path& path) {
 std::string node_label(const onnx::NodeProto& node, int index) {
   return node.name().empty() ? node.op_type() + "_" + std::to_string(index) : node.name();
 }
-
 
 std::string metadata_scope(const onnx::NodeProto& node) {
   std::string name_scopes, namespace_value;
@@ -116,7 +126,6 @@ std::string metadata_scope(const onnx::NodeProto& node) {
 }
 
 // --- Tensors ---------------------------------------------------------------------
-
 
 std::optional<std::vector<int64_t>> tensor_ints(const onnx::TensorProto& t, int64_t elements) {
   if (elements > kKnownIntsLimit || t.data_location() == onnx::TensorProto::EXTERNAL) return std::nullopt;
@@ -147,22 +156,25 @@ std::optional<std::vector<int64_t>> tensor_ints(const onnx::TensorProto& t, int6
       if (t.has_raw_data()) return read_raw(uint8_t{}) ? std::optional(out) : std::nullopt;
       if (t.int32_data_size() != elements) return std::nullopt;
       return std::vector<int64_t>(t.int32_data().begin(), t.int32_data().end());
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
-
 
 TensorInfo check_tensor(const onnx::TensorProto& t, const std::string& what) {
   TensorInfo info;
   auto dt = dtype_from_onnx(t.data_type());
   if (!dt || *dt == DType::kUndefined)
-    throw InvalidModel(what + " has data_type " + std::to_string(t.data_type()) + ", which is not a valid ONNX element type");
+    throw InvalidModel(what + " has data_type " + std::to_string(t.data_type()) +
+                       ", which is not a valid ONNX element type");
   info.dtype = *dt;
   info.dims.assign(t.dims().begin(), t.dims().end());
   for (int64_t d : info.dims)
-    if (d < 0) throw InvalidModel(what + " has a negative dim (" + std::to_string(d) + ") in shape " + shape_string(info.dims));
+    if (d < 0)
+      throw InvalidModel(what + " has a negative dim (" + std::to_string(d) + ") in shape " + shape_string(info.dims));
   auto n = checked_element_count(info.dims);
-  if (!n) throw InvalidModel(what + " has shape [" + shape_string(info.dims) + "], whose element count overflows 64 bits");
+  if (!n)
+    throw InvalidModel(what + " has shape [" + shape_string(info.dims) + "], whose element count overflows 64 bits");
   info.elements = *n;
   const int64_t esize = dtype_size(info.dtype);
   if (esize > 0 && __builtin_mul_overflow(info.elements, esize, &info.bytes))
@@ -184,10 +196,13 @@ TensorInfo check_tensor(const onnx::TensorProto& t, const std::string& what) {
 
 void set_value_size(Value& v) {
   auto n = checked_element_count(v.shape);
-  if (!n) throw InvalidModel("value " + quote(v.name) + " has shape [" + shape_string(v.shape) + "], whose element count overflows 64 bits");
+  if (!n)
+    throw InvalidModel("value " + quote(v.name) + " has shape [" + shape_string(v.shape) +
+                       "], whose element count overflows 64 bits");
   int64_t bytes = 0;
   if (__builtin_mul_overflow(*n, dtype_size(v.dtype), &bytes))
-    throw InvalidModel("value " + quote(v.name) + " has shape [" + shape_string(v.shape) + "], whose byte size overflows 64 bits");
+    throw InvalidModel("value " + quote(v.name) + " has shape [" + shape_string(v.shape) +
+                       "], whose byte size overflows 64 bits");
   v.shape_known = true;
   v.elements = *n;
   v.bytes = bytes;
@@ -204,7 +219,6 @@ void drop_tensor_data(onnx::TensorProto& t) {
 }
 
 // --- Types from value_info -----------------------------------------------------
-
 
 DeclaredType declared_type(const onnx::ValueInfoProto& vi) {
   DeclaredType d;
@@ -251,9 +265,18 @@ Attribute convert_attribute(const onnx::AttributeProto& a) {
   Attribute out;
   out.name = a.name();
   switch (a.type()) {
-    case onnx::AttributeProto::INT: out.type = Attribute::Type::kInt; out.i = a.i(); break;
-    case onnx::AttributeProto::FLOAT: out.type = Attribute::Type::kFloat; out.f = a.f(); break;
-    case onnx::AttributeProto::STRING: out.type = Attribute::Type::kString; out.s = a.s(); break;
+    case onnx::AttributeProto::INT:
+      out.type = Attribute::Type::kInt;
+      out.i = a.i();
+      break;
+    case onnx::AttributeProto::FLOAT:
+      out.type = Attribute::Type::kFloat;
+      out.f = a.f();
+      break;
+    case onnx::AttributeProto::STRING:
+      out.type = Attribute::Type::kString;
+      out.s = a.s();
+      break;
     case onnx::AttributeProto::INTS:
       out.type = Attribute::Type::kInts;
       out.ints.assign(a.ints().begin(), a.ints().end());
@@ -262,22 +285,29 @@ Attribute convert_attribute(const onnx::AttributeProto& a) {
       out.type = Attribute::Type::kFloats;
       out.floats.assign(a.floats().begin(), a.floats().end());
       break;
-    case onnx::AttributeProto::STRINGS: out.type = Attribute::Type::kStrings; break;
-    case onnx::AttributeProto::TENSOR: out.type = Attribute::Type::kTensor; break;
+    case onnx::AttributeProto::STRINGS:
+      out.type = Attribute::Type::kStrings;
+      break;
+    case onnx::AttributeProto::TENSOR:
+      out.type = Attribute::Type::kTensor;
+      break;
     case onnx::AttributeProto::GRAPH:
-    case onnx::AttributeProto::GRAPHS: out.type = Attribute::Type::kGraph; break;
-    default: out.type = Attribute::Type::kOther; break;
+    case onnx::AttributeProto::GRAPHS:
+      out.type = Attribute::Type::kGraph;
+      break;
+    default:
+      out.type = Attribute::Type::kOther;
+      break;
   }
   return out;
 }
-
-
 
 void require_utf8_value_info(const onnx::ValueInfoProto& vi, const std::string& what, const std::string& where) {
   require_utf8(vi.name(), [&] { return "the name of " + what + where; });
   if (!vi.has_type() || !vi.type().has_tensor_type() || !vi.type().tensor_type().has_shape()) return;
   for (const auto& d : vi.type().tensor_type().shape().dim())
-    if (d.has_dim_param()) require_utf8(d.dim_param(), [&] { return "a dim_param of " + what + " " + quote(vi.name()) + where; });
+    if (d.has_dim_param())
+      require_utf8(d.dim_param(), [&] { return "a dim_param of " + what + " " + quote(vi.name()) + where; });
 }
 
 void require_utf8_names(const onnx::GraphProto& g, const std::string& where) {
@@ -288,7 +318,8 @@ void require_utf8_names(const onnx::GraphProto& g, const std::string& where) {
   for (int i = 0; i < g.initializer_size(); ++i)
     require_utf8(g.initializer(i).name(), [&] { return "the name of " + nth("initializer", i) + where; });
   for (int i = 0; i < g.sparse_initializer_size(); ++i)
-    require_utf8(g.sparse_initializer(i).values().name(), [&] { return "the name of " + nth("sparse initializer", i) + where; });
+    require_utf8(g.sparse_initializer(i).values().name(),
+                 [&] { return "the name of " + nth("sparse initializer", i) + where; });
   for (int i = 0; i < g.node_size(); ++i) {
     const auto& n = g.node(i);
     require_utf8(n.op_type(), [&] { return "the op_type of " + nth("node", i) + where; });

@@ -68,8 +68,10 @@ DeclaredType declared_type(const onnx::ValueInfoProto& vi);
 template <class What>
 void require_utf8(const std::string& s, const What& what) {
   if (!is_utf8(s))
-    throw InvalidModel(what() + " is not valid UTF-8: " + quote(s) + " (the bytes that are not are shown as \\xNN); ONNX "
-                       "names must be UTF-8: rename it in the exporter, or with the onnx Python package, and save again");
+    throw InvalidModel(
+        what() + " is not valid UTF-8: " + quote(s) +
+        " (the bytes that are not are shown as \\xNN); ONNX "
+        "names must be UTF-8: rename it in the exporter, or with the onnx Python package, and save again");
 }
 
 void require_utf8_value_info(const onnx::ValueInfoProto& vi, const std::string& what, const std::string& where);

@@ -351,8 +351,9 @@ void attention_inference(InferenceContext& ctx) {
   set_output_dims(ctx, 0,
                   four_d ? std::vector<int64_t>{batch, q_heads, q_seq, v_head}
                          : std::vector<int64_t>{batch, q_seq, v_head < 0 ? -1 : q_heads * v_head});
-  keep_dim_symbols(ctx, 0, four_d ? std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}, {2, 0, 2}, {3, 2, 3}}
-                                  : std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}});
+  keep_dim_symbols(ctx, 0,
+                   four_d ? std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}, {2, 0, 2}, {3, 2, 3}}
+                          : std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}});
   const size_t kv_axis = four_d ? 1 : 0;  // a kv-head count only 4-D inputs hold as a dim
   if (ctx.getNumOutputs() > 1 && ctx.getOutputType(1) != nullptr) {
     set_output_dims(ctx, 1, {batch, kv_heads, total, k_head});
@@ -364,8 +365,9 @@ void attention_inference(InferenceContext& ctx) {
   }
   if (ctx.getNumOutputs() > 3 && ctx.getOutputType(3) != nullptr) {
     set_output_dims(ctx, 3, {batch, q_heads, q_seq, total});
-    keep_dim_symbols(ctx, 3, four_d ? std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}, {2, 0, 2}}
-                                    : std::vector<std::array<size_t, 3>>{{0, 0, 0}, {2, 0, 1}});
+    keep_dim_symbols(ctx, 3,
+                     four_d ? std::vector<std::array<size_t, 3>>{{0, 0, 0}, {1, 0, 1}, {2, 0, 2}}
+                            : std::vector<std::array<size_t, 3>>{{0, 0, 0}, {2, 0, 1}});
   }
 }
 

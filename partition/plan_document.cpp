@@ -148,8 +148,13 @@ PlanDocument plan_document(const Plan& plan, const TaskGraph& graph, const PlanM
 }
 
 PlanTpRegion plan_tp_region(const TpRegion& r, const TaskGraph& graph, bool layout) {
-  PlanTpRegion region{r.kind, r.name, static_cast<int64_t>(r.tasks.size()), r.degrees, r.bounded_by,
-                      graph.value(r.end_value).name, r.end_bytes_per_sample};
+  PlanTpRegion region{r.kind,
+                      r.name,
+                      static_cast<int64_t>(r.tasks.size()),
+                      r.degrees,
+                      r.bounded_by,
+                      graph.value(r.end_value).name,
+                      r.end_bytes_per_sample};
   if (!layout) return region;
   auto task_names = [&](const std::vector<TaskId>& tasks) {
     std::vector<std::string> names;

@@ -380,13 +380,17 @@ OpEfficiency default_efficiency(OpClass c, const Device& device) {
   // Small kernels are governed by the per-kernel overhead, added on top (Device::kernel_overhead_s).
   const bool datasheet = !device.measured;
   switch (c) {
-    case OpClass::kMatMul: return {datasheet ? 0.665 : 0.70, datasheet ? 0.65 : 0.80};
-    case OpClass::kElementwise: return {0.50, datasheet ? 0.60 : 0.80};
+    case OpClass::kMatMul:
+      return {datasheet ? 0.665 : 0.70, datasheet ? 0.65 : 0.80};
+    case OpClass::kElementwise:
+      return {0.50, datasheet ? 0.60 : 0.80};
     case OpClass::kNormalization:
     case OpClass::kSoftmax:
-    case OpClass::kReduction: return {0.40, datasheet ? 0.35 : 0.60};
+    case OpClass::kReduction:
+      return {0.40, datasheet ? 0.35 : 0.60};
     case OpClass::kPool: return {0.40, 0.60};
-    case OpClass::kDataMovement: return {0.50, datasheet ? 0.60 : 0.50};
+    case OpClass::kDataMovement:
+      return {0.50, datasheet ? 0.60 : 0.50};
     case OpClass::kView: return {1.0, 1.0};
     case OpClass::kOpaque: return {0.30, 0.50};
   }

@@ -278,15 +278,18 @@ int64_t resume_training(const TrainOptions& options, const std::vector<std::stri
   std::map<std::string, Tensor> by_name;
   std::vector<std::pair<std::string, Tensor>> state;
   for (auto& [name, t] : ck.tensors) {
-    if (name.rfind("param/", 0) == 0) by_name[name.substr(6)] = std::move(t);
-    else if (name.rfind("optim/", 0) == 0) state.emplace_back(name.substr(6), std::move(t));
+    if (name.rfind("param/", 0) == 0)
+      by_name[name.substr(6)] = std::move(t);
+    else if (name.rfind("optim/", 0) == 0)
+      state.emplace_back(name.substr(6), std::move(t));
   }
   for (size_t i = 0; i < names.size(); ++i) {
     auto it = by_name.find(names[i]);
-    if (it == by_name.end()) throw InvalidArgument(where + " has no values for param '" + names[i] + "' (another model?)");
+    if (it == by_name.end())
+      throw InvalidArgument(where + " has no values for param '" + names[i] + "' (another model?)");
     if (it->second.shape() != params[i]->shape() || it->second.dtype() != params[i]->dtype())
-      throw InvalidArgument(where + ": param '" + names[i] + "' is " + shape_string(it->second.shape()) + ", the model's is " +
-                            shape_string(params[i]->shape()));
+      throw InvalidArgument(where + ": param '" + names[i] + "' is " + shape_string(it->second.shape()) +
+                            ", the model's is " + shape_string(params[i]->shape()));
     backend.copy(it->second, *params[i]);
   }
   for (const auto& [name, t] : state) {
@@ -298,9 +301,9 @@ int64_t resume_training(const TrainOptions& options, const std::vector<std::stri
   // Skipped steps (loss scaling) do not count as the optimizer's: Adam's t is its own count.
   optimizer.restore(ck.meta.value("optimizer_steps", ck.step), std::move(state));
   scaler.load(ck.meta);
-  schedule.total_steps = resumed_lr_schedule_steps(options.schedule, options.steps,
-                                                   ck.meta.value("lr_schedule_steps", ck.meta.value("steps", options.steps)),
-                                                   options.on_note);
+  schedule.total_steps = resumed_lr_schedule_steps(
+      options.schedule, options.steps, ck.meta.value("lr_schedule_steps", ck.meta.value("steps", options.steps)),
+      options.on_note);
   return ck.step;
 }
 

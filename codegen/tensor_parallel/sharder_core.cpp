@@ -194,7 +194,8 @@ void Sharder::fill_unknown_dims(const onnx::ModelProto& stage) {
     for (size_t a = 0; a < one.size(); ++a) {
       auto* d = shape->mutable_dim(static_cast<int>(a));
       if (!unknown_dim(*d)) continue;
-      if (two->second[a] == one[a]) d->set_dim_value(one[a]);
+      if (two->second[a] == one[a])
+        d->set_dim_value(one[a]);
       else if (two->second[a] == 2 * one[a])
         d->set_dim_param(one[a] == 1 ? batch_symbol_ : std::to_string(one[a]) + "*" + batch_symbol_);
     }

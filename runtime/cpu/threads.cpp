@@ -39,7 +39,8 @@ void set_compute_threads(int threads) {
 void parallel_for(int64_t n, int64_t cost_per_item, const std::function<void(int64_t, int64_t)>& body) {
   constexpr int64_t kMinWorkPerThread = 1 << 16;
   const int64_t hw = compute_threads();
-  const int64_t threads = std::min<int64_t>({hw, n, std::max<int64_t>(1, n * std::max<int64_t>(cost_per_item, 1) / kMinWorkPerThread)});
+  const int64_t threads =
+      std::min<int64_t>({hw, n, std::max<int64_t>(1, n * std::max<int64_t>(cost_per_item, 1) / kMinWorkPerThread)});
   if (threads <= 1) {
     if (n > 0) body(0, n);
     return;

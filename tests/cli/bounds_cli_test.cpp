@@ -34,13 +34,14 @@ TEST(BoundedWork, PartitionRefusesAbsurdFlagsNamingTheFlagAndItsRange) {
   const auto start = std::chrono::steady_clock::now();
   // Was > 30 s with no progress.
   expect_refused_with_code(run_bounded("partition " + model + " --batch 1099511627776" + out), 2,
-                 "--batch must be an integer in [1, 16777216] (got 1099511627776)");
+                           "--batch must be an integer in [1, 16777216] (got 1099511627776)");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
   expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --time-limit nan" + out), 2, "--time-limit");
   // Was "got -2147483648".
   expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --devices 99999999999" + out), 2,
-                 "--devices must be an integer in [1, 1048576] (got 99999999999)");
-  expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --microbatches 64" + out), 2, "--microbatches");
+                           "--devices must be an integer in [1, 1048576] (got 99999999999)");
+  expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --microbatches 64" + out), 2,
+                           "--microbatches");
   expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --stages 99999999999" + out), 2, "--stages");
   expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --dim batch=0" + out), 2, "--dim 'batch=0'");
   EXPECT_FALSE(fs::exists(dir / "plan"));
@@ -55,19 +56,23 @@ TEST(BoundedWork, PartitionRefusesAbsurdCostsAndClusterFilesNamingTheField) {
   std::ifstream(dir / "c.json") >> costs;
   costs["tasks"][0]["forward_s"] = 1e308;
   std::ofstream(dir / "huge.json") << costs.dump();
-  expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --profile " + (dir / "huge.json").string() + out), 2,
-                 "forward_s must be a finite number in [0, 32000000] (got 1e+308)");
+  expect_refused_with_code(
+      run_bounded("partition " + model + " --batch 8 --profile " + (dir / "huge.json").string() + out), 2,
+      "forward_s must be a finite number in [0, 32000000] (got 1e+308)");
   costs["tasks"][0]["forward_s"] = 0.001;
   costs["tasks"][0]["saved_bytes"] = 1e300;  // was a negative stage memory that "fit"
   std::ofstream(dir / "saved.json") << costs.dump();
-  expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --profile " + (dir / "saved.json").string() + out), 2,
-                 "saved_bytes must be a finite number in [0, 1152921504606846976]");
+  expect_refused_with_code(
+      run_bounded("partition " + model + " --batch 8 --profile " + (dir / "saved.json").string() + out), 2,
+      "saved_bytes must be a finite number in [0, 1152921504606846976]");
   std::ofstream(dir / "k.json") << R"({"device": "a100-80gb", "devices": 7.5})";
-  expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --cluster " + (dir / "k.json").string() + out), 2,
-                 "devices must be an integer in [1, 1048576] (got 7.5)");
+  expect_refused_with_code(
+      run_bounded("partition " + model + " --batch 8 --cluster " + (dir / "k.json").string() + out), 2,
+      "devices must be an integer in [1, 1048576] (got 7.5)");
   std::ofstream(dir / "k.json", std::ios::trunc) << R"({"device": {"base": "a100-80gb", "kernel_overhead_s": -1}})";
-  expect_refused_with_code(run_bounded("partition " + model + " --batch 8 --cluster " + (dir / "k.json").string() + out), 2,
-                 "device.kernel_overhead_s");
+  expect_refused_with_code(
+      run_bounded("partition " + model + " --batch 8 --cluster " + (dir / "k.json").string() + out), 2,
+      "device.kernel_overhead_s");
   EXPECT_FALSE(fs::exists(dir / "plan"));
 }
 
@@ -88,7 +93,8 @@ TEST(BoundedWork, ReportAndSimulateRefuseAbsurdPlansBeforeAnyWork) {
   json plan = chain_plan(2);
   plan["stages"][0]["forward_s"] = 1e308;  // report grew ~100 MB/s; simulate printed inf/-nan, exit 0
   std::ofstream(dir / "p" / "plan.json") << plan.dump();
-  expect_refused_with_code(run_bounded("report " + (dir / "p").string()), 3, "stages[0].forward_s must be a finite number in [0, 32000000]");
+  expect_refused_with_code(run_bounded("report " + (dir / "p").string()), 3,
+                           "stages[0].forward_s must be a finite number in [0, 32000000]");
   expect_refused_with_code(run_bounded("simulate " + (dir / "p").string()), 3, "stages[0].forward_s");
   plan = chain_plan(2);
   plan["training"]["microbatches"] = 1e9;  // reached 12.6 GB in 16 s
@@ -126,7 +132,8 @@ TEST(BoundedWork, ExternalDataThatIsNotARegularFileIsRefusedWithoutOpeningIt) {
   const std::string model = (dir / "m.onnx").string();
   // Accepted by inspect/partition, and `train` hung for ever reading the FIFO.
   expect_refused_with_code(run_bounded("inspect " + model + " --dim batch=2"), 3, "'w.bin' is not a regular file");
-  expect_refused_with_code(run_bounded("partition " + model + " --batch 4 -o " + (dir / "plan").string()), 3, "is not a regular file");
+  expect_refused_with_code(run_bounded("partition " + model + " --batch 4 -o " + (dir / "plan").string()), 3,
+                           "is not a regular file");
   expect_refused_with_code(run_bounded("train " + model + " --steps 1 --batch 2"), 3, "is not a regular file");
 }
 

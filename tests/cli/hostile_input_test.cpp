@@ -90,7 +90,8 @@ fs::path relu_of(const TempDir& dir, std::initializer_list<apart::testing::Dim> 
 // A plan folder of the tiny MLP planned by apart itself, to damage.
 fs::path planned(const TempDir& dir) {
   const fs::path model = save(dir, mlp(), "planned.onnx");
-  const CommandRun r = apart::testing::run_apart("partition " + quoted(model) + kHostilePlanFlags + " -o " + quoted(dir / "plan"));
+  const CommandRun r =
+      apart::testing::run_apart("partition " + quoted(model) + kHostilePlanFlags + " -o " + quoted(dir / "plan"));
   if (r.code != 0) ADD_FAILURE() << "planning the tiny MLP failed: " << r.out;
   return dir / "plan";
 }
@@ -106,13 +107,26 @@ struct Hostile {
 const std::vector<Hostile>& cases() {
   static const std::vector<Hostile> all = {
       // The file itself.
-      {"AnEmptyModel", [](const TempDir& d) { write(d / "m.onnx", ""); return partition_hostile(d, d / "m.onnx"); }, 3, "empty"},
-      {"ADirectoryAsTheModel", [](const TempDir& d) { fs::create_directory(d / "m.onnx"); return partition_hostile(d, d / "m.onnx"); },
+      {"AnEmptyModel",
+       [](const TempDir& d) {
+         write(d / "m.onnx", "");
+         return partition_hostile(d, d / "m.onnx");
+       },
+       3, "empty"},
+      {"ADirectoryAsTheModel",
+       [](const TempDir& d) {
+         fs::create_directory(d / "m.onnx");
+         return partition_hostile(d, d / "m.onnx");
+       },
        2, "is a directory"},
       {"AFifoAsTheModel",
-       [](const TempDir& d) { ::mkfifo((d / "m.onnx").c_str(), 0600); return partition_hostile(d, d / "m.onnx"); }, 2,
+       [](const TempDir& d) {
+         ::mkfifo((d / "m.onnx").c_str(), 0600);
+         return partition_hostile(d, d / "m.onnx");
+       },
+       2, "not a regular file"},
+      {"DevZeroAsTheModel", [](const TempDir& d) { return partition_hostile(d, "/dev/zero"); }, 2,
        "not a regular file"},
-      {"DevZeroAsTheModel", [](const TempDir& d) { return partition_hostile(d, "/dev/zero"); }, 2, "not a regular file"},
       {"RandomBytes",
        [](const TempDir& d) {
          std::string bytes(4096, '\0');
@@ -203,7 +217,11 @@ const std::vector<Hostile>& cases() {
        },
        4, "99"},
       // Dims.
-      {"AnUnboundDimParam", [](const TempDir& d) { return partition_hostile(d, relu_of(d, {"batch", "seq"})); }, 2, "seq"},
+      {"AnUnboundDimParam",
+       [](const TempDir& d) {
+         return partition_hostile(d, relu_of(d, {"batch", "seq"}));
+       },
+       2, "seq"},
       {"AnInputWithoutAShape",
        [](const TempDir& d) {
          OnnxBuilder b;
@@ -216,12 +234,21 @@ const std::vector<Hostile>& cases() {
        },
        2, "'x'"},
       // -1 is how some exporters write a dynamic dim: it must be given a size, like a named one.
-      {"ANegativeDim", [](const TempDir& d) { return partition_hostile(d, relu_of(d, {"batch", -1})); }, 2,
-       "unnamed dynamic dim at axis 1"},
-      {"AZeroDim", [](const TempDir& d) { return partition_hostile(d, relu_of(d, {"batch", int64_t{0}})); }, 3, "0-sized dim"},
+      {"ANegativeDim",
+       [](const TempDir& d) {
+         return partition_hostile(d, relu_of(d, {"batch", -1}));
+       },
+       2, "unnamed dynamic dim at axis 1"},
+      {"AZeroDim",
+       [](const TempDir& d) {
+         return partition_hostile(d, relu_of(d, {"batch", int64_t{0}}));
+       },
+       3, "0-sized dim"},
       {"DimsWhoseProductOverflows",
-       [](const TempDir& d) { return partition_hostile(d, relu_of(d, {"batch", int64_t{1} << 40, int64_t{1} << 40})); }, 3,
-       "'x'"},
+       [](const TempDir& d) {
+         return partition_hostile(d, relu_of(d, {"batch", int64_t{1} << 40, int64_t{1} << 40}));
+       },
+       3, "'x'"},
       {"RawDataOfTheWrongLength",
        [](const TempDir& d) {
          OnnxBuilder b = mlp();
@@ -230,10 +257,16 @@ const std::vector<Hostile>& cases() {
        },
        3, "'w'"},
       // External data.
-      {"AnAbsoluteExternalDataPath", [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "/etc/passwd"}})); },
+      {"AnAbsoluteExternalDataPath",
+       [](const TempDir& d) {
+         return partition_hostile(d, external(d, {{"location", "/etc/passwd"}}));
+       },
        3, "absolute"},
       {"AnExternalDataPathWithDotDot",
-       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "../w.bin"}})); }, 3, ".."},
+       [](const TempDir& d) {
+         return partition_hostile(d, external(d, {{"location", "../w.bin"}}));
+       },
+       3, ".."},
       {"ANestedExternalDataPathThatClimbsOut",
        [](const TempDir& d) {
          fs::create_directory(d / "a");
@@ -260,26 +293,34 @@ const std::vector<Hostile>& cases() {
        },
        3, "outside"},
       {"ANegativeExternalDataOffset",
-       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "-8"}})); }, 3,
-       "offset"},
+       [](const TempDir& d) {
+         return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "-8"}}));
+       },
+       3, "offset"},
       {"ANonNumericExternalDataOffset",
-       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "12abc"}})); }, 3,
-       "offset"},
+       [](const TempDir& d) {
+         return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "12abc"}}));
+       },
+       3, "offset"},
       {"AHugeExternalDataOffset",
        [](const TempDir& d) {
          return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "99999999999999999999999"}}));
        },
        3, "offset"},
       {"AnExternalDataLengthThatDisagreesWithTheShape",
-       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "w.bin"}, {"length", "40"}})); }, 3,
-       "length"},
+       [](const TempDir& d) {
+         return partition_hostile(d, external(d, {{"location", "w.bin"}, {"length", "40"}}));
+       },
+       3, "length"},
       {"ExternalDataPastTheEndOfItsFile",
        [](const TempDir& d) {
          return partition_hostile(d, external(d, {{"location", "w.bin"}, {"offset", "16"}, {"length", "48"}}));
        },
        3, "w.bin"},
       {"AnUnknownExternalDataKey",
-       [](const TempDir& d) { return partition_hostile(d, external(d, {{"location", "w.bin"}, {"compression", "zstd"}})); },
+       [](const TempDir& d) {
+         return partition_hostile(d, external(d, {{"location", "w.bin"}, {"compression", "zstd"}}));
+       },
        3, "compression"},
       // The other files apart reads.
       {"ATruncatedPlan",
@@ -324,8 +365,8 @@ const std::vector<Hostile>& cases() {
        },
        2, "has format version 4294967295"},
       // Where the output cannot be written: a disk that fills up (a file-size limit: writes fail with EFBIG).
-      {"AnOutputFolderThatFillsUp", [](const TempDir& d) { return partition_hostile(d, save(d, mlp())); }, 6, "failed writing",
-       "trap '' XFSZ; ulimit -f 4; "},
+      {"AnOutputFolderThatFillsUp", [](const TempDir& d) { return partition_hostile(d, save(d, mlp())); }, 6,
+       "failed writing", "trap '' XFSZ; ulimit -f 4; "},
       // Requests that cannot be met.
       {"AModelTooLargeForTheDevices",
        [](const TempDir& d) {
@@ -336,7 +377,8 @@ const std::vector<Hostile>& cases() {
       {"MoreStagesThanTheModelHasTasks",
        [](const TempDir& d) { return partition_hostile(d, save(d, mlp())) + " --stages 3"; }, 5, "--stages 3"},
       {"MoreMicroBatchesThanSamples",
-       [](const TempDir& d) { return partition_hostile(d, save(d, mlp())) + " --microbatches 8"; }, 2, "--microbatches"},
+       [](const TempDir& d) { return partition_hostile(d, save(d, mlp())) + " --microbatches 8"; }, 2,
+       "--microbatches"},
   };
   return all;
 }

@@ -25,14 +25,18 @@ std::string logits_only(const TempDir& dir) {
 TEST(TheLossFlags, AppendALossThatTrainAndPartitionAccept) {
   TempDir dir;
   const std::string model = logits_only(dir);
-  const CommandRun trained = run_loss_cli("train " + model + " --loss cross_entropy --labels labels --steps 2 --batch 2 -q");
+  const CommandRun trained =
+      run_loss_cli("train " + model + " --loss cross_entropy --labels labels --steps 2 --batch 2 -q");
   EXPECT_EQ(trained.code, 0) << trained.out;
   const CommandRun shifted = run_loss_cli("train " + model + " --loss cross_entropy_shifted --steps 2 --batch 2 -q");
   EXPECT_EQ(shifted.code, 0) << shifted.out;
-  const CommandRun planned = run_loss_cli("partition " + model + " --loss cross_entropy --device cpu --devices 2 --batch 4 "
-                                 "--no-baselines -q -o " + (dir / "plan").string());
+  const CommandRun planned = run_loss_cli("partition " + model +
+                                          " --loss cross_entropy --device cpu --devices 2 --batch 4 "
+                                          "--no-baselines -q -o " +
+                                          (dir / "plan").string());
   EXPECT_EQ(planned.code, 0) << planned.out;
-  const CommandRun ran = run_loss_cli("run " + (dir / "plan").string() + " --in-process --steps 1 --loss cross_entropy");
+  const CommandRun ran =
+      run_loss_cli("run " + (dir / "plan").string() + " --in-process --steps 1 --loss cross_entropy");
   EXPECT_EQ(ran.code, 0) << ran.out;
   for (const char* command : {"partition", "train", "run"})
     EXPECT_NE(run_loss_cli(std::string(command) + " --help").out.find("--labels"), std::string::npos) << command;

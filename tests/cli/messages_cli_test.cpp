@@ -199,7 +199,8 @@ TEST(BackendFlags, NameTheKnownBackendsAndPrecisionsAndCudaWithoutAGpuIsUnsuppor
   if (cuda.code == 4) {
     EXPECT_TRUE(cuda.out.find("[Unsupported]") != std::string::npos && cuda.out.find("CUDA") != std::string::npos) << cuda.out;
   }
-  for (const char* command : {"run", "profile"}) EXPECT_NE(run_cli(std::string(command) + " --help").out.find("--backend"), std::string::npos);
+  for (const char* command : {"run", "profile"})
+    EXPECT_NE(run_cli(std::string(command) + " --help").out.find("--backend"), std::string::npos);
 }
 
 TEST(ApartTrain, OnAGraphOnlyExportPointsToInitRandom) {

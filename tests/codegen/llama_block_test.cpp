@@ -66,7 +66,7 @@ Weights block_weights() {
 // `attend` write the three parts that differ.
 struct BlockWriter {
   OnnxBuilder& b;
-  bool any_batch = false;  // reshape targets copy the batch (0) instead of naming it
+  bool any_batch = false;                // reshape targets copy the batch (0) instead of naming it
   std::string cos = "cos", sin = "sin";  // the RoPE caches [B, S, D/2]
   int counter = 0;
   std::string fresh(const std::string& hint) { return hint + "_" + std::to_string(counter++); }
@@ -92,11 +92,11 @@ using Part = std::function<std::string(BlockWriter&, const std::string&)>;
 // `data_inputs`: x and target are graph inputs [batch, S, hidden] (what apart train feeds), else initializers.
 // `any_batch` (with data_inputs): nothing bakes the batch in — reshape targets copy it, the RoPE caches are one row
 // [1, S, D/2] (Constant nodes, as torch exports its buffers) expanded to x's batch by a target computed from Shape(x).
-onnx::ModelProto llama_block(int64_t opset, const Part& norm1, const Part& norm2,
-                             const std::function<std::string(BlockWriter&, const std::string&)>& rope,
-                             const std::function<std::string(BlockWriter&, const std::string&, const std::string&,
-                                                             const std::string&)>& attend,
-                             bool data_inputs = false, bool any_batch = false) {
+onnx::ModelProto llama_block(
+    int64_t opset, const Part& norm1, const Part& norm2,
+    const std::function<std::string(BlockWriter&, const std::string&)>& rope,
+    const std::function<std::string(BlockWriter&, const std::string&, const std::string&, const std::string&)>& attend,
+    bool data_inputs = false, bool any_batch = false) {
   OnnxBuilder b(opset);
   const Weights w = block_weights();
   for (const auto& [name, t] : w.params) b.initializer(t, name);
@@ -120,8 +120,8 @@ onnx::ModelProto llama_block(int64_t opset, const Part& norm1, const Part& norm2
   bw.any_batch = any_batch;
   if (any_batch) {
     const std::string batch = bw.op("Gather", {bw.op("Shape", {"x"}), bw.ints({0})});
-    const std::string target =
-        bw.op("Concat", {batch, bw.ints({kSeq, kHead / 2})}, [](onnx::NodeProto& n) { OnnxBuilder::set_int(n, "axis", 0); });
+    const std::string target = bw.op("Concat", {batch, bw.ints({kSeq, kHead / 2})},
+                                     [](onnx::NodeProto& n) { OnnxBuilder::set_int(n, "axis", 0); });
     bw.cos = bw.op("Expand", {"cos_row", target});
     bw.sin = bw.op("Expand", {"sin_row", target});
   }
@@ -156,7 +156,9 @@ onnx::ModelProto fused_block(bool data_inputs = false, bool any_batch = false) {
   };
   return llama_block(
       23, norm("norm1"), norm("norm2"),
-      [](BlockWriter& bw, const std::string& x) { return bw.op("RotaryEmbedding", {x, bw.cos, bw.sin}); },
+      [](BlockWriter& bw, const std::string& x) {
+        return bw.op("RotaryEmbedding", {x, bw.cos, bw.sin});
+      },
       [](BlockWriter& bw, const std::string& q, const std::string& k, const std::string& v) {
         return bw.op("Attention", {q, k, v}, [](onnx::NodeProto& n) { OnnxBuilder::set_int(n, "is_causal", 1); });
       },
@@ -237,7 +239,8 @@ std::vector<double> sgd_losses(const onnx::ModelProto& forward, int steps) {
 testing::CommandRun plan_tp2(const fs::path& model, const std::string& sp, const fs::path& plan) {
   return testing::run_apart("partition " + model.string() +
                             " --device cpu --devices 2 --tp 2 --pp 1 --dp 1 --microbatches 1 --batch 2 --no-baselines "
-                            "--sequence-parallel " + sp + " -o " + plan.string());
+                            "--sequence-parallel " +
+                            sp + " -o " + plan.string());
 }
 
 TEST(ALlamaBlock, WithTheOpset23FusedOpsTrainsToAFiniteDecreasingLoss) {

@@ -569,8 +569,9 @@ TEST(ATorchDynamoExport, OfATinyLlamaPlansWithTpTwoAndTrainsAsApartTrain) {
   testing::TempDir dir("torch_dynamo_tp");
   for (const char* sp : {"off", "on"}) {
     const std::string plan = (dir / (std::string("plan_") + sp)).string();
-    const auto p = testing::run_apart("partition " + model + loss + " --device cpu --devices 2 --tp 2 --pp 1 --dp 1 " +
-                                      "--microbatches 1 --batch 4 --no-baselines --sequence-parallel " + sp + " -o " + plan);
+    const auto p =
+        testing::run_apart("partition " + model + loss + " --device cpu --devices 2 --tp 2 --pp 1 --dp 1 " +
+                           "--microbatches 1 --batch 4 --no-baselines --sequence-parallel " + sp + " -o " + plan);
     ASSERT_EQ(p.code, 0) << p.out;
     EXPECT_NE(p.out.find("regions: 2 attention, 2 MLP, embedding, LM head; split in 1 of 1 stages"), std::string::npos)
         << p.out;

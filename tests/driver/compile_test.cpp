@@ -117,14 +117,19 @@ TEST(ACompile, ListsTheTensorParallelRegionsOfATransformer) {
 TEST(ACompile, PlansOnlyTensorParallelRegionsApartRunCuts) {
   TempDir dir("tp_refused");
   const std::string model = (dir / "llama.onnx").string(), plan = (dir / "plan").string();
-  ASSERT_EQ(run_apart("zoo llama --layers 2 --hidden 64 --heads 4 --ffn 128 --seq 16 --vocab 128 --loss none -q -o " +
-                      model).code, 0);
-  const CommandRun planned = run_apart("partition " + model + " --loss cross_entropy_shifted --labels labels "
-                                       "--devices 2 --device h100 --tp 2 --batch 4 -o " + plan);
+  ASSERT_EQ(
+      run_apart("zoo llama --layers 2 --hidden 64 --heads 4 --ffn 128 --seq 16 --vocab 128 --loss none -q -o " + model)
+          .code,
+      0);
+  const CommandRun planned = run_apart("partition " + model +
+                                       " --loss cross_entropy_shifted --labels labels "
+                                       "--devices 2 --device h100 --tp 2 --batch 4 -o " +
+                                       plan);
   ASSERT_EQ(planned.code, 0) << planned.out;
   EXPECT_EQ(planned.out.find("stays whole on every TP rank"), std::string::npos) << planned.out;
   EXPECT_NE(planned.out.find("regions: 2 attention, 2 MLP, embedding, LM head; split in 1 of 1 stages"),
-            std::string::npos) << planned.out;
+            std::string::npos)
+      << planned.out;
   const CommandRun checked = run_apart("check " + plan);
   EXPECT_EQ(checked.code, 0) << checked.out;
   EXPECT_NE(checked.out.find("ok   tp shards"), std::string::npos) << checked.out;

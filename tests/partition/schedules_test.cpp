@@ -228,7 +228,7 @@ TEST(AStageEvaluator, CountsHalfTheBackwardOfWeightReadingBlocksAsWeightGradient
 
 // Least bottleneck over every split and replica vector, each stage's memory at the schedule's in-flight rule.
 double brute_force_schedule_bottleneck(const StageEvaluator& ev, int stages, int64_t m, Schedule schedule, int chunks,
-                              bool recompute) {
+                                       bool recompute) {
   return testing::brute_force_bottleneck(ev, stages, m, [&](int s, uint32_t first, uint32_t last, int replicas) {
     const double flight = stage_in_flight_activations(schedule, s, stages, m, chunks);
     return testing::fitting_h(
@@ -268,7 +268,8 @@ TEST(AStageDp, FindsTheBruteForceBottleneckUnderTheInterleavedSchedule) {
               ++refused;
               continue;
             }
-            const double expected = brute_force_schedule_bottleneck(ev, stages, m, Schedule::kInterleaved, v, recompute);
+            const double expected =
+                brute_force_schedule_bottleneck(ev, stages, m, Schedule::kInterleaved, v, recompute);
             if (std::isinf(expected)) {
               EXPECT_FALSE(got.has_value()) << "trial " << trial << " S=" << stages << " m=" << m;
               ++infeasible;

@@ -71,22 +71,32 @@ TEST(APlanReader, NamesTheFieldOfACorruptRealPlan) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {[](json& j) { j["training"]["optimizer"] = "lamb"; }, "training.optimizer is \"lamb\", expected sgd, momentum, adam or adamw"},
+      {[](json& j) { j["training"]["optimizer"] = "lamb"; },
+       "training.optimizer is \"lamb\", expected sgd, momentum, adam or adamw"},
       {[](json& j) { j["training"]["precision"] = "int8"; }, "training.precision is \"int8\""},
-      {[](json& j) { j["training"]["schedule"] = "zb"; }, "training.schedule is \"zb\", expected gpipe, 1f1b, interleaved or zb-h1"},
-      {[](json& j) { j["training"]["attention"] = "fused"; }, "training.attention is \"fused\", expected flash or materialized"},
+      {[](json& j) { j["training"]["schedule"] = "zb"; },
+       "training.schedule is \"zb\", expected gpipe, 1f1b, interleaved or zb-h1"},
+      {[](json& j) { j["training"]["attention"] = "fused"; },
+       "training.attention is \"fused\", expected flash or materialized"},
       {[](json& j) { j["stages"][0]["tasks"][0] = 7; }, "stages[0].tasks[0] must be a string"},
-      {[](json& j) { j["stages"][0]["forward_s"] = -1; }, "stages[0].forward_s must be a finite number in [0, 32000000]"},
+      {[](json& j) { j["stages"][0]["forward_s"] = -1; },
+       "stages[0].forward_s must be a finite number in [0, 32000000]"},
       {[](json& j) { j["cluster"]["memory_bytes"] = "lots"; }, "cluster.memory_bytes"},
       {[](json& j) { j["predicted"] = 3; }, "predicted must be an object"},
       {[](json& j) { j["search"]["candidates"] = -2; }, "search.candidates"},
       {[](json& j) { j["options"]["replicas"] = "some"; }, "options.replicas"},
       {[](json& j) { j["tensor_parallel"] = 1; }, "tensor_parallel must be an object"},
-      {[](json& j) { j["tensor_parallel"] = {{"regions", {{{"kind", "conv"}, {"name", "a"}, {"tasks", 1}, {"degrees", {1}}}}}}; },
+      {[](json& j) {
+         j["tensor_parallel"] = {{"regions", {{{"kind", "conv"}, {"name", "a"}, {"tasks", 1}, {"degrees", {1}}}}}};
+       },
        "tensor_parallel.regions[0].kind is \"conv\", expected attention, mlp, embedding or lm_head"},
-      {[](json& j) { j["tensor_parallel"] = {{"regions", {{{"kind", "mlp"}, {"name", "a"}, {"tasks", 1}, {"degrees", {1, 3}}}}}}; },
+      {[](json& j) {
+         j["tensor_parallel"] = {{"regions", {{{"kind", "mlp"}, {"name", "a"}, {"tasks", 1}, {"degrees", {1, 3}}}}}};
+       },
        "tensor_parallel.regions[0].degrees[1] is 3, expected one of 1, 2, 4, 8"},
-      {[](json& j) { j["tensor_parallel"] = {{"regions", {{{"kind", "mlp"}, {"tasks", 1}, {"degrees", {1}}}}}}; },
+      {[](json& j) {
+         j["tensor_parallel"] = {{"regions", {{{"kind", "mlp"}, {"tasks", 1}, {"degrees", {1}}}}}};
+       },
        "tensor_parallel.regions[0].name"},
   };
   for (const Case& c : cases) {

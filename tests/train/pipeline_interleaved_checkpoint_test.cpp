@@ -24,7 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace apart::testing;
 
-fs::path checkpoint_scratch(const std::string& name) { return testing::scratch("pipeline_interleaved_checkpoint_test", name); }
+fs::path checkpoint_scratch(const std::string& name) {
+  return testing::scratch("pipeline_interleaved_checkpoint_test", name);
+}
 
 struct CheckpointCase {
   const char* name;

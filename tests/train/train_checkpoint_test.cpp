@@ -117,7 +117,8 @@ TEST(ACheckpoint, RefusesDamagedFilesNamingThem) {
   EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(bad_magic); }).find("bad magic"), std::string::npos);
   EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(bad_version); }).find("version 9"), std::string::npos);
   EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(bad_json); }).find("JSON"), std::string::npos);
-  EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(dir.path() / "nothing"); }).find("does not exist"), std::string::npos);
+  EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(dir.path() / "nothing"); }).find("does not exist"),
+            std::string::npos);
   EXPECT_NE(checkpoint_error_of([&] { read_checkpoint(truncated); }).find(truncated.string()), std::string::npos);
 }
 
